@@ -1,0 +1,125 @@
+//! Condition types and reasons of an EmbeddingPool, and the one way to update them.
+//!
+//! `lastTransitionTime` moves only when a condition's status flips, and conditions are kept in a
+//! fixed order, so recomputing an unchanged status produces an identical object and no write.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+pub const READY: &str = "Ready";
+pub const PROGRESSING: &str = "Progressing";
+pub const DEGRADED: &str = "Degraded";
+
+/// Fixed order conditions appear in.
+const ORDER: [&str; 3] = [READY, PROGRESSING, DEGRADED];
+
+/// Reasons used in conditions and events.
+pub mod reasons {
+    pub const ALL_REPLICAS_READY: &str = "AllReplicasReady";
+    pub const REPLICAS_NOT_READY: &str = "ReplicasNotReady";
+    pub const SCALED_TO_ZERO: &str = "ScaledToZero";
+    pub const INSUFFICIENT_GPU: &str = "InsufficientGPU";
+    pub const ROLLING_OUT: &str = "RollingOut";
+    pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
+    pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+    pub const AS_EXPECTED: &str = "AsExpected";
+}
+
+/// A condition as computed, before `lastTransitionTime` is decided.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub type_: &'static str,
+    pub status: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Observed {
+    pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { type_, status, reason, message: message.into() }
+    }
+}
+
+fn status_str(status: bool) -> &'static str {
+    if status { "True" } else { "False" }
+}
+
+/// Merges freshly observed conditions into the previous ones: a condition whose status did not
+/// change keeps its `lastTransitionTime`; one that flipped (or is new) gets `now`.
+pub fn merge(previous: &[Condition], observed: Vec<Observed>, generation: Option<i64>, now: &Time) -> Vec<Condition> {
+    let mut merged: Vec<Condition> = observed
+        .into_iter()
+        .map(|o| {
+            let status = status_str(o.status).to_owned();
+            let last_transition_time = previous
+                .iter()
+                .find(|p| p.type_ == o.type_ && p.status == status)
+                .map(|p| p.last_transition_time.clone())
+                .unwrap_or_else(|| now.clone());
+            Condition {
+                type_: o.type_.to_owned(),
+                status,
+                reason: o.reason.to_owned(),
+                message: o.message,
+                observed_generation: generation,
+                last_transition_time,
+            }
+        })
+        .collect();
+    merged.sort_by_key(|c| ORDER.iter().position(|t| *t == c.type_).unwrap_or(ORDER.len()));
+    merged
+}
+
+/// Finds a condition by type.
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Whether the condition of `type_` is present with status `True`.
+pub fn is_true(conditions: &[Condition], type_: &str) -> bool {
+    find(conditions, type_).is_some_and(|c| c.status == "True")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::Timestamp;
+
+    fn at(seconds: i64) -> Time {
+        Time(Timestamp::from_second(seconds).unwrap())
+    }
+
+    #[test]
+    fn unchanged_status_keeps_transition_time() {
+        let first = merge(&[], vec![Observed::new(READY, true, reasons::ALL_REPLICAS_READY, "2/2")], Some(1), &at(10));
+        let second = merge(&first, vec![Observed::new(READY, true, reasons::ALL_REPLICAS_READY, "2/2")], Some(2), &at(20));
+        assert_eq!(second[0].last_transition_time, at(10));
+        assert_eq!(second[0].observed_generation, Some(2));
+    }
+
+    #[test]
+    fn flipped_status_gets_new_transition_time() {
+        let first = merge(&[], vec![Observed::new(READY, true, reasons::ALL_REPLICAS_READY, "")], Some(1), &at(10));
+        let second = merge(&first, vec![Observed::new(READY, false, reasons::INSUFFICIENT_GPU, "")], Some(1), &at(20));
+        assert_eq!(second[0].last_transition_time, at(20));
+        assert_eq!(second[0].reason, reasons::INSUFFICIENT_GPU);
+        assert_eq!(second[0].status, "False");
+    }
+
+    #[test]
+    fn order_is_fixed_whatever_the_input_order() {
+        let merged = merge(
+            &[],
+            vec![
+                Observed::new(DEGRADED, false, reasons::AS_EXPECTED, ""),
+                Observed::new(READY, true, reasons::ALL_REPLICAS_READY, ""),
+                Observed::new(PROGRESSING, false, reasons::ROLLOUT_COMPLETE, ""),
+            ],
+            None,
+            &at(1),
+        );
+        let types: Vec<_> = merged.iter().map(|c| c.type_.as_str()).collect();
+        assert_eq!(types, [READY, PROGRESSING, DEGRADED]);
+        assert!(is_true(&merged, READY));
+        assert!(!is_true(&merged, DEGRADED));
+    }
+}

@@ -1,0 +1,32 @@
+//! Label, annotation and name conventions shared by the operator and the multiplexer.
+
+/// Label carrying the owning pool's name on every child object and pod.
+pub const POOL_LABEL: &str = "teifleet.dev/pool";
+pub const NAME_LABEL: &str = "app.kubernetes.io/name";
+pub const INSTANCE_LABEL: &str = "app.kubernetes.io/instance";
+pub const COMPONENT_LABEL: &str = "app.kubernetes.io/component";
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+
+/// `app.kubernetes.io/managed-by` value, also the server-side apply field manager.
+pub const MANAGER: &str = "teifleet-operator";
+
+/// Environment variables the operator sets on the multiplexer sidecar.
+pub const ENV_POOL: &str = "TEIFLEET_POOL";
+pub const ENV_NAMESPACE: &str = "TEIFLEET_NAMESPACE";
+pub const ENV_POD_NAME: &str = "TEIFLEET_POD_NAME";
+
+/// Name of the headless Service used for peer discovery and client-side balancing.
+pub fn peers_service_name(pool: &str) -> String {
+    format!("{pool}-peers")
+}
+
+/// Name of the ServiceAccount (and Role, RoleBinding) the pool's sidecars run as.
+pub fn sidecar_account_name(pool: &str) -> String {
+    format!("{pool}-multiplexer")
+}
+
+/// Label selector string selecting a pool's pods.
+pub fn pool_selector(pool: &str) -> String {
+    format!("{POOL_LABEL}={pool}")
+}

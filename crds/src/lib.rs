@@ -1,0 +1,19 @@
+//! The `EmbeddingPool` API (`teifleet.dev/v1alpha1`): Rust types that generate the CRD schema and its
+//! CEL validation, the GPU catalogue, condition helpers and the pool budget arithmetic.
+//!
+//! This crate does no I/O; the operator and the multiplexer both build on it.
+#![deny(warnings, rust_2018_idioms)]
+#![forbid(unsafe_code)]
+
+pub mod budget;
+pub mod conditions;
+pub mod gpu;
+pub mod labels;
+mod pool;
+
+pub use budget::{Shares, split_budget};
+pub use gpu::GpuType;
+pub use pool::*;
+
+/// The API group every teifleet resource lives in.
+pub const GROUP: &str = "teifleet.dev";

@@ -1,0 +1,197 @@
+//! The reconcile loop: apply every child with server-side apply, then write status only if it
+//! changed, with an Event for each meaningful change.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use teifleet_crds::conditions::{self, DEGRADED, READY};
+use teifleet_crds::{EmbeddingPool, EmbeddingPoolStatus, labels};
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::render::{self, RenderConfig};
+use crate::{Error, Result, status};
+
+/// Shared state of every reconciliation.
+pub struct Context {
+    pub client: Client,
+    pub render: RenderConfig,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    /// How often a steady pool is looked at again even without a watch event.
+    pub resync: Duration,
+}
+
+fn apply_params() -> PatchParams {
+    PatchParams::apply(labels::MANAGER).force()
+}
+
+/// Server-side applies `object` under the operator's single field manager.
+async fn apply<K>(client: &Client, namespace: &str, object: &K) -> Result<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + std::fmt::Debug + Serialize + DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let name = object.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
+    Ok(api.patch(&name, &apply_params(), &Patch::Apply(object)).await?)
+}
+
+/// Deletes an object the pool no longer needs; one that is already gone is fine.
+async fn delete_if_present<K>(client: &Client, namespace: &str, name: &str) -> Result<()>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + std::fmt::Debug + DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Brings the pool's children to their rendered state and reports status.
+pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    let namespace = pool.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = pool.name_any();
+    if pool.meta().deletion_timestamp.is_some() {
+        // Owner references hand the children to the garbage collector.
+        return Ok(Action::await_change());
+    }
+
+    let children = render::render(&pool, &ctx.render)?;
+    let client = &ctx.client;
+    apply(client, &namespace, &children.service_account).await?;
+    apply(client, &namespace, &children.role).await?;
+    apply(client, &namespace, &children.role_binding).await?;
+    apply(client, &namespace, &children.service).await?;
+    apply(client, &namespace, &children.peers_service).await?;
+    let deployment = apply(client, &namespace, &children.deployment).await?;
+    match &children.pdb {
+        Some(pdb) => drop(apply(client, &namespace, pdb).await?),
+        None => delete_if_present::<PodDisruptionBudget>(client, &namespace, &name).await?,
+    }
+
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let pods = pods.list(&ListParams::default().labels(&labels::pool_selector(&name))).await?.items;
+    let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
+    let desired = status::compute(&pool, Some(&deployment), &pods, &now);
+    if pool.status.as_ref() != Some(&desired) {
+        write_status(&ctx, &pool, &namespace, &desired).await?;
+        announce_changes(&ctx, &pool, &desired).await;
+    }
+
+    ctx.metrics.reconciled(started.elapsed());
+    Ok(Action::requeue(ctx.resync))
+}
+
+async fn write_status(ctx: &Context, pool: &EmbeddingPool, namespace: &str, status: &EmbeddingPoolStatus) -> Result<()> {
+    let api: Api<EmbeddingPool> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = json!({
+        "apiVersion": EmbeddingPool::api_version(&()),
+        "kind": EmbeddingPool::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&pool.name_any(), &apply_params(), &Patch::Apply(&patch)).await?;
+    ctx.metrics.status_written();
+    Ok(())
+}
+
+/// Publishes an Event for every condition that flipped or changed reason, and for new shares.
+async fn announce_changes(ctx: &Context, pool: &EmbeddingPool, new: &EmbeddingPoolStatus) {
+    let old = pool.status.clone().unwrap_or_default();
+    let mut events = Vec::new();
+    for condition in &new.conditions {
+        let before = conditions::find(&old.conditions, &condition.type_);
+        if before.is_some_and(|b| b.status == condition.status && b.reason == condition.reason) {
+            continue;
+        }
+        let healthy = match condition.type_.as_str() {
+            READY => condition.status == "True",
+            DEGRADED => condition.status == "False",
+            _ => true,
+        };
+        if before.is_none() && healthy && condition.type_ != READY {
+            continue; // A fresh pool starting healthy is not news.
+        }
+        events.push(Event {
+            type_: if healthy { EventType::Normal } else { EventType::Warning },
+            reason: condition.reason.clone(),
+            note: Some(format!("{} is {}: {}", condition.type_, condition.status, condition.message)),
+            action: "Reconcile".into(),
+            secondary: None,
+        });
+    }
+    if let Some(shares) = new.admission.filter(|shares| old.admission.as_ref() != Some(shares)) {
+        events.push(Event {
+            type_: EventType::Normal,
+            reason: "AdmissionSharesChanged".into(),
+            note: Some(format!(
+                "each replica now admits {} in flight and queues {} (budget split over {} replica(s))",
+                shares.in_flight_per_replica, shares.queued_per_replica, shares.split_over_replicas
+            )),
+            action: "SplitBudget".into(),
+            secondary: None,
+        });
+    }
+    let reference = pool.object_ref(&());
+    for event in events {
+        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
+            tracing::warn!(%error, reason = %event.reason, "publishing an event failed");
+        }
+    }
+}
+
+/// Failed reconciliations are counted and retried with a short delay.
+pub fn error_policy(pool: Arc<EmbeddingPool>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), %error, "reconcile failed");
+    ctx.metrics.failed(error);
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn managed() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY_LABEL, labels::MANAGER))
+}
+
+/// Runs the controller until `shutdown` fires.
+pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let client = ctx.client.clone();
+    Controller::new(Api::<EmbeddingPool>::all(client.clone()), watcher::Config::default().any_semantic())
+        .owns(Api::<Deployment>::all(client.clone()), managed())
+        .owns(Api::<Service>::all(client.clone()), managed())
+        .owns(Api::<PodDisruptionBudget>::all(client.clone()), managed())
+        .owns(Api::<ServiceAccount>::all(client.clone()), managed())
+        .owns(Api::<Role>::all(client.clone()), managed())
+        .owns(Api::<RoleBinding>::all(client.clone()), managed())
+        // Pods are not owned directly, but their scheduling decides InsufficientGPU.
+        .watches(Api::<Pod>::all(client), managed(), |pod: Pod| {
+            let namespace = pod.namespace()?;
+            let pool = pod.labels().get(labels::POOL_LABEL)?.clone();
+            Some(ObjectRef::<EmbeddingPool>::new(&pool).within(&namespace))
+        })
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "controller event");
+            }
+        })
+        .await;
+}

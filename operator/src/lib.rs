@@ -1,0 +1,44 @@
+//! teifleet's operator: reconciles each EmbeddingPool into a TEI Deployment with the multiplexer
+//! sidecar, its Services, the sidecar's RBAC and a PodDisruptionBudget, and reports honest status.
+#![deny(warnings, rust_2018_idioms)]
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod controller;
+pub mod leader;
+pub mod metrics;
+pub mod render;
+pub mod status;
+pub mod telemetry;
+
+/// Everything that can go wrong inside the operator.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API request failed: {0}")]
+    Kube(#[from] kube::Error),
+
+    #[error("the EmbeddingPool has no {0}")]
+    MissingField(&'static str),
+
+    #[error("rendering the {kind} failed: {source}")]
+    Render { kind: &'static str, source: serde_json::Error },
+
+    #[error("lost the leader lease: {0}")]
+    LostLease(String),
+}
+
+impl Error {
+    /// A short, bounded label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Self::Kube(kube::Error::Api(status)) if status.code == 403 => "forbidden",
+            Self::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
+            Self::Kube(_) => "kube",
+            Self::MissingField(_) => "missing_field",
+            Self::Render { .. } => "render",
+            Self::LostLease(_) => "lost_lease",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

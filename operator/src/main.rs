@@ -1,0 +1,149 @@
+//! `teifleet-operator`: wiring, read top to bottom.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use teifleet_operator::admin::{self, Health};
+use teifleet_operator::controller::{self, Context};
+use teifleet_operator::leader::LeaseElector;
+use teifleet_operator::metrics::Metrics;
+use teifleet_operator::render::RenderConfig;
+use teifleet_operator::telemetry::{self, LogFormat};
+use tokio_util::sync::CancellationToken;
+
+/// Reconciles EmbeddingPools into GPU-scheduled TEI Deployments fronted by teifleet's multiplexer.
+#[derive(Parser, Debug)]
+#[command(version, about)]
+struct Args {
+    /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
+    #[arg(long, env = "TEIFLEET_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    admin_listen: SocketAddr,
+
+    #[arg(long, env = "TEIFLEET_LOG_FORMAT", value_enum, default_value = "json")]
+    log_format: LogFormat,
+
+    /// Repository of TEI's images; the tag is picked per GPU architecture.
+    #[arg(long, env = "TEIFLEET_TEI_REPOSITORY", default_value = "ghcr.io/huggingface/text-embeddings-inference")]
+    tei_repository: String,
+
+    /// TEI release used in image tags (`<arch prefix><version>-grpc`).
+    #[arg(long, env = "TEIFLEET_TEI_VERSION", default_value = "1.9")]
+    tei_version: String,
+
+    /// Image of the multiplexer sidecar.
+    #[arg(long, env = "TEIFLEET_MULTIPLEXER_IMAGE", default_value = concat!("ghcr.io/teifleet/multiplexer:", env!("CARGO_PKG_VERSION")))]
+    multiplexer_image: String,
+
+    /// How often steady pools are re-checked without a watch event.
+    #[arg(long, env = "TEIFLEET_RESYNC_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    resync_interval: Duration,
+
+    /// Elect a leader through a Lease so only one replica acts.
+    #[arg(long, env = "TEIFLEET_LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+
+    #[arg(long, env = "TEIFLEET_LEASE_NAME", default_value = "teifleet-operator")]
+    lease_name: String,
+
+    /// Namespace of the Lease; in a cluster, the operator's own namespace.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "teifleet-system")]
+    lease_namespace: String,
+
+    #[arg(long, env = "TEIFLEET_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    lease_duration: Duration,
+
+    /// This replica's identity in the Lease and in Events; defaults to the host name.
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    telemetry::init(args.log_format);
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "teifleet-operator".into()));
+
+    let shutdown = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(shutdown.clone()));
+
+    let metrics = Metrics::new();
+    let health = Health::new(metrics.clone());
+    let admin = tokio::spawn(admin::serve(args.admin_listen, health.clone(), shutdown.clone()));
+
+    let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
+    client.apiserver_version().await.context("reaching the Kubernetes API server")?;
+    health.ready.store(true, Ordering::Relaxed);
+
+    let elector = args.leader_elect.then(|| {
+        LeaseElector::new(client.clone(), &args.lease_namespace, &args.lease_name, &identity, args.lease_duration)
+    });
+    let controller_stop = shutdown.child_token();
+    let mut renewal = None;
+    if let Some(elector) = &elector {
+        tracing::info!(identity = elector.identity(), lease = %args.lease_name, "waiting for leadership");
+        if !elector.acquire(&shutdown).await? {
+            return Ok(());
+        }
+        tracing::info!("became leader");
+        metrics.set_leader(true);
+        let (elector, stop) = (elector.clone(), controller_stop.clone());
+        let watch_for = shutdown.clone();
+        renewal = Some(tokio::spawn(async move {
+            let outcome = elector.keep_renewing(&watch_for).await;
+            stop.cancel();
+            outcome
+        }));
+    }
+
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        render: RenderConfig {
+            tei_repository: args.tei_repository,
+            tei_version: args.tei_version,
+            multiplexer_image: args.multiplexer_image,
+        },
+        recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: Some(identity) }),
+        metrics: metrics.clone(),
+        resync: args.resync_interval,
+    });
+    tracing::info!("controller running");
+    controller::run(ctx, controller_stop).await;
+    metrics.set_leader(false);
+
+    if let Some(renewal) = renewal {
+        renewal.await.context("lease renewal task")?.context("leadership ended")?;
+    }
+    if let Some(elector) = &elector {
+        elector.release().await.context("releasing the leader lease")?;
+        tracing::info!("released the leader lease");
+    }
+    shutdown.cancel();
+    admin.await.context("admin server task")?.context("admin server")?;
+    Ok(())
+}
+
+/// Cancels `token` on SIGTERM or Ctrl-C.
+async fn cancel_on_signal(token: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutting down");
+    token.cancel();
+}

@@ -1,0 +1,121 @@
+//! Pure functions from an EmbeddingPool to the objects the operator maintains for it.
+//!
+//! Nothing here talks to the API server: every child is a value computed from the pool and the
+//! operator's configuration, so each one is covered by golden tests without a cluster.
+
+mod deployment;
+mod pdb;
+mod rbac;
+mod services;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use teifleet_crds::{EmbeddingPool, labels};
+
+pub use deployment::{TEI_GRPC_PORT, desired_replicas, tei_image, tei_max_concurrent_requests};
+
+use crate::{Error, Result};
+
+/// Images and ports the operator renders with; set from its command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RenderConfig {
+    /// Repository of TEI's images; the tag is chosen per GPU architecture.
+    pub tei_repository: String,
+    /// TEI release, e.g. `1.9`.
+    pub tei_version: String,
+    /// The multiplexer sidecar image.
+    pub multiplexer_image: String,
+}
+
+impl Default for RenderConfig {
+    fn default() -> Self {
+        Self {
+            tei_repository: "ghcr.io/huggingface/text-embeddings-inference".into(),
+            tei_version: "1.9".into(),
+            multiplexer_image: format!("ghcr.io/teifleet/multiplexer:{}", env!("CARGO_PKG_VERSION")),
+        }
+    }
+}
+
+/// Everything one pool owns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Children {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub service: Service,
+    pub peers_service: Service,
+    pub deployment: Deployment,
+    /// Present only when the pool runs more than one replica.
+    pub pdb: Option<PodDisruptionBudget>,
+}
+
+/// Renders every child of `pool`.
+pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
+    let owner = Owner::of(pool)?;
+    Ok(Children {
+        service_account: rbac::service_account(&owner),
+        role: rbac::role(&owner),
+        role_binding: rbac::role_binding(&owner),
+        service: services::service(&owner),
+        peers_service: services::peers_service(&owner),
+        deployment: deployment::deployment(&owner, pool, config)?,
+        pdb: pdb::pdb(&owner, pool),
+    })
+}
+
+/// The identity every child carries: name, namespace, labels and the owner reference that lets
+/// the garbage collector remove it with the pool.
+pub(crate) struct Owner {
+    name: String,
+    namespace: String,
+    reference: OwnerReference,
+}
+
+impl Owner {
+    fn of(pool: &EmbeddingPool) -> Result<Self> {
+        let name = pool.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let namespace = pool.metadata.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
+        let reference = pool.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))?;
+        Ok(Self { name, namespace, reference })
+    }
+
+    /// Labels on every child and pod of the pool.
+    fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (labels::NAME_LABEL.into(), "tei".into()),
+            (labels::INSTANCE_LABEL.into(), self.name.clone()),
+            (labels::COMPONENT_LABEL.into(), "embedding-server".into()),
+            (labels::PART_OF_LABEL.into(), "teifleet".into()),
+            (labels::MANAGED_BY_LABEL.into(), labels::MANAGER.into()),
+            (labels::POOL_LABEL.into(), self.name.clone()),
+        ])
+    }
+
+    /// The stable label subset that selects the pool's pods.
+    fn selector(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([(labels::POOL_LABEL.into(), self.name.clone())])
+    }
+
+    fn meta(&self, name: String) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels()),
+            owner_references: Some(vec![self.reference.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// Converts a `json!` literal into a typed object. The literals are fixed at compile time and
+/// covered by golden tests, so a failure here is a programming error reported as one.
+fn typed<T: serde::de::DeserializeOwned>(kind: &'static str, value: serde_json::Value) -> Result<T> {
+    serde_json::from_value(value).map_err(|source| Error::Render { kind, source })
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# Builds the local control plane's binaries from the Go module proxy and caches them outside the
+# repository, keyed by version, so only the first run on a machine pays the ~10 minute build.
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.33.13}"
+KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
+HELM_VERSION="${HELM_VERSION:-v3.18.6}"
+CACHE="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}"
+BIN="$CACHE/bin"
+mkdir -p "$BIN"
+
+log() { echo "[install-binaries] $*" >&2; }
+
+ensure_etcd() {
+  if command -v etcd >/dev/null 2>&1; then return; fi
+  log "installing etcd-server from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq etcd-server >/dev/null
+  # Debian enables an etcd service; the tests start their own.
+  (systemctl disable --now etcd >/dev/null 2>&1 || service etcd stop >/dev/null 2>&1 || true)
+}
+
+build_kubernetes() {
+  local out="$BIN/k8s-$K8S_VERSION"
+  local wanted=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local missing=0
+  for b in "${wanted[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
+  [[ $missing == 0 ]] && return
+  log "building Kubernetes $K8S_VERSION (about 10 minutes cold on 2 cores)"
+  local mod; mod="$(mktemp -d)"
+  (
+    cd "$mod"
+    go mod init teifleet.local/k8sbuild >/dev/null 2>&1
+    local gomod
+    gomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')"
+    # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with local paths;
+    # a consumer must point each one at its published version instead.
+    local staging_version="v0${K8S_VERSION#v1}"
+    {
+      echo "require k8s.io/kubernetes $K8S_VERSION"
+      grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging' "$gomod" | awk '{print $1}' | sort -u |
+        while read -r m; do echo "replace $m => $m $staging_version"; done
+    } >>go.mod
+    # Pin the version in `go get`, or it resolves the newest Kubernetes instead.
+    local pkgs=()
+    for b in "${wanted[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b@$K8S_VERSION"); done
+    go get "${pkgs[@]}" >/dev/null
+    mkdir -p "$out.tmp"
+    for b in "${wanted[@]}"; do
+      log "go build k8s.io/kubernetes/cmd/$b"
+      CGO_ENABLED=0 go build -o "$out.tmp/$b" "k8s.io/kubernetes/cmd/$b"
+    done
+  )
+  rm -rf "$mod" "$out"
+  mv "$out.tmp" "$out"
+}
+
+go_install() { # name module version
+  local name="$1" module="$2" version="$3"
+  local out="$BIN/$name-$version"
+  [[ -x "$out/$name" ]] && return
+  log "go install $module@$version"
+  mkdir -p "$out.tmp"
+  CGO_ENABLED=0 GOBIN="$out.tmp" go install "$module@$version"
+  rm -rf "$out"; mv "$out.tmp" "$out"
+}
+
+ensure_etcd
+build_kubernetes
+go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
+go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+
+# A stable directory of links so scripts and tests need only one PATH entry.
+CUR="$CACHE/current"
+mkdir -p "$CUR"
+for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  ln -sf "$BIN/k8s-$K8S_VERSION/$b" "$CUR/$b"
+done
+ln -sf "$BIN/kwok-$KWOK_VERSION/kwok" "$CUR/kwok"
+ln -sf "$BIN/helm-$HELM_VERSION/helm" "$CUR/helm"
+ln -sf "$(command -v etcd)" "$CUR/etcd"
+log "binaries ready in $CUR"
