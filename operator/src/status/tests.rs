@@ -1,0 +1,144 @@
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus};
+use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use teifleet_crds::conditions::{DEGRADED, PROGRESSING, READY, find, reasons};
+use teifleet_crds::{EmbeddingPool, EmbeddingPoolSpec, GpuType};
+
+use super::*;
+
+fn now(seconds: i64) -> Time {
+    Time(Timestamp::from_second(seconds).unwrap())
+}
+
+fn pool(replicas: i32, gpu: GpuType) -> EmbeddingPool {
+    let mut spec: EmbeddingPoolSpec = serde_json::from_value(serde_json::json!({ "model": { "id": "BAAI/bge-small-en-v1.5" } })).unwrap();
+    spec.replicas = Some(replicas);
+    spec.gpu.type_ = gpu;
+    spec.concurrency.max_in_flight = 64;
+    spec.concurrency.max_queued = 100;
+    let mut pool = EmbeddingPool::new("embed", spec);
+    pool.metadata.namespace = Some("ml".into());
+    pool.metadata.generation = Some(3);
+    pool
+}
+
+fn deployment(replicas: i32, ready: i32, updated: i32) -> Deployment {
+    Deployment {
+        metadata: ObjectMeta::default(),
+        spec: Some(DeploymentSpec { replicas: Some(replicas), ..DeploymentSpec::default() }),
+        status: Some(DeploymentStatus {
+            replicas: Some(replicas),
+            ready_replicas: Some(ready),
+            updated_replicas: Some(updated),
+            ..DeploymentStatus::default()
+        }),
+    }
+}
+
+fn unschedulable_pod(message: &str) -> Pod {
+    Pod {
+        status: Some(PodStatus {
+            phase: Some("Pending".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "PodScheduled".into(),
+                status: "False".into(),
+                reason: Some("Unschedulable".into()),
+                message: Some(message.into()),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+#[test]
+fn all_ready_pool_is_ready_and_not_progressing() {
+    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&deployment(2, 2, 2)), &[], &now(100));
+    assert_eq!(status.observed_generation, Some(3));
+    assert_eq!((status.replicas, status.ready_replicas), (2, 2));
+    assert_eq!(status.selector.as_deref(), Some("teifleet.dev/pool=embed"));
+    let ready = find(&status.conditions, READY).unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", reasons::ALL_REPLICAS_READY));
+    assert_eq!(ready.observed_generation, Some(3));
+    assert_eq!(find(&status.conditions, PROGRESSING).unwrap().status, "False");
+    assert_eq!(find(&status.conditions, DEGRADED).unwrap().status, "False");
+    let admission = status.admission.unwrap();
+    assert_eq!((admission.in_flight_per_replica, admission.queued_per_replica, admission.split_over_replicas), (32, 50, 2));
+}
+
+#[test]
+fn missing_gpu_capacity_is_insufficient_gpu_naming_the_type() {
+    let pods = [unschedulable_pod("0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.")];
+    let status = compute(&pool(3, GpuType::NvidiaH100_80gb), Some(&deployment(3, 2, 3)), &pods, &now(100));
+    let ready = find(&status.conditions, READY).unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::INSUFFICIENT_GPU));
+    assert!(ready.message.contains("nvidia-h100-80gb"), "{}", ready.message);
+    assert!(ready.message.contains("NVIDIA-H100-80GB-HBM3"), "{}", ready.message);
+    let degraded = find(&status.conditions, DEGRADED).unwrap();
+    assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", reasons::INSUFFICIENT_GPU));
+    // Shares follow the replicas that are actually ready.
+    assert_eq!(status.admission.unwrap().in_flight_per_replica, 32);
+}
+
+#[test]
+fn no_node_of_the_product_is_also_insufficient_gpu() {
+    let pods = [unschedulable_pod("0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.")];
+    let status = compute(&pool(1, GpuType::NvidiaA100_80gb), Some(&deployment(1, 0, 1)), &pods, &now(100));
+    assert_eq!(find(&status.conditions, READY).unwrap().reason, reasons::INSUFFICIENT_GPU);
+}
+
+#[test]
+fn cpu_pool_unschedulable_for_cpu_is_not_a_gpu_problem() {
+    let pods = [unschedulable_pod("0/4 nodes are available: 4 Insufficient cpu.")];
+    let status = compute(&pool(1, GpuType::Cpu), Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let ready = find(&status.conditions, READY).unwrap();
+    assert_eq!(ready.reason, reasons::REPLICAS_NOT_READY);
+    assert!(ready.message.contains("Insufficient cpu"));
+    assert_eq!(find(&status.conditions, DEGRADED).unwrap().status, "False");
+}
+
+#[test]
+fn rollout_in_progress_is_progressing() {
+    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&deployment(2, 1, 1)), &[], &now(100));
+    let progressing = find(&status.conditions, PROGRESSING).unwrap();
+    assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("True", reasons::ROLLING_OUT));
+    assert_eq!(find(&status.conditions, READY).unwrap().reason, reasons::REPLICAS_NOT_READY);
+}
+
+#[test]
+fn progress_deadline_exceeded_is_degraded() {
+    let mut dep = deployment(2, 1, 2);
+    dep.status.as_mut().unwrap().conditions = Some(vec![DeploymentCondition {
+        type_: "Progressing".into(),
+        status: "False".into(),
+        reason: Some("ProgressDeadlineExceeded".into()),
+        ..DeploymentCondition::default()
+    }]);
+    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&dep), &[], &now(100));
+    assert_eq!(find(&status.conditions, DEGRADED).unwrap().reason, reasons::PROGRESS_DEADLINE_EXCEEDED);
+    assert_eq!(find(&status.conditions, PROGRESSING).unwrap().status, "False");
+}
+
+#[test]
+fn scaled_to_zero_is_ready() {
+    let status = compute(&pool(0, GpuType::NvidiaL4), Some(&deployment(0, 0, 0)), &[], &now(100));
+    assert_eq!(find(&status.conditions, READY).unwrap().reason, reasons::SCALED_TO_ZERO);
+}
+
+#[test]
+fn recomputing_a_steady_status_is_identical() {
+    let mut steady = pool(2, GpuType::NvidiaL4);
+    let first = compute(&steady, Some(&deployment(2, 2, 2)), &[], &now(100));
+    steady.status = Some(first.clone());
+    let second = compute(&steady, Some(&deployment(2, 2, 2)), &[], &now(500));
+    assert_eq!(first, second, "a steady pool must not produce a status write");
+}
+
+#[test]
+fn unschedulable_ignores_terminating_pods() {
+    let mut pod = unschedulable_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.");
+    pod.metadata.deletion_timestamp = Some(now(1));
+    assert_eq!(unschedulable(&[pod], true), None);
+}

@@ -1,0 +1,152 @@
+//! Golden tests for every child object the operator renders, and for the Deployment of every GPU
+//! type. Run with `UPDATE_GOLDEN=1` to rewrite the files after an intended change, then review
+//! the diff.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+use teifleet_crds::{EmbeddingPool, GpuType};
+use teifleet_operator::render::{Children, RenderConfig, render};
+
+fn pool(yaml: &str) -> EmbeddingPool {
+    serde_yaml::from_str(yaml).expect("fixture parses")
+}
+
+const BASE: &str = r#"
+apiVersion: teifleet.dev/v1alpha1
+kind: EmbeddingPool
+metadata:
+  name: bge-small
+  namespace: ml
+  uid: 7d1c0f2e-0000-4000-8000-000000000001
+  generation: 1
+spec:
+  model:
+    id: BAAI/bge-small-en-v1.5
+  replicas: 2
+"#;
+
+const OVERRIDES: &str = r#"
+apiVersion: teifleet.dev/v1alpha1
+kind: EmbeddingPool
+metadata:
+  name: gte-large
+  namespace: search
+  uid: 7d1c0f2e-0000-4000-8000-000000000002
+  generation: 4
+spec:
+  model:
+    id: thenlper/gte-large
+    revision: v1.2
+    dtype: float16
+    pooling: mean
+  gpu:
+    type: nvidia-h100-80gb
+    count: 2
+  replicas: 1
+  concurrency:
+    maxInFlight: 400
+    maxQueued: 1000
+    queueTimeout: 1500ms
+    maxInFlightPerReplica: 300
+  tei:
+    maxBatchTokens: 32768
+    maxClientBatchSize: 64
+    extraArgs: ["--auto-truncate"]
+  template:
+    priorityClassName: inference-critical
+    annotations:
+      prometheus.io/scrape: "true"
+    labels:
+      team: search
+    nodeSelector:
+      topology.kubernetes.io/zone: us-east-1a
+    tolerations:
+    - key: dedicated
+      operator: Equal
+      value: inference
+      effect: NoSchedule
+    resources:
+      requests: { cpu: "4", memory: 16Gi }
+      limits: { memory: 32Gi }
+    affinity:
+      nodeAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+          nodeSelectorTerms:
+          - matchExpressions:
+            - { key: node.kubernetes.io/instance-type, operator: In, values: [p5.48xlarge] }
+"#;
+
+fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden")
+}
+
+fn check<T: Serialize>(file: &str, value: &T) {
+    let rendered = serde_yaml::to_string(value).expect("serializes");
+    let path = golden_dir().join(file);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &rendered).expect("writes golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("{} is missing; run UPDATE_GOLDEN=1 cargo test -p teifleet-operator --test golden", path.display()));
+    similar_asserts::assert_eq!(expected, rendered, "{file} differs; if intended, rerun with UPDATE_GOLDEN=1");
+}
+
+fn children(yaml: &str) -> Children {
+    render(&pool(yaml), &RenderConfig::default()).expect("renders")
+}
+
+#[test]
+fn deployment_for_every_gpu_type() {
+    for gpu in GpuType::ALL {
+        let mut pool = pool(BASE);
+        pool.spec.gpu.type_ = gpu;
+        let rendered = render(&pool, &RenderConfig::default()).expect("renders");
+        check(&format!("deployment-{gpu}.yaml"), &rendered.deployment);
+    }
+}
+
+#[test]
+fn deployment_with_every_override() {
+    check("deployment-overrides.yaml", &children(OVERRIDES).deployment);
+}
+
+#[test]
+fn explicit_tei_image_wins_over_the_gpu_variant() {
+    let mut pool = pool(BASE);
+    pool.spec.tei.image = Some("registry.example/tei:custom-grpc".into());
+    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let containers = &rendered.deployment.spec.unwrap().template.spec.unwrap().containers;
+    assert_eq!(containers[0].image.as_deref(), Some("registry.example/tei:custom-grpc"));
+}
+
+#[test]
+fn services() {
+    let rendered = children(BASE);
+    check("service.yaml", &rendered.service);
+    check("service-peers.yaml", &rendered.peers_service);
+}
+
+#[test]
+fn sidecar_rbac() {
+    let rendered = children(BASE);
+    check("serviceaccount.yaml", &rendered.service_account);
+    check("role.yaml", &rendered.role);
+    check("rolebinding.yaml", &rendered.role_binding);
+}
+
+#[test]
+fn pdb_only_with_more_than_one_replica() {
+    check("pdb.yaml", &children(BASE).pdb.expect("two replicas get a PodDisruptionBudget"));
+    assert!(children(OVERRIDES).pdb.is_none(), "one replica gets no PodDisruptionBudget");
+}
+
+#[test]
+fn unset_replicas_leave_the_count_to_an_autoscaler() {
+    let mut pool = pool(BASE);
+    pool.spec.replicas = None;
+    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    assert_eq!(rendered.deployment.spec.unwrap().replicas, None);
+    assert!(rendered.pdb.is_some());
+}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Stops the local control plane started by up.sh and removes its state.
+set -uo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+DIR="${TEIFLEET_CLUSTER_DIR:-$REPO/.cluster}"
+[[ -d "$DIR/pids" ]] || exit 0
+for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  pidfile="$DIR/pids/$name.pid"
+  [[ -f "$pidfile" ]] || continue
+  pid="$(cat "$pidfile")"
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 20); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+  kill -9 "$pid" 2>/dev/null || true
+done
+rm -rf "$DIR"
+echo "[cluster-down] stopped" >&2
