@@ -1,7 +1,8 @@
 //! The reconcile loop: apply every child with server-side apply, then write status only if it
 //! changed, with an Event for each meaningful change.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -37,6 +38,33 @@ pub struct Context {
     pub metrics: Metrics,
     /// How often a steady pool is looked at again even without a watch event.
     pub resync: Duration,
+    pub status_memo: StatusMemo,
+}
+
+/// The last status written per pool. The controller's cache can lag behind our own status write
+/// by a moment; without this, a reconcile in that window would send the same status again.
+#[derive(Default)]
+pub struct StatusMemo(Mutex<HashMap<String, EmbeddingPoolStatus>>);
+
+impl StatusMemo {
+    fn key(pool: &EmbeddingPool) -> String {
+        pool.uid().unwrap_or_default()
+    }
+
+    /// Whether `desired` differs from what the pool shows and from what we last wrote.
+    fn needs_write(&self, pool: &EmbeddingPool, desired: &EmbeddingPoolStatus) -> bool {
+        let mut memo = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if pool.status.as_ref() == Some(desired) {
+            // The cache has caught up; forget the memo so later outside edits are seen.
+            memo.remove(&Self::key(pool));
+            return false;
+        }
+        memo.get(&Self::key(pool)) != Some(desired)
+    }
+
+    fn written(&self, pool: &EmbeddingPool, status: EmbeddingPoolStatus) {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(Self::key(pool), status);
+    }
 }
 
 fn apply_params() -> PatchParams {
@@ -93,9 +121,11 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     let pods = pods.list(&ListParams::default().labels(&labels::pool_selector(&name))).await?.items;
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
     let desired = status::compute(&pool, Some(&deployment), &pods, &now);
-    if pool.status.as_ref() != Some(&desired) {
+    if ctx.status_memo.needs_write(&pool, &desired) {
+        tracing::debug!(pool = %name, %namespace, old = ?pool.status, new = ?desired, "status changed");
         write_status(&ctx, &pool, &namespace, &desired).await?;
         announce_changes(&ctx, &pool, &desired).await;
+        ctx.status_memo.written(&pool, desired);
     }
 
     ctx.metrics.reconciled(started.elapsed());
@@ -128,8 +158,9 @@ async fn announce_changes(ctx: &Context, pool: &EmbeddingPool, new: &EmbeddingPo
             DEGRADED => condition.status == "False",
             _ => true,
         };
-        if before.is_none() && healthy && condition.type_ != READY {
-            continue; // A fresh pool starting healthy is not news.
+        let starting_up = [conditions::reasons::REPLICAS_NOT_READY, conditions::reasons::ROLLING_OUT];
+        if before.is_none() && (healthy && condition.type_ != READY || starting_up.contains(&condition.reason.as_str())) {
+            continue; // A new pool starting up is not news; its first Ready=True is.
         }
         events.push(Event {
             type_: if healthy { EventType::Normal } else { EventType::Warning },

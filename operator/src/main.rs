@@ -114,6 +114,7 @@ async fn main() -> anyhow::Result<()> {
         recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: Some(identity) }),
         metrics: metrics.clone(),
         resync: args.resync_interval,
+        status_memo: Default::default(),
     });
     tracing::info!("controller running");
     controller::run(ctx, controller_stop).await;

@@ -1,0 +1,81 @@
+# teifleet's entry points. `make test` is what CI runs.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+export TEIFLEET_CACHE ?= $(HOME)/.cache/teifleet
+export TEIFLEET_CLUSTER_DIR ?= $(CURDIR)/.cluster
+BIN := $(TEIFLEET_CACHE)/current
+KUBECONFIG_FILE := $(TEIFLEET_CLUSTER_DIR)/kubeconfig
+CRD := crds/teifleet.dev_embeddingpools.yaml
+CHART := charts/teifleet
+CHART_GOLDEN := tests/chart/golden.yaml
+CHART_TEMPLATE_ARGS := teifleet $(CHART) --namespace teifleet-system --set serviceMonitor.enabled=true
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: prereqs
+prereqs: ## Install what builds and tests need (Debian packages, Rust components, cluster binaries)
+	tests/cluster/prereqs.sh
+
+.PHONY: test
+test: prereqs lint unit check-generated chart-check test-cluster ## Everything CI runs
+
+.PHONY: lint
+lint: ## cargo fmt --check and clippy -D warnings
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+.PHONY: unit
+unit: ## Unit and golden tests (no cluster)
+	cargo test --workspace --locked --exclude teifleet-e2e
+
+.PHONY: generate
+generate: ## Regenerate the CRD YAML and the chart's copy
+	cargo run --quiet --locked -p teifleet-crds --bin crdgen > $(CRD)
+	mkdir -p $(CHART)/crds && cp $(CRD) $(CHART)/crds/
+
+.PHONY: check-generated
+check-generated: ## Fail when checked-in generated files differ from what the code generates
+	@tmp=$$(mktemp -d); \
+	cargo run --quiet --locked -p teifleet-crds --bin crdgen > $$tmp/crd.yaml; \
+	diff -u $(CRD) $$tmp/crd.yaml || { echo "$(CRD) is stale: run make generate"; exit 1; }; \
+	diff -u $(CRD) $(CHART)/crds/teifleet.dev_embeddingpools.yaml || { echo "the chart's CRD is stale: run make generate"; exit 1; }; \
+	rm -rf $$tmp
+
+.PHONY: chart-check
+chart-check: ## helm lint and the golden `helm template` check
+	$(BIN)/helm lint --strict $(CHART)
+	$(BIN)/helm lint --strict $(CHART) --set serviceMonitor.enabled=true
+	@$(BIN)/helm template $(CHART_TEMPLATE_ARGS) > /tmp/teifleet-chart.yaml; \
+	diff -u $(CHART_GOLDEN) /tmp/teifleet-chart.yaml || { echo "chart output changed: review, then make chart-golden"; exit 1; }
+	@! grep -nE "^\s*- '?\*'?$$" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not use wildcards"; exit 1; }
+	@! grep -nE '^\s*- secrets$$' /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not grant Secrets"; exit 1; }
+
+.PHONY: chart-golden
+chart-golden: ## Rewrite the chart's golden template output
+	$(BIN)/helm template $(CHART_TEMPLATE_ARGS) > $(CHART_GOLDEN)
+
+.PHONY: cluster-up
+cluster-up: ## Start the local control plane (etcd, apiserver, controller-manager, scheduler, kwok)
+	tests/cluster/up.sh
+	@echo "export KUBECONFIG=$(KUBECONFIG_FILE)"
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane
+	tests/cluster/down.sh
+
+.PHONY: test-cluster
+test-cluster: ## End-to-end tests on a fresh local control plane
+	cargo build --locked -p teifleet-operator -p teifleet-e2e --tests
+	tests/cluster/down.sh
+	trap 'tests/cluster/down.sh' EXIT; \
+	tests/cluster/up.sh; \
+	TEIFLEET_KUBECONFIG=$(KUBECONFIG_FILE) TEIFLEET_OPERATOR_BIN=$(CURDIR)/target/debug/teifleet-operator \
+	  cargo test --locked -p teifleet-e2e -- --test-threads=1
+
+.PHONY: demo
+demo: ## Local control plane + operator + a sample pool, with a live concurrency change
+	tests/demo.sh

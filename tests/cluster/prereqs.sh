@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs everything `make test` needs on a fresh machine of this project's kind (Debian with Go
+# and rustup): Debian packages, Rust components and the cached control-plane binaries.
+set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+
+missing=()
+for tool in openssl curl; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+if ((${#missing[@]})); then
+  echo "[prereqs] installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+if command -v rustup >/dev/null 2>&1; then
+  for component in rustfmt clippy; do
+    rustup component list --installed 2>/dev/null | grep -q "^$component" || rustup component add "$component"
+  done
+fi
+command -v go >/dev/null 2>&1 || { echo "[prereqs] Go is required to build the control plane" >&2; exit 1; }
+
+"$HERE/install-binaries.sh"

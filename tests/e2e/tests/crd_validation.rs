@@ -1,0 +1,85 @@
+//! The real API server refuses invalid EmbeddingPools with messages a person understands.
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::ApiResource;
+use serde_json::{Value, json};
+use teifleet_crds::EmbeddingPool;
+use teifleet_e2e::{TestNamespace, admin_client, install_crd, kubectl};
+
+fn pool(name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "teifleet.dev/v1alpha1",
+        "kind": "EmbeddingPool",
+        "metadata": { "name": name },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+fn with(mut base: Value, pointer: &str, value: Value) -> Value {
+    let (parent, key) = pointer.rsplit_once('/').unwrap();
+    let target = if parent.is_empty() { &mut base } else { base.pointer_mut(parent).unwrap() };
+    target[key] = value;
+    base
+}
+
+#[tokio::test]
+async fn invalid_specs_are_refused_with_readable_messages() {
+    let client = admin_client().await;
+    install_crd(&client).await;
+    let ns = TestNamespace::create(&client, "crd").await;
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns.name, &ApiResource::erase::<EmbeddingPool>(&()));
+    let valid = json!({
+        "model": { "id": "BAAI/bge-small-en-v1.5" },
+        "gpu": { "type": "nvidia-l4", "count": 1 },
+        "replicas": 1,
+        "concurrency": { "maxInFlight": 8, "maxQueued": 16, "queueTimeout": "1500ms", "maxInFlightPerReplica": 4 },
+    });
+
+    let cases = [
+        ("/replicas", json!(-1), "replicas must be 0 or more"),
+        ("/concurrency/maxInFlight", json!(0), "concurrency.maxInFlight must be at least 1"),
+        ("/concurrency/maxQueued", json!(-1), "concurrency.maxQueued must be 0 or more"),
+        ("/concurrency/queueTimeout", json!("soon"), "concurrency.queueTimeout must be a duration such as 500ms"),
+        ("/concurrency/queueTimeout", json!("10"), "concurrency.queueTimeout must be a duration such as 500ms"),
+        ("/gpu/type", json!("nvidia-rtx-9090"), "Unsupported value: \"nvidia-rtx-9090\""),
+        ("/gpu/count", json!(0), "gpu.count must be at least 1 unless gpu.type is cpu"),
+        ("/model/id", json!(""), "model.id must name a Hugging Face model or a local path"),
+        ("/concurrency/maxInFlightPerReplica", json!(0), "concurrency.maxInFlightPerReplica must be at least 1"),
+    ];
+    for (index, (pointer, value, message)) in cases.into_iter().enumerate() {
+        let name = format!("invalid-{index}");
+        let error = api
+            .create(&PostParams::default(), &pool(&name, with(valid.clone(), pointer, value.clone())))
+            .await
+            .expect_err(&format!("{pointer}={value} must be refused"));
+        let text = error.to_string();
+        assert!(text.contains(message), "{pointer}={value}: expected {message:?} in {text:?}");
+        assert!(api.get_opt(&name).await.unwrap().is_none(), "a refused pool must not exist");
+    }
+
+    // The same base spec is accepted, and so is a CPU pool with no GPUs: the rules are not
+    // refusing everything.
+    api.create(&PostParams::default(), &pool("valid", valid.clone())).await.expect("valid spec accepted");
+    let cpu = with(with(valid, "/gpu/type", json!("cpu")), "/gpu/count", json!(0));
+    api.create(&PostParams::default(), &pool("valid-cpu", cpu)).await.expect("cpu pool without GPUs accepted");
+
+    // Omitted fields get the schema's defaults.
+    let minimal = api.create(&PostParams::default(), &pool("minimal", json!({ "model": { "id": "m" } }))).await.unwrap();
+    assert_eq!(minimal.data["spec"]["concurrency"]["maxInFlight"], json!(32));
+    assert_eq!(minimal.data["spec"]["concurrency"]["queueTimeout"], json!("2s"));
+    assert_eq!(minimal.data["spec"]["gpu"], json!({ "type": "nvidia-l4", "count": 1 }));
+}
+
+#[tokio::test]
+async fn kubectl_explains_the_fields() {
+    let client = admin_client().await;
+    install_crd(&client).await;
+    let (ok, text) = kubectl(&["explain", "embeddingpool.spec.concurrency"]);
+    assert!(ok, "{text}");
+    assert!(text.contains("pool-wide admission budget"), "{text}");
+    assert!(text.contains("maxInFlightPerReplica"), "{text}");
+    let (ok, text) = kubectl(&["explain", "epool.spec.concurrency.queueTimeout"]);
+    assert!(ok && text.contains("duration such as"), "{text}");
+}
