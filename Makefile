@@ -10,7 +10,7 @@ KUBECONFIG_FILE := $(TEIFLEET_CLUSTER_DIR)/kubeconfig
 CRD := crds/teifleet.dev_embeddingpools.yaml
 CHART := charts/teifleet
 CHART_GOLDEN := tests/chart/golden.yaml
-CHART_TEMPLATE_ARGS := teifleet $(CHART) --namespace teifleet-system --set serviceMonitor.enabled=true
+CHART_TEMPLATE_ARGS := teifleet $(CHART) --namespace teifleet-system --kube-version 1.33.0 --set serviceMonitor.enabled=true
 
 .PHONY: help
 help: ## List the targets

@@ -23,7 +23,8 @@ ensure_etcd() {
 }
 
 build_kubernetes() {
-  local out="$BIN/k8s-$K8S_VERSION"
+  # The suffix changes whenever the build recipe does, so caches from older recipes are not reused.
+  local out="$BIN/k8s-$K8S_VERSION-b2"
   local wanted=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
   local missing=0
   for b in "${wanted[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
@@ -47,10 +48,18 @@ build_kubernetes() {
     local pkgs=()
     for b in "${wanted[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$b@$K8S_VERSION"); done
     go get "${pkgs[@]}" >/dev/null
+    # Built outside Kubernetes' own scripts, the binaries would report v0.0.0-master; stamp the
+    # real version so clients (helm's kubeVersion checks, kubectl version skew) see it.
+    local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
+    local ldflags=""
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+      ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
     mkdir -p "$out.tmp"
     for b in "${wanted[@]}"; do
       log "go build k8s.io/kubernetes/cmd/$b"
-      CGO_ENABLED=0 go build -o "$out.tmp/$b" "k8s.io/kubernetes/cmd/$b"
+      CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out.tmp/$b" "k8s.io/kubernetes/cmd/$b"
     done
   )
   rm -rf "$mod" "$out"
@@ -76,7 +85,7 @@ go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 CUR="$CACHE/current"
 mkdir -p "$CUR"
 for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  ln -sf "$BIN/k8s-$K8S_VERSION/$b" "$CUR/$b"
+  ln -sf "$BIN/k8s-$K8S_VERSION-b2/$b" "$CUR/$b"
 done
 ln -sf "$BIN/kwok-$KWOK_VERSION/kwok" "$CUR/kwok"
 ln -sf "$BIN/helm-$HELM_VERSION/helm" "$CUR/helm"
