@@ -10,6 +10,8 @@ KUBECONFIG_FILE := $(TEIFLEET_CLUSTER_DIR)/kubeconfig
 CRD := crds/teifleet.dev_embeddingpools.yaml
 CHART := charts/teifleet
 CHART_GOLDEN := tests/chart/golden.yaml
+MANIFESTS := deploy/manifests/teifleet-operator.yaml
+MANIFEST_ARGS := teifleet $(CHART) --namespace teifleet-system --kube-version 1.33.0 --include-crds
 CHART_TEMPLATE_ARGS := teifleet $(CHART) --namespace teifleet-system --kube-version 1.33.0 --set serviceMonitor.enabled=true
 
 .PHONY: help
@@ -33,9 +35,10 @@ unit: ## Unit and golden tests (no cluster)
 	cargo test --workspace --locked --exclude teifleet-e2e
 
 .PHONY: generate
-generate: ## Regenerate the CRD YAML and the chart's copy
+generate: ## Regenerate the CRD YAML, the chart's copy and the plain manifests
 	cargo run --quiet --locked -p teifleet-crds --bin crdgen > $(CRD)
 	mkdir -p $(CHART)/crds && cp $(CRD) $(CHART)/crds/
+	$(BIN)/helm template $(MANIFEST_ARGS) > $(MANIFESTS)
 
 .PHONY: check-generated
 check-generated: ## Fail when checked-in generated files differ from what the code generates
@@ -43,6 +46,8 @@ check-generated: ## Fail when checked-in generated files differ from what the co
 	cargo run --quiet --locked -p teifleet-crds --bin crdgen > $$tmp/crd.yaml; \
 	diff -u $(CRD) $$tmp/crd.yaml || { echo "$(CRD) is stale: run make generate"; exit 1; }; \
 	diff -u $(CRD) $(CHART)/crds/teifleet.dev_embeddingpools.yaml || { echo "the chart's CRD is stale: run make generate"; exit 1; }; \
+	$(BIN)/helm template $(MANIFEST_ARGS) > $$tmp/manifests.yaml; \
+	diff -u $(MANIFESTS) $$tmp/manifests.yaml || { echo "$(MANIFESTS) is stale: run make generate"; exit 1; }; \
 	rm -rf $$tmp
 
 .PHONY: chart-check

@@ -91,7 +91,8 @@ mod tests {
     #[test]
     fn unchanged_status_keeps_transition_time() {
         let first = merge(&[], vec![Observed::new(READY, true, reasons::ALL_REPLICAS_READY, "2/2")], Some(1), &at(10));
-        let second = merge(&first, vec![Observed::new(READY, true, reasons::ALL_REPLICAS_READY, "2/2")], Some(2), &at(20));
+        let second =
+            merge(&first, vec![Observed::new(READY, true, reasons::ALL_REPLICAS_READY, "2/2")], Some(2), &at(20));
         assert_eq!(second[0].last_transition_time, at(10));
         assert_eq!(second[0].observed_generation, Some(2));
     }

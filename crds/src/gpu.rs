@@ -9,9 +9,7 @@ pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 pub const GPU_RESOURCE: &str = "nvidia.com/gpu";
 
 /// A well-known accelerator (or `cpu`).
-#[derive(
-    JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord,
-)]
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GpuType {
     #[serde(rename = "nvidia-t4")]
     NvidiaT4,

@@ -10,6 +10,8 @@ use crate::gpu::GpuType;
 
 /// A fleet of Hugging Face Text Embeddings Inference (TEI) servers serving one model on one GPU
 /// type, fronted by teifleet's admission-controlling multiplexer.
+// Each printer column repeats `type_ = ...`, which clippy mistakes for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "teifleet.dev",

@@ -74,7 +74,11 @@ fn apply_params() -> PatchParams {
 /// Server-side applies `object` under the operator's single field manager.
 async fn apply<K>(client: &Client, namespace: &str, object: &K) -> Result<K>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + std::fmt::Debug + Serialize + DeserializeOwned,
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + Serialize
+        + DeserializeOwned,
 {
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     let name = object.meta().name.clone().ok_or(Error::MissingField("metadata.name"))?;
@@ -132,7 +136,12 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     Ok(Action::requeue(ctx.resync))
 }
 
-async fn write_status(ctx: &Context, pool: &EmbeddingPool, namespace: &str, status: &EmbeddingPoolStatus) -> Result<()> {
+async fn write_status(
+    ctx: &Context,
+    pool: &EmbeddingPool,
+    namespace: &str,
+    status: &EmbeddingPoolStatus,
+) -> Result<()> {
     let api: Api<EmbeddingPool> = Api::namespaced(ctx.client.clone(), namespace);
     let patch = json!({
         "apiVersion": EmbeddingPool::api_version(&()),
@@ -159,7 +168,8 @@ async fn announce_changes(ctx: &Context, pool: &EmbeddingPool, new: &EmbeddingPo
             _ => true,
         };
         let starting_up = [conditions::reasons::REPLICAS_NOT_READY, conditions::reasons::ROLLING_OUT];
-        if before.is_none() && (healthy && condition.type_ != READY || starting_up.contains(&condition.reason.as_str())) {
+        if before.is_none() && (healthy && condition.type_ != READY || starting_up.contains(&condition.reason.as_str()))
+        {
             continue; // A new pool starting up is not news; its first Ready=True is.
         }
         events.push(Event {

@@ -67,10 +67,9 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     telemetry::init(args.log_format);
-    let identity = args
-        .identity
-        .clone()
-        .unwrap_or_else(|| hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "teifleet-operator".into()));
+    let identity = args.identity.clone().unwrap_or_else(|| {
+        hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "teifleet-operator".into())
+    });
 
     let shutdown = CancellationToken::new();
     tokio::spawn(cancel_on_signal(shutdown.clone()));
@@ -137,7 +136,8 @@ async fn cancel_on_signal(token: CancellationToken) {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -27,7 +27,9 @@ pub fn unschedulable(pods: &[Pod], gpu_pool: bool) -> Option<Unschedulable> {
             let conditions = pod.status.as_ref()?.conditions.as_ref()?;
             conditions
                 .iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+                .find(|c| {
+                    c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable")
+                })
                 .map(|c| c.message.as_deref().unwrap_or(""))
         })
         .collect();
@@ -80,16 +82,36 @@ pub fn compute(pool: &EmbeddingPool, deployment: Option<&Deployment>, pods: &[Po
     };
 
     let progressing_condition = if deadline_exceeded {
-        Observed::new(PROGRESSING, false, reasons::PROGRESS_DEADLINE_EXCEEDED, "the Deployment exceeded its progress deadline")
+        Observed::new(
+            PROGRESSING,
+            false,
+            reasons::PROGRESS_DEADLINE_EXCEEDED,
+            "the Deployment exceeded its progress deadline",
+        )
     } else if rolled_out {
-        Observed::new(PROGRESSING, false, reasons::ROLLOUT_COMPLETE, format!("{updated}/{desired} replicas run the current template"))
+        Observed::new(
+            PROGRESSING,
+            false,
+            reasons::ROLLOUT_COMPLETE,
+            format!("{updated}/{desired} replicas run the current template"),
+        )
     } else {
-        Observed::new(PROGRESSING, true, reasons::ROLLING_OUT, format!("{updated}/{desired} replicas updated, {ready} ready"))
+        Observed::new(
+            PROGRESSING,
+            true,
+            reasons::ROLLING_OUT,
+            format!("{updated}/{desired} replicas updated, {ready} ready"),
+        )
     };
 
     let degraded_condition = match (&insufficient_gpu, deadline_exceeded) {
         (Some(message), _) => Observed::new(DEGRADED, true, reasons::INSUFFICIENT_GPU, message.clone()),
-        (None, true) => Observed::new(DEGRADED, true, reasons::PROGRESS_DEADLINE_EXCEEDED, "the Deployment exceeded its progress deadline"),
+        (None, true) => Observed::new(
+            DEGRADED,
+            true,
+            reasons::PROGRESS_DEADLINE_EXCEEDED,
+            "the Deployment exceeded its progress deadline",
+        ),
         (None, false) => Observed::new(DEGRADED, false, reasons::AS_EXPECTED, "no problem detected"),
     };
 
@@ -107,7 +129,12 @@ pub fn compute(pool: &EmbeddingPool, deployment: Option<&Deployment>, pods: &[Po
             queued_per_replica: shares.queued_per_replica,
             split_over_replicas: shares.split_over,
         }),
-        conditions: conditions::merge(previous, vec![ready_condition, progressing_condition, degraded_condition], generation, now),
+        conditions: conditions::merge(
+            previous,
+            vec![ready_condition, progressing_condition, degraded_condition],
+            generation,
+            now,
+        ),
     }
 }
 

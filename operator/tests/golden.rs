@@ -88,8 +88,9 @@ fn check<T: Serialize>(file: &str, value: &T) {
         std::fs::write(&path, &rendered).expect("writes golden file");
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|_| panic!("{} is missing; run UPDATE_GOLDEN=1 cargo test -p teifleet-operator --test golden", path.display()));
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!("{} is missing; run UPDATE_GOLDEN=1 cargo test -p teifleet-operator --test golden", path.display())
+    });
     similar_asserts::assert_eq!(expected, rendered, "{file} differs; if intended, rerun with UPDATE_GOLDEN=1");
 }
 

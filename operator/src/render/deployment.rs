@@ -2,7 +2,9 @@
 //! GPU, and the `multiplexer` sidecar every client request passes through.
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Affinity, NodeSelectorRequirement, NodeSelectorTerm, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, NodeSelectorRequirement, NodeSelectorTerm, ResourceRequirements, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
 use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};

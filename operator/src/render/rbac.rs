@@ -10,10 +10,7 @@ use super::Owner;
 const READ: [&str; 3] = ["get", "list", "watch"];
 
 pub(super) fn service_account(owner: &Owner) -> ServiceAccount {
-    ServiceAccount {
-        metadata: owner.meta(labels::sidecar_account_name(&owner.name)),
-        ..ServiceAccount::default()
-    }
+    ServiceAccount { metadata: owner.meta(labels::sidecar_account_name(&owner.name)), ..ServiceAccount::default() }
 }
 
 fn read_rule(group: &str, resource: &str) -> PolicyRule {

@@ -12,7 +12,8 @@ fn now(seconds: i64) -> Time {
 }
 
 fn pool(replicas: i32, gpu: GpuType) -> EmbeddingPool {
-    let mut spec: EmbeddingPoolSpec = serde_json::from_value(serde_json::json!({ "model": { "id": "BAAI/bge-small-en-v1.5" } })).unwrap();
+    let mut spec: EmbeddingPoolSpec =
+        serde_json::from_value(serde_json::json!({ "model": { "id": "BAAI/bge-small-en-v1.5" } })).unwrap();
     spec.replicas = Some(replicas);
     spec.gpu.type_ = gpu;
     spec.concurrency.max_in_flight = 64;
@@ -65,12 +66,17 @@ fn all_ready_pool_is_ready_and_not_progressing() {
     assert_eq!(find(&status.conditions, PROGRESSING).unwrap().status, "False");
     assert_eq!(find(&status.conditions, DEGRADED).unwrap().status, "False");
     let admission = status.admission.unwrap();
-    assert_eq!((admission.in_flight_per_replica, admission.queued_per_replica, admission.split_over_replicas), (32, 50, 2));
+    assert_eq!(
+        (admission.in_flight_per_replica, admission.queued_per_replica, admission.split_over_replicas),
+        (32, 50, 2)
+    );
 }
 
 #[test]
 fn missing_gpu_capacity_is_insufficient_gpu_naming_the_type() {
-    let pods = [unschedulable_pod("0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.")];
+    let pods = [unschedulable_pod(
+        "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.",
+    )];
     let status = compute(&pool(3, GpuType::NvidiaH100_80gb), Some(&deployment(3, 2, 3)), &pods, &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::INSUFFICIENT_GPU));

@@ -22,7 +22,9 @@ pub const FIELD_MANAGER: &str = "teifleet-e2e";
 
 fn required_env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the end-to-end tests with `make test-cluster`, which starts the local control plane")
+        panic!(
+            "{name} is not set: run the end-to-end tests with `make test-cluster`, which starts the local control plane"
+        )
     })
 }
 
@@ -41,7 +43,8 @@ pub async fn admin_client() -> Client {
 
 pub async fn client_for(kubeconfig: &std::path::Path) -> Client {
     let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig readable");
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig valid");
+    let config =
+        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig valid");
     Client::try_from(config).expect("client")
 }
 
@@ -64,7 +67,8 @@ where
 /// Installs (or updates) the checked-in CRD and waits until the API server serves it.
 pub async fn install_crd(client: &Client) {
     let path = repo_root().join("crds/teifleet.dev_embeddingpools.yaml");
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&std::fs::read_to_string(&path).expect("CRD file")).expect("CRD parses");
+    let crd: CustomResourceDefinition =
+        serde_yaml::from_str(&std::fs::read_to_string(&path).expect("CRD file")).expect("CRD parses");
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let name = crd.metadata.name.clone().expect("CRD name");
     api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd)).await.expect("CRD applies");
@@ -94,13 +98,17 @@ impl TestNamespace {
 
     pub async fn create_with_labels(client: &Client, prefix: &str, mut labels: serde_json::Value) -> Self {
         labels[TEST_NAMESPACE_LABEL] = serde_json::json!("true");
-        let suffix = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 1_000_000;
+        let suffix =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 1_000_000;
         let name = format!("{prefix}-{suffix}");
         let namespace: Namespace = serde_json::from_value(serde_json::json!({
             "metadata": { "name": name, "labels": labels }
         }))
         .unwrap();
-        Api::<Namespace>::all(client.clone()).create(&PostParams::default(), &namespace).await.expect("namespace created");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace created");
         // Pods need the namespace's default ServiceAccount, made by the controller-manager.
         let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
         eventually("the default ServiceAccount", Duration::from_secs(30), || {
@@ -290,5 +298,7 @@ pub async fn http_get(port: u16, path: &str) -> Option<String> {
     let mut response = String::new();
     stream.read_to_string(&mut response).await.ok()?;
     let (head, body) = response.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_owned()).or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
+    head.starts_with("HTTP/1.1 200")
+        .then(|| body.to_owned())
+        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
 }

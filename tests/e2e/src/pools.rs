@@ -41,7 +41,13 @@ fn merge(base: &mut Value, patch: Value) {
 }
 
 /// Waits until the pool reports `Ready` with the given reason, for its current generation.
-pub async fn wait_for_ready_reason(client: &Client, namespace: &str, name: &str, status: &str, reason: &str) -> EmbeddingPool {
+pub async fn wait_for_ready_reason(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    status: &str,
+    reason: &str,
+) -> EmbeddingPool {
     let api = Api::<EmbeddingPool>::namespaced(client.clone(), namespace);
     eventually(&format!("{namespace}/{name} to report Ready={status} ({reason})"), Duration::from_secs(60), || {
         let api = api.clone();

@@ -11,7 +11,9 @@ use kube::api::ListParams;
 use kube::config::Kubeconfig;
 use serde_json::json;
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
-use teifleet_e2e::{Operator, TestNamespace, admin_client, eventually, install_crd, kubeconfig_path, kubectl, repo_root};
+use teifleet_e2e::{
+    Operator, TestNamespace, admin_client, eventually, install_crd, kubeconfig_path, kubectl, repo_root,
+};
 
 const RELEASE_NAMESPACE: &str = "teifleet-system";
 
@@ -25,7 +27,10 @@ fn helm(args: &[&str]) -> (bool, String) {
         .current_dir(repo_root())
         .output()
         .expect("helm runs");
-    (output.status.success(), format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)))
+    (
+        output.status.success(),
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
+    )
 }
 
 /// A kubeconfig that authenticates with `token` against the local cluster.
@@ -55,10 +60,25 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
     let _ = helm(&["uninstall", "teifleet", "-n", RELEASE_NAMESPACE, "--wait"]);
 
     let (ok, output) = helm(&[
-        "install", "teifleet", "charts/teifleet", "-n", RELEASE_NAMESPACE, "--create-namespace", "--wait", "--timeout", "90s",
+        "install",
+        "teifleet",
+        "charts/teifleet",
+        "-n",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "--wait",
+        "--timeout",
+        "90s",
     ]);
     assert!(ok, "helm install failed: {output}");
-    let (ok, output) = kubectl(&["get", "deployment/teifleet-operator", "-n", RELEASE_NAMESPACE, "-o", "jsonpath={.status.readyReplicas}"]);
+    let (ok, output) = kubectl(&[
+        "get",
+        "deployment/teifleet-operator",
+        "-n",
+        RELEASE_NAMESPACE,
+        "-o",
+        "jsonpath={.status.readyReplicas}",
+    ]);
     assert!(ok && output.trim() == "1", "the chart's operator Deployment is ready: {output}");
 
     // The pod kwok runs is only a stand-in: run the real binary with the chart's identity.
@@ -72,12 +92,7 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
         .unwrap();
     assert!(!ok && output.trim() == "no", "the chart must not grant Secrets: {output}");
 
-    let operator = Operator::start_with(
-        "chart",
-        &kubeconfig,
-        RELEASE_NAMESPACE,
-        &["--lease-name=teifleet-operator"],
-    );
+    let operator = Operator::start_with("chart", &kubeconfig, RELEASE_NAMESPACE, &["--lease-name=teifleet-operator"]);
     let ns = TestNamespace::create(&client, "chart").await;
     create_pool(&client, &ns.name, "rbac", json!({ "gpu": { "type": "nvidia-l4" }, "replicas": 2 })).await;
     wait_until_ready(&client, &ns.name, "rbac").await;
@@ -91,7 +106,12 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
     .await;
     let lease = Api::<Lease>::namespaced(client.clone(), RELEASE_NAMESPACE).get("teifleet-operator").await.unwrap();
     assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("chart"));
-    assert_eq!(operator.metric_sum("teifleet_operator_reconcile_errors_total").await, Some(0.0), "{}", operator.log_text());
+    assert_eq!(
+        operator.metric_sum("teifleet_operator_reconcile_errors_total").await,
+        Some(0.0),
+        "{}",
+        operator.log_text()
+    );
     assert!(!operator.log_text().contains("forbidden"), "{}", operator.log_text());
 
     drop(operator);

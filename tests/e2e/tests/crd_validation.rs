@@ -66,7 +66,8 @@ async fn invalid_specs_are_refused_with_readable_messages() {
     api.create(&PostParams::default(), &pool("valid-cpu", cpu)).await.expect("cpu pool without GPUs accepted");
 
     // Omitted fields get the schema's defaults.
-    let minimal = api.create(&PostParams::default(), &pool("minimal", json!({ "model": { "id": "m" } }))).await.unwrap();
+    let minimal =
+        api.create(&PostParams::default(), &pool("minimal", json!({ "model": { "id": "m" } }))).await.unwrap();
     assert_eq!(minimal.data["spec"]["concurrency"]["maxInFlight"], json!(32));
     assert_eq!(minimal.data["spec"]["concurrency"]["queueTimeout"], json!("2s"));
     assert_eq!(minimal.data["spec"]["gpu"], json!({ "type": "nvidia-l4", "count": 1 }));
@@ -82,4 +83,15 @@ async fn kubectl_explains_the_fields() {
     assert!(text.contains("maxInFlightPerReplica"), "{text}");
     let (ok, text) = kubectl(&["explain", "epool.spec.concurrency.queueTimeout"]);
     assert!(ok && text.contains("duration such as"), "{text}");
+}
+
+#[tokio::test]
+async fn shipped_samples_are_accepted_by_the_api_server() {
+    let client = admin_client().await;
+    install_crd(&client).await;
+    let ns = TestNamespace::create(&client, "samples").await;
+    let samples = teifleet_e2e::repo_root().join("deploy/samples");
+    let (ok, output) = kubectl(&["apply", "--dry-run=server", "-n", &ns.name, "-f", samples.to_str().unwrap()]);
+    assert!(ok, "{output}");
+    assert_eq!(output.matches("created (server dry run)").count(), 3, "{output}");
 }

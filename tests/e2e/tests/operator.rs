@@ -74,11 +74,21 @@ async fn pool_becomes_a_gpu_scheduled_deployment_with_its_sidecar() {
         let peers = services.get(&format!("{pool}-peers")).await.unwrap();
         assert_eq!(peers.spec.unwrap().cluster_ip.as_deref(), Some("None"));
         let account = format!("{pool}-multiplexer");
-        assert!(owned_by_pool(Api::<ServiceAccount>::namespaced(client.clone(), &ns.name).get(&account).await.unwrap().owner_references()));
-        assert!(owned_by_pool(Api::<Role>::namespaced(client.clone(), &ns.name).get(&account).await.unwrap().owner_references()));
-        assert!(owned_by_pool(Api::<RoleBinding>::namespaced(client.clone(), &ns.name).get(&account).await.unwrap().owner_references()));
+        assert!(owned_by_pool(
+            Api::<ServiceAccount>::namespaced(client.clone(), &ns.name).get(&account).await.unwrap().owner_references()
+        ));
+        assert!(owned_by_pool(
+            Api::<Role>::namespaced(client.clone(), &ns.name).get(&account).await.unwrap().owner_references()
+        ));
+        assert!(owned_by_pool(
+            Api::<RoleBinding>::namespaced(client.clone(), &ns.name).get(&account).await.unwrap().owner_references()
+        ));
         let pdb = Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name).get_opt(pool).await.unwrap();
-        assert_eq!(pdb.is_some(), ready.spec.replicas.unwrap() > 1, "{pool}: PodDisruptionBudget only above one replica");
+        assert_eq!(
+            pdb.is_some(),
+            ready.spec.replicas.unwrap() > 1,
+            "{pool}: PodDisruptionBudget only above one replica"
+        );
     }
 
     // `kubectl get` shows the printer columns.
@@ -106,7 +116,8 @@ async fn insufficient_gpu_is_reported_and_clears_when_capacity_arrives() {
     let _first = FakeNode::create(&client, "e2e-a100-0", "NVIDIA-A100-SXM4-80GB", 2).await;
     eventually("one replica scheduled on the new node", Duration::from_secs(30), || async {
         let pods = pool_pods(&client, &ns.name, "a100").await;
-        let placed = pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("e2e-a100-0")).count();
+        let placed =
+            pods.iter().filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("e2e-a100-0")).count();
         (placed == 1).then_some(())
     })
     .await;
@@ -129,17 +140,28 @@ async fn insufficient_gpu_is_reported_and_clears_when_capacity_arrives() {
 async fn concurrency_edits_apply_live_and_kubectl_scale_works() {
     let (client, ns) = setup("budget").await;
     let _operator = Operator::start("budget");
-    create_pool(&client, &ns.name, "cpu", json!({ "gpu": { "type": "cpu" }, "replicas": 2, "concurrency": { "maxInFlight": 10, "maxQueued": 20 } })).await;
+    create_pool(
+        &client,
+        &ns.name,
+        "cpu",
+        json!({ "gpu": { "type": "cpu" }, "replicas": 2, "concurrency": { "maxInFlight": 10, "maxQueued": 20 } }),
+    )
+    .await;
     let pool = wait_until_ready(&client, &ns.name, "cpu").await;
     let admission = pool.status.unwrap().admission.unwrap();
     assert_eq!((admission.in_flight_per_replica, admission.queued_per_replica), (5, 10));
-    let pods_before: BTreeSet<String> = pool_pods(&client, &ns.name, "cpu").await.iter().map(|p| p.name_any()).collect();
+    let pods_before: BTreeSet<String> =
+        pool_pods(&client, &ns.name, "cpu").await.iter().map(|p| p.name_any()).collect();
 
     let api = Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name);
     let edited = Instant::now();
-    api.patch("cpu", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "concurrency": { "maxInFlight": 40 } } })))
-        .await
-        .unwrap();
+    api.patch(
+        "cpu",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "concurrency": { "maxInFlight": 40 } } })),
+    )
+    .await
+    .unwrap();
     eventually("the new share in status", Duration::from_secs(10), || async {
         let pool = api.get("cpu").await.ok()?;
         (pool.status?.admission?.in_flight_per_replica == 20).then_some(())
@@ -156,7 +178,8 @@ async fn concurrency_edits_apply_live_and_kubectl_scale_works() {
     assert_eq!((status.replicas, status.ready_replicas), (4, 4));
     assert_eq!(status.admission.unwrap().in_flight_per_replica, 10);
     assert_eq!(deployment(&client, &ns.name, "cpu").await.spec.unwrap().replicas, Some(4));
-    let (ok, output) = kubectl(&["get", "epool/cpu", "-n", &ns.name, "--subresource=scale", "-o", "jsonpath={.status.selector}"]);
+    let (ok, output) =
+        kubectl(&["get", "epool/cpu", "-n", &ns.name, "--subresource=scale", "-o", "jsonpath={.status.selector}"]);
     assert!(ok && output.contains("teifleet.dev/pool=cpu"), "{output}");
 }
 
@@ -166,9 +189,14 @@ async fn deleting_the_pool_removes_everything_it_created() {
     let _operator = Operator::start("gc");
     create_pool(&client, &ns.name, "doomed", json!({ "gpu": { "type": "cpu" }, "replicas": 2 })).await;
     wait_until_ready(&client, &ns.name, "doomed").await;
-    assert!(Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name).get_opt("doomed").await.unwrap().is_some());
+    assert!(
+        Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name).get_opt("doomed").await.unwrap().is_some()
+    );
 
-    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name).delete("doomed", &DeleteParams::default()).await.unwrap();
+    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("every child to be garbage collected", Duration::from_secs(60), || async {
         let ns = ns.name.as_str();
         let lp = ListParams::default().labels("teifleet.dev/pool=doomed");
@@ -212,9 +240,18 @@ async fn killed_operator_restarts_and_converges_without_duplicates() {
     let lp = ListParams::default().labels("app.kubernetes.io/managed-by=teifleet-operator");
     let count = |n: usize, what: &str| assert_eq!(n, 3, "expected exactly one {what} per pool");
     count(Api::<Deployment>::namespaced(client.clone(), &ns.name).list(&lp).await.unwrap().items.len(), "Deployment");
-    count(Api::<ReplicaSet>::namespaced(client.clone(), &ns.name).list(&ListParams::default()).await.unwrap().items.len(), "ReplicaSet");
-    count(Api::<ServiceAccount>::namespaced(client.clone(), &ns.name).list(&lp).await.unwrap().items.len(), "ServiceAccount");
-    count(Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name).list(&lp).await.unwrap().items.len(), "PodDisruptionBudget");
+    count(
+        Api::<ReplicaSet>::namespaced(client.clone(), &ns.name).list(&ListParams::default()).await.unwrap().items.len(),
+        "ReplicaSet",
+    );
+    count(
+        Api::<ServiceAccount>::namespaced(client.clone(), &ns.name).list(&lp).await.unwrap().items.len(),
+        "ServiceAccount",
+    );
+    count(
+        Api::<PodDisruptionBudget>::namespaced(client.clone(), &ns.name).list(&lp).await.unwrap().items.len(),
+        "PodDisruptionBudget",
+    );
     assert_eq!(Api::<Service>::namespaced(client.clone(), &ns.name).list(&lp).await.unwrap().items.len(), 6);
     for name in ["a", "b", "c"] {
         assert_eq!(pool_pods(&client, &ns.name, name).await.len(), 2, "pool {name} has exactly its replicas");
@@ -242,7 +279,8 @@ async fn versions(client: &Client, ns: &str, pool: &str) -> Vec<(String, String)
 async fn resync_of_a_steady_pool_makes_no_writes() {
     let (client, ns) = setup("steady").await;
     teifleet_e2e::wait_for_other_test_namespaces_gone(&client, &ns.name).await;
-    let operator = Operator::start_with("steady", &teifleet_e2e::kubeconfig_path(), "default", &["--resync-interval=500ms"]);
+    let operator =
+        Operator::start_with("steady", &teifleet_e2e::kubeconfig_path(), "default", &["--resync-interval=500ms"]);
     create_pool(&client, &ns.name, "calm", json!({ "gpu": { "type": "nvidia-l4" }, "replicas": 2 })).await;
     wait_until_ready(&client, &ns.name, "calm").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -265,7 +303,10 @@ async fn only_one_operator_leads_and_a_standby_takes_over() {
     let client = admin_client().await;
     install_crd(&client).await;
     let mut first = Operator::start("leader-a");
-    eventually("a leader", Duration::from_secs(20), || async { (first.metric_sum("teifleet_operator_leader").await? == 1.0).then_some(()) }).await;
+    eventually("a leader", Duration::from_secs(20), || async {
+        (first.metric_sum("teifleet_operator_leader").await? == 1.0).then_some(())
+    })
+    .await;
     let second = Operator::start("leader-b");
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(second.metric_sum("teifleet_operator_leader").await, Some(0.0), "the standby must not lead");

@@ -34,12 +34,19 @@ async fn rendered_pods_for_every_gpu_type_pass_a_restricted_dry_run() {
         let mut account = children.service_account.clone();
         account.metadata.owner_references = None;
         Api::<ServiceAccount>::namespaced(client.clone(), &ns.name)
-            .patch(account.metadata.name.as_deref().unwrap(), &PatchParams::apply(FIELD_MANAGER), &Patch::Apply(&account))
+            .patch(
+                account.metadata.name.as_deref().unwrap(),
+                &PatchParams::apply(FIELD_MANAGER),
+                &Patch::Apply(&account),
+            )
             .await
             .unwrap();
         let template = children.deployment.spec.unwrap().template;
         let pod = Pod {
-            metadata: kube::api::ObjectMeta { name: Some(format!("psa-{gpu}")), ..template.metadata.unwrap_or_default() },
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("psa-{gpu}")),
+                ..template.metadata.unwrap_or_default()
+            },
             spec: template.spec,
             ..Pod::default()
         };
