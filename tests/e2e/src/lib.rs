@@ -36,6 +36,13 @@ pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
 }
 
+/// Where tests leave logs and generated files (`target/e2e-logs`), created on first use.
+pub fn log_dir() -> PathBuf {
+    let dir = repo_root().join("target/e2e-logs");
+    std::fs::create_dir_all(&dir).expect("log dir");
+    dir
+}
+
 /// A client for the local control plane, authenticated as its admin.
 pub async fn admin_client() -> Client {
     client_for(&kubeconfig_path()).await
@@ -212,9 +219,7 @@ impl Operator {
     /// Starts the operator with its own kubeconfig, leader Lease namespace and extra flags.
     pub fn start_with(name: &str, kubeconfig: &std::path::Path, lease_namespace: &str, extra_args: &[&str]) -> Self {
         let admin_port = free_port();
-        let log_dir = repo_root().join("target/e2e-logs");
-        std::fs::create_dir_all(&log_dir).expect("log dir");
-        let log = log_dir.join(format!("operator-{name}.log"));
+        let log = log_dir().join(format!("operator-{name}.log"));
         let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
         let child = Command::new(required_env("TEIFLEET_OPERATOR_BIN"))
             .env("KUBECONFIG", kubeconfig)

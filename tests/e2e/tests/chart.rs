@@ -48,7 +48,7 @@ fn token_kubeconfig(token: &str) -> std::path::PathBuf {
         "contexts": [{ "name": "chart-operator", "context": { "cluster": "local", "user": "chart-operator" } }],
         "current-context": "chart-operator",
     });
-    let path = repo_root().join("target/e2e-logs/chart-operator.kubeconfig");
+    let path = teifleet_e2e::log_dir().join("chart-operator.kubeconfig");
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
     path
 }
