@@ -12,17 +12,27 @@ use prometheus::{Encoder, TextEncoder};
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
+use crate::watch_health::WatchHealth;
 
 /// What the admin endpoints report.
 pub struct Health {
     pub metrics: Metrics,
     /// Set once the API server answered and the controller started (leading or standing by).
     pub ready: AtomicBool,
+    pub watches: WatchHealth,
 }
 
 impl Health {
     pub fn new(metrics: Metrics) -> Arc<Self> {
-        Arc::new(Self { metrics, ready: AtomicBool::new(false) })
+        Arc::new(Self { metrics, ready: AtomicBool::new(false), watches: WatchHealth::default() })
+    }
+}
+
+async fn healthz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
+    if health.watches.healthy(std::time::Instant::now()) {
+        (StatusCode::OK, "ok\n")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "watches have been failing for minutes\n")
     }
 }
 
@@ -46,7 +56,7 @@ async fn readyz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str)
 pub async fn serve(addr: SocketAddr, health: Arc<Health>, shutdown: CancellationToken) -> std::io::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .with_state(health);
     let listener = tokio::net::TcpListener::bind(addr).await?;

@@ -26,6 +26,7 @@ use teifleet_crds::conditions::{self, DEGRADED, READY};
 use teifleet_crds::{EmbeddingPool, EmbeddingPoolStatus, labels};
 use tokio_util::sync::CancellationToken;
 
+use crate::admin::Health;
 use crate::metrics::Metrics;
 use crate::render::{self, RenderConfig};
 use crate::{Error, Result, status};
@@ -211,8 +212,8 @@ fn managed() -> watcher::Config {
     watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY_LABEL, labels::MANAGER))
 }
 
-/// Runs the controller until `shutdown` fires.
-pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
+/// Runs the controller until `shutdown` fires, reporting watch failures to `health`.
+pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationToken) {
     let client = ctx.client.clone();
     Controller::new(Api::<EmbeddingPool>::all(client.clone()), watcher::Config::default().any_semantic())
         .owns(Api::<Deployment>::all(client.clone()), managed())
@@ -229,10 +230,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         })
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, ctx)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(%error, "controller event");
+        .for_each(|result| {
+            match result {
+                Ok(_) => health.watches.success(),
+                Err(kube::runtime::controller::Error::QueueError(error)) => {
+                    tracing::warn!(%error, "watch failed");
+                    health.watches.error(Instant::now());
+                }
+                Err(error) => tracing::debug!(%error, "controller event"),
             }
+            futures::future::ready(())
         })
         .await;
 }

@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod render;
 pub mod status;
 pub mod telemetry;
+pub mod watch_health;
 
 /// Everything that can go wrong inside the operator.
 #[derive(Debug, thiserror::Error)]

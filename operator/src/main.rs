@@ -116,7 +116,7 @@ async fn main() -> anyhow::Result<()> {
         status_memo: Default::default(),
     });
     tracing::info!("controller running");
-    controller::run(ctx, controller_stop).await;
+    controller::run(ctx, health.clone(), controller_stop).await;
     metrics.set_leader(false);
 
     if let Some(renewal) = renewal {

@@ -1,0 +1,170 @@
+//! reconcile() against a mocked API server: which requests it makes, under which field manager,
+//! and that a pool whose status is already right gets no status write. (The real-cluster tests in
+//! tests/e2e cover the same ground against kube-apiserver; these run in milliseconds.)
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use kube::client::Body;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+use teifleet_crds::EmbeddingPool;
+use teifleet_operator::controller::{Context, reconcile};
+use teifleet_operator::metrics::Metrics;
+use teifleet_operator::render::RenderConfig;
+
+#[derive(Clone, Debug)]
+struct Seen {
+    method: String,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+/// Answers like an API server that accepts every apply: a PATCH echoes the object back with a
+/// Deployment status showing every replica ready; LISTs are empty; DELETEs find nothing.
+fn mock_api() -> (Client, Arc<Mutex<Vec<Seen>>>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Some((request, send)) = handle.next_request().await {
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let path = parts.uri.path().to_owned();
+            let query = parts.uri.query().unwrap_or_default().to_owned();
+            log.lock().unwrap().push(Seen {
+                method: parts.method.to_string(),
+                path: path.clone(),
+                query,
+                body: body.clone(),
+            });
+            let (status, reply) = match parts.method.as_str() {
+                "PATCH" => {
+                    let mut object = body;
+                    if object.get("metadata").is_none() {
+                        // A status apply carries no metadata; the server answers with the whole object.
+                        object["metadata"] = json!({ "name": path.trim_end_matches("/status").rsplit('/').next() });
+                        object["spec"] = json!({ "model": { "id": "echoed" } });
+                    }
+                    if path.contains("/deployments/") {
+                        let replicas = object["spec"]["replicas"].clone();
+                        object["status"] =
+                            json!({ "replicas": replicas, "readyReplicas": replicas, "updatedReplicas": replicas });
+                    }
+                    (StatusCode::OK, object)
+                }
+                "GET" => (StatusCode::OK, json!({ "apiVersion": "v1", "kind": "List", "metadata": {}, "items": [] })),
+                "DELETE" => (
+                    StatusCode::NOT_FOUND,
+                    json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "metadata": {} }),
+                ),
+                _ => (StatusCode::OK, json!({})),
+            };
+            let response =
+                Response::builder().status(status).body(Body::from(serde_json::to_vec(&reply).unwrap())).unwrap();
+            send.send_response(response);
+        }
+    });
+    (Client::new(service, "default"), seen)
+}
+
+fn context(client: Client) -> Arc<Context> {
+    Arc::new(Context {
+        client: client.clone(),
+        render: RenderConfig::default(),
+        recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: None }),
+        metrics: Metrics::new(),
+        resync: Duration::from_secs(300),
+        status_memo: Default::default(),
+    })
+}
+
+fn pool() -> EmbeddingPool {
+    serde_json::from_value(json!({
+        "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+        "metadata": { "name": "embed", "namespace": "ml", "uid": "5f0c7a7e-0000-4000-8000-000000000001", "generation": 2 },
+        "spec": { "model": { "id": "BAAI/bge-small-en-v1.5" }, "replicas": 2 },
+    }))
+    .unwrap()
+}
+
+fn status_patches(seen: &[Seen]) -> Vec<&Seen> {
+    seen.iter().filter(|s| s.method == "PATCH" && s.path.ends_with("/status")).collect()
+}
+
+#[tokio::test]
+async fn first_reconcile_applies_every_child_and_writes_status() {
+    let (client, seen) = mock_api();
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(pool()), context(client))).await.unwrap().unwrap();
+    let seen = seen.lock().unwrap().clone();
+
+    let applied: Vec<&str> = seen
+        .iter()
+        .filter(|s| s.method == "PATCH" && !s.path.ends_with("/status"))
+        .map(|s| s.path.rsplit('/').nth(1).unwrap())
+        .collect();
+    assert_eq!(
+        applied,
+        ["serviceaccounts", "roles", "rolebindings", "services", "services", "deployments", "poddisruptionbudgets"]
+    );
+    for request in seen.iter().filter(|s| s.method == "PATCH") {
+        assert!(request.query.contains("fieldManager=teifleet-operator"), "{request:?}");
+        assert!(request.query.contains("force=true"), "{request:?}");
+        assert!(request.body["apiVersion"].is_string() && request.body["kind"].is_string(), "{request:?}");
+    }
+
+    let status = status_patches(&seen);
+    assert_eq!(status.len(), 1);
+    assert_eq!(status[0].path, "/apis/teifleet.dev/v1alpha1/namespaces/ml/embeddingpools/embed/status");
+    let body = &status[0].body["status"];
+    assert_eq!(body["observedGeneration"], json!(2));
+    assert_eq!(body["readyReplicas"], json!(2));
+    assert_eq!(body["admission"]["inFlightPerReplica"], json!(16));
+    assert_eq!(body["conditions"][0]["type"], json!("Ready"));
+    assert_eq!(body["conditions"][0]["status"], json!("True"));
+}
+
+#[tokio::test]
+async fn a_pool_whose_status_is_current_gets_no_status_write() {
+    let (client, seen) = mock_api();
+    let ctx = context(client);
+    let mut pool = pool();
+    reconcile(Arc::new(pool.clone()), ctx.clone()).await.unwrap();
+    let written = status_patches(&seen.lock().unwrap())[0].body["status"].clone();
+
+    // The next reconcile sees the status it wrote (as the watch would deliver it).
+    pool.status = Some(serde_json::from_value(written).unwrap());
+    seen.lock().unwrap().clear();
+    reconcile(Arc::new(pool), ctx).await.unwrap();
+    assert!(status_patches(&seen.lock().unwrap()).is_empty(), "a steady pool must not be written");
+}
+
+#[tokio::test]
+async fn a_lagging_cache_does_not_cause_a_repeat_status_write() {
+    let (client, seen) = mock_api();
+    let ctx = context(client);
+    let pool = Arc::new(pool());
+    reconcile(pool.clone(), ctx.clone()).await.unwrap();
+    seen.lock().unwrap().clear();
+    // Same stale object again, before the watch delivered our own status write.
+    reconcile(pool, ctx).await.unwrap();
+    assert!(status_patches(&seen.lock().unwrap()).is_empty());
+}
+
+#[tokio::test]
+async fn a_single_replica_pool_removes_its_disruption_budget() {
+    let (client, seen) = mock_api();
+    let mut pool = pool();
+    pool.spec.replicas = Some(1);
+    reconcile(Arc::new(pool.clone()), context(client)).await.unwrap();
+    let seen = seen.lock().unwrap();
+    let delete = seen.iter().find(|s| s.method == "DELETE").expect("the PodDisruptionBudget is deleted");
+    assert_eq!(
+        delete.path,
+        format!("/apis/policy/v1/namespaces/ml/poddisruptionbudgets/{}", pool.meta().name.as_ref().unwrap())
+    );
+}
