@@ -7,6 +7,7 @@
 
 pub mod budget;
 pub mod conditions;
+pub mod duration;
 pub mod gpu;
 pub mod labels;
 mod pool;

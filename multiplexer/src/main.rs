@@ -1,1 +1,169 @@
-fn main() {}
+//! `teifleet-multiplexer`: the tei.v1 front with admission control.
+//!
+//! Kubernetes mode (the sidecar the operator renders): the pool and namespace come from
+//! `TEIFLEET_POOL` and `TEIFLEET_NAMESPACE`, and limits from the watched EmbeddingPools.
+//! Static mode (tests, demos, gateways): `--max-in-flight` and friends for one pool, or
+//! `--config FILE` for several, re-read when the file changes.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use teifleet_crds::labels;
+use teifleet_multiplexer::admission::Limits;
+use teifleet_multiplexer::metrics::Metrics;
+use teifleet_multiplexer::pools::{PoolSpec, PoolTable};
+use teifleet_multiplexer::server::{self, Settings};
+use teifleet_multiplexer::sources;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Speaks TEI's tei.v1 gRPC API in front of TEI, with per-pool admission control.")]
+struct Args {
+    /// gRPC address clients connect to.
+    #[arg(long, default_value = "0.0.0.0:50051")]
+    listen: SocketAddr,
+    /// Admin HTTP address (/metrics, /healthz, /readyz).
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    admin_listen: SocketAddr,
+    /// The TEI this replica fronts.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    upstream: String,
+
+    /// Pool name (Kubernetes mode reads it from the operator-set environment).
+    #[arg(long, env = labels::ENV_POOL)]
+    pool: Option<String>,
+    /// Namespace of the EmbeddingPools to watch (Kubernetes mode).
+    #[arg(long, env = labels::ENV_NAMESPACE)]
+    namespace: Option<String>,
+    /// Static mode: requests allowed in flight to TEI at once.
+    #[arg(long)]
+    max_in_flight: Option<usize>,
+    /// Static mode: requests allowed to wait.
+    #[arg(long, default_value_t = 64)]
+    max_queued: usize,
+    /// Static mode: longest wait in the queue (500ms, 2s, 1m30s).
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    queue_timeout: Duration,
+    /// Static mode: model the pool serves, for x-teifleet-model routing.
+    #[arg(long)]
+    model: Option<String>,
+    /// Static mode with several pools, from a YAML file that is re-read when it changes.
+    #[arg(long, conflicts_with = "max_in_flight")]
+    config: Option<PathBuf>,
+
+    /// Name in the hop marker of forwarded requests.
+    #[arg(long, env = labels::ENV_POD_NAME, default_value = "teifleet-multiplexer")]
+    identity: String,
+    /// Largest request or response message, in bytes.
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    max_message_bytes: usize,
+    /// Concurrent HTTP/2 streams per client connection.
+    #[arg(long, default_value_t = 256)]
+    max_concurrent_streams: u32,
+    /// Connections are closed (GOAWAY) after this age so clients rebalance across replicas.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    max_connection_age: Duration,
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    max_connection_age_grace: Duration,
+    /// On SIGTERM, keep serving this long (while endpoints stop routing here) before draining.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    drain_delay: Duration,
+    /// How long in-flight calls may take to finish once draining.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    drain_timeout: Duration,
+    #[arg(long, value_enum, default_value = "json")]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Json,
+    Pretty,
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    teifleet_crds::duration::parse_duration(text).map_err(|e| e.to_string())
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Json => logs.json().flatten_event(true).init(),
+        LogFormat::Pretty => logs.init(),
+    }
+
+    let metrics = Metrics::new();
+    let helpers = CancellationToken::new();
+    let table = if let Some(path) = &args.config {
+        let loaded = sources::file::load(path).context("reading --config")?;
+        let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
+        table.sync(loaded.pools)?;
+        tokio::spawn(sources::file::watch(path.clone(), table.clone(), Duration::from_secs(1), helpers.clone()));
+        table
+    } else if let Some(max_in_flight) = args.max_in_flight {
+        let name = args.pool.clone().unwrap_or_else(|| "default".into());
+        let table = Arc::new(PoolTable::new(&name, metrics.clone()));
+        table.sync(vec![PoolSpec {
+            name,
+            model: args.model.clone(),
+            upstream: args.upstream.clone(),
+            limits: Some(Limits { max_in_flight, max_queued: args.max_queued, queue_timeout: args.queue_timeout }),
+            remote: false,
+        }])?;
+        table
+    } else if let (Some(pool), Some(namespace)) = (&args.pool, &args.namespace) {
+        let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+        let table = Arc::new(PoolTable::new(pool, metrics.clone()));
+        tokio::spawn(sources::kubernetes::watch(
+            client,
+            namespace.clone(),
+            pool.clone(),
+            args.upstream.clone(),
+            table.clone(),
+            helpers.clone(),
+        ));
+        table
+    } else {
+        bail!(
+            "give --max-in-flight (static mode), --config FILE, or run where TEIFLEET_POOL and TEIFLEET_NAMESPACE are set"
+        );
+    };
+
+    let settings = Settings {
+        listen: args.listen,
+        admin_listen: Some(args.admin_listen),
+        identity: args.identity,
+        max_message_bytes: args.max_message_bytes,
+        max_concurrent_streams: args.max_concurrent_streams,
+        max_connection_age: args.max_connection_age,
+        max_connection_age_grace: args.max_connection_age_grace,
+        drain_delay: args.drain_delay,
+        drain_timeout: args.drain_timeout,
+        ..Settings::default()
+    };
+    let running = server::start(settings, table, metrics).await?;
+    let stop = running.stop_token();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        stop.cancel();
+    });
+    running.wait().await?;
+    helpers.cancel();
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutdown requested");
+}

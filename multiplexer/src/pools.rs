@@ -1,0 +1,190 @@
+//! The pools this multiplexer can route to, each with its own admission state and upstream.
+//!
+//! Sources (a config file, or EmbeddingPools watched in Kubernetes) push complete descriptions
+//! with [`PoolTable::sync`]; requests look pools up with [`PoolTable::resolve`]. A pool that stays
+//! keeps its admission state across updates, so limit changes never drop queued or in-flight work.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use crate::admission::{Admission, Limits};
+use crate::metrics::Metrics;
+use crate::request_meta::Target;
+use crate::upstream::Upstream;
+use crate::{Error, Result};
+
+/// What a source knows about one pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub name: String,
+    /// The model the pool serves, for `x-teifleet-model` routing.
+    pub model: Option<String>,
+    pub upstream: String,
+    /// `None` until the pool's budget is known: requests get UNAVAILABLE meanwhile.
+    pub limits: Option<Limits>,
+    /// The upstream is another pool's multiplexer: requests carry the hop marker.
+    pub remote: bool,
+}
+
+pub struct Pool {
+    pub spec: PoolSpec,
+    pub admission: Admission,
+    pub upstream: Upstream,
+}
+
+pub struct PoolTable {
+    own: String,
+    metrics: Metrics,
+    pools: RwLock<BTreeMap<String, Arc<Pool>>>,
+}
+
+impl PoolTable {
+    pub fn new(own: &str, metrics: Metrics) -> Self {
+        Self { own: own.to_owned(), metrics, pools: RwLock::default() }
+    }
+
+    pub fn own_name(&self) -> &str {
+        &self.own
+    }
+
+    /// Makes the table match `specs`: new pools appear, changed ones update in place, missing
+    /// ones go (requests already holding them finish normally).
+    pub fn sync(&self, specs: Vec<PoolSpec>) -> Result<()> {
+        let mut pools = self.pools.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = BTreeMap::new();
+        for spec in specs {
+            let pool = match pools.remove(&spec.name) {
+                Some(existing) if existing.spec == spec => existing,
+                Some(existing) if existing.upstream.url() == spec.upstream => {
+                    if let Some(limits) = spec.limits {
+                        existing.admission.set_limits(limits);
+                    }
+                    Arc::new(Pool { admission: existing.admission.clone(), upstream: existing.upstream.clone(), spec })
+                }
+                existing => {
+                    let upstream = Upstream::lazy(&spec.upstream)?;
+                    let admission = match existing {
+                        Some(existing) => existing.admission.clone(),
+                        None => self.metrics.admission_for(&spec.name, spec.limits.unwrap_or(NOT_READY)),
+                    };
+                    if let Some(limits) = spec.limits {
+                        admission.set_limits(limits);
+                    }
+                    Arc::new(Pool { spec, admission, upstream })
+                }
+            };
+            next.insert(pool.spec.name.clone(), pool);
+        }
+        for gone in pools.keys() {
+            tracing::info!(pool = %gone, "pool removed");
+        }
+        *pools = next;
+        Ok(())
+    }
+
+    /// All pools' names, for error messages.
+    pub fn known(&self) -> String {
+        let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
+        let names: Vec<&str> = pools.keys().map(String::as_str).collect();
+        if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Pool>> {
+        self.pools.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+    }
+
+    /// Picks the pool for a request. A request some multiplexer already forwarded may only be
+    /// served by a pool whose upstream is its own TEI, never forwarded again.
+    pub fn resolve(&self, target: &Target, forwarded_by: Option<&str>) -> Result<Arc<Pool>> {
+        let pool = match target {
+            Target::Own => self.get(&self.own).ok_or_else(|| Error::PoolNotReady(self.own.clone()))?,
+            Target::Pool(name) => {
+                self.get(name).ok_or_else(|| Error::UnknownPool { requested: name.clone(), known: self.known() })?
+            }
+            Target::Model(model) => {
+                let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
+                // Prefer our own pool when it serves the model: no extra hop.
+                let mut serving = pools.values().filter(|p| p.spec.model.as_deref() == Some(model.as_str()));
+                let first = serving.next().cloned();
+                let own = pools.get(&self.own).filter(|p| p.spec.model.as_deref() == Some(model.as_str())).cloned();
+                drop(pools);
+                own.or(first).ok_or_else(|| Error::UnknownModel { model: model.clone(), known: self.known() })?
+            }
+        };
+        if pool.spec.limits.is_none() {
+            return Err(Error::PoolNotReady(pool.spec.name.clone()));
+        }
+        if let Some(by) = forwarded_by
+            && pool.spec.remote
+        {
+            return Err(Error::ForwardingLoop { by: by.to_owned() });
+        }
+        Ok(pool)
+    }
+}
+
+/// Limits of a pool whose budget is not known yet; [`PoolTable::resolve`] refuses such pools.
+const NOT_READY: Limits = Limits { max_in_flight: 0, max_queued: 0, queue_timeout: std::time::Duration::ZERO };
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn spec(name: &str, model: &str, remote: bool, in_flight: usize) -> PoolSpec {
+        PoolSpec {
+            name: name.into(),
+            model: Some(model.into()),
+            upstream: format!("http://{name}.ml.svc:50051"),
+            limits: Some(Limits { max_in_flight: in_flight, max_queued: 4, queue_timeout: Duration::from_secs(1) }),
+            remote,
+        }
+    }
+
+    fn table() -> PoolTable {
+        let table = PoolTable::new("bge", Metrics::new());
+        table.sync(vec![spec("bge", "BAAI/bge", false, 2), spec("gte", "thenlper/gte", true, 3)]).unwrap();
+        table
+    }
+
+    #[tokio::test]
+    async fn routes_by_pool_model_or_default() {
+        let table = table();
+        assert_eq!(table.resolve(&Target::Own, None).unwrap().spec.name, "bge");
+        assert_eq!(table.resolve(&Target::Pool("gte".into()), None).unwrap().spec.name, "gte");
+        assert_eq!(table.resolve(&Target::Model("thenlper/gte".into()), None).unwrap().spec.name, "gte");
+        let error = table.resolve(&Target::Pool("nope".into()), None).err().unwrap();
+        assert!(error.to_string().contains("known pools: bge, gte"), "{error}");
+        assert!(matches!(table.resolve(&Target::Model("x".into()), None), Err(Error::UnknownModel { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_request_is_never_forwarded_again() {
+        let table = table();
+        assert!(table.resolve(&Target::Own, Some("bge-0")).is_ok(), "served locally");
+        let error = table.resolve(&Target::Pool("gte".into()), Some("bge-0")).err().unwrap();
+        assert!(matches!(error, Error::ForwardingLoop { .. }));
+    }
+
+    #[tokio::test]
+    async fn updates_keep_admission_state_and_apply_new_limits() {
+        let table = table();
+        let before = table.get("bge").unwrap();
+        let permit = before.admission.acquire(Default::default(), None).await.unwrap();
+        table.sync(vec![spec("bge", "BAAI/bge", false, 7)]).unwrap();
+        let after = table.get("bge").unwrap();
+        assert_eq!(after.admission.snapshot().in_flight, 1, "in-flight work carried over");
+        assert_eq!(after.admission.snapshot().limits.max_in_flight, 7);
+        assert!(table.get("gte").is_none(), "removed pools are gone");
+        drop(permit);
+        assert_eq!(after.admission.snapshot().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn a_pool_without_limits_is_not_ready() {
+        let table = PoolTable::new("bge", Metrics::new());
+        table.sync(vec![PoolSpec { limits: None, ..spec("bge", "m", false, 1) }]).unwrap();
+        assert!(matches!(table.resolve(&Target::Own, None), Err(Error::PoolNotReady(_))));
+    }
+}

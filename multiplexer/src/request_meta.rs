@@ -1,0 +1,159 @@
+//! What a request asks of the multiplexer, read from its gRPC metadata.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+
+use crate::Error;
+use crate::admission::Priority;
+
+pub const PRIORITY_HEADER: &str = "x-teifleet-priority";
+pub const POOL_HEADER: &str = "x-teifleet-pool";
+pub const MODEL_HEADER: &str = "x-teifleet-model";
+/// Set on a request one multiplexer forwards to another pool's, naming the forwarder.
+pub const FORWARDED_BY_HEADER: &str = "x-teifleet-forwarded-by";
+pub const TIMEOUT_HEADER: &str = "grpc-timeout";
+/// gRPC's standard retry hint, sent in the trailers of shed requests.
+pub const RETRY_PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
+
+/// Which pool should serve a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// No routing header: the pool this multiplexer fronts.
+    Own,
+    Pool(String),
+    Model(String),
+}
+
+#[derive(Clone, Debug)]
+pub struct RequestMeta {
+    pub priority: Priority,
+    pub target: Target,
+    /// The caller's time budget from `grpc-timeout`, and the instant it runs out.
+    pub timeout: Option<Duration>,
+    pub deadline: Option<Instant>,
+    /// Who forwarded this request to us, if anyone.
+    pub forwarded_by: Option<String>,
+}
+
+fn text<'a>(metadata: &'a MetadataMap, header: &'static str) -> Result<Option<&'a str>, Error> {
+    match metadata.get(header) {
+        None => Ok(None),
+        Some(value) => value
+            .to_str()
+            .map(|v| Some(v.trim()))
+            .map_err(|_| Error::InvalidMetadata { header, reason: "not printable ASCII".into() }),
+    }
+}
+
+fn non_empty<'a>(metadata: &'a MetadataMap, header: &'static str) -> Result<Option<&'a str>, Error> {
+    match text(metadata, header)? {
+        Some("") => Err(Error::InvalidMetadata { header, reason: "empty value".into() }),
+        other => Ok(other),
+    }
+}
+
+/// Reads priority, routing, deadline and hop marker. `arrived` is when the request came in.
+pub fn parse(metadata: &MetadataMap, arrived: Instant) -> Result<RequestMeta, Error> {
+    let priority = match text(metadata, PRIORITY_HEADER)? {
+        Some(value) => value.parse()?,
+        None => Priority::default(),
+    };
+    let target = match (non_empty(metadata, POOL_HEADER)?, non_empty(metadata, MODEL_HEADER)?) {
+        (Some(_), Some(_)) => {
+            return Err(Error::InvalidMetadata {
+                header: POOL_HEADER,
+                reason: format!("give either {POOL_HEADER} or {MODEL_HEADER}, not both"),
+            });
+        }
+        (Some(pool), None) => Target::Pool(pool.to_owned()),
+        (None, Some(model)) => Target::Model(model.to_owned()),
+        (None, None) => Target::Own,
+    };
+    let timeout = text(metadata, TIMEOUT_HEADER)?.map(parse_grpc_timeout).transpose()?;
+    Ok(RequestMeta {
+        priority,
+        target,
+        timeout,
+        // Answer a little before the caller's own clock runs out, so it hears why.
+        deadline: timeout.map(|t| arrived + t.saturating_sub(answer_margin(t))),
+        forwarded_by: text(metadata, FORWARDED_BY_HEADER)?.map(str::to_owned),
+    })
+}
+
+fn answer_margin(timeout: Duration) -> Duration {
+    (timeout / 50).clamp(Duration::from_millis(1), Duration::from_millis(20))
+}
+
+/// `grpc-timeout`: up to 8 digits and a unit (H, M, S, m, u, n), per the gRPC HTTP/2 spec.
+pub fn parse_grpc_timeout(value: &str) -> Result<Duration, Error> {
+    let invalid =
+        || Error::InvalidMetadata { header: TIMEOUT_HEADER, reason: format!("{value:?} is not <digits><H|M|S|m|u|n>") };
+    if value.len() < 2 || value.len() > 9 {
+        return Err(invalid());
+    }
+    let (digits, unit) = value.split_at(value.len() - 1);
+    let amount: u64 = digits.parse().map_err(|_| invalid())?;
+    Ok(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return Err(invalid()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {
+        let mut map = MetadataMap::new();
+        for (key, value) in pairs {
+            map.insert(*key, value.parse().unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn defaults_to_standard_priority_and_own_pool() {
+        let meta = parse(&MetadataMap::new(), Instant::now()).unwrap();
+        assert_eq!((meta.priority, meta.target, meta.deadline), (Priority::Standard, Target::Own, None));
+    }
+
+    #[test]
+    fn reads_priority_routing_and_deadline() {
+        let now = Instant::now();
+        let meta =
+            parse(&metadata(&[(PRIORITY_HEADER, "critical"), (POOL_HEADER, "gte"), (TIMEOUT_HEADER, "1500m")]), now)
+                .unwrap();
+        assert_eq!(meta.priority, Priority::Critical);
+        assert_eq!(meta.target, Target::Pool("gte".into()));
+        assert_eq!(meta.timeout, Some(Duration::from_millis(1500)));
+        assert_eq!(meta.deadline, Some(now + Duration::from_millis(1480)));
+    }
+
+    #[test]
+    fn refuses_bad_metadata_clearly() {
+        let error = parse(&metadata(&[(PRIORITY_HEADER, "urgent")]), Instant::now()).unwrap_err();
+        assert!(error.to_string().contains("critical, standard, sheddable"), "{error}");
+        let error = parse(&metadata(&[(POOL_HEADER, "a"), (MODEL_HEADER, "b")]), Instant::now()).unwrap_err();
+        assert!(error.to_string().contains("not both"), "{error}");
+        assert!(parse(&metadata(&[(POOL_HEADER, "")]), Instant::now()).is_err());
+        assert!(parse(&metadata(&[(TIMEOUT_HEADER, "10x")]), Instant::now()).is_err());
+    }
+
+    #[test]
+    fn grpc_timeout_units() {
+        assert_eq!(parse_grpc_timeout("2S").unwrap(), Duration::from_secs(2));
+        assert_eq!(parse_grpc_timeout("1M").unwrap(), Duration::from_secs(60));
+        assert_eq!(parse_grpc_timeout("1H").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_grpc_timeout("250u").unwrap(), Duration::from_micros(250));
+        assert_eq!(parse_grpc_timeout("99999999n").unwrap(), Duration::from_nanos(99_999_999));
+        assert!(parse_grpc_timeout("123456789S").is_err(), "at most 8 digits");
+        assert!(parse_grpc_timeout("S").is_err());
+    }
+}

@@ -1,0 +1,215 @@
+//! Runs the multiplexer: the gRPC server with health and reflection, the admin port, TEI health
+//! checks, and graceful draining.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use teifleet_proto::v1::{
+    embed_server::EmbedServer, info_server::InfoServer, predict_server::PredictServer, rerank_server::RerankServer,
+    tokenize_server::TokenizeServer,
+};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+use tonic_health::server::HealthReporter;
+
+use crate::admin::{self, Readiness};
+use crate::forward::Forwarder;
+use crate::metrics::Metrics;
+use crate::pools::PoolTable;
+use crate::services::Multiplexer;
+use crate::{Error, Result};
+
+/// The `tei.v1` services, as gRPC health knows them.
+const SERVICES: [&str; 5] = ["tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize"];
+
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub admin_listen: Option<SocketAddr>,
+    /// Written into the hop marker of forwarded requests (the pod name in Kubernetes).
+    pub identity: String,
+    pub max_message_bytes: usize,
+    pub max_concurrent_streams: u32,
+    /// Connections older than this get a GOAWAY, so clients behind a ClusterIP rebalance.
+    pub max_connection_age: Duration,
+    pub max_connection_age_grace: Duration,
+    /// After a shutdown request, how long to keep serving while endpoints stop routing here.
+    pub drain_delay: Duration,
+    /// How long requests in flight may take to finish once draining.
+    pub drain_timeout: Duration,
+    pub health_interval: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            admin_listen: None,
+            identity: "teifleet-multiplexer".into(),
+            max_message_bytes: 4 * 1024 * 1024,
+            max_concurrent_streams: 256,
+            max_connection_age: Duration::from_secs(300),
+            max_connection_age_grace: Duration::from_secs(30),
+            drain_delay: Duration::ZERO,
+            drain_timeout: Duration::from_secs(30),
+            health_interval: Duration::from_secs(2),
+        }
+    }
+}
+
+/// A started multiplexer.
+pub struct Running {
+    pub grpc_addr: SocketAddr,
+    pub admin_addr: Option<SocketAddr>,
+    pub forwarder: Arc<Forwarder>,
+    pub readiness: Arc<Readiness>,
+    pub metrics: Metrics,
+    stop: CancellationToken,
+    task: JoinHandle<Result<()>>,
+}
+
+impl Running {
+    /// Drains and stops: not ready at once, serving for the drain delay, then refusing new calls
+    /// while calls in flight finish (up to the drain timeout).
+    pub async fn shutdown(self) -> Result<()> {
+        self.stop.cancel();
+        self.task.await.map_err(|e| Error::Config(format!("server task: {e}")))?
+    }
+
+    /// A token that starts the same drain when cancelled (for signal handlers).
+    pub fn stop_token(&self) -> CancellationToken {
+        self.stop.clone()
+    }
+
+    /// Waits until the server has stopped by itself or through the stop token.
+    pub async fn wait(self) -> Result<()> {
+        self.task.await.map_err(|e| Error::Config(format!("server task: {e}")))?
+    }
+}
+
+/// Binds and starts serving `pools`, whose own pool is `pools.own_name()`.
+pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) -> Result<Running> {
+    let io = |e: std::io::Error| Error::Config(format!("binding: {e}"));
+    let listener = TcpListener::bind(settings.listen).await.map_err(io)?;
+    let grpc_addr = listener.local_addr().map_err(io)?;
+    let admin_listener = match settings.admin_listen {
+        Some(addr) => Some(admin::bind(addr).await.map_err(io)?),
+        None => None,
+    };
+    let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+    let forwarder = Arc::new(Forwarder::new(pools.clone(), metrics.clone(), settings.identity.clone()));
+    let readiness =
+        Arc::new(Readiness { pools: pools.clone(), upstream_serving: Default::default(), accepting: true.into() });
+    let stop = CancellationToken::new();
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let mux = Multiplexer::new(forwarder.clone(), settings.max_message_bytes);
+
+    let helpers = CancellationToken::new();
+    if let Some(listener) = admin_listener {
+        tokio::spawn(admin::serve(listener, metrics.clone(), readiness.clone(), helpers.clone()));
+    }
+    tokio::spawn(check_upstream(readiness.clone(), reporter.clone(), settings.health_interval, helpers.clone()));
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(teifleet_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .map_err(|e| Error::Config(format!("reflection: {e}")))?;
+    let limit = settings.max_message_bytes;
+    let router = Server::builder()
+        .tcp_nodelay(true)
+        .max_concurrent_streams(settings.max_concurrent_streams)
+        .max_connection_age(settings.max_connection_age)
+        .max_connection_age_grace(settings.max_connection_age_grace)
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .add_service(health_service)
+        .add_service(reflection)
+        .add_service(InfoServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
+        .add_service(EmbedServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
+        .add_service(PredictServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
+        .add_service(RerankServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
+        .add_service(TokenizeServer::new(mux).max_decoding_message_size(limit).max_encoding_message_size(limit));
+
+    let server_stop = CancellationToken::new();
+    let server = tokio::spawn(
+        router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), server_stop.clone().cancelled_owned()),
+    );
+    tracing::info!(%grpc_addr, ?admin_addr, pool = pools.own_name(), "multiplexer serving");
+
+    let task = {
+        let (stop, readiness, forwarder) = (stop.clone(), readiness.clone(), forwarder.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            tracing::info!("draining: not ready, then refusing new calls and finishing in-flight ones");
+            readiness.accepting.store(false, Ordering::Relaxed);
+            set_serving(&reporter, false).await;
+            tokio::time::sleep(settings.drain_delay).await;
+            forwarder.start_draining();
+            server_stop.cancel();
+            let outcome = match tokio::time::timeout(settings.drain_timeout, server).await {
+                Ok(Ok(Ok(()))) => Ok(()),
+                Ok(Ok(Err(e))) => Err(Error::Config(format!("gRPC server: {e}"))),
+                Ok(Err(e)) => Err(Error::Config(format!("gRPC server task: {e}"))),
+                Err(_) => {
+                    tracing::warn!(timeout = ?settings.drain_timeout, "calls still in flight after the drain timeout");
+                    Ok(())
+                }
+            };
+            helpers.cancel();
+            outcome
+        })
+    };
+    Ok(Running { grpc_addr, admin_addr, forwarder, readiness, metrics, stop, task })
+}
+
+async fn set_serving(reporter: &HealthReporter, serving: bool) {
+    let status = if serving { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
+    reporter.set_service_status("", status).await;
+    for service in SERVICES {
+        reporter.set_service_status(service, status).await;
+    }
+}
+
+/// Polls the own pool's TEI with standard gRPC health checks and mirrors the result (and the
+/// rest of readiness) into this server's own health service.
+async fn check_upstream(
+    readiness: Arc<Readiness>,
+    reporter: HealthReporter,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let mut last = None;
+    loop {
+        let serving = match readiness.pools.get(readiness.pools.own_name()) {
+            Some(pool) => {
+                let mut client = HealthClient::new(pool.upstream.channel());
+                let check = client.check(HealthCheckRequest { service: String::new() });
+                matches!(
+                    tokio::time::timeout(Duration::from_secs(1), check).await,
+                    Ok(Ok(response)) if response.get_ref().status == ServingStatus::Serving as i32
+                )
+            }
+            None => false,
+        };
+        readiness.upstream_serving.store(serving, Ordering::Relaxed);
+        let ready = readiness.ready().is_ok();
+        if last != Some(ready) {
+            set_serving(&reporter, ready).await;
+            tracing::info!(ready, reason = ?readiness.ready().err(), "readiness changed");
+            last = Some(ready);
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Kubernetes mode: the EmbeddingPools of the namespace, watched. This replica's own pool is
+//! served by the TEI beside it, with the per-replica shares the operator publishes in status;
+//! every other pool is reachable through its Service, for `x-teifleet-pool`/`-model` routing.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Api, Client, ResourceExt};
+use teifleet_crds::duration::parse_duration;
+use teifleet_crds::{EmbeddingPool, split_budget};
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::Limits;
+use crate::pools::{PoolSpec, PoolTable};
+
+/// Port every pool's Service exposes (see the operator's rendering).
+const POOL_SERVICE_PORT: u16 = 50051;
+
+/// This replica's limits for a pool: the shares in its status, or, before the operator has
+/// published any, the budget split over the desired replicas.
+pub fn limits_of(pool: &EmbeddingPool) -> Option<Limits> {
+    let queue_timeout = parse_duration(&pool.spec.concurrency.queue_timeout).ok()?;
+    let (in_flight, queued) = match pool.status.as_ref().and_then(|s| s.admission) {
+        Some(shares) => (shares.in_flight_per_replica, shares.queued_per_replica),
+        None => {
+            let shares = split_budget(&pool.spec.concurrency, 0, pool.spec.replicas.unwrap_or(1));
+            (shares.in_flight_per_replica, shares.queued_per_replica)
+        }
+    };
+    Some(Limits {
+        max_in_flight: usize::try_from(in_flight).ok()?.max(1),
+        max_queued: usize::try_from(queued).unwrap_or(0),
+        queue_timeout,
+    })
+}
+
+/// The routing table's view of the namespace's pools.
+pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstream: &str) -> Vec<PoolSpec> {
+    pools
+        .iter()
+        .filter(|pool| pool.metadata.deletion_timestamp.is_none())
+        .map(|pool| {
+            let name = pool.name_any();
+            let local = name == own;
+            PoolSpec {
+                upstream: if local {
+                    own_upstream.to_owned()
+                } else {
+                    format!("http://{name}.{namespace}.svc:{POOL_SERVICE_PORT}")
+                },
+                model: Some(pool.spec.model.id.clone()),
+                limits: limits_of(pool),
+                remote: !local,
+                name,
+            }
+        })
+        .collect()
+}
+
+/// Watches the namespace's EmbeddingPools and keeps `table` in step until `stop`.
+pub async fn watch(
+    client: Client,
+    namespace: String,
+    own: String,
+    own_upstream: String,
+    table: Arc<PoolTable>,
+    stop: CancellationToken,
+) {
+    let api: Api<EmbeddingPool> = Api::namespaced(client, &namespace);
+    let (reader, writer) = reflector::store();
+    let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
+    let mut events = std::pin::pin!(events.take_until(stop.cancelled_owned()));
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
+                let specs = specs(&reader.state(), &namespace, &own, &own_upstream);
+                if let Err(error) = table.sync(specs) {
+                    tracing::warn!(%error, "could not apply the namespace's pools");
+                }
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "EmbeddingPool watch failed; retrying"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use super::*;
+
+    fn pool(name: &str, status: serde_json::Value) -> Arc<EmbeddingPool> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+                "metadata": { "name": name, "namespace": "ml" },
+                "spec": { "model": { "id": format!("org/{name}") }, "replicas": 4,
+                          "concurrency": { "maxInFlight": 40, "maxQueued": 80, "queueTimeout": "1500ms" } },
+                "status": status,
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn own_pool_uses_local_tei_and_published_shares() {
+        let pools = [
+            pool(
+                "bge",
+                json!({ "admission": { "inFlightPerReplica": 7, "queuedPerReplica": 9, "splitOverReplicas": 6 } }),
+            ),
+            pool("gte", json!({})),
+        ];
+        let specs = specs(&pools, "ml", "bge", "http://127.0.0.1:8080");
+        let own = &specs[0];
+        assert_eq!((own.upstream.as_str(), own.remote), ("http://127.0.0.1:8080", false));
+        assert_eq!(
+            own.limits,
+            Some(Limits { max_in_flight: 7, max_queued: 9, queue_timeout: Duration::from_millis(1500) })
+        );
+        let other = &specs[1];
+        assert_eq!((other.upstream.as_str(), other.remote), ("http://gte.ml.svc:50051", true));
+        assert_eq!(other.model.as_deref(), Some("org/gte"));
+        // No status yet: the budget split over the desired 4 replicas.
+        assert_eq!(other.limits.map(|l| (l.max_in_flight, l.max_queued)), Some((10, 20)));
+    }
+}

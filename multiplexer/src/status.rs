@@ -1,0 +1,120 @@
+//! The one place a multiplexer error becomes a gRPC status, and the outcome it is counted as.
+
+use tonic::{Code, Status};
+
+use crate::Error;
+use crate::admission::AdmissionError;
+use crate::request_meta::RETRY_PUSHBACK_HEADER;
+
+/// How a request ended, as counted in `teifleet_requests_total{outcome}`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    ShedQueueFull,
+    ShedDeadline,
+    ExpiredInQueue,
+    Cancelled,
+    UpstreamError,
+    Rejected,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Ok => "ok",
+            Self::ShedQueueFull => "shed_queue_full",
+            Self::ShedDeadline => "shed_deadline",
+            Self::ExpiredInQueue => "expired_in_queue",
+            Self::Cancelled => "cancelled",
+            Self::UpstreamError => "upstream_error",
+            Self::Rejected => "rejected",
+        }
+    }
+}
+
+/// The outcome an error is counted as.
+pub fn outcome(error: &Error) -> Outcome {
+    match error {
+        Error::Admission { source, .. } => match source {
+            AdmissionError::QueueFull { .. } | AdmissionError::Evicted { .. } => Outcome::ShedQueueFull,
+            AdmissionError::DeadlineUnmeetable { .. } => Outcome::ShedDeadline,
+            AdmissionError::QueueTimeout { .. } | AdmissionError::DeadlineExpired { .. } => Outcome::ExpiredInQueue,
+        },
+        Error::Upstream { .. } => Outcome::UpstreamError,
+        _ => Outcome::Rejected,
+    }
+}
+
+/// Maps an error to the status the client receives.
+pub fn to_status(error: &Error) -> Status {
+    let code = match error {
+        Error::Admission { source, .. } => match source {
+            AdmissionError::DeadlineExpired { .. } => Code::DeadlineExceeded,
+            _ => Code::ResourceExhausted,
+        },
+        Error::InvalidPriority(_) | Error::InvalidMetadata { .. } => Code::InvalidArgument,
+        Error::UnknownPool { .. } | Error::UnknownModel { .. } => Code::NotFound,
+        Error::ForwardingLoop { .. } => Code::FailedPrecondition,
+        Error::PoolNotReady(_) | Error::Draining => Code::Unavailable,
+        // TEI's own answer goes back as it came: RESOURCE_EXHAUSTED stays RESOURCE_EXHAUSTED.
+        Error::Upstream { status, .. } => status.code(),
+        Error::InvalidUpstream { .. } | Error::Config(_) | Error::Kube(_) => Code::Internal,
+    };
+    let mut status = Status::new(code, error.to_string());
+    if let Error::Admission { source, .. } = error
+        && let Some(retry_after) = source.retry_after()
+        && let Ok(value) = retry_after.as_millis().to_string().parse()
+    {
+        status.metadata_mut().insert(RETRY_PUSHBACK_HEADER, value);
+    }
+    status
+}
+
+impl From<Error> for Status {
+    fn from(error: Error) -> Self {
+        to_status(&error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn admission(source: AdmissionError) -> Error {
+        Error::Admission { pool: "bge".into(), source }
+    }
+
+    #[test]
+    fn overload_is_resource_exhausted_with_a_pushback_hint() {
+        let status =
+            to_status(&admission(AdmissionError::QueueFull { queued: 9, retry_after: Duration::from_millis(250) }));
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert_eq!(status.metadata().get(RETRY_PUSHBACK_HEADER).unwrap(), "250");
+        assert!(status.message().contains("pool bge"), "{}", status.message());
+    }
+
+    #[test]
+    fn every_error_has_its_code() {
+        let cases = [
+            (admission(AdmissionError::DeadlineExpired { waited: Duration::ZERO }), Code::DeadlineExceeded),
+            (
+                admission(AdmissionError::DeadlineUnmeetable {
+                    expected_wait: Duration::from_secs(1),
+                    retry_after: Duration::from_secs(1),
+                }),
+                Code::ResourceExhausted,
+            ),
+            (Error::InvalidMetadata { header: "x", reason: "y".into() }, Code::InvalidArgument),
+            (Error::UnknownPool { requested: "a".into(), known: "b".into() }, Code::NotFound),
+            (Error::ForwardingLoop { by: "pod".into() }, Code::FailedPrecondition),
+            (Error::Draining, Code::Unavailable),
+            (Error::Upstream { pool: "p".into(), status: Status::unavailable("down") }, Code::Unavailable),
+            (Error::Upstream { pool: "p".into(), status: Status::resource_exhausted("full") }, Code::ResourceExhausted),
+        ];
+        for (error, code) in cases {
+            assert_eq!(to_status(&error).code(), code, "{error}");
+        }
+    }
+}
