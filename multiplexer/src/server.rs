@@ -131,6 +131,10 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         .max_connection_age_grace(settings.max_connection_age_grace)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        // Clients cancel freely under overload (that is the point of deadlines); hyper's default
+        // of 20 resets before the server accepts them would close the whole connection, failing
+        // every other call on it. Bounded still, against rapid-reset floods.
+        .http2_max_pending_accept_reset_streams(Some(settings.max_concurrent_streams as usize))
         .add_service(health_service)
         .add_service(reflection)
         .add_service(InfoServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))

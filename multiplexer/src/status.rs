@@ -56,6 +56,8 @@ pub fn to_status(error: &Error) -> Status {
         Error::UnknownPool { .. } | Error::UnknownModel { .. } => Code::NotFound,
         Error::ForwardingLoop { .. } => Code::FailedPrecondition,
         Error::PoolNotReady(_) | Error::Draining => Code::Unavailable,
+        // A connection failure is the backend being unavailable, whatever the transport says.
+        Error::Upstream { status, .. } if is_transport_failure(status) => Code::Unavailable,
         // TEI's own answer goes back as it came: RESOURCE_EXHAUSTED stays RESOURCE_EXHAUSTED.
         Error::Upstream { status, .. } => status.code(),
         Error::InvalidUpstream { .. } | Error::Config(_) | Error::Kube(_) => Code::Internal,
@@ -68,6 +70,11 @@ pub fn to_status(error: &Error) -> Status {
         status.metadata_mut().insert(RETRY_PUSHBACK_HEADER, value);
     }
     status
+}
+
+fn is_transport_failure(status: &Status) -> bool {
+    use std::error::Error as _;
+    status.code() == Code::Unknown && status.source().is_some_and(|source| source.is::<tonic::transport::Error>())
 }
 
 impl From<Error> for Status {

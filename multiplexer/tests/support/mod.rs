@@ -1,0 +1,92 @@
+//! Shared setup for the data-plane tests: a TEI simulator and a multiplexer in front of it, both
+//! real gRPC servers on 127.0.0.1.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use teifleet_multiplexer::admission::Limits;
+use teifleet_multiplexer::metrics::Metrics;
+use teifleet_multiplexer::pools::{PoolSpec, PoolTable};
+use teifleet_multiplexer::server::{self, Running, Settings};
+use teifleet_proto::v1::{self, embed_client::EmbedClient};
+use teifleet_tei_sim::{SimConfig, SimHandle};
+use tonic::transport::Channel;
+
+pub const MODEL: &str = "teifleet/sim-embedding";
+
+pub fn limits(in_flight: usize, queued: usize) -> Limits {
+    Limits { max_in_flight: in_flight, max_queued: queued, queue_timeout: Duration::from_secs(5) }
+}
+
+pub async fn sim(configure: impl FnOnce(&mut SimConfig)) -> SimHandle {
+    let mut config = SimConfig::default();
+    configure(&mut config);
+    teifleet_tei_sim::start(config).await.expect("simulator starts")
+}
+
+pub fn spec(name: &str, upstream: SocketAddr, limits: Limits) -> PoolSpec {
+    PoolSpec {
+        name: name.into(),
+        model: Some(MODEL.into()),
+        upstream: format!("http://{upstream}"),
+        limits: Some(limits),
+        remote: false,
+    }
+}
+
+/// A multiplexer whose own pool is the first spec.
+pub async fn mux_with(specs: Vec<PoolSpec>, settings: Settings) -> (Running, Arc<PoolTable>) {
+    let metrics = Metrics::new();
+    let table = Arc::new(PoolTable::new(&specs[0].name, metrics.clone()));
+    table.sync(specs).expect("pools valid");
+    let settings = Settings { health_interval: Duration::from_millis(100), ..settings };
+    (server::start(settings, table.clone(), metrics).await.expect("multiplexer starts"), table)
+}
+
+pub async fn mux(upstream: SocketAddr, limits: Limits) -> (Running, Arc<PoolTable>) {
+    mux_with(vec![spec("pool-a", upstream, limits)], Settings::default()).await
+}
+
+pub async fn channel(addr: SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}")).unwrap().connect().await.expect("connects")
+}
+
+pub async fn embed_client(addr: SocketAddr) -> EmbedClient<Channel> {
+    EmbedClient::new(channel(addr).await)
+}
+
+pub fn embed_request(text: &str) -> v1::EmbedRequest {
+    v1::EmbedRequest { inputs: text.into(), normalize: Some(true), ..Default::default() }
+}
+
+/// A request with metadata set.
+pub fn with_meta<T>(message: T, pairs: &[(&'static str, &str)]) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    for (key, value) in pairs {
+        request.metadata_mut().insert(*key, value.parse().unwrap());
+    }
+    request
+}
+
+/// Polls until `check` holds, for at most `timeout`.
+pub async fn until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The value of a metric line (exact name and labels) in the Prometheus text.
+pub fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+pub fn metrics_text(running: &Running) -> String {
+    use prometheus::Encoder;
+    let mut buffer = Vec::new();
+    prometheus::TextEncoder::new().encode(&running.metrics.registry.gather(), &mut buffer).unwrap();
+    String::from_utf8(buffer).unwrap()
+}

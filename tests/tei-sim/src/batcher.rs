@@ -1,0 +1,234 @@
+//! The simulated device and the queue in front of it, shaped like TEI's router: admitted requests
+//! queue in arrival order, the next batch is kept prepared (up to the token and request budgets)
+//! while the current one runs, and the device runs one batch at a time.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::stats::Counters;
+
+/// One admitted request waiting for the device.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    pub(crate) tokens: usize,
+    pub(crate) enqueued: Instant,
+    pub(crate) reply: oneshot::Sender<DeviceRun>,
+}
+
+/// What the device reports back to each request of a batch.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct DeviceRun {
+    /// From enqueue to the start of the request's batch.
+    pub(crate) queue_time: Duration,
+    /// Measured device time of the whole batch.
+    pub(crate) inference_time: Duration,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchLimits {
+    pub(crate) max_tokens: usize,
+    pub(crate) max_requests: usize,
+    pub(crate) fixed_latency: Duration,
+    pub(crate) per_token_latency: Duration,
+}
+
+impl BatchLimits {
+    fn device_time(&self, tokens: usize) -> Duration {
+        let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
+        self.fixed_latency.saturating_add(self.per_token_latency.saturating_mul(tokens))
+    }
+}
+
+#[derive(Debug, Default)]
+struct Batch {
+    entries: Vec<Entry>,
+    tokens: usize,
+}
+
+impl Batch {
+    /// Drops requests whose caller went away, so the device never spends time on them.
+    fn prune(&mut self) {
+        self.entries.retain(|e| !e.reply.is_closed());
+        self.tokens = self.entries.iter().map(|e| e.tokens).sum();
+    }
+
+    /// Moves queued requests in, in order, while they fit. A request larger than the token budget
+    /// (only possible for multi-sequence calls) still runs, alone, rather than blocking the queue.
+    fn fill(&mut self, queue: &mut VecDeque<Entry>, limits: &BatchLimits) {
+        while let Some(front) = queue.front() {
+            if front.reply.is_closed() {
+                queue.pop_front();
+                continue;
+            }
+            let fits = self.entries.len() < limits.max_requests && self.tokens + front.tokens <= limits.max_tokens;
+            if !(self.entries.is_empty() || fits) {
+                break;
+            }
+            if let Some(entry) = queue.pop_front() {
+                self.tokens += entry.tokens;
+                self.entries.push(entry);
+            }
+        }
+    }
+}
+
+struct Running {
+    batch: Batch,
+    started: Instant,
+    deadline: Instant,
+}
+
+/// Starts the queue task; it ends when `shutdown` fires or every sender is gone, dropping the
+/// waiting requests' reply channels so their callers learn the device is gone.
+pub(crate) fn spawn(
+    limits: BatchLimits,
+    metrics: Metrics,
+    counters: Arc<Counters>,
+    shutdown: CancellationToken,
+) -> mpsc::UnboundedSender<Entry> {
+    // Unbounded is safe: only requests holding an admission slot are ever sent.
+    let (tx, rx) = mpsc::unbounded_channel();
+    tokio::spawn(run(rx, limits, metrics, counters, shutdown));
+    tx
+}
+
+async fn run(
+    mut rx: mpsc::UnboundedReceiver<Entry>,
+    limits: BatchLimits,
+    metrics: Metrics,
+    counters: Arc<Counters>,
+    shutdown: CancellationToken,
+) {
+    let mut queue = VecDeque::new();
+    let mut next = Batch::default();
+    let mut running: Option<Running> = None;
+    loop {
+        next.fill(&mut queue, &limits);
+        if running.is_none() {
+            next.prune();
+            next.fill(&mut queue, &limits);
+            if !next.entries.is_empty() {
+                let batch = std::mem::take(&mut next);
+                let started = Instant::now();
+                let deadline = started + limits.device_time(batch.tokens);
+                running = Some(Running { batch, started, deadline });
+                next.fill(&mut queue, &limits);
+            }
+        }
+        metrics.queue_size.set(gauge(queue.len() + next.entries.len()));
+        metrics.batch_next_size.set(gauge(next.entries.len()));
+        metrics.batch_next_tokens.set(gauge(next.tokens));
+
+        let deadline = running.as_ref().map(|r| r.deadline);
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => break,
+            () = sleep_until(deadline) => {
+                if let Some(done) = running.take() {
+                    finish(done, &counters);
+                }
+            }
+            entry = rx.recv() => match entry {
+                Some(entry) => queue.push_back(entry),
+                None => break,
+            },
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn finish(done: Running, counters: &Counters) {
+    let inference_time = done.started.elapsed();
+    counters.batch_run();
+    for entry in done.batch.entries {
+        let queue_time = done.started.saturating_duration_since(entry.enqueued);
+        // A caller that left while its batch ran simply gets nothing.
+        let _ = entry.reply.send(DeviceRun { queue_time, inference_time });
+    }
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_tokens: usize, max_requests: usize) -> BatchLimits {
+        BatchLimits {
+            max_tokens,
+            max_requests,
+            fixed_latency: Duration::from_millis(1),
+            per_token_latency: Duration::from_micros(1),
+        }
+    }
+
+    fn entry(tokens: usize) -> (Entry, oneshot::Receiver<DeviceRun>) {
+        let (reply, rx) = oneshot::channel();
+        (Entry { tokens, enqueued: Instant::now(), reply }, rx)
+    }
+
+    #[test]
+    fn fill_respects_budgets_and_skips_gone_callers() {
+        let mut queue = VecDeque::new();
+        let mut keep = Vec::new();
+        for tokens in [4, 4, 4, 4] {
+            let (e, rx) = entry(tokens);
+            queue.push_back(e);
+            keep.push(rx);
+        }
+        drop(keep.remove(0));
+        let mut batch = Batch::default();
+        batch.fill(&mut queue, &limits(10, 8));
+        assert_eq!((batch.entries.len(), batch.tokens), (2, 8));
+        assert_eq!(queue.len(), 1);
+
+        let mut batch = Batch::default();
+        batch.fill(&mut queue, &limits(10, 8));
+        assert_eq!(batch.entries.len(), 1);
+    }
+
+    #[test]
+    fn oversized_request_runs_alone() {
+        let (big, _rx1) = entry(50);
+        let (small, _rx2) = entry(1);
+        let mut queue = VecDeque::from([big, small]);
+        let mut batch = Batch::default();
+        batch.fill(&mut queue, &limits(10, 8));
+        assert_eq!((batch.entries.len(), batch.tokens), (1, 50));
+    }
+
+    #[test]
+    fn request_cap_limits_batch() {
+        let mut queue = VecDeque::new();
+        let mut keep = Vec::new();
+        for _ in 0..5 {
+            let (e, rx) = entry(1);
+            queue.push_back(e);
+            keep.push(rx);
+        }
+        let mut batch = Batch::default();
+        batch.fill(&mut queue, &limits(100, 3));
+        assert_eq!(batch.entries.len(), 3);
+    }
+
+    #[test]
+    fn device_time_grows_with_tokens() {
+        let l = limits(10, 1);
+        assert_eq!(l.device_time(0), Duration::from_millis(1));
+        assert_eq!(l.device_time(1000), Duration::from_millis(2));
+    }
+}

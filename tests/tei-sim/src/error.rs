@@ -1,0 +1,29 @@
+//! The library's one error type.
+
+use std::net::SocketAddr;
+
+/// Why a simulator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// The configuration cannot work.
+    #[error("invalid simulator configuration: {0}")]
+    InvalidConfig(String),
+    /// A fault name other than none, fail, stall (or clear).
+    #[error("unknown fault {0:?} (expected none, fail or stall)")]
+    UnknownFault(String),
+    /// A listening socket could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why binding failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The reflection service could not read the descriptor set.
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    /// A metric could not be registered.
+    #[error("cannot register metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}

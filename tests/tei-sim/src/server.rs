@@ -1,0 +1,154 @@
+//! Starting a simulator and the handle that controls and stops it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use teifleet_proto::v1::embed_server::EmbedServer;
+use teifleet_proto::v1::info_server::InfoServer;
+use teifleet_proto::v1::predict_server::PredictServer;
+use teifleet_proto::v1::rerank_server::RerankServer;
+use teifleet_proto::v1::tokenize_server::TokenizeServer;
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::batcher::{self, BatchLimits};
+use crate::config::{Fault, SimConfig};
+use crate::metrics::Metrics;
+use crate::service::{Sim, health_service};
+use crate::state::State;
+use crate::stats::{Counters, Stats};
+use crate::{SimError, admin};
+
+/// How long [`SimHandle::shutdown`] lets open calls and connections finish before cutting them.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// A running simulator. Dropping it stops serving too, without waiting.
+#[derive(Debug)]
+pub struct SimHandle {
+    addr: SocketAddr,
+    admin_addr: Option<SocketAddr>,
+    state: Arc<State>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+/// Binds the gRPC (and, if configured, admin) ports and serves in the background.
+pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
+    config.validate()?;
+    let listener = bind(config.listen).await?;
+    let addr = local_addr(&listener, config.listen)?;
+    let admin_listener = match config.admin_listen {
+        Some(admin) => Some(bind(admin).await?),
+        None => None,
+    };
+    let admin_addr = match (&admin_listener, config.admin_listen) {
+        (Some(l), Some(asked)) => Some(local_addr(l, asked)?),
+        _ => None,
+    };
+
+    let shutdown = CancellationToken::new();
+    let metrics = Metrics::new()?;
+    let counters = Arc::new(Counters::default());
+    let limits = BatchLimits {
+        max_tokens: config.max_batch_tokens,
+        max_requests: config.max_batch_requests.unwrap_or(usize::MAX),
+        fixed_latency: config.fixed_latency,
+        per_token_latency: config.per_token_latency,
+    };
+    let queue = batcher::spawn(limits, metrics.clone(), Arc::clone(&counters), shutdown.clone());
+    let state = Arc::new(State {
+        slots: Arc::new(Semaphore::new(config.max_concurrent_requests)),
+        config,
+        counters,
+        fault: watch::Sender::new(Fault::None),
+        metrics,
+        queue,
+        shutdown: shutdown.clone(),
+    });
+
+    let reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(teifleet_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let sim = Sim::new(Arc::clone(&state));
+    let router = tonic::transport::Server::builder()
+        .add_service(health_service(sim.clone()))
+        .add_service(reflection)
+        .add_service(InfoServer::new(sim.clone()))
+        .add_service(EmbedServer::new(sim.clone()))
+        .add_service(PredictServer::new(sim.clone()))
+        .add_service(RerankServer::new(sim.clone()))
+        .add_service(TokenizeServer::new(sim));
+    let grpc_shutdown = shutdown.clone().cancelled_owned();
+    let mut tasks = vec![tokio::spawn(async move {
+        if let Err(error) = router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), grpc_shutdown).await {
+            tracing::error!(%error, "gRPC server failed");
+        }
+    })];
+    if let Some(admin_listener) = admin_listener {
+        tasks.push(tokio::spawn(admin::serve(admin_listener, Arc::clone(&state), shutdown)));
+    }
+    tracing::info!(%addr, admin = ?admin_addr, model_id = %state.config.model_id, "TEI simulator serving");
+    Ok(SimHandle { addr, admin_addr, state, tasks })
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, SimError> {
+    TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })
+}
+
+fn local_addr(listener: &TcpListener, asked: SocketAddr) -> Result<SocketAddr, SimError> {
+    listener.local_addr().map_err(|source| SimError::Bind { addr: asked, source })
+}
+
+impl SimHandle {
+    /// The gRPC address actually bound.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The admin HTTP address actually bound, if one was asked for.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin_addr
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.state.counters.snapshot()
+    }
+
+    /// Zeroes the counters; `in_flight` keeps counting what still holds a slot.
+    pub fn reset_stats(&self) {
+        self.state.counters.reset();
+    }
+
+    /// Takes effect at once: the next call, health check or stalled request sees it.
+    pub fn set_fault(&self, fault: Fault) {
+        self.state.set_fault(fault);
+    }
+
+    pub fn fault(&self) -> Fault {
+        self.state.fault()
+    }
+
+    /// Stops serving: pending and stalled requests answer `UNAVAILABLE`, then the servers get a
+    /// short grace period before being cut off. The ports are closed when this returns.
+    pub async fn shutdown(mut self) {
+        self.state.shutdown.cancel();
+        for mut task in std::mem::take(&mut self.tasks) {
+            if tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await.is_err() {
+                task.abort();
+                // Waiting for the abort makes sure the listener has been dropped.
+                let _ = task.await;
+            }
+        }
+        tracing::info!(addr = %self.addr, "TEI simulator stopped");
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.state.shutdown.cancel();
+    }
+}
