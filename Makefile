@@ -74,11 +74,12 @@ cluster-down: ## Stop the local control plane
 
 .PHONY: test-cluster
 test-cluster: ## End-to-end tests on a fresh local control plane
-	cargo build --locked -p teifleet-operator -p teifleet-e2e --tests
+	cargo build --locked -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-e2e --bins --tests
 	tests/cluster/down.sh
 	trap 'tests/cluster/down.sh' EXIT; \
 	tests/cluster/up.sh; \
 	TEIFLEET_KUBECONFIG=$(KUBECONFIG_FILE) TEIFLEET_OPERATOR_BIN=$(CURDIR)/target/debug/teifleet-operator \
+	  TEIFLEET_MULTIPLEXER_BIN=$(CURDIR)/target/debug/teifleet-multiplexer \
 	  cargo test --locked -p teifleet-e2e -- --test-threads=1
 
 .PHONY: demo

@@ -43,6 +43,33 @@ pub fn log_dir() -> PathBuf {
     dir
 }
 
+/// A kubeconfig for the local cluster that authenticates with a ServiceAccount `token`.
+pub fn token_kubeconfig(name: &str, token: &str) -> PathBuf {
+    let admin = Kubeconfig::read_from(kubeconfig_path()).expect("admin kubeconfig");
+    let cluster = admin.clusters[0].cluster.clone().expect("cluster entry");
+    let config = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{ "name": "local", "cluster": {
+            "server": cluster.server,
+            "certificate-authority": cluster.certificate_authority,
+        }}],
+        "users": [{ "name": name, "user": { "token": token } }],
+        "contexts": [{ "name": name, "context": { "cluster": "local", "user": name } }],
+        "current-context": name,
+    });
+    let path = log_dir().join(format!("{name}.kubeconfig"));
+    std::fs::write(&path, serde_yaml::to_string(&config).expect("kubeconfig serializes")).expect("kubeconfig written");
+    path
+}
+
+/// A ServiceAccount token from the TokenRequest API.
+pub fn service_account_token(namespace: &str, account: &str) -> String {
+    let (ok, token) = kubectl(&["create", "token", account, "-n", namespace, "--duration=1h"]);
+    assert!(ok, "{token}");
+    token.trim().to_owned()
+}
+
 /// A client for the local control plane, authenticated as its admin.
 pub async fn admin_client() -> Client {
     client_for(&kubeconfig_path()).await

@@ -8,7 +8,6 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::ListParams;
-use kube::config::Kubeconfig;
 use serde_json::json;
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
 use teifleet_e2e::{
@@ -31,26 +30,6 @@ fn helm(args: &[&str]) -> (bool, String) {
         output.status.success(),
         format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
     )
-}
-
-/// A kubeconfig that authenticates with `token` against the local cluster.
-fn token_kubeconfig(token: &str) -> std::path::PathBuf {
-    let admin = Kubeconfig::read_from(kubeconfig_path()).expect("admin kubeconfig");
-    let cluster = admin.clusters[0].cluster.clone().expect("cluster entry");
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{ "name": "local", "cluster": {
-            "server": cluster.server,
-            "certificate-authority": cluster.certificate_authority,
-        }}],
-        "users": [{ "name": "chart-operator", "user": { "token": token } }],
-        "contexts": [{ "name": "chart-operator", "context": { "cluster": "local", "user": "chart-operator" } }],
-        "current-context": "chart-operator",
-    });
-    let path = teifleet_e2e::log_dir().join("chart-operator.kubeconfig");
-    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
-    path
 }
 
 #[tokio::test]
@@ -84,7 +63,7 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
     // The pod kwok runs is only a stand-in: run the real binary with the chart's identity.
     let (ok, token) = kubectl(&["create", "token", "teifleet-operator", "-n", RELEASE_NAMESPACE, "--duration=1h"]);
     assert!(ok, "{token}");
-    let kubeconfig = token_kubeconfig(token.trim());
+    let kubeconfig = teifleet_e2e::token_kubeconfig("chart-operator", token.trim());
     let (ok, output) = Command::new(format!("{}/.cache/teifleet/current/kubectl", std::env::var("HOME").unwrap()))
         .args(["--kubeconfig", kubeconfig.to_str().unwrap(), "auth", "can-i", "list", "secrets", "-A"])
         .output()

@@ -1,0 +1,123 @@
+//! The multiplexer in Kubernetes mode, as the sidecar: it reads its pool's shares from the
+//! EmbeddingPool status the operator publishes, using only the sidecar ServiceAccount's token,
+//! and applies a budget edit live without dropping a request.
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use futures::future::join_all;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use serde_json::json;
+use teifleet_crds::EmbeddingPool;
+use teifleet_e2e::pools::{create_pool, wait_until_ready};
+use teifleet_e2e::{Operator, TestNamespace, admin_client, eventually, http_get, install_crd, log_dir};
+use teifleet_proto::v1::{EmbedRequest, embed_client::EmbedClient};
+use teifleet_tei_sim::{Fault, SimConfig};
+
+struct Sidecar(Child);
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn limit_in_flight(admin: u16, pool: &str) -> Option<f64> {
+    let text = http_get(admin, "/metrics").await?;
+    let series = format!("teifleet_limit_in_flight{{pool=\"{pool}\"}}");
+    text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
+}
+
+#[tokio::test]
+async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
+    let client = admin_client().await;
+    install_crd(&client).await;
+    let ns = TestNamespace::create(&client, "mux").await;
+    let _operator = Operator::start("mux");
+    create_pool(
+        &client,
+        &ns.name,
+        "live",
+        json!({ "gpu": { "type": "cpu" }, "replicas": 2, "concurrency": { "maxInFlight": 4, "maxQueued": 16 } }),
+    )
+    .await;
+    wait_until_ready(&client, &ns.name, "live").await;
+
+    let sim = teifleet_tei_sim::start(SimConfig::default()).await.unwrap();
+    let token = teifleet_e2e::service_account_token(&ns.name, "live-multiplexer");
+    let kubeconfig = teifleet_e2e::token_kubeconfig("live-multiplexer", &token);
+    let (grpc, admin) = (free_port(), free_port());
+    let log = std::fs::File::create(log_dir().join("multiplexer-live.log")).unwrap();
+    let _sidecar = Sidecar(
+        Command::new(
+            std::env::var("TEIFLEET_MULTIPLEXER_BIN").expect("TEIFLEET_MULTIPLEXER_BIN (make test-cluster sets it)"),
+        )
+        .env("KUBECONFIG", &kubeconfig)
+        .env("TEIFLEET_POOL", "live")
+        .env("TEIFLEET_NAMESPACE", &ns.name)
+        .env("TEIFLEET_POD_NAME", "live-0")
+        .args([
+            format!("--listen=127.0.0.1:{grpc}"),
+            format!("--admin-listen=127.0.0.1:{admin}"),
+            format!("--upstream=http://{}", sim.addr()),
+            "--log-format=pretty".into(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .expect("multiplexer starts"),
+    );
+
+    // Ready once it has its pool's shares (4 over 2 ready replicas) and TEI answers.
+    eventually("the sidecar to be ready", Duration::from_secs(30), || async {
+        http_get(admin, "/readyz").await.map(|_| ())
+    })
+    .await;
+    assert_eq!(limit_in_flight(admin, "live").await, Some(2.0));
+
+    // Two in flight (held at TEI), four waiting.
+    sim.set_fault(Fault::Stall);
+    let channel =
+        tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{grpc}")).unwrap().connect().await.unwrap();
+    let calls: Vec<_> = (0..6)
+        .map(|i| {
+            let mut embed = EmbedClient::new(channel.clone());
+            tokio::spawn(async move {
+                embed.embed(EmbedRequest { inputs: format!("call {i}"), ..Default::default() }).await
+            })
+        })
+        .collect();
+    eventually("two calls at TEI", Duration::from_secs(10), || async { (sim.stats().in_flight == 2).then_some(()) })
+        .await;
+
+    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
+        .patch(
+            "live",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "concurrency": { "maxInFlight": 12 } } })),
+        )
+        .await
+        .unwrap();
+    let edited = std::time::Instant::now();
+    eventually("the new share at the sidecar", Duration::from_secs(10), || async {
+        (limit_in_flight(admin, "live").await? == 6.0).then_some(())
+    })
+    .await;
+    eventually("waiters admitted at once", Duration::from_secs(5), || async {
+        (sim.stats().in_flight == 6).then_some(())
+    })
+    .await;
+    println!("budget edit reached the sidecar and TEI in {:?}", edited.elapsed());
+
+    sim.set_fault(Fault::None);
+    for call in join_all(calls).await {
+        call.unwrap().expect("no request dropped by the live change");
+    }
+}
