@@ -12,7 +12,6 @@ use teifleet_proto::v1::tokenize_server::TokenizeServer;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::batcher::{self, BatchLimits};
@@ -83,8 +82,11 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         .add_service(RerankServer::new(sim.clone()))
         .add_service(TokenizeServer::new(sim));
     let grpc_shutdown = shutdown.clone().cancelled_owned();
+    // Without TCP_NODELAY on accepted sockets, Nagle's algorithm and delayed ACKs add ~40 ms to
+    // small answers: TEI itself sets it, and so must a faithful simulator.
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let mut tasks = vec![tokio::spawn(async move {
-        if let Err(error) = router.serve_with_incoming_shutdown(TcpListenerStream::new(listener), grpc_shutdown).await {
+        if let Err(error) = router.serve_with_incoming_shutdown(incoming, grpc_shutdown).await {
             tracing::error!(%error, "gRPC server failed");
         }
     })];

@@ -1,0 +1,163 @@
+//! What operators see: TEI's own errors passed through and counted, the three-way time split,
+//! gRPC health that follows TEI, reflection, and connections recycled by age without failures.
+
+mod support;
+
+use std::error::Error as _;
+use std::time::Duration;
+
+use futures::future::join_all;
+use teifleet_multiplexer::server::Settings;
+use teifleet_tei_sim::Fault;
+use tonic::Code;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+
+use support::*;
+
+#[tokio::test]
+async fn tei_errors_pass_through_unchanged_and_are_counted() {
+    // TEI's own limit below the multiplexer's: TEI sheds, and the client hears TEI's answer.
+    let sim = sim(|c| {
+        c.max_concurrent_requests = 1;
+        c.fixed_latency = Duration::from_millis(100);
+    })
+    .await;
+    let (mux, _) = mux(sim.addr(), limits(4, 8)).await;
+    let client = embed_client(mux.grpc_addr).await;
+    let results = join_all((0..4).map(|i| {
+        let mut client = client.clone();
+        async move { client.embed(embed_request(&format!("c{i}"))).await }
+    }))
+    .await;
+    let codes: Vec<Code> = results.iter().map(|r| r.as_ref().map(|_| Code::Ok).unwrap_or_else(|s| s.code())).collect();
+    assert!(codes.contains(&Code::ResourceExhausted), "{codes:?}");
+
+    sim.set_fault(Fault::Fail);
+    let status = client.clone().embed(embed_request("down")).await.unwrap_err();
+    assert_eq!(status.code(), Code::Unavailable);
+
+    let text = metrics_text(&mux);
+    let series = |code: &str| {
+        format!(
+            "teifleet_requests_total{{code=\"{code}\",outcome=\"upstream_error\",pool=\"pool-a\",priority=\"standard\",rpc=\"Embed\"}}"
+        )
+    };
+    assert!(metric(&text, &series("ResourceExhausted")).unwrap_or(0.0) >= 1.0, "{text}");
+    assert_eq!(metric(&text, &series("Unavailable")), Some(1.0), "{text}");
+}
+
+#[tokio::test]
+async fn each_call_is_split_into_multiplexer_wait_tei_queue_and_inference() {
+    let sim = sim(|c| c.fixed_latency = Duration::from_millis(20)).await;
+    let (mux, _) = mux(sim.addr(), limits(1, 8)).await;
+    let client = embed_client(mux.grpc_addr).await;
+    join_all((0..3).map(|i| {
+        let mut client = client.clone();
+        async move { client.embed(embed_request(&format!("split {i}"))).await.unwrap() }
+    }))
+    .await;
+    let text = metrics_text(&mux);
+    let labels = "{pool=\"pool-a\",priority=\"standard\"}";
+    for histogram in [
+        "teifleet_queue_wait_seconds",
+        "teifleet_tei_queue_seconds",
+        "teifleet_tei_inference_seconds",
+        "teifleet_request_duration_seconds",
+    ] {
+        assert_eq!(metric(&text, &format!("{histogram}_count{labels}")), Some(3.0), "{histogram}: {text}");
+    }
+    let inference = metric(&text, &format!("teifleet_tei_inference_seconds_sum{labels}")).unwrap();
+    assert!(inference >= 0.05, "three 20 ms device runs reported by TEI: {inference}");
+    let waited = metric(&text, &format!("teifleet_queue_wait_seconds_sum{labels}")).unwrap();
+    assert!(waited >= 0.02, "with one permit, later calls waited in the multiplexer: {waited}");
+    assert_eq!(metric(&text, "teifleet_limit_in_flight{pool=\"pool-a\"}"), Some(1.0));
+}
+
+#[tokio::test]
+async fn health_follows_tei_and_reflection_lists_the_services() {
+    let sim = sim(|_| {}).await;
+    let (mux, _) = mux(sim.addr(), limits(2, 8)).await;
+    let channel = channel(mux.grpc_addr).await;
+    let status = |service: &'static str| {
+        let mut health = HealthClient::new(channel.clone());
+        async move { health.check(HealthCheckRequest { service: service.into() }).await.map(|r| r.into_inner().status).ok() }
+    };
+    let serving = ServingStatus::Serving as i32;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while status("tei.v1.Embed").await != Some(serving) {
+        assert!(tokio::time::Instant::now() < deadline, "never became SERVING");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sim.set_fault(Fault::Fail);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while status("").await == Some(serving) {
+        assert!(tokio::time::Instant::now() < deadline, "still SERVING with TEI down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(mux.readiness.ready().is_err());
+    sim.set_fault(Fault::None);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while status("").await != Some(serving) {
+        assert!(tokio::time::Instant::now() < deadline, "did not recover");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    use tonic_reflection::pb::v1::{
+        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+    };
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = ServerReflectionClient::new(channel.clone())
+        .server_reflection_info(tokio_stream::iter([request]))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) = answers.message().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a service list");
+    };
+    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
+    for service in
+        ["tei.v1.Embed", "tei.v1.Info", "tei.v1.Rerank", "tei.v1.Tokenize", "tei.v1.Predict", "grpc.health.v1.Health"]
+    {
+        assert!(names.iter().any(|n| n == service), "{service} missing from {names:?}");
+    }
+}
+
+/// Connections older than the maximum age are closed with a GOAWAY, so clients move to new
+/// connections (and, behind a ClusterIP Service, to other replicas). Calls keep flowing. Known
+/// limitation (docs/multiplexer.md): with tonic's client, a call sent just as its connection is
+/// recycled can fail in the client's transport (CANCELLED or UNKNOWN "transport error"), and may
+/// already have reached TEI; about 2% of calls inside a 200 ms recycling window here, hence the
+/// 5-minute default age.
+#[tokio::test]
+async fn connections_recycled_by_age_keep_calls_flowing() {
+    let sim = sim(|_| {}).await;
+    let settings = Settings {
+        max_connection_age: Duration::from_millis(200),
+        max_connection_age_grace: Duration::from_millis(200),
+        ..Settings::default()
+    };
+    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), limits(4, 16))], settings).await;
+    let client = embed_client(mux.grpc_addr).await;
+    let started = tokio::time::Instant::now();
+    let (mut served, mut raced) = (0u64, 0u64);
+    while started.elapsed() < Duration::from_millis(1500) {
+        match client.clone().embed(embed_request("steady")).await {
+            Ok(_) => served += 1,
+            Err(status) if status.source().is_some() => raced += 1, // raised by the client's transport
+            Err(status) => panic!("the server failed a call: {status:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    eprintln!("served {served}, raced a GOAWAY {raced}");
+    assert!(served > 50, "calls kept flowing across several connection generations: {served}");
+    assert!(raced * 10 <= served, "races are rare: {raced} of {served}");
+    let text = metrics_text(&mux);
+    let ok = "teifleet_requests_total{code=\"Ok\",outcome=\"ok\",pool=\"pool-a\",priority=\"standard\",rpc=\"Embed\"}";
+    assert_eq!(metric(&text, ok), Some(served as f64), "every answer the client got was the server's OK: {text}");
+}
