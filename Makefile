@@ -83,5 +83,10 @@ test-cluster: ## End-to-end tests on a fresh local control plane
 	  cargo test --locked -p teifleet-e2e -- --test-threads=1
 
 .PHONY: demo
-demo: ## Local control plane + operator + a sample pool, with a live concurrency change
+demo: ## The whole story on a local control plane: chart, operator, pool, sidecar, bursts, live limits, GPU shortage
 	tests/demo.sh
+
+.PHONY: demo-down
+demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running
+	-pkill -f 'target/debug/(teifleet-operator|teifleet-multiplexer|tei-sim)' || true
+	tests/cluster/down.sh
