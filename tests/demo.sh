@@ -111,12 +111,18 @@ curl -s "http://127.0.0.1:$MUX_ADMIN/metrics" | grep -E '^teifleet_(requests_tot
 echo "  TEI simulator saw at most $(curl -s "http://127.0.0.1:$SIM_ADMIN/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["max_in_flight_observed"])') requests at once"
 
 heading "8/9  kubectl patch spec.concurrency up (512 in flight / 2048 queued), live" \
-  "the sidecar's limit changes within a second, no restart; the same burst is now admitted"
+  "the sidecar's limit changes within a second, no pod restarts; the same burst is now admitted"
+pods_before="$(kubectl get pods -n "$NS" -o name | sort)"
 start_ms=$(date +%s%3N)
 kubectl patch epool "$POOL" -n "$NS" --type merge -p '{"spec":{"concurrency":{"maxInFlight":512,"maxQueued":2048}}}'
 until [[ "$(sidecar_limit)" == 256 ]]; do sleep 0.05; done
 echo "  sidecar enforces the new share (256 in flight) $(( $(date +%s%3N) - start_ms )) ms after the patch"
 "$BIN/teifleet-load" --target "http://127.0.0.1:$MUX_PORT" --mode closed --concurrency 600 --requests 600 --tokens 16
+if [[ "$(kubectl get pods -n "$NS" -o name | sort)" == "$pods_before" ]]; then
+  echo "  same pods as before the patch: nothing restarted"
+else
+  echo "  pods changed after the patch!" >&2; exit 1
+fi
 
 heading "9/9  Over-asking for GPUs: 5 replicas on 4 L4 GPUs" "Ready=False, reason InsufficientGPU, naming the GPU type"
 kubectl scale epool "$POOL" -n "$NS" --replicas=5

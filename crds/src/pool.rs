@@ -200,8 +200,8 @@ pub struct TeiSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("tei.maxBatchTokens must be at least 1"))]
     pub max_batch_tokens: Option<i32>,
 
-    /// TEI's own concurrency limit (`--max-concurrent-requests`). The operator raises it to at
-    /// least twice the per-replica in-flight cap so TEI never sheds before the multiplexer does.
+    /// TEI's own concurrency limit (`--max-concurrent-requests`, default 2048). The operator raises
+    /// it to at least twice the largest per-replica share so TEI never sheds before the multiplexer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("tei.maxConcurrentRequests must be at least 1"))]
     pub max_concurrent_requests: Option<i32>,

@@ -151,3 +151,17 @@ fn unset_replicas_leave_the_count_to_an_autoscaler() {
     assert_eq!(rendered.deployment.spec.unwrap().replicas, None);
     assert!(rendered.pdb.is_some());
 }
+
+#[test]
+fn budget_edits_do_not_change_the_deployment() {
+    // A changed pod template would restart every TEI; budgets are applied live by the sidecars.
+    let mut small = pool(BASE);
+    small.spec.concurrency.max_in_flight = 8;
+    small.spec.concurrency.max_queued = 0;
+    let mut large = pool(BASE);
+    large.spec.concurrency.max_in_flight = 1024;
+    large.spec.concurrency.max_queued = 100_000;
+    large.spec.concurrency.queue_timeout = "30s".into();
+    let config = RenderConfig::default();
+    assert_eq!(render(&small, &config).unwrap().deployment, render(&large, &config).unwrap().deployment);
+}

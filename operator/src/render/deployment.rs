@@ -18,8 +18,11 @@ use crate::Result;
 pub const TEI_GRPC_PORT: i32 = 8080;
 const TEI_METRICS_PORT: i32 = 9000;
 const MULTIPLEXER_ADMIN_PORT: i32 = 9090;
-/// TEI's own default for `--max-concurrent-requests`.
-const TEI_DEFAULT_MAX_CONCURRENT: i32 = 512;
+/// TEI's `--max-concurrent-requests` unless the spec says otherwise. The multiplexer is the real
+/// limiter; TEI's limit is only a guard, set high so budget edits never have to change TEI's
+/// arguments (which would restart the pods). TEI's own default, 512, would be hit by ordinary
+/// budgets.
+const TEI_DEFAULT_MAX_CONCURRENT: i32 = 2048;
 /// Unprivileged uid/gid the pods run as (the restricted Pod Security Standard forbids root).
 const RUN_AS: i64 = 1000;
 
@@ -38,8 +41,8 @@ pub fn tei_image(pool: &EmbeddingPool, config: &RenderConfig) -> String {
 }
 
 /// TEI's own concurrency limit. It stays at least twice the largest share a replica can get, so
-/// TEI never refuses work the multiplexer admitted. It depends only on the spec's caps, not on
-/// how many replicas are ready, so budget edits below TEI's limit never restart pods.
+/// TEI never refuses work the multiplexer admitted. It depends only on the spec, not on how many
+/// replicas are ready, and only budgets above 1024 per replica raise it (restarting the pods).
 pub fn tei_max_concurrent_requests(pool: &EmbeddingPool) -> i32 {
     let budget = &pool.spec.concurrency;
     let largest_share = budget.max_in_flight_per_replica.unwrap_or(budget.max_in_flight).min(budget.max_in_flight);
