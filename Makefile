@@ -90,3 +90,13 @@ demo: ## The whole story on a local control plane: chart, operator, pool, sideca
 demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running
 	-pkill -f 'target/debug/(teifleet-operator|teifleet-multiplexer|tei-sim)' || true
 	tests/cluster/down.sh
+
+.PHONY: bench
+bench: ## Benchmarks 1–6, direct vs multiplexer, PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (< 30 min)
+	cargo build --release --locked -p teifleet-bench -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
+	bench/run.sh full
+
+.PHONY: bench-quick
+bench-quick: ## The same benchmarks, shorter (< 3 min after the build); results in target/bench-quick
+	cargo build --release --locked -p teifleet-bench -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
+	bench/run.sh quick

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs the benchmark scenarios (target/release/teifleet-bench) with a local control plane of their
+# own for scenario 6: its state directory and ports differ from the ones `make test`, `make demo`
+# and `make cluster-up` use, so a cluster someone else is using is never touched. The control
+# plane is stopped afterwards. Without the cluster binaries, scenario 6 is reported as SKIP.
+#
+# Usage: bench/run.sh full|quick [teifleet-bench flags...]
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/.." && pwd)"
+cd "$REPO"
+MODE="${1:-full}"
+shift || true
+
+export TEIFLEET_CLUSTER_DIR="${TEIFLEET_BENCH_CLUSTER_DIR:-$REPO/target/bench-cluster}"
+export TEIFLEET_API_PORT="${TEIFLEET_BENCH_API_PORT:-26443}"
+export TEIFLEET_ETCD_PORT="${TEIFLEET_BENCH_ETCD_PORT:-22379}"
+
+args=()
+case "$MODE" in
+  full) ;;
+  quick) args+=(--quick --out target/bench-quick) ;;
+  *) echo "usage: bench/run.sh full|quick [teifleet-bench flags...]" >&2; exit 2 ;;
+esac
+
+mkdir -p target/bench-logs
+if tests/cluster/up.sh >target/bench-logs/cluster-up.log 2>&1; then
+  trap 'tests/cluster/down.sh >/dev/null 2>&1 || true' EXIT
+  args+=(--kubeconfig "$TEIFLEET_CLUSTER_DIR/kubeconfig")
+else
+  echo "[bench] the local control plane did not start (target/bench-logs/cluster-up.log): scenario 6 will be skipped" >&2
+fi
+target/release/teifleet-bench "${args[@]}" "$@"

@@ -1,0 +1,165 @@
+//! `teifleet-load`: drives a tei.v1 endpoint (TEI, the simulator, or the multiplexer) open or
+//! closed loop and reports codes, throughput, goodput, latency percentiles, send lateness and
+//! TEI's own timing split. Failed requests are data: the exit code is 0 whatever they answered,
+//! and non-zero only for usage or connection errors.
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, ValueEnum};
+use teifleet_bench::arrivals::Arrivals;
+use teifleet_bench::inputs::Tokens;
+use teifleet_bench::load::{self, LoadConfig, Mode};
+use teifleet_bench::render;
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum LoopMode {
+    /// Requests sent on a precomputed schedule at --rate; latency from the scheduled time.
+    Open,
+    /// --concurrency workers, each sending when its previous request is answered.
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum ArrivalKind {
+    Poisson,
+    Constant,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Priority {
+    Critical,
+    Standard,
+    Sheddable,
+}
+
+/// Load generator for tei.v1 gRPC endpoints (TEI, tei-sim, teifleet-multiplexer), loopback only.
+///
+/// Open loop (default): each request is sent at its precomputed time whether or not earlier ones
+/// returned, and its latency is measured from that time (no coordinated omission). Closed loop:
+/// a fixed number of requests in flight. A run stops at --requests or --duration, whichever
+/// comes first, then waits up to --grace for the last answers.
+#[derive(Debug, Parser)]
+#[command(name = "teifleet-load", version)]
+struct Args {
+    /// Endpoint, e.g. http://127.0.0.1:50051 (loopback addresses only).
+    #[arg(long, value_name = "URL")]
+    target: String,
+    #[arg(long, value_enum, default_value = "open")]
+    mode: LoopMode,
+    /// Open loop: requests per second.
+    #[arg(long, default_value_t = 100.0, value_name = "R")]
+    rate: f64,
+    /// Open loop: inter-arrival distribution.
+    #[arg(long, value_enum, default_value = "poisson")]
+    arrivals: ArrivalKind,
+    /// Closed loop: requests kept in flight.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    concurrency: usize,
+    /// Most requests to send.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    requests: u64,
+    /// Longest time to keep sending (e.g. 10s, 1m).
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, value_name = "DUR")]
+    duration: Duration,
+    /// HTTP/2 connections; requests are spread over them round robin.
+    #[arg(long, default_value_t = 1, value_name = "N")]
+    connections: usize,
+    /// Input size of every request, in tokens (words).
+    #[arg(long, default_value_t = 16, value_name = "N", conflicts_with = "tokens_mix")]
+    tokens: usize,
+    /// Input sizes cycled request by request, e.g. 2,16,128,512.
+    #[arg(long, value_name = "LIST")]
+    tokens_mix: Option<Tokens>,
+    /// gRPC deadline of each request (sent as grpc-timeout, enforced client-side too); goodput
+    /// counts only OK answers within it, from the scheduled time.
+    #[arg(long, value_parser = humantime::parse_duration, value_name = "DUR")]
+    deadline: Option<Duration>,
+    /// x-teifleet-priority header of each request.
+    #[arg(long, value_enum)]
+    priority: Option<Priority>,
+    /// Stream mode: each request is one EmbedStream call carrying N messages.
+    #[arg(long, value_name = "N")]
+    stream_batch: Option<usize>,
+    /// Seed of the Poisson schedule (same seed, same schedule).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// After the last send, how long to wait for answers before cancelling what is left
+    /// (counted as UNFINISHED).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DUR")]
+    grace: Duration,
+    /// Also write the report as JSON to FILE.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Also write the report as Markdown to FILE.
+    #[arg(long, value_name = "FILE")]
+    markdown: Option<PathBuf>,
+    /// No table on stdout and no progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+fn config(args: &Args) -> LoadConfig {
+    let mode = match args.mode {
+        LoopMode::Open => Mode::Open {
+            rate: args.rate,
+            arrivals: match args.arrivals {
+                ArrivalKind::Poisson => Arrivals::Poisson,
+                ArrivalKind::Constant => Arrivals::Constant,
+            },
+        },
+        LoopMode::Closed => Mode::Closed { concurrency: args.concurrency },
+    };
+    let priority = args.priority.map(|p| match p {
+        Priority::Critical => "critical",
+        Priority::Standard => "standard",
+        Priority::Sheddable => "sheddable",
+    });
+    LoadConfig {
+        target: args.target.clone(),
+        mode,
+        requests: args.requests,
+        duration: args.duration,
+        connections: args.connections,
+        tokens: args.tokens_mix.clone().unwrap_or(Tokens::Fixed(args.tokens)),
+        deadline: args.deadline,
+        priority: priority.map(str::to_owned),
+        stream_batch: args.stream_batch,
+        seed: args.seed,
+        grace: args.grace,
+        progress: !args.quiet,
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = Args::parse();
+    match run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("teifleet-load: {error:#}");
+            // 2 for usage mistakes, as clap does for bad flags; 1 for everything else.
+            let usage = matches!(error.downcast_ref(), Some(teifleet_bench::Error::InvalidArgument(_)));
+            ExitCode::from(if usage { 2 } else { 1 })
+        }
+    }
+}
+
+async fn run(args: &Args) -> anyhow::Result<()> {
+    let config = config(args);
+    let report = load::run(&config).await?;
+    if !args.quiet {
+        print!("{}", render::human(&report));
+    }
+    if let Some(path) = &args.json {
+        let json = serde_json::to_string_pretty(&report)?;
+        std::fs::write(path, json + "\n").with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, render::markdown(&report)).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,36 @@
+//! The library's error type: usage mistakes and environment failures. A request that fails is
+//! never an error here: it is data, counted by its gRPC code.
+
+use std::path::PathBuf;
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A flag or configuration value that cannot be used.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The target could not be reached at all.
+    #[error("cannot connect to {target}: {source}")]
+    Connect {
+        target: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("{what} {path}: {source}")]
+    File {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("serializing results: {0}")]
+    Json(#[from] serde_json::Error),
+    /// A helper process (simulator, multiplexer, operator) that would not start or answer.
+    #[error("{0}")]
+    Process(String),
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("plotting {path}: {message}")]
+    Plot { path: PathBuf, message: String },
+}

@@ -1,0 +1,186 @@
+//! The load generator: connections, one request, the open and the closed loop.
+
+mod call;
+mod closed;
+mod connect;
+mod open;
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use call::CallSpec;
+pub use connect::{check_loopback, connect};
+
+use crate::arrivals::Arrivals;
+use crate::inputs::Tokens;
+use crate::progress::Progress;
+use crate::report::{Answer, Recorder, Report, RunInfo};
+use crate::{Error, Result};
+
+/// How requests are issued.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Mode {
+    /// Precomputed arrivals at `rate` per second, each sent when due whatever happened before.
+    Open { rate: f64, arrivals: Arrivals },
+    /// `concurrency` workers, each sending its next request when the previous one is answered.
+    Closed { concurrency: usize },
+}
+
+/// One run, bounded by `requests` and `duration` (whichever comes first), then `grace` for the
+/// last answers.
+#[derive(Clone, Debug)]
+pub struct LoadConfig {
+    pub target: String,
+    pub mode: Mode,
+    pub requests: u64,
+    pub duration: Duration,
+    pub connections: usize,
+    pub tokens: Tokens,
+    pub deadline: Option<Duration>,
+    pub priority: Option<String>,
+    pub stream_batch: Option<usize>,
+    pub seed: u64,
+    /// How long to wait for answers after the last send; still-open requests are then cancelled
+    /// and counted as `UNFINISHED`.
+    pub grace: Duration,
+    pub progress: bool,
+}
+
+impl LoadConfig {
+    /// A closed-loop run of `requests` at `concurrency`, 16-token inputs, one connection.
+    pub fn closed(target: impl Into<String>, concurrency: usize, requests: u64) -> Self {
+        Self {
+            target: target.into(),
+            mode: Mode::Closed { concurrency },
+            requests,
+            duration: Duration::from_secs(300),
+            connections: 1,
+            tokens: Tokens::Fixed(16),
+            deadline: None,
+            priority: None,
+            stream_batch: None,
+            seed: 1,
+            grace: Duration::from_secs(30),
+            progress: false,
+        }
+    }
+
+    /// An open-loop Poisson run at `rate` for `duration`.
+    pub fn open(target: impl Into<String>, rate: f64, duration: Duration) -> Self {
+        let requests = (rate * duration.as_secs_f64()).ceil() as u64 + 1;
+        Self { mode: Mode::Open { rate, arrivals: Arrivals::Poisson }, duration, ..Self::closed(target, 1, requests) }
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        let bad = |why: String| Err(Error::InvalidArgument(why));
+        check_loopback(&self.target)?;
+        match self.mode {
+            Mode::Open { rate, .. } if !(rate.is_finite() && rate > 0.0) => {
+                return bad(format!("--rate must be a positive number, not {rate}"));
+            }
+            Mode::Closed { concurrency: 0 } => return bad("--concurrency must be at least 1".into()),
+            _ => {}
+        }
+        if self.requests == 0 {
+            return bad("--requests must be at least 1".into());
+        }
+        if self.duration.is_zero() {
+            return bad("--duration must be positive".into());
+        }
+        if self.connections == 0 {
+            return bad("--connections must be at least 1".into());
+        }
+        if self.stream_batch == Some(0) {
+            return bad("--stream-batch must be at least 1".into());
+        }
+        if let Some(p) = &self.priority
+            && !matches!(p.as_str(), "critical" | "standard" | "sheddable")
+        {
+            return bad(format!("--priority must be critical, standard or sheddable, not {p:?}"));
+        }
+        Ok(())
+    }
+
+    pub fn info(&self) -> RunInfo {
+        let (mode, arrivals, rate, concurrency) = match &self.mode {
+            Mode::Open { rate, arrivals } => ("open", Some(format!("{arrivals:?}").to_lowercase()), Some(*rate), None),
+            Mode::Closed { concurrency } => ("closed", None, None, Some(*concurrency)),
+        };
+        RunInfo {
+            target: self.target.clone(),
+            mode: mode.into(),
+            arrivals,
+            rate,
+            concurrency,
+            connections: self.connections,
+            tokens: self.tokens.to_string(),
+            deadline_ms: self.deadline.map(|d| d.as_secs_f64() * 1e3),
+            priority: self.priority.clone(),
+            stream_batch: self.stream_batch,
+        }
+    }
+}
+
+/// Where concurrent requests deliver their answers.
+#[derive(Debug, Default)]
+pub(crate) struct Sink {
+    state: Mutex<(Recorder, Option<Instant>)>,
+    pub(crate) sent: AtomicU64,
+}
+
+impl Sink {
+    pub(crate) fn record(&self, answer: &Answer, at: Instant) {
+        // A poisoned lock only means another request panicked mid-record; keep counting.
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.0.record(answer);
+        state.1 = Some(state.1.map_or(at, |last| last.max(at)));
+    }
+
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (state.0.answered(), state.0.ok())
+    }
+
+    fn into_parts(self) -> (Recorder, Option<Instant>) {
+        self.state.into_inner().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Runs the load described by `config` and reports. Fails only when the target cannot be reached
+/// or the configuration is unusable; failed requests are part of the report.
+pub async fn run(config: &LoadConfig) -> Result<Report> {
+    config.validate()?;
+    let clients = connect(&config.target, config.connections).await?;
+    let spec = CallSpec::new(config)?;
+    let sink = std::sync::Arc::new(Sink::default());
+    let total = match &config.mode {
+        Mode::Open { .. } => None,
+        Mode::Closed { .. } => Some(config.requests),
+    };
+    let progress = config.progress.then(|| Progress::start(sink.clone(), total, config.duration));
+
+    let start = Instant::now();
+    let outcome = match &config.mode {
+        Mode::Open { rate, arrivals } => open::run(config, *rate, *arrivals, clients, spec, sink.clone(), start).await,
+        Mode::Closed { concurrency } => closed::run(config, *concurrency, clients, spec, sink.clone(), start).await,
+    };
+    if let Some(progress) = progress {
+        progress.stop().await;
+    }
+    let sink = std::sync::Arc::try_unwrap(sink).map_err(|_| Error::Process("load tasks outlived the run".into()))?;
+    let sent = sink.sent.load(Ordering::Relaxed);
+    let (mut recorder, last) = sink.into_parts();
+    recorder.unfinished(outcome.unfinished);
+    let elapsed = last.map_or(Duration::ZERO, |last| last.saturating_duration_since(outcome.first_due));
+    Ok(recorder.finish(config.info(), sent, elapsed, outcome.schedule_span))
+}
+
+/// What a loop tells [`run`] besides the answers.
+pub(crate) struct LoopOutcome {
+    pub(crate) first_due: Instant,
+    pub(crate) unfinished: u64,
+    pub(crate) schedule_span: Option<Duration>,
+}

@@ -1,0 +1,89 @@
+//! The load generator against an in-process TEI simulator: counts, codes, lateness, deadlines,
+//! stream mode and the end-of-run grace, on real gRPC over 127.0.0.1.
+
+use std::time::Duration;
+
+use teifleet_bench::arrivals::Arrivals;
+use teifleet_bench::codes::UNFINISHED;
+use teifleet_bench::inputs::Tokens;
+use teifleet_bench::load::{self, LoadConfig, Mode};
+use teifleet_tei_sim::{Fault, SimConfig};
+
+async fn sim(configure: impl FnOnce(&mut SimConfig)) -> teifleet_tei_sim::SimHandle {
+    let mut config = SimConfig::default();
+    configure(&mut config);
+    teifleet_tei_sim::start(config).await.expect("simulator starts")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_sends_on_schedule_and_reports_the_server_split() {
+    let sim = sim(|_| {}).await;
+    let config = LoadConfig {
+        mode: Mode::Open { rate: 200.0, arrivals: Arrivals::Constant },
+        requests: 100,
+        connections: 2,
+        tokens: Tokens::Mix(vec![2, 16]),
+        ..LoadConfig::open(format!("http://{}", sim.addr()), 200.0, Duration::from_secs(10))
+    };
+    let report = load::run(&config).await.unwrap();
+    assert_eq!(report.sent, 100);
+    assert_eq!(report.count("OK"), 100, "{:?}", report.codes);
+    assert_eq!(sim.stats().completed, 100);
+    // 100 requests at 200/s: about half a second, and the offered rate is what was asked.
+    assert!((0.45..2.0).contains(&report.elapsed_s), "{}", report.elapsed_s);
+    let offered = report.offered_rps.unwrap();
+    assert!((offered - 200.0).abs() < 1.0, "{offered}");
+    let lateness = report.lateness.unwrap();
+    assert_eq!(lateness.count, 100);
+    // The dispatcher thread sleeps precisely; allow a loaded CI machine its hiccups.
+    assert!(lateness.p50_ms < 5.0, "{lateness:?}");
+    assert!(report.tei_inference.unwrap().p50_ms > 0.0);
+    assert!(report.tei_queue.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closed_loop_streams_count_whole_calls() {
+    let sim = sim(|_| {}).await;
+    let config = LoadConfig {
+        stream_batch: Some(5),
+        priority: Some("critical".into()),
+        ..LoadConfig::closed(format!("http://{}", sim.addr()), 3, 12)
+    };
+    let report = load::run(&config).await.unwrap();
+    assert_eq!((report.sent, report.ok), (12, 12));
+    assert!(report.lateness.is_none());
+    // One TEI timing per streamed message.
+    assert_eq!(report.tei_queue.unwrap().count, 60);
+    assert_eq!(sim.stats().completed, 60);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_data_deadlines_and_unfinished_calls_are_counted() {
+    let sim = sim(|c| c.max_concurrent_requests = 2).await;
+    sim.set_fault(Fault::Stall);
+    let target = format!("http://{}", sim.addr());
+    // Two calls take both slots and stall; the rest are refused at once by TEI's admission.
+    let config = LoadConfig { deadline: Some(Duration::from_millis(200)), ..LoadConfig::closed(target.clone(), 4, 6) };
+    let report = load::run(&config).await.unwrap();
+    assert_eq!(report.sent, 6);
+    assert_eq!(report.ok, 0);
+    assert!(report.count("RESOURCE_EXHAUSTED") >= 1, "{:?}", report.codes);
+    let timed_out = report.answered - report.count("RESOURCE_EXHAUSTED");
+    assert!(timed_out >= 2, "{:?}", report.codes);
+    assert_eq!(report.goodput_rps, 0.0);
+
+    // Without a deadline, stalled calls are cut at the end of the grace period.
+    let config = LoadConfig { grace: Duration::from_millis(300), ..LoadConfig::closed(target, 2, 2) };
+    let report = load::run(&config).await.unwrap();
+    assert_eq!(report.count(UNFINISHED), 2, "{:?}", report.codes);
+    sim.set_fault(Fault::None);
+}
+
+#[tokio::test]
+async fn unreachable_and_non_loopback_targets_are_errors() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let config = LoadConfig::closed(format!("http://127.0.0.1:{port}"), 1, 1);
+    assert!(matches!(load::run(&config).await, Err(teifleet_bench::Error::Connect { .. })));
+    let config = LoadConfig::closed("http://192.0.2.1:80", 1, 1);
+    assert!(matches!(load::run(&config).await, Err(teifleet_bench::Error::InvalidArgument(_))));
+}
