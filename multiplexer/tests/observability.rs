@@ -159,5 +159,8 @@ async fn connections_recycled_by_age_keep_calls_flowing() {
     assert!(raced * 10 <= served, "races are rare: {raced} of {served}");
     let text = metrics_text(&mux);
     let ok = "teifleet_requests_total{code=\"Ok\",outcome=\"ok\",pool=\"pool-a\",priority=\"standard\",rpc=\"Embed\"}";
-    assert_eq!(metric(&text, ok), Some(served as f64), "every answer the client got was the server's OK: {text}");
+    // Each raced call either never completed at the server or completed with its answer lost in
+    // the closing connection; no other call went missing.
+    let server_ok = metric(&text, ok).unwrap_or(0.0) as u64;
+    assert!((served..=served + raced).contains(&server_ok), "server OK {server_ok}, client OK {served}, raced {raced}");
 }
