@@ -96,6 +96,22 @@ impl Tracker {
         self.metrics.timings(&self.pool, self.priority, &self.timings);
     }
 
+    /// Records how a call that reached the upstream ended, and passes its answer on.
+    fn conclude<Resp: TeiTimed>(
+        &mut self,
+        pool: &str,
+        result: Result<Response<Resp>, Status>,
+    ) -> Result<Response<Resp>, Status> {
+        match result {
+            Ok(response) => {
+                self.observe(response.get_ref().tei_metadata());
+                self.finish(Code::Ok, Outcome::Ok);
+                Ok(response)
+            }
+            Err(status) => Err(self.fail(Error::Upstream { pool: pool.to_owned(), status })),
+        }
+    }
+
     fn observe(&mut self, metadata: Option<&v1::Metadata>) {
         if let Some(metadata) = metadata {
             self.timings.tei_queue = Some(Duration::from_nanos(metadata.queue_time_ns));
@@ -212,14 +228,7 @@ impl Forwarder {
         let (metadata, _, message) = request.into_parts();
         let result = call(pool.upstream.channel(), self.outgoing(metadata, message, &meta, &pool)).await;
         drop(permit);
-        match result {
-            Ok(response) => {
-                tracker.observe(response.get_ref().tei_metadata());
-                tracker.finish(Code::Ok, Outcome::Ok);
-                Ok(response)
-            }
-            Err(status) => Err(tracker.fail(Error::Upstream { pool: pool.spec.name.clone(), status })),
-        }
+        tracker.conclude(&pool.spec.name, result)
     }
 
     /// Forwards a bidirectional stream message by message.
@@ -310,14 +319,7 @@ impl Forwarder {
             Ok(error) = pump.failure => return Err(tracker.fail(error)),
         };
         drop(pump.permits);
-        match result {
-            Ok(response) => {
-                tracker.observe(response.get_ref().tei_metadata());
-                tracker.finish(Code::Ok, Outcome::Ok);
-                Ok(response)
-            }
-            Err(status) => Err(tracker.fail(Error::Upstream { pool: pool.spec.name.clone(), status })),
-        }
+        tracker.conclude(&pool.spec.name, result)
     }
 }
 

@@ -34,12 +34,7 @@ async fn a_full_queue_sheds_at_once_with_a_retry_hint() {
     sim.set_fault(Fault::Stall);
     let (mux, table) = mux(sim.addr(), limits(1, 2)).await;
     let client = embed_client(mux.grpc_addr).await;
-    let held: Vec<_> = (0..3)
-        .map(|i| {
-            let mut client = client.clone();
-            tokio::spawn(async move { client.embed(embed_request(&format!("held {i}"))).await })
-        })
-        .collect();
+    let held: Vec<_> = (0..3).map(|i| spawn_embed(&client, embed_request(&format!("held {i}")))).collect();
     let admission = table.get("pool-a").unwrap().admission.clone();
     until("one in flight and two queued", Duration::from_secs(5), || {
         let s = admission.snapshot();
@@ -72,10 +67,7 @@ async fn a_deadline_that_cannot_be_met_is_refused_without_reaching_tei() {
     let client = embed_client(mux.grpc_addr).await;
     // Teach the multiplexer how long a request takes.
     client.clone().embed(embed_request("warm up")).await.unwrap();
-    let busy = {
-        let mut client = client.clone();
-        tokio::spawn(async move { client.embed(embed_request("busy")).await })
-    };
+    let busy = spawn_embed(&client, embed_request("busy"));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let before = sim.stats().requests_received;
 
@@ -102,10 +94,7 @@ async fn priority_orders_the_queue_and_unknown_priority_is_invalid() {
     sim.set_fault(Fault::Stall);
     let (mux, table) = mux(sim.addr(), limits(1, 10)).await;
     let client = embed_client(mux.grpc_addr).await;
-    let blocker = {
-        let mut client = client.clone();
-        tokio::spawn(async move { client.embed(embed_request("blocker")).await })
-    };
+    let blocker = spawn_embed(&client, embed_request("blocker"));
     let admission = table.get("pool-a").unwrap().admission.clone();
     until("blocker in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
 
@@ -138,22 +127,11 @@ async fn a_full_queue_evicts_lower_priority_for_higher() {
     let (mux, table) = mux(sim.addr(), limits(1, 1)).await;
     let client = embed_client(mux.grpc_addr).await;
     let admission = table.get("pool-a").unwrap().admission.clone();
-    let blocker = {
-        let mut client = client.clone();
-        tokio::spawn(async move { client.embed(embed_request("blocker")).await })
-    };
+    let blocker = spawn_embed(&client, embed_request("blocker"));
     until("blocker in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
-    let sheddable = {
-        let mut client = client.clone();
-        tokio::spawn(
-            async move { client.embed(with_meta(embed_request("s"), &[(PRIORITY_HEADER, "sheddable")])).await },
-        )
-    };
+    let sheddable = spawn_embed(&client, with_meta(embed_request("s"), &[(PRIORITY_HEADER, "sheddable")]));
     until("sheddable queued", Duration::from_secs(5), || admission.snapshot().queued_total() == 1).await;
-    let critical = {
-        let mut client = client.clone();
-        tokio::spawn(async move { client.embed(with_meta(embed_request("c"), &[(PRIORITY_HEADER, "critical")])).await })
-    };
+    let critical = spawn_embed(&client, with_meta(embed_request("c"), &[(PRIORITY_HEADER, "critical")]));
     let evicted = sheddable.await.unwrap().unwrap_err();
     assert_eq!(evicted.code(), Code::ResourceExhausted);
     assert!(evicted.message().contains("evicted"), "{}", evicted.message());
@@ -169,10 +147,7 @@ async fn expired_and_cancelled_waiters_never_reach_tei() {
     let (mux, table) = mux(sim.addr(), limits(1, 20)).await;
     let client = embed_client(mux.grpc_addr).await;
     let admission = table.get("pool-a").unwrap().admission.clone();
-    let blocker = {
-        let mut client = client.clone();
-        tokio::spawn(async move { client.embed(embed_request("blocker")).await })
-    };
+    let blocker = spawn_embed(&client, embed_request("blocker"));
     until("blocker in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
 
     // Five that time out in the queue, five whose callers give up.
@@ -186,12 +161,7 @@ async fn expired_and_cancelled_waiters_never_reach_tei() {
             })
         })
         .collect();
-    let cancelled: Vec<_> = (0..5)
-        .map(|i| {
-            let mut client = client.clone();
-            tokio::spawn(async move { client.embed(embed_request(&format!("cancelled {i}"))).await })
-        })
-        .collect();
+    let cancelled: Vec<_> = (0..5).map(|i| spawn_embed(&client, embed_request(&format!("cancelled {i}")))).collect();
     until("all ten queued", Duration::from_secs(5), || admission.snapshot().queued_total() == 10).await;
     for call in &cancelled {
         call.abort();

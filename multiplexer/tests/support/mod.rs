@@ -57,6 +57,15 @@ pub async fn embed_client(addr: SocketAddr) -> EmbedClient<Channel> {
     EmbedClient::new(channel(addr).await)
 }
 
+/// Sends an Embed call in the background, on a clone of `client`.
+pub fn spawn_embed(
+    client: &EmbedClient<Channel>,
+    request: impl tonic::IntoRequest<v1::EmbedRequest> + Send + 'static,
+) -> tokio::task::JoinHandle<Result<tonic::Response<v1::EmbedResponse>, tonic::Status>> {
+    let mut client = client.clone();
+    tokio::spawn(async move { client.embed(request).await })
+}
+
 pub fn embed_request(text: &str) -> v1::EmbedRequest {
     v1::EmbedRequest { inputs: text.into(), normalize: Some(true), ..Default::default() }
 }
