@@ -1,8 +1,10 @@
 //! The multiplexer's Prometheus metrics, per pool and priority (names in docs/metrics.md).
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use tonic::Code;
 
 use crate::admission::{Admission, Limits, Priority, Snapshot};
 use crate::status::Outcome;
@@ -11,9 +13,14 @@ use crate::status::Outcome;
 const BUCKETS: [f64; 16] =
     [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0];
 
+/// Cheap to clone (one reference count): every request's tracker holds one.
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
+    families: Arc<Families>,
+}
+
+struct Families {
     requests: IntCounterVec,
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
@@ -36,8 +43,7 @@ fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
 
 impl Metrics {
     pub fn new() -> Self {
-        let metrics = Self {
-            registry: Registry::new(),
+        let families = Families {
             requests: IntCounterVec::new(
                 Opts::new("teifleet_requests_total", "Requests by pool, priority, RPC, gRPC code and outcome."),
                 &["pool", "priority", "rpc", "code", "outcome"],
@@ -55,52 +61,83 @@ impl Metrics {
             tei_inference: histogram("teifleet_tei_inference_seconds", "TEI inference time, from TEI's Metadata."),
             total: histogram("teifleet_request_duration_seconds", "Whole request time seen by the multiplexer."),
         };
+        let registry = Registry::new();
         for collector in [
-            Box::new(metrics.requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(metrics.in_flight.clone()),
-            Box::new(metrics.queued.clone()),
-            Box::new(metrics.limit_in_flight.clone()),
-            Box::new(metrics.limit_queued.clone()),
-            Box::new(metrics.queue_wait.clone()),
-            Box::new(metrics.tei_queue.clone()),
-            Box::new(metrics.tei_inference.clone()),
-            Box::new(metrics.total.clone()),
+            Box::new(families.requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(families.in_flight.clone()),
+            Box::new(families.queued.clone()),
+            Box::new(families.limit_in_flight.clone()),
+            Box::new(families.limit_queued.clone()),
+            Box::new(families.queue_wait.clone()),
+            Box::new(families.tei_queue.clone()),
+            Box::new(families.tei_inference.clone()),
+            Box::new(families.total.clone()),
         ] {
-            metrics.registry.register(collector).expect("unique metric names");
+            registry.register(collector).expect("unique metric names");
         }
-        metrics
+        Self { registry, families: Arc::new(families) }
     }
 
-    /// An admission state whose every change is mirrored into this pool's gauges.
+    /// An admission state whose every change is mirrored into this pool's gauges. The gauges are
+    /// resolved once here: the observer runs under the pool's lock on every acquire and release.
     pub fn admission_for(&self, pool: &str, limits: Limits) -> Admission {
-        let (pool, metrics) = (pool.to_owned(), self.clone());
+        let f = &self.families;
+        let in_flight = f.in_flight.with_label_values(&[pool]);
+        let limit_in_flight = f.limit_in_flight.with_label_values(&[pool]);
+        let limit_queued = f.limit_queued.with_label_values(&[pool]);
+        let queued: [IntGauge; 3] =
+            Priority::ALL.map(|priority| f.queued.with_label_values(&[pool, priority.as_str()]));
         Admission::with_observer(limits, move |snapshot: &Snapshot| {
-            metrics.in_flight.with_label_values(&[&pool]).set(snapshot.in_flight as i64);
-            metrics.limit_in_flight.with_label_values(&[&pool]).set(snapshot.limits.max_in_flight as i64);
-            metrics.limit_queued.with_label_values(&[&pool]).set(snapshot.limits.max_queued as i64);
-            for (priority, queued) in Priority::ALL.iter().zip(snapshot.queued) {
-                metrics.queued.with_label_values(&[pool.as_str(), priority.as_str()]).set(queued as i64);
+            in_flight.set(snapshot.in_flight as i64);
+            limit_in_flight.set(snapshot.limits.max_in_flight as i64);
+            limit_queued.set(snapshot.limits.max_queued as i64);
+            for (gauge, waiting) in queued.iter().zip(snapshot.queued) {
+                gauge.set(waiting as i64);
             }
         })
     }
 
-    pub fn request_done(&self, pool: &str, priority: Priority, rpc: &str, code: tonic::Code, outcome: Outcome) {
-        let code = format!("{code:?}");
-        self.requests.with_label_values(&[pool, priority.as_str(), rpc, code.as_str(), outcome.as_str()]).inc();
+    pub fn request_done(&self, pool: &str, priority: Priority, rpc: &str, code: Code, outcome: Outcome) {
+        let labels = [pool, priority.as_str(), rpc, code_label(code), outcome.as_str()];
+        self.families.requests.with_label_values(&labels).inc();
     }
 
     pub fn timings(&self, pool: &str, priority: Priority, timings: &Timings) {
+        let f = &self.families;
         let labels = [pool, priority.as_str()];
         if let Some(wait) = timings.queue_wait {
-            self.queue_wait.with_label_values(&labels).observe(wait.as_secs_f64());
+            f.queue_wait.with_label_values(&labels).observe(wait.as_secs_f64());
         }
         if let Some(tei) = timings.tei_queue {
-            self.tei_queue.with_label_values(&labels).observe(tei.as_secs_f64());
+            f.tei_queue.with_label_values(&labels).observe(tei.as_secs_f64());
         }
         if let Some(tei) = timings.tei_inference {
-            self.tei_inference.with_label_values(&labels).observe(tei.as_secs_f64());
+            f.tei_inference.with_label_values(&labels).observe(tei.as_secs_f64());
         }
-        self.total.with_label_values(&labels).observe(timings.total.as_secs_f64());
+        f.total.with_label_values(&labels).observe(timings.total.as_secs_f64());
+    }
+}
+
+/// The `code` label: the gRPC code's name, as `tonic::Code`'s Debug spells it, without allocating.
+fn code_label(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "Ok",
+        Code::Cancelled => "Cancelled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
     }
 }
 
@@ -117,4 +154,17 @@ pub struct Timings {
     pub tei_queue: Option<Duration>,
     pub tei_inference: Option<Duration>,
     pub total: Duration,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_labels_match_tonics_names() {
+        for value in 0..=16 {
+            let code = Code::from_i32(value);
+            assert_eq!(code_label(code), format!("{code:?}"));
+        }
+    }
 }

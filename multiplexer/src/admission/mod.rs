@@ -195,9 +195,9 @@ impl Admission {
                 }
             }
             let (grant, receiver) = oneshot::channel();
+            // No dispatch needed: release() and set_limits() keep "nobody waits while a slot is
+            // free", and the fast path above admits whenever a slot is free and nobody waits.
             let id = state.queue.push(priority, grant);
-            // Keeps "nobody waits while a slot is free" true even if a limit just changed.
-            self.shared.dispatch(&mut state);
             self.shared.notify(&state);
             let queue_timeout = state.limits.queue_timeout;
             let patience = match deadline {
