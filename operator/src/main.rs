@@ -41,7 +41,7 @@ struct Args {
     multiplexer_image: String,
 
     /// How often steady pools are re-checked without a watch event.
-    #[arg(long, env = "TEIFLEET_RESYNC_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TEIFLEET_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     resync_interval: Duration,
 
     /// Elect a leader through a Lease so only one replica acts.
@@ -55,12 +55,17 @@ struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "teifleet-system")]
     lease_namespace: String,
 
-    #[arg(long, env = "TEIFLEET_LEASE_DURATION", default_value = "15s", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "TEIFLEET_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     lease_duration: Duration,
 
     /// This replica's identity in the Lease and in Events; defaults to the host name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+}
+
+/// Durations in the same syntax as the EmbeddingPool API (`500ms`, `15s`, `1m30s`).
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    teifleet_crds::duration::parse_duration(text).map_err(|e| e.to_string())
 }
 
 #[tokio::main]

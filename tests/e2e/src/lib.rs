@@ -318,7 +318,8 @@ impl Drop for Operator {
     }
 }
 
-fn free_port() -> u16 {
+/// A port nothing listens on right now, for a child process to bind.
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
 }
 

@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use teifleet_crds::EmbeddingPool;
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
-use teifleet_e2e::{Operator, TestNamespace, admin_client, eventually, http_get, install_crd, log_dir};
+use teifleet_e2e::{Operator, TestNamespace, admin_client, eventually, free_port, http_get, install_crd, log_dir};
 use teifleet_proto::v1::{EmbedRequest, embed_client::EmbedClient};
 use teifleet_tei_sim::{Fault, SimConfig};
 
@@ -22,10 +22,6 @@ impl Drop for Sidecar {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
 async fn limit_in_flight(admin: u16, pool: &str) -> Option<f64> {
