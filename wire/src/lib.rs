@@ -1,0 +1,33 @@
+//! The names and numbers teifleet's parts must agree on, defined once: ports and request metadata.
+//! No dependencies, so the load generator can use them without linking Kubernetes.
+#![forbid(unsafe_code)]
+
+/// Ports, as the operator renders them into pods and Services and as the binaries default to.
+pub mod ports {
+    /// The multiplexer's gRPC port: what the pool Services target and clients call.
+    pub const MULTIPLEXER_GRPC: u16 = 50051;
+    /// The multiplexer's admin port: `/metrics`, `/healthz`, `/readyz`.
+    pub const MULTIPLEXER_ADMIN: u16 = 9090;
+    /// TEI's gRPC port inside the pod (TEI's `--port`).
+    pub const TEI_GRPC: u16 = 8080;
+    /// TEI's Prometheus port (TEI's `--prometheus-port`).
+    pub const TEI_METRICS: u16 = 9000;
+    /// The operator's admin port: `/metrics`, `/healthz`, `/readyz`.
+    pub const OPERATOR_ADMIN: u16 = 8080;
+}
+
+/// Request and response metadata (gRPC metadata, HTTP headers).
+pub mod headers {
+    /// `critical`, `standard` (default) or `sheddable`.
+    pub const PRIORITY: &str = "x-teifleet-priority";
+    /// Route to the pool of this name.
+    pub const POOL: &str = "x-teifleet-pool";
+    /// Route to a pool serving this model.
+    pub const MODEL: &str = "x-teifleet-model";
+    /// Set on a request one multiplexer forwards to another pool's, naming the forwarder.
+    pub const FORWARDED_BY: &str = "x-teifleet-forwarded-by";
+    /// gRPC's deadline header.
+    pub const GRPC_TIMEOUT: &str = "grpc-timeout";
+    /// gRPC's standard retry hint, sent in the trailers of shed requests.
+    pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+}
