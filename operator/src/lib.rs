@@ -21,9 +21,6 @@ pub enum Error {
     #[error("the EmbeddingPool has no {0}")]
     MissingField(&'static str),
 
-    #[error("rendering the {kind} failed: {source}")]
-    Render { kind: &'static str, source: serde_json::Error },
-
     #[error("lost the leader lease: {0}")]
     LostLease(String),
 }
@@ -36,7 +33,6 @@ impl Error {
             Self::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
             Self::Kube(_) => "kube",
             Self::MissingField(_) => "missing_field",
-            Self::Render { .. } => "render",
             Self::LostLease(_) => "lost_lease",
         }
     }

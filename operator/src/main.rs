@@ -15,6 +15,7 @@ use teifleet_operator::leader::LeaseElector;
 use teifleet_operator::metrics::Metrics;
 use teifleet_operator::render::RenderConfig;
 use teifleet_operator::telemetry::{self, LogFormat};
+use teifleet_wire::ports;
 use tokio_util::sync::CancellationToken;
 
 /// Reconciles EmbeddingPools into GPU-scheduled TEI Deployments fronted by teifleet's multiplexer.
@@ -22,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 #[command(version, about)]
 struct Args {
     /// Address of the admin HTTP server (/metrics, /healthz, /readyz).
-    #[arg(long, env = "TEIFLEET_ADMIN_LISTEN", default_value = "0.0.0.0:8080")]
+    #[arg(long, env = "TEIFLEET_ADMIN_LISTEN", default_value_t = SocketAddr::from(([0, 0, 0, 0], ports::OPERATOR_ADMIN)))]
     admin_listen: SocketAddr,
 
     #[arg(long, env = "TEIFLEET_LOG_FORMAT", value_enum, default_value = "json")]

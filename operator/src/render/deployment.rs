@@ -1,23 +1,24 @@
 //! The TEI Deployment: the `tei` container on the right GPU nodes with the image built for that
 //! GPU, and the `multiplexer` sidecar every client request passes through.
 
-use k8s_openapi::api::apps::v1::Deployment;
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, NodeSelectorRequirement, NodeSelectorTerm, ResourceRequirements, Toleration,
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, GRPCAction,
+    HTTPGetAction, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::{Value, json};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use serde_json::Value;
 use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
 use teifleet_crds::{EmbeddingPool, labels};
+use teifleet_wire::ports;
 
-use super::services::GRPC_PORT;
-use super::{Owner, RenderConfig, typed};
-use crate::Result;
+use super::{Owner, RenderConfig};
 
-/// TEI's gRPC port inside the pod; only the sidecar and the kubelet's probes use it.
-pub const TEI_GRPC_PORT: i32 = 8080;
-const TEI_METRICS_PORT: i32 = 9000;
-const MULTIPLEXER_ADMIN_PORT: i32 = 9090;
 /// TEI's `--max-concurrent-requests` unless the spec says otherwise. The multiplexer is the real
 /// limiter; TEI's limit is only a guard, set high so budget edits never have to change TEI's
 /// arguments (which would restart the pods). TEI's own default, 512, would be hit by ordinary
@@ -54,8 +55,8 @@ fn tei_args(pool: &EmbeddingPool) -> Vec<String> {
     let spec = &pool.spec;
     let mut args = vec![
         format!("--model-id={}", spec.model.id),
-        format!("--port={TEI_GRPC_PORT}"),
-        format!("--prometheus-port={TEI_METRICS_PORT}"),
+        format!("--port={}", ports::TEI_GRPC),
+        format!("--prometheus-port={}", ports::TEI_METRICS),
         format!("--max-concurrent-requests={}", tei_max_concurrent_requests(pool)),
     ];
     if let Some(revision) = &spec.model.revision {
@@ -135,141 +136,190 @@ fn tolerations(pool: &EmbeddingPool) -> Vec<Toleration> {
     tolerations
 }
 
-fn container_security_context() -> Value {
-    json!({
-        "allowPrivilegeEscalation": false,
-        "capabilities": { "drop": ["ALL"] },
-        "readOnlyRootFilesystem": true,
-        "runAsNonRoot": true,
-        "seccompProfile": { "type": "RuntimeDefault" },
-    })
+fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Capabilities::default() }),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..SecurityContext::default()
+    }
 }
 
-fn grpc_probe(period: i32, failures: i32) -> Value {
-    json!({ "grpc": { "port": TEI_GRPC_PORT }, "periodSeconds": period, "failureThreshold": failures, "timeoutSeconds": 5 })
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile { type_: "RuntimeDefault".into(), ..SeccompProfile::default() }
 }
 
-fn http_probe(path: &str, period: i32, failures: i32) -> Value {
-    json!({ "httpGet": { "path": path, "port": "admin" }, "periodSeconds": period, "failureThreshold": failures })
+fn grpc_probe(period: i32, failures: i32) -> Probe {
+    Probe {
+        grpc: Some(GRPCAction { port: i32::from(ports::TEI_GRPC), ..GRPCAction::default() }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        timeout_seconds: Some(5),
+        ..Probe::default()
+    }
 }
 
-fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Value {
-    json!({
-        "name": "tei",
-        "image": tei_image(pool, config),
-        "args": tei_args(pool),
-        "env": [
-            { "name": "HUGGINGFACE_HUB_CACHE", "value": "/data" },
-            { "name": "HOME", "value": "/tmp" },
-        ],
-        "ports": [
-            { "name": "tei-grpc", "containerPort": TEI_GRPC_PORT, "protocol": "TCP" },
-            { "name": "tei-metrics", "containerPort": TEI_METRICS_PORT, "protocol": "TCP" },
-        ],
-        "resources": tei_resources(pool),
+fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+    Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("admin".into()),
+            ..HTTPGetAction::default()
+        }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failures),
+        ..Probe::default()
+    }
+}
+
+fn tcp_port(name: &str, port: u16) -> ContainerPort {
+    ContainerPort {
+        name: Some(name.into()),
+        container_port: i32::from(port),
+        protocol: Some("TCP".into()),
+        ..ContainerPort::default()
+    }
+}
+
+fn env_value(name: &str, value: impl Into<String>) -> EnvVar {
+    EnvVar { name: name.into(), value: Some(value.into()), ..EnvVar::default() }
+}
+
+/// An env var filled in by the kubelet from the pod's own metadata (downward API).
+fn env_field(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: field_path.into(), ..ObjectFieldSelector::default() }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn volume_mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount { name: name.into(), mount_path: path.into(), ..VolumeMount::default() }
+}
+
+fn empty_dir(name: &str) -> Volume {
+    Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() }
+}
+
+fn quantities<const N: usize>(entries: [(&str, &str); N]) -> BTreeMap<String, Quantity> {
+    entries.into_iter().map(|(resource, amount)| (resource.into(), Quantity(amount.into()))).collect()
+}
+
+fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
+    Container {
+        name: "tei".into(),
+        image: Some(tei_image(pool, config)),
+        args: Some(tei_args(pool)),
+        env: Some(vec![env_value("HUGGINGFACE_HUB_CACHE", "/data"), env_value("HOME", "/tmp")]),
+        ports: Some(vec![tcp_port("tei-grpc", ports::TEI_GRPC), tcp_port("tei-metrics", ports::TEI_METRICS)]),
+        resources: Some(tei_resources(pool)),
         // TEI downloads the model before it listens: allow up to 30 minutes for that, then let
         // readiness and liveness take over at their normal pace.
-        "startupProbe": grpc_probe(10, 180),
-        "readinessProbe": grpc_probe(5, 3),
-        "livenessProbe": grpc_probe(10, 6),
-        "securityContext": container_security_context(),
-        "volumeMounts": [
-            { "name": "model-cache", "mountPath": "/data" },
-            { "name": "tmp", "mountPath": "/tmp" },
-        ],
-    })
+        startup_probe: Some(grpc_probe(10, 180)),
+        readiness_probe: Some(grpc_probe(5, 3)),
+        liveness_probe: Some(grpc_probe(10, 6)),
+        security_context: Some(container_security_context()),
+        volume_mounts: Some(vec![volume_mount("model-cache", "/data"), volume_mount("tmp", "/tmp")]),
+        ..Container::default()
+    }
 }
 
-fn multiplexer_container(owner: &Owner, config: &RenderConfig) -> Value {
-    json!({
-        "name": "multiplexer",
-        "image": config.multiplexer_image,
-        "args": [
-            format!("--listen=0.0.0.0:{GRPC_PORT}"),
-            format!("--upstream=http://127.0.0.1:{TEI_GRPC_PORT}"),
-            format!("--admin-listen=0.0.0.0:{MULTIPLEXER_ADMIN_PORT}"),
-        ],
-        "env": [
-            { "name": labels::ENV_POOL, "value": owner.name },
-            { "name": labels::ENV_NAMESPACE, "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } },
-            { "name": labels::ENV_POD_NAME, "valueFrom": { "fieldRef": { "fieldPath": "metadata.name" } } },
-        ],
-        "ports": [
-            { "name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP" },
-            { "name": "admin", "containerPort": MULTIPLEXER_ADMIN_PORT, "protocol": "TCP" },
-        ],
-        "resources": {
-            "requests": { "cpu": "100m", "memory": "64Mi" },
-            "limits": { "memory": "256Mi" },
-        },
-        "readinessProbe": http_probe("/readyz", 2, 2),
-        "livenessProbe": http_probe("/healthz", 10, 3),
-        "securityContext": container_security_context(),
-    })
+fn multiplexer_container(owner: &Owner, config: &RenderConfig) -> Container {
+    Container {
+        name: "multiplexer".into(),
+        image: Some(config.multiplexer_image.clone()),
+        args: Some(vec![
+            format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
+            format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
+            format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
+        ]),
+        env: Some(vec![
+            env_value(labels::ENV_POOL, owner.name.clone()),
+            env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
+            env_field(labels::ENV_POD_NAME, "metadata.name"),
+        ]),
+        ports: Some(vec![tcp_port("grpc", ports::MULTIPLEXER_GRPC), tcp_port("admin", ports::MULTIPLEXER_ADMIN)]),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities([("cpu", "100m"), ("memory", "64Mi")])),
+            limits: Some(quantities([("memory", "256Mi")])),
+            ..ResourceRequirements::default()
+        }),
+        readiness_probe: Some(http_probe("/readyz", 2, 2)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        security_context: Some(container_security_context()),
+        ..Container::default()
+    }
 }
 
 /// Rollouts on scarce GPUs replace a pod in place instead of surging: a surge pod would wait for
 /// a GPU that may never free up. CPU pools surge so capacity never dips.
-fn strategy(pool: &EmbeddingPool) -> Value {
+fn strategy(pool: &EmbeddingPool) -> DeploymentStrategy {
     let (surge, unavailable) = if pool.spec.gpu.type_.is_gpu() { (0, 1) } else { (1, 0) };
-    json!({ "type": "RollingUpdate", "rollingUpdate": { "maxSurge": surge, "maxUnavailable": unavailable } })
+    DeploymentStrategy {
+        type_: Some("RollingUpdate".into()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_surge: Some(IntOrString::Int(surge)),
+            max_unavailable: Some(IntOrString::Int(unavailable)),
+        }),
+    }
 }
 
-pub(super) fn deployment(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Result<Deployment> {
+fn pod_spec(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> PodSpec {
+    let overrides = &pool.spec.template;
+    PodSpec {
+        service_account_name: Some(labels::sidecar_account_name(&owner.name)),
+        enable_service_links: Some(false),
+        termination_grace_period_seconds: Some(60),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            fs_group: Some(RUN_AS),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![tei_container(pool, config), multiplexer_container(owner, config)],
+        volumes: Some(vec![empty_dir("model-cache"), empty_dir("tmp")]),
+        affinity: affinity(pool),
+        // Empty lists and maps are left out rather than applied empty, so the operator claims no
+        // ownership of fields it does not set.
+        tolerations: Some(tolerations(pool)).filter(|t| !t.is_empty()),
+        node_selector: Some(overrides.node_selector.clone()).filter(|s| !s.is_empty()),
+        priority_class_name: overrides.priority_class_name.clone(),
+        ..PodSpec::default()
+    }
+}
+
+pub(super) fn deployment(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Deployment {
     let overrides = &pool.spec.template;
     let mut pod_labels = overrides.labels.clone();
     pod_labels.extend(owner.labels());
 
-    let mut pod_spec = json!({
-        "serviceAccountName": labels::sidecar_account_name(&owner.name),
-        "enableServiceLinks": false,
-        "terminationGracePeriodSeconds": 60,
-        "securityContext": {
-            "runAsNonRoot": true,
-            "runAsUser": RUN_AS,
-            "runAsGroup": RUN_AS,
-            "fsGroup": RUN_AS,
-            "seccompProfile": { "type": "RuntimeDefault" },
-        },
-        "containers": [tei_container(pool, config), multiplexer_container(owner, config)],
-        "volumes": [
-            { "name": "model-cache", "emptyDir": {} },
-            { "name": "tmp", "emptyDir": {} },
-        ],
-    });
-    let fields = pod_spec.as_object_mut().expect("pod spec literal is an object");
-    if let Some(affinity) = affinity(pool) {
-        fields.insert("affinity".into(), json!(affinity));
+    Deployment {
+        metadata: owner.meta(owner.name.clone()),
+        spec: Some(DeploymentSpec {
+            replicas: desired_replicas(pool),
+            selector: LabelSelector { match_labels: Some(owner.selector()), ..LabelSelector::default() },
+            strategy: Some(strategy(pool)),
+            // Model downloads are slow; the startup probe already allows 30 minutes.
+            progress_deadline_seconds: Some(2400),
+            revision_history_limit: Some(5),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(overrides.annotations.clone()).filter(|a| !a.is_empty()),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(owner, pool, config)),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
     }
-    let tolerations = tolerations(pool);
-    if !tolerations.is_empty() {
-        fields.insert("tolerations".into(), json!(tolerations));
-    }
-    if !overrides.node_selector.is_empty() {
-        fields.insert("nodeSelector".into(), json!(overrides.node_selector));
-    }
-    if let Some(class) = &overrides.priority_class_name {
-        fields.insert("priorityClassName".into(), json!(class));
-    }
-
-    let mut template_meta = json!({ "labels": pod_labels });
-    if !overrides.annotations.is_empty() {
-        template_meta["annotations"] = json!(overrides.annotations);
-    }
-
-    let mut spec = json!({
-        "selector": { "matchLabels": owner.selector() },
-        "strategy": strategy(pool),
-        // Model downloads are slow; the startup probe already allows 30 minutes.
-        "progressDeadlineSeconds": 2400,
-        "revisionHistoryLimit": 5,
-        "template": { "metadata": template_meta, "spec": pod_spec },
-    });
-    if let Some(replicas) = desired_replicas(pool) {
-        spec["replicas"] = json!(replicas);
-    }
-
-    let mut deployment: Deployment = typed("Deployment", json!({ "spec": spec }))?;
-    deployment.metadata = owner.meta(owner.name.clone());
-    Ok(deployment)
 }

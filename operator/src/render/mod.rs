@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 use teifleet_crds::{EmbeddingPool, labels};
 
-pub use deployment::{TEI_GRPC_PORT, desired_replicas, tei_image, tei_max_concurrent_requests};
+pub use deployment::{desired_replicas, tei_image, tei_max_concurrent_requests};
 
 use crate::{Error, Result};
 
@@ -56,7 +56,8 @@ pub struct Children {
     pub pdb: Option<PodDisruptionBudget>,
 }
 
-/// Renders every child of `pool`.
+/// Renders every child of `pool`. Fails only for a pool without the name, namespace or uid the
+/// children's metadata and owner reference are built from; the API server always sets them.
 pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
     let owner = Owner::of(pool)?;
     Ok(Children {
@@ -65,7 +66,7 @@ pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
         role_binding: rbac::role_binding(&owner),
         service: services::service(&owner),
         peers_service: services::peers_service(&owner),
-        deployment: deployment::deployment(&owner, pool, config)?,
+        deployment: deployment::deployment(&owner, pool, config),
         pdb: pdb::pdb(&owner, pool),
     })
 }
@@ -112,10 +113,4 @@ impl Owner {
             ..ObjectMeta::default()
         }
     }
-}
-
-/// Converts a `json!` literal into a typed object. The literals are fixed at compile time and
-/// covered by golden tests, so a failure here is a programming error reported as one.
-fn typed<T: serde::de::DeserializeOwned>(kind: &'static str, value: serde_json::Value) -> Result<T> {
-    serde_json::from_value(value).map_err(|source| Error::Render { kind, source })
 }

@@ -1,16 +1,15 @@
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use teifleet_crds::labels;
+use teifleet_wire::ports;
 
 use super::Owner;
-
-/// Port clients use; the multiplexer sidecar listens on it.
-pub const GRPC_PORT: i32 = 50051;
 
 fn grpc_port() -> ServicePort {
     ServicePort {
         name: Some("grpc".into()),
-        port: GRPC_PORT,
+        // Clients use the sidecar's own port number, so the Service and the pod agree on one.
+        port: i32::from(ports::MULTIPLEXER_GRPC),
         target_port: Some(IntOrString::String("grpc".into())),
         protocol: Some("TCP".into()),
         // Tells meshes and gateways the port speaks cleartext HTTP/2.
