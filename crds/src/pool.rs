@@ -62,6 +62,13 @@ pub struct EmbeddingPoolSpec {
     #[serde(default)]
     pub concurrency: ConcurrencySpec,
 
+    /// Identical unary inference calls (same RPC, same request bytes, same priority) that are in
+    /// flight at the same time share one TEI call and one permit; every caller gets the answer,
+    /// each with its own deadline. Worth turning on when the same texts are embedded repeatedly
+    /// at once (hot queries); off by default.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub coalesce: bool,
+
     /// Optional tuning passed to TEI itself.
     #[serde(default)]
     pub tei: TeiSpec,

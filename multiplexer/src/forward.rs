@@ -1,134 +1,75 @@
-//! Forwarding `tei.v1` calls to a pool's upstream under its admission control.
+//! Forwarding `tei.v1` calls to a pool's upstream under its admission control, as message bytes.
 //!
-//! Unary calls take one permit for the call. Streams take one permit per message before it goes
-//! upstream and give it back when that message's answer comes back (TEI answers stream messages
-//! in order), so a long stream never holds more than it uses. Every exit path, including a client
-//! that goes away, is counted exactly once and releases every permit it held.
+//! A call is routed and admitted from its headers alone, before its body is read: a refused call
+//! costs no decoding, and a queued call holds no decoded message. Unary calls take one permit
+//! for the call. Streams take one permit per message before it goes upstream and give it back
+//! when that message's answer comes back (TEI answers stream messages in order), so a long
+//! stream never holds more than it uses. Every exit path, including a client that goes away, is
+//! counted exactly once and releases every permit it held.
 
 use std::collections::VecDeque;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use futures::Stream;
-use teifleet_proto::v1;
+use bytes::Bytes;
+use futures::{FutureExt as _, Stream};
+use http::uri::PathAndQuery;
+use teifleet_proto::BytesCodec;
+use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT};
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status, Streaming};
 
-use crate::admission::{Permit, Priority};
-use crate::metrics::{Metrics, Timings};
+use crate::admission::{AdmissionError, Permit};
+use crate::call::{Activity, Call};
+use crate::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
+use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
-use crate::request_meta::{self, FORWARDED_BY_HEADER, RequestMeta, TIMEOUT_HEADER};
-use crate::status::{self, Outcome};
+use crate::request_meta::{self, RequestMeta};
+use crate::rpc::{Admit, Rpc};
+use crate::wire;
 use crate::{Error, Result};
 
-/// The stream type every streaming RPC answers with.
-pub type ResponseStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
-
-/// Responses that carry TEI's timing Metadata.
-pub trait TeiTimed {
-    fn tei_metadata(&self) -> Option<&v1::Metadata> {
-        None
-    }
-}
-
-macro_rules! timed {
-    ($($response:ty),*) => {$(
-        impl TeiTimed for $response {
-            fn tei_metadata(&self) -> Option<&v1::Metadata> {
-                self.metadata.as_ref()
-            }
-        }
-    )*};
-}
-timed!(v1::EmbedResponse, v1::EmbedSparseResponse, v1::EmbedAllResponse, v1::PredictResponse, v1::RerankResponse);
-impl TeiTimed for v1::InfoResponse {}
-impl TeiTimed for v1::EncodeResponse {}
-impl TeiTimed for v1::DecodeResponse {}
-
-/// Whether a call waits for an inference permit. Info and tokenization do not reach TEI's model
-/// queue, so they pass without one.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admit {
-    Permit,
-    Free,
-}
+/// The stream every streaming RPC answers with.
+pub type ResponseStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send + 'static>>;
 
 pub struct Forwarder {
     pub pools: Arc<PoolTable>,
     pub metrics: Metrics,
-    /// Name written into the hop marker of forwarded requests.
-    pub identity: String,
+    /// The hop marker written into requests forwarded to another pool's multiplexer.
+    hop_marker: Option<MetadataValue<tonic::metadata::Ascii>>,
+    max_message_bytes: usize,
     draining: AtomicBool,
+    activity: Arc<Activity>,
 }
 
-/// Records one request's outcome exactly once; if dropped unfinished, the client went away.
-struct Tracker {
-    metrics: Metrics,
-    pool: String,
-    priority: Priority,
-    rpc: &'static str,
-    arrived: Instant,
-    timings: Timings,
-    finished: bool,
-}
-
-impl Tracker {
-    fn fail(&mut self, error: Error) -> Status {
-        let status = status::to_status(&error);
-        self.finish(status.code(), status::outcome(&error));
-        status
-    }
-
-    fn finish(&mut self, code: Code, outcome: Outcome) {
-        if self.finished {
-            return;
-        }
-        self.finished = true;
-        self.metrics.request_done(&self.pool, self.priority, self.rpc, code, outcome);
-        self.timings.total = self.arrived.elapsed();
-        self.metrics.timings(&self.pool, self.priority, &self.timings);
-    }
-
-    /// Records how a call that reached the upstream ended, and passes its answer on.
-    fn conclude<Resp: TeiTimed>(
-        &mut self,
-        pool: &str,
-        result: Result<Response<Resp>, Status>,
-    ) -> Result<Response<Resp>, Status> {
-        match result {
-            Ok(response) => {
-                self.observe(response.get_ref().tei_metadata());
-                self.finish(Code::Ok, Outcome::Ok);
-                Ok(response)
-            }
-            Err(status) => Err(self.fail(Error::Upstream { pool: pool.to_owned(), status })),
-        }
-    }
-
-    fn observe(&mut self, metadata: Option<&v1::Metadata>) {
-        if let Some(metadata) = metadata {
-            self.timings.tei_queue = Some(Duration::from_nanos(metadata.queue_time_ns));
-            self.timings.tei_inference = Some(Duration::from_nanos(metadata.inference_time_ns));
-        }
-    }
-}
-
-impl Drop for Tracker {
-    fn drop(&mut self) {
-        self.finish(Code::Cancelled, Outcome::Cancelled);
-    }
+/// A routed call on its way upstream: everything the body-reading half of the call needs.
+pub struct Routed {
+    pub forwarder: Arc<Forwarder>,
+    pub call: Call,
+    pub meta: RequestMeta,
+    pub pool: Arc<Pool>,
+    pub permit: Option<Permit>,
 }
 
 impl Forwarder {
-    pub fn new(pools: Arc<PoolTable>, metrics: Metrics, identity: String) -> Self {
-        Self { pools, metrics, identity, draining: AtomicBool::new(false) }
+    pub fn new(pools: Arc<PoolTable>, metrics: Metrics, identity: &str, max_message_bytes: usize) -> Self {
+        let hop_marker = MetadataValue::try_from(identity).ok();
+        let (draining, activity) = (AtomicBool::new(false), Arc::default());
+        Self { pools, metrics, hop_marker, max_message_bytes, draining, activity }
+    }
+
+    /// A new call of `rpc`, attributed to the own pool until routed.
+    pub fn call(&self, rpc: &'static Rpc) -> Call {
+        Call::new(self.metrics.clone(), self.activity.clone(), rpc, self.pools.own_name())
+    }
+
+    pub fn activity(&self) -> &Activity {
+        &self.activity
     }
 
     /// New calls are refused with UNAVAILABLE from now on; calls in flight finish.
@@ -140,64 +81,25 @@ impl Forwarder {
         self.draining.load(Ordering::Relaxed)
     }
 
-    fn tracker(&self, rpc: &'static str, arrived: Instant) -> Tracker {
-        Tracker {
-            metrics: self.metrics.clone(),
-            pool: self.pools.own_name().to_owned(),
-            priority: Priority::default(),
-            rpc,
-            arrived,
-            timings: Timings::default(),
-            finished: false,
-        }
+    pub fn max_message_bytes(&self) -> usize {
+        self.max_message_bytes
     }
 
-    fn route(
-        &self,
-        tracker: &mut Tracker,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<(RequestMeta, Arc<Pool>)> {
+    /// Picks the pool for a call from its headers; the call is attributed to that pool from now.
+    pub fn route(&self, call: &mut Call, headers: &http::HeaderMap) -> Result<(RequestMeta, Arc<Pool>)> {
         if self.is_draining() {
             return Err(Error::Draining);
         }
-        let meta = request_meta::parse(metadata, tracker.arrived)?;
-        tracker.priority = meta.priority;
+        let meta = request_meta::parse(headers, call.arrived)?;
+        call.priority = meta.priority;
         let pool = self.pools.resolve(&meta.target, meta.forwarded_by.as_deref())?;
-        tracker.pool = pool.spec.name.clone();
+        call.pool.clone_from(&pool.spec.name);
         Ok((meta, pool))
     }
 
-    /// The request as it goes upstream: the caller's metadata (minus its timeout), the remaining
-    /// deadline, and the hop marker when the upstream is another multiplexer.
-    fn outgoing<T>(
-        &self,
-        metadata: tonic::metadata::MetadataMap,
-        message: T,
-        meta: &RequestMeta,
-        pool: &Pool,
-    ) -> Request<T> {
-        let mut metadata = metadata;
-        metadata.remove(TIMEOUT_HEADER);
-        let mut request = Request::from_parts(metadata, tonic::Extensions::default(), message);
-        if let Some(deadline) = meta.deadline {
-            request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-        }
-        if pool.spec.remote
-            && let Ok(value) = MetadataValue::try_from(self.identity.as_str())
-        {
-            request.metadata_mut().insert(FORWARDED_BY_HEADER, value);
-        }
-        request
-    }
-
-    async fn admit(
-        &self,
-        tracker: &mut Tracker,
-        pool: &Pool,
-        meta: &RequestMeta,
-        admit: Admit,
-    ) -> Result<Option<Permit>> {
-        if admit == Admit::Free {
+    /// Waits for the call's permit, if its RPC needs one.
+    pub async fn admit(&self, call: &mut Call, pool: &Pool, meta: &RequestMeta) -> Result<Option<Permit>> {
+        if call.rpc.admit == Admit::Free {
             return Ok(None);
         }
         let permit = pool
@@ -205,134 +107,197 @@ impl Forwarder {
             .acquire(meta.priority, meta.deadline)
             .await
             .map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })?;
-        tracker.timings.queue_wait = Some(tracker.arrived.elapsed());
+        call.admitted();
         Ok(Some(permit))
     }
 
-    /// Forwards a unary call.
-    pub async fn unary<Req, Resp, F, Fut>(
-        &self,
-        rpc: &'static str,
-        admit: Admit,
-        request: Request<Req>,
-        call: F,
-    ) -> Result<Response<Resp>, Status>
-    where
-        Resp: TeiTimed,
-        F: FnOnce(Channel, Request<Req>) -> Fut,
-        Fut: Future<Output = Result<Response<Resp>, Status>>,
-    {
-        let mut tracker = self.tracker(rpc, Instant::now());
-        let (meta, pool) = self.route(&mut tracker, request.metadata()).map_err(|e| tracker.fail(e))?;
-        let permit = self.admit(&mut tracker, &pool, &meta, admit).await.map_err(|e| tracker.fail(e))?;
-        let (metadata, _, message) = request.into_parts();
-        let result = call(pool.upstream.channel(), self.outgoing(metadata, message, &meta, &pool)).await;
-        drop(permit);
-        tracker.conclude(&pool.spec.name, result)
+    /// The request as it goes upstream: the caller's metadata (minus its timeout), the remaining
+    /// deadline, and the hop marker when the upstream is another multiplexer.
+    pub fn outgoing<T>(&self, request: Request<T>, meta: &RequestMeta, pool: &Pool) -> Request<T> {
+        let (mut metadata, _, message) = request.into_parts();
+        metadata.remove(GRPC_TIMEOUT);
+        let mut request = Request::from_parts(metadata, tonic::Extensions::default(), message);
+        if let Some(deadline) = meta.deadline {
+            request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+        }
+        if pool.spec.remote
+            && let Some(marker) = &self.hop_marker
+        {
+            request.metadata_mut().insert(FORWARDED_BY, marker.clone());
+        }
+        request
+    }
+
+    /// A client for the pool's upstream that accepts answers as large as clients may send.
+    async fn client(&self, pool: &Pool) -> Result<tonic::client::Grpc<Channel>> {
+        let mut client = tonic::client::Grpc::new(pool.upstream.channel())
+            .max_decoding_message_size(self.max_message_bytes)
+            .max_encoding_message_size(self.max_message_bytes);
+        client.ready().await.map_err(|e| Error::Unreachable { pool: pool.spec.name.clone(), reason: e.to_string() })?;
+        Ok(client)
+    }
+
+    /// One unary call upstream.
+    pub async fn upstream_unary(&self, pool: &Pool, rpc: &Rpc, request: Request<Bytes>) -> Result<Response<Bytes>> {
+        let upstream = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
+        let mut client = self.client(pool).await?;
+        client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(upstream)
+    }
+}
+
+fn timing(rpc: &Rpc, message: &[u8]) -> Option<wire::TeiTiming> {
+    if rpc.timed { wire::tei_timing(message) } else { None }
+}
+
+impl Routed {
+    /// Forwards a unary call; the permit is held until the answer is back.
+    pub async fn unary(mut self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        let outgoing = self.forwarder.outgoing(request, &self.meta, &self.pool);
+        let result = self.forwarder.upstream_unary(&self.pool, self.call.rpc, outgoing).await;
+        drop(self.permit.take());
+        match result {
+            Ok(response) => {
+                self.call.observe(timing(self.call.rpc, response.get_ref()));
+                self.call.succeed();
+                Ok(response)
+            }
+            Err(error) => Err(self.call.fail(error)),
+        }
+    }
+
+    /// Forwards one request whose answers stream back; the permit is held until the stream ends.
+    pub async fn server_stream(self, request: Request<Bytes>) -> Result<Response<ResponseStream>, Status> {
+        let Self { forwarder, mut call, meta, pool, permit } = self;
+        let outgoing = forwarder.outgoing(request, &meta, &pool);
+        let path = PathAndQuery::from_static(call.rpc.path);
+        let opened = match forwarder.client(&pool).await {
+            Ok(mut client) => client
+                .server_streaming(outgoing, path, BytesCodec)
+                .await
+                .map_err(|status| Error::Upstream { pool: pool.spec.name.clone(), status }),
+            Err(error) => Err(error),
+        };
+        let answers = opened.map_err(|error| call.fail(error))?.into_inner();
+        let permits = Arc::new(Mutex::new(permit.into_iter().collect::<VecDeque<_>>()));
+        Ok(Response::new(relay(answers, call, pool, permits, None, false)))
     }
 
     /// Forwards a bidirectional stream message by message.
-    pub async fn bidi<Req, Resp, F, Fut>(
-        &self,
-        rpc: &'static str,
-        admit: Admit,
-        request: Request<Streaming<Req>>,
-        call: F,
-    ) -> Result<Response<ResponseStream<Resp>>, Status>
-    where
-        Req: Send + 'static,
-        Resp: TeiTimed + Send + 'static,
-        F: FnOnce(Channel, Request<ReceiverStream<Req>>) -> Fut,
-        Fut: Future<Output = Result<Response<Streaming<Resp>>, Status>>,
-    {
-        let mut tracker = self.tracker(rpc, Instant::now());
-        let (meta, pool) = self.route(&mut tracker, request.metadata()).map_err(|e| tracker.fail(e))?;
-        let (metadata, _, inbound) = request.into_parts();
-        let pump = Pump::start(inbound, pool.clone(), meta.clone(), admit);
-        let outgoing = self.outgoing(metadata, ReceiverStream::new(pump.upstream_rx), &meta, &pool);
-        let mut answers = match call(pool.upstream.channel(), outgoing).await {
-            Ok(response) => response.into_inner(),
-            Err(status) => return Err(tracker.fail(Error::Upstream { pool: pool.spec.name.clone(), status })),
+    pub async fn bidi(self, request: Request<Streaming<Bytes>>) -> Result<Response<ResponseStream>, Status> {
+        let Self { forwarder, mut call, meta, pool, .. } = self;
+        let (metadata, extensions, inbound) = request.into_parts();
+        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc.admit);
+        let outgoing = Request::from_parts(metadata, extensions, ReceiverStream::new(pump.upstream_rx));
+        let outgoing = forwarder.outgoing(outgoing, &meta, &pool);
+        let path = PathAndQuery::from_static(call.rpc.path);
+        let opened = match forwarder.client(&pool).await {
+            Ok(mut client) => client
+                .streaming(outgoing, path, BytesCodec)
+                .await
+                .map_err(|status| Error::Upstream { pool: pool.spec.name.clone(), status }),
+            Err(error) => Err(error),
         };
-        let (to_client, from_upstream) = mpsc::channel(1);
-        let (permits, mut failure, pool_name) = (pump.permits, Some(pump.failure), pool.spec.name.clone());
-        let _abort_pump_with_stream = pump.task;
-        tokio::spawn(async move {
-            let _pump = _abort_pump_with_stream;
-            loop {
-                tokio::select! {
-                    answer = answers.message() => match answer {
-                        Ok(Some(answer)) => {
-                            drop(permits.lock().unwrap_or_else(|p| p.into_inner()).pop_front());
-                            tracker.observe(answer.tei_metadata());
-                            if to_client.send(Ok(answer)).await.is_err() {
-                                return; // The client went away; the tracker counts it as cancelled.
-                            }
-                        }
-                        Ok(None) => {
-                            tracker.finish(Code::Ok, Outcome::Ok);
-                            return;
-                        }
-                        Err(status) => {
-                            let status = tracker.fail(Error::Upstream { pool: pool_name.clone(), status });
-                            let _ = to_client.send(Err(status)).await;
-                            return;
-                        }
-                    },
-                    error = async { failure.as_mut().expect("guarded").await }, if failure.is_some() => {
-                        failure = None;
-                        if let Ok(error) = error {
-                            let _ = to_client.send(Err(tracker.fail(error))).await;
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Ok(Response::new(Box::pin(ReceiverStream::new(from_upstream))))
+        let answers = opened.map_err(|error| call.fail(error))?.into_inner();
+        Ok(Response::new(relay(answers, call, pool, pump.permits, Some((pump.failure, pump.task)), true)))
     }
 
     /// Forwards a client stream that ends in one answer (RerankStream). Every message's permit is
     /// held until the answer arrives.
-    pub async fn client_stream<Req, Resp, F, Fut>(
-        &self,
-        rpc: &'static str,
-        request: Request<Streaming<Req>>,
-        call: F,
-    ) -> Result<Response<Resp>, Status>
-    where
-        Req: Send + 'static,
-        Resp: TeiTimed,
-        F: FnOnce(Channel, Request<ReceiverStream<Req>>) -> Fut,
-        Fut: Future<Output = Result<Response<Resp>, Status>>,
-    {
-        let mut tracker = self.tracker(rpc, Instant::now());
-        let (meta, pool) = self.route(&mut tracker, request.metadata()).map_err(|e| tracker.fail(e))?;
-        let (metadata, _, inbound) = request.into_parts();
-        let pump = Pump::start(inbound, pool.clone(), meta.clone(), Admit::Permit);
+    pub async fn client_stream(self, request: Request<Streaming<Bytes>>) -> Result<Response<Bytes>, Status> {
+        let Self { forwarder, mut call, meta, pool, .. } = self;
+        let (metadata, extensions, inbound) = request.into_parts();
+        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc.admit);
         let _abort_pump = pump.task;
-        let outgoing = self.outgoing(metadata, ReceiverStream::new(pump.upstream_rx), &meta, &pool);
+        let outgoing = Request::from_parts(metadata, extensions, ReceiverStream::new(pump.upstream_rx));
+        let outgoing = forwarder.outgoing(outgoing, &meta, &pool);
+        let path = PathAndQuery::from_static(call.rpc.path);
+        let upstream = async {
+            let mut client = forwarder.client(&pool).await?;
+            client
+                .client_streaming(outgoing, path, BytesCodec)
+                .await
+                .map_err(|status| Error::Upstream { pool: pool.spec.name.clone(), status })
+        };
         // A message refused admission must fail the call: ending the upstream stream early would
         // make TEI rank only part of the texts.
         let result = tokio::select! {
-            result = call(pool.upstream.channel(), outgoing) => result,
-            Ok(error) = pump.failure => return Err(tracker.fail(error)),
+            result = upstream => result,
+            Ok(error) = pump.failure => return Err(call.fail(error)),
         };
         drop(pump.permits);
-        tracker.conclude(&pool.spec.name, result)
+        match result {
+            Ok(response) => {
+                call.observe(timing(call.rpc, response.get_ref()));
+                call.succeed();
+                Ok(response)
+            }
+            Err(error) => Err(call.fail(error)),
+        }
     }
 }
 
+/// Relays upstream answers to the client from a task of its own, dropping one permit per answer
+/// when `per_message` (the stream's permits are per request message), all of them at the end.
+fn relay(
+    mut answers: Streaming<Bytes>,
+    mut call: Call,
+    pool: Arc<Pool>,
+    permits: Arc<Mutex<VecDeque<Permit>>>,
+    pump: Option<(oneshot::Receiver<Error>, AbortOnDrop)>,
+    per_message: bool,
+) -> ResponseStream {
+    let (to_client, from_upstream) = mpsc::channel(1);
+    let (mut failure, pump_task) = match pump {
+        Some((failure, task)) => (Some(failure), Some(task)),
+        None => (None, None),
+    };
+    tokio::spawn(async move {
+        let _pump = pump_task;
+        loop {
+            tokio::select! {
+                answer = answers.message() => match answer {
+                    Ok(Some(answer)) => {
+                        if per_message {
+                            drop(permits.lock().unwrap_or_else(|p| p.into_inner()).pop_front());
+                        }
+                        call.observe(timing(call.rpc, &answer));
+                        if to_client.send(Ok(answer)).await.is_err() {
+                            return; // The client went away; the call counts it as cancelled.
+                        }
+                    }
+                    Ok(None) => {
+                        call.succeed();
+                        return;
+                    }
+                    Err(status) => {
+                        let status = call.fail(Error::Upstream { pool: pool.spec.name.clone(), status });
+                        let _ = to_client.send(Err(status)).await;
+                        return;
+                    }
+                },
+                error = async { failure.as_mut().expect("guarded").await }, if failure.is_some() => {
+                    failure = None;
+                    if let Ok(error) = error {
+                        let _ = to_client.send(Err(call.fail(error))).await;
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    Box::pin(ReceiverStream::new(from_upstream))
+}
+
 /// Moves a client's stream upstream one message at a time, each under its own permit.
-struct Pump<Req> {
-    upstream_rx: mpsc::Receiver<Req>,
+struct Pump {
+    upstream_rx: mpsc::Receiver<Bytes>,
     permits: Arc<Mutex<VecDeque<Permit>>>,
     failure: oneshot::Receiver<Error>,
     task: AbortOnDrop,
 }
 
-impl<Req: Send + 'static> Pump<Req> {
-    fn start(mut inbound: Streaming<Req>, pool: Arc<Pool>, meta: RequestMeta, admit: Admit) -> Self {
+impl Pump {
+    fn start(mut inbound: Streaming<Bytes>, pool: Arc<Pool>, meta: RequestMeta, admit: Admit) -> Self {
         // Capacity 1: a slow upstream slows the client down instead of buffering its stream here.
         let (to_upstream, upstream_rx) = mpsc::channel(1);
         let (fail, failure) = oneshot::channel();
@@ -363,5 +328,66 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+impl Routed {
+    /// Forwards a unary call through the pool's coalescer: an identical call already in flight is
+    /// joined instead of sent again. Admission happens in the shared call, so one permit serves
+    /// every caller.
+    pub async fn coalesced(
+        mut self,
+        coalescer: Arc<Coalescer>,
+        request: Request<Bytes>,
+    ) -> Result<Response<Bytes>, Status> {
+        let (metadata, _, message) = request.into_parts();
+        let key = Key { path: self.call.rpc.path, priority: self.meta.priority, request: message.clone() };
+        let mut retried = false;
+        loop {
+            let lead = || {
+                let (forwarder, pool, meta, rpc) =
+                    (self.forwarder.clone(), self.pool.clone(), self.meta.clone(), self.call.rpc);
+                let request = Request::from_parts(metadata.clone(), tonic::Extensions::default(), message.clone());
+                async move {
+                    let permit = pool
+                        .admission
+                        .acquire(meta.priority, meta.deadline)
+                        .await
+                        .map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })?;
+                    let admitted = Instant::now();
+                    let response =
+                        forwarder.upstream_unary(&pool, rpc, forwarder.outgoing(request, &meta, &pool)).await;
+                    drop(permit);
+                    let (metadata, message, _) = response?.into_parts();
+                    Ok(Arc::new(Answer { metadata, message, admitted }))
+                }
+                .boxed()
+            };
+            let (answer, role) = coalescer.join_or_lead(key.clone(), self.meta.deadline, lead);
+            if role != Role::Leader {
+                self.forwarder.metrics.coalesced(&self.pool.spec.name, self.call.rpc.label);
+            }
+            let answer = match self.meta.deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, answer).await.unwrap_or_else(|_| {
+                    let waited = self.call.arrived.elapsed();
+                    Err(Error::Admission {
+                        pool: self.pool.spec.name.clone(),
+                        source: AdmissionError::DeadlineExpired { waited },
+                    })
+                }),
+                None => answer.await,
+            };
+            match answer {
+                Ok(answer) => {
+                    self.call.admitted_at(answer.admitted);
+                    self.call.observe(timing(self.call.rpc, &answer.message));
+                    self.call.succeed();
+                    let (metadata, message) = (answer.metadata.clone(), answer.message.clone());
+                    return Ok(Response::from_parts(metadata, message, tonic::Extensions::default()));
+                }
+                Err(error) if !retried && is_leaders_deadline(&error, role, self.meta.deadline) => retried = true,
+                Err(error) => return Err(self.call.fail(error)),
+            }
+        }
     }
 }

@@ -1,30 +1,41 @@
 //! teifleet's gRPC multiplexer: the sidecar in every TEI pod (and, same binary, a standalone
 //! gateway) that speaks `tei.v1`, holds each pool's admission queue and routes by metadata.
 //!
-//! Layout: `admission` (permits and the priority queue), `request_meta` (what a request asks
-//! for), `pools` (routing table of pools and their upstreams), `forward` (unary and streaming
-//! forwarding under admission), `services` (the `tei.v1` trait impls), `status` (the one place
-//! errors become gRPC status), `sources` (where pool limits come from: a file or Kubernetes),
-//! `server`, `admin` and `metrics`.
+//! Layout: `rpc` (every tei.v1 RPC as a row of one table), `service` (the one generic service
+//! serving every row), `forward` (unary and streaming forwarding of message bytes under
+//! admission), `coalesce` (identical calls in flight share one upstream call), `call` (one
+//! call's accounting), `wire` (the few protobuf fields read without decoding), `admission`
+//! (permits and the priority queue), `request_meta` (what a request asks for, from its headers),
+//! `pools` (routing table of pools and their upstreams), `status` (the one place request errors
+//! become gRPC status), `sources` (where pool limits come from: a file or Kubernetes), `server`,
+//! `admin` and `metrics`.
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod admission;
+pub mod call;
+pub mod coalesce;
 pub mod forward;
 pub mod metrics;
 pub mod pools;
 pub mod request_meta;
+pub mod rpc;
 pub mod server;
-pub mod services;
+pub mod service;
 pub mod sources;
 pub mod status;
 pub mod upstream;
+pub mod wire;
+
+use std::net::SocketAddr;
 
 use admission::{AdmissionError, UnknownPriority};
 
-/// Everything that can go wrong with a request or with the multiplexer's configuration.
-#[derive(Debug, thiserror::Error)]
+/// Why one request was not served as asked. `status.rs` maps each to the gRPC status the client
+/// receives; nothing else becomes a status. Clone, so calls sharing one upstream call
+/// (`coalesce`) can each be told how it ended.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     #[error("pool {pool}: {source}")]
     Admission { pool: String, source: AdmissionError },
@@ -50,8 +61,21 @@ pub enum Error {
     #[error("the multiplexer is shutting down")]
     Draining,
 
+    /// The upstream answered with this status: it reaches the client as the upstream sent it.
     #[error("upstream {pool}: {status}")]
     Upstream { pool: String, status: tonic::Status },
+
+    #[error("upstream {pool} is unreachable: {reason}")]
+    Unreachable { pool: String, reason: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why the multiplexer could not start, or could not apply a configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
 
     #[error("invalid upstream address {url:?}: {reason}")]
     InvalidUpstream { url: String, reason: String },
@@ -59,8 +83,12 @@ pub enum Error {
     #[error("configuration: {0}")]
     Config(String),
 
+    #[error("server reflection: {0}")]
+    Reflection(String),
+
+    #[error("{task} failed: {reason}")]
+    Task { task: &'static str, reason: String },
+
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
 }
-
-pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -51,6 +51,9 @@ struct Args {
     /// Static mode: model the pool serves, for x-teifleet-model routing.
     #[arg(long)]
     model: Option<String>,
+    /// Static mode: identical unary inference calls in flight share one upstream call.
+    #[arg(long)]
+    coalesce: bool,
     /// Static mode with several pools, from a YAML file that is re-read when it changes.
     #[arg(long, conflicts_with = "max_in_flight")]
     config: Option<PathBuf>,
@@ -116,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
             upstream: args.upstream.clone(),
             limits: Some(Limits { max_in_flight, max_queued: args.max_queued, queue_timeout: args.queue_timeout }),
             remote: false,
+            coalesce: args.coalesce,
         }])?;
         table
     } else if let (Some(pool), Some(namespace)) = (&args.pool, &args.namespace) {

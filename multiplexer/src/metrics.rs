@@ -22,6 +22,7 @@ pub struct Metrics {
 
 struct Families {
     requests: IntCounterVec,
+    coalesced: IntCounterVec,
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
     limit_in_flight: IntGaugeVec,
@@ -49,6 +50,14 @@ impl Metrics {
                 &["pool", "priority", "rpc", "code", "outcome"],
             )
             .expect("valid counter"),
+            coalesced: IntCounterVec::new(
+                Opts::new(
+                    "teifleet_coalesced_total",
+                    "Calls answered by joining an identical call already in flight (no TEI call of their own).",
+                ),
+                &["pool", "rpc"],
+            )
+            .expect("valid counter"),
             in_flight: gauge("teifleet_in_flight", "Requests holding a permit (in flight to TEI).", &["pool"]),
             queued: gauge("teifleet_queued", "Requests waiting for a permit.", &["pool", "priority"]),
             limit_in_flight: gauge("teifleet_limit_in_flight", "Current in-flight limit of this replica.", &["pool"]),
@@ -64,6 +73,7 @@ impl Metrics {
         let registry = Registry::new();
         for collector in [
             Box::new(families.requests.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(families.coalesced.clone()),
             Box::new(families.in_flight.clone()),
             Box::new(families.queued.clone()),
             Box::new(families.limit_in_flight.clone()),
@@ -102,6 +112,10 @@ impl Metrics {
         self.families.requests.with_label_values(&labels).inc();
     }
 
+    pub fn coalesced(&self, pool: &str, rpc: &str) {
+        self.families.coalesced.with_label_values(&[pool, rpc]).inc();
+    }
+
     pub fn timings(&self, pool: &str, priority: Priority, timings: &Timings) {
         let f = &self.families;
         let labels = [pool, priority.as_str()];
@@ -119,7 +133,7 @@ impl Metrics {
 }
 
 /// The `code` label: the gRPC code's name, as `tonic::Code`'s Debug spells it, without allocating.
-fn code_label(code: Code) -> &'static str {
+pub(crate) fn code_label(code: Code) -> &'static str {
     match code {
         Code::Ok => "Ok",
         Code::Cancelled => "Cancelled",

@@ -8,10 +8,11 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use crate::admission::{Admission, Limits};
+use crate::coalesce::Coalescer;
 use crate::metrics::Metrics;
 use crate::request_meta::Target;
 use crate::upstream::Upstream;
-use crate::{Error, Result};
+use crate::{Error, Result, SetupError};
 
 /// What a source knows about one pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,12 +25,17 @@ pub struct PoolSpec {
     pub limits: Option<Limits>,
     /// The upstream is another pool's multiplexer: requests carry the hop marker.
     pub remote: bool,
+    /// Identical unary inference calls in flight share one upstream call.
+    pub coalesce: bool,
 }
 
 pub struct Pool {
     pub spec: PoolSpec,
     pub admission: Admission,
     pub upstream: Upstream,
+    /// Present when the spec asks for coalescing; kept across updates so calls in flight stay
+    /// joinable.
+    pub coalescer: Option<Arc<Coalescer>>,
 }
 
 pub struct PoolTable {
@@ -49,7 +55,7 @@ impl PoolTable {
 
     /// Makes the table match `specs`: new pools appear, changed ones update in place, missing
     /// ones go (requests already holding them finish normally).
-    pub fn sync(&self, specs: Vec<PoolSpec>) -> Result<()> {
+    pub fn sync(&self, specs: Vec<PoolSpec>) -> Result<(), SetupError> {
         let mut pools = self.pools.write().unwrap_or_else(|p| p.into_inner());
         let mut next = BTreeMap::new();
         for spec in specs {
@@ -59,18 +65,21 @@ impl PoolTable {
                     if let Some(limits) = spec.limits {
                         existing.admission.set_limits(limits);
                     }
-                    Arc::new(Pool { admission: existing.admission.clone(), upstream: existing.upstream.clone(), spec })
+                    let coalescer = coalescer_for(&spec, Some(&existing));
+                    let (admission, upstream) = (existing.admission.clone(), existing.upstream.clone());
+                    Arc::new(Pool { admission, upstream, coalescer, spec })
                 }
                 existing => {
                     let upstream = Upstream::lazy(&spec.upstream)?;
-                    let admission = match existing {
+                    let admission = match &existing {
                         Some(existing) => existing.admission.clone(),
                         None => self.metrics.admission_for(&spec.name, spec.limits.unwrap_or(NOT_READY)),
                     };
                     if let Some(limits) = spec.limits {
                         admission.set_limits(limits);
                     }
-                    Arc::new(Pool { spec, admission, upstream })
+                    let coalescer = coalescer_for(&spec, existing.as_deref());
+                    Arc::new(Pool { spec, admission, upstream, coalescer })
                 }
             };
             next.insert(pool.spec.name.clone(), pool);
@@ -123,6 +132,10 @@ impl PoolTable {
     }
 }
 
+fn coalescer_for(spec: &PoolSpec, existing: Option<&Pool>) -> Option<Arc<Coalescer>> {
+    spec.coalesce.then(|| existing.and_then(|pool| pool.coalescer.clone()).unwrap_or_default())
+}
+
 /// Limits of a pool whose budget is not known yet; [`PoolTable::resolve`] refuses such pools.
 const NOT_READY: Limits = Limits { max_in_flight: 0, max_queued: 0, queue_timeout: std::time::Duration::ZERO };
 
@@ -139,6 +152,7 @@ mod tests {
             upstream: format!("http://{name}.ml.svc:50051"),
             limits: Some(Limits { max_in_flight: in_flight, max_queued: 4, queue_timeout: Duration::from_secs(1) }),
             remote,
+            coalesce: false,
         }
     }
 

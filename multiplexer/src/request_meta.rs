@@ -1,21 +1,17 @@
-//! What a request asks of the multiplexer, read from its gRPC metadata.
+//! What a request asks of the multiplexer, read from its HTTP/2 headers (gRPC metadata) before
+//! anything else of the request is read.
 
 use std::time::Duration;
 
+use http::HeaderMap;
+use teifleet_wire::headers::{
+    FORWARDED_BY as FORWARDED_BY_HEADER, GRPC_TIMEOUT as TIMEOUT_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER,
+    PRIORITY as PRIORITY_HEADER,
+};
 use tokio::time::Instant;
-use tonic::metadata::MetadataMap;
 
 use crate::Error;
 use crate::admission::Priority;
-
-pub const PRIORITY_HEADER: &str = "x-teifleet-priority";
-pub const POOL_HEADER: &str = "x-teifleet-pool";
-pub const MODEL_HEADER: &str = "x-teifleet-model";
-/// Set on a request one multiplexer forwards to another pool's, naming the forwarder.
-pub const FORWARDED_BY_HEADER: &str = "x-teifleet-forwarded-by";
-pub const TIMEOUT_HEADER: &str = "grpc-timeout";
-/// gRPC's standard retry hint, sent in the trailers of shed requests.
-pub const RETRY_PUSHBACK_HEADER: &str = "grpc-retry-pushback-ms";
 
 /// Which pool should serve a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,7 +33,7 @@ pub struct RequestMeta {
     pub forwarded_by: Option<String>,
 }
 
-fn text<'a>(metadata: &'a MetadataMap, header: &'static str) -> Result<Option<&'a str>, Error> {
+fn text<'a>(metadata: &'a HeaderMap, header: &'static str) -> Result<Option<&'a str>, Error> {
     match metadata.get(header) {
         None => Ok(None),
         Some(value) => value
@@ -47,7 +43,7 @@ fn text<'a>(metadata: &'a MetadataMap, header: &'static str) -> Result<Option<&'
     }
 }
 
-fn non_empty<'a>(metadata: &'a MetadataMap, header: &'static str) -> Result<Option<&'a str>, Error> {
+fn non_empty<'a>(metadata: &'a HeaderMap, header: &'static str) -> Result<Option<&'a str>, Error> {
     match text(metadata, header)? {
         Some("") => Err(Error::InvalidMetadata { header, reason: "empty value".into() }),
         other => Ok(other),
@@ -55,7 +51,7 @@ fn non_empty<'a>(metadata: &'a MetadataMap, header: &'static str) -> Result<Opti
 }
 
 /// Reads priority, routing, deadline and hop marker. `arrived` is when the request came in.
-pub fn parse(metadata: &MetadataMap, arrived: Instant) -> Result<RequestMeta, Error> {
+pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Error> {
     let priority = match text(metadata, PRIORITY_HEADER)? {
         Some(value) => value.parse()?,
         None => Priority::default(),
@@ -110,8 +106,8 @@ pub fn parse_grpc_timeout(value: &str) -> Result<Duration, Error> {
 mod tests {
     use super::*;
 
-    fn metadata(pairs: &[(&'static str, &str)]) -> MetadataMap {
-        let mut map = MetadataMap::new();
+    fn metadata(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
         for (key, value) in pairs {
             map.insert(*key, value.parse().unwrap());
         }
@@ -120,7 +116,7 @@ mod tests {
 
     #[test]
     fn defaults_to_standard_priority_and_own_pool() {
-        let meta = parse(&MetadataMap::new(), Instant::now()).unwrap();
+        let meta = parse(&HeaderMap::new(), Instant::now()).unwrap();
         assert_eq!((meta.priority, meta.target, meta.deadline), (Priority::Standard, Target::Own, None));
     }
 

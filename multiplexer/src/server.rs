@@ -6,10 +6,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use teifleet_proto::v1::{
-    embed_server::EmbedServer, info_server::InfoServer, predict_server::PredictServer, rerank_server::RerankServer,
-    tokenize_server::TokenizeServer,
-};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -18,15 +14,19 @@ use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tonic_health::server::HealthReporter;
 
+use crate::SetupError;
 use crate::admin::{self, Readiness};
 use crate::forward::Forwarder;
 use crate::metrics::Metrics;
 use crate::pools::PoolTable;
-use crate::services::Multiplexer;
-use crate::{Error, Result};
+use crate::rpc::{self, RPCS};
+use crate::service::RpcService;
 
-/// The `tei.v1` services, as gRPC health knows them.
-const SERVICES: [&str; 5] = ["tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize"];
+type Result<T> = std::result::Result<T, SetupError>;
+
+/// How long an idle multiplexer (no call in flight, none arriving) keeps serving after a shutdown
+/// request before it stops waiting out the drain delay.
+const IDLE_QUIET: Duration = Duration::from_secs(1);
 
 #[derive(Clone, Debug)]
 pub struct Settings {
@@ -79,7 +79,7 @@ impl Running {
     /// while calls in flight finish (up to the drain timeout).
     pub async fn shutdown(self) -> Result<()> {
         self.stop.cancel();
-        self.task.await.map_err(|e| Error::Config(format!("server task: {e}")))?
+        self.wait().await
     }
 
     /// A token that starts the same drain when cancelled (for signal handlers).
@@ -89,27 +89,27 @@ impl Running {
 
     /// Waits until the server has stopped by itself or through the stop token.
     pub async fn wait(self) -> Result<()> {
-        self.task.await.map_err(|e| Error::Config(format!("server task: {e}")))?
+        self.task.await.map_err(|e| SetupError::Task { task: "the server", reason: e.to_string() })?
     }
 }
 
 /// Binds and starts serving `pools`, whose own pool is `pools.own_name()`.
 pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) -> Result<Running> {
-    let io = |e: std::io::Error| Error::Config(format!("binding: {e}"));
-    let listener = TcpListener::bind(settings.listen).await.map_err(io)?;
-    let grpc_addr = listener.local_addr().map_err(io)?;
+    let bind = |addr: SocketAddr| move |source| SetupError::Bind { addr, source };
+    let listener = TcpListener::bind(settings.listen).await.map_err(bind(settings.listen))?;
+    let grpc_addr = listener.local_addr().map_err(bind(settings.listen))?;
     let admin_listener = match settings.admin_listen {
-        Some(addr) => Some(admin::bind(addr).await.map_err(io)?),
+        Some(addr) => Some(admin::bind(addr).await.map_err(bind(addr))?),
         None => None,
     };
     let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
 
-    let forwarder = Arc::new(Forwarder::new(pools.clone(), metrics.clone(), settings.identity.clone()));
+    let forwarder =
+        Arc::new(Forwarder::new(pools.clone(), metrics.clone(), &settings.identity, settings.max_message_bytes));
     let readiness =
         Arc::new(Readiness { pools: pools.clone(), upstream_serving: Default::default(), accepting: true.into() });
     let stop = CancellationToken::new();
     let (reporter, health_service) = tonic_health::server::health_reporter();
-    let mux = Multiplexer::new(forwarder.clone(), settings.max_message_bytes);
 
     let helpers = CancellationToken::new();
     if let Some(listener) = admin_listener {
@@ -117,12 +117,21 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     }
     tokio::spawn(check_upstream(readiness.clone(), reporter.clone(), settings.health_interval, helpers.clone()));
 
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(teifleet_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .map_err(|e| Error::Config(format!("reflection: {e}")))?;
-    let limit = settings.max_message_bytes;
+    // Both reflection versions, as TEI serves them: grpcurl and ghz still speak v1alpha.
+    let reflection = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(teifleet_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection_v1 = reflection().build_v1().map_err(|e| SetupError::Reflection(e.to_string()))?;
+    let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| SetupError::Reflection(e.to_string()))?;
+    let mut routes =
+        tonic::service::Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
+    for rpc in &RPCS {
+        let service = RpcService::new(rpc, forwarder.clone());
+        *routes.axum_router_mut() = std::mem::take(routes.axum_router_mut()).route_service(rpc.path, service);
+    }
+
     let router = Server::builder()
         .tcp_nodelay(true)
         .max_concurrent_streams(settings.max_concurrent_streams)
@@ -134,20 +143,17 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         // of 20 resets before the server accepts them would close the whole connection, failing
         // every other call on it. Bounded still, against rapid-reset floods.
         .http2_max_pending_accept_reset_streams(Some(settings.max_concurrent_streams as usize))
-        .add_service(health_service)
-        .add_service(reflection)
-        .add_service(InfoServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
-        .add_service(EmbedServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
-        .add_service(PredictServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
-        .add_service(RerankServer::new(mux.clone()).max_decoding_message_size(limit).max_encoding_message_size(limit))
-        .add_service(TokenizeServer::new(mux).max_decoding_message_size(limit).max_encoding_message_size(limit));
+        .add_routes(routes.prepare());
 
     let server_stop = CancellationToken::new();
     // The server's own tcp_nodelay applies only to listeners it binds; set it on ours too, or
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
-    tracing::info!(%grpc_addr, ?admin_addr, pool = pools.own_name(), "multiplexer serving");
+    match admin_addr {
+        Some(admin_addr) => tracing::info!(%grpc_addr, %admin_addr, pool = pools.own_name(), "multiplexer serving"),
+        None => tracing::info!(%grpc_addr, pool = pools.own_name(), "multiplexer serving"),
+    }
 
     let task = {
         let (stop, readiness, forwarder) = (stop.clone(), readiness.clone(), forwarder.clone());
@@ -156,15 +162,18 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             tracing::info!("draining: not ready, then refusing new calls and finishing in-flight ones");
             readiness.accepting.store(false, Ordering::Relaxed);
             set_serving(&reporter, false).await;
-            tokio::time::sleep(settings.drain_delay).await;
+            wait_out_drain_delay(&forwarder, settings.drain_delay).await;
             forwarder.start_draining();
             server_stop.cancel();
             let outcome = match tokio::time::timeout(settings.drain_timeout, server).await {
                 Ok(Ok(Ok(()))) => Ok(()),
-                Ok(Ok(Err(e))) => Err(Error::Config(format!("gRPC server: {e}"))),
-                Ok(Err(e)) => Err(Error::Config(format!("gRPC server task: {e}"))),
+                Ok(Ok(Err(e))) => Err(SetupError::Task { task: "the gRPC server", reason: e.to_string() }),
+                Ok(Err(e)) => Err(SetupError::Task { task: "the gRPC server", reason: e.to_string() }),
                 Err(_) => {
-                    tracing::warn!(timeout = ?settings.drain_timeout, "calls still in flight after the drain timeout");
+                    tracing::warn!(
+                        timeout_ms = settings.drain_timeout.as_millis() as u64,
+                        "calls still in flight after the drain timeout"
+                    );
                     Ok(())
                 }
             };
@@ -175,10 +184,24 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     Ok(Running { grpc_addr, admin_addr, forwarder, readiness, metrics, stop, task })
 }
 
+/// Keeps serving through the drain delay while endpoints stop routing here; a multiplexer that
+/// has had no call in flight or arriving for [`IDLE_QUIET`] stops waiting early.
+async fn wait_out_drain_delay(forwarder: &Forwarder, drain_delay: Duration) {
+    let until = tokio::time::Instant::now() + drain_delay;
+    let quiet = IDLE_QUIET.min(drain_delay);
+    while tokio::time::Instant::now() < until {
+        if forwarder.activity().idle_for() >= quiet {
+            tracing::info!("idle: no calls in flight or arriving, stopping now");
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50).min(drain_delay)).await;
+    }
+}
+
 async fn set_serving(reporter: &HealthReporter, serving: bool) {
     let status = if serving { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
     reporter.set_service_status("", status).await;
-    for service in SERVICES {
+    for service in rpc::services() {
         reporter.set_service_status(service, status).await;
     }
 }
@@ -208,7 +231,10 @@ async fn check_upstream(
         let ready = readiness.ready().is_ok();
         if last != Some(ready) {
             set_serving(&reporter, ready).await;
-            tracing::info!(ready, reason = ?readiness.ready().err(), "readiness changed");
+            match readiness.ready() {
+                Ok(()) => tracing::info!(ready, "readiness changed"),
+                Err(reason) => tracing::info!(ready, reason, "readiness changed"),
+            }
             last = Some(ready);
         }
         tokio::select! {

@@ -4,7 +4,7 @@ use tonic::{Code, Status};
 
 use crate::Error;
 use crate::admission::AdmissionError;
-use crate::request_meta::RETRY_PUSHBACK_HEADER;
+use teifleet_wire::headers::RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER;
 
 /// How a request ended, as counted in `teifleet_requests_total{outcome}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,14 +40,21 @@ pub fn outcome(error: &Error) -> Outcome {
             AdmissionError::DeadlineUnmeetable { .. } => Outcome::ShedDeadline,
             AdmissionError::QueueTimeout { .. } | AdmissionError::DeadlineExpired { .. } => Outcome::ExpiredInQueue,
         },
-        Error::Upstream { .. } => Outcome::UpstreamError,
+        Error::Upstream { .. } | Error::Unreachable { .. } => Outcome::UpstreamError,
         _ => Outcome::Rejected,
     }
 }
 
-/// Maps an error to the status the client receives.
-pub fn to_status(error: &Error) -> Status {
-    let code = match error {
+/// The status the client receives. The upstream's own answers pass through as the upstream sent
+/// them (code, message, details and metadata); only a connection that failed becomes
+/// UNAVAILABLE, since that is the backend being unavailable whatever the transport says.
+pub fn into_status(error: Error) -> Status {
+    let error = match error {
+        Error::Upstream { status, .. } if !is_transport_failure(&status) => return status,
+        other => other,
+    };
+    let code = match &error {
+        Error::Upstream { .. } => Code::Unavailable,
         Error::Admission { source, .. } => match source {
             AdmissionError::DeadlineExpired { .. } => Code::DeadlineExceeded,
             _ => Code::ResourceExhausted,
@@ -55,15 +62,10 @@ pub fn to_status(error: &Error) -> Status {
         Error::InvalidPriority(_) | Error::InvalidMetadata { .. } => Code::InvalidArgument,
         Error::UnknownPool { .. } | Error::UnknownModel { .. } => Code::NotFound,
         Error::ForwardingLoop { .. } => Code::FailedPrecondition,
-        Error::PoolNotReady(_) | Error::Draining => Code::Unavailable,
-        // A connection failure is the backend being unavailable, whatever the transport says.
-        Error::Upstream { status, .. } if is_transport_failure(status) => Code::Unavailable,
-        // TEI's own answer goes back as it came: RESOURCE_EXHAUSTED stays RESOURCE_EXHAUSTED.
-        Error::Upstream { status, .. } => status.code(),
-        Error::InvalidUpstream { .. } | Error::Config(_) | Error::Kube(_) => Code::Internal,
+        Error::PoolNotReady(_) | Error::Draining | Error::Unreachable { .. } => Code::Unavailable,
     };
     let mut status = Status::new(code, error.to_string());
-    if let Error::Admission { source, .. } = error
+    if let Error::Admission { source, .. } = &error
         && let Some(retry_after) = source.retry_after()
         && let Ok(value) = retry_after.as_millis().to_string().parse()
     {
@@ -79,7 +81,7 @@ fn is_transport_failure(status: &Status) -> bool {
 
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
-        to_status(&error)
+        into_status(error)
     }
 }
 
@@ -96,10 +98,21 @@ mod tests {
     #[test]
     fn overload_is_resource_exhausted_with_a_pushback_hint() {
         let status =
-            to_status(&admission(AdmissionError::QueueFull { queued: 9, retry_after: Duration::from_millis(250) }));
+            into_status(admission(AdmissionError::QueueFull { queued: 9, retry_after: Duration::from_millis(250) }));
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert_eq!(status.metadata().get(RETRY_PUSHBACK_HEADER).unwrap(), "250");
         assert!(status.message().contains("pool bge"), "{}", status.message());
+    }
+
+    #[test]
+    fn upstream_answers_pass_through_unchanged() {
+        let mut upstream = Status::with_details(Code::InvalidArgument, "Input validation error: empty", "why".into());
+        upstream.metadata_mut().insert("x-tei-detail", "kept".parse().unwrap());
+        let status = into_status(Error::Upstream { pool: "bge".into(), status: upstream });
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert_eq!(status.message(), "Input validation error: empty");
+        assert_eq!(status.details(), b"why");
+        assert_eq!(status.metadata().get("x-tei-detail").unwrap(), "kept");
     }
 
     #[test]
@@ -121,7 +134,8 @@ mod tests {
             (Error::Upstream { pool: "p".into(), status: Status::resource_exhausted("full") }, Code::ResourceExhausted),
         ];
         for (error, code) in cases {
-            assert_eq!(to_status(&error).code(), code, "{error}");
+            let shown = error.to_string();
+            assert_eq!(into_status(error).code(), code, "{shown}");
         }
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use tonic::transport::{Channel, Endpoint};
 
-use crate::Error;
+use crate::SetupError;
 
 #[derive(Clone, Debug)]
 pub struct Upstream {
@@ -16,9 +16,9 @@ pub struct Upstream {
 impl Upstream {
     /// Prepares a channel without connecting: the first request connects, and a TEI that is
     /// down makes requests fail fast with UNAVAILABLE instead of stalling startup.
-    pub fn lazy(url: &str) -> Result<Self, Error> {
+    pub fn lazy(url: &str) -> Result<Self, SetupError> {
         let endpoint = Endpoint::from_shared(url.to_owned())
-            .map_err(|e| Error::InvalidUpstream { url: url.to_owned(), reason: e.to_string() })?
+            .map_err(|e| SetupError::InvalidUpstream { url: url.to_owned(), reason: e.to_string() })?
             .tcp_nodelay(true)
             .connect_timeout(Duration::from_secs(1))
             .http2_keep_alive_interval(Duration::from_secs(20))

@@ -5,8 +5,8 @@ mod support;
 use std::time::Duration;
 
 use futures::future::join_all;
-use teifleet_multiplexer::request_meta::{PRIORITY_HEADER, RETRY_PUSHBACK_HEADER};
 use teifleet_tei_sim::Fault;
+use teifleet_wire::headers::{PRIORITY as PRIORITY_HEADER, RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER};
 use tonic::Code;
 
 use support::*;

@@ -2,8 +2,8 @@
 
 mod support;
 
-use teifleet_multiplexer::request_meta::{MODEL_HEADER, POOL_HEADER, PRIORITY_HEADER};
 use teifleet_multiplexer::server::Settings;
+use teifleet_wire::headers::{MODEL as MODEL_HEADER, POOL as POOL_HEADER, PRIORITY as PRIORITY_HEADER};
 use tonic::Code;
 
 use support::*;

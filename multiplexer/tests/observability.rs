@@ -103,28 +103,16 @@ async fn health_follows_tei_and_reflection_lists_the_services() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    use tonic_reflection::pb::v1::{
-        ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
-        server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
-    };
-    let request = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut answers = ServerReflectionClient::new(channel.clone())
-        .server_reflection_info(tokio_stream::iter([request]))
-        .await
-        .unwrap()
-        .into_inner();
-    let Some(MessageResponse::ListServicesResponse(list)) = answers.message().await.unwrap().unwrap().message_response
-    else {
-        panic!("expected a service list");
-    };
-    let names: Vec<String> = list.service.into_iter().map(|s| s.name).collect();
-    for service in
-        ["tei.v1.Embed", "tei.v1.Info", "tei.v1.Rerank", "tei.v1.Tokenize", "tei.v1.Predict", "grpc.health.v1.Health"]
-    {
-        assert!(names.iter().any(|n| n == service), "{service} missing from {names:?}");
+    // Both reflection versions, as TEI serves them (grpcurl and ghz still speak v1alpha).
+    let expected =
+        ["tei.v1.Embed", "tei.v1.Info", "tei.v1.Rerank", "tei.v1.Tokenize", "tei.v1.Predict", "grpc.health.v1.Health"];
+    let names = reflected_services_v1(channel.clone()).await;
+    for service in expected {
+        assert!(names.iter().any(|n| n == service), "v1: {service} missing from {names:?}");
+    }
+    let names = reflected_services_v1alpha(channel.clone()).await;
+    for service in expected {
+        assert!(names.iter().any(|n| n == service), "v1alpha: {service} missing from {names:?}");
     }
 }
 
@@ -163,4 +151,36 @@ async fn connections_recycled_by_age_keep_calls_flowing() {
     // the closing connection; no other call went missing.
     let server_ok = metric(&text, ok).unwrap_or(0.0) as u64;
     assert!((served..=served + raced).contains(&server_ok), "server OK {server_ok}, client OK {served}, raced {raced}");
+}
+
+macro_rules! list_services {
+    ($version:ident, $channel:expr) => {{
+        use tonic_reflection::pb::$version::{
+            ServerReflectionRequest, server_reflection_client::ServerReflectionClient,
+            server_reflection_request::MessageRequest, server_reflection_response::MessageResponse,
+        };
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut answers = ServerReflectionClient::new($channel)
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        match answers.message().await.unwrap().unwrap().message_response {
+            Some(MessageResponse::ListServicesResponse(list)) => {
+                list.service.into_iter().map(|s| s.name).collect::<Vec<String>>()
+            }
+            other => panic!("expected a service list, got {other:?}"),
+        }
+    }};
+}
+
+async fn reflected_services_v1(channel: tonic::transport::Channel) -> Vec<String> {
+    list_services!(v1, channel)
+}
+
+async fn reflected_services_v1alpha(channel: tonic::transport::Channel) -> Vec<String> {
+    list_services!(v1alpha, channel)
 }

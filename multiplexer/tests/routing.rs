@@ -3,8 +3,8 @@
 mod support;
 
 use teifleet_multiplexer::pools::PoolSpec;
-use teifleet_multiplexer::request_meta::{FORWARDED_BY_HEADER, MODEL_HEADER, POOL_HEADER};
 use teifleet_multiplexer::server::Settings;
+use teifleet_wire::headers::{FORWARDED_BY as FORWARDED_BY_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER};
 use tonic::Code;
 
 use support::*;

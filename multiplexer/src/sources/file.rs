@@ -10,6 +10,7 @@
 //!     maxInFlight: 8
 //!     maxQueued: 32
 //!     queueTimeout: 2s
+//!     coalesce: true      # identical calls in flight share one upstream call (default false)
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -20,9 +21,11 @@ use serde::Deserialize;
 use teifleet_crds::duration::parse_duration;
 use tokio_util::sync::CancellationToken;
 
+use crate::SetupError;
 use crate::admission::Limits;
 use crate::pools::{PoolSpec, PoolTable};
-use crate::{Error, Result};
+
+type Result<T> = std::result::Result<T, SetupError>;
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -43,6 +46,9 @@ struct FilePool {
     /// The upstream is another teifleet multiplexer (requests carry the hop marker).
     #[serde(default)]
     remote: bool,
+    /// Identical unary inference calls in flight share one upstream call.
+    #[serde(default)]
+    coalesce: bool,
 }
 
 /// A parsed configuration: the default pool's name and every pool.
@@ -53,32 +59,33 @@ pub struct Loaded {
 }
 
 pub fn parse(text: &str) -> Result<Loaded> {
-    let config: FileConfig = serde_yaml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
-    let first = config.pools.first().ok_or_else(|| Error::Config("no pools configured".into()))?;
+    let config: FileConfig = serde_yaml::from_str(text).map_err(|e| SetupError::Config(e.to_string()))?;
+    let first = config.pools.first().ok_or_else(|| SetupError::Config("no pools configured".into()))?;
     let default = config.default.clone().unwrap_or_else(|| first.name.clone());
     let mut pools = Vec::new();
     for pool in config.pools {
         if pool.max_in_flight < 1 {
-            return Err(Error::Config(format!("pool {}: maxInFlight must be at least 1", pool.name)));
+            return Err(SetupError::Config(format!("pool {}: maxInFlight must be at least 1", pool.name)));
         }
         let queue_timeout = parse_duration(&pool.queue_timeout)
-            .map_err(|e| Error::Config(format!("pool {}: queueTimeout: {e}", pool.name)))?;
+            .map_err(|e| SetupError::Config(format!("pool {}: queueTimeout: {e}", pool.name)))?;
         pools.push(PoolSpec {
             name: pool.name,
             model: pool.model,
             upstream: pool.upstream,
             limits: Some(Limits { max_in_flight: pool.max_in_flight, max_queued: pool.max_queued, queue_timeout }),
             remote: pool.remote,
+            coalesce: pool.coalesce,
         });
     }
     if !pools.iter().any(|p| p.name == default) {
-        return Err(Error::Config(format!("default pool {default:?} is not among the pools")));
+        return Err(SetupError::Config(format!("default pool {default:?} is not among the pools")));
     }
     Ok(Loaded { default, pools })
 }
 
 pub fn load(path: &Path) -> Result<Loaded> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Config(format!("{}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| SetupError::Config(format!("{}: {e}", path.display())))?;
     parse(&text)
 }
 
@@ -115,6 +122,11 @@ mod tests {
         .unwrap();
         assert_eq!(loaded.default, "a");
         assert_eq!(loaded.pools[0].limits.unwrap().queue_timeout, Duration::from_secs(90));
+        assert!(!loaded.pools[0].coalesce, "coalescing is off unless asked for");
+        let loaded =
+            parse("pools:\n- {name: a, upstream: u, maxInFlight: 2, maxQueued: 3, queueTimeout: 1s, coalesce: true}\n")
+                .unwrap();
+        assert!(loaded.pools[0].coalesce);
     }
 
     #[test]

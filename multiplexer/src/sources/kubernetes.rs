@@ -14,8 +14,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admission::Limits;
 use crate::pools::{PoolSpec, PoolTable};
 
-/// Port every pool's Service exposes (see the operator's rendering).
-const POOL_SERVICE_PORT: u16 = 50051;
+use teifleet_wire::ports::MULTIPLEXER_GRPC as POOL_SERVICE_PORT;
 
 /// This replica's limits for a pool: the shares in its status, or, before the operator has
 /// published any, the budget split over the desired replicas.
@@ -52,6 +51,7 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
                 model: Some(pool.spec.model.id.clone()),
                 limits: limits_of(pool),
                 remote: !local,
+                coalesce: pool.spec.coalesce,
                 name,
             }
         })

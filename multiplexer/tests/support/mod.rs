@@ -33,6 +33,7 @@ pub fn spec(name: &str, upstream: SocketAddr, limits: Limits) -> PoolSpec {
         upstream: format!("http://{upstream}"),
         limits: Some(limits),
         remote: false,
+        coalesce: false,
     }
 }
 

@@ -1,0 +1,129 @@
+//! One call's accounting: its outcome is counted exactly once, its time split between the
+//! multiplexer's queue, TEI's queue and TEI's inference, and a call dropped unfinished (the
+//! client went away) counts as cancelled.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use crate::Error;
+use crate::admission::Priority;
+use crate::metrics::{Metrics, Timings};
+use crate::rpc::Rpc;
+use crate::status::{self, Outcome};
+use crate::wire::TeiTiming;
+
+/// Calls in flight and when the last one arrived, so a draining multiplexer knows it is idle.
+pub struct Activity {
+    started: Instant,
+    active: AtomicUsize,
+    last_arrival_ms: AtomicU64,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self { started: Instant::now(), active: AtomicUsize::new(0), last_arrival_ms: AtomicU64::new(0) }
+    }
+}
+
+impl Activity {
+    /// How long nothing has been in flight nor arrived; zero while a call is in flight.
+    pub fn idle_for(&self) -> Duration {
+        if self.active.load(Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
+        let last = Duration::from_millis(self.last_arrival_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(last)
+    }
+}
+
+pub struct Call {
+    metrics: Metrics,
+    activity: Arc<Activity>,
+    pub rpc: &'static Rpc,
+    pub pool: String,
+    pub priority: Priority,
+    pub arrived: Instant,
+    timings: Timings,
+    finished: bool,
+}
+
+impl Call {
+    pub fn new(metrics: Metrics, activity: Arc<Activity>, rpc: &'static Rpc, pool: &str) -> Self {
+        let arrived = Instant::now();
+        activity.active.fetch_add(1, Ordering::AcqRel);
+        let since_start = arrived.saturating_duration_since(activity.started).as_millis();
+        activity.last_arrival_ms.fetch_max(u64::try_from(since_start).unwrap_or(u64::MAX), Ordering::Relaxed);
+        Self {
+            metrics,
+            activity,
+            rpc,
+            pool: pool.to_owned(),
+            priority: Priority::default(),
+            arrived,
+            timings: Timings::default(),
+            finished: false,
+        }
+    }
+
+    /// The call waited in the multiplexer's queue until now.
+    pub fn admitted(&mut self) {
+        self.admitted_at(Instant::now());
+    }
+
+    /// The call (or the identical call it shared) was admitted at `when`.
+    pub fn admitted_at(&mut self, when: Instant) {
+        self.timings.queue_wait = Some(when.saturating_duration_since(self.arrived));
+    }
+
+    /// Counts the call as failed with `error` and returns the status the client gets.
+    pub fn fail(&mut self, error: Error) -> Status {
+        let outcome = status::outcome(&error);
+        if let Error::Upstream { status, .. } = &error {
+            tracing::warn!(
+                pool = %self.pool,
+                rpc = self.rpc.label,
+                code = crate::metrics::code_label(status.code()),
+                message = status.message(),
+                "upstream call failed"
+            );
+        } else if let Error::Unreachable { reason, .. } = &error {
+            tracing::warn!(pool = %self.pool, rpc = self.rpc.label, %reason, "upstream unreachable");
+        }
+        let status = status::into_status(error);
+        self.finish(status.code(), outcome);
+        status
+    }
+
+    /// Records TEI's timing from one of its answers.
+    pub fn observe(&mut self, timing: Option<TeiTiming>) {
+        if let Some(timing) = timing {
+            self.timings.tei_queue = Some(timing.queue);
+            self.timings.tei_inference = Some(timing.inference);
+        }
+    }
+
+    pub fn succeed(&mut self) {
+        self.finish(Code::Ok, Outcome::Ok);
+    }
+
+    fn finish(&mut self, code: Code, outcome: Outcome) {
+        if self.finished {
+            return;
+        }
+        self.finished = true;
+        self.metrics.request_done(&self.pool, self.priority, self.rpc.label, code, outcome);
+        self.timings.total = self.arrived.elapsed();
+        self.metrics.timings(&self.pool, self.priority, &self.timings);
+    }
+}
+
+impl Drop for Call {
+    fn drop(&mut self) {
+        self.finish(Code::Cancelled, Outcome::Cancelled);
+        self.activity.active.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,153 @@
+//! The one generic service behind every `tei.v1` path: a row of the RPC table decides the shape,
+//! the permit and the labels. tonic's server machinery does the framing, size limits, status and
+//! trailers over message bytes ([`BytesCodec`]); nothing is decoded.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use teifleet_proto::BytesCodec;
+use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, StreamingService, UnaryService};
+use tonic::{Request, Response, Status, Streaming};
+use tracing::Instrument as _;
+
+use crate::forward::{Forwarder, ResponseStream, Routed};
+use crate::rpc::{Admit, Rpc, Shape};
+
+/// Serves one RPC of the table.
+#[derive(Clone)]
+pub struct RpcService {
+    rpc: &'static Rpc,
+    forwarder: Arc<Forwarder>,
+}
+
+impl RpcService {
+    pub fn new(rpc: &'static Rpc, forwarder: Arc<Forwarder>) -> Self {
+        Self { rpc, forwarder }
+    }
+}
+
+impl<B> tower::Service<http::Request<B>> for RpcService
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);
+        serve(self.rpc, self.forwarder.clone(), request).map(Ok).instrument(span).boxed()
+    }
+}
+
+/// Routes and admits a call from its headers, then lets tonic read the body and hand the message
+/// bytes to the forwarder.
+async fn serve<B>(
+    rpc: &'static Rpc,
+    forwarder: Arc<Forwarder>,
+    request: http::Request<B>,
+) -> http::Response<tonic::body::Body>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    let mut call = forwarder.call(rpc);
+    let (meta, pool) = match forwarder.route(&mut call, request.headers()) {
+        Ok(routed) => routed,
+        Err(error) => return call.fail(error).into_http(),
+    };
+    tracing::Span::current().record("pool", pool.spec.name.as_str());
+    let limit = Some(forwarder.max_message_bytes());
+    let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
+    let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
+    // Unary calls wait for their permit before their body is read; stream messages each wait
+    // for their own as they arrive, and coalesced calls in the call they share.
+    let permit = match rpc.shape {
+        Shape::Unary | Shape::ServerStream if coalescer.is_none() => {
+            match forwarder.admit(&mut call, &pool, &meta).await {
+                Ok(permit) => permit,
+                Err(error) => return call.fail(error).into_http(),
+            }
+        }
+        _ => None,
+    };
+    let routed = Once(Some(Routed { forwarder, call, meta, pool, permit }));
+    match (rpc.shape, coalescer) {
+        (Shape::Unary, Some(coalescer)) => grpc.unary(Coalesced(routed, coalescer), request).await,
+        (Shape::Unary, None) => grpc.unary(routed, request).await,
+        (Shape::ServerStream, _) => grpc.server_streaming(routed, request).await,
+        (Shape::ClientStream, _) => grpc.client_streaming(routed, request).await,
+        (Shape::Bidi, _) => grpc.streaming(routed, request).await,
+    }
+}
+
+/// A routed call, handed to tonic once its body has been read.
+struct Once(Option<Routed>);
+
+impl Once {
+    fn take(&mut self) -> Routed {
+        self.0.take().expect("tonic calls the service once per request")
+    }
+}
+
+struct Coalesced(Once, Arc<crate::coalesce::Coalescer>);
+
+type Answer<T> = BoxFuture<'static, Result<Response<T>, Status>>;
+
+impl UnaryService<Bytes> for Once {
+    type Response = Bytes;
+    type Future = Answer<Bytes>;
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        self.take().unary(request).boxed()
+    }
+}
+
+impl UnaryService<Bytes> for Coalesced {
+    type Response = Bytes;
+    type Future = Answer<Bytes>;
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        self.0.take().coalesced(self.1.clone(), request).boxed()
+    }
+}
+
+impl ServerStreamingService<Bytes> for Once {
+    type Response = Bytes;
+    type ResponseStream = ResponseStream;
+    type Future = Answer<ResponseStream>;
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        self.take().server_stream(request).boxed()
+    }
+}
+
+impl ClientStreamingService<Bytes> for Once {
+    type Response = Bytes;
+    type Future = Answer<Bytes>;
+
+    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
+        self.take().client_stream(request).boxed()
+    }
+}
+
+impl StreamingService<Bytes> for Once {
+    type Response = Bytes;
+    type ResponseStream = ResponseStream;
+    type Future = Answer<ResponseStream>;
+
+    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
+        self.take().bidi(request).boxed()
+    }
+}
