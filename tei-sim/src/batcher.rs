@@ -7,9 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::Device;
 use crate::metrics::Metrics;
 use crate::stats::Counters;
 
@@ -36,6 +38,7 @@ pub(crate) struct BatchLimits {
     pub(crate) max_requests: usize,
     pub(crate) fixed_latency: Duration,
     pub(crate) per_token_latency: Duration,
+    pub(crate) device: Device,
 }
 
 impl BatchLimits {
@@ -81,7 +84,42 @@ impl Batch {
 struct Running {
     batch: Batch,
     started: Instant,
-    deadline: Instant,
+    work: DeviceWork,
+}
+
+/// The device busy with one batch.
+enum DeviceWork {
+    /// Done at this instant.
+    Timer(Instant),
+    /// Done when the thread burning the batch's CPU time returns.
+    Cpu(JoinHandle<()>),
+}
+
+impl DeviceWork {
+    fn start(device: Device, device_time: Duration, started: Instant, shutdown: &CancellationToken) -> Self {
+        match device {
+            Device::Sleep => Self::Timer(started + device_time),
+            Device::Spin => {
+                let shutdown = shutdown.clone();
+                // A blocking-pool thread, so the spinning never holds up the runtime's workers.
+                Self::Cpu(tokio::task::spawn_blocking(move || burn_cpu(device_time, &shutdown)))
+            }
+        }
+    }
+}
+
+/// Keeps this thread busy until it has used `cpu_time` of CPU, or until shutdown. Counting the
+/// thread's own CPU time, not wall time, is what makes a shared CPU slow the device down.
+fn burn_cpu(cpu_time: Duration, shutdown: &CancellationToken) {
+    let wall = std::time::Instant::now();
+    let thread = cpu_time::ThreadTime::try_now().ok();
+    // Without a per-thread CPU clock, wall time is the closest stand-in.
+    let spent = || thread.as_ref().and_then(|t| t.try_elapsed().ok()).unwrap_or_else(|| wall.elapsed());
+    while spent() < cpu_time && !shutdown.is_cancelled() {
+        for _ in 0..256 {
+            std::hint::spin_loop();
+        }
+    }
 }
 
 /// Starts the queue task; it ends when `shutdown` fires or every sender is gone, dropping the
@@ -116,8 +154,8 @@ async fn run(
             if !next.entries.is_empty() {
                 let batch = std::mem::take(&mut next);
                 let started = Instant::now();
-                let deadline = started + limits.device_time(batch.tokens);
-                running = Some(Running { batch, started, deadline });
+                let work = DeviceWork::start(limits.device, limits.device_time(batch.tokens), started, &shutdown);
+                running = Some(Running { batch, started, work });
                 next.fill(&mut queue, &limits);
             }
         }
@@ -125,11 +163,10 @@ async fn run(
         metrics.batch_next_size.set(gauge(next.entries.len()));
         metrics.batch_next_tokens.set(gauge(next.tokens));
 
-        let deadline = running.as_ref().map(|r| r.deadline);
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            () = sleep_until(deadline) => {
+            () = device_done(running.as_mut().map(|r| &mut r.work)) => {
                 if let Some(done) = running.take() {
                     finish(done, &counters);
                 }
@@ -142,9 +179,13 @@ async fn run(
     }
 }
 
-async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
+async fn device_done(work: Option<&mut DeviceWork>) {
+    match work {
+        Some(DeviceWork::Timer(deadline)) => tokio::time::sleep_until(*deadline).await,
+        // A panicked burner has still finished with the batch; its callers get their answers.
+        Some(DeviceWork::Cpu(thread)) => {
+            let _ = thread.await;
+        }
         None => std::future::pending().await,
     }
 }
@@ -173,6 +214,7 @@ mod tests {
             max_requests,
             fixed_latency: Duration::from_millis(1),
             per_token_latency: Duration::from_micros(1),
+            device: Device::Sleep,
         }
     }
 

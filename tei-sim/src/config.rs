@@ -28,6 +28,8 @@ pub struct SimConfig {
     pub fixed_latency: Duration,
     /// Device time added per token in the batch.
     pub per_token_latency: Duration,
+    /// How the device spends a batch's device time: asleep, or busy on a CPU thread.
+    pub device: Device,
     /// Length of the embeddings the model returns.
     pub dimensions: usize,
     /// Reported by Info.
@@ -45,6 +47,7 @@ impl Default for SimConfig {
             max_client_batch_size: 32,
             fixed_latency: Duration::from_millis(2),
             per_token_latency: Duration::from_micros(20),
+            device: Device::Sleep,
             dimensions: 384,
             model_id: "teifleet/sim-embedding".to_owned(),
         }
@@ -103,6 +106,40 @@ impl FromStr for Fault {
             "fail" => Ok(Self::Fail),
             "stall" => Ok(Self::Stall),
             _ => Err(SimError::UnknownFault(s.to_owned())),
+        }
+    }
+}
+
+/// What the simulated device does for the device time of a batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// Waits on a timer, costing no CPU: a GPU, whose work does not compete with the host's.
+    #[default]
+    Sleep,
+    /// Spends the device time as CPU time of one thread outside the async runtime, as TEI on a CPU
+    /// does. When the CPU is shared, a batch takes longer in wall time, so whatever else runs on
+    /// the machine (the client, the multiplexer) slows the device down.
+    Spin,
+}
+
+impl fmt::Display for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Sleep => "sleep",
+            Self::Spin => "spin",
+        })
+    }
+}
+
+impl FromStr for Device {
+    type Err = SimError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.to_ascii_lowercase().as_str() {
+            "sleep" => Ok(Self::Sleep),
+            "spin" => Ok(Self::Spin),
+            _ => Err(SimError::UnknownDevice(s.to_owned())),
         }
     }
 }

@@ -11,6 +11,9 @@ pub enum SimError {
     /// A fault name other than none, fail, stall (or clear).
     #[error("unknown fault {0:?} (expected none, fail or stall)")]
     UnknownFault(String),
+    /// A device mode other than sleep or spin.
+    #[error("unknown device {0:?} (expected sleep or spin)")]
+    UnknownDevice(String),
     /// A listening socket could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

@@ -25,7 +25,7 @@ mod state;
 mod stats;
 mod tokenizer;
 
-pub use config::{Fault, SimConfig};
+pub use config::{Device, Fault, SimConfig};
 pub use embedding::embedding_for;
 pub use error::SimError;
 pub use server::{SimHandle, start};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use teifleet_tei_sim::{Fault, SimConfig};
+use teifleet_tei_sim::{Device, Fault, SimConfig};
 use tracing_subscriber::EnvFilter;
 
 /// Simulates Hugging Face Text Embeddings Inference over TEI's gRPC API (tei.v1): admission,
@@ -39,6 +39,10 @@ struct Args {
     /// Device time added per token in the batch, e.g. 20us.
     #[arg(long, default_value = "20us", value_parser = humantime::parse_duration, value_name = "DUR")]
     per_token_latency: Duration,
+    /// How a batch's device time is spent: sleep (a GPU: no CPU used) or spin (TEI on a CPU: the
+    /// device time is burnt as CPU time of one thread, so a busy machine slows the device).
+    #[arg(long, default_value = "sleep", value_name = "sleep|spin")]
+    device: Device,
     /// Length of the returned embeddings.
     #[arg(long, default_value_t = 384, value_name = "N")]
     dimensions: usize,
@@ -65,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
         max_client_batch_size: args.max_client_batch_size,
         fixed_latency: args.fixed_latency,
         per_token_latency: args.per_token_latency,
+        device: args.device,
         dimensions: args.dimensions,
         model_id: args.model_id,
     };

@@ -56,6 +56,7 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         max_requests: config.max_batch_requests.unwrap_or(usize::MAX),
         fixed_latency: config.fixed_latency,
         per_token_latency: config.per_token_latency,
+        device: config.device,
     };
     let queue = batcher::spawn(limits, metrics.clone(), Arc::clone(&counters), shutdown.clone());
     let state = Arc::new(State {

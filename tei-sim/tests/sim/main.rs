@@ -4,6 +4,7 @@ mod admin;
 mod admission;
 mod batching;
 mod common;
+mod device;
 mod embed;
 mod faults;
 mod services;

@@ -1,0 +1,79 @@
+use std::time::Duration;
+
+use teifleet_proto::v1::InfoRequest;
+use teifleet_proto::v1::info_client::InfoClient;
+use teifleet_tei_sim::{Device, SimConfig, embedding_for};
+use tokio::time::Instant;
+
+use crate::common::{bounded, channel, embed_client, embed_request, start};
+
+const DEVICE_TIME: Duration = Duration::from_millis(300);
+
+// One runtime thread: if the spinning ran on it, nothing else could answer until the batch ended.
+#[tokio::test(flavor = "current_thread")]
+async fn spin_burns_the_device_time_as_cpu_off_the_runtime_and_answers() {
+    bounded(async {
+        let config = SimConfig {
+            device: Device::Spin,
+            fixed_latency: DEVICE_TIME,
+            per_token_latency: Duration::ZERO,
+            ..SimConfig::default()
+        };
+        let sim = start(config).await;
+        let client = embed_client(&sim).await;
+        let mut info = InfoClient::new(channel(&sim).await);
+
+        let cpu_before = cpu_time::ProcessTime::now();
+        let embed = tokio::spawn({
+            let mut client = client.clone();
+            async move { client.embed(embed_request("burnt on a CPU")).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let asked = Instant::now();
+        info.info(InfoRequest {}).await.expect("Info answers while the device spins");
+        assert!(asked.elapsed() < Duration::from_millis(150), "the runtime was held up for {:?}", asked.elapsed());
+        assert!(!embed.is_finished(), "the batch ended before its device time");
+
+        let answer = embed.await.unwrap().expect("embed answers").into_inner();
+        let cpu_used = cpu_before.elapsed();
+        // Other tests share the process, so this is a lower bound only.
+        assert!(cpu_used >= DEVICE_TIME.mul_f64(0.9), "only {cpu_used:?} of CPU for {DEVICE_TIME:?} of device time");
+        assert_eq!(answer.embeddings, embedding_for("burnt on a CPU", 384));
+        let meta = answer.metadata.expect("metadata");
+        assert!(u128::from(meta.inference_time_ns) >= DEVICE_TIME.as_nanos(), "{meta:?}");
+        assert_eq!(sim.stats().batches_run, 1);
+        sim.shutdown().await;
+    })
+    .await;
+}
+
+// Dropping a runtime waits for its blocking threads, so a burner that ignored shutdown would hold
+// this test for its whole minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_a_spinning_batch() {
+    bounded(async {
+        let config = SimConfig {
+            device: Device::Spin,
+            fixed_latency: Duration::from_secs(60),
+            per_token_latency: Duration::ZERO,
+            ..SimConfig::default()
+        };
+        let sim = start(config).await;
+        let mut client = embed_client(&sim).await;
+        let embed = tokio::spawn(async move { client.embed(embed_request("never finishes")).await });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stopping = Instant::now();
+        sim.shutdown().await;
+        assert!(stopping.elapsed() < Duration::from_secs(5), "shutdown took {:?}", stopping.elapsed());
+        assert!(embed.await.unwrap().is_err());
+    })
+    .await;
+}
+
+#[test]
+fn device_modes_parse_from_flags() {
+    assert_eq!("sleep".parse::<Device>().unwrap(), Device::Sleep);
+    assert_eq!("SPIN".parse::<Device>().unwrap(), Device::Spin);
+    assert_eq!(Device::default(), Device::Sleep);
+    assert!("gpu".parse::<Device>().is_err());
+}
