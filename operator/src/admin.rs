@@ -1,15 +1,10 @@
-//! The admin HTTP port: `/metrics`, `/healthz`, `/readyz`.
+//! What the admin port's probes report; `teifleet_runtime::admin` serves them with `/metrics`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
-use prometheus::{Encoder, TextEncoder};
-use tokio_util::sync::CancellationToken;
+use teifleet_runtime::admin::{self, AdminRoutes};
 
 use crate::metrics::Metrics;
 use crate::watch_health::WatchHealth;
@@ -26,40 +21,34 @@ impl Health {
     pub fn new(metrics: Metrics) -> Arc<Self> {
         Arc::new(Self { metrics, ready: AtomicBool::new(false), watches: WatchHealth::default() })
     }
-}
 
-async fn healthz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
-    if health.watches.healthy(std::time::Instant::now()) {
-        (StatusCode::OK, "ok\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "watches have been failing for minutes\n")
+    /// Liveness: a blind operator (watches failing for minutes) is better restarted.
+    pub fn live(&self) -> Result<(), &'static str> {
+        if self.watches.healthy(Instant::now()) { Ok(()) } else { Err("watches have been failing for minutes") }
+    }
+
+    /// Readiness: standby replicas are ready too, or a rollout would stall behind the leader.
+    pub fn ready(&self) -> Result<(), &'static str> {
+        if self.ready.load(Ordering::Relaxed) { Ok(()) } else { Err("starting") }
     }
 }
 
-async fn metrics(State(health): State<Arc<Health>>) -> (StatusCode, String) {
-    let mut buffer = Vec::new();
-    match TextEncoder::new().encode(&health.metrics.registry.gather(), &mut buffer) {
-        Ok(()) => (StatusCode::OK, String::from_utf8_lossy(&buffer).into_owned()),
-        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
-    }
+/// `/metrics`, `/healthz` and `/readyz` for `health`.
+pub fn routes(health: &Arc<Health>) -> AdminRoutes {
+    let (live, ready) = (Arc::clone(health), Arc::clone(health));
+    admin::routes(health.metrics.registry.clone()).healthz(move || live.live()).readyz(move || ready.ready())
 }
 
-async fn readyz(State(health): State<Arc<Health>>) -> (StatusCode, &'static str) {
-    if health.ready.load(Ordering::Relaxed) {
-        (StatusCode::OK, "ready\n")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting\n")
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Serves until `shutdown` is cancelled.
-pub async fn serve(addr: SocketAddr, health: Arc<Health>, shutdown: CancellationToken) -> std::io::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .with_state(health);
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    tracing::info!(%addr, "admin server listening");
-    axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await
+    #[test]
+    fn ready_once_started() {
+        let health = Health::new(Metrics::new());
+        assert_eq!(health.ready(), Err("starting"));
+        health.ready.store(true, Ordering::Relaxed);
+        assert_eq!(health.ready(), Ok(()));
+        assert_eq!(health.live(), Ok(()));
+    }
 }

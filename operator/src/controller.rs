@@ -203,7 +203,7 @@ async fn announce_changes(ctx: &Context, pool: &EmbeddingPool, new: &EmbeddingPo
 
 /// Failed reconciliations are counted and retried with a short delay.
 pub fn error_policy(pool: Arc<EmbeddingPool>, error: &Error, ctx: Arc<Context>) -> Action {
-    tracing::warn!(pool = %pool.name_any(), namespace = ?pool.namespace(), %error, "reconcile failed");
+    tracing::warn!(pool = %pool.name_any(), namespace = pool.namespace().unwrap_or_default(), %error, "reconcile failed");
     ctx.metrics.failed(error);
     Action::requeue(Duration::from_secs(5))
 }

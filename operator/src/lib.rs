@@ -9,7 +9,6 @@ pub mod leader;
 pub mod metrics;
 pub mod render;
 pub mod status;
-pub mod telemetry;
 pub mod watch_health;
 
 /// Everything that can go wrong inside the operator.

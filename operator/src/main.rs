@@ -14,7 +14,9 @@ use teifleet_operator::controller::{self, Context};
 use teifleet_operator::leader::LeaseElector;
 use teifleet_operator::metrics::Metrics;
 use teifleet_operator::render::RenderConfig;
-use teifleet_operator::telemetry::{self, LogFormat};
+use teifleet_runtime::duration::parse_flag;
+use teifleet_runtime::logging::{self, LogFormat};
+use teifleet_runtime::shutdown::{self, Signal};
 use teifleet_wire::ports;
 use tokio_util::sync::CancellationToken;
 
@@ -42,7 +44,7 @@ struct Args {
     multiplexer_image: String,
 
     /// How often steady pools are re-checked without a watch event.
-    #[arg(long, env = "TEIFLEET_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    #[arg(long, env = "TEIFLEET_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_flag)]
     resync_interval: Duration,
 
     /// Elect a leader through a Lease so only one replica acts.
@@ -56,7 +58,7 @@ struct Args {
     #[arg(long, env = "POD_NAMESPACE", default_value = "teifleet-system")]
     lease_namespace: String,
 
-    #[arg(long, env = "TEIFLEET_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, env = "TEIFLEET_LEASE_DURATION", default_value = "15s", value_parser = parse_flag)]
     lease_duration: Duration,
 
     /// This replica's identity in the Lease and in Events; defaults to the host name.
@@ -64,25 +66,26 @@ struct Args {
     identity: Option<String>,
 }
 
-/// Durations in the same syntax as the EmbeddingPool API (`500ms`, `15s`, `1m30s`).
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    teifleet_crds::duration::parse_duration(text).map_err(|e| e.to_string())
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    telemetry::init(args.log_format);
+    logging::init(args.log_format)?;
+    let stop_signal = shutdown::signal()?;
     let identity = args.identity.clone().unwrap_or_else(|| {
         hostname::get().map(|h| h.to_string_lossy().into_owned()).unwrap_or_else(|_| "teifleet-operator".into())
     });
 
     let shutdown = CancellationToken::new();
-    tokio::spawn(cancel_on_signal(shutdown.clone()));
+    tokio::spawn(cancel_on_signal(stop_signal, shutdown.clone()));
 
     let metrics = Metrics::new();
     let health = Health::new(metrics.clone());
-    let admin = tokio::spawn(admin::serve(args.admin_listen, health.clone(), shutdown.clone()));
+    let admin_listener = teifleet_runtime::admin::bind(args.admin_listen).await?;
+    let admin = tokio::spawn(teifleet_runtime::admin::serve(
+        admin_listener,
+        admin::routes(&health).into_router(),
+        shutdown.clone().cancelled_owned(),
+    ));
 
     let client = Client::try_default().await.context("connecting to the Kubernetes API")?;
     client.apiserver_version().await.context("reaching the Kubernetes API server")?;
@@ -137,20 +140,9 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Cancels `token` on SIGTERM or Ctrl-C.
-async fn cancel_on_signal(token: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutting down");
+/// Cancels `token` when `signal` arrives.
+async fn cancel_on_signal(signal: impl Future<Output = Signal>, token: CancellationToken) {
+    let signal = signal.await;
+    tracing::info!(%signal, "shutting down");
     token.cancel();
 }

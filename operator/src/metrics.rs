@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use teifleet_runtime::metrics::register;
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -39,15 +40,8 @@ impl Metrics {
         .expect("valid metric");
         let leader = IntGauge::new("teifleet_operator_leader", "1 while this replica holds the leader lease.")
             .expect("valid metric");
-        for collector in [
-            Box::new(reconciliations.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(errors.clone()),
-            Box::new(duration.clone()),
-            Box::new(status_writes.clone()),
-            Box::new(leader.clone()),
-        ] {
-            registry.register(collector).expect("metric names are unique");
-        }
+        register(&registry, &[&reconciliations, &errors, &duration, &status_writes, &leader])
+            .expect("metric names are unique");
         Self { registry, reconciliations, errors, duration, status_writes, leader }
     }
 

@@ -1,4 +1,5 @@
-//! The admin HTTP port: counters, faults, Prometheus metrics and a health probe.
+//! The admin HTTP port: counters and faults, next to `teifleet_runtime::admin`'s `/metrics` and
+//! probes.
 
 use std::sync::Arc;
 
@@ -7,6 +8,7 @@ use axum::extract::State as Extract;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use teifleet_runtime::admin;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -16,6 +18,17 @@ use crate::state::State;
 type Shared = Arc<State>;
 
 pub(crate) fn router(state: Shared) -> Router {
+    // 503 while failing, like TEI's `/health`, so an HTTP prober sees the fault too.
+    let failing = |state: Shared| {
+        move || match state.fault() {
+            Fault::Fail => Err("failing (injected fault)"),
+            Fault::None | Fault::Stall => Ok(()),
+        }
+    };
+    let probes = admin::routes(state.metrics.registry().clone())
+        .healthz(failing(Arc::clone(&state)))
+        .readyz(failing(Arc::clone(&state)))
+        .into_router();
     Router::new()
         .route("/stats", get(stats))
         .route("/stats/reset", post(reset_stats))
@@ -23,14 +36,12 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/fault/fail", post(|s: Extract<Shared>| set_fault(s, Fault::Fail)))
         .route("/fault/stall", post(|s: Extract<Shared>| set_fault(s, Fault::Stall)))
         .route("/fault/clear", post(|s: Extract<Shared>| set_fault(s, Fault::None)))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(healthz))
         .with_state(state)
+        .merge(probes)
 }
 
 pub(crate) async fn serve(listener: TcpListener, state: Shared, shutdown: CancellationToken) {
-    let app = router(state);
-    if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(shutdown.cancelled_owned()).await {
+    if let Err(error) = admin::serve(listener, router(state), shutdown.cancelled_owned()).await {
         tracing::error!(%error, "admin server failed");
     }
 }
@@ -64,16 +75,4 @@ async fn fault(Extract(state): Extract<Shared>) -> Response {
 async fn set_fault(Extract(state): Extract<Shared>, fault: Fault) -> Response {
     state.set_fault(fault);
     json(&FaultBody { fault })
-}
-
-async fn metrics(Extract(state): Extract<Shared>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], state.metrics.render()).into_response()
-}
-
-/// 503 while failing, like TEI's `/health`, so an HTTP prober sees the fault too.
-async fn healthz(Extract(state): Extract<Shared>) -> Response {
-    match state.fault() {
-        Fault::Fail => (StatusCode::SERVICE_UNAVAILABLE, "unhealthy\n").into_response(),
-        Fault::None | Fault::Stall => (StatusCode::OK, "ok\n").into_response(),
-    }
 }

@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
+use teifleet_runtime::duration::parse_flag;
+use teifleet_runtime::logging::{self, LogFormat};
+use teifleet_runtime::shutdown;
 use teifleet_tei_sim::{Device, Fault, SimConfig};
-use tracing_subscriber::EnvFilter;
 
 /// Simulates Hugging Face Text Embeddings Inference over TEI's gRPC API (tei.v1): admission,
 /// batching on a simulated device, deterministic embeddings, faults and TEI-named metrics.
@@ -18,7 +20,7 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     listen: SocketAddr,
     /// Admin HTTP listen address: GET /stats, POST /stats/reset, POST /fault/{fail,stall,clear},
-    /// GET /metrics, GET /healthz.
+    /// GET /metrics, GET /healthz, GET /readyz.
     #[arg(long, default_value = "127.0.0.1:9000", value_name = "ADDR")]
     admin_listen: SocketAddr,
     /// Requests admitted at once; a unary call beyond this fails with RESOURCE_EXHAUSTED.
@@ -34,10 +36,10 @@ struct Args {
     #[arg(long, default_value_t = 32, value_name = "N")]
     max_client_batch_size: usize,
     /// Device time of every batch, e.g. 2ms.
-    #[arg(long, default_value = "2ms", value_parser = humantime::parse_duration, value_name = "DUR")]
+    #[arg(long, default_value = "2ms", value_parser = parse_flag, value_name = "DUR")]
     fixed_latency: Duration,
     /// Device time added per token in the batch, e.g. 20us.
-    #[arg(long, default_value = "20us", value_parser = humantime::parse_duration, value_name = "DUR")]
+    #[arg(long, default_value = "20us", value_parser = parse_flag, value_name = "DUR")]
     per_token_latency: Duration,
     /// How a batch's device time is spent: sleep (a GPU: no CPU used) or spin (TEI on a CPU: the
     /// device time is burnt as CPU time of one thread, so a busy machine slows the device).
@@ -52,14 +54,16 @@ struct Args {
     /// Fault to start with: none, fail or stall.
     #[arg(long, default_value = "none", value_name = "FAULT")]
     fault: Fault,
+    /// Log lines as json or pretty (to stderr; RUST_LOG filters, default info).
+    #[arg(long, value_enum, default_value = "pretty")]
+    log_format: LogFormat,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
-        .init();
     let args = Args::parse();
+    logging::init(args.log_format)?;
+    let stop_signal = shutdown::signal()?;
     let config = SimConfig {
         listen: args.listen,
         admin_listen: Some(args.admin_listen),
@@ -75,23 +79,8 @@ async fn main() -> anyhow::Result<()> {
     };
     let sim = teifleet_tei_sim::start(config).await.context("starting the simulator")?;
     sim.set_fault(args.fault);
-    shutdown_signal().await?;
-    tracing::info!("shutting down");
+    let signal = stop_signal.await;
+    tracing::info!(%signal, "shutting down");
     sim.shutdown().await;
-    Ok(())
-}
-
-async fn shutdown_signal() -> anyhow::Result<()> {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
     Ok(())
 }

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use prometheus::{Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use teifleet_runtime::metrics::register;
 
 use crate::SimError;
 
@@ -59,37 +60,24 @@ fn duration_buckets() -> Vec<f64> {
 
 impl Metrics {
     pub(crate) fn new() -> Result<Self, SimError> {
-        let registry = Registry::new();
-        let counter = |name: &str, help: &str| -> Result<IntCounter, SimError> {
-            let c = IntCounter::new(name, help)?;
-            registry.register(Box::new(c.clone()))?;
-            Ok(c)
-        };
-        let gauge = |name: &str, help: &str| -> Result<IntGauge, SimError> {
-            let g = IntGauge::new(name, help)?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
-        };
-        let histogram = |name: &str, help: &str, buckets: Vec<f64>| -> Result<Histogram, SimError> {
-            let h = Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))?;
-            registry.register(Box::new(h.clone()))?;
-            Ok(h)
+        let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
+            Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
         };
         let request_failure =
             IntCounterVec::new(Opts::new("te_request_failure", "Inference requests that failed"), &["err"])?;
-        registry.register(Box::new(request_failure.clone()))?;
         // Created up front so every label shows (at zero) before the first failure.
         for kind in [FailureKind::Overloaded, FailureKind::Unhealthy, FailureKind::Validation, FailureKind::Backend] {
             request_failure.with_label_values(&[kind.label()]);
         }
         let length_buckets = prometheus::exponential_buckets(2.0, 2.0, 14).unwrap_or_default();
-        Ok(Self {
-            request_count: counter("te_request_count", "Inference requests received")?,
-            request_success: counter("te_request_success", "Inference requests answered successfully")?,
+        let metrics = Self {
+            registry: Registry::new(),
+            request_count: IntCounter::new("te_request_count", "Inference requests received")?,
+            request_success: IntCounter::new("te_request_success", "Inference requests answered successfully")?,
             request_failure,
-            queue_size: gauge("te_queue_size", "Requests waiting for the device")?,
-            batch_next_size: gauge("te_batch_next_size", "Requests in the next batch")?,
-            batch_next_tokens: gauge("te_batch_next_tokens", "Tokens in the next batch")?,
+            queue_size: IntGauge::new("te_queue_size", "Requests waiting for the device")?,
+            batch_next_size: IntGauge::new("te_batch_next_size", "Requests in the next batch")?,
+            batch_next_tokens: IntGauge::new("te_batch_next_tokens", "Tokens in the next batch")?,
             tokenization_duration: histogram(
                 "te_request_tokenization_duration",
                 "Tokenization time in seconds",
@@ -103,8 +91,24 @@ impl Metrics {
             )?,
             request_duration: histogram("te_request_duration", "Total request time in seconds", duration_buckets())?,
             input_length: histogram("te_request_input_length", "Input length in tokens", length_buckets)?,
-            registry,
-        })
+        };
+        register(
+            &metrics.registry,
+            &[
+                &metrics.request_count,
+                &metrics.request_success,
+                &metrics.request_failure,
+                &metrics.queue_size,
+                &metrics.batch_next_size,
+                &metrics.batch_next_tokens,
+                &metrics.tokenization_duration,
+                &metrics.queue_duration,
+                &metrics.inference_duration,
+                &metrics.request_duration,
+                &metrics.input_length,
+            ],
+        )?;
+        Ok(metrics)
     }
 
     pub(crate) fn failure(&self, kind: FailureKind) {
@@ -124,13 +128,8 @@ impl Metrics {
         self.request_duration.observe(total.as_secs_f64());
     }
 
-    /// Prometheus text exposition of every metric.
-    pub(crate) fn render(&self) -> String {
-        let mut buf = Vec::new();
-        // Encoding into a Vec cannot fail for well-formed metrics; an empty page is the fallback.
-        if TextEncoder::new().encode(&self.registry.gather(), &mut buf).is_err() {
-            buf.clear();
-        }
-        String::from_utf8(buf).unwrap_or_default()
+    /// Where every metric is registered, for `/metrics`.
+    pub(crate) fn registry(&self) -> &Registry {
+        &self.registry
     }
 }

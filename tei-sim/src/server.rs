@@ -94,7 +94,13 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
     if let Some(admin_listener) = admin_listener {
         tasks.push(tokio::spawn(admin::serve(admin_listener, Arc::clone(&state), shutdown)));
     }
-    tracing::info!(%addr, admin = ?admin_addr, model_id = %state.config.model_id, "TEI simulator serving");
+    tracing::info!(
+        %addr,
+        admin = admin_addr.map(tracing::field::display),
+        model_id = %state.config.model_id,
+        device = %state.config.device,
+        "TEI simulator serving"
+    );
     Ok(SimHandle { addr, admin_addr, state, tasks })
 }
 

@@ -2,6 +2,8 @@
 //! No dependencies, so the load generator can use them without linking Kubernetes.
 #![forbid(unsafe_code)]
 
+pub mod duration;
+
 /// Ports, as the operator renders them into pods and Services and as the binaries default to.
 pub mod ports {
     /// The multiplexer's gRPC port: what the pool Services target and clients call.
