@@ -92,11 +92,11 @@ demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running
 	tests/cluster/down.sh
 
 .PHONY: bench
-bench: ## Benchmarks 1–6, direct vs multiplexer, PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (< 30 min)
-	cargo build --release --locked -p teifleet-bench -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
+bench: ## Benchmarks 1–9, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (< 30 min)
+	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
 	bench/run.sh full
 
 .PHONY: bench-quick
-bench-quick: ## The same benchmarks, shorter (< 3 min after the build); results in target/bench-quick
-	cargo build --release --locked -p teifleet-bench -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
+bench-quick: ## The same benchmarks, shorter (< 4 min after the build); results in target/bench-quick
+	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
 	bench/run.sh quick

@@ -4,6 +4,10 @@
 # and `make cluster-up` use, so a cluster someone else is using is never touched. The control
 # plane is stopped afterwards. Without the cluster binaries, scenario 6 is reported as SKIP.
 #
+# On a machine with more than 2 CPUs the run is pinned to 2 (TEIFLEET_BENCH_CPUS, default 0,1;
+# `all` to use every CPU): the targets were set on 2 cores, and the shed-storm scenario is about
+# the client, the multiplexer and a CPU-bound backend sharing them.
+#
 # Usage: bench/run.sh full|quick [teifleet-bench flags...]
 set -euo pipefail
 
@@ -31,4 +35,10 @@ if tests/cluster/up.sh >target/bench-logs/cluster-up.log 2>&1; then
 else
   echo "[bench] the local control plane did not start (target/bench-logs/cluster-up.log): scenario 6 will be skipped" >&2
 fi
-target/release/teifleet-bench "${args[@]}" "$@"
+pin=()
+cpus="${TEIFLEET_BENCH_CPUS:-0,1}"
+if [[ "$cpus" != all ]] && (( $(nproc --all) > 2 )) && command -v taskset >/dev/null; then
+  pin=(taskset -c "$cpus")
+  echo "[bench] pinned to CPUs $cpus (TEIFLEET_BENCH_CPUS=all to use every CPU)" >&2
+fi
+"${pin[@]}" target/release/teifleet-bench "${args[@]}" "$@"

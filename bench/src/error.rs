@@ -1,5 +1,5 @@
-//! The library's error type: usage mistakes and environment failures. A request that fails is
-//! never an error here: it is data, counted by its gRPC code.
+//! The benchmark suite's error type: environment failures that stop a scenario from measuring.
+//! A request that fails is never an error here: it is data, counted by its gRPC code.
 
 use std::path::PathBuf;
 
@@ -7,16 +7,9 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// A flag or configuration value that cannot be used.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    /// The target could not be reached at all.
-    #[error("cannot connect to {target}: {source}")]
-    Connect {
-        target: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// The load generator could not run (unreachable target, bad configuration).
+    #[error(transparent)]
+    Load(#[from] teifleet_load::Error),
     #[error("{what} {path}: {source}")]
     File {
         what: &'static str,
@@ -26,7 +19,8 @@ pub enum Error {
     },
     #[error("serializing results: {0}")]
     Json(#[from] serde_json::Error),
-    /// A helper process (simulator, multiplexer, operator) that would not start or answer.
+    /// A helper process (simulator, multiplexer, operator, valgrind) that would not start, answer
+    /// or report.
     #[error("{0}")]
     Process(String),
     #[error("Kubernetes API: {0}")]

@@ -1,25 +1,21 @@
-//! teifleet's measuring instrument and benchmark suite.
+//! teifleet's benchmark suite: the `make bench` scenarios, each measuring the same traffic direct
+//! to the backend and through the multiplexer in one run, against stated targets.
 //!
-//! The load generator ([`load`]) drives any `tei.v1` endpoint (a TEI, the simulator, or the
-//! multiplexer) open loop (precomputed arrivals, latency from the scheduled time, so there is no
-//! coordinated omission) or closed loop (fixed concurrency), and reports what it saw ([`report`]).
-//! The scenarios of `make bench` ([`scenarios`]) use it to compare going to the backend directly
-//! with going through the multiplexer, in one run, against stated targets ([`targets`]).
+//! Scenarios ([`scenarios`]) drive load with `teifleet-load`, start the processes they measure
+//! ([`procs`]), and return typed results ([`results`]); [`targets`] turns results into verdicts,
+//! and [`render`] is the one place results become Markdown tables and plots.
 #![forbid(unsafe_code)]
 
-pub mod arrivals;
-pub mod codes;
+pub mod admin;
+pub mod callgrind;
+pub mod control_plane;
 pub mod error;
-pub mod inputs;
-pub mod load;
-pub mod plots;
+pub mod floor;
 pub mod procfs;
-pub mod progress;
+pub mod procs;
 pub mod render;
-pub mod report;
 pub mod results;
 pub mod scenarios;
-pub mod summary;
 pub mod targets;
 
 pub use error::{Error, Result};

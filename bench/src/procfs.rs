@@ -32,6 +32,31 @@ pub fn ticks_per_second() -> u64 {
         .unwrap_or(100)
 }
 
+/// CPU time of several processes over an interval.
+#[derive(Debug)]
+pub struct CpuMeter {
+    pids: Vec<u32>,
+    start: Vec<Duration>,
+    ticks: u64,
+}
+
+impl CpuMeter {
+    pub fn start(pids: &[u32]) -> Result<Self> {
+        let ticks = ticks_per_second();
+        let start = pids.iter().map(|pid| cpu_time(*pid, ticks)).collect::<Result<Vec<_>>>()?;
+        Ok(Self { pids: pids.to_vec(), start, ticks })
+    }
+
+    /// CPU seconds each process spent since [`CpuMeter::start`], in the order given.
+    pub fn stop(self) -> Result<Vec<f64>> {
+        self.pids
+            .iter()
+            .zip(&self.start)
+            .map(|(pid, start)| Ok(cpu_time(*pid, self.ticks)?.saturating_sub(*start).as_secs_f64()))
+            .collect()
+    }
+}
+
 fn read(path: &str) -> Result<String> {
     std::fs::read_to_string(path).map_err(|source| Error::File { what: "reading", path: path.into(), source })
 }
@@ -75,5 +100,9 @@ mod tests {
         let pid = std::process::id();
         assert!(rss_bytes(pid).unwrap() > 0);
         assert!(cpu_time(pid, ticks_per_second()).is_ok());
+        let meter = CpuMeter::start(&[pid, pid]).unwrap();
+        let spent = meter.stop().unwrap();
+        assert_eq!(spent.len(), 2);
+        assert!(spent.iter().all(|s| *s >= 0.0));
     }
 }

@@ -1,25 +1,70 @@
-//! The results of one `make bench` run: the machine, each scenario's section and every target's
-//! verdict, written as `<date>.md` (for people, committed) and `<date>.json` (for tools).
+//! The results of one `make bench` run: the machine, and per scenario its typed result and its
+//! targets' verdicts. Written as `<date>.json` (for tools and regressions); the renderer writes
+//! the Markdown and the plots from the same value.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::targets::{self, Target};
+use crate::procs::Features;
+use crate::scenarios::{
+    Scenario, burst::Burst, coalescing::Coalescing, cost::Cost, live_limits::LiveLimits, overhead::Overhead,
+    overload::Overload, shed_storm::ShedStorm, slo::Slo, streams::Streams,
+};
+use crate::targets::Target;
 use crate::{Error, Result};
 
-/// One scenario's outcome.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// What a scenario measured (boxed: results differ in size by kilobytes).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", content = "result", rename_all = "kebab-case")]
+pub enum Outcome {
+    Overhead(Box<Overhead>),
+    Overload(Box<Overload>),
+    Burst(Box<Burst>),
+    Slo(Box<Slo>),
+    Cost(Box<Cost>),
+    LiveLimits(Box<LiveLimits>),
+    ShedStorm(Box<ShedStorm>),
+    Streams(Box<Streams>),
+    Coalescing(Box<Coalescing>),
+}
+
+impl Outcome {
+    pub fn targets(&self) -> Vec<Target> {
+        match self {
+            Self::Overhead(r) => r.targets(),
+            Self::Overload(r) => r.targets(),
+            Self::Burst(r) => r.targets(),
+            Self::Slo(_) => vec![],
+            Self::Cost(r) => r.targets(),
+            Self::LiveLimits(r) => r.targets(),
+            Self::ShedStorm(r) => r.targets(),
+            Self::Streams(r) => r.targets(),
+            Self::Coalescing(r) => r.targets(),
+        }
+    }
+}
+
+/// One scenario's outcome, or why there is none, and its targets.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Section {
-    pub key: String,
-    pub title: String,
-    /// How it was measured and its tables, as Markdown.
-    pub markdown: String,
-    pub data: serde_json::Value,
+    pub scenario: Scenario,
+    pub outcome: Option<Outcome>,
+    /// Why the scenario could not measure.
+    pub error: Option<String>,
     pub targets: Vec<Target>,
-    /// Plot files next to the results.
-    pub plots: Vec<String>,
+}
+
+impl Section {
+    pub fn measured(scenario: Scenario, outcome: Outcome) -> Self {
+        Self { scenario, targets: outcome.targets(), outcome: Some(outcome), error: None }
+    }
+
+    pub fn not_measured(scenario: Scenario, error: &str) -> Self {
+        let note = format!("not measured: {error}");
+        let targets = scenario.planned_targets().into_iter().map(|t| t.note_if_not_passed(note.clone())).collect();
+        Self { scenario, outcome: None, error: Some(error.to_owned()), targets }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -72,6 +117,9 @@ pub struct Results {
     pub machine: Machine,
     pub commit: String,
     pub duration_s: f64,
+    /// Optional capabilities the build had (a scenario that needed one it lacked says so).
+    #[serde(default)]
+    pub features: Features,
     pub sections: Vec<Section>,
 }
 
@@ -81,68 +129,13 @@ impl Results {
     }
 }
 
-/// The summary table, as printed at the end of a run and at the top of the results file.
-pub fn summary_table(targets: &[Target]) -> String {
-    let mut out = String::new();
-    let _ = writeln!(out, "| scenario | target | measured | limit | verdict |");
-    let _ = writeln!(out, "| --- | --- | ---: | ---: | --- |");
-    for t in targets {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} | {} | **{}** |",
-            t.scenario,
-            t.name,
-            t.measured_text(),
-            t.rule_text(),
-            t.verdict
-        );
-    }
-    out
-}
-
-pub fn markdown(results: &Results) -> String {
-    let all = results.targets();
-    let (pass, fail, skip) = targets::tally(&all);
-    let mut out = String::new();
-    let _ = writeln!(out, "# teifleet benchmarks, {} ({} run)\n", results.date, results.mode);
-    let _ = writeln!(out, "Machine: {}.  ", results.machine.describe());
-    let _ = writeln!(out, "Commit: `{}`. Run time: {:.0} s.  ", results.commit, results.duration_s);
-    let _ = writeln!(
-        out,
-        "Reproduce: `make bench` (full) or `make bench-quick`. Every number below was measured in this run, \
-         direct to the backend and through the multiplexer, on this machine, over 127.0.0.1.\n"
-    );
-    let _ = writeln!(out, "**{pass} PASS, {fail} FAIL, {skip} SKIP.**\n");
-    out.push_str(&summary_table(&all));
-    let notes: Vec<&Target> = all.iter().filter(|t| !t.note.is_empty()).collect();
-    if !notes.is_empty() {
-        let _ = writeln!(out, "\n### What would fix the failures\n");
-        for t in notes {
-            let _ = writeln!(out, "- **{} / {}** ({}): {}", t.scenario, t.name, t.verdict, t.note);
-        }
-    }
-    for section in &results.sections {
-        let _ = writeln!(out, "\n## {}\n", section.title);
-        out.push_str(section.markdown.trim_end());
-        out.push('\n');
-        for plot in &section.plots {
-            let _ = writeln!(out, "\n![{plot}]({plot})");
-        }
-    }
-    out
-}
-
-/// Writes `<stem>.md` and `<stem>.json` into `dir`.
-pub fn write(results: &Results, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
+/// Writes `<stem>.json` into `dir`.
+pub fn write_json(results: &Results, dir: &Path, stem: &str) -> Result<PathBuf> {
     std::fs::create_dir_all(dir).map_err(|source| Error::File { what: "creating", path: dir.into(), source })?;
-    let md = dir.join(format!("{stem}.md"));
-    let json = dir.join(format!("{stem}.json"));
-    let write = |path: &Path, text: String| {
-        std::fs::write(path, text).map_err(|source| Error::File { what: "writing", path: path.into(), source })
-    };
-    write(&md, markdown(results))?;
-    write(&json, serde_json::to_string_pretty(results)? + "\n")?;
-    Ok(vec![md, json])
+    let path = dir.join(format!("{stem}.json"));
+    let text = serde_json::to_string_pretty(results)? + "\n";
+    std::fs::write(&path, text).map_err(|source| Error::File { what: "writing", path: path.clone(), source })?;
+    Ok(path)
 }
 
 /// `YYYY-MM-DD` (UTC) of a Unix time, by the civil-from-days algorithm (no calendar crate).
@@ -168,6 +161,7 @@ pub fn today() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::targets::Verdict;
 
     #[test]
     fn dates() {
@@ -178,24 +172,22 @@ mod tests {
     }
 
     #[test]
-    fn markdown_has_the_summary_and_fix_notes() {
-        let fail = Target::at_most("1 overhead", "added p50", 9.0, 5.0, "%").note_if_not_passed("cheaper hop");
-        let pass = Target::at_least("2 overload", "goodput", 0.99, 0.97, "× capacity");
+    fn a_scenario_that_could_not_measure_skips_its_targets_with_the_reason() {
+        let section = Section::not_measured(Scenario::Burst, "the simulator would not start");
+        assert_eq!(section.targets.len(), 2);
+        assert!(section.targets.iter().all(|t| t.verdict == Verdict::Skip));
+        assert!(section.targets[0].note.contains("would not start"));
+    }
+
+    #[test]
+    fn results_round_trip_through_json() {
         let results = Results {
             date: "2026-01-01".into(),
-            mode: "full".into(),
-            sections: vec![Section {
-                title: "1. Overhead".into(),
-                targets: vec![fail, pass],
-                plots: vec!["x.svg".into()],
-                ..Section::default()
-            }],
+            sections: vec![Section::not_measured(Scenario::Cost, "x")],
             ..Results::default()
         };
-        let text = markdown(&results);
-        assert!(text.contains("**1 PASS, 1 FAIL, 0 SKIP.**"), "{text}");
-        assert!(text.contains("| 1 overhead | added p50 | 9.00 % | ≤ 5.00 % | **FAIL** |"), "{text}");
-        assert!(text.contains("cheaper hop"));
-        assert!(text.contains("![x.svg](x.svg)"));
+        let text = serde_json::to_string(&results).unwrap();
+        let back: Results = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.sections, results.sections);
     }
 }

@@ -1,5 +1,7 @@
 //! Targets and verdicts. A target is a measured value against a stated limit; the verdict is
-//! arithmetic, never judgement, and a FAIL carries a note saying what would fix it.
+//! arithmetic, never judgement, and a FAIL carries a note saying what would fix it. Some figures
+//! are worth tracking without a limit (an instruction count, the floor a machine allows): they
+//! are reported as INFO rows, kept in the JSON so regressions show.
 
 use serde::{Deserialize, Serialize};
 
@@ -7,6 +9,8 @@ use serde::{Deserialize, Serialize};
 pub enum Rule {
     AtMost,
     AtLeast,
+    /// No limit: reported for the record.
+    Report,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -15,6 +19,8 @@ pub enum Verdict {
     Fail,
     /// Not measured in this run (the note says why).
     Skip,
+    /// A figure reported without a limit.
+    Info,
 }
 
 impl std::fmt::Display for Verdict {
@@ -23,6 +29,7 @@ impl std::fmt::Display for Verdict {
             Self::Pass => "PASS",
             Self::Fail => "FAIL",
             Self::Skip => "SKIP",
+            Self::Info => "INFO",
         })
     }
 }
@@ -33,6 +40,8 @@ pub struct Target {
     pub scenario: String,
     pub name: String,
     pub measured: Option<f64>,
+    /// NaN for INFO rows and for limits that could not be computed.
+    #[serde(with = "nan_as_null")]
     pub limit: f64,
     pub unit: String,
     pub rule: Rule,
@@ -62,9 +71,22 @@ impl Target {
         Self::new(scenario, name, Some(measured), Rule::AtLeast, limit, unit)
     }
 
+    /// A figure without a limit.
+    pub fn info(scenario: &str, name: &str, measured: Option<f64>, unit: &str) -> Self {
+        Self::new(scenario, name, measured, Rule::Report, f64::NAN, unit)
+    }
+
+    /// Marks a measured target as not meaningful in this run (e.g. a simulator without the device
+    /// model the target assumes): the number stays, the verdict becomes SKIP with `why`.
+    pub fn skip_because(mut self, why: impl Into<String>) -> Self {
+        self.verdict = Verdict::Skip;
+        self.note = why.into();
+        self
+    }
+
     /// A note shown only when the target failed or was skipped.
     pub fn note_if_not_passed(mut self, note: impl Into<String>) -> Self {
-        if self.verdict != Verdict::Pass {
+        if matches!(self.verdict, Verdict::Fail | Verdict::Skip) && self.note.is_empty() {
             self.note = note.into();
         }
         self
@@ -75,6 +97,7 @@ impl Target {
         let sign = match self.rule {
             Rule::AtMost => "≤",
             Rule::AtLeast => "≥",
+            Rule::Report => return "—".into(),
         };
         format!("{sign} {} {}", number(self.limit), self.unit).trim_end().to_owned()
     }
@@ -87,15 +110,30 @@ impl Target {
     }
 }
 
+/// JSON has no NaN: serde_json writes it as `null`; read `null` back as NaN.
+pub mod nan_as_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &f64, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(*v)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+    }
+}
+
 /// `None` (not measured) skips; NaN fails, since a broken measurement must not pass.
 pub fn verdict(measured: Option<f64>, rule: Rule, limit: f64) -> Verdict {
     match measured {
+        _ if rule == Rule::Report => Verdict::Info,
         None => Verdict::Skip,
         Some(v) if v.is_nan() => Verdict::Fail,
         Some(v) => {
             let ok = match rule {
                 Rule::AtMost => v <= limit,
                 Rule::AtLeast => v >= limit,
+                Rule::Report => true,
             };
             if ok { Verdict::Pass } else { Verdict::Fail }
         }
@@ -127,6 +165,23 @@ pub fn added_percent(direct: f64, through: f64) -> f64 {
     if direct <= 0.0 { f64::NAN } else { (through - direct) / direct * 100.0 }
 }
 
+/// `a / b`, NaN when `b` is not positive (a ratio that cannot be formed must not pass).
+pub fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 { a / b } else { f64::NAN }
+}
+
+/// The median of `values` (NaN when empty): per-round figures are summarised by it, so one noisy
+/// round on a shared machine cannot move the result.
+pub fn median(values: &[f64]) -> f64 {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| !x.is_nan()).collect();
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,6 +205,28 @@ mod tests {
         assert_eq!(fail.rule_text(), "≥ 0.970 × capacity");
         assert_eq!(pass.measured_text(), "3.00 %");
         assert_eq!(tally(&[pass, fail]), (1, 1, 0));
+    }
+
+    #[test]
+    fn info_rows_have_no_limit_and_do_not_count() {
+        let info = Target::info("5 cost", "instructions per call", Some(123_456.0), "instructions");
+        assert_eq!(info.verdict, Verdict::Info);
+        assert_eq!(info.rule_text(), "—");
+        assert_eq!(info.measured_text(), "123456 instructions");
+        assert_eq!(Target::info("x", "y", None, "").verdict, Verdict::Info);
+        assert_eq!(tally(&[info]), (0, 0, 0));
+        let skipped = Target::at_least("7 storm", "goodput", 1.0, 0.9, "×").skip_because("needs spin");
+        assert_eq!((skipped.verdict, skipped.note.as_str()), (Verdict::Skip, "needs spin"));
+    }
+
+    #[test]
+    fn medians_and_ratios() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(median(&[f64::NAN, 5.0]), 5.0);
+        assert!(median(&[]).is_nan());
+        assert_eq!(ratio(3.0, 2.0), 1.5);
+        assert!(ratio(1.0, 0.0).is_nan());
     }
 
     #[test]

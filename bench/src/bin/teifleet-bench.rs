@@ -1,4 +1,4 @@
-//! `teifleet-bench`: the `make bench` scenario runner. Runs scenarios 1–6 (direct to the backend
+//! `teifleet-bench`: the `make bench` scenario runner. Runs the scenarios (direct to the backend
 //! vs through the multiplexer, in one run), prints PASS/FAIL per target and writes
 //! `<out>/<date>.md`, `<date>.json` and SVG plots. FAILs are results, not errors: the exit code
 //! is non-zero only when the run itself could not be done.
@@ -6,70 +6,63 @@
 
 use std::path::PathBuf;
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use clap::Parser;
+use teifleet_bench::procs::Bins;
 use teifleet_bench::results::{self, Machine, Results};
-use teifleet_bench::scenarios::{self, Context, procs::Bins};
-use teifleet_bench::targets;
+use teifleet_bench::scenarios::{self, Context, Scenario};
+use teifleet_bench::{render, targets};
 use tokio::time::Instant;
 
-/// Runs teifleet's benchmark scenarios against the stated targets (see bench/README.md).
+/// Runs teifleet's benchmark scenarios against the stated targets (see docs/benchmarks.md).
 #[derive(Debug, Parser)]
 #[command(name = "teifleet-bench", version)]
 struct Args {
-    /// Fewer requests and shorter runs (under 3 minutes), same scenarios.
+    /// Fewer requests and shorter runs (a few minutes), same scenarios.
     #[arg(long)]
     quick: bool,
     /// Where results and plots are written.
     #[arg(long, default_value = "bench/results", value_name = "DIR")]
     out: PathBuf,
-    /// Where the built tei-sim, teifleet-multiplexer and teifleet-operator binaries are.
+    /// Where the built tei-sim, teifleet-multiplexer, teifleet-floor-proxy and teifleet-operator are.
     #[arg(long, default_value = "target/release", value_name = "DIR")]
     bin_dir: PathBuf,
-    /// Local control plane for scenario 6 (tests/cluster/up.sh); skipped without it.
+    /// Local control plane for the live-limit scenario (tests/cluster/up.sh); skipped without it.
     #[arg(long, env = "TEIFLEET_BENCH_KUBECONFIG", value_name = "FILE")]
     kubeconfig: Option<PathBuf>,
-    /// Run only these scenarios, e.g. 1,2,5.
+    /// Run only these scenarios, by number or name, e.g. 1,5,shed-storm.
     #[arg(long, value_delimiter = ',', value_name = "LIST")]
-    only: Vec<u8>,
+    only: Vec<String>,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    let mut wanted = Vec::new();
+    for name in &args.only {
+        match Scenario::parse(name) {
+            Some(s) => wanted.push(s),
+            None => bail!("--only: no scenario {name:?} (1-{} or a name such as shed-storm)", Scenario::ALL.len()),
+        }
+    }
     let repo_root = std::env::current_dir().context("current directory")?;
     let date = results::today();
+    let bins = Bins { dir: args.bin_dir.clone(), logs: repo_root.join("target/bench-logs") };
+    bins.check()?;
     let ctx = Context {
-        bins: Bins { dir: args.bin_dir.clone(), logs: repo_root.join("target/bench-logs") },
+        features: bins.features(),
+        bins,
         quick: args.quick,
-        out_dir: args.out.clone(),
-        stem: date.clone(),
         kubeconfig: args.kubeconfig.clone(),
-        repo_root: repo_root.clone(),
+        repo_root,
         started: Instant::now(),
     };
-    ctx.bins.check()?;
-    std::fs::create_dir_all(&args.out).with_context(|| format!("creating {}", args.out.display()))?;
-    let wanted = |n: u8| args.only.is_empty() || args.only.contains(&n);
+    ctx.say(&format!("features of this build: {:?}", ctx.features));
 
     let mut sections = Vec::new();
-    if wanted(1) {
-        sections.push(scenarios::overhead::run(&ctx).await);
-    }
-    if wanted(2) {
-        sections.push(scenarios::overload::run(&ctx).await);
-    }
-    if wanted(3) {
-        sections.push(scenarios::burst::run(&ctx).await);
-    }
-    if wanted(4) {
-        sections.push(scenarios::slo::run(&ctx).await);
-    }
-    if wanted(5) {
-        sections.push(scenarios::cost::run(&ctx).await);
-    }
-    if wanted(6) {
-        sections.push(scenarios::live_limits::run(&ctx).await);
+    for scenario in Scenario::ALL.into_iter().filter(|s| wanted.is_empty() || wanted.contains(s)) {
+        ctx.say(&format!("scenario {}", scenario.title()));
+        sections.push(scenarios::run(&ctx, scenario).await);
     }
 
     let commit = std::process::Command::new("git")
@@ -85,12 +78,13 @@ async fn main() -> anyhow::Result<()> {
         machine: Machine::this(),
         commit,
         duration_s: ctx.started.elapsed().as_secs_f64(),
+        features: ctx.features,
         sections,
     };
-    let written = results::write(&results, &args.out, &date)?;
+    let written = render::write(&results, &args.out, &date)?;
     let all = results.targets();
     let (pass, fail, skip) = targets::tally(&all);
-    println!("\n{}", results::summary_table(&all));
+    println!("\n{}", render::summary_table(&all));
     println!("{pass} PASS, {fail} FAIL, {skip} SKIP in {:.0} s", results.duration_s);
     for path in written {
         println!("wrote {}", path.display());

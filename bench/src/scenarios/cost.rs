@@ -1,174 +1,292 @@
-//! Scenario 5, cost: CPU seconds the multiplexer process spends per request (from
-//! `/proc/<pid>/stat`), and its resident memory per queued request with 10,000 requests waiting
-//! (from `/proc/<pid>/status`), the backend stalled so they stay queued.
+//! Scenario 5, cost: CPU the multiplexer spends per proxied call against what the simulator (a
+//! tonic gRPC server doing the serving) spends per served call, both from `/proc/<pid>/stat` in
+//! the same run; instructions per call from callgrind (a count that does not move with the
+//! machine's load, kept so regressions show); and resident memory per queued call with 10,000
+//! waiting (from `/proc/<pid>/status`), the backend stalled so they stay queued.
 
-use std::fmt::Write as _;
+use std::path::Path;
 use std::time::Duration;
 
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use teifleet_load::LoadConfig;
 use tokio::time::Instant;
 
-use super::procs::{self, MuxLimits};
-use super::{Context, failed_section, fast_model, http, measure, warm_up};
-use crate::load::LoadConfig;
-use crate::results::Section;
-use crate::targets::{Rule, Target};
-use crate::{Error, Result, procfs};
+use super::{Context, Scenario, fast_model, measure, warm_up};
+use crate::procfs::CpuMeter;
+use crate::procs::{self, MuxLimits, Proc, SimModel};
+use crate::targets::{Rule, Target, ratio};
+use crate::{Error, Result, admin, callgrind, procfs};
 
-const KEY: &str = "cost";
-const TITLE: &str = "5. Cost: multiplexer CPU per request and memory per queued request";
-const SCENARIO: &str = "5 cost";
-const CPU_LIMIT_US: f64 = 40.0;
-const RSS_LIMIT_BYTES: f64 = 4096.0;
+/// CPU per proxied call at most this many times the simulator's per served call.
+pub const CPU_RATIO_LIMIT: f64 = 1.0;
+pub const RSS_LIMIT_BYTES: f64 = 4096.0;
 const QUEUED: usize = 10_000;
+/// Calls before anything is counted, in both callgrind runs, so one-time costs (connections,
+/// lazy initialisation) cancel out.
+const CALLGRIND_WARM_UP: u64 = 20;
 
-pub fn planned_targets() -> Vec<Target> {
-    vec![
-        Target::new(SCENARIO, "CPU per request", None, Rule::AtMost, CPU_LIMIT_US, "µs"),
-        Target::new(SCENARIO, "RSS per queued request", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
-    ]
-}
-
-pub async fn run(ctx: &Context) -> Section {
-    let cpu = match cpu_per_request(ctx).await {
-        Ok(cpu) => cpu,
-        Err(e) => return failed_section(KEY, TITLE, &e, planned_targets()),
-    };
-    let rss = match rss_per_queued(ctx).await {
-        Ok(rss) => rss,
-        Err(e) => return failed_section(KEY, TITLE, &e, planned_targets()),
-    };
-    let mut markdown = String::new();
-    let _ = writeln!(
-        markdown,
-        "**CPU.** The multiplexer runs as its own process in front of the ~1 ms simulated TEI (maxInFlight 64, so \
-         nothing waits); {} requests of 16 tokens, open loop at {:.0} req/s over 4 connections, all admitted. \
-         CPU = utime + stime of the multiplexer's process over the run, from /proc/{{pid}}/stat; the simulator's \
-         own process (a gRPC server without the second hop) is shown for scale.\n",
-        cpu.requests, cpu.rate
-    );
-    let _ = writeln!(markdown, "| process | CPU s | requests | µs per request | CPU s per 1,000 requests |");
-    let _ = writeln!(markdown, "| --- | ---: | ---: | ---: | ---: |");
-    for (name, secs) in [("multiplexer", cpu.mux_cpu_s), ("simulator (for scale)", cpu.sim_cpu_s)] {
-        let per = secs / cpu.requests as f64;
-        let _ = writeln!(markdown, "| {name} | {secs:.3} | {} | {:.1} | {:.4} |", cpu.requests, per * 1e6, per * 1e3);
-    }
-    let _ = writeln!(
-        markdown,
-        "\n**Memory.** A fresh multiplexer (maxInFlight 4, maxQueued {}, queueTimeout 120 s) in front of a simulator \
-         told to stall, so admitted calls never finish; {} closed-loop clients over 16 connections, so {QUEUED} \
-         wait in the queue. RSS from /proc/{{pid}}/status (VmRSS), idle (after a warm-up) and with the queue full.\n",
-        QUEUED + 100,
-        QUEUED + 4
-    );
-    let _ = writeln!(
-        markdown,
-        "| RSS idle | RSS with {QUEUED} queued | queued (from /metrics) | bytes per queued request |"
-    );
-    let _ = writeln!(markdown, "| ---: | ---: | ---: | ---: |");
-    let _ = writeln!(
-        markdown,
-        "| {:.1} MiB | {:.1} MiB | {} | {:.0} |",
-        rss.idle as f64 / 1048576.0,
-        rss.loaded as f64 / 1048576.0,
-        rss.queued,
-        rss.per_queued
-    );
-    let targets = vec![
-        Target::at_most(SCENARIO, "CPU per request", cpu.mux_cpu_s / cpu.requests as f64 * 1e6, CPU_LIMIT_US, "µs")
-            .note_if_not_passed(
-                "each call is decoded, re-encoded and sent over a second HTTP/2 connection; forwarding the raw \
-                 message bytes (a pass-through codec) would save the protobuf work, and a lighter metrics path \
-                 (one histogram update per call instead of four) the rest",
-            ),
-        Target::at_most(SCENARIO, "RSS per queued request", rss.per_queued, RSS_LIMIT_BYTES, "bytes").note_if_not_passed(
-            "a queued call holds its decoded request, its HTTP/2 stream state and buffers and its task; keeping the \
-             undecoded bytes instead of the message, and smaller per-stream HTTP/2 windows, would shrink it",
-        ),
-    ];
-    Section {
-        key: KEY.into(),
-        title: TITLE.into(),
-        markdown,
-        data: json!({ "cpu": cpu, "memory": rss }),
-        targets,
-        plots: vec![],
-    }
-}
-
-#[derive(Debug, serde::Serialize)]
-struct Cpu {
-    requests: u64,
-    rate: f64,
-    mux_cpu_s: f64,
-    sim_cpu_s: f64,
-}
-
-async fn cpu_per_request(ctx: &Context) -> Result<Cpu> {
-    let sim = procs::start_sim(&ctx.bins, "cost-sim", &fast_model()).await?;
-    let limits = MuxLimits {
+fn limits() -> MuxLimits {
+    // Nothing waits: the cost of admission without a queue.
+    MuxLimits {
         max_in_flight: 64,
         max_queued: 1024,
         queue_timeout: Duration::from_secs(2),
         max_concurrent_streams: 1024,
+        coalesce: false,
+    }
+}
+
+/// CPU of both processes over one open-loop run through the multiplexer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CpuRun {
+    pub rate: f64,
+    pub seconds: f64,
+    /// OK answers the client got through the multiplexer.
+    pub mux_calls: u64,
+    /// Calls the simulator answered (its /stats), the same calls seen from behind.
+    pub sim_served: u64,
+    pub mux_cpu_s: f64,
+    pub sim_cpu_s: f64,
+}
+
+impl CpuRun {
+    pub fn mux_us_per_call(&self) -> f64 {
+        ratio(self.mux_cpu_s * 1e6, self.mux_calls as f64)
+    }
+
+    pub fn sim_us_per_call(&self) -> f64 {
+        ratio(self.sim_cpu_s * 1e6, self.sim_served as f64)
+    }
+
+    pub fn ratio(&self) -> f64 {
+        ratio(self.mux_us_per_call(), self.sim_us_per_call())
+    }
+}
+
+/// Two callgrind runs of the multiplexer: `calls` calls, and none over the same time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Instructions {
+    pub calls: u64,
+    pub warm_up_calls: u64,
+    /// Instructions of the run with the calls.
+    pub measured: u64,
+    /// Instructions of the run without them (same start, warm-up, idle time and exit).
+    pub baseline: u64,
+    /// How long the calls took under valgrind; the baseline idled as long.
+    pub seconds: f64,
+}
+
+impl Instructions {
+    pub fn per_call(&self) -> f64 {
+        ratio(self.measured.saturating_sub(self.baseline) as f64, self.calls as f64)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    pub limits: MuxLimits,
+    pub clients: usize,
+    pub idle_bytes: u64,
+    pub loaded_bytes: u64,
+    /// Queued calls, from the multiplexer's `/metrics`.
+    pub queued: u64,
+}
+
+impl Memory {
+    pub fn per_queued(&self) -> f64 {
+        ratio(self.loaded_bytes.saturating_sub(self.idle_bytes) as f64, self.queued as f64)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    pub backend: SimModel,
+    pub limits: MuxLimits,
+    pub cpu: CpuRun,
+    pub instructions: Option<Instructions>,
+    /// Why there is no instruction count.
+    pub instructions_missing: Option<String>,
+    pub memory: Memory,
+}
+
+impl Cost {
+    pub fn targets(&self) -> Vec<Target> {
+        let scenario = Scenario::Cost.label();
+        let cpu = &self.cpu;
+        let instructions = Target::info(
+            &scenario,
+            "instructions per call (callgrind)",
+            self.instructions.as_ref().map(Instructions::per_call),
+            "",
+        );
+        let instructions = match &self.instructions_missing {
+            Some(why) => Target { note: format!("not measured: {why}"), ..instructions },
+            None => instructions,
+        };
+        vec![
+            Target::at_most(
+                &scenario,
+                "CPU per proxied call ÷ simulator's per served call",
+                cpu.ratio(),
+                CPU_RATIO_LIMIT,
+                "×",
+            )
+            .note_if_not_passed(format!(
+                "the multiplexer spends {:.0} µs per call where the simulator, a tonic server that also batches and \
+                 computes the embedding, spends {:.0} µs: forwarding raw message bytes instead of decoding and \
+                 re-encoding them, and one histogram update per call instead of several, are the usual savings",
+                cpu.mux_us_per_call(),
+                cpu.sim_us_per_call()
+            )),
+            Target::info(&scenario, "multiplexer CPU per call", Some(cpu.mux_us_per_call()), "µs"),
+            Target::info(&scenario, "simulator CPU per served call", Some(cpu.sim_us_per_call()), "µs"),
+            instructions,
+            Target::at_most(&scenario, "RSS per queued request", self.memory.per_queued(), RSS_LIMIT_BYTES, "bytes")
+                .note_if_not_passed(
+                    "a queued call holds its request, its HTTP/2 stream state and buffers and its task; keeping \
+                     the undecoded bytes instead of the message, and smaller per-stream HTTP/2 windows, would \
+                     shrink it",
+                ),
+        ]
+    }
+}
+
+pub fn planned_targets() -> Vec<Target> {
+    let scenario = Scenario::Cost.label();
+    vec![
+        Target::new(
+            &scenario,
+            "CPU per proxied call ÷ simulator's per served call",
+            None,
+            Rule::AtMost,
+            CPU_RATIO_LIMIT,
+            "×",
+        ),
+        Target::new(&scenario, "RSS per queued request", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
+    ]
+}
+
+pub async fn run(ctx: &Context) -> Result<Cost> {
+    let backend = fast_model();
+    let sim = procs::start_sim(&ctx.bins, "cost-sim", &backend).await?;
+    let limits = limits();
+    let cpu = cpu_per_call(ctx, &sim, &limits).await?;
+    let (instructions, instructions_missing) = if ctx.features.valgrind {
+        match instructions_per_call(ctx, &sim, &limits).await {
+            Ok(i) => (Some(i), None),
+            Err(e) => (None, Some(e.to_string())),
+        }
+    } else {
+        (None, Some("valgrind is not installed".to_owned()))
     };
-    let mux = procs::start_mux(&ctx.bins, "cost-mux", &sim, &limits).await?;
+    drop(sim);
+    let memory = rss_per_queued(ctx).await?;
+    Ok(Cost { backend, limits, cpu, instructions, instructions_missing, memory })
+}
+
+async fn cpu_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<CpuRun> {
+    let mux = procs::start_mux(&ctx.bins, "cost-mux", sim, limits).await?;
     warm_up(&mux.url(), 4).await?;
-    let ticks = procfs::ticks_per_second();
     let rate = 1000.0;
     let duration = ctx.pick(Duration::from_secs(4), Duration::from_secs(15));
-    ctx.say(&format!("cost: CPU of the multiplexer at {rate} req/s for {} s", duration.as_secs()));
-    let (mux0, sim0) = (procfs::cpu_time(mux.pid(), ticks)?, procfs::cpu_time(sim.pid(), ticks)?);
+    ctx.say(&format!("cost: CPU of the multiplexer and the simulator at {rate} req/s for {} s", duration.as_secs()));
+    admin::reset_sim_stats(sim.admin).await.ok_or_else(|| Error::Process("could not reset the simulator".into()))?;
+    let meter = CpuMeter::start(&[mux.pid(), sim.pid()])?;
     let report = measure(LoadConfig { connections: 4, ..LoadConfig::open(mux.url(), rate, duration) }).await?;
-    let (mux1, sim1) = (procfs::cpu_time(mux.pid(), ticks)?, procfs::cpu_time(sim.pid(), ticks)?);
+    let spent = meter.stop()?;
+    let stats = admin::sim_stats(sim.admin).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
     if report.ok == 0 {
         return Err(Error::Process("no request succeeded through the multiplexer".into()));
     }
-    Ok(Cpu {
-        requests: report.sent,
+    Ok(CpuRun {
         rate,
-        mux_cpu_s: (mux1 - mux0).as_secs_f64(),
-        sim_cpu_s: (sim1 - sim0).as_secs_f64(),
+        seconds: duration.as_secs_f64(),
+        mux_calls: report.ok,
+        sim_served: stats.completed,
+        mux_cpu_s: spent[0],
+        sim_cpu_s: spent[1],
     })
 }
 
-#[derive(Debug, serde::Serialize)]
-struct Rss {
-    idle: u64,
-    loaded: u64,
-    queued: u64,
-    per_queued: f64,
+/// Runs the multiplexer under callgrind twice, with `calls` calls and with none over the same
+/// time, and divides the difference.
+async fn instructions_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<Instructions> {
+    let calls = ctx.pick(300, 3000);
+    let logs = &ctx.bins.logs;
+    ctx.say(&format!("cost: instructions of {calls} calls through the multiplexer under callgrind"));
+    let (measured, seconds) =
+        callgrind_run(ctx, sim, limits, &logs.join("callgrind.calls.out"), Work::Calls(calls)).await?;
+    ctx.say(&format!("cost: the same multiplexer under callgrind, idle for {seconds:.1} s"));
+    let (baseline, _) =
+        callgrind_run(ctx, sim, limits, &logs.join("callgrind.baseline.out"), Work::Idle(seconds)).await?;
+    Ok(Instructions { calls, warm_up_calls: CALLGRIND_WARM_UP, measured, baseline, seconds })
 }
 
-async fn rss_per_queued(ctx: &Context) -> Result<Rss> {
+enum Work {
+    Calls(u64),
+    Idle(f64),
+}
+
+/// One multiplexer under callgrind: warm-up calls, then the work, then SIGTERM so callgrind
+/// writes its counts. Returns the total and how long the work took.
+async fn callgrind_run(ctx: &Context, sim: &Proc, limits: &MuxLimits, out: &Path, work: Work) -> Result<(u64, f64)> {
+    let _ = std::fs::remove_file(out);
+    let name = out.file_stem().and_then(|s| s.to_str()).unwrap_or("callgrind");
+    let mux = procs::start_mux_callgrind(&ctx.bins, name, sim, limits, out).await?;
+    let closed = |calls| LoadConfig { duration: Duration::from_secs(600), ..LoadConfig::closed(mux.url(), 1, calls) };
+    measure(closed(CALLGRIND_WARM_UP)).await?;
+    let started = Instant::now();
+    match work {
+        Work::Calls(calls) => {
+            let report = measure(closed(calls)).await?;
+            if report.ok != calls {
+                return Err(Error::Process(format!(
+                    "{} of {calls} calls succeeded under callgrind ({})",
+                    report.ok,
+                    teifleet_load::render::codes(&report)
+                )));
+            }
+        }
+        Work::Idle(seconds) => tokio::time::sleep(Duration::from_secs_f64(seconds)).await,
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if !mux.terminate(Duration::from_secs(60)).await? {
+        return Err(Error::Process("the multiplexer did not exit under callgrind within 60 s of SIGTERM".into()));
+    }
+    Ok((callgrind::read_total(out)?, seconds))
+}
+
+async fn rss_per_queued(ctx: &Context) -> Result<Memory> {
     let sim = procs::start_sim(&ctx.bins, "rss-sim", &fast_model()).await?;
     let limits = MuxLimits {
         max_in_flight: 4,
         max_queued: QUEUED + 100,
         queue_timeout: Duration::from_secs(120),
         max_concurrent_streams: 1024,
+        coalesce: false,
     };
     let mux = procs::start_mux(&ctx.bins, "rss-mux", &sim, &limits).await?;
     warm_up(&mux.url(), 4).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = procfs::rss_bytes(mux.pid())?;
-    http::post(sim.admin, "/fault/stall")
+    admin::post(sim.admin, "/fault/stall")
         .await
         .ok_or_else(|| Error::Process("could not stall the simulator".into()))?;
 
     ctx.say(&format!("cost: RSS of the multiplexer with {QUEUED} queued requests"));
+    let clients = QUEUED + limits.max_in_flight;
     let config = LoadConfig {
         connections: 16,
         duration: Duration::from_secs(60),
         grace: Duration::from_secs(60),
-        ..LoadConfig::closed(mux.url(), QUEUED + 4, (QUEUED + 4) as u64)
+        ..LoadConfig::closed(mux.url(), clients, clients as u64)
     };
     let load = tokio::spawn(async move { measure(config).await });
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut queued = 0.0;
     while Instant::now() < deadline {
-        if let Some(text) = http::get(mux.admin, "/metrics").await {
-            queued = http::metric_sum(&text, "teifleet_queued");
+        if let Some(text) = admin::get(mux.admin, "/metrics").await {
+            queued = admin::metric_sum(&text, "teifleet_queued");
             if queued >= QUEUED as f64 {
                 break;
             }
@@ -178,14 +296,68 @@ async fn rss_per_queued(ctx: &Context) -> Result<Rss> {
     // Let allocations settle, then read.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let loaded = procfs::rss_bytes(mux.pid())?;
-    http::post(sim.admin, "/fault/clear").await;
+    admin::post(sim.admin, "/fault/clear").await;
     let report = load.await.map_err(|e| Error::Process(format!("load task: {e}")))??;
     if queued < 1.0 {
         return Err(Error::Process(format!(
             "nothing queued at the multiplexer (codes: {})",
-            crate::render::codes(&report)
+            teifleet_load::render::codes(&report)
         )));
     }
-    let queued = queued as u64;
-    Ok(Rss { idle, loaded, queued, per_queued: loaded.saturating_sub(idle) as f64 / queued as f64 })
+    Ok(Memory { limits, clients, idle_bytes: idle, loaded_bytes: loaded, queued: queued as u64 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::targets::Verdict;
+
+    fn cost(instructions: Option<Instructions>) -> Cost {
+        Cost {
+            backend: fast_model(),
+            limits: limits(),
+            cpu: CpuRun {
+                rate: 1000.0,
+                seconds: 10.0,
+                mux_calls: 10_000,
+                sim_served: 10_000,
+                mux_cpu_s: 1.5,
+                sim_cpu_s: 1.2,
+            },
+            instructions_missing: instructions.is_none().then(|| "valgrind is not installed".into()),
+            instructions,
+            memory: Memory {
+                limits: limits(),
+                clients: 10,
+                idle_bytes: 10_000_000,
+                loaded_bytes: 40_000_000,
+                queued: 10_000,
+            },
+        }
+    }
+
+    #[test]
+    fn cpu_is_judged_as_a_ratio_and_instructions_are_reported() {
+        let i =
+            Instructions { calls: 1000, warm_up_calls: 20, measured: 600_000_000, baseline: 400_000_000, seconds: 5.0 };
+        assert_eq!(i.per_call(), 200_000.0);
+        let targets = cost(Some(i)).targets();
+        let find = |n: &str| targets.iter().find(|t| t.name.starts_with(n)).unwrap();
+        let cpu = find("CPU per proxied call");
+        assert!((cpu.measured.unwrap() - 1.25).abs() < 1e-9);
+        assert_eq!(cpu.verdict, Verdict::Fail);
+        assert!(cpu.note.contains("150 µs") && cpu.note.contains("120 µs"), "{}", cpu.note);
+        assert_eq!(find("instructions").verdict, Verdict::Info);
+        assert_eq!(find("instructions").measured, Some(200_000.0));
+        let rss = find("RSS");
+        assert_eq!((rss.measured, rss.verdict), (Some(3000.0), Verdict::Pass));
+    }
+
+    #[test]
+    fn a_missing_instruction_count_says_why() {
+        let targets = cost(None).targets();
+        let instructions = targets.iter().find(|t| t.name.starts_with("instructions")).unwrap();
+        assert_eq!(instructions.measured, None);
+        assert!(instructions.note.contains("valgrind"));
+    }
 }

@@ -3,138 +3,69 @@
 //! `teifleet_limit_in_flight` gauge, set when the admission limits change), over 20 edits. The
 //! path measured: API server → operator reconcile → status.admission → sidecar's watch.
 
-use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use teifleet_crds::EmbeddingPool;
+use teifleet_load::summary::{Latencies, Summary};
 use tokio::time::Instant;
 
-use super::procs::{self, Proc};
-use super::{Context, fast_model, http};
-use crate::results::Section;
-use crate::summary::Latencies;
+use super::{Context, Scenario, fast_model};
+use crate::control_plane::{self, TempNamespace, eventually};
+use crate::procs::{self, Proc};
 use crate::targets::{Rule, Target};
-use crate::{Error, Result};
+use crate::{Error, Result, admin};
 
-const KEY: &str = "live-limits";
-const TITLE: &str = "6. Live limit change latency (local control plane)";
-const SCENARIO: &str = "6 live limits";
-const LIMIT_MS: f64 = 2000.0;
+pub const LIMIT_MS: f64 = 2000.0;
 const POOL: &str = "bench";
+const TARGET: &str = "edit → enforced p99";
 
-fn planned() -> Target {
-    Target::new(SCENARIO, "edit → enforced p99", None, Rule::AtMost, LIMIT_MS, "ms")
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LiveLimits {
+    /// Each edit, ms from the patch to the sidecar's new limit.
+    pub edits_ms: Vec<f64>,
+    pub summary: Summary,
 }
 
-pub async fn run(ctx: &Context) -> Section {
+impl LiveLimits {
+    pub fn targets(&self) -> Vec<Target> {
+        vec![
+            Target::at_most(&Scenario::LiveLimits.label(), TARGET, self.summary.p99_ms, LIMIT_MS, "ms")
+                .note_if_not_passed("the operator's reconcile or the sidecar's watch is slow to see the change"),
+        ]
+    }
+}
+
+pub fn planned_targets() -> Vec<Target> {
+    vec![Target::new(&Scenario::LiveLimits.label(), TARGET, None, Rule::AtMost, LIMIT_MS, "ms")]
+}
+
+pub async fn run(ctx: &Context) -> Result<LiveLimits> {
     let Some(kubeconfig) = ctx.kubeconfig.clone() else {
-        let why = "no local control plane: run through `make bench` (starts one) or pass --kubeconfig";
-        return Section {
-            key: KEY.into(),
-            title: TITLE.into(),
-            markdown: format!("Not measured: {why}."),
-            targets: vec![planned().note_if_not_passed(why)],
-            ..Section::default()
-        };
+        return Err(Error::Process(
+            "no local control plane: run through `make bench` (starts one) or pass --kubeconfig".into(),
+        ));
     };
-    match measure_all(ctx, &kubeconfig).await {
-        Ok(section) => section,
-        Err(e) => super::failed_section(KEY, TITLE, &e, vec![planned()]),
+    if !ctx.bins.path("teifleet-operator").is_file() {
+        return Err(Error::Process("teifleet-operator is not built".into()));
     }
-}
-
-async fn client(kubeconfig: &Path) -> Result<Client> {
-    let file = Kubeconfig::read_from(kubeconfig).map_err(|e| Error::Process(format!("kubeconfig: {e}")))?;
-    let config = Config::from_custom_kubeconfig(file, &KubeConfigOptions::default())
-        .await
-        .map_err(|e| Error::Process(format!("kubeconfig: {e}")))?;
-    Ok(Client::try_from(config)?)
-}
-
-/// Polls `check` every 100 ms until it yields, for at most `timeout`.
-async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if Instant::now() > deadline {
-            return Err(Error::Process(format!("timed out after {timeout:?} waiting for {what}")));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn install_crd(ctx: &Context, client: &Client) -> Result<()> {
-    let path = ctx.repo_root.join("crds/teifleet.dev_embeddingpools.yaml");
-    let text = std::fs::read_to_string(&path).map_err(|source| Error::File { what: "reading", path, source })?;
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&text).map_err(|e| Error::Process(format!("CRD file: {e}")))?;
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.patch(&name, &PatchParams::apply("teifleet-bench").force(), &Patch::Apply(&crd)).await?;
-    eventually("the CRD to be established", Duration::from_secs(30), || {
-        let (api, name) = (api.clone(), name.clone());
-        async move {
-            let crd = api.get(&name).await.ok()?;
-            crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True").then_some(())
-        }
-    })
-    .await?;
-    // A fresh client's discovery may lag the CRD by a moment.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    Ok(())
+    measure_edits(ctx, &kubeconfig).await
 }
 
 async fn limit_in_flight(sidecar: &Proc) -> Option<f64> {
-    let text = http::get(sidecar.admin, "/metrics").await?;
-    let series = format!("teifleet_limit_in_flight{{pool=\"{POOL}\"}}");
-    text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
+    let text = admin::get(sidecar.admin, "/metrics").await?;
+    admin::metric_value(&text, &format!("teifleet_limit_in_flight{{pool=\"{POOL}\"}}"))
 }
 
-/// Deletes the namespace when dropped (best effort, in the background).
-struct NamespaceGuard(Api<Namespace>, String);
-
-impl Drop for NamespaceGuard {
-    fn drop(&mut self) {
-        let (api, name) = (self.0.clone(), self.1.clone());
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            handle.spawn(async move {
-                let _ = api.delete(&name, &DeleteParams::default()).await;
-            });
-        }
-    }
-}
-
-async fn measure_all(ctx: &Context, kubeconfig: &Path) -> Result<Section> {
-    let client = client(kubeconfig).await?;
-    install_crd(ctx, &client).await?;
-    let suffix = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() % 1_000_000)
-        .unwrap_or(0);
-    let ns = format!("bench-{suffix}");
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespace: Namespace = serde_json::from_value(json!({ "metadata": { "name": ns } }))?;
-    namespaces.create(&PostParams::default(), &namespace).await?;
-    let _guard = NamespaceGuard(namespaces, ns.clone());
-    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns);
-    eventually("the default ServiceAccount", Duration::from_secs(30), || {
-        let accounts = accounts.clone();
-        async move { accounts.get_opt("default").await.ok().flatten() }
-    })
-    .await?;
+async fn measure_edits(ctx: &Context, kubeconfig: &Path) -> Result<LiveLimits> {
+    let client = control_plane::client(kubeconfig).await?;
+    control_plane::install_crd(&client, &ctx.repo_root.join("crds/teifleet.dev_embeddingpools.yaml")).await?;
+    let namespace = TempNamespace::create(&client, "bench").await?;
+    let ns = namespace.name.clone();
 
     let _operator = procs::start_operator(&ctx.bins, kubeconfig, &ns).await?;
     let pools: Api<EmbeddingPool> = Api::namespaced(client.clone(), &ns);
@@ -163,18 +94,13 @@ async fn measure_all(ctx: &Context, kubeconfig: &Path) -> Result<Section> {
     let edits = ctx.pick(8, 20);
     ctx.say(&format!("live limits: {edits} budget edits"));
     let mut latencies = Latencies::new();
-    let mut samples = Vec::new();
+    let mut edits_ms = Vec::new();
     for i in 0..edits {
         // One replica, so its share is the whole budget; alternate between two values.
         let value = if i % 2 == 0 { 8 } else { 4 };
         let started = Instant::now();
-        pools
-            .patch(
-                POOL,
-                &PatchParams::default(),
-                &Patch::Merge(json!({ "spec": { "concurrency": { "maxInFlight": value } } })),
-            )
-            .await?;
+        let patch = Patch::Merge(json!({ "spec": { "concurrency": { "maxInFlight": value } } }));
+        pools.patch(POOL, &PatchParams::default(), &patch).await?;
         let deadline = started + Duration::from_secs(30);
         loop {
             if limit_in_flight(&sidecar).await == Some(f64::from(value)) {
@@ -187,36 +113,8 @@ async fn measure_all(ctx: &Context, kubeconfig: &Path) -> Result<Section> {
         }
         let took = started.elapsed();
         latencies.record(took);
-        samples.push(took.as_secs_f64() * 1e3);
+        edits_ms.push(took.as_secs_f64() * 1e3);
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    let summary = latencies.summary();
-    let mut markdown = String::new();
-    let _ = writeln!(
-        markdown,
-        "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok fake nodes, v1.33), the \
-         operator binary, a one-replica pool (`gpu.type: cpu`), and the multiplexer in Kubernetes mode as its \
-         sidecar (admin kubeconfig; RBAC does not change the path's timing) in front of the simulator. Each edit \
-         is a merge patch of `spec.concurrency.maxInFlight` (alternating 8 and 4); the clock runs from sending the \
-         patch until the sidecar's `/metrics` (polled every ~2 ms) shows the new `teifleet_limit_in_flight`.\n"
-    );
-    let _ = writeln!(markdown, "| edits | p50 | p99 | max | mean |");
-    let _ = writeln!(markdown, "| ---: | ---: | ---: | ---: | ---: |");
-    let _ = writeln!(
-        markdown,
-        "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {:.1} ms |",
-        summary.count, summary.p50_ms, summary.p99_ms, summary.max_ms, summary.mean_ms
-    );
-    let list: Vec<String> = samples.iter().map(|s| format!("{s:.0}")).collect();
-    let _ = writeln!(markdown, "\nEach edit (ms): {}.", list.join(", "));
-    let target = Target::at_most(SCENARIO, "edit → enforced p99", summary.p99_ms, LIMIT_MS, "ms")
-        .note_if_not_passed("the operator's reconcile or the sidecar's watch is slow to see the change");
-    Ok(Section {
-        key: KEY.into(),
-        title: TITLE.into(),
-        markdown,
-        data: json!({ "edits_ms": samples, "summary": summary }),
-        targets: vec![target],
-        plots: vec![],
-    })
+    Ok(LiveLimits { edits_ms, summary: latencies.summary() })
 }

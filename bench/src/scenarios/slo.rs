@@ -1,29 +1,25 @@
-//! Scenario 4, throughput under a latency bound (seed 002): the highest Poisson rate at which
-//! 99% of requests come back OK within the SLO, found by binary search, direct and through the
-//! multiplexer. The SLO is also each request's deadline, as a client with an SLO would set it;
-//! failed requests count as misses.
+//! Scenario 4, throughput under a latency bound (an NVIDIA GTC throughput talk's method): the
+//! highest Poisson rate at which 99% of requests come back OK within the SLO, found by binary
+//! search, direct and through the multiplexer. The SLO is also each request's deadline, as a
+//! client with an SLO would set it; failed requests count as misses.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
-use serde::Serialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
+use teifleet_load::LoadConfig;
 
-use super::overload::{measure_capacity, mux_limits};
-use super::procs::{self, Proc};
-use super::{Context, failed_section, gpu_model, measure, warm_up};
+use super::overload::{Capacity, measure_capacity, mux_limits};
+use super::{Context, gpu_model, measure, warm_up};
 use crate::Result;
-use crate::load::LoadConfig;
-use crate::results::Section;
+use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
+use crate::targets::ratio;
 
-const KEY: &str = "slo";
-const TITLE: &str = "4. Throughput under a latency SLO (seed 002)";
 /// About four batch times of the scenario-2 backend.
-const SLO: Duration = Duration::from_millis(100);
-const QUANTILE: f64 = 0.99;
+pub const SLO: Duration = Duration::from_millis(100);
+pub const QUANTILE: f64 = 0.99;
 
 /// One probe of the search.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Probe {
     pub rate: f64,
     pub in_slo: f64,
@@ -54,10 +50,30 @@ where
     Ok((best, probes))
 }
 
-pub async fn run(ctx: &Context) -> Section {
-    match measure_all(ctx).await {
-        Ok(section) => section,
-        Err(e) => failed_section(KEY, TITLE, &e, vec![]),
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Search {
+    /// The highest rate that met the SLO, req/s (0 when none did).
+    pub best: f64,
+    pub probes: Vec<Probe>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Slo {
+    pub backend: SimModel,
+    pub limits: MuxLimits,
+    pub capacity: Capacity,
+    pub slo_ms: f64,
+    pub seconds_per_probe: u64,
+    /// The search range, req/s.
+    pub range: (f64, f64),
+    pub direct: Search,
+    pub mux: Search,
+}
+
+impl Slo {
+    /// No target is stated for this scenario; the ratio is reported.
+    pub fn ratio(&self) -> f64 {
+        ratio(self.mux.best, self.direct.best)
     }
 }
 
@@ -74,59 +90,33 @@ async fn in_slo(target: &Proc, rate: f64, duration: Duration) -> Result<f64> {
     Ok(if report.sent == 0 { 0.0 } else { report.ok_in_time as f64 / report.sent as f64 })
 }
 
-async fn measure_all(ctx: &Context) -> Result<Section> {
-    let model = gpu_model(512);
-    let sim = procs::start_sim(&ctx.bins, "slo-sim", &model).await?;
+pub async fn run(ctx: &Context) -> Result<Slo> {
+    let backend = gpu_model(512, Device::Sleep);
+    let sim = procs::start_sim(&ctx.bins, "slo-sim", &backend).await?;
     let limits = mux_limits();
     let mux = procs::start_mux(&ctx.bins, "slo-mux", &sim, &limits).await?;
     warm_up(&sim.url(), 4).await?;
     warm_up(&mux.url(), 4).await?;
-    let capacity = measure_capacity(ctx, &sim, 16).await?;
+    let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
     let steps = ctx.pick(4, 8);
     let duration = ctx.pick(Duration::from_secs(2), Duration::from_secs(6));
-    let (lo, hi) = (0.1 * capacity.rps, 1.2 * capacity.rps);
+    let range = (0.1 * capacity.rps, 1.2 * capacity.rps);
 
     ctx.say(&format!("slo: binary search for the highest rate with p99 ≤ {} ms, direct", SLO.as_millis()));
-    let (direct_best, direct_probes) = search(lo, hi, steps, |rate| in_slo(&sim, rate, duration)).await?;
+    let (best, probes) = search(range.0, range.1, steps, |rate| in_slo(&sim, rate, duration)).await?;
+    let direct = Search { best, probes };
     ctx.say("slo: the same through the multiplexer");
-    let (mux_best, mux_probes) = search(lo, hi, steps, |rate| in_slo(&mux, rate, duration)).await?;
-
-    let mut markdown = String::new();
-    let _ = writeln!(
-        markdown,
-        "The scenario-2 backend (capacity {:.1} req/s, batch {:.2} ms) and multiplexer. SLO: p99 ≤ {} ms, i.e. at \
-         least 99% of the requests sent come back OK within {} ms of their scheduled time (the SLO is also their \
-         deadline). {} probes of {} s each between {:.0} and {:.0} req/s, open loop, Poisson, 4 connections.\n",
-        capacity.rps,
-        capacity.batch_ms,
-        SLO.as_millis(),
-        SLO.as_millis(),
-        steps,
-        duration.as_secs(),
-        lo,
-        hi
-    );
-    let _ = writeln!(markdown, "| setup | highest rate within SLO | × capacity | probes (rate: share in SLO) |");
-    let _ = writeln!(markdown, "| --- | ---: | ---: | --- |");
-    for (name, best, probes) in
-        [("direct", direct_best, &direct_probes), ("through the multiplexer", mux_best, &mux_probes)]
-    {
-        let list: Vec<String> = probes.iter().map(|p| format!("{:.0}: {:.3}", p.rate, p.in_slo)).collect();
-        let _ = writeln!(markdown, "| {name} | {best:.1} req/s | {:.3} | {} |", best / capacity.rps, list.join(", "));
-    }
-    let _ = writeln!(
-        markdown,
-        "\nNo target is stated for this scenario; the ratio multiplexer/direct is {:.3}.",
-        if direct_best > 0.0 { mux_best / direct_best } else { f64::NAN }
-    );
-    Ok(Section {
-        key: KEY.into(),
-        title: TITLE.into(),
-        markdown,
-        data: json!({ "slo_ms": SLO.as_millis(), "capacity": capacity, "direct": { "best": direct_best, "probes": direct_probes },
-            "multiplexer": { "best": mux_best, "probes": mux_probes } }),
-        targets: vec![],
-        plots: vec![],
+    let (best, probes) = search(range.0, range.1, steps, |rate| in_slo(&mux, rate, duration)).await?;
+    let mux = Search { best, probes };
+    Ok(Slo {
+        backend,
+        limits,
+        capacity,
+        slo_ms: SLO.as_secs_f64() * 1e3,
+        seconds_per_probe: duration.as_secs(),
+        range,
+        direct,
+        mux,
     })
 }
 

@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use teifleet_proto::v1::embed_client::EmbedClient;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::{Error, Result};
@@ -29,7 +28,7 @@ pub fn check_loopback(target: &str) -> Result<()> {
 }
 
 /// Opens `count` separate HTTP/2 connections (one per endpoint `connect`).
-pub async fn connect(target: &str, count: usize) -> Result<Vec<EmbedClient<Channel>>> {
+pub async fn connect(target: &str, count: usize) -> Result<Vec<Channel>> {
     check_loopback(target)?;
     let endpoint = Endpoint::from_shared(target.to_owned())
         .map_err(|source| Error::Connect { target: target.into(), source })?
@@ -37,13 +36,11 @@ pub async fn connect(target: &str, count: usize) -> Result<Vec<EmbedClient<Chann
         .tcp_nodelay(true)
         // Requests beyond the server's stream limit wait in this buffer rather than failing.
         .buffer_size(65_536);
-    let mut clients = Vec::with_capacity(count);
+    let mut channels = Vec::with_capacity(count);
     for _ in 0..count {
-        let channel = endpoint.connect().await.map_err(|source| Error::Connect { target: target.into(), source })?;
-        // Answers carry a whole embedding; allow large ones as TEI's own clients do.
-        clients.push(EmbedClient::new(channel).max_decoding_message_size(64 * 1024 * 1024));
+        channels.push(endpoint.connect().await.map_err(|source| Error::Connect { target: target.into(), source })?);
     }
-    Ok(clients)
+    Ok(channels)
 }
 
 #[cfg(test)]

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-pub use call::CallSpec;
+use call::CallSpec;
 pub use connect::{check_loopback, connect};
 
 use crate::arrivals::Arrivals;
-use crate::inputs::Tokens;
+use crate::inputs::{Inputs, Tokens};
 use crate::progress::Progress;
 use crate::report::{Answer, Recorder, Report, RunInfo};
 use crate::{Error, Result};
@@ -29,6 +29,27 @@ pub enum Mode {
     Closed { concurrency: usize },
 }
 
+/// Which RPC each request is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Call {
+    /// `tei.v1.Embed/Embed`.
+    Embed,
+    /// One `tei.v1.Embed/EmbedStream` call carrying `batch` messages; the call is the request.
+    EmbedStream { batch: usize },
+    /// `tei.v1.Info/Info`: no input and no device time, so what it measures is the path itself.
+    Info,
+}
+
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Embed => f.write_str("Embed"),
+            Self::EmbedStream { batch } => write!(f, "EmbedStream of {batch}"),
+            Self::Info => f.write_str("Info"),
+        }
+    }
+}
+
 /// One run, bounded by `requests` and `duration` (whichever comes first), then `grace` for the
 /// last answers.
 #[derive(Clone, Debug)]
@@ -38,10 +59,11 @@ pub struct LoadConfig {
     pub requests: u64,
     pub duration: Duration,
     pub connections: usize,
-    pub tokens: Tokens,
+    pub call: Call,
+    pub inputs: Inputs,
     pub deadline: Option<Duration>,
     pub priority: Option<String>,
-    pub stream_batch: Option<usize>,
+    /// Seeds the Poisson schedule and the draws of a query mix.
     pub seed: u64,
     /// How long to wait for answers after the last send; still-open requests are then cancelled
     /// and counted as `UNFINISHED`.
@@ -58,10 +80,10 @@ impl LoadConfig {
             requests,
             duration: Duration::from_secs(300),
             connections: 1,
-            tokens: Tokens::Fixed(16),
+            call: Call::Embed,
+            inputs: Inputs::Words(Tokens::Fixed(16)),
             deadline: None,
             priority: None,
-            stream_batch: None,
             seed: 1,
             grace: Duration::from_secs(30),
             progress: false,
@@ -93,7 +115,7 @@ impl LoadConfig {
         if self.connections == 0 {
             return bad("--connections must be at least 1".into());
         }
-        if self.stream_batch == Some(0) {
+        if self.call == (Call::EmbedStream { batch: 0 }) {
             return bad("--stream-batch must be at least 1".into());
         }
         if let Some(p) = &self.priority
@@ -116,10 +138,13 @@ impl LoadConfig {
             rate,
             concurrency,
             connections: self.connections,
-            tokens: self.tokens.to_string(),
+            call: self.call.to_string(),
+            inputs: match self.call {
+                Call::Info => "none".into(),
+                Call::Embed | Call::EmbedStream { .. } => self.inputs.to_string(),
+            },
             deadline_ms: self.deadline.map(|d| d.as_secs_f64() * 1e3),
             priority: self.priority.clone(),
-            stream_batch: self.stream_batch,
         }
     }
 }
@@ -153,7 +178,7 @@ impl Sink {
 /// or the configuration is unusable; failed requests are part of the report.
 pub async fn run(config: &LoadConfig) -> Result<Report> {
     config.validate()?;
-    let clients = connect(&config.target, config.connections).await?;
+    let channels = connect(&config.target, config.connections).await?;
     let spec = CallSpec::new(config)?;
     let sink = std::sync::Arc::new(Sink::default());
     let total = match &config.mode {
@@ -164,13 +189,13 @@ pub async fn run(config: &LoadConfig) -> Result<Report> {
 
     let start = Instant::now();
     let outcome = match &config.mode {
-        Mode::Open { rate, arrivals } => open::run(config, *rate, *arrivals, clients, spec, sink.clone(), start).await,
-        Mode::Closed { concurrency } => closed::run(config, *concurrency, clients, spec, sink.clone(), start).await,
+        Mode::Open { rate, arrivals } => open::run(config, *rate, *arrivals, channels, spec, sink.clone(), start).await,
+        Mode::Closed { concurrency } => closed::run(config, *concurrency, channels, spec, sink.clone(), start).await,
     };
     if let Some(progress) = progress {
         progress.stop().await;
     }
-    let sink = std::sync::Arc::try_unwrap(sink).map_err(|_| Error::Process("load tasks outlived the run".into()))?;
+    let sink = std::sync::Arc::try_unwrap(sink).map_err(|_| Error::Internal("load tasks outlived the run".into()))?;
     let sent = sink.sent.load(Ordering::Relaxed);
     let (mut recorder, last) = sink.into_parts();
     recorder.unfinished(outcome.unfinished);

@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use teifleet_proto::v1::embed_client::EmbedClient;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -17,7 +16,7 @@ use crate::report::Answer;
 pub(super) async fn run(
     config: &LoadConfig,
     concurrency: usize,
-    clients: Vec<EmbedClient<Channel>>,
+    channels: Vec<Channel>,
     spec: CallSpec,
     sink: Arc<Sink>,
     start: Instant,
@@ -30,7 +29,7 @@ pub(super) async fn run(
     let spec = Arc::new(spec);
     let mut tasks = JoinSet::new();
     for worker in 0..concurrency {
-        let mut client = clients[worker % clients.len()].clone();
+        let channel = channels[worker % channels.len()].clone();
         let (spec, sink, next, all_sent, requests) =
             (spec.clone(), sink.clone(), next.clone(), all_sent.clone(), config.requests);
         tasks.spawn(async move {
@@ -45,7 +44,7 @@ pub(super) async fn run(
                     all_sent.store(micros.max(1), Ordering::Relaxed);
                 }
                 sink.sent.fetch_add(1, Ordering::Relaxed);
-                let (code, server) = spec.send(&mut client, index).await;
+                let (code, server) = spec.send(&channel, index).await;
                 let done = Instant::now();
                 let latency = done - sent;
                 let in_time = spec.deadline.is_none_or(|d| latency <= d);

@@ -21,11 +21,12 @@ pub struct RunInfo {
     /// Closed loop: requests kept in flight.
     pub concurrency: Option<usize>,
     pub connections: usize,
-    pub tokens: String,
+    /// The RPC: `Embed`, `EmbedStream of N` (a request is then the whole call) or `Info`.
+    pub call: String,
+    /// What the requests embed, e.g. `tokens 16` or a Zipf query mix.
+    pub inputs: String,
     pub deadline_ms: Option<f64>,
     pub priority: Option<String>,
-    /// Stream mode: messages per EmbedStream call (a request is then the whole call).
-    pub stream_batch: Option<usize>,
 }
 
 /// TEI's own timing of one answer, from its `Metadata`.

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use teifleet_proto::v1::embed_client::EmbedClient;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tonic::transport::Channel;
@@ -21,7 +20,7 @@ pub(super) async fn run(
     config: &LoadConfig,
     rate: f64,
     kind: Arrivals,
-    clients: Vec<EmbedClient<Channel>>,
+    channels: Vec<Channel>,
     spec: CallSpec,
     sink: Arc<Sink>,
     start: Instant,
@@ -42,14 +41,14 @@ pub(super) async fn run(
                 std::thread::sleep(due - now);
             }
             let index = index as u64;
-            let mut client = clients[usize::try_from(index).unwrap_or(0) % clients.len()].clone();
+            let channel = channels[usize::try_from(index).unwrap_or(0) % channels.len()].clone();
             let (spec, sink) = (spec.clone(), sink.clone());
             tasks.spawn_on(
                 async move {
                     // Taken inside the task, so spawn delays count as lateness too.
                     let sent = Instant::now();
                     sink.sent.fetch_add(1, Ordering::Relaxed);
-                    let (code, server) = spec.send(&mut client, index).await;
+                    let (code, server) = spec.send(&channel, index).await;
                     let done = Instant::now();
                     let latency = done - due;
                     let in_time = spec.deadline.is_none_or(|d| latency <= d);

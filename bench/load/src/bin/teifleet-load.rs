@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
-use teifleet_bench::arrivals::Arrivals;
-use teifleet_bench::inputs::Tokens;
-use teifleet_bench::load::{self, LoadConfig, Mode};
-use teifleet_bench::render;
+use teifleet_load::arrivals::Arrivals;
+use teifleet_load::inputs::{Inputs, QueryMix, Tokens};
+use teifleet_load::{Call, LoadConfig, Mode, render};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LoopMode {
@@ -27,6 +26,14 @@ enum LoopMode {
 enum ArrivalKind {
     Poisson,
     Constant,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Rpc {
+    /// tei.v1.Embed/Embed (or EmbedStream with --stream-batch).
+    Embed,
+    /// tei.v1.Info/Info: no input, no device time.
+    Info,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -68,12 +75,19 @@ struct Args {
     /// HTTP/2 connections; requests are spread over them round robin.
     #[arg(long, default_value_t = 1, value_name = "N")]
     connections: usize,
-    /// Input size of every request, in tokens (words).
+    /// The RPC each request makes.
+    #[arg(long, value_enum, default_value = "embed")]
+    rpc: Rpc,
+    /// Input size of every request, in tokens (words); with --zipf, of every query.
     #[arg(long, default_value_t = 16, value_name = "N", conflicts_with = "tokens_mix")]
     tokens: usize,
     /// Input sizes cycled request by request, e.g. 2,16,128,512.
-    #[arg(long, value_name = "LIST")]
+    #[arg(long, value_name = "LIST", conflicts_with = "zipf")]
     tokens_mix: Option<Tokens>,
+    /// Distinct queries with Zipf popularity, EXPONENT:DISTINCT (e.g. 1.1:1000): hot queries
+    /// repeat, as in real query logs. Draws are seeded by --seed.
+    #[arg(long, value_name = "S:N")]
+    zipf: Option<QueryMix>,
     /// gRPC deadline of each request (sent as grpc-timeout, enforced client-side too); goodput
     /// counts only OK answers within it, from the scheduled time.
     #[arg(long, value_parser = humantime::parse_duration, value_name = "DUR")]
@@ -82,9 +96,9 @@ struct Args {
     #[arg(long, value_enum)]
     priority: Option<Priority>,
     /// Stream mode: each request is one EmbedStream call carrying N messages.
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", conflicts_with = "rpc")]
     stream_batch: Option<usize>,
-    /// Seed of the Poisson schedule (same seed, same schedule).
+    /// Seed of the Poisson schedule and of the --zipf draws (same seed, same traffic).
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// After the last send, how long to wait for answers before cancelling what is left
@@ -118,16 +132,26 @@ fn config(args: &Args) -> LoadConfig {
         Priority::Standard => "standard",
         Priority::Sheddable => "sheddable",
     });
+    let call = match (args.rpc, args.stream_batch) {
+        (Rpc::Info, _) => Call::Info,
+        (Rpc::Embed, Some(batch)) => Call::EmbedStream { batch },
+        (Rpc::Embed, None) => Call::Embed,
+    };
+    let inputs = match (&args.zipf, &args.tokens_mix) {
+        (Some(mix), _) => Inputs::Queries(QueryMix { tokens: args.tokens, ..*mix }),
+        (None, Some(mix)) => Inputs::Words(mix.clone()),
+        (None, None) => Inputs::Words(Tokens::Fixed(args.tokens)),
+    };
     LoadConfig {
         target: args.target.clone(),
         mode,
         requests: args.requests,
         duration: args.duration,
         connections: args.connections,
-        tokens: args.tokens_mix.clone().unwrap_or(Tokens::Fixed(args.tokens)),
+        call,
+        inputs,
         deadline: args.deadline,
         priority: priority.map(str::to_owned),
-        stream_batch: args.stream_batch,
         seed: args.seed,
         grace: args.grace,
         progress: !args.quiet,
@@ -142,7 +166,7 @@ async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("teifleet-load: {error:#}");
             // 2 for usage mistakes, as clap does for bad flags; 1 for everything else.
-            let usage = matches!(error.downcast_ref(), Some(teifleet_bench::Error::InvalidArgument(_)));
+            let usage = matches!(error.downcast_ref(), Some(teifleet_load::Error::InvalidArgument(_)));
             ExitCode::from(if usage { 2 } else { 1 })
         }
     }
@@ -150,7 +174,7 @@ async fn main() -> ExitCode {
 
 async fn run(args: &Args) -> anyhow::Result<()> {
     let config = config(args);
-    let report = load::run(&config).await?;
+    let report = teifleet_load::run(&config).await?;
     if !args.quiet {
         print!("{}", render::human(&report));
     }

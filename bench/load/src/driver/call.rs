@@ -1,16 +1,18 @@
-//! One request: a unary Embed, or (stream mode) one EmbedStream call carrying a batch of
-//! messages, with the priority header and the deadline on it.
+//! One request: a unary Embed, an Info (the cheapest call: no device time), or one EmbedStream
+//! call carrying a batch of messages, with the priority header and the deadline on it.
 
 use std::time::Duration;
 
 use teifleet_proto::v1::embed_client::EmbedClient;
-use teifleet_proto::v1::{EmbedRequest, EmbedResponse, Metadata};
+use teifleet_proto::v1::info_client::InfoClient;
+use teifleet_proto::v1::{EmbedRequest, EmbedResponse, InfoRequest, Metadata};
+use teifleet_wire::headers;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::LoadConfig;
-use crate::inputs::{self, Tokens};
+use super::{Call, LoadConfig};
+use crate::inputs::Texts;
 use crate::report::ServerTiming;
 use crate::{Error, Result};
 
@@ -18,14 +20,16 @@ use crate::{Error, Result};
 /// at its deadline is heard (with its own code) before the client gives up.
 const CLIENT_SLACK: Duration = Duration::from_millis(5);
 
-/// What every request of a run carries; texts are built once per size.
+/// Answers carry a whole embedding; allow large ones as TEI's own clients do.
+const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
+
+/// What every request of a run carries; texts are built once.
 #[derive(Clone, Debug)]
 pub struct CallSpec {
-    tokens: Tokens,
-    texts: Vec<(usize, String)>,
+    texts: Texts,
     priority: Option<AsciiMetadataValue>,
     pub(crate) deadline: Option<Duration>,
-    stream_batch: Option<usize>,
+    call: Call,
 }
 
 impl CallSpec {
@@ -36,25 +40,22 @@ impl CallSpec {
             ),
             None => None,
         };
-        let texts = config.tokens.sizes().into_iter().map(|n| (n, inputs::text(n))).collect();
         Ok(Self {
-            tokens: config.tokens.clone(),
-            texts,
+            texts: Texts::new(&config.inputs, config.seed)?,
             priority,
             deadline: config.deadline,
-            stream_batch: config.stream_batch,
+            call: config.call,
         })
     }
 
-    fn text(&self, index: u64) -> String {
-        let n = self.tokens.for_request(index);
-        self.texts.iter().find(|(size, _)| *size == n).map(|(_, t)| t.clone()).unwrap_or_else(|| inputs::text(n))
+    fn embed_request(&self, index: u64) -> EmbedRequest {
+        EmbedRequest { inputs: self.texts.get(index).to_owned(), truncate: true, ..Default::default() }
     }
 
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some(p) = &self.priority {
-            request.metadata_mut().insert("x-teifleet-priority", p.clone());
+            request.metadata_mut().insert(headers::PRIORITY, p.clone());
         }
         if let Some(d) = self.deadline {
             request.set_timeout(d);
@@ -62,13 +63,14 @@ impl CallSpec {
         request
     }
 
-    /// Sends request `index` and waits for its answer (or the deadline, enforced here too as real
-    /// gRPC clients do).
-    pub async fn send(&self, client: &mut EmbedClient<Channel>, index: u64) -> (Code, Vec<ServerTiming>) {
+    /// Sends request `index` on `channel` and waits for its answer (or the deadline, enforced
+    /// here too as real gRPC clients do).
+    pub async fn send(&self, channel: &Channel, index: u64) -> (Code, Vec<ServerTiming>) {
         let call = async {
-            match self.stream_batch {
-                None => self.unary(client, index).await,
-                Some(n) => self.stream(client, index, n).await,
+            match self.call {
+                Call::Embed => self.unary(channel, index).await,
+                Call::EmbedStream { batch } => self.stream(channel, index, batch).await,
+                Call::Info => self.info(channel).await,
             }
         };
         match self.deadline {
@@ -77,18 +79,25 @@ impl CallSpec {
         }
     }
 
-    async fn unary(&self, client: &mut EmbedClient<Channel>, index: u64) -> (Code, Vec<ServerTiming>) {
-        let message = EmbedRequest { inputs: self.text(index), truncate: true, ..Default::default() };
-        match client.embed(self.request(message)).await {
+    async fn info(&self, channel: &Channel) -> (Code, Vec<ServerTiming>) {
+        let mut client = InfoClient::new(channel.clone());
+        match client.info(self.request(InfoRequest {})).await {
+            Ok(_) => (Code::Ok, vec![]),
+            Err(status) => (status.code(), vec![]),
+        }
+    }
+
+    async fn unary(&self, channel: &Channel, index: u64) -> (Code, Vec<ServerTiming>) {
+        let mut client = EmbedClient::new(channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES);
+        match client.embed(self.request(self.embed_request(index))).await {
             Ok(response) => (Code::Ok, timing(&response.into_inner()).into_iter().collect()),
             Err(status) => (status.code(), vec![]),
         }
     }
 
-    async fn stream(&self, client: &mut EmbedClient<Channel>, index: u64, n: usize) -> (Code, Vec<ServerTiming>) {
-        let messages: Vec<EmbedRequest> = (0..n as u64)
-            .map(|k| EmbedRequest { inputs: self.text(index + k), truncate: true, ..Default::default() })
-            .collect();
+    async fn stream(&self, channel: &Channel, index: u64, n: usize) -> (Code, Vec<ServerTiming>) {
+        let mut client = EmbedClient::new(channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES);
+        let messages: Vec<EmbedRequest> = (0..n as u64).map(|k| self.embed_request(index + k)).collect();
         let mut answers = match client.embed_stream(self.request(tokio_stream::iter(messages))).await {
             Ok(response) => response.into_inner(),
             Err(status) => return (status.code(), vec![]),

@@ -14,9 +14,9 @@ fn describe(info: &RunInfo) -> String {
         (mode, _, _) => mode.to_owned(),
     };
     let _ = write!(s, ", {} connection{}", info.connections, if info.connections == 1 { "" } else { "s" });
-    let _ = write!(s, ", tokens {}", info.tokens);
-    if let Some(n) = info.stream_batch {
-        let _ = write!(s, ", EmbedStream batches of {n}");
+    let _ = write!(s, ", {}", info.call);
+    if info.inputs != "none" {
+        let _ = write!(s, ", {}", info.inputs);
     }
     if let Some(d) = info.deadline_ms {
         let _ = write!(s, ", deadline {d:.0} ms");

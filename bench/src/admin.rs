@@ -1,5 +1,5 @@
-//! A minimal HTTP/1.0 client for the admin ports on loopback (metrics, readiness, simulator
-//! faults): enough for polling, with no HTTP client dependency.
+//! A minimal HTTP/1.0 client for the admin ports on loopback (metrics, readiness, the
+//! simulator's counters and faults): enough for polling, with no HTTP client dependency.
 
 use std::time::Duration;
 
@@ -28,6 +28,30 @@ pub async fn post(port: u16, path: &str) -> Option<String> {
     request(port, "POST", path).await
 }
 
+/// The simulator's counters (`GET /stats`), the part the scenarios read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SimStats {
+    /// Inference calls and stream messages that got one of TEI's slots.
+    pub requests_admitted: u64,
+    /// Calls and stream messages answered successfully.
+    pub completed: u64,
+    pub batches_run: u64,
+}
+
+/// Resets the simulator's counters, so the next [`sim_stats`] counts one run.
+pub async fn reset_sim_stats(port: u16) -> Option<()> {
+    post(port, "/stats/reset").await.map(|_| ())
+}
+
+pub async fn sim_stats(port: u16) -> Option<SimStats> {
+    serde_json::from_str(&get(port, "/stats").await?).ok()
+}
+
+/// The value of the one series written exactly as `series` (name and labels), if present.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
 /// Sum of every series of `name` in Prometheus text (all label sets).
 pub fn metric_sum(text: &str, name: &str) -> f64 {
     text.lines()
@@ -47,5 +71,15 @@ mod tests {
                     teifleet_queued{pool=\"a\",priority=\"critical\"} 3\nteifleet_queued_total 100\n";
         assert_eq!(metric_sum(text, "teifleet_queued"), 10.0);
         assert_eq!(metric_sum(text, "missing"), 0.0);
+        assert_eq!(metric_value(text, "teifleet_queued{pool=\"a\",priority=\"critical\"}"), Some(3.0));
+        assert_eq!(metric_value(text, "teifleet_queued"), None);
+    }
+
+    #[test]
+    fn sim_stats_ignore_fields_they_do_not_need() {
+        let body = r#"{"requests_received":9,"requests_admitted":7,"requests_refused_overloaded":2,"in_flight":0,
+                       "max_in_flight_observed":4,"completed":7,"batches_run":3}"#;
+        let stats: SimStats = serde_json::from_str(body).unwrap();
+        assert_eq!(stats, SimStats { requests_admitted: 7, completed: 7, batches_run: 3 });
     }
 }

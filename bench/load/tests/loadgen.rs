@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use teifleet_bench::arrivals::Arrivals;
-use teifleet_bench::codes::UNFINISHED;
-use teifleet_bench::inputs::Tokens;
-use teifleet_bench::load::{self, LoadConfig, Mode};
+use teifleet_load::arrivals::Arrivals;
+use teifleet_load::codes::UNFINISHED;
+use teifleet_load::inputs::{Inputs, QueryMix, Tokens};
+use teifleet_load::{Call, LoadConfig, Mode};
 use teifleet_tei_sim::{Fault, SimConfig};
 
 async fn sim(configure: impl FnOnce(&mut SimConfig)) -> teifleet_tei_sim::SimHandle {
@@ -22,10 +22,10 @@ async fn open_loop_sends_on_schedule_and_reports_the_server_split() {
         mode: Mode::Open { rate: 200.0, arrivals: Arrivals::Constant },
         requests: 100,
         connections: 2,
-        tokens: Tokens::Mix(vec![2, 16]),
+        inputs: Inputs::Words(Tokens::Mix(vec![2, 16])),
         ..LoadConfig::open(format!("http://{}", sim.addr()), 200.0, Duration::from_secs(10))
     };
-    let report = load::run(&config).await.unwrap();
+    let report = teifleet_load::run(&config).await.unwrap();
     assert_eq!(report.sent, 100);
     assert_eq!(report.count("OK"), 100, "{:?}", report.codes);
     assert_eq!(sim.stats().completed, 100);
@@ -45,11 +45,11 @@ async fn open_loop_sends_on_schedule_and_reports_the_server_split() {
 async fn closed_loop_streams_count_whole_calls() {
     let sim = sim(|_| {}).await;
     let config = LoadConfig {
-        stream_batch: Some(5),
+        call: Call::EmbedStream { batch: 5 },
         priority: Some("critical".into()),
         ..LoadConfig::closed(format!("http://{}", sim.addr()), 3, 12)
     };
-    let report = load::run(&config).await.unwrap();
+    let report = teifleet_load::run(&config).await.unwrap();
     assert_eq!((report.sent, report.ok), (12, 12));
     assert!(report.lateness.is_none());
     // One TEI timing per streamed message.
@@ -64,7 +64,7 @@ async fn failures_are_data_deadlines_and_unfinished_calls_are_counted() {
     let target = format!("http://{}", sim.addr());
     // Two calls take both slots and stall; the rest are refused at once by TEI's admission.
     let config = LoadConfig { deadline: Some(Duration::from_millis(200)), ..LoadConfig::closed(target.clone(), 4, 6) };
-    let report = load::run(&config).await.unwrap();
+    let report = teifleet_load::run(&config).await.unwrap();
     assert_eq!(report.sent, 6);
     assert_eq!(report.ok, 0);
     assert!(report.count("RESOURCE_EXHAUSTED") >= 1, "{:?}", report.codes);
@@ -74,7 +74,7 @@ async fn failures_are_data_deadlines_and_unfinished_calls_are_counted() {
 
     // Without a deadline, stalled calls are cut at the end of the grace period.
     let config = LoadConfig { grace: Duration::from_millis(300), ..LoadConfig::closed(target, 2, 2) };
-    let report = load::run(&config).await.unwrap();
+    let report = teifleet_load::run(&config).await.unwrap();
     assert_eq!(report.count(UNFINISHED), 2, "{:?}", report.codes);
     sim.set_fault(Fault::None);
 }
@@ -83,7 +83,26 @@ async fn failures_are_data_deadlines_and_unfinished_calls_are_counted() {
 async fn unreachable_and_non_loopback_targets_are_errors() {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let config = LoadConfig::closed(format!("http://127.0.0.1:{port}"), 1, 1);
-    assert!(matches!(load::run(&config).await, Err(teifleet_bench::Error::Connect { .. })));
+    assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::Connect { .. })));
     let config = LoadConfig::closed("http://192.0.2.1:80", 1, 1);
-    assert!(matches!(load::run(&config).await, Err(teifleet_bench::Error::InvalidArgument(_))));
+    assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::InvalidArgument(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_calls_and_query_mixes() {
+    let sim = sim(|_| {}).await;
+    let target = format!("http://{}", sim.addr());
+    let report = teifleet_load::run(&LoadConfig { call: Call::Info, ..LoadConfig::closed(target.clone(), 2, 20) })
+        .await
+        .unwrap();
+    assert_eq!(report.ok, 20, "{:?}", report.codes);
+    assert!(report.tei_inference.is_none(), "Info has no device time");
+    assert_eq!(report.info.call, "Info");
+
+    let mix = QueryMix { exponent: 1.1, distinct: 100, tokens: 8 };
+    let report = teifleet_load::run(&LoadConfig { inputs: Inputs::Queries(mix), ..LoadConfig::closed(target, 4, 50) })
+        .await
+        .unwrap();
+    assert_eq!(report.ok, 50, "{:?}", report.codes);
+    assert!(report.info.inputs.starts_with("Zipf"), "{}", report.info.inputs);
 }

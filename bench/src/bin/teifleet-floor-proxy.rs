@@ -1,0 +1,28 @@
+//! `teifleet-floor-proxy`: a bare tonic bytes-proxy (no admission, no routing, no metrics) that
+//! forwards every unary call to one upstream. The overhead scenario measures it beside the
+//! multiplexer as the floor this machine allows for one gRPC hop.
+#![forbid(unsafe_code)]
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use clap::Parser;
+
+/// Forwards unary gRPC calls of any path to --upstream, as raw message bytes.
+#[derive(Debug, Parser)]
+#[command(name = "teifleet-floor-proxy", version)]
+struct Args {
+    #[arg(long, default_value = "127.0.0.1:50052", value_name = "ADDR")]
+    listen: SocketAddr,
+    #[arg(long, default_value = "http://127.0.0.1:8080", value_name = "URL")]
+    upstream: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    teifleet_bench::floor::serve(listener, &args.upstream).await?;
+    Ok(())
+}

@@ -1,0 +1,108 @@
+//! The floor: the least one gRPC hop costs on this machine. A tonic server that takes every unary
+//! call, whatever its path, as raw message bytes ([`BytesCodec`]) and forwards it on one pooled
+//! HTTP/2 channel, with no admission, no routing and no metrics. The overhead scenario runs it
+//! beside the multiplexer, so the multiplexer's added latency can be read against what any tonic
+//! proxy would add here.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::uri::PathAndQuery;
+use teifleet_proto::BytesCodec;
+use tonic::body::Body;
+use tonic::codegen::{BoxFuture, Service};
+use tonic::server::UnaryService;
+use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Request, Response, Status};
+
+use crate::{Error, Result};
+
+/// A tower service forwarding unary calls of any path to `upstream`.
+#[derive(Clone, Debug)]
+pub struct FloorProxy {
+    upstream: tonic::client::Grpc<Channel>,
+}
+
+impl FloorProxy {
+    pub fn new(upstream: Channel) -> Self {
+        Self { upstream: tonic::client::Grpc::new(upstream) }
+    }
+}
+
+impl Service<http::Request<axum::body::Body>> for FloorProxy {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<Self::Response, Infallible>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Readiness is the upstream channel's, awaited per call in `Forward`.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<axum::body::Body>) -> Self::Future {
+        let path = request.uri().path_and_query().cloned();
+        let upstream = self.upstream.clone();
+        Box::pin(async move {
+            let Some(path) = path else {
+                return Ok(Status::unimplemented("no path").into_http());
+            };
+            let mut server = tonic::server::Grpc::new(BytesCodec);
+            Ok(server.unary(Forward { upstream, path }, request).await)
+        })
+    }
+}
+
+/// One call: the request's bytes and metadata go upstream as they came.
+struct Forward {
+    upstream: tonic::client::Grpc<Channel>,
+    path: PathAndQuery,
+}
+
+impl UnaryService<Bytes> for Forward {
+    type Response = Bytes;
+    type Future = BoxFuture<Response<Bytes>, Status>;
+
+    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
+        let (mut upstream, path) = (self.upstream.clone(), self.path.clone());
+        Box::pin(async move {
+            upstream.ready().await.map_err(|e| Status::unavailable(format!("upstream: {e}")))?;
+            upstream.unary(request, path, BytesCodec).await
+        })
+    }
+}
+
+/// Connects to `upstream` (one HTTP/2 connection, TCP_NODELAY as the multiplexer's) and serves
+/// on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, upstream: &str) -> Result<()> {
+    let channel = Endpoint::from_shared(upstream.to_owned())
+        .map_err(|e| Error::Process(format!("--upstream {upstream}: {e}")))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .map_err(|e| Error::Process(format!("connecting to {upstream}: {e}")))?;
+    let router = axum::Router::new().fallback_service(FloorProxy::new(channel));
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    Server::builder()
+        .add_routes(Routes::from(router))
+        .serve_with_incoming(incoming)
+        .await
+        .map_err(|e| Error::Process(format!("floor proxy: {e}")))
+}
+
+/// Binds `addr` (port 0 for any) and serves in the background; returns the bound address.
+pub async fn spawn(addr: SocketAddr, upstream: &str) -> Result<SocketAddr> {
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Process(format!("binding {addr}: {e}")))?;
+    let bound = listener.local_addr().map_err(|e| Error::Process(format!("bound address: {e}")))?;
+    let upstream = upstream.to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = serve(listener, &upstream).await {
+            eprintln!("teifleet-floor-proxy: {e}");
+        }
+    });
+    Ok(bound)
+}

@@ -1,0 +1,414 @@
+//! The processes a scenario measures: the TEI simulator, the multiplexer, the floor proxy (and,
+//! for the live-limit scenario, the operator), each a separate process on loopback ports, killed
+//! when dropped. Separate processes keep the generator's own CPU out of what the servers are
+//! charged with, and let `/proc` and valgrind measure each one alone.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::admin;
+use crate::{Error, Result};
+
+/// Where the built binaries and the logs are.
+#[derive(Clone, Debug)]
+pub struct Bins {
+    pub dir: PathBuf,
+    pub logs: PathBuf,
+}
+
+/// The binaries every scenario needs (the operator only for live limits, checked there).
+const REQUIRED: [&str; 2] = ["tei-sim", "teifleet-multiplexer"];
+
+impl Bins {
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    pub fn check(&self) -> Result<()> {
+        for name in REQUIRED {
+            if !self.path(name).is_file() {
+                return Err(Error::Process(format!(
+                    "{} is missing: build with `cargo build --release -p teifleet-tei-sim -p teifleet-multiplexer \
+                     -p teifleet-operator -p teifleet-bench`",
+                    self.path(name).display()
+                )));
+            }
+        }
+        std::fs::create_dir_all(&self.logs).map_err(|source| Error::File {
+            what: "creating",
+            path: self.logs.clone(),
+            source,
+        })
+    }
+
+    /// What the built binaries can do, read from their `--help`: flags that other parts of the
+    /// tree may not have yet, so a scenario needing one can say so instead of failing to start.
+    pub fn features(&self) -> Features {
+        let help = |name: &str| {
+            Command::new(self.path(name))
+                .arg("--help")
+                .output()
+                .ok()
+                .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                .unwrap_or_default()
+        };
+        let (sim, mux) = (help("tei-sim"), help("teifleet-multiplexer"));
+        Features {
+            sim_spin: sim.contains("--device"),
+            mux_coalesce: mux.contains("--coalesce"),
+            floor_proxy: self.path(FLOOR).is_file(),
+            valgrind: Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success()),
+        }
+    }
+}
+
+/// Optional capabilities of this build and machine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Features {
+    /// `tei-sim --device spin`: device time burns CPU instead of sleeping.
+    pub sim_spin: bool,
+    /// `teifleet-multiplexer --coalesce`: identical in-flight unary calls share one upstream call.
+    pub mux_coalesce: bool,
+    /// `teifleet-floor-proxy` is built.
+    pub floor_proxy: bool,
+    /// valgrind is installed (instruction counts).
+    pub valgrind: bool,
+}
+
+const FLOOR: &str = "teifleet-floor-proxy";
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Process(format!("free port: {e}")))?;
+    listener.local_addr().map(|a| a.port()).map_err(|e| Error::Process(format!("free port: {e}")))
+}
+
+/// How to start one process.
+struct Launch<'a> {
+    name: &'a str,
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(&'a str, &'a Path)>,
+}
+
+/// A helper process; killed (SIGKILL) and reaped when dropped.
+#[derive(Debug)]
+pub struct Proc {
+    pub name: String,
+    child: std::process::Child,
+    pub grpc: u16,
+    pub admin: u16,
+}
+
+impl Proc {
+    fn spawn(bins: &Bins, launch: Launch<'_>, grpc: u16, admin: u16) -> Result<Self> {
+        let log_path = bins.logs.join(format!("{}.log", launch.name));
+        let log = std::fs::File::create(&log_path).map_err(|source| Error::File {
+            what: "creating",
+            path: log_path.clone(),
+            source,
+        })?;
+        let err = log.try_clone().map_err(|source| Error::File { what: "opening", path: log_path, source })?;
+        let mut command = Command::new(&launch.program);
+        command.args(&launch.args).stdin(Stdio::null()).stdout(log).stderr(err);
+        for (key, value) in launch.env {
+            command.env(key, value);
+        }
+        let child =
+            command.spawn().map_err(|e| Error::Process(format!("starting {}: {e}", launch.program.display())))?;
+        Ok(Self { name: launch.name.into(), child, grpc, admin })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.grpc)
+    }
+
+    /// Waits until `ready` holds, failing if the process exits or `timeout` passes.
+    async fn wait<F, Fut>(&mut self, timeout: Duration, mut ready: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = bool>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if ready().await {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(Error::Process(format!("{} exited early ({status}); see its log", self.name)));
+            }
+            if Instant::now() > deadline {
+                return Err(Error::Process(format!("{} not ready after {timeout:?}; see its log", self.name)));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Asks the process to exit (SIGTERM, through `kill`: this crate has no unsafe code) and waits
+    /// up to `timeout` for it; a process that does not go is killed. True when it exited on its own.
+    pub async fn terminate(mut self, timeout: Duration) -> Result<bool> {
+        let pid = self.pid().to_string();
+        let sent = Command::new("kill").args(["-TERM", &pid]).status().is_ok_and(|s| s.success());
+        if !sent {
+            return Err(Error::Process(format!("could not signal {} ({pid})", self.name)));
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Ok(true);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(false)
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// How the simulated device spends a batch's time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// Sleeps (a GPU: the host's CPU is free meanwhile); tokio's timer rounds up to 1 ms ticks.
+    #[default]
+    Sleep,
+    /// Burns CPU for the whole time (a CPU backend, or a precise ~1 ms device).
+    Spin,
+}
+
+/// The simulated TEI: its admission limit and its device's service-time model.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SimModel {
+    /// TEI's `--max-concurrent-requests`: beyond it, unary calls fail at once.
+    pub max_concurrent_requests: usize,
+    /// TEI's `--max-batch-requests`.
+    pub max_batch_requests: Option<usize>,
+    /// Device time of every batch.
+    #[serde(with = "millis")]
+    pub fixed_latency: Duration,
+    /// Device time per token in the batch.
+    #[serde(with = "millis")]
+    pub per_token_latency: Duration,
+    pub device: Device,
+}
+
+impl SimModel {
+    /// The model as this build can run it: a spinning device falls back to sleeping when the
+    /// simulator has no `--device` flag yet (the result records which one ran).
+    pub fn supported(self, features: Features) -> Self {
+        match self.device {
+            Device::Spin if !features.sim_spin => Self { device: Device::Sleep, ..self },
+            _ => self,
+        }
+    }
+}
+
+/// Durations as milliseconds in JSON, the unit the tables use.
+mod millis {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64() * 1e3)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let ms = f64::deserialize(d)?;
+        Ok(Duration::try_from_secs_f64(ms / 1e3).unwrap_or_default())
+    }
+}
+
+pub async fn start_sim(bins: &Bins, name: &str, model: &SimModel) -> Result<Proc> {
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let mut args = vec![
+        format!("--listen=127.0.0.1:{grpc}"),
+        format!("--admin-listen=127.0.0.1:{admin}"),
+        format!("--max-concurrent-requests={}", model.max_concurrent_requests),
+        format!("--fixed-latency={}us", model.fixed_latency.as_micros()),
+        format!("--per-token-latency={}ns", model.per_token_latency.as_nanos()),
+    ];
+    if let Some(n) = model.max_batch_requests {
+        args.push(format!("--max-batch-requests={n}"));
+    }
+    // Only passed when spinning, so a simulator without the flag still runs the sleeping model.
+    if model.device == Device::Spin {
+        args.push("--device=spin".into());
+    }
+    let launch = Launch { name, program: bins.path("tei-sim"), args, env: vec![] };
+    let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
+    proc.wait(Duration::from_secs(10), || async move { admin::get(admin, "/healthz").await.is_some() }).await?;
+    Ok(proc)
+}
+
+/// The multiplexer's static-mode limits.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MuxLimits {
+    pub max_in_flight: usize,
+    pub max_queued: usize,
+    #[serde(with = "millis")]
+    pub queue_timeout: Duration,
+    /// HTTP/2 streams per client connection.
+    pub max_concurrent_streams: u32,
+    /// Identical in-flight unary calls share one upstream call (`--coalesce`).
+    #[serde(default)]
+    pub coalesce: bool,
+}
+
+fn mux_args(grpc: u16, admin: u16, upstream: &Proc, limits: &MuxLimits) -> Vec<String> {
+    let mut args = vec![
+        format!("--listen=127.0.0.1:{grpc}"),
+        format!("--admin-listen=127.0.0.1:{admin}"),
+        format!("--upstream={}", upstream.url()),
+        format!("--max-in-flight={}", limits.max_in_flight),
+        format!("--max-queued={}", limits.max_queued),
+        format!("--queue-timeout={}ms", limits.queue_timeout.as_millis()),
+        format!("--max-concurrent-streams={}", limits.max_concurrent_streams),
+        "--drain-delay=0s".into(),
+    ];
+    if limits.coalesce {
+        args.push("--coalesce".into());
+    }
+    args
+}
+
+pub async fn start_mux(bins: &Bins, name: &str, upstream: &Proc, limits: &MuxLimits) -> Result<Proc> {
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let args = mux_args(grpc, admin, upstream, limits);
+    let launch = Launch { name, program: bins.path("teifleet-multiplexer"), args, env: vec![] };
+    let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
+    proc.wait(Duration::from_secs(15), || async move { admin::get(admin, "/readyz").await.is_some() }).await?;
+    Ok(proc)
+}
+
+/// The multiplexer run by `valgrind --tool=callgrind`, which writes its instruction counts to
+/// `out` when the process exits. Startup under valgrind takes seconds.
+pub async fn start_mux_callgrind(
+    bins: &Bins,
+    name: &str,
+    upstream: &Proc,
+    limits: &MuxLimits,
+    out: &Path,
+) -> Result<Proc> {
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let mut args = vec![
+        "--tool=callgrind".to_owned(),
+        format!("--callgrind-out-file={}", out.display()),
+        bins.path("teifleet-multiplexer").display().to_string(),
+    ];
+    args.extend(mux_args(grpc, admin, upstream, limits));
+    let launch = Launch { name, program: "valgrind".into(), args, env: vec![] };
+    let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
+    proc.wait(Duration::from_secs(120), || async move { admin::get(admin, "/readyz").await.is_some() }).await?;
+    Ok(proc)
+}
+
+/// The floor proxy in front of `upstream`.
+pub async fn start_floor(bins: &Bins, name: &str, upstream: &Proc) -> Result<Proc> {
+    let grpc = free_port()?;
+    let args = vec![format!("--listen=127.0.0.1:{grpc}"), format!("--upstream={}", upstream.url())];
+    let launch = Launch { name, program: bins.path(FLOOR), args, env: vec![] };
+    let mut proc = Proc::spawn(bins, launch, grpc, 0)?;
+    // It connects upstream before it binds, so accepting a connection means ready.
+    proc.wait(
+        Duration::from_secs(10),
+        || async move { tokio::net::TcpStream::connect(("127.0.0.1", grpc)).await.is_ok() },
+    )
+    .await?;
+    Ok(proc)
+}
+
+/// The multiplexer in Kubernetes mode: pool and limits from the EmbeddingPool in `namespace`.
+pub async fn start_sidecar(
+    bins: &Bins,
+    upstream: &Proc,
+    kubeconfig: &Path,
+    namespace: &str,
+    pool: &str,
+) -> Result<Proc> {
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let args = vec![
+        format!("--listen=127.0.0.1:{grpc}"),
+        format!("--admin-listen=127.0.0.1:{admin}"),
+        format!("--upstream={}", upstream.url()),
+        format!("--pool={pool}"),
+        format!("--namespace={namespace}"),
+        "--drain-delay=0s".into(),
+    ];
+    let launch = Launch {
+        name: "sidecar",
+        program: bins.path("teifleet-multiplexer"),
+        args,
+        env: vec![("KUBECONFIG", kubeconfig)],
+    };
+    let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
+    proc.wait(Duration::from_secs(60), || async move { admin::get(admin, "/readyz").await.is_some() }).await?;
+    Ok(proc)
+}
+
+/// The operator, with the admin kubeconfig, leader election on in `lease_namespace`.
+pub async fn start_operator(bins: &Bins, kubeconfig: &Path, lease_namespace: &str) -> Result<Proc> {
+    let admin = free_port()?;
+    let args = vec![
+        format!("--admin-listen=127.0.0.1:{admin}"),
+        format!("--lease-namespace={lease_namespace}"),
+        "--lease-duration=3s".into(),
+        "--identity=teifleet-bench".into(),
+        "--log-format=pretty".into(),
+    ];
+    let launch = Launch {
+        name: "operator",
+        program: bins.path("teifleet-operator"),
+        args,
+        env: vec![("KUBECONFIG", kubeconfig)],
+    };
+    let mut proc = Proc::spawn(bins, launch, 0, admin)?;
+    proc.wait(Duration::from_secs(30), || async move { admin::get(admin, "/metrics").await.is_some() }).await?;
+    Ok(proc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spin_falls_back_to_sleep_without_the_flag() {
+        let spin = SimModel {
+            max_concurrent_requests: 8,
+            max_batch_requests: None,
+            fixed_latency: Duration::from_millis(1),
+            per_token_latency: Duration::ZERO,
+            device: Device::Spin,
+        };
+        assert_eq!(spin.supported(Features::default()).device, Device::Sleep);
+        let with = Features { sim_spin: true, ..Features::default() };
+        assert_eq!(spin.supported(with).device, Device::Spin);
+    }
+
+    #[test]
+    fn models_round_trip_through_json_in_milliseconds() {
+        let limits = MuxLimits {
+            max_in_flight: 16,
+            max_queued: 128,
+            queue_timeout: Duration::from_millis(500),
+            max_concurrent_streams: 1024,
+            coalesce: true,
+        };
+        let json = serde_json::to_value(limits).unwrap();
+        assert_eq!(json["queue_timeout"], 500.0);
+        assert_eq!(serde_json::from_value::<MuxLimits>(json).unwrap(), limits);
+    }
+}

@@ -1,0 +1,208 @@
+//! Scenario 7, shed storm: a CPU-bound backend (the simulator's device spins for each batch's
+//! time, like TEI on CPU) shares the machine's 2 cores with the client and the multiplexer.
+//! Capacity is what 16 closed-loop clients get going direct. Then 512 closed-loop clients go
+//! through the multiplexer, each resending the moment it is refused: every refusal costs CPU the
+//! device needed, so goodput holds only if shedding is much cheaper than serving. Target:
+//! goodput ≥ 0.9 × capacity; the multiplexer's CPU per shed is printed next to its CPU per
+//! served call.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use teifleet_load::{LoadConfig, Report};
+
+use super::{Context, Scenario, gpu_model, measure, warm_up, words};
+use crate::procfs::CpuMeter;
+use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
+use crate::targets::{Rule, Target, ratio};
+use crate::{Error, Result};
+
+pub const GOODPUT_LIMIT: f64 = 0.9;
+/// Clients that keep the device busy going direct: two full batches.
+pub const CAPACITY_CLIENTS: usize = 16;
+pub const STORM_CLIENTS: usize = 512;
+const CONNECTIONS: usize = 16;
+const TOKENS: usize = 16;
+
+/// CPU seconds each process spent over one run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunCpu {
+    pub mux_s: f64,
+    pub sim_s: f64,
+    /// The load generator (this process).
+    pub client_s: f64,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub report: Report,
+    pub cpu: RunCpu,
+}
+
+impl Run {
+    /// Answers other than OK: the refusals.
+    pub fn sheds(&self) -> u64 {
+        self.report.answered.saturating_sub(self.report.ok)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ShedStorm {
+    pub backend: SimModel,
+    pub limits: MuxLimits,
+    pub seconds: f64,
+    /// Direct, 16 clients: the capacity.
+    pub capacity: Run,
+    /// Through the multiplexer, 16 clients: nothing shed, so its CPU per served call.
+    pub served: Run,
+    /// Through the multiplexer, 512 clients resending every refusal.
+    pub storm: Run,
+}
+
+impl ShedStorm {
+    pub fn capacity_rps(&self) -> f64 {
+        self.capacity.report.goodput_rps
+    }
+
+    pub fn goodput_ratio(&self) -> f64 {
+        ratio(self.storm.report.goodput_rps, self.capacity_rps())
+    }
+
+    /// The multiplexer's CPU per served call, µs, from the run without sheds.
+    pub fn mux_us_per_served(&self) -> f64 {
+        ratio(self.served.cpu.mux_s * 1e6, self.served.report.ok as f64)
+    }
+
+    /// The multiplexer's CPU per refusal, µs: the storm's CPU less what its served calls cost at
+    /// the served rate, over the refusals.
+    pub fn mux_us_per_shed(&self) -> f64 {
+        let serving = self.storm.report.ok as f64 * self.mux_us_per_served();
+        ratio(self.storm.cpu.mux_s * 1e6 - serving, self.storm.sheds() as f64)
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        let scenario = Scenario::ShedStorm.label();
+        let goodput = Target::at_least(
+            &scenario,
+            &format!("goodput at c={STORM_CLIENTS}, resending ÷ capacity"),
+            self.goodput_ratio(),
+            GOODPUT_LIMIT,
+            "× capacity",
+        );
+        let goodput = if self.backend.device == Device::Sleep {
+            goodput.skip_because(
+                "the simulator has no --device spin yet: a sleeping device does not compete for CPU, which is \
+                 what this scenario measures",
+            )
+        } else {
+            goodput
+        };
+        let goodput = goodput.note_if_not_passed(format!(
+            "each refusal costs the multiplexer {:.0} µs of CPU (a served call {:.0} µs) and the client as much \
+             again, taken from the device's cores; {} refusals in {:.0} s. Refusing earlier and cheaper (before \
+             decoding the request, without per-refusal metrics work), or bounding the connection's concurrent \
+             streams so excess calls wait in the client instead of spinning, would leave the device its core",
+            self.mux_us_per_shed(),
+            self.mux_us_per_served(),
+            self.storm.sheds(),
+            self.seconds
+        ));
+        vec![
+            goodput,
+            Target::info(&scenario, "multiplexer CPU per shed", Some(self.mux_us_per_shed()), "µs"),
+            Target::info(&scenario, "multiplexer CPU per served call", Some(self.mux_us_per_served()), "µs"),
+        ]
+    }
+}
+
+pub fn planned_targets() -> Vec<Target> {
+    let name = format!("goodput at c={STORM_CLIENTS}, resending ÷ capacity");
+    vec![Target::new(&Scenario::ShedStorm.label(), &name, None, Rule::AtLeast, GOODPUT_LIMIT, "× capacity")]
+}
+
+pub fn limits() -> MuxLimits {
+    // Two batches in flight keep the device busy; a queue of one more round, so nearly every
+    // call beyond that is refused at once.
+    MuxLimits {
+        max_in_flight: 16,
+        max_queued: 16,
+        queue_timeout: Duration::from_millis(500),
+        max_concurrent_streams: 1024,
+        coalesce: false,
+    }
+}
+
+async fn closed_run(target: &str, clients: usize, duration: Duration, meter: &[u32]) -> Result<Run> {
+    let config = LoadConfig {
+        connections: CONNECTIONS,
+        inputs: words(TOKENS),
+        duration,
+        grace: Duration::from_secs(5),
+        // Bounded by time; the count is a backstop far above what a run can send.
+        ..LoadConfig::closed(target, clients, 10_000_000)
+    };
+    let cpu = CpuMeter::start(meter)?;
+    let report = measure(config).await?;
+    let spent = cpu.stop()?;
+    if report.ok == 0 {
+        return Err(Error::Process(format!("no call succeeded at {target}")));
+    }
+    Ok(Run { report, cpu: RunCpu { mux_s: spent[0], sim_s: spent[1], client_s: spent[2] } })
+}
+
+pub async fn run(ctx: &Context) -> Result<ShedStorm> {
+    let backend = gpu_model(512, Device::Spin).supported(ctx.features);
+    let sim = procs::start_sim(&ctx.bins, "storm-sim", &backend).await?;
+    let limits = limits();
+    let mux = procs::start_mux(&ctx.bins, "storm-mux", &sim, &limits).await?;
+    warm_up(&sim.url(), CONNECTIONS).await?;
+    warm_up(&mux.url(), CONNECTIONS).await?;
+    let meter = [mux.pid(), sim.pid(), std::process::id()];
+    let duration = ctx.pick(Duration::from_secs(5), Duration::from_secs(20));
+    let run = |target: &Proc, clients: usize| {
+        let target = target.url();
+        async move { closed_run(&target, clients, duration, &meter).await }
+    };
+    ctx.say(&format!("shed storm: capacity, {CAPACITY_CLIENTS} clients direct"));
+    let capacity = run(&sim, CAPACITY_CLIENTS).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ctx.say(&format!("shed storm: {CAPACITY_CLIENTS} clients through the multiplexer"));
+    let served = run(&mux, CAPACITY_CLIENTS).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ctx.say(&format!("shed storm: {STORM_CLIENTS} clients through the multiplexer, resending every refusal"));
+    let storm = run(&mux, STORM_CLIENTS).await?;
+    Ok(ShedStorm { backend, limits, seconds: duration.as_secs_f64(), capacity, served, storm })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::targets::Verdict;
+
+    fn run(ok: u64, answered: u64, goodput_rps: f64, mux_s: f64) -> Run {
+        let report = Report { ok, answered, sent: answered, goodput_rps, ..Report::default() };
+        Run { report, cpu: RunCpu { mux_s, sim_s: 1.0, client_s: 1.0 } }
+    }
+
+    #[test]
+    fn shed_cost_is_what_the_storm_spent_beyond_serving() {
+        let storm = ShedStorm {
+            backend: gpu_model(512, Device::Spin),
+            limits: limits(),
+            seconds: 10.0,
+            capacity: run(3000, 3000, 300.0, 0.0),
+            // 3000 served for 0.6 s: 200 µs each.
+            served: run(3000, 3000, 300.0, 0.6),
+            // 2800 served (0.56 s) and 100,000 refused with 5.56 s in all: 50 µs per refusal.
+            storm: run(2800, 102_800, 280.0, 5.56),
+        };
+        assert!((storm.mux_us_per_served() - 200.0).abs() < 1e-6);
+        assert!((storm.mux_us_per_shed() - 50.0).abs() < 1e-6, "{}", storm.mux_us_per_shed());
+        let targets = storm.targets();
+        assert!((targets[0].measured.unwrap() - 0.9333).abs() < 1e-3);
+        assert_eq!(targets[0].verdict, Verdict::Pass);
+        assert_eq!(targets[1].verdict, Verdict::Info);
+        let sleeping = ShedStorm { backend: gpu_model(512, Device::Sleep), ..storm };
+        assert_eq!(sleeping.targets()[0].verdict, Verdict::Skip);
+    }
+}

@@ -1,0 +1,164 @@
+//! Scenario 8, streams (the tei-manager benchmarks' streaming rows): one EmbedStream call
+//! carrying 5, 10 or 20 messages at a time, closed loop, direct and through the multiplexer in
+//! interleaved rounds, on the ~1 ms device of the overhead scenario. The multiplexer takes a
+//! permit per message, so this is where a per-message cost would show. Target: the 20-message
+//! call's p50 grows ≤ 3%.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use teifleet_load::{Call, LoadConfig};
+
+use super::{Context, Sample, Scenario, interleaved, median_of, precise_model, samples, warm_up, words};
+use crate::Result;
+use crate::procs::{self, Device, MuxLimits, SimModel};
+use crate::targets::{Rule, Target, added_percent};
+
+pub const LIMIT_PERCENT: f64 = 3.0;
+pub const TARGET_BATCH: usize = 20;
+const BATCHES: [usize; 3] = [5, 10, TARGET_BATCH];
+const TOKENS: usize = 20;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StreamCase {
+    pub messages: usize,
+    pub calls_per_round: u64,
+    pub direct: Vec<Sample>,
+    pub mux: Vec<Sample>,
+}
+
+impl StreamCase {
+    pub fn direct_p50_ms(&self) -> f64 {
+        median_of(&self.direct, |s| s.p50_ms)
+    }
+
+    pub fn mux_p50_ms(&self) -> f64 {
+        median_of(&self.mux, |s| s.p50_ms)
+    }
+
+    /// Percent the multiplexer adds to the call's p50: the median over rounds of each round's.
+    pub fn added_percent(&self) -> f64 {
+        let per_round: Vec<f64> =
+            self.direct.iter().zip(&self.mux).map(|(d, m)| added_percent(d.p50_ms, m.p50_ms)).collect();
+        crate::targets::median(&per_round)
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Streams {
+    pub backend: SimModel,
+    pub limits: MuxLimits,
+    pub rounds: usize,
+    pub tokens: usize,
+    pub cases: Vec<StreamCase>,
+}
+
+impl Streams {
+    pub fn targets(&self) -> Vec<Target> {
+        let scenario = Scenario::Streams.label();
+        self.cases
+            .iter()
+            .filter(|c| c.messages == TARGET_BATCH)
+            .map(|c| {
+                let added = c.added_percent();
+                let target = Target::at_most(
+                    &scenario,
+                    &format!("added p50, EmbedStream of {}", c.messages),
+                    added,
+                    LIMIT_PERCENT,
+                    "%",
+                );
+                let target = if self.backend.device == Device::Sleep {
+                    target.skip_because(
+                        "the simulator has no --device spin yet: on a sleeping device the call's batches round to \
+                         1 ms ticks, so a few µs can move it by a whole tick",
+                    )
+                } else {
+                    target
+                };
+                target.note_if_not_passed(format!(
+                    "the stream's {} messages each wait for a permit and are forwarded one by one; {:.0} µs added to \
+                     a {:.2} ms call. Forwarding each message as it is admitted, without waiting on the previous \
+                     answer, and keeping per-message work to the permit would bring it within the limit",
+                    c.messages,
+                    (c.mux_p50_ms() - c.direct_p50_ms()) * 1e3,
+                    c.direct_p50_ms()
+                ))
+            })
+            .collect()
+    }
+}
+
+pub fn planned_targets() -> Vec<Target> {
+    let name = format!("added p50, EmbedStream of {TARGET_BATCH}");
+    vec![Target::new(&Scenario::Streams.label(), &name, None, Rule::AtMost, LIMIT_PERCENT, "%")]
+}
+
+pub async fn run(ctx: &Context) -> Result<Streams> {
+    let backend = precise_model(ctx.features);
+    let sim = procs::start_sim(&ctx.bins, "streams-sim", &backend).await?;
+    let limits = MuxLimits {
+        max_in_flight: 64,
+        max_queued: 256,
+        queue_timeout: Duration::from_secs(2),
+        max_concurrent_streams: 256,
+        coalesce: false,
+    };
+    let mux = procs::start_mux(&ctx.bins, "streams-mux", &sim, &limits).await?;
+    let targets = [sim.url(), mux.url()];
+    for target in &targets {
+        warm_up(target, 1).await?;
+    }
+    let rounds = ctx.pick(3, 5);
+    let calls = ctx.pick(60, 200);
+    let mut cases = Vec::new();
+    for messages in BATCHES {
+        ctx.say(&format!("streams: EmbedStream of {messages}, {rounds} rounds"));
+        let config = |t: &str| LoadConfig {
+            call: Call::EmbedStream { batch: messages },
+            inputs: words(TOKENS),
+            ..LoadConfig::closed(t, 1, calls)
+        };
+        let mut sides = interleaved(&targets, rounds, config).await?.into_iter();
+        let (direct, mux) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
+        cases.push(StreamCase { messages, calls_per_round: calls, direct: samples(&direct), mux: samples(&mux) });
+    }
+    Ok(Streams { backend, limits, rounds, tokens: TOKENS, cases })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scenarios::fast_model;
+    use crate::targets::Verdict;
+
+    #[test]
+    fn the_target_is_the_median_round_of_the_20_message_call() {
+        let s = |p50_ms| Sample { p50_ms, ..Sample::default() };
+        let case =
+            |messages, direct: Vec<Sample>, mux: Vec<Sample>| StreamCase { messages, calls_per_round: 1, direct, mux };
+        let limits = MuxLimits {
+            max_in_flight: 64,
+            max_queued: 256,
+            queue_timeout: Duration::from_secs(2),
+            max_concurrent_streams: 256,
+            coalesce: false,
+        };
+        let result = Streams {
+            backend: SimModel { device: Device::Spin, ..fast_model() },
+            limits,
+            rounds: 3,
+            tokens: TOKENS,
+            cases: vec![
+                case(5, vec![s(1.0)], vec![s(2.0)]),
+                case(20, vec![s(2.0), s(2.0), s(2.0)], vec![s(2.02), s(2.04), s(3.0)]),
+            ],
+        };
+        let targets = result.targets();
+        assert_eq!(targets.len(), 1);
+        assert!((targets[0].measured.unwrap() - 2.0).abs() < 1e-9, "{targets:?}");
+        assert_eq!(targets[0].verdict, Verdict::Pass);
+        let sleeping = Streams { backend: fast_model(), ..result };
+        assert_eq!(sleeping.targets()[0].verdict, Verdict::Skip);
+    }
+}
