@@ -1,14 +1,8 @@
 //! The admin HTTP port: `/metrics`, `/healthz`, `/readyz`.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
-use prometheus::{Encoder, TextEncoder};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -41,39 +35,11 @@ impl Readiness {
     }
 }
 
-#[derive(Clone)]
-struct AdminState {
-    metrics: Metrics,
-    readiness: Arc<Readiness>,
-}
-
-async fn metrics(State(state): State<AdminState>) -> (StatusCode, String) {
-    let mut buffer = Vec::new();
-    match TextEncoder::new().encode(&state.metrics.registry.gather(), &mut buffer) {
-        Ok(()) => (StatusCode::OK, String::from_utf8_lossy(&buffer).into_owned()),
-        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()),
-    }
-}
-
-async fn readyz(State(state): State<AdminState>) -> (StatusCode, String) {
-    match state.readiness.ready() {
-        Ok(()) => (StatusCode::OK, "ready\n".into()),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
-    }
-}
-
-/// Serves the admin endpoints on `listener` until `stop`.
+/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, metrics: Metrics, readiness: Arc<Readiness>, stop: CancellationToken) {
-    let app = Router::new()
-        .route("/metrics", get(self::metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
-        .with_state(AdminState { metrics, readiness });
-    if let Err(error) = axum::serve(listener, app).with_graceful_shutdown(stop.cancelled_owned()).await {
+    let router =
+        teifleet_runtime::admin::routes(metrics.registry.clone()).readyz(move || readiness.ready()).into_router();
+    if let Err(error) = teifleet_runtime::admin::serve(listener, router, stop.cancelled_owned()).await {
         tracing::error!(%error, "admin server failed");
     }
-}
-
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }

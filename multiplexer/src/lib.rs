@@ -74,8 +74,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Why the multiplexer could not start, or could not apply a configuration.
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("cannot listen on {addr}: {error}")]
+    Bind { addr: SocketAddr, error: std::io::Error },
 
     #[error("invalid upstream address {url:?}: {reason}")]
     InvalidUpstream { url: String, reason: String },

@@ -71,20 +71,23 @@ impl Metrics {
             total: histogram("teifleet_request_duration_seconds", "Whole request time seen by the multiplexer."),
         };
         let registry = Registry::new();
-        for collector in [
-            Box::new(families.requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(families.coalesced.clone()),
-            Box::new(families.in_flight.clone()),
-            Box::new(families.queued.clone()),
-            Box::new(families.limit_in_flight.clone()),
-            Box::new(families.limit_queued.clone()),
-            Box::new(families.queue_wait.clone()),
-            Box::new(families.tei_queue.clone()),
-            Box::new(families.tei_inference.clone()),
-            Box::new(families.total.clone()),
-        ] {
-            registry.register(collector).expect("unique metric names");
-        }
+        let f = &families;
+        teifleet_runtime::metrics::register(
+            &registry,
+            &[
+                &f.requests,
+                &f.coalesced,
+                &f.in_flight,
+                &f.queued,
+                &f.limit_in_flight,
+                &f.limit_queued,
+                &f.queue_wait,
+                &f.tei_queue,
+                &f.tei_inference,
+                &f.total,
+            ],
+        )
+        .expect("unique metric names");
         Self { registry, families: Arc::new(families) }
     }
 

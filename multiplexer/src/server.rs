@@ -95,11 +95,11 @@ impl Running {
 
 /// Binds and starts serving `pools`, whose own pool is `pools.own_name()`.
 pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) -> Result<Running> {
-    let bind = |addr: SocketAddr| move |source| SetupError::Bind { addr, source };
+    let bind = |addr: SocketAddr| move |error| SetupError::Bind { addr, error };
     let listener = TcpListener::bind(settings.listen).await.map_err(bind(settings.listen))?;
     let grpc_addr = listener.local_addr().map_err(bind(settings.listen))?;
     let admin_listener = match settings.admin_listen {
-        Some(addr) => Some(admin::bind(addr).await.map_err(bind(addr))?),
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(bind(addr))?),
         None => None,
     };
     let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
