@@ -2,13 +2,12 @@
 
 use std::fmt::Write as _;
 
-use teifleet_load::Report;
 use teifleet_load::render::codes;
 
 use crate::procs::{Device, MuxLimits, SimModel};
 use crate::results::{Outcome, Section};
 use crate::scenarios::burst::{self, Burst};
-use crate::scenarios::coalescing::{self, Coalescing};
+use crate::scenarios::coalescing::{self, CoalesceRun, Coalescing};
 use crate::scenarios::cost::Cost;
 use crate::scenarios::live_limits::LiveLimits;
 use crate::scenarios::overhead::{self, CaseResult, Overhead};
@@ -310,7 +309,7 @@ fn cost(r: &Cost) -> String {
         cpu.sim_us_per_call()
     );
     let _ = writeln!(out, "\nRatio multiplexer ÷ simulator: **{}×**.", number(cpu.ratio()));
-    let _ = writeln!(out, "\n**Instructions.**");
+    let _ = write!(out, "\n**Instructions.**");
     match (&r.instructions, &r.instructions_missing) {
         (Some(i), _) => {
             let _ = writeln!(
@@ -420,9 +419,13 @@ fn shed_storm(r: &ShedStorm) -> String {
     let _ = writeln!(
         out,
         "\nThe multiplexer's CPU: **{:.0} µs per served call, {:.0} µs per shed** (the storm's CPU less its served \
-         calls at the served rate, over the refusals).",
+         calls at the served rate, over the refusals). The client spent {:.0} µs per answer in the storm, and the \
+         simulator got {:.0}% less CPU than while serving {} clients.",
         r.mux_us_per_served(),
-        r.mux_us_per_shed()
+        r.mux_us_per_shed(),
+        r.client_us_per_answer(),
+        r.device_cpu_lost() * 100.0,
+        shed_storm::CAPACITY_CLIENTS
     );
     if r.backend.device == Device::Sleep {
         let _ = writeln!(
@@ -465,16 +468,18 @@ fn streams(r: &Streams) -> String {
     out
 }
 
-fn coalescing_row(out: &mut String, name: &str, x: &Report, tei_calls: u64, capacity: f64) {
-    let saved = x.ok.saturating_sub(tei_calls);
+fn coalescing_row(out: &mut String, name: &str, run: &CoalesceRun, capacity: f64) {
+    let (x, tei_calls) = (&run.report, run.tei_calls);
+    let saved = run.saved();
+    let joined = run.mux_coalesced.map_or("—".into(), |n| n.to_string());
     let _ = writeln!(
         out,
-        "| {name} | {:.0} | {} | {:.1} | {:.3} | {tei_calls} | {saved} ({:.1}%) | {} |",
+        "| {name} | {:.0} | {} | {:.1} | {:.3} | {tei_calls} | {saved} ({:.1}%) | {joined} | {} |",
         x.offered_rps.unwrap_or(0.0),
         x.ok,
         x.goodput_rps,
         ratio(x.goodput_rps, capacity),
-        ratio(saved as f64, x.ok as f64) * 100.0,
+        run.saved_share() * 100.0,
         codes(x)
     );
 }
@@ -502,16 +507,17 @@ fn coalescing(r: &Coalescing) -> String {
     );
     let _ = writeln!(
         out,
-        "| setup | offered/s | OK | goodput/s | ÷ capacity | TEI calls | answers without a TEI call | codes |"
+        "| setup | offered/s | OK | goodput/s | ÷ capacity | TEI calls | answers without a TEI call | \
+         joined (mux metric) | codes |"
     );
-    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
-    coalescing_row(&mut out, "multiplexer", &r.without.report, r.without.tei_calls, r.capacity.rps);
+    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    coalescing_row(&mut out, "multiplexer", &r.without, r.capacity.rps);
     match (&r.with, &r.with_missing) {
-        (Some(w), _) => coalescing_row(&mut out, "multiplexer --coalesce", &w.report, w.tei_calls, r.capacity.rps),
+        (Some(w), _) => coalescing_row(&mut out, "multiplexer --coalesce", w, r.capacity.rps),
         (None, why) => {
             let _ = writeln!(
                 out,
-                "| multiplexer --coalesce | not measured: {} | | | | | | |",
+                "| multiplexer --coalesce | not measured: {} | | | | | | | |",
                 why.as_deref().unwrap_or("unknown")
             );
         }

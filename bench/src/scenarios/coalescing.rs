@@ -32,6 +32,9 @@ pub struct CoalesceRun {
     pub report: Report,
     /// Calls the simulator answered during the run (its /stats).
     pub tei_calls: u64,
+    /// The multiplexer's own count of calls that joined another (`teifleet_coalesced_total`).
+    #[serde(default)]
+    pub mux_coalesced: Option<u64>,
 }
 
 impl CoalesceRun {
@@ -113,8 +116,12 @@ async fn zipf_run(ctx: &Context, sim: &Proc, mux: &Proc, rate: f64, duration: Du
     // Answers that came back after the client gave up still cost TEI a call: let them finish.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let stats = admin::sim_stats(sim.admin).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
+    let mux_coalesced = admin::get(mux.admin, "/metrics")
+        .await
+        .filter(|text| text.contains("teifleet_coalesced_total"))
+        .map(|text| admin::metric_sum(&text, "teifleet_coalesced_total") as u64);
     ctx.say(&format!("coalescing: {} OK of {} sent, {} TEI calls", report.ok, report.sent, stats.completed));
-    Ok(CoalesceRun { report, tei_calls: stats.completed })
+    Ok(CoalesceRun { report, tei_calls: stats.completed, mux_coalesced })
 }
 
 pub async fn run(ctx: &Context) -> Result<Coalescing> {
@@ -159,7 +166,7 @@ mod tests {
     use crate::targets::Verdict;
 
     fn run(ok: u64, goodput_rps: f64, tei_calls: u64) -> CoalesceRun {
-        CoalesceRun { report: Report { ok, goodput_rps, ..Report::default() }, tei_calls }
+        CoalesceRun { report: Report { ok, goodput_rps, ..Report::default() }, tei_calls, mux_coalesced: None }
     }
 
     fn result(with: Option<CoalesceRun>) -> Coalescing {

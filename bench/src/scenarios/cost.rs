@@ -211,7 +211,7 @@ async fn cpu_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<C
 /// Runs the multiplexer under callgrind twice, with `calls` calls and with none over the same
 /// time, and divides the difference.
 async fn instructions_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<Instructions> {
-    let calls = ctx.pick(300, 3000);
+    let calls = ctx.pick(1000, 3000);
     let logs = &ctx.bins.logs;
     ctx.say(&format!("cost: instructions of {calls} calls through the multiplexer under callgrind"));
     let (measured, seconds) =
