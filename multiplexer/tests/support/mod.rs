@@ -14,6 +14,11 @@ use teifleet_proto::v1::{self, embed_client::EmbedClient};
 use teifleet_tei_sim::{SimConfig, SimHandle};
 use tonic::transport::Channel;
 
+/// Polls until a condition holds (`until(what, timeout, check)`), panicking after the timeout.
+pub use teifleet_testkit::poll::until;
+/// The value of a metric line (exact name and labels) in the Prometheus text.
+pub use teifleet_testkit::prom::value as metric;
+
 pub const MODEL: &str = "teifleet/sim-embedding";
 
 pub fn limits(in_flight: usize, queued: usize) -> Limits {
@@ -80,23 +85,7 @@ pub fn with_meta<T>(message: T, pairs: &[(&'static str, &str)]) -> tonic::Reques
     request
 }
 
-/// Polls until `check` holds, for at most `timeout`.
-pub async fn until(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !check() {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// The value of a metric line (exact name and labels) in the Prometheus text.
-pub fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines().find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
-}
-
+/// The Prometheus text the multiplexer's `/metrics` would serve.
 pub fn metrics_text(running: &Running) -> String {
-    use prometheus::Encoder;
-    let mut buffer = Vec::new();
-    prometheus::TextEncoder::new().encode(&running.metrics.registry.gather(), &mut buffer).unwrap();
-    String::from_utf8(buffer).unwrap()
+    teifleet_runtime::metrics::render(&running.metrics.registry).expect("metrics encode")
 }

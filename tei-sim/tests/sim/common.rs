@@ -5,8 +5,6 @@ use std::time::Duration;
 use teifleet_proto::v1::EmbedRequest;
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_tei_sim::{SimConfig, SimHandle};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tonic::transport::{Channel, Endpoint};
 
 /// Upper bound on every test, so a hang fails instead of blocking the suite.
@@ -37,25 +35,8 @@ pub fn embed_request(inputs: &str) -> EmbedRequest {
     EmbedRequest { inputs: inputs.to_owned(), ..Default::default() }
 }
 
-/// A minimal HTTP/1.1 client, enough for the admin port.
+/// Status and body of an admin-port request; panics when the port does not answer.
 pub async fn http(addr: SocketAddr, method: &str, path: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).await.expect("admin port answers");
-    let request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.expect("request sent");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("response read");
-    let status = response.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("status line");
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
-    (status, body)
-}
-
-/// Polls `check` until it holds or a couple of seconds pass.
-pub async fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    for _ in 0..200 {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    check()
+    let response = teifleet_testkit::http::request(addr, method, path).await.expect("admin port answers");
+    (response.status, response.body)
 }

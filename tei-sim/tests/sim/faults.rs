@@ -3,12 +3,13 @@ use std::time::Duration;
 use teifleet_proto::v1::InfoRequest;
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_tei_sim::{Fault, SimConfig};
+use teifleet_testkit::poll::until;
 use tonic::Code;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-use crate::common::{bounded, channel, embed_client, embed_request, eventually, start};
+use crate::common::{bounded, channel, embed_client, embed_request, start};
 
 async fn health(client: &mut HealthClient<tonic::transport::Channel>, service: &str) -> ServingStatus {
     let request = HealthCheckRequest { service: service.to_owned() };
@@ -76,7 +77,7 @@ async fn cancelled_stalled_call_releases_its_slot() {
         let mut client = embed_client(&sim).await;
         let stalled = tokio::time::timeout(Duration::from_millis(200), client.embed(embed_request("given up"))).await;
         assert!(stalled.is_err(), "the stalled call times out on the client side");
-        assert!(eventually(|| sim.stats().in_flight == 0).await, "{:?}", sim.stats());
+        until("the stalled call's slot to be released", Duration::from_secs(2), || sim.stats().in_flight == 0).await;
 
         // The slot is free again: with the fault cleared, the single slot admits a new call.
         sim.set_fault(Fault::None);

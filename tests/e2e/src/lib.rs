@@ -5,16 +5,20 @@
 //! `TEIFLEET_OPERATOR_BIN` (a built `teifleet-operator`); `make test-cluster` sets both.
 #![forbid(unsafe_code)]
 
-use std::future::Future;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Node};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Api, Client, Config};
+use kube::api::{DeleteParams, PostParams};
+use kube::config::Kubeconfig;
+use kube::{Api, Client};
+pub use teifleet_testkit::http::get as http_get;
+pub use teifleet_testkit::kube::TestNamespace;
+pub use teifleet_testkit::net::{free_port, loopback};
+pub use teifleet_testkit::poll::eventually;
+use teifleet_testkit::process::{ChildGuard, OnDrop};
 
 pub mod pools;
 
@@ -75,83 +79,24 @@ pub async fn admin_client() -> Client {
     client_for(&kubeconfig_path()).await
 }
 
-pub async fn client_for(kubeconfig: &std::path::Path) -> Client {
-    let kubeconfig = Kubeconfig::read_from(kubeconfig).expect("kubeconfig readable");
-    let config =
-        Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await.expect("kubeconfig valid");
-    Client::try_from(config).expect("client")
-}
-
-/// Polls `check` every 200 ms until it yields a value, panicking with `what` after `timeout`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+pub async fn client_for(kubeconfig: &Path) -> Client {
+    teifleet_testkit::kube::client(kubeconfig).await.expect("a client from the kubeconfig")
 }
 
 /// Installs (or updates) the checked-in CRD and waits until the API server serves it.
 pub async fn install_crd(client: &Client) {
-    let path = repo_root().join("crds/teifleet.dev_embeddingpools.yaml");
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&std::fs::read_to_string(&path).expect("CRD file")).expect("CRD parses");
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let name = crd.metadata.name.clone().expect("CRD name");
-    api.patch(&name, &PatchParams::apply(FIELD_MANAGER).force(), &Patch::Apply(&crd)).await.expect("CRD applies");
-    eventually("the CRD to be established", Duration::from_secs(30), || {
-        let api = api.clone();
-        let name = name.clone();
-        async move {
-            let crd = api.get(&name).await.ok()?;
-            let established = crd.status?.conditions?.iter().any(|c| c.type_ == "Established" && c.status == "True");
-            established.then_some(())
-        }
-    })
-    .await;
-    // The discovery cache of a fresh client may lag the CRD by a moment.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let crd = repo_root().join("crds/teifleet.dev_embeddingpools.yaml");
+    teifleet_testkit::kube::install_crd(client, &crd, FIELD_MANAGER).await.expect("the CRD installs");
 }
 
-/// A namespace that exists for one test and is deleted when dropped.
-pub struct TestNamespace {
-    pub name: String,
+/// A namespace for one test, labelled as these tests' own; deleted when dropped.
+pub async fn test_namespace(prefix: &str) -> TestNamespace {
+    test_namespace_with_labels(prefix, BTreeMap::new()).await
 }
 
-impl TestNamespace {
-    pub async fn create(client: &Client, prefix: &str) -> Self {
-        Self::create_with_labels(client, prefix, serde_json::json!({})).await
-    }
-
-    pub async fn create_with_labels(client: &Client, prefix: &str, mut labels: serde_json::Value) -> Self {
-        labels[TEST_NAMESPACE_LABEL] = serde_json::json!("true");
-        let suffix =
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() % 1_000_000;
-        let name = format!("{prefix}-{suffix}");
-        let namespace: Namespace = serde_json::from_value(serde_json::json!({
-            "metadata": { "name": name, "labels": labels }
-        }))
-        .unwrap();
-        Api::<Namespace>::all(client.clone())
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("namespace created");
-        // Pods need the namespace's default ServiceAccount, made by the controller-manager.
-        let accounts: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
-        eventually("the default ServiceAccount", Duration::from_secs(30), || {
-            let accounts = accounts.clone();
-            async move { accounts.get_opt("default").await.ok().flatten() }
-        })
-        .await;
-        Self { name }
-    }
+pub async fn test_namespace_with_labels(prefix: &str, mut labels: BTreeMap<String, String>) -> TestNamespace {
+    labels.insert(TEST_NAMESPACE_LABEL.into(), "true".into());
+    TestNamespace::create(&kubeconfig_path(), prefix, labels).await.expect("namespace created")
 }
 
 /// Marks namespaces made by these tests.
@@ -171,25 +116,33 @@ pub async fn wait_for_other_test_namespaces_gone(client: &Client, own: &str) {
     .await;
 }
 
-impl Drop for TestNamespace {
-    fn drop(&mut self) {
-        if std::env::var_os("TEIFLEET_KEEP_NAMESPACES").is_none() {
-            kubectl(&["delete", "namespace", &self.name, "--wait=false", "--ignore-not-found"]);
-        }
-    }
-}
-
-/// Runs the cluster's kubectl against the local control plane; returns (success, stdout+stderr).
-pub fn kubectl(args: &[&str]) -> (bool, String) {
+/// Runs one of the cached cluster tools (`kubectl`, `helm`) from the repository root against the
+/// cluster of `kubeconfig`.
+pub fn cluster_tool(tool: &str, kubeconfig: &Path, args: &[&str]) -> std::process::Output {
     let cache = std::env::var("TEIFLEET_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/teifleet"));
-    let output = Command::new(cache.join("current/kubectl"))
+    Command::new(cache.join("current").join(tool))
         .arg("--kubeconfig")
-        .arg(kubeconfig_path())
+        .arg(kubeconfig)
         .args(args)
+        .current_dir(repo_root())
         .output()
-        .expect("kubectl runs");
+        .unwrap_or_else(|error| panic!("{tool} runs: {error}"))
+}
+
+/// Runs kubectl as the local control plane's admin; returns (success, stdout+stderr).
+pub fn kubectl(args: &[&str]) -> (bool, String) {
+    as_admin("kubectl", args)
+}
+
+/// Runs helm as the local control plane's admin; returns (success, stdout+stderr).
+pub fn helm(args: &[&str]) -> (bool, String) {
+    as_admin("helm", args)
+}
+
+fn as_admin(tool: &str, args: &[&str]) -> (bool, String) {
+    let output = cluster_tool(tool, &kubeconfig_path(), args);
     let text = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
     (output.status.success(), text)
 }
@@ -230,11 +183,11 @@ pub async fn delete_node(client: &Client, name: &str) {
     let _ = Api::<Node>::all(client.clone()).delete(name, &DeleteParams::default()).await;
 }
 
-/// The operator binary running as a child process, as it would in its Deployment.
+/// The operator binary running as a child process, as it would in its Deployment; stopped with
+/// SIGTERM when dropped, so a leader releases its lease for the next test.
 pub struct Operator {
-    child: Child,
+    process: ChildGuard,
     pub admin_port: u16,
-    pub log: PathBuf,
 }
 
 impl Operator {
@@ -244,11 +197,10 @@ impl Operator {
     }
 
     /// Starts the operator with its own kubeconfig, leader Lease namespace and extra flags.
-    pub fn start_with(name: &str, kubeconfig: &std::path::Path, lease_namespace: &str, extra_args: &[&str]) -> Self {
-        let admin_port = free_port();
-        let log = log_dir().join(format!("operator-{name}.log"));
-        let log_file = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
-        let child = Command::new(required_env("TEIFLEET_OPERATOR_BIN"))
+    pub fn start_with(name: &str, kubeconfig: &Path, lease_namespace: &str, extra_args: &[&str]) -> Self {
+        let admin_port = free_port().expect("a free port");
+        let mut command = Command::new(required_env("TEIFLEET_OPERATOR_BIN"));
+        command
             .env("KUBECONFIG", kubeconfig)
             .env("RUST_LOG", "info,teifleet_operator=debug")
             .args([
@@ -259,79 +211,38 @@ impl Operator {
                 "--identity",
                 name,
             ])
-            .args(extra_args)
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log file"))
-            .stderr(log_file)
-            .spawn()
-            .expect("operator starts");
-        Self { child, admin_port, log }
+            .args(extra_args);
+        let log = log_dir().join(format!("operator-{name}.log"));
+        let process = ChildGuard::spawn_logged(format!("operator {name}"), command, log)
+            .expect("operator starts")
+            .on_drop(OnDrop::Terminate(STOP_GRACE));
+        Self { process, admin_port }
     }
 
     /// Stops the operator with SIGKILL, as a crashed node would: no lease release, no cleanup.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
     }
 
     /// Stops the operator with SIGTERM and waits for it to exit.
     pub fn terminate(&mut self) -> Option<std::process::ExitStatus> {
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        self.kill();
-        None
+        self.process.terminate(STOP_GRACE)
     }
 
     /// The operator's Prometheus metrics text.
     pub async fn metrics(&self) -> Option<String> {
-        http_get(self.admin_port, "/metrics").await
+        http_get(loopback(self.admin_port), "/metrics").await
     }
 
     /// The value of one unlabeled metric, or the sum over a metric's label sets.
     pub async fn metric_sum(&self, name: &str) -> Option<f64> {
-        let text = self.metrics().await?;
-        Some(
-            text.lines()
-                .filter(|l| !l.starts_with('#'))
-                .filter(|l| l.split(['{', ' ']).next() == Some(name))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum(),
-        )
+        Some(teifleet_testkit::prom::sum(&self.metrics().await?, name))
     }
 
     pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log_text()
     }
 }
 
-impl Drop for Operator {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            self.terminate();
-        }
-    }
-}
-
-/// A port nothing listens on right now, for a child process to bind.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port()
-}
-
-/// A minimal HTTP/1.0 GET against the operator's admin port.
-pub async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
-    stream.write_all(format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").as_bytes()).await.ok()?;
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.ok()?;
-    let (head, body) = response.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200")
-        .then(|| body.to_owned())
-        .or_else(|| head.starts_with("HTTP/1.0 200").then(|| body.to_owned()))
-}
+/// How long a stopped operator gets to release its lease and exit.
+const STOP_GRACE: Duration = Duration::from_secs(15);

@@ -1,7 +1,6 @@
 //! The Helm chart installs, and the operator works using nothing but the chart ServiceAccount's
 //! token: proof that the chart's RBAC is sufficient.
 
-use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -10,27 +9,9 @@ use kube::Api;
 use kube::api::ListParams;
 use serde_json::json;
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
-use teifleet_e2e::{
-    Operator, TestNamespace, admin_client, eventually, install_crd, kubeconfig_path, kubectl, repo_root,
-};
+use teifleet_e2e::{Operator, admin_client, cluster_tool, eventually, helm, install_crd, kubectl, test_namespace};
 
 const RELEASE_NAMESPACE: &str = "teifleet-system";
-
-fn helm(args: &[&str]) -> (bool, String) {
-    let cache = std::env::var("TEIFLEET_CACHE")
-        .unwrap_or_else(|_| format!("{}/.cache/teifleet", std::env::var("HOME").unwrap_or_default()));
-    let output = Command::new(format!("{cache}/current/helm"))
-        .arg("--kubeconfig")
-        .arg(kubeconfig_path())
-        .args(args)
-        .current_dir(repo_root())
-        .output()
-        .expect("helm runs");
-    (
-        output.status.success(),
-        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr)),
-    )
-}
 
 #[tokio::test]
 async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
@@ -64,15 +45,12 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
     let (ok, token) = kubectl(&["create", "token", "teifleet-operator", "-n", RELEASE_NAMESPACE, "--duration=1h"]);
     assert!(ok, "{token}");
     let kubeconfig = teifleet_e2e::token_kubeconfig("chart-operator", token.trim());
-    let (ok, output) = Command::new(format!("{}/.cache/teifleet/current/kubectl", std::env::var("HOME").unwrap()))
-        .args(["--kubeconfig", kubeconfig.to_str().unwrap(), "auth", "can-i", "list", "secrets", "-A"])
-        .output()
-        .map(|o| (o.status.success(), String::from_utf8_lossy(&o.stdout).into_owned()))
-        .unwrap();
+    let can_i = cluster_tool("kubectl", &kubeconfig, &["auth", "can-i", "list", "secrets", "-A"]);
+    let (ok, output) = (can_i.status.success(), String::from_utf8_lossy(&can_i.stdout));
     assert!(!ok && output.trim() == "no", "the chart must not grant Secrets: {output}");
 
     let operator = Operator::start_with("chart", &kubeconfig, RELEASE_NAMESPACE, &["--lease-name=teifleet-operator"]);
-    let ns = TestNamespace::create(&client, "chart").await;
+    let ns = test_namespace("chart").await;
     create_pool(&client, &ns.name, "rbac", json!({ "gpu": { "type": "nvidia-l4" }, "replicas": 2 })).await;
     wait_until_ready(&client, &ns.name, "rbac").await;
 

@@ -4,7 +4,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use kube::core::ApiResource;
 use serde_json::{Value, json};
 use teifleet_crds::EmbeddingPool;
-use teifleet_e2e::{TestNamespace, admin_client, install_crd, kubectl};
+use teifleet_e2e::{admin_client, install_crd, kubectl, test_namespace};
 
 fn pool(name: &str, spec: Value) -> DynamicObject {
     serde_json::from_value(json!({
@@ -27,7 +27,7 @@ fn with(mut base: Value, pointer: &str, value: Value) -> Value {
 async fn invalid_specs_are_refused_with_readable_messages() {
     let client = admin_client().await;
     install_crd(&client).await;
-    let ns = TestNamespace::create(&client, "crd").await;
+    let ns = test_namespace("crd").await;
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), &ns.name, &ApiResource::erase::<EmbeddingPool>(&()));
     let valid = json!({
@@ -89,7 +89,7 @@ async fn kubectl_explains_the_fields() {
 async fn shipped_samples_are_accepted_by_the_api_server() {
     let client = admin_client().await;
     install_crd(&client).await;
-    let ns = TestNamespace::create(&client, "samples").await;
+    let ns = test_namespace("samples").await;
     let samples = teifleet_e2e::repo_root().join("deploy/samples");
     let (ok, output) = kubectl(&["apply", "--dry-run=server", "-n", &ns.name, "-f", samples.to_str().unwrap()]);
     assert!(ok, "{output}");

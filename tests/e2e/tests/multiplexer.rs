@@ -2,7 +2,7 @@
 //! EmbeddingPool status the operator publishes, using only the sidecar ServiceAccount's token,
 //! and applies a budget edit live without dropping a request.
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -11,30 +11,23 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use teifleet_crds::EmbeddingPool;
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
-use teifleet_e2e::{Operator, TestNamespace, admin_client, eventually, free_port, http_get, install_crd, log_dir};
+use teifleet_e2e::{
+    Operator, admin_client, eventually, free_port, http_get, install_crd, log_dir, loopback, test_namespace,
+};
 use teifleet_proto::v1::{EmbedRequest, embed_client::EmbedClient};
 use teifleet_tei_sim::{Fault, SimConfig};
-
-struct Sidecar(Child);
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use teifleet_testkit::process::ChildGuard;
 
 async fn limit_in_flight(admin: u16, pool: &str) -> Option<f64> {
-    let text = http_get(admin, "/metrics").await?;
-    let series = format!("teifleet_limit_in_flight{{pool=\"{pool}\"}}");
-    text.lines().find_map(|line| line.strip_prefix(&series)?.trim().parse().ok())
+    let text = http_get(loopback(admin), "/metrics").await?;
+    teifleet_testkit::prom::value(&text, &format!("teifleet_limit_in_flight{{pool=\"{pool}\"}}"))
 }
 
 #[tokio::test]
 async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
     let client = admin_client().await;
     install_crd(&client).await;
-    let ns = TestNamespace::create(&client, "mux").await;
+    let ns = test_namespace("mux").await;
     let _operator = Operator::start("mux");
     create_pool(
         &client,
@@ -48,12 +41,11 @@ async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
     let sim = teifleet_tei_sim::start(SimConfig::default()).await.unwrap();
     let token = teifleet_e2e::service_account_token(&ns.name, "live-multiplexer");
     let kubeconfig = teifleet_e2e::token_kubeconfig("live-multiplexer", &token);
-    let (grpc, admin) = (free_port(), free_port());
-    let log = std::fs::File::create(log_dir().join("multiplexer-live.log")).unwrap();
-    let _sidecar = Sidecar(
-        Command::new(
-            std::env::var("TEIFLEET_MULTIPLEXER_BIN").expect("TEIFLEET_MULTIPLEXER_BIN (make test-cluster sets it)"),
-        )
+    let (grpc, admin) = (free_port().unwrap(), free_port().unwrap());
+    let mut command = Command::new(
+        std::env::var("TEIFLEET_MULTIPLEXER_BIN").expect("TEIFLEET_MULTIPLEXER_BIN (make test-cluster sets it)"),
+    );
+    command
         .env("KUBECONFIG", &kubeconfig)
         .env("TEIFLEET_POOL", "live")
         .env("TEIFLEET_NAMESPACE", &ns.name)
@@ -63,19 +55,16 @@ async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
             format!("--admin-listen=127.0.0.1:{admin}"),
             format!("--upstream=http://{}", sim.addr()),
             "--log-format=pretty".into(),
-        ])
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("multiplexer starts"),
-    );
+        ]);
+    let log = log_dir().join("multiplexer-live.log");
+    let _ = std::fs::remove_file(&log);
+    let mut sidecar = ChildGuard::spawn_logged("the sidecar", command, log).expect("multiplexer starts");
 
     // Ready once it has its pool's shares (4 over 2 ready replicas) and TEI answers.
-    eventually("the sidecar to be ready", Duration::from_secs(30), || async {
-        http_get(admin, "/readyz").await.map(|_| ())
-    })
-    .await;
+    sidecar
+        .wait_ready(Duration::from_secs(30), || async { http_get(loopback(admin), "/readyz").await.is_some() })
+        .await
+        .expect("the sidecar becomes ready");
     assert_eq!(limit_in_flight(admin, "live").await, Some(2.0));
 
     // Two in flight (held at TEI), four waiting.

@@ -14,12 +14,12 @@ use serde_json::json;
 use teifleet_crds::EmbeddingPool;
 use teifleet_crds::conditions::reasons;
 use teifleet_e2e::pools::{create_pool, deployment, pool_pods, wait_for_ready_reason, wait_until_ready};
-use teifleet_e2e::{FakeNode, Operator, TestNamespace, admin_client, eventually, install_crd, kubectl};
+use teifleet_e2e::{FakeNode, Operator, TestNamespace, admin_client, eventually, install_crd, kubectl, test_namespace};
 
 async fn setup(prefix: &str) -> (Client, TestNamespace) {
     let client = admin_client().await;
     install_crd(&client).await;
-    let ns = TestNamespace::create(&client, prefix).await;
+    let ns = test_namespace(prefix).await;
     (client, ns)
 }
 

@@ -1,23 +1,27 @@
 //! The pods the operator renders satisfy the `restricted` Pod Security Standard, checked by the
 //! real API server's admission in an enforcing namespace.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 use serde_json::json;
 use teifleet_crds::{EmbeddingPool, GpuType};
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
-use teifleet_e2e::{FIELD_MANAGER, Operator, TestNamespace, admin_client, install_crd};
+use teifleet_e2e::{FIELD_MANAGER, Operator, admin_client, install_crd, test_namespace_with_labels};
 use teifleet_operator::render::{RenderConfig, render};
 
-fn restricted() -> serde_json::Value {
-    json!({ "pod-security.kubernetes.io/enforce": "restricted", "pod-security.kubernetes.io/enforce-version": "latest" })
+fn restricted() -> BTreeMap<String, String> {
+    [("pod-security.kubernetes.io/enforce", "restricted"), ("pod-security.kubernetes.io/enforce-version", "latest")]
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .into()
 }
 
 #[tokio::test]
 async fn rendered_pods_for_every_gpu_type_pass_a_restricted_dry_run() {
     let client = admin_client().await;
-    let ns = TestNamespace::create_with_labels(&client, "psa", restricted()).await;
+    let ns = test_namespace_with_labels("psa", restricted()).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let dry_run = PostParams { dry_run: true, ..PostParams::default() };
 
@@ -67,7 +71,7 @@ async fn rendered_pods_for_every_gpu_type_pass_a_restricted_dry_run() {
 async fn a_pool_in_a_restricted_namespace_gets_its_pods() {
     let client = admin_client().await;
     install_crd(&client).await;
-    let ns = TestNamespace::create_with_labels(&client, "psa-live", restricted()).await;
+    let ns = test_namespace_with_labels("psa-live", restricted()).await;
     let _operator = Operator::start("psa");
     create_pool(&client, &ns.name, "locked-down", json!({ "gpu": { "type": "nvidia-l4" }, "replicas": 1 })).await;
     wait_until_ready(&client, &ns.name, "locked-down").await;
