@@ -1,6 +1,7 @@
 //! Shared setup for the data-plane tests: a TEI simulator and a multiplexer in front of it, both
 //! real gRPC servers on 127.0.0.1.
-#![allow(dead_code)]
+// Each test binary uses a different part of this module.
+#![allow(dead_code, unused_imports)]
 
 use std::net::SocketAddr;
 use std::sync::Arc;
