@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use crate::common::{bounded, channel, embed_client, embed_request, start};
 
-const DEVICE_TIME: Duration = Duration::from_millis(300);
+const DEVICE_TIME: Duration = Duration::from_millis(400);
 
 // One runtime thread: if the spinning ran on it, nothing else could answer until the batch ended.
 #[tokio::test(flavor = "current_thread")]
@@ -31,7 +31,8 @@ async fn spin_burns_the_device_time_as_cpu_off_the_runtime_and_answers() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         let asked = Instant::now();
         info.info(InfoRequest {}).await.expect("Info answers while the device spins");
-        assert!(asked.elapsed() < Duration::from_millis(150), "the runtime was held up for {:?}", asked.elapsed());
+        // Held up, it would answer only after the rest of the batch (350 ms); the margin is for a busy CI machine.
+        assert!(asked.elapsed() < DEVICE_TIME / 2, "the runtime was held up for {:?}", asked.elapsed());
         assert!(!embed.is_finished(), "the batch ended before its device time");
 
         let answer = embed.await.unwrap().expect("embed answers").into_inner();
