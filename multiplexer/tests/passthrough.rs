@@ -87,7 +87,10 @@ async fn a_caller_leaving_a_shared_call_does_not_cancel_it() {
     let patient = spawn_embed(&client, embed_request("shared"));
     tokio::time::sleep(Duration::from_millis(20)).await;
     let impatient = spawn_embed(&client, impatient);
-    assert_eq!(impatient.await.unwrap().unwrap_err().code(), Code::DeadlineExceeded);
+    // The multiplexer answers just before the deadline; on a loaded machine tonic's own
+    // deadline timer can answer first, with CANCELLED. Either way the caller left at its deadline.
+    let left = impatient.await.unwrap().unwrap_err().code();
+    assert!(matches!(left, Code::DeadlineExceeded | Code::Cancelled), "{left:?}");
     patient.await.unwrap().expect("the other caller still gets its answer");
     assert_eq!(sim.stats().completed, 1);
 }

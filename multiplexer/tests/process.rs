@@ -1,32 +1,23 @@
 //! The multiplexer binary as a process: what it logs and how it stops.
 
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Kills the process if a test fails half-way.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use teifleet_testkit::process::ChildGuard;
 
 /// An idle multiplexer stops soon after SIGTERM instead of waiting out its whole drain delay
 /// (which exists to keep serving calls while endpoints stop routing here), and its JSON logs
 /// carry plain values.
 #[test]
 fn an_idle_multiplexer_stops_promptly_and_logs_values() {
-    let child = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
+    command
         .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-in-flight", "4"])
         .args(["--upstream", "http://127.0.0.1:9", "--drain-delay", "10m", "--log-format", "json"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the binary starts");
-    let mut guard = Guard(child);
-    let mut logs = BufReader::new(guard.0.stderr.take().unwrap()).lines();
+        .stderr(Stdio::piped());
+    let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
+    let mut logs = BufReader::new(guard.child_mut().stderr.take().unwrap()).lines();
     let serving =
         logs.by_ref().map_while(Result::ok).find(|line| line.contains("multiplexer serving")).expect("a start-up line");
     let line: serde_json::Value = serde_json::from_str(&serving).expect("JSON logs");
@@ -34,10 +25,10 @@ fn an_idle_multiplexer_stops_promptly_and_logs_values() {
     assert!(admin.starts_with("127.0.0.1:"), "a plain address, not a Debug string: {serving}");
 
     let asked = Instant::now();
-    let pid = guard.0.id().to_string();
+    let pid = guard.id().to_string();
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
     let status = loop {
-        if let Some(status) = guard.0.try_wait().unwrap() {
+        if let Some(status) = guard.child_mut().try_wait().unwrap() {
             break status;
         }
         // Far below the 10-minute drain delay: the process noticed it was idle.
