@@ -23,6 +23,10 @@ pub enum Error {
     /// or report.
     #[error("{0}")]
     Process(String),
+    /// A helper of the test kit: a process that exited or was not ready in time, a port, a file,
+    /// the local control plane.
+    #[error(transparent)]
+    Testkit(#[from] teifleet_testkit::Error),
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
     #[error("plotting {path}: {message}")]

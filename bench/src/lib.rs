@@ -8,7 +8,6 @@
 
 pub mod admin;
 pub mod callgrind;
-pub mod control_plane;
 pub mod error;
 pub mod floor;
 pub mod procfs;

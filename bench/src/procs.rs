@@ -3,14 +3,16 @@
 //! when dropped. Separate processes keep the generator's own CPU out of what the servers are
 //! charged with, and let `/proc` and valgrind measure each one alone.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use tokio::time::Instant;
+use teifleet_testkit::http;
+use teifleet_testkit::net::{free_port, loopback};
+use teifleet_testkit::process::ChildGuard;
 
-use crate::admin;
 use crate::{Error, Result};
 
 /// Where the built binaries and the logs are.
@@ -81,12 +83,6 @@ pub struct Features {
 
 const FLOOR: &str = "teifleet-floor-proxy";
 
-/// A loopback port nobody listens on right now.
-pub fn free_port() -> Result<u16> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Process(format!("free port: {e}")))?;
-    listener.local_addr().map(|a| a.port()).map_err(|e| Error::Process(format!("free port: {e}")))
-}
-
 /// How to start one process.
 struct Launch<'a> {
     name: &'a str,
@@ -95,86 +91,50 @@ struct Launch<'a> {
     env: Vec<(&'a str, &'a Path)>,
 }
 
-/// A helper process; killed (SIGKILL) and reaped when dropped.
+/// A helper process on loopback ports; killed when dropped.
 #[derive(Debug)]
 pub struct Proc {
-    pub name: String,
-    child: std::process::Child,
+    guard: ChildGuard,
     pub grpc: u16,
     pub admin: u16,
 }
 
 impl Proc {
     fn spawn(bins: &Bins, launch: Launch<'_>, grpc: u16, admin: u16) -> Result<Self> {
-        let log_path = bins.logs.join(format!("{}.log", launch.name));
-        let log = std::fs::File::create(&log_path).map_err(|source| Error::File {
-            what: "creating",
-            path: log_path.clone(),
-            source,
-        })?;
-        let err = log.try_clone().map_err(|source| Error::File { what: "opening", path: log_path, source })?;
+        let log = bins.logs.join(format!("{}.log", launch.name));
+        // One log per run: the guard appends.
+        let _ = std::fs::remove_file(&log);
         let mut command = Command::new(&launch.program);
-        command.args(&launch.args).stdin(Stdio::null()).stdout(log).stderr(err);
+        command.args(&launch.args);
         for (key, value) in launch.env {
             command.env(key, value);
         }
-        let child =
-            command.spawn().map_err(|e| Error::Process(format!("starting {}: {e}", launch.program.display())))?;
-        Ok(Self { name: launch.name.into(), child, grpc, admin })
+        Ok(Self { guard: ChildGuard::spawn_logged(launch.name, command, log)?, grpc, admin })
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.guard.id()
     }
 
     pub fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.grpc)
     }
 
-    /// Waits until `ready` holds, failing if the process exits or `timeout` passes.
-    async fn wait<F, Fut>(&mut self, timeout: Duration, mut ready: F) -> Result<()>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = bool>,
-    {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if ready().await {
-                return Ok(());
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(Error::Process(format!("{} exited early ({status}); see its log", self.name)));
-            }
-            if Instant::now() > deadline {
-                return Err(Error::Process(format!("{} not ready after {timeout:?}; see its log", self.name)));
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    pub fn admin_addr(&self) -> SocketAddr {
+        loopback(self.admin)
     }
 
-    /// Asks the process to exit (SIGTERM, through `kill`: this crate has no unsafe code) and waits
-    /// up to `timeout` for it; a process that does not go is killed. True when it exited on its own.
-    pub async fn terminate(mut self, timeout: Duration) -> Result<bool> {
-        let pid = self.pid().to_string();
-        let sent = Command::new("kill").args(["-TERM", &pid]).status().is_ok_and(|s| s.success());
-        if !sent {
-            return Err(Error::Process(format!("could not signal {} ({pid})", self.name)));
-        }
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return Ok(true);
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Ok(false)
+    /// Waits until the admin port answers `path` with 200.
+    async fn ready_at(&mut self, path: &str, timeout: Duration) -> Result<()> {
+        let addr = loopback(self.admin);
+        Ok(self.guard.wait_ready(timeout, || async move { http::get(addr, path).await.is_some() }).await?)
     }
-}
 
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+    /// Asks the process to exit (SIGTERM) and waits up to `grace`; a process that does not go is
+    /// killed. True when it exited on its own.
+    pub fn terminate(mut self, grace: Duration) -> bool {
+        // The wait blocks this thread; let the runtime move other tasks elsewhere meanwhile.
+        tokio::task::block_in_place(|| self.guard.terminate(grace)).is_some()
     }
 }
 
@@ -250,7 +210,7 @@ pub async fn start_sim(bins: &Bins, name: &str, model: &SimModel) -> Result<Proc
     }
     let launch = Launch { name, program: bins.path("tei-sim"), args, env: vec![] };
     let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
-    proc.wait(Duration::from_secs(10), || async move { admin::get(admin, "/healthz").await.is_some() }).await?;
+    proc.ready_at("/healthz", Duration::from_secs(10)).await?;
     Ok(proc)
 }
 
@@ -290,7 +250,7 @@ pub async fn start_mux(bins: &Bins, name: &str, upstream: &Proc, limits: &MuxLim
     let args = mux_args(grpc, admin, upstream, limits);
     let launch = Launch { name, program: bins.path("teifleet-multiplexer"), args, env: vec![] };
     let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
-    proc.wait(Duration::from_secs(15), || async move { admin::get(admin, "/readyz").await.is_some() }).await?;
+    proc.ready_at("/readyz", Duration::from_secs(15)).await?;
     Ok(proc)
 }
 
@@ -312,7 +272,7 @@ pub async fn start_mux_callgrind(
     args.extend(mux_args(grpc, admin, upstream, limits));
     let launch = Launch { name, program: "valgrind".into(), args, env: vec![] };
     let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
-    proc.wait(Duration::from_secs(120), || async move { admin::get(admin, "/readyz").await.is_some() }).await?;
+    proc.ready_at("/readyz", Duration::from_secs(120)).await?;
     Ok(proc)
 }
 
@@ -323,11 +283,8 @@ pub async fn start_floor(bins: &Bins, name: &str, upstream: &Proc) -> Result<Pro
     let launch = Launch { name, program: bins.path(FLOOR), args, env: vec![] };
     let mut proc = Proc::spawn(bins, launch, grpc, 0)?;
     // It connects upstream before it binds, so accepting a connection means ready.
-    proc.wait(
-        Duration::from_secs(10),
-        || async move { tokio::net::TcpStream::connect(("127.0.0.1", grpc)).await.is_ok() },
-    )
-    .await?;
+    let ready = || async move { tokio::net::TcpStream::connect(loopback(grpc)).await.is_ok() };
+    proc.guard.wait_ready(Duration::from_secs(10), ready).await?;
     Ok(proc)
 }
 
@@ -355,7 +312,7 @@ pub async fn start_sidecar(
         env: vec![("KUBECONFIG", kubeconfig)],
     };
     let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
-    proc.wait(Duration::from_secs(60), || async move { admin::get(admin, "/readyz").await.is_some() }).await?;
+    proc.ready_at("/readyz", Duration::from_secs(60)).await?;
     Ok(proc)
 }
 
@@ -376,7 +333,7 @@ pub async fn start_operator(bins: &Bins, kubeconfig: &Path, lease_namespace: &st
         env: vec![("KUBECONFIG", kubeconfig)],
     };
     let mut proc = Proc::spawn(bins, launch, 0, admin)?;
-    proc.wait(Duration::from_secs(30), || async move { admin::get(admin, "/metrics").await.is_some() }).await?;
+    proc.ready_at("/metrics", Duration::from_secs(30)).await?;
     Ok(proc)
 }
 

@@ -81,7 +81,7 @@ async fn failures_are_data_deadlines_and_unfinished_calls_are_counted() {
 
 #[tokio::test]
 async fn unreachable_and_non_loopback_targets_are_errors() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = teifleet_testkit::net::free_port().unwrap();
     let config = LoadConfig::closed(format!("http://127.0.0.1:{port}"), 1, 1);
     assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::Connect { .. })));
     let config = LoadConfig::closed("http://192.0.2.1:80", 1, 1);

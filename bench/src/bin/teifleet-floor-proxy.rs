@@ -16,23 +16,15 @@ struct Args {
     listen: SocketAddr,
     #[arg(long, default_value = "http://127.0.0.1:8080", value_name = "URL")]
     upstream: String,
-    /// Threads serving calls. One, as the multiplexer's default, so the floor is the same runtime
-    /// shape without the multiplexer's work: no hand-offs between threads, the cheapest per call.
-    #[arg(long, default_value_t = 1, value_name = "N")]
-    worker_threads: usize,
 }
 
-fn main() -> anyhow::Result<()> {
+// One thread, as the multiplexer's default, so the floor has the same runtime shape without the
+// multiplexer's work: no hand-offs between threads, the cheapest per call.
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let runtime = if args.worker_threads <= 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(args.worker_threads).enable_all().build()
-    };
-    runtime.context("starting the async runtime")?.block_on(async {
-        let listener =
-            tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-        teifleet_bench::floor::serve(listener, &args.upstream).await?;
-        Ok(())
-    })
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
+    teifleet_bench::floor::serve(listener, &args.upstream).await?;
+    Ok(())
 }

@@ -1,26 +1,14 @@
-use std::time::Duration;
-
 use teifleet_load::Report;
 
 use super::*;
-use crate::procs::{Device, MuxLimits};
+use crate::procs::Device;
 use crate::results::{Outcome, Section};
 use crate::scenarios::Sample;
 use crate::scenarios::Scenario;
-use crate::scenarios::fast_model;
 use crate::scenarios::overhead::{Case, CaseResult, Overhead};
 use crate::scenarios::shed_storm::{self, Run, RunCpu, ShedStorm};
+use crate::scenarios::{fast_model, unhurried_limits};
 use crate::targets::Target;
-
-fn limits() -> MuxLimits {
-    MuxLimits {
-        max_in_flight: 64,
-        max_queued: 256,
-        queue_timeout: Duration::from_secs(2),
-        max_concurrent_streams: 256,
-        coalesce: false,
-    }
-}
 
 fn side(p50s: &[f64]) -> Vec<Sample> {
     p50s.iter().map(|p| Sample { p50_ms: *p, p99_ms: p * 2.0, ..Sample::default() }).collect()
@@ -39,7 +27,7 @@ fn overhead() -> Section {
         Scenario::Overhead,
         Outcome::Overhead(Box::new(Overhead {
             backend,
-            limits: limits(),
+            limits: unhurried_limits(),
             rounds: 2,
             cases: vec![
                 case(Case::Info, &[0.100, 0.100], &[0.150, 0.150], &[0.125, 0.125]),

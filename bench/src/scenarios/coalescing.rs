@@ -111,15 +111,14 @@ async fn zipf_run(ctx: &Context, sim: &Proc, mux: &Proc, rate: f64, duration: Du
         seed: 9,
         ..LoadConfig::open(mux.url(), rate, duration)
     };
-    admin::reset_sim_stats(sim.admin).await.ok_or_else(|| Error::Process("could not reset the simulator".into()))?;
+    admin::reset_sim_stats(sim.admin_addr())
+        .await
+        .ok_or_else(|| Error::Process("could not reset the simulator".into()))?;
     let report = measure(config).await?;
     // Answers that came back after the client gave up still cost TEI a call: let them finish.
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let stats = admin::sim_stats(sim.admin).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
-    let mux_coalesced = admin::get(mux.admin, "/metrics")
-        .await
-        .filter(|text| text.contains("teifleet_coalesced_total"))
-        .map(|text| admin::metric_sum(&text, "teifleet_coalesced_total") as u64);
+    let stats = admin::sim_stats(sim.admin_addr()).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
+    let mux_coalesced = admin::metric_sum(mux.admin_addr(), "teifleet_coalesced_total").await.map(|n| n as u64);
     ctx.say(&format!("coalescing: {} OK of {} sent, {} TEI calls", report.ok, report.sent, stats.completed));
     Ok(CoalesceRun { report, tei_calls: stats.completed, mux_coalesced })
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use teifleet_load::LoadConfig;
+use teifleet_testkit::http;
 use tokio::time::Instant;
 
 use super::{Context, Scenario, fast_model, measure, warm_up};
@@ -190,11 +191,13 @@ async fn cpu_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<C
     let rate = 1000.0;
     let duration = ctx.pick(Duration::from_secs(4), Duration::from_secs(15));
     ctx.say(&format!("cost: CPU of the multiplexer and the simulator at {rate} req/s for {} s", duration.as_secs()));
-    admin::reset_sim_stats(sim.admin).await.ok_or_else(|| Error::Process("could not reset the simulator".into()))?;
+    admin::reset_sim_stats(sim.admin_addr())
+        .await
+        .ok_or_else(|| Error::Process("could not reset the simulator".into()))?;
     let meter = CpuMeter::start(&[mux.pid(), sim.pid()])?;
     let report = measure(LoadConfig { connections: 4, ..LoadConfig::open(mux.url(), rate, duration) }).await?;
     let spent = meter.stop()?;
-    let stats = admin::sim_stats(sim.admin).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
+    let stats = admin::sim_stats(sim.admin_addr()).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
     if report.ok == 0 {
         return Err(Error::Process("no request succeeded through the multiplexer".into()));
     }
@@ -250,7 +253,7 @@ async fn callgrind_run(ctx: &Context, sim: &Proc, limits: &MuxLimits, out: &Path
         Work::Idle(seconds) => tokio::time::sleep(Duration::from_secs_f64(seconds)).await,
     }
     let seconds = started.elapsed().as_secs_f64();
-    if !mux.terminate(Duration::from_secs(60)).await? {
+    if !mux.terminate(Duration::from_secs(60)) {
         return Err(Error::Process("the multiplexer did not exit under callgrind within 60 s of SIGTERM".into()));
     }
     Ok((callgrind::read_total(out)?, seconds))
@@ -269,7 +272,7 @@ async fn rss_per_queued(ctx: &Context) -> Result<Memory> {
     warm_up(&mux.url(), 4).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let idle = procfs::rss_bytes(mux.pid())?;
-    admin::post(sim.admin, "/fault/stall")
+    http::post(sim.admin_addr(), "/fault/stall")
         .await
         .ok_or_else(|| Error::Process("could not stall the simulator".into()))?;
 
@@ -285,18 +288,16 @@ async fn rss_per_queued(ctx: &Context) -> Result<Memory> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut queued = 0.0;
     while Instant::now() < deadline {
-        if let Some(text) = admin::get(mux.admin, "/metrics").await {
-            queued = admin::metric_sum(&text, "teifleet_queued");
-            if queued >= QUEUED as f64 {
-                break;
-            }
+        queued = admin::metric_sum(mux.admin_addr(), "teifleet_queued").await.unwrap_or(queued);
+        if queued >= QUEUED as f64 {
+            break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // Let allocations settle, then read.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let loaded = procfs::rss_bytes(mux.pid())?;
-    admin::post(sim.admin, "/fault/clear").await;
+    http::post(sim.admin_addr(), "/fault/clear").await;
     let report = load.await.map_err(|e| Error::Process(format!("load task: {e}")))??;
     if queued < 1.0 {
         return Err(Error::Process(format!(

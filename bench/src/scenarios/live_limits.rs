@@ -15,10 +15,11 @@ use teifleet_load::summary::{Latencies, Summary};
 use tokio::time::Instant;
 
 use super::{Context, Scenario, fast_model};
-use crate::control_plane::{self, TempNamespace, eventually};
 use crate::procs::{self, Proc};
 use crate::targets::{Rule, Target};
 use crate::{Error, Result, admin};
+use teifleet_testkit::kube::{TestNamespace, client, install_crd};
+use teifleet_testkit::poll::try_eventually;
 
 pub const LIMIT_MS: f64 = 2000.0;
 const POOL: &str = "bench";
@@ -57,14 +58,13 @@ pub async fn run(ctx: &Context) -> Result<LiveLimits> {
 }
 
 async fn limit_in_flight(sidecar: &Proc) -> Option<f64> {
-    let text = admin::get(sidecar.admin, "/metrics").await?;
-    admin::metric_value(&text, &format!("teifleet_limit_in_flight{{pool=\"{POOL}\"}}"))
+    admin::metric_value(sidecar.admin_addr(), &format!("teifleet_limit_in_flight{{pool=\"{POOL}\"}}")).await
 }
 
 async fn measure_edits(ctx: &Context, kubeconfig: &Path) -> Result<LiveLimits> {
-    let client = control_plane::client(kubeconfig).await?;
-    control_plane::install_crd(&client, &ctx.repo_root.join("crds/teifleet.dev_embeddingpools.yaml")).await?;
-    let namespace = TempNamespace::create(&client, "bench").await?;
+    let client = client(kubeconfig).await?;
+    install_crd(&client, &ctx.repo_root.join("crds/teifleet.dev_embeddingpools.yaml"), "teifleet-bench").await?;
+    let namespace = TestNamespace::create(kubeconfig, "bench", Default::default()).await?;
     let ns = namespace.name.clone();
 
     let _operator = procs::start_operator(&ctx.bins, kubeconfig, &ns).await?;
@@ -78,7 +78,7 @@ async fn measure_edits(ctx: &Context, kubeconfig: &Path) -> Result<LiveLimits> {
     }))?;
     pools.create(&PostParams::default(), &pool).await?;
     ctx.say("live limits: waiting for the pool's first budget");
-    eventually("the pool's status.admission", Duration::from_secs(90), || {
+    try_eventually("the pool's status.admission", Duration::from_secs(90), || {
         let pools = pools.clone();
         async move { pools.get(POOL).await.ok()?.status?.admission.filter(|a| a.in_flight_per_replica == 4).map(|_| ()) }
     })
@@ -86,7 +86,7 @@ async fn measure_edits(ctx: &Context, kubeconfig: &Path) -> Result<LiveLimits> {
 
     let sim = procs::start_sim(&ctx.bins, "live-sim", &fast_model()).await?;
     let sidecar = procs::start_sidecar(&ctx.bins, &sim, kubeconfig, &ns, POOL).await?;
-    eventually("the sidecar's first limit", Duration::from_secs(30), || async {
+    try_eventually("the sidecar's first limit", Duration::from_secs(30), || async {
         (limit_in_flight(&sidecar).await? == 4.0).then_some(())
     })
     .await?;

@@ -22,7 +22,7 @@ use teifleet_load::{LoadConfig, Report};
 use tokio::time::Instant;
 
 use crate::Result;
-use crate::procs::{Bins, Device, Features, SimModel};
+use crate::procs::{Bins, Device, Features, MuxLimits, SimModel};
 use crate::results::{Outcome, Section};
 use crate::targets::Target;
 
@@ -197,6 +197,17 @@ pub fn precise_model(features: Features) -> SimModel {
         return fast_model();
     }
     SimModel { fixed_latency: Duration::from_millis(1), device: Device::Spin, ..fast_model() }
+}
+
+/// Multiplexer limits under which admission never waits: what a hop costs, without a queue.
+pub fn unhurried_limits() -> MuxLimits {
+    MuxLimits {
+        max_in_flight: 64,
+        max_queued: 256,
+        queue_timeout: Duration::from_secs(2),
+        max_concurrent_streams: 256,
+        coalesce: false,
+    }
 }
 
 /// Runs one load, quietly.

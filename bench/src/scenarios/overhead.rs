@@ -4,12 +4,13 @@
 //! and single Embeds at 2/20/100/500 tokens on a ~1 ms device, and 5/10/20 concurrent Embeds.
 //! Targets: added p50 ≤ 60 µs on Info and on the ~1 ms Embed.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 use teifleet_load::{Call, LoadConfig};
 
-use super::{Context, Sample, Scenario, added_p50_us, interleaved, median_of, precise_model, samples, warm_up, words};
+use super::{
+    Context, Sample, Scenario, added_p50_us, interleaved, median_of, precise_model, samples, unhurried_limits, warm_up,
+    words,
+};
 use crate::Result;
 use crate::procs::{self, Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
@@ -185,13 +186,7 @@ pub fn planned_targets() -> Vec<Target> {
 pub async fn run(ctx: &Context) -> Result<Overhead> {
     let backend = precise_model(ctx.features);
     let sim = procs::start_sim(&ctx.bins, "overhead-sim", &backend).await?;
-    let limits = MuxLimits {
-        max_in_flight: 64,
-        max_queued: 256,
-        queue_timeout: Duration::from_secs(2),
-        max_concurrent_streams: 256,
-        coalesce: false,
-    };
+    let limits = unhurried_limits();
     let mux = procs::start_mux(&ctx.bins, "overhead-mux", &sim, &limits).await?;
     let floor = match ctx.features.floor_proxy {
         true => Some(procs::start_floor(&ctx.bins, "overhead-floor", &sim).await?),
@@ -232,13 +227,7 @@ mod tests {
     }
 
     fn result(backend: SimModel) -> Overhead {
-        let limits = MuxLimits {
-            max_in_flight: 64,
-            max_queued: 256,
-            queue_timeout: Duration::from_secs(2),
-            max_concurrent_streams: 256,
-            coalesce: false,
-        };
+        let limits = unhurried_limits();
         Overhead {
             backend,
             limits,

@@ -4,12 +4,12 @@
 //! permit per message, so this is where a per-message cost would show. Target: the 20-message
 //! call's p50 grows ≤ 3%.
 
-use std::time::Duration;
-
 use serde::{Deserialize, Serialize};
 use teifleet_load::{Call, LoadConfig};
 
-use super::{Context, Sample, Scenario, interleaved, median_of, precise_model, samples, warm_up, words};
+use super::{
+    Context, Sample, Scenario, interleaved, median_of, precise_model, samples, unhurried_limits, warm_up, words,
+};
 use crate::Result;
 use crate::procs::{self, Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, added_percent};
@@ -97,13 +97,7 @@ pub fn planned_targets() -> Vec<Target> {
 pub async fn run(ctx: &Context) -> Result<Streams> {
     let backend = precise_model(ctx.features);
     let sim = procs::start_sim(&ctx.bins, "streams-sim", &backend).await?;
-    let limits = MuxLimits {
-        max_in_flight: 64,
-        max_queued: 256,
-        queue_timeout: Duration::from_secs(2),
-        max_concurrent_streams: 256,
-        coalesce: false,
-    };
+    let limits = unhurried_limits();
     let mux = procs::start_mux(&ctx.bins, "streams-mux", &sim, &limits).await?;
     let targets = [sim.url(), mux.url()];
     for target in &targets {
@@ -137,13 +131,7 @@ mod tests {
         let s = |p50_ms| Sample { p50_ms, ..Sample::default() };
         let case =
             |messages, direct: Vec<Sample>, mux: Vec<Sample>| StreamCase { messages, calls_per_round: 1, direct, mux };
-        let limits = MuxLimits {
-            max_in_flight: 64,
-            max_queued: 256,
-            queue_timeout: Duration::from_secs(2),
-            max_concurrent_streams: 256,
-            coalesce: false,
-        };
+        let limits = unhurried_limits();
         let result = Streams {
             backend: SimModel { device: Device::Spin, ..fast_model() },
             limits,

@@ -70,7 +70,7 @@ struct Args {
     #[arg(long, default_value_t = 1000, value_name = "N")]
     requests: u64,
     /// Longest time to keep sending (e.g. 10s, 1m).
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration, value_name = "DUR")]
+    #[arg(long, default_value = "60s", value_parser = teifleet_wire::duration::parse, value_name = "DUR")]
     duration: Duration,
     /// HTTP/2 connections; requests are spread over them round robin.
     #[arg(long, default_value_t = 1, value_name = "N")]
@@ -90,7 +90,7 @@ struct Args {
     zipf: Option<QueryMix>,
     /// gRPC deadline of each request (sent as grpc-timeout, enforced client-side too); goodput
     /// counts only OK answers within it, from the scheduled time.
-    #[arg(long, value_parser = humantime::parse_duration, value_name = "DUR")]
+    #[arg(long, value_parser = teifleet_wire::duration::parse, value_name = "DUR")]
     deadline: Option<Duration>,
     /// x-teifleet-priority header of each request.
     #[arg(long, value_enum)]
@@ -103,7 +103,7 @@ struct Args {
     seed: u64,
     /// After the last send, how long to wait for answers before cancelling what is left
     /// (counted as UNFINISHED).
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, value_name = "DUR")]
+    #[arg(long, default_value = "30s", value_parser = teifleet_wire::duration::parse, value_name = "DUR")]
     grace: Duration,
     /// Also write the report as JSON to FILE.
     #[arg(long, value_name = "FILE")]
