@@ -2,6 +2,7 @@
 
 mod admin;
 mod admission;
+mod as_tei;
 mod batching;
 mod common;
 mod device;

@@ -1,0 +1,194 @@
+//! The simulator as a drop-in for TEI's container: the `tei-sim` binary started the way a pod
+//! starts TEI, with the arguments and environment the operator renders for a pool's `tei`
+//! container (read from the operator's golden files, so a change there is tested here), probed as
+//! the kubelet probes it (gRPC health) and called as the multiplexer calls it.
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_yaml::Value;
+use teifleet_proto::v1::InfoRequest;
+use teifleet_proto::v1::info_client::InfoClient;
+use teifleet_testkit::net::free_port;
+use teifleet_testkit::process::ChildGuard;
+use teifleet_testkit::{http, prom};
+use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
+
+use crate::common::{bounded, embed_request};
+
+/// What a container runtime puts in `$HOSTNAME`: the pod's name, which is not an IP.
+const POD_NAME: &str = "bge-small-5d8f7c9b4-x2x7q";
+/// The ports the operator renders for TEI; replaced by free ones so tests can run side by side.
+const RENDERED_PORT: &str = "--port=8080";
+const RENDERED_PROMETHEUS_PORT: &str = "--prometheus-port=9000";
+
+/// The `tei` container of a rendered Deployment.
+struct TeiContainer {
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+}
+
+fn golden_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/tests/golden")
+}
+
+fn tei_container(file: &Path) -> TeiContainer {
+    let text = std::fs::read_to_string(file).unwrap();
+    let deployment: Value = serde_yaml::from_str(&text).unwrap();
+    let containers = deployment["spec"]["template"]["spec"]["containers"].as_sequence().unwrap();
+    let tei = containers.iter().find(|c| c["name"] == "tei").expect("a tei container");
+    let strings = |v: &Value| v.as_str().unwrap().to_owned();
+    let args = tei["args"].as_sequence().unwrap().iter().map(strings).collect();
+    let env = tei["env"]
+        .as_sequence()
+        .map(|env| env.iter().filter(|e| e["value"].is_string()).map(|e| (strings(&e["name"]), strings(&e["value"]))))
+        .into_iter()
+        .flatten()
+        .collect();
+    TeiContainer { args, env }
+}
+
+fn flag<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    args.iter().find_map(|a| a.strip_prefix(name)?.strip_prefix('='))
+}
+
+/// A `tei-sim` process with the environment a pod gives its container and nothing else.
+fn spawn(name: &str, args: &[String], env: &[(String, String)]) -> ChildGuard {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tei-sim"));
+    command.env_clear().env("HOSTNAME", POD_NAME).envs(env.iter().map(|(k, v)| (k, v))).args(args);
+    let log = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("tei-sim-as-tei-{name}-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&log);
+    ChildGuard::spawn_logged(name, command, log).unwrap()
+}
+
+async fn connect(addr: SocketAddr) -> Option<Channel> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).unwrap().connect_timeout(Duration::from_secs(1));
+    endpoint.connect().await.ok()
+}
+
+/// The kubelet's gRPC probe: `grpc.health.v1.Health/Check` for the empty service name.
+async fn serving(addr: SocketAddr) -> bool {
+    let Some(channel) = connect(addr).await else { return false };
+    let request = HealthCheckRequest { service: String::new() };
+    HealthClient::new(channel).check(request).await.is_ok_and(|r| r.into_inner().status() == ServingStatus::Serving)
+}
+
+async fn wait_serving(sim: &mut ChildGuard, addr: SocketAddr) {
+    if let Err(error) = sim.wait_ready(Duration::from_secs(15), || serving(addr)).await {
+        panic!("{error}\n{}", sim.log_text());
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+}
+
+/// Starts the simulator with a golden file's `tei` container and checks it serves as TEI would.
+async fn run_rendered(file: &Path) {
+    let name = file.file_stem().unwrap().to_string_lossy().into_owned();
+    let container = tei_container(file);
+    let (grpc, metrics) = (free_port().unwrap(), free_port().unwrap());
+    assert!(container.args.iter().any(|a| a == RENDERED_PORT), "{name}: TEI's gRPC port moved; update this test");
+    assert!(container.args.iter().any(|a| a == RENDERED_PROMETHEUS_PORT), "{name}: TEI's metrics port moved");
+    let args: Vec<String> = container
+        .args
+        .iter()
+        .map(|a| match a.as_str() {
+            RENDERED_PORT => format!("--port={grpc}"),
+            RENDERED_PROMETHEUS_PORT => format!("--prometheus-port={metrics}"),
+            _ => a.clone(),
+        })
+        .collect();
+    let mut sim = spawn(&name, &args, &container.env);
+    let grpc = loopback(grpc);
+    wait_serving(&mut sim, grpc).await;
+
+    let channel = connect(grpc).await.expect("connects");
+    let info = InfoClient::new(channel.clone()).info(InfoRequest {}).await.unwrap().into_inner();
+    assert_eq!(Some(info.model_id.as_str()), flag(&args, "--model-id"), "{name}");
+    let number = |flag_name, default: u32| flag(&args, flag_name).map_or(default, |v| v.parse().unwrap());
+    assert_eq!(info.max_concurrent_requests, number("--max-concurrent-requests", 512), "{name}");
+    assert_eq!(info.max_batch_tokens, number("--max-batch-tokens", 16384), "{name}");
+    assert_eq!(info.max_client_batch_size, number("--max-client-batch-size", 32), "{name}");
+    let mut embed = teifleet_proto::v1::embed_client::EmbedClient::new(channel);
+    let answer = embed.embed(embed_request("what the multiplexer sends")).await.unwrap().into_inner();
+    assert_eq!(answer.embeddings.len(), 384, "{name}");
+
+    // Prometheus scrapes TEI's metrics port on the pod's IP: every interface, as for TEI.
+    let text = http::get(loopback(metrics), "/metrics").await.expect("metrics answer");
+    assert_eq!(prom::value(&text, "te_request_count"), Some(1.0), "{name}:\n{text}");
+    assert!(sim.log_text().contains("0.0.0.0"), "{name} should listen on every interface:\n{}", sim.log_text());
+
+    // The kubelet stops a container with SIGTERM; TEI exits cleanly and so must its stand-in.
+    let status = sim.terminate(Duration::from_secs(10)).expect("exits on SIGTERM");
+    assert!(status.success(), "{name} exited with {status}:\n{}", sim.log_text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_as_tei_with_the_operators_rendered_arguments() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(golden_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("deployment-")))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 2, "no rendered Deployments found in {}", golden_dir().display());
+    for file in &files {
+        bounded(run_rendered(file)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn takes_teis_environment_variables() {
+    bounded(async {
+        let (grpc, metrics) = (free_port().unwrap(), free_port().unwrap());
+        let env: Vec<(String, String)> = [
+            ("MODEL_ID", "acme/from-env"),
+            ("HOSTNAME", "127.0.0.1"),
+            ("PORT", &grpc.to_string()),
+            ("PROMETHEUS_PORT", &metrics.to_string()),
+            ("MAX_CONCURRENT_REQUESTS", "7"),
+            ("MAX_BATCH_TOKENS", "1024"),
+            ("JSON_OUTPUT", "true"),
+            ("DTYPE", "float16"),
+            ("AUTO_TRUNCATE", "true"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let mut sim = spawn("env", &[], &env);
+        wait_serving(&mut sim, loopback(grpc)).await;
+        let info = InfoClient::new(connect(loopback(grpc)).await.unwrap()).info(InfoRequest {}).await.unwrap();
+        let info = info.into_inner();
+        assert_eq!(
+            (info.model_id.as_str(), info.max_concurrent_requests, info.max_batch_tokens),
+            ("acme/from-env", 7, 1024)
+        );
+        assert!(http::get(loopback(metrics), "/metrics").await.is_some());
+        let log = sim.log_text();
+        let lines: Vec<&str> = log.lines().collect();
+        assert!(!lines.is_empty() && lines.iter().all(|l| l.starts_with('{')), "JSON_OUTPUT gives JSON lines:\n{log}");
+        assert!(log.contains("127.0.0.1:") && !log.contains("0.0.0.0"), "HOSTNAME=127.0.0.1 is honoured:\n{log}");
+        assert!(log.contains("dtype,auto-truncate"), "ignored flags are named:\n{log}");
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn own_listen_flags_win_over_teis_environment() {
+    bounded(async {
+        let (grpc, admin) = (free_port().unwrap(), free_port().unwrap());
+        let args = [format!("--listen=127.0.0.1:{grpc}"), format!("--admin-listen=127.0.0.1:{admin}")];
+        // $HOSTNAME is set as in any container, and a stray $PORT must not move the simulator.
+        let env = [("PORT".to_owned(), "1".to_owned())];
+        let mut sim = spawn("own-flags", &args, &env);
+        wait_serving(&mut sim, loopback(grpc)).await;
+        assert!(http::get(loopback(admin), "/healthz").await.is_some(), "admin port on --admin-listen");
+    })
+    .await;
+}
