@@ -117,6 +117,44 @@ impl GpuType {
     }
 }
 
+/// Default requests of the `tei` container, per replica. On a GPU node the host CPU tokenizes and
+/// batches and host memory holds the weights while they load; the sizes leave room on the
+/// smallest common node of each GPU (in the comments) for the sidecar and the node's daemons.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TeiRequests {
+    /// Kubernetes CPU quantity, e.g. `2`.
+    pub cpu: &'static str,
+    /// Kubernetes memory quantity, e.g. `8Gi`.
+    pub memory: &'static str,
+}
+
+impl GpuType {
+    /// The `tei` container's CPU and memory requests when `spec.template.resources` names neither.
+    pub fn default_tei_requests(self) -> TeiRequests {
+        let (cpu, memory) = match self {
+            // TEI on CPU does the inference itself: give it whole cores.
+            Self::Cpu => ("2", "4Gi"),
+            // g4dn.xlarge: 4 vCPU, 16 GiB.
+            Self::NvidiaT4 => ("2", "6Gi"),
+            // g5.xlarge: 4 vCPU, 16 GiB.
+            Self::NvidiaA10g => ("2", "8Gi"),
+            // g6.xlarge, g2-standard-4: 4 vCPU, 16 GiB.
+            Self::NvidiaL4 => ("2", "8Gi"),
+            // g6e.xlarge: 4 vCPU, 32 GiB.
+            Self::NvidiaL40s => ("3", "16Gi"),
+            // a2-highgpu-1g: 12 vCPU, 85 GB.
+            Self::NvidiaA100_40gb => ("4", "16Gi"),
+            // a2-ultragpu-1g: 12 vCPU, 170 GB.
+            Self::NvidiaA100_80gb => ("4", "24Gi"),
+            // p5.48xlarge, a3-highgpu-8g: 24-26 vCPU and over 230 GB per GPU.
+            Self::NvidiaH100_80gb => ("8", "32Gi"),
+            // p5e/p5en.48xlarge: 24 vCPU and 256 GiB per GPU.
+            Self::NvidiaH200 => ("8", "48Gi"),
+        };
+        TeiRequests { cpu, memory }
+    }
+}
+
 impl std::fmt::Display for GpuType {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -134,6 +172,29 @@ mod tests {
             assert_eq!(json, serde_json::Value::String(gpu.as_str().to_owned()));
             let back: GpuType = serde_json::from_value(json).unwrap();
             assert_eq!(back, gpu);
+        }
+    }
+
+    #[test]
+    fn bigger_gpus_get_at_least_the_requests_of_smaller_ones() {
+        let gib = |memory: &str| memory.trim_end_matches("Gi").parse::<u32>().unwrap();
+        let cpu = |cpu: &str| cpu.parse::<u32>().unwrap();
+        let order = [
+            GpuType::NvidiaT4,
+            GpuType::NvidiaL4,
+            GpuType::NvidiaL40s,
+            GpuType::NvidiaA100_80gb,
+            GpuType::NvidiaH100_80gb,
+            GpuType::NvidiaH200,
+        ];
+        for pair in order.windows(2) {
+            let (small, large) = (pair[0].default_tei_requests(), pair[1].default_tei_requests());
+            assert!(cpu(small.cpu) <= cpu(large.cpu), "{} vs {}", pair[0], pair[1]);
+            assert!(gib(small.memory) < gib(large.memory), "{} vs {}", pair[0], pair[1]);
+        }
+        for gpu in GpuType::ALL {
+            let requests = gpu.default_tei_requests();
+            assert!(cpu(requests.cpu) >= 1 && gib(requests.memory) >= 1, "{gpu}: {requests:?}");
         }
     }
 

@@ -1,6 +1,9 @@
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Affinity, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -31,6 +34,12 @@ use crate::gpu::GpuType;
     printcolumn(name = "GPU", type_ = "string", json_path = ".spec.gpu.type"),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
+    printcolumn(
+        name = "Status",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].reason",
+        description = "why the pool is or is not ready: the reason of its Ready condition"
+    ),
     printcolumn(
         name = "In-Flight",
         type_ = "integer",
@@ -72,6 +81,12 @@ pub struct EmbeddingPoolSpec {
     /// Optional tuning passed to TEI itself.
     #[serde(default)]
     pub tei: TeiSpec,
+
+    /// Where TEI keeps the models it downloads (mounted at `/data`). Unset: an `emptyDir`, which
+    /// lives as long as the pod, so every new pod downloads the model again. A
+    /// `persistentVolumeClaim` keeps the cache across pods, restarts and rollouts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_cache: Option<ModelCacheSpec>,
 
     /// Pod-level overrides applied to every TEI pod.
     #[serde(default)]
@@ -218,13 +233,80 @@ pub struct TeiSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("tei.maxClientBatchSize must be at least 1"))]
     pub max_client_batch_size: Option<i32>,
 
-    /// Extra command-line arguments appended to TEI's.
+    /// Extra command-line arguments appended to TEI's. Never put a token here (arguments show in
+    /// the pod spec and in process listings): set `HF_TOKEN` in `env` from a Secret.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("maxItems" = 128))]
+    #[x_kube(validation = Rule::new("self.all(a, !a.startsWith('--hf-token') && !a.startsWith('--hf-api-token'))").message("tei.extraArgs must not carry a Hugging Face token (--hf-token): set HF_TOKEN in tei.env from a Secret"))]
     pub extra_args: Vec<String>,
+
+    /// Environment variables of the `tei` container, e.g. `HF_TOKEN` from a Secret for gated or
+    /// private models: `{name: HF_TOKEN, valueFrom: {secretKeyRef: {name: hf, key: token}}}`.
+    /// A Hugging Face token must come from a Secret, never as a literal `value`: the pool spec
+    /// is readable by everything that reads EmbeddingPools, the sidecars included.
+    /// `HUGGINGFACE_HUB_CACHE` and `HOME` are set by the operator.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
+    #[x_kube(
+        validation = Rule::new("self.all(e, e.name.size() > 0)").message("tei.env: every variable needs a name"),
+        validation = Rule::new("self.all(e, e.name != 'HUGGINGFACE_HUB_CACHE' && e.name != 'HOME')").message("tei.env must not set HUGGINGFACE_HUB_CACHE or HOME: the operator sets them (the cache is spec.modelCache)"),
+        validation = Rule::new("self.all(e, !(e.name in ['HF_TOKEN', 'HF_API_TOKEN', 'HUGGING_FACE_HUB_TOKEN']) || !has(e.value))").message("tei.env: a Hugging Face token (HF_TOKEN) must come from a Secret with valueFrom.secretKeyRef, not a literal value"),
+    )]
+    pub env: Vec<EnvVar>,
+
+    /// Sources of environment variables for the `tei` container: whole ConfigMaps or Secrets.
+    /// Variables in `env` win over these.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(s, has(s.configMapRef) != has(s.secretRef))").message("tei.envFrom: each entry must set exactly one of configMapRef or secretRef"))]
+    pub env_from: Vec<EnvFromSource>,
+}
+
+/// The volume TEI's Hugging Face cache lives on. Exactly one of `persistentVolumeClaim` and
+/// `ephemeral`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.persistentVolumeClaim) != has(self.ephemeral)").message("modelCache must set exactly one of persistentVolumeClaim or ephemeral"))]
+pub struct ModelCacheSpec {
+    /// An existing PersistentVolumeClaim in the pool's namespace, shared by every replica: the
+    /// model is downloaded once and survives pod restarts, rescheduling and rollouts. With more
+    /// than one replica it must be `ReadWriteMany` (e.g. NFS, EFS, Filestore, CephFS); a
+    /// `ReadWriteOnce` claim attaches to one node only, so it works for a single replica (a
+    /// second pod on another node stays in ContainerCreating). The operator cannot see the
+    /// claim's access mode; the kubelet reports a mismatch on the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent_volume_claim: Option<ModelCacheClaim>,
+
+    /// A volume created with each pod and deleted with it (a generic ephemeral volume): a
+    /// disk of the given size and storage class instead of the node's own ephemeral storage. It
+    /// survives container restarts, not pod replacement.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ephemeral: Option<EphemeralModelCache>,
+}
+
+/// An existing PersistentVolumeClaim holding the model cache.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ModelCacheClaim {
+    /// Name of the PersistentVolumeClaim, in the pool's namespace.
+    #[x_kube(validation = Rule::new("self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("modelCache.persistentVolumeClaim.claimName must name a PersistentVolumeClaim (lowercase letters, digits, '-' and '.')"))]
+    pub claim_name: String,
+}
+
+/// A per-pod volume for the model cache, provisioned from a storage class.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct EphemeralModelCache {
+    /// Capacity requested for the volume, e.g. `20Gi`; room for the model's weights and tokenizer.
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("modelCache.ephemeral.size must be a positive quantity such as 20Gi"))]
+    pub size: Quantity,
+
+    /// Storage class of the volume; unset uses the cluster's default class.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
 }
 
 /// Pod-level overrides for the TEI pods.
-#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PodOverrides {
     /// Tolerations added to the GPU toleration the operator always sets.
@@ -243,9 +325,25 @@ pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
 
-    /// Resources of the `tei` container; the GPU limit is always set from `gpu.count`.
+    /// Resources of the `tei` container; the GPU request and limit are always `gpu.count`.
+    /// Unset CPU and memory get defaults per GPU type (e.g. 2 CPU and 8Gi on `nvidia-l4`,
+    /// 8 CPU and 32Gi on `nvidia-h100-80gb`, 2 CPU and 4Gi on `cpu`), as requests without
+    /// limits. A resource named here, as a request or a limit, replaces its default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_requirements_schema")]
     pub resources: Option<ResourceRequirements>,
+
+    /// Resources of the `multiplexer` sidecar. Defaults: requests of 100m CPU and 64Mi memory,
+    /// a memory limit of 256Mi. A resource named here, as a request or a limit, replaces its
+    /// defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_requirements_schema")]
+    pub multiplexer_resources: Option<ResourceRequirements>,
+
+    /// Secrets for pulling the TEI and multiplexer images from private registries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(s, s.name.size() > 0)").message("template.imagePullSecrets: every entry needs the name of a Secret"))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
 
     /// Annotations added to every TEI pod.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -254,6 +352,29 @@ pub struct PodOverrides {
     /// Labels added to every TEI pod (the operator's own labels win on conflict).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+}
+
+/// Most resource names one container's requests or limits may list (cpu, memory,
+/// ephemeral-storage, nvidia.com/gpu, hugepages-* leave room). The API server bounds the cost of a
+/// CEL rule under a map by the map's size, so the quantity check needs the bound.
+const MAX_RESOURCE_NAMES: u32 = 10;
+
+/// The schema of `ResourceRequirements` with every request and limit checked to be a quantity,
+/// so a typo such as `8GB` is refused with the pool instead of failing the Deployment later.
+fn resource_requirements_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<ResourceRequirements>();
+    for map in ["requests", "limits"] {
+        let Some(map_schema) = schema.get_mut("properties").and_then(|p| p.get_mut(map)) else { continue };
+        map_schema["maxProperties"] = MAX_RESOURCE_NAMES.into();
+        if let Some(quantity) = map_schema.get_mut("additionalProperties") {
+            quantity["x-kubernetes-validations"] = serde_json::json!([{
+                "rule": "isQuantity(string(self))",
+                "message": "must be a quantity such as 500m, 2 or 8Gi",
+            }]);
+        }
+    }
+    schema.insert("nullable".into(), true.into());
+    schema
 }
 
 /// Observed state of an EmbeddingPool.

@@ -12,10 +12,42 @@ use teifleet_crds::{AdmissionStatus, EmbeddingPool, EmbeddingPoolStatus, labels,
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Unschedulable {
     pub pods: usize,
-    /// The scheduler says a GPU of the requested product is missing or full.
-    pub for_lack_of_gpu: bool,
-    /// The scheduler's own words, from one of the pods.
+    /// Set when the pool lacks its GPU, and says how.
+    pub gpu_shortage: Option<GpuShortage>,
+    /// The scheduler's own words, from a pod that shows the reason.
     pub scheduler_message: String,
+}
+
+/// How a GPU pool lacks its GPU, read from the scheduler's message. The scheduler checks a node's
+/// node affinity before its free resources and reports the first check a node fails, so nodes
+/// reported for "Insufficient ..." carry the requested product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuShortage {
+    /// No node carries the product (or none that also matches the pool's own node selection):
+    /// the scheduler reports only node-affinity mismatches (and taints).
+    NoNodeWithProduct,
+    /// Nodes of the product exist but none has enough free `nvidia.com/gpu`: the scheduler says
+    /// `Insufficient nvidia.com/gpu`.
+    AllTaken,
+}
+
+/// What one scheduler message says about a GPU pool's GPU.
+fn gpu_shortage(message: &str) -> Option<GpuShortage> {
+    let insufficient: Vec<&str> = message
+        .split("Insufficient ")
+        .skip(1)
+        .filter_map(|rest| rest.split([',', ' ']).next())
+        .map(|resource| resource.trim_end_matches('.'))
+        .collect();
+    if insufficient.contains(&GPU_RESOURCE) {
+        Some(GpuShortage::AllTaken)
+    } else if insufficient.is_empty() && message.contains("node affinity") {
+        Some(GpuShortage::NoNodeWithProduct)
+    } else {
+        // Nodes of the product exist and have free GPUs but lack CPU or memory, or something
+        // else keeps the pods off: not a GPU shortage.
+        None
+    }
 }
 
 /// Finds pods the scheduler gave up on, and whether a GPU shortage is the reason.
@@ -34,11 +66,40 @@ pub fn unschedulable(pods: &[Pod], gpu_pool: bool) -> Option<Unschedulable> {
         })
         .collect();
     let first = messages.first()?;
-    // "Insufficient nvidia.com/gpu" means the GPUs are taken; a node-affinity mismatch means no
-    // node of the requested product exists at all. Either way the pool lacks its GPU.
-    let for_lack_of_gpu = gpu_pool
-        && messages.iter().any(|m| m.contains(&format!("Insufficient {GPU_RESOURCE}")) || m.contains("node affinity"));
-    Some(Unschedulable { pods: messages.len(), for_lack_of_gpu, scheduler_message: (*first).to_owned() })
+    // "Insufficient nvidia.com/gpu" on any pod means the GPUs exist and are taken; only then do
+    // node-affinity mismatches mean no node of the product exists.
+    let shortages: Vec<(GpuShortage, &str)> =
+        if gpu_pool { messages.iter().filter_map(|m| Some((gpu_shortage(m)?, *m))).collect() } else { Vec::new() };
+    let (gpu_shortage, scheduler_message) = shortages
+        .iter()
+        .find(|(shortage, _)| *shortage == GpuShortage::AllTaken)
+        .or_else(|| shortages.first())
+        .map_or((None, *first), |(shortage, message)| (Some(*shortage), *message));
+    Some(Unschedulable { pods: messages.len(), gpu_shortage, scheduler_message: scheduler_message.to_owned() })
+}
+
+/// The InsufficientGPU message: which GPU, which node products, and whether they are missing or
+/// taken.
+fn insufficient_gpu_message(pool: &EmbeddingPool, stuck: &Unschedulable, shortage: GpuShortage) -> String {
+    let gpu = pool.spec.gpu.type_;
+    let products = format!("{GPU_PRODUCT_LABEL} in [{}]", gpu.node_products().join(", "));
+    let template = &pool.spec.template;
+    let narrowed = !template.node_selector.is_empty()
+        || template
+            .affinity
+            .as_ref()
+            .and_then(|a| a.node_affinity.as_ref())
+            .is_some_and(|n| n.required_during_scheduling_ignored_during_execution.is_some());
+    let why = match shortage {
+        GpuShortage::NoNodeWithProduct if narrowed => format!(
+            "no node carries {products} and also matches the pool's template.nodeSelector/affinity (gpu.type {gpu})"
+        ),
+        GpuShortage::NoNodeWithProduct => format!("no node carries {products} (gpu.type {gpu})"),
+        GpuShortage::AllTaken => {
+            format!("all {gpu} GPUs are taken: no node with {products} has {} free {GPU_RESOURCE}", pool.spec.gpu.count)
+        }
+    };
+    format!("{} pod(s) cannot be scheduled: {why}. Scheduler: {}", stuck.pods, stuck.scheduler_message)
 }
 
 /// Computes the full status. `now` stamps conditions that changed status.
@@ -57,15 +118,7 @@ pub fn compute(pool: &EmbeddingPool, deployment: Option<&Deployment>, pods: &[Po
     });
     let rolled_out = updated >= desired && replicas <= desired && ready >= desired;
 
-    let insufficient_gpu = stuck.as_ref().filter(|s| s.for_lack_of_gpu).map(|s| {
-        format!(
-            "{} pod(s) cannot be scheduled: no node has {} free {gpu} GPU(s) ({GPU_PRODUCT_LABEL} in [{}]). Scheduler: {}",
-            s.pods,
-            pool.spec.gpu.count,
-            gpu.node_products().join(", "),
-            s.scheduler_message,
-        )
-    });
+    let insufficient_gpu = stuck.as_ref().and_then(|s| Some(insufficient_gpu_message(pool, s, s.gpu_shortage?)));
 
     let ready_condition = if desired == 0 {
         Observed::new(READY, true, reasons::SCALED_TO_ZERO, "the pool is scaled to zero replicas")

@@ -53,7 +53,22 @@ spec:
     maxBatchTokens: 32768
     maxClientBatchSize: 64
     extraArgs: ["--auto-truncate"]
+    env:
+    - name: HF_TOKEN
+      valueFrom:
+        secretKeyRef: { name: hf-token, key: token }
+    - { name: RUST_LOG, value: info }
+    envFrom:
+    - configMapRef: { name: tei-settings }
+  modelCache:
+    persistentVolumeClaim:
+      claimName: hf-models
   template:
+    imagePullSecrets:
+    - name: registry-credentials
+    multiplexerResources:
+      requests: { cpu: 250m }
+      limits: { memory: 512Mi }
     priorityClassName: inference-critical
     annotations:
       prometheus.io/scrape: "true"
@@ -111,6 +126,42 @@ fn deployment_for_every_gpu_type() {
 #[test]
 fn deployment_with_every_override() {
     check("deployment-overrides.yaml", &children(OVERRIDES).deployment);
+}
+
+#[test]
+fn ephemeral_model_cache_is_a_generic_ephemeral_volume() {
+    let mut pool = pool(BASE);
+    pool.spec.model_cache =
+        Some(serde_yaml::from_str("ephemeral: { size: 20Gi, storageClassName: fast-ssd }").unwrap());
+    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let pod = rendered.deployment.spec.unwrap().template.spec.unwrap();
+    check("volumes-ephemeral-model-cache.yaml", &pod.volumes);
+    assert_eq!(pod.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path, "/data");
+}
+
+#[test]
+fn named_resources_replace_their_defaults_and_others_keep_them() {
+    let mut pool = pool(BASE);
+    pool.spec.gpu.type_ = GpuType::NvidiaH100_80gb;
+    // A lone memory limit: Kubernetes makes it the request too, so no default memory request
+    // may sit beside it (a larger one would be refused).
+    pool.spec.template.resources = Some(serde_yaml::from_str("limits: { memory: 16Gi }").unwrap());
+    pool.spec.template.multiplexer_resources = Some(serde_yaml::from_str("requests: { memory: 1Gi }").unwrap());
+    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let containers = rendered.deployment.spec.unwrap().template.spec.unwrap().containers;
+    let tei = containers[0].resources.clone().unwrap();
+    assert_eq!(
+        serde_json::to_value(&tei).unwrap(),
+        serde_json::json!({
+            "requests": { "cpu": "8", "nvidia.com/gpu": "1" },
+            "limits": { "memory": "16Gi", "nvidia.com/gpu": "1" },
+        })
+    );
+    let sidecar = containers[1].resources.clone().unwrap();
+    assert_eq!(
+        serde_json::to_value(&sidecar).unwrap(),
+        serde_json::json!({ "requests": { "cpu": "100m", "memory": "1Gi" } })
+    );
 }
 
 #[test]

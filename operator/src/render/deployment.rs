@@ -1,20 +1,22 @@
 //! The TEI Deployment: the `tei` container on the right GPU nodes with the image built for that
 //! GPU, and the `multiplexer` sidecar every client request passes through.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, GRPCAction,
-    HTTPGetAction, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector, PodSecurityContext, PodSpec,
-    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration, Volume, VolumeMount,
+    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    EphemeralVolumeSource, GRPCAction, HTTPGetAction, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PersistentVolumeClaimVolumeSource, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration, Volume,
+    VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
-use teifleet_crds::{EmbeddingPool, labels};
+use teifleet_crds::{EmbeddingPool, ModelCacheSpec, labels};
 use teifleet_wire::ports;
 
 use super::{Owner, RenderConfig};
@@ -26,6 +28,13 @@ use super::{Owner, RenderConfig};
 const TEI_DEFAULT_MAX_CONCURRENT: i32 = 2048;
 /// Unprivileged uid/gid the pods run as (the restricted Pod Security Standard forbids root).
 const RUN_AS: i64 = 1000;
+/// The volume TEI's Hugging Face cache lives on, mounted at [`MODEL_CACHE_PATH`].
+const MODEL_CACHE_VOLUME: &str = "model-cache";
+const MODEL_CACHE_PATH: &str = "/data";
+/// The sidecar's requests and limits unless `spec.template.multiplexerResources` names them: it
+/// forwards bytes on one thread and holds only waiting calls.
+const MULTIPLEXER_REQUESTS: [(&str, &str); 2] = [("cpu", "100m"), ("memory", "64Mi")];
+const MULTIPLEXER_LIMITS: [(&str, &str); 1] = [("memory", "256Mi")];
 
 /// The replica count the operator applies, or `None` when an autoscaler owns it.
 pub fn desired_replicas(pool: &EmbeddingPool) -> Option<i32> {
@@ -86,8 +95,34 @@ fn enum_name<T: serde::Serialize>(value: &T) -> String {
     }
 }
 
+/// The user's resources with defaults for what they leave out. A resource the user names, as a
+/// request or a limit, keeps exactly the user's settings (so a lone limit still means request =
+/// limit, as Kubernetes defaults it); every other resource gets its default request and limit.
+fn with_defaults(
+    user: Option<&ResourceRequirements>,
+    default_requests: BTreeMap<String, Quantity>,
+    default_limits: BTreeMap<String, Quantity>,
+) -> ResourceRequirements {
+    let mut resources = user.cloned().unwrap_or_default();
+    let named: BTreeSet<String> =
+        resources.requests.iter().chain(resources.limits.iter()).flat_map(|map| map.keys().cloned()).collect();
+    for (defaults, target) in [(default_requests, &mut resources.requests), (default_limits, &mut resources.limits)] {
+        for (resource, amount) in defaults.into_iter().filter(|(resource, _)| !named.contains(resource)) {
+            target.get_or_insert_default().insert(resource, amount);
+        }
+    }
+    resources
+}
+
+/// The `tei` container's resources: the user's, CPU and memory requests for the GPU type where
+/// the user names neither, and the GPU count.
 fn tei_resources(pool: &EmbeddingPool) -> ResourceRequirements {
-    let mut resources = pool.spec.template.resources.clone().unwrap_or_default();
+    let defaults = pool.spec.gpu.type_.default_tei_requests();
+    let mut resources = with_defaults(
+        pool.spec.template.resources.as_ref(),
+        quantities([("cpu", defaults.cpu), ("memory", defaults.memory)]),
+        BTreeMap::new(),
+    );
     if pool.spec.gpu.type_.is_gpu() {
         let gpus = Quantity(pool.spec.gpu.count.to_string());
         // Extended resources must have requests equal to limits.
@@ -207,8 +242,54 @@ fn empty_dir(name: &str) -> Volume {
     Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() }
 }
 
+/// TEI's model cache: the pool's PersistentVolumeClaim, a generic ephemeral volume created with
+/// each pod, or by default an emptyDir.
+fn model_cache_volume(owner: &Owner, cache: Option<&ModelCacheSpec>) -> Volume {
+    let claim = cache.and_then(|cache| cache.persistent_volume_claim.as_ref());
+    let ephemeral = cache.and_then(|cache| cache.ephemeral.as_ref());
+    match (claim, ephemeral) {
+        (Some(claim), _) => Volume {
+            name: MODEL_CACHE_VOLUME.into(),
+            persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                claim_name: claim.claim_name.clone(),
+                ..PersistentVolumeClaimVolumeSource::default()
+            }),
+            ..Volume::default()
+        },
+        (None, Some(ephemeral)) => Volume {
+            name: MODEL_CACHE_VOLUME.into(),
+            ephemeral: Some(EphemeralVolumeSource {
+                volume_claim_template: Some(PersistentVolumeClaimTemplate {
+                    // The claim is named <pod>-model-cache and owned by its pod; the pool label
+                    // finds a pool's claims.
+                    metadata: Some(ObjectMeta { labels: Some(owner.selector()), ..ObjectMeta::default() }),
+                    spec: PersistentVolumeClaimSpec {
+                        access_modes: Some(vec!["ReadWriteOnce".into()]),
+                        resources: Some(VolumeResourceRequirements {
+                            requests: Some(BTreeMap::from([("storage".into(), ephemeral.size.clone())])),
+                            ..VolumeResourceRequirements::default()
+                        }),
+                        storage_class_name: ephemeral.storage_class_name.clone(),
+                        ..PersistentVolumeClaimSpec::default()
+                    },
+                }),
+            }),
+            ..Volume::default()
+        },
+        (None, None) => empty_dir(MODEL_CACHE_VOLUME),
+    }
+}
+
 fn quantities<const N: usize>(entries: [(&str, &str); N]) -> BTreeMap<String, Quantity> {
     entries.into_iter().map(|(resource, amount)| (resource.into(), Quantity(amount.into()))).collect()
+}
+
+/// TEI's environment: where the cache is and a writable home, then the user's variables (the
+/// schema refuses user variables of the same names).
+fn tei_env(pool: &EmbeddingPool) -> Vec<EnvVar> {
+    let mut env = vec![env_value("HUGGINGFACE_HUB_CACHE", MODEL_CACHE_PATH), env_value("HOME", "/tmp")];
+    env.extend(pool.spec.tei.env.iter().cloned());
+    env
 }
 
 fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
@@ -216,7 +297,8 @@ fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
         name: "tei".into(),
         image: Some(tei_image(pool, config)),
         args: Some(tei_args(pool)),
-        env: Some(vec![env_value("HUGGINGFACE_HUB_CACHE", "/data"), env_value("HOME", "/tmp")]),
+        env: Some(tei_env(pool)),
+        env_from: Some(pool.spec.tei.env_from.clone()).filter(|sources| !sources.is_empty()),
         ports: Some(vec![tcp_port("tei-grpc", ports::TEI_GRPC), tcp_port("tei-metrics", ports::TEI_METRICS)]),
         resources: Some(tei_resources(pool)),
         // TEI downloads the model before it listens: allow up to 30 minutes for that, then let
@@ -225,12 +307,12 @@ fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
         readiness_probe: Some(grpc_probe(5, 3)),
         liveness_probe: Some(grpc_probe(10, 6)),
         security_context: Some(container_security_context()),
-        volume_mounts: Some(vec![volume_mount("model-cache", "/data"), volume_mount("tmp", "/tmp")]),
+        volume_mounts: Some(vec![volume_mount(MODEL_CACHE_VOLUME, MODEL_CACHE_PATH), volume_mount("tmp", "/tmp")]),
         ..Container::default()
     }
 }
 
-fn multiplexer_container(owner: &Owner, config: &RenderConfig) -> Container {
+fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Container {
     Container {
         name: "multiplexer".into(),
         image: Some(config.multiplexer_image.clone()),
@@ -245,11 +327,11 @@ fn multiplexer_container(owner: &Owner, config: &RenderConfig) -> Container {
             env_field(labels::ENV_POD_NAME, "metadata.name"),
         ]),
         ports: Some(vec![tcp_port("grpc", ports::MULTIPLEXER_GRPC), tcp_port("admin", ports::MULTIPLEXER_ADMIN)]),
-        resources: Some(ResourceRequirements {
-            requests: Some(quantities([("cpu", "100m"), ("memory", "64Mi")])),
-            limits: Some(quantities([("memory", "256Mi")])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(with_defaults(
+            pool.spec.template.multiplexer_resources.as_ref(),
+            quantities(MULTIPLEXER_REQUESTS),
+            quantities(MULTIPLEXER_LIMITS),
+        )),
         readiness_probe: Some(http_probe("/readyz", 2, 2)),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         security_context: Some(container_security_context()),
@@ -284,8 +366,9 @@ fn pod_spec(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> PodSp
             seccomp_profile: Some(runtime_default_seccomp()),
             ..PodSecurityContext::default()
         }),
-        containers: vec![tei_container(pool, config), multiplexer_container(owner, config)],
-        volumes: Some(vec![empty_dir("model-cache"), empty_dir("tmp")]),
+        containers: vec![tei_container(pool, config), multiplexer_container(owner, pool, config)],
+        volumes: Some(vec![model_cache_volume(owner, pool.spec.model_cache.as_ref()), empty_dir("tmp")]),
+        image_pull_secrets: Some(overrides.image_pull_secrets.clone()).filter(|secrets| !secrets.is_empty()),
         affinity: affinity(pool),
         // Empty lists and maps are left out rather than applied empty, so the operator claims no
         // ownership of fields it does not set.

@@ -73,26 +73,103 @@ fn all_ready_pool_is_ready_and_not_progressing() {
 }
 
 #[test]
-fn missing_gpu_capacity_is_insufficient_gpu_naming_the_type() {
+fn taken_gpus_are_insufficient_gpu_saying_they_are_taken() {
     let pods = [unschedulable_pod(
-        "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector.",
+        "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector. \
+         preemption: 0/4 nodes are available: 2 No preemption victims found for incoming pod, 2 Preemption is not helpful for scheduling.",
     )];
     let status = compute(&pool(3, GpuType::NvidiaH100_80gb), Some(&deployment(3, 2, 3)), &pods, &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::INSUFFICIENT_GPU));
-    assert!(ready.message.contains("nvidia-h100-80gb"), "{}", ready.message);
-    assert!(ready.message.contains("NVIDIA-H100-80GB-HBM3"), "{}", ready.message);
+    assert!(
+        ready.message.starts_with(
+            "1 pod(s) cannot be scheduled: all nvidia-h100-80gb GPUs are taken: no node with \
+             nvidia.com/gpu.product in [NVIDIA-H100-80GB-HBM3, NVIDIA-H100-PCIe] has 1 free nvidia.com/gpu. \
+             Scheduler: 0/4 nodes are available: 2 Insufficient nvidia.com/gpu"
+        ),
+        "{}",
+        ready.message
+    );
+    assert!(!ready.message.contains("no node carries"), "{}", ready.message);
     let degraded = find(&status.conditions, DEGRADED).unwrap();
     assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", reasons::INSUFFICIENT_GPU));
+    assert_eq!(degraded.message, ready.message);
     // Shares follow the replicas that are actually ready.
     assert_eq!(status.admission.unwrap().in_flight_per_replica, 32);
 }
 
 #[test]
-fn no_node_of_the_product_is_also_insufficient_gpu() {
+fn no_node_of_the_product_is_insufficient_gpu_saying_no_node_carries_it() {
     let pods = [unschedulable_pod("0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.")];
-    let status = compute(&pool(1, GpuType::NvidiaA100_80gb), Some(&deployment(1, 0, 1)), &pods, &now(100));
-    assert_eq!(find(&status.conditions, READY).unwrap().reason, reasons::INSUFFICIENT_GPU);
+    let mut a100 = pool(1, GpuType::NvidiaA100_80gb);
+    a100.spec.gpu.count = 2;
+    let status = compute(&a100, Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let ready = find(&status.conditions, READY).unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::INSUFFICIENT_GPU));
+    assert_eq!(
+        ready.message,
+        "1 pod(s) cannot be scheduled: no node carries nvidia.com/gpu.product in \
+         [NVIDIA-A100-SXM4-80GB, NVIDIA-A100-80GB-PCIe] (gpu.type nvidia-a100-80gb). \
+         Scheduler: 0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."
+    );
+    assert!(!ready.message.contains("taken"), "{}", ready.message);
+}
+
+#[test]
+fn tainted_nodes_beside_no_node_of_the_product_still_mean_none_carries_it() {
+    // A control-plane node fails on its taint before node affinity is checked.
+    let pods = [unschedulable_pod(
+        "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, \
+         2 node(s) didn't match Pod's node affinity/selector.",
+    )];
+    let status = compute(&pool(1, GpuType::NvidiaL4), Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let ready = find(&status.conditions, READY).unwrap();
+    assert_eq!(ready.reason, reasons::INSUFFICIENT_GPU);
+    assert!(ready.message.contains("no node carries nvidia.com/gpu.product in [NVIDIA-L4]"), "{}", ready.message);
+}
+
+#[test]
+fn no_node_of_the_product_names_the_pools_own_node_selection() {
+    let pods = [unschedulable_pod("0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.")];
+    let mut zoned = pool(1, GpuType::NvidiaL4);
+    zoned.spec.template.node_selector.insert("topology.kubernetes.io/zone".into(), "us-east-1a".into());
+    let status = compute(&zoned, Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let ready = find(&status.conditions, READY).unwrap();
+    assert!(
+        ready.message.contains(
+            "no node carries nvidia.com/gpu.product in [NVIDIA-L4] and also matches the pool's template.nodeSelector/affinity"
+        ),
+        "{}",
+        ready.message
+    );
+}
+
+#[test]
+fn any_pod_seeing_taken_gpus_makes_them_taken() {
+    // One pod was last evaluated before the GPU node joined, another after.
+    let pods = [
+        unschedulable_pod("0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector."),
+        unschedulable_pod(
+            "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 4 node(s) didn't match Pod's node affinity/selector.",
+        ),
+    ];
+    let stuck = unschedulable(&pods, true).unwrap();
+    assert_eq!(stuck.pods, 2);
+    assert_eq!(stuck.gpu_shortage, Some(GpuShortage::AllTaken));
+    assert!(stuck.scheduler_message.starts_with("0/5 nodes"), "{}", stuck.scheduler_message);
+}
+
+#[test]
+fn gpu_nodes_short_of_cpu_are_not_a_gpu_shortage() {
+    // The node of the product passed node affinity and has a free GPU, but not the CPU asked for.
+    let pods = [unschedulable_pod(
+        "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) didn't match Pod's node affinity/selector.",
+    )];
+    let status = compute(&pool(1, GpuType::NvidiaH100_80gb), Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let ready = find(&status.conditions, READY).unwrap();
+    assert_eq!(ready.reason, reasons::REPLICAS_NOT_READY);
+    assert!(ready.message.contains("1 Insufficient cpu"), "{}", ready.message);
+    assert_eq!(find(&status.conditions, DEGRADED).unwrap().status, "False");
 }
 
 #[test]
