@@ -94,7 +94,9 @@ async fn pool_becomes_a_gpu_scheduled_deployment_with_its_sidecar() {
     // `kubectl get` shows the printer columns.
     let (ok, table) = kubectl(&["get", "epool", "-n", &ns.name]);
     assert!(ok, "{table}");
-    for column in ["MODEL", "GPU", "REPLICAS", "READY", "IN-FLIGHT", "AGE", "nvidia-h100-80gb"] {
+    for column in
+        ["MODEL", "GPU", "REPLICAS", "READY", "STATUS", "IN-FLIGHT", "AGE", "nvidia-h100-80gb", "AllReplicasReady"]
+    {
         assert!(table.contains(column), "{column} missing in {table}");
     }
 }
@@ -110,7 +112,16 @@ async fn insufficient_gpu_is_reported_and_clears_when_capacity_arrives() {
     let pool = wait_for_ready_reason(&client, &ns.name, "a100", "False", reasons::INSUFFICIENT_GPU).await;
     let ready = teifleet_crds::conditions::find(&pool.status.as_ref().unwrap().conditions, "Ready").unwrap().clone();
     assert!(ready.message.contains("nvidia-a100-80gb"), "{}", ready.message);
+    assert!(
+        ready
+            .message
+            .contains("no node carries nvidia.com/gpu.product in [NVIDIA-A100-SXM4-80GB, NVIDIA-A100-80GB-PCIe]"),
+        "{}",
+        ready.message
+    );
     assert!(teifleet_crds::conditions::is_true(&pool.status.unwrap().conditions, "Degraded"));
+    let (ok, table) = kubectl(&["get", "epool", "a100", "-n", &ns.name]);
+    assert!(ok && table.contains("InsufficientGPU"), "{table}");
 
     // One node with room for a single replica: the real scheduler still leaves one Pending.
     let _first = FakeNode::create(&client, "e2e-a100-0", "NVIDIA-A100-SXM4-80GB", 2).await;
@@ -122,6 +133,15 @@ async fn insufficient_gpu_is_reported_and_clears_when_capacity_arrives() {
     })
     .await;
     wait_for_ready_reason(&client, &ns.name, "a100", "False", reasons::INSUFFICIENT_GPU).await;
+    // Now the product exists and its GPUs are taken: the message says so.
+    let pools = Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name);
+    eventually("InsufficientGPU to say the GPUs are taken", Duration::from_secs(30), || async {
+        let pool = pools.get("a100").await.ok()?;
+        let ready = teifleet_crds::conditions::find(&pool.status?.conditions, "Ready")?.clone();
+        (ready.reason == reasons::INSUFFICIENT_GPU && ready.message.contains("all nvidia-a100-80gb GPUs are taken"))
+            .then_some(())
+    })
+    .await;
 
     // Enough capacity clears the condition.
     let _second = FakeNode::create(&client, "e2e-a100-1", "NVIDIA-A100-80GB-PCIe", 4).await;
