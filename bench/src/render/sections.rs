@@ -195,8 +195,8 @@ fn overload(r: &Overload) -> String {
         out,
         "\nDirect, `CANCELLED` is the backend's gRPC server ending calls at their deadline (tonic answers \
          `CANCELLED: Timeout expired`); `RESOURCE_EXHAUSTED` is TEI's own refusal once its {} slots are taken. \
-         Through the multiplexer, `RESOURCE_EXHAUSTED` is its refusal (queue full, or the deadline cannot be met), \
-         answered at once.",
+         Through the multiplexer, `RESOURCE_EXHAUSTED` is its refusal: queue full or the deadline out of reach \
+         (on arrival), or a wait that ran out (after queueing); the shed p99 column tells which.",
         r.backend.max_concurrent_requests
     );
     out
