@@ -186,6 +186,48 @@ pub struct ConcurrencySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("concurrency.maxInFlightPerReplica must be at least 1"))]
     pub max_in_flight_per_replica: Option<i32>,
+
+    /// Optional second budget, in tokens: estimated tokens in flight to TEI across the pool,
+    /// split over ready replicas like `maxInFlight`. A call is charged its estimated tokens on
+    /// admission (its text length over a characters-per-token ratio learned from TEI's answers),
+    /// so a 512-token input costs what it costs TEI, not the same as a 2-token one. Size it
+    /// near TEI's `--max-batch-tokens` times the replicas for about one batch in flight each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("concurrency.maxInFlightTokens must be at least 1"))]
+    pub max_in_flight_tokens: Option<i64>,
+
+    /// Let every sidecar find its own in-flight limit, between 1 and its share of `maxInFlight`
+    /// (which becomes the ceiling), from the queue and batch times TEI reports per call: TEI is
+    /// kept busy with about one batch time of work queued inside it. Off: the share is the limit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adaptive: bool,
+
+    /// Weights of tenants (named by the `x-teifleet-tenant` metadata) sharing the pool: within a
+    /// priority, the queue serves tenants in proportion to their weights, and a tenant flooding
+    /// the queue gives up its own newest work first. Tenants not listed weigh 1. Listed tenants
+    /// also get metric series of their own; the others are counted together as `other`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.size() <= 64").message("concurrency.tenants may list at most 64 tenants"))]
+    #[x_kube(validation = Rule::new("self.all(t, self.exists_one(u, u.name == t.name))").message("concurrency.tenants names must be unique"))]
+    pub tenants: Vec<TenantWeight>,
+}
+
+/// One tenant's weight.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantWeight {
+    /// The tenant's name, as sent in `x-teifleet-tenant`.
+    #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 128").message("concurrency.tenants[].name must be 1 to 128 characters"))]
+    pub name: String,
+
+    /// Relative share of the pool when tenants compete (default 1).
+    #[serde(default = "default_weight")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("concurrency.tenants[].weight must be between 1 and 1000"))]
+    pub weight: i32,
+}
+
+fn default_weight() -> i32 {
+    1
 }
 
 fn default_max_in_flight() -> i32 {
@@ -205,6 +247,9 @@ impl Default for ConcurrencySpec {
             max_queued: default_max_queued(),
             queue_timeout: default_queue_timeout(),
             max_in_flight_per_replica: None,
+            max_in_flight_tokens: None,
+            adaptive: false,
+            tenants: Vec::new(),
         }
     }
 }

@@ -46,6 +46,8 @@ pub struct Call {
     pub rpc: &'static Rpc,
     pub pool: String,
     pub priority: Priority,
+    /// The tenant's metric label (`default` for calls that name none).
+    pub tenant: std::borrow::Cow<'static, str>,
     pub arrived: Instant,
     timings: Timings,
     finished: bool,
@@ -63,6 +65,7 @@ impl Call {
             rpc,
             pool: pool.to_owned(),
             priority: Priority::default(),
+            tenant: crate::admission::DEFAULT_TENANT.into(),
             arrived,
             timings: Timings::default(),
             finished: false,
@@ -116,6 +119,7 @@ impl Call {
         }
         self.finished = true;
         self.metrics.request_done(&self.pool, self.priority, self.rpc.label, code, outcome);
+        self.metrics.tenant_done(&self.pool, &self.tenant, outcome);
         self.timings.total = self.arrived.elapsed();
         self.metrics.timings(&self.pool, self.priority, &self.timings);
     }

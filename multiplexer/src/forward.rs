@@ -1,11 +1,14 @@
 //! Forwarding `tei.v1` calls to a pool's upstream under its admission control, as message bytes.
 //!
-//! A call is routed and admitted from its headers alone, before its body is read: a refused call
-//! costs no decoding, and a queued call holds no decoded message. Unary calls take one permit
-//! for the call. Streams take one permit per message before it goes upstream and give it back
-//! when that message's answer comes back (TEI answers stream messages in order), so a long
-//! stream never holds more than it uses. Every exit path, including a client that goes away, is
-//! counted exactly once and releases every permit it held.
+//! A call is routed from its headers alone. A call whose cost is known from its RPC (one input,
+//! no token budget) is also admitted before its body is read: a refused call costs no decoding,
+//! and a queued call holds no message. Others are admitted once their bytes are in, charged what
+//! the bytes carry (inputs, estimated tokens), read straight from the wire. Unary calls hold their
+//! permit for the call. Streams take a permit per message before it goes upstream and give it
+//! back when that message's answer comes back (TEI answers stream messages in order), so a long
+//! stream never holds more than it uses. Every answer's TEI timing feeds the pool's estimates.
+//! Every exit path, including a client that goes away, is counted exactly once and releases every
+//! permit it held.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -24,13 +27,13 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admission::{AdmissionError, Permit};
+use crate::admission::{AdmissionError, Ask, Cost, Observation, Permit};
 use crate::call::{Activity, Call};
 use crate::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
 use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
-use crate::rpc::{Admit, Rpc};
+use crate::rpc::{Admit, Inputs, Rpc};
 use crate::wire;
 use crate::{Error, Result};
 
@@ -94,30 +97,29 @@ impl Forwarder {
         call.priority = meta.priority;
         let pool = self.pools.resolve(&meta.target, meta.forwarded_by.as_deref())?;
         call.pool.clone_from(&pool.spec.name);
+        if meta.tenant.is_some() {
+            call.tenant = pool.admission.tenant_label(meta.tenant.as_deref()).into();
+        }
         Ok((meta, pool))
     }
 
     /// Waits for the call's permit, if its RPC needs one.
-    pub async fn admit(&self, call: &mut Call, pool: &Pool, meta: &RequestMeta) -> Result<Option<Permit>> {
+    pub async fn admit(&self, call: &mut Call, pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Option<Permit>> {
         if call.rpc.admit == Admit::Free {
             return Ok(None);
         }
-        let permit = pool
-            .admission
-            .acquire(meta.priority, meta.deadline)
-            .await
-            .map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })?;
+        let permit = acquire(pool, meta, cost).await?;
         call.admitted();
         Ok(Some(permit))
     }
 
-    /// The request as it goes upstream: the caller's metadata (minus its timeout), the remaining
-    /// deadline, and the hop marker when the upstream is another multiplexer.
+    /// The request as it goes upstream: the caller's metadata (minus its timeout), the time left
+    /// on the caller's clock, and the hop marker when the upstream is another multiplexer.
     pub fn outgoing<T>(&self, request: Request<T>, meta: &RequestMeta, pool: &Pool) -> Request<T> {
         let (mut metadata, _, message) = request.into_parts();
         metadata.remove(GRPC_TIMEOUT);
         let mut request = Request::from_parts(metadata, tonic::Extensions::default(), message);
-        if let Some(deadline) = meta.deadline {
+        if let Some(deadline) = meta.caller_deadline {
             request.set_timeout(deadline.saturating_duration_since(Instant::now()));
         }
         if pool.spec.remote
@@ -149,15 +151,79 @@ fn timing(rpc: &Rpc, message: &[u8]) -> Option<wire::TeiTiming> {
     if rpc.timed { wire::tei_timing(message) } else { None }
 }
 
+/// Waits in `pool`'s queue for room for `cost`.
+async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Permit> {
+    let ask = Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost);
+    pool.admission.acquire(ask).await.map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })
+}
+
+/// The cost of a call known from its RPC alone, before its body is read: one input, when the pool
+/// counts no tokens.
+pub fn cost_before_body(pool: &Pool, rpc: &Rpc) -> Option<Cost> {
+    (rpc.inputs == Inputs::One && !pool.admission.counts_tokens()).then_some(Cost::ONE)
+}
+
+/// What a request message costs: its inputs, and its estimated tokens when the pool counts them.
+pub fn cost_of(pool: &Pool, rpc: &Rpc, message: &[u8]) -> Cost {
+    let per_field = match rpc.inputs {
+        Inputs::PerField(field) => Some(field),
+        Inputs::One | Inputs::None => None,
+    };
+    let size = wire::request_size(message, per_field, rpc.text_fields);
+    let inputs = size.inputs.max(1);
+    let tokens =
+        if pool.admission.counts_tokens() { pool.admission.estimate_tokens(size.text_bytes, inputs) } else { 0 };
+    Cost { inputs, tokens }
+}
+
+/// Tells the pool what TEI reported for an answer, through the permit that covered it.
+fn observe(permit: Option<&Permit>, timing: Option<wire::TeiTiming>) {
+    if let (Some(permit), Some(timing)) = (permit, timing) {
+        permit.observe(Observation {
+            tei_queue: timing.queue,
+            tei_inference: timing.inference,
+            chars: timing.compute_chars,
+            tokens: timing.compute_tokens,
+        });
+    }
+}
+
+/// Runs `upstream` within the caller's deadline: a deadline that passes while TEI works on the
+/// call is DEADLINE_EXCEEDED, counted as a deadline, not as TEI's error or a cancellation.
+async fn within_deadline<T>(
+    pool: &Pool,
+    meta: &RequestMeta,
+    arrived: Instant,
+    upstream: impl std::future::Future<Output = Result<T>>,
+) -> Result<T> {
+    match meta.deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, upstream).await.unwrap_or_else(|_| {
+            Err(Error::DeadlineAtUpstream { pool: pool.spec.name.clone(), waited: arrived.elapsed() })
+        }),
+        None => upstream.await,
+    }
+}
+
 impl Routed {
     /// Forwards a unary call; the permit is held until the answer is back.
     pub async fn unary(mut self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
+        if self.permit.is_none() && self.call.rpc.admit == Admit::Permit {
+            let cost = cost_of(&self.pool, self.call.rpc, request.get_ref());
+            match self.forwarder.admit(&mut self.call, &self.pool, &self.meta, cost).await {
+                Ok(permit) => self.permit = permit,
+                Err(error) => return Err(self.call.fail(error)),
+            }
+        }
         let outgoing = self.forwarder.outgoing(request, &self.meta, &self.pool);
-        let result = self.forwarder.upstream_unary(&self.pool, self.call.rpc, outgoing).await;
-        drop(self.permit.take());
+        let upstream = self.forwarder.upstream_unary(&self.pool, self.call.rpc, outgoing);
+        let result = within_deadline(&self.pool, &self.meta, self.call.arrived, upstream).await;
+        let permit = self.permit.take();
         match result {
             Ok(response) => {
-                self.call.observe(timing(self.call.rpc, response.get_ref()));
+                let timing = timing(self.call.rpc, response.get_ref());
+                observe(permit.as_ref(), timing);
+                drop(permit);
+                self.call.observe(timing);
                 self.call.succeed();
                 Ok(response)
             }
@@ -167,7 +233,11 @@ impl Routed {
 
     /// Forwards one request whose answers stream back; the permit is held until the stream ends.
     pub async fn server_stream(self, request: Request<Bytes>) -> Result<Response<ResponseStream>, Status> {
-        let Self { forwarder, mut call, meta, pool, permit } = self;
+        let Self { forwarder, mut call, meta, pool, mut permit } = self;
+        if permit.is_none() && call.rpc.admit == Admit::Permit {
+            let cost = cost_of(&pool, call.rpc, request.get_ref());
+            permit = forwarder.admit(&mut call, &pool, &meta, cost).await.map_err(|error| call.fail(error))?;
+        }
         let outgoing = forwarder.outgoing(request, &meta, &pool);
         let path = PathAndQuery::from_static(call.rpc.path);
         let opened = match forwarder.client(&pool).await {
@@ -186,7 +256,7 @@ impl Routed {
     pub async fn bidi(self, request: Request<Streaming<Bytes>>) -> Result<Response<ResponseStream>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
-        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc.admit);
+        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc);
         let outgoing = Request::from_parts(metadata, extensions, ReceiverStream::new(pump.upstream_rx));
         let outgoing = forwarder.outgoing(outgoing, &meta, &pool);
         let path = PathAndQuery::from_static(call.rpc.path);
@@ -206,28 +276,31 @@ impl Routed {
     pub async fn client_stream(self, request: Request<Streaming<Bytes>>) -> Result<Response<Bytes>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
-        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc.admit);
+        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc);
         let _abort_pump = pump.task;
         let outgoing = Request::from_parts(metadata, extensions, ReceiverStream::new(pump.upstream_rx));
         let outgoing = forwarder.outgoing(outgoing, &meta, &pool);
         let path = PathAndQuery::from_static(call.rpc.path);
-        let upstream = async {
+        let upstream = within_deadline(&pool, &meta, call.arrived, async {
             let mut client = forwarder.client(&pool).await?;
             client
                 .client_streaming(outgoing, path, BytesCodec)
                 .await
                 .map_err(|status| Error::Upstream { pool: pool.spec.name.clone(), status })
-        };
+        });
         // A message refused admission must fail the call: ending the upstream stream early would
         // make TEI rank only part of the texts.
         let result = tokio::select! {
             result = upstream => result,
             Ok(error) = pump.failure => return Err(call.fail(error)),
         };
-        drop(pump.permits);
+        let permits = std::mem::take(&mut *pump.permits.lock().unwrap_or_else(|p| p.into_inner()));
         match result {
             Ok(response) => {
-                call.observe(timing(call.rpc, response.get_ref()));
+                let timing = timing(call.rpc, response.get_ref());
+                observe(permits.front(), timing);
+                drop(permits);
+                call.observe(timing);
                 call.succeed();
                 Ok(response)
             }
@@ -257,10 +330,14 @@ fn relay(
             tokio::select! {
                 answer = answers.message() => match answer {
                     Ok(Some(answer)) => {
+                        let timing = timing(call.rpc, &answer);
                         if per_message {
-                            drop(permits.lock().unwrap_or_else(|p| p.into_inner()).pop_front());
+                            let permit = permits.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
+                            observe(permit.as_ref(), timing);
+                        } else {
+                            observe(permits.lock().unwrap_or_else(|p| p.into_inner()).front(), timing);
                         }
-                        call.observe(timing(call.rpc, &answer));
+                        call.observe(timing);
                         if to_client.send(Ok(answer)).await.is_err() {
                             return; // The client went away; the call counts it as cancelled.
                         }
@@ -297,7 +374,7 @@ struct Pump {
 }
 
 impl Pump {
-    fn start(mut inbound: Streaming<Bytes>, pool: Arc<Pool>, meta: RequestMeta, admit: Admit) -> Self {
+    fn start(mut inbound: Streaming<Bytes>, pool: Arc<Pool>, meta: RequestMeta, rpc: &'static Rpc) -> Self {
         // Capacity 1: a slow upstream slows the client down instead of buffering its stream here.
         let (to_upstream, upstream_rx) = mpsc::channel(1);
         let (fail, failure) = oneshot::channel();
@@ -305,11 +382,11 @@ impl Pump {
         let held = permits.clone();
         let task = tokio::spawn(async move {
             while let Ok(Some(message)) = inbound.message().await {
-                if admit == Admit::Permit {
-                    match pool.admission.acquire(meta.priority, meta.deadline).await {
+                if rpc.admit == Admit::Permit {
+                    match acquire(&pool, &meta, cost_of(&pool, rpc, &message)).await {
                         Ok(permit) => held.lock().unwrap_or_else(|p| p.into_inner()).push_back(permit),
-                        Err(source) => {
-                            let _ = fail.send(Error::Admission { pool: pool.spec.name.clone(), source });
+                        Err(error) => {
+                            let _ = fail.send(error);
                             return;
                         }
                     }
@@ -349,14 +426,13 @@ impl Routed {
                     (self.forwarder.clone(), self.pool.clone(), self.meta.clone(), self.call.rpc);
                 let request = Request::from_parts(metadata.clone(), tonic::Extensions::default(), message.clone());
                 async move {
-                    let permit = pool
-                        .admission
-                        .acquire(meta.priority, meta.deadline)
-                        .await
-                        .map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })?;
+                    let permit = acquire(&pool, &meta, cost_of(&pool, rpc, request.get_ref())).await?;
                     let admitted = Instant::now();
-                    let response =
-                        forwarder.upstream_unary(&pool, rpc, forwarder.outgoing(request, &meta, &pool)).await;
+                    let upstream = forwarder.upstream_unary(&pool, rpc, forwarder.outgoing(request, &meta, &pool));
+                    let response = within_deadline(&pool, &meta, admitted, upstream).await;
+                    if let Ok(response) = &response {
+                        observe(Some(&permit), timing(rpc, response.get_ref()));
+                    }
                     drop(permit);
                     let (metadata, message, _) = response?.into_parts();
                     Ok(Arc::new(Answer { metadata, message, admitted }))

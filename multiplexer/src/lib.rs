@@ -67,6 +67,9 @@ pub enum Error {
 
     #[error("upstream {pool} is unreachable: {reason}")]
     Unreachable { pool: String, reason: String },
+
+    #[error("upstream {pool}: the call's deadline passed after {waited:?}, while the upstream was working on it")]
+    DeadlineAtUpstream { pool: String, waited: std::time::Duration },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

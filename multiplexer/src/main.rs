@@ -56,6 +56,16 @@ struct Args {
     /// Static mode: identical unary inference calls in flight share one upstream call.
     #[arg(long)]
     coalesce: bool,
+    /// Static mode: estimated tokens allowed in flight (a second budget beside --max-in-flight).
+    #[arg(long)]
+    max_in_flight_tokens: Option<usize>,
+    /// Static mode: the in-flight limit finds itself from TEI's queue and batch times, with
+    /// --max-in-flight as its ceiling.
+    #[arg(long)]
+    adaptive: bool,
+    /// Static mode: a tenant's weight, as NAME=WEIGHT (repeat for several); others weigh 1.
+    #[arg(long = "tenant", value_parser = parse_tenant)]
+    tenants: Vec<(String, u32)>,
     /// Static mode with several pools, from a YAML file that is re-read when it changes.
     #[arg(long, conflicts_with = "max_in_flight")]
     config: Option<PathBuf>,
@@ -89,6 +99,15 @@ struct Args {
     worker_threads: usize,
 }
 
+fn parse_tenant(text: &str) -> Result<(String, u32), String> {
+    let (name, weight) = text.split_once('=').ok_or("expected NAME=WEIGHT, e.g. search=3")?;
+    let weight: u32 = weight.parse().map_err(|_| format!("weight {weight:?} is not a whole number"))?;
+    if name.is_empty() || weight == 0 {
+        return Err("the name must not be empty and the weight at least 1".into());
+    }
+    Ok((name.to_owned(), weight))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let runtime = if args.worker_threads <= 1 {
@@ -119,9 +138,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             name,
             model: args.model.clone(),
             upstream: args.upstream.clone(),
-            limits: Some(Limits { max_in_flight, max_queued: args.max_queued, queue_timeout: args.queue_timeout }),
+            limits: Some(Limits {
+                max_in_flight_tokens: args.max_in_flight_tokens,
+                adaptive: args.adaptive,
+                ..Limits::new(max_in_flight, args.max_queued, args.queue_timeout)
+            }),
             remote: false,
             coalesce: args.coalesce,
+            tenants: args.tenants.iter().cloned().collect(),
         }])?;
         table
     } else if let (Some(pool), Some(namespace)) = (&args.pool, &args.namespace) {

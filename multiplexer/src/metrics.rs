@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use tonic::Code;
 
 use crate::admission::{Admission, Limits, Priority, Snapshot};
@@ -26,7 +26,14 @@ struct Families {
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
     limit_in_flight: IntGaugeVec,
+    limit_in_flight_share: IntGaugeVec,
     limit_queued: IntGaugeVec,
+    in_flight_tokens: IntGaugeVec,
+    limit_in_flight_tokens: IntGaugeVec,
+    chars_per_token: GaugeVec,
+    standing_queue: IntGaugeVec,
+    limit_changes: IntCounterVec,
+    tenant_requests: IntCounterVec,
     queue_wait: HistogramVec,
     tei_queue: HistogramVec,
     tei_inference: HistogramVec,
@@ -60,8 +67,49 @@ impl Metrics {
             .expect("valid counter"),
             in_flight: gauge("teifleet_in_flight", "Requests holding a permit (in flight to TEI).", &["pool"]),
             queued: gauge("teifleet_queued", "Requests waiting for a permit.", &["pool", "priority"]),
-            limit_in_flight: gauge("teifleet_limit_in_flight", "Current in-flight limit of this replica.", &["pool"]),
-            limit_queued: gauge("teifleet_limit_queued", "Current queue limit of this replica.", &["pool"]),
+            limit_in_flight: gauge(
+                "teifleet_limit_in_flight",
+                "In-flight limit in force on this replica, in inputs (the adaptive limit when on).",
+                &["pool"],
+            ),
+            limit_in_flight_share: gauge(
+                "teifleet_limit_in_flight_share",
+                "This replica's share of the pool's maxInFlight, in inputs (the adaptive limit's ceiling).",
+                &["pool"],
+            ),
+            limit_queued: gauge("teifleet_limit_queued", "Queue limit of this replica, in inputs.", &["pool"]),
+            in_flight_tokens: gauge("teifleet_in_flight_tokens", "Estimated tokens in flight to TEI.", &["pool"]),
+            limit_in_flight_tokens: gauge(
+                "teifleet_limit_in_flight_tokens",
+                "Token budget of this replica (absent without maxInFlightTokens).",
+                &["pool"],
+            ),
+            chars_per_token: GaugeVec::new(
+                Opts::new("teifleet_chars_per_token", "Characters per token learned from TEI's answers."),
+                &["pool"],
+            )
+            .expect("valid gauge"),
+            standing_queue: gauge(
+                "teifleet_queue_standing",
+                "1 while the queue stands (waits above target for a whole interval), 0 otherwise.",
+                &["pool"],
+            ),
+            limit_changes: IntCounterVec::new(
+                Opts::new(
+                    "teifleet_limit_changes_total",
+                    "Moves of the adaptive in-flight limit, by direction and reason.",
+                ),
+                &["pool", "direction", "reason"],
+            )
+            .expect("valid counter"),
+            tenant_requests: IntCounterVec::new(
+                Opts::new(
+                    "teifleet_tenant_requests_total",
+                    "Calls by tenant and outcome; tenants the spec lists by name, the rest as `other`.",
+                ),
+                &["pool", "tenant", "outcome"],
+            )
+            .expect("valid counter"),
             queue_wait: histogram("teifleet_queue_wait_seconds", "Time waiting for a permit in the multiplexer."),
             tei_queue: histogram(
                 "teifleet_tei_queue_seconds",
@@ -80,7 +128,14 @@ impl Metrics {
                 &f.in_flight,
                 &f.queued,
                 &f.limit_in_flight,
+                &f.limit_in_flight_share,
                 &f.limit_queued,
+                &f.in_flight_tokens,
+                &f.limit_in_flight_tokens,
+                &f.chars_per_token,
+                &f.standing_queue,
+                &f.limit_changes,
+                &f.tenant_requests,
                 &f.queue_wait,
                 &f.tei_queue,
                 &f.tei_inference,
@@ -97,15 +152,34 @@ impl Metrics {
         let f = &self.families;
         let in_flight = f.in_flight.with_label_values(&[pool]);
         let limit_in_flight = f.limit_in_flight.with_label_values(&[pool]);
+        let share = f.limit_in_flight_share.with_label_values(&[pool]);
         let limit_queued = f.limit_queued.with_label_values(&[pool]);
+        let tokens = f.in_flight_tokens.with_label_values(&[pool]);
+        let (token_budget, token_family) =
+            (f.limit_in_flight_tokens.with_label_values(&[pool]), f.limit_in_flight_tokens.clone());
+        let chars_per_token = f.chars_per_token.with_label_values(&[pool]);
+        let standing = f.standing_queue.with_label_values(&[pool]);
+        let (changes, pool_name) = (f.limit_changes.clone(), pool.to_owned());
         let queued: [IntGauge; 3] =
             Priority::ALL.map(|priority| f.queued.with_label_values(&[pool, priority.as_str()]));
         Admission::with_observer(limits, move |snapshot: &Snapshot| {
             in_flight.set(snapshot.in_flight as i64);
-            limit_in_flight.set(snapshot.limits.max_in_flight as i64);
+            limit_in_flight.set(snapshot.effective_limit as i64);
+            share.set(snapshot.limits.max_in_flight as i64);
             limit_queued.set(snapshot.limits.max_queued as i64);
+            tokens.set(i64::try_from(snapshot.in_flight_tokens).unwrap_or(i64::MAX));
+            match snapshot.limits.max_in_flight_tokens {
+                Some(budget) => token_budget.set(i64::try_from(budget).unwrap_or(i64::MAX)),
+                None => drop(token_family.remove_label_values(&[&pool_name])),
+            }
+            chars_per_token.set(snapshot.chars_per_token);
+            standing.set(i64::from(snapshot.standing_queue));
             for (gauge, waiting) in queued.iter().zip(snapshot.queued) {
                 gauge.set(waiting as i64);
+            }
+            if let Some(change) = snapshot.change {
+                let direction = if change.to > change.from { "up" } else { "down" };
+                changes.with_label_values(&[&pool_name, direction, change.reason.as_str()]).inc();
             }
         })
     }
@@ -113,6 +187,10 @@ impl Metrics {
     pub fn request_done(&self, pool: &str, priority: Priority, rpc: &str, code: Code, outcome: Outcome) {
         let labels = [pool, priority.as_str(), rpc, code_label(code), outcome.as_str()];
         self.families.requests.with_label_values(&labels).inc();
+    }
+
+    pub fn tenant_done(&self, pool: &str, tenant: &str, outcome: Outcome) {
+        self.families.tenant_requests.with_label_values(&[pool, tenant, outcome.as_str()]).inc();
     }
 
     pub fn coalesced(&self, pool: &str, rpc: &str) {

@@ -27,6 +27,8 @@ pub struct PoolSpec {
     pub remote: bool,
     /// Identical unary inference calls in flight share one upstream call.
     pub coalesce: bool,
+    /// Tenant weights; tenants not listed weigh 1.
+    pub tenants: BTreeMap<String, u32>,
 }
 
 pub struct Pool {
@@ -65,6 +67,7 @@ impl PoolTable {
                     if let Some(limits) = spec.limits {
                         existing.admission.set_limits(limits);
                     }
+                    existing.admission.set_tenant_weights(spec.tenants.clone());
                     let coalescer = coalescer_for(&spec, Some(&existing));
                     let (admission, upstream) = (existing.admission.clone(), existing.upstream.clone());
                     Arc::new(Pool { admission, upstream, coalescer, spec })
@@ -78,6 +81,7 @@ impl PoolTable {
                     if let Some(limits) = spec.limits {
                         admission.set_limits(limits);
                     }
+                    admission.set_tenant_weights(spec.tenants.clone());
                     let coalescer = coalescer_for(&spec, existing.as_deref());
                     Arc::new(Pool { spec, admission, upstream, coalescer })
                 }
@@ -137,7 +141,13 @@ fn coalescer_for(spec: &PoolSpec, existing: Option<&Pool>) -> Option<Arc<Coalesc
 }
 
 /// Limits of a pool whose budget is not known yet; [`PoolTable::resolve`] refuses such pools.
-const NOT_READY: Limits = Limits { max_in_flight: 0, max_queued: 0, queue_timeout: std::time::Duration::ZERO };
+const NOT_READY: Limits = Limits {
+    max_in_flight: 0,
+    max_queued: 0,
+    queue_timeout: std::time::Duration::ZERO,
+    max_in_flight_tokens: None,
+    adaptive: false,
+};
 
 #[cfg(test)]
 mod tests {
@@ -150,9 +160,10 @@ mod tests {
             name: name.into(),
             model: Some(model.into()),
             upstream: format!("http://{name}.ml.svc:50051"),
-            limits: Some(Limits { max_in_flight: in_flight, max_queued: 4, queue_timeout: Duration::from_secs(1) }),
+            limits: Some(Limits::new(in_flight, 4, Duration::from_secs(1))),
             remote,
             coalesce: false,
+            tenants: BTreeMap::new(),
         }
     }
 
@@ -185,7 +196,7 @@ mod tests {
     async fn updates_keep_admission_state_and_apply_new_limits() {
         let table = table();
         let before = table.get("bge").unwrap();
-        let permit = before.admission.acquire(Default::default(), None).await.unwrap();
+        let permit = before.admission.acquire(crate::admission::Ask::new(Default::default())).await.unwrap();
         table.sync(vec![spec("bge", "BAAI/bge", false, 7)]).unwrap();
         let after = table.get("bge").unwrap();
         assert_eq!(after.admission.snapshot().in_flight, 1, "in-flight work carried over");

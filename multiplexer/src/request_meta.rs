@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use teifleet_wire::headers::{
     FORWARDED_BY as FORWARDED_BY_HEADER, GRPC_TIMEOUT as TIMEOUT_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER,
-    PRIORITY as PRIORITY_HEADER,
+    PRIORITY as PRIORITY_HEADER, TENANT as TENANT_HEADER,
 };
 use tokio::time::Instant;
 
@@ -26,12 +26,23 @@ pub enum Target {
 pub struct RequestMeta {
     pub priority: Priority,
     pub target: Target,
-    /// The caller's time budget from `grpc-timeout`, and the instant it runs out.
+    /// The caller's time budget from `grpc-timeout`.
     pub timeout: Option<Duration>,
+    /// When the multiplexer answers at the latest: a little before the caller's own clock runs
+    /// out, so the caller hears why.
     pub deadline: Option<Instant>,
+    /// When the caller's clock runs out: the deadline passed on upstream, so the multiplexer's
+    /// own deadline always fires first and the call is counted as a deadline, not as whatever
+    /// the upstream's timer would answer.
+    pub caller_deadline: Option<Instant>,
     /// Who forwarded this request to us, if anyone.
     pub forwarded_by: Option<String>,
+    /// The tenant the call is accounted to; `None`: the default tenant.
+    pub tenant: Option<String>,
 }
+
+/// Longest tenant name accepted, as the CRD allows.
+const MAX_TENANT_LEN: usize = 128;
 
 fn text<'a>(metadata: &'a HeaderMap, header: &'static str) -> Result<Option<&'a str>, Error> {
     match metadata.get(header) {
@@ -74,12 +85,22 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Erro
         timeout,
         // Answer a little before the caller's own clock runs out, so it hears why.
         deadline: timeout.map(|t| arrived + t.saturating_sub(answer_margin(t))),
+        caller_deadline: timeout.map(|t| arrived + t),
         forwarded_by: text(metadata, FORWARDED_BY_HEADER)?.map(str::to_owned),
+        tenant: match non_empty(metadata, TENANT_HEADER)? {
+            Some(tenant) if tenant.len() > MAX_TENANT_LEN => {
+                return Err(Error::InvalidMetadata {
+                    header: TENANT_HEADER,
+                    reason: format!("at most {MAX_TENANT_LEN} characters"),
+                });
+            }
+            tenant => tenant.map(str::to_owned),
+        },
     })
 }
 
 fn answer_margin(timeout: Duration) -> Duration {
-    (timeout / 50).clamp(Duration::from_millis(1), Duration::from_millis(20))
+    (timeout / 20).clamp(Duration::from_millis(2), Duration::from_millis(20))
 }
 
 /// `grpc-timeout`: up to 8 digits and a unit (H, M, S, m, u, n), per the gRPC HTTP/2 spec.
@@ -129,7 +150,7 @@ mod tests {
         assert_eq!(meta.priority, Priority::Critical);
         assert_eq!(meta.target, Target::Pool("gte".into()));
         assert_eq!(meta.timeout, Some(Duration::from_millis(1500)));
-        assert_eq!(meta.deadline, Some(now + Duration::from_millis(1480)));
+        assert_eq!(meta.deadline, Some(now + Duration::from_millis(1480)), "20 ms before the caller's clock runs out");
     }
 
     #[test]
@@ -140,6 +161,11 @@ mod tests {
         assert!(error.to_string().contains("not both"), "{error}");
         assert!(parse(&metadata(&[(POOL_HEADER, "")]), Instant::now()).is_err());
         assert!(parse(&metadata(&[(TIMEOUT_HEADER, "10x")]), Instant::now()).is_err());
+        let long = "t".repeat(129);
+        let error = parse(&metadata(&[(TENANT_HEADER, &long)]), Instant::now()).unwrap_err();
+        assert!(error.to_string().contains("x-teifleet-tenant"), "{error}");
+        let meta = parse(&metadata(&[(TENANT_HEADER, "search")]), Instant::now()).unwrap();
+        assert_eq!(meta.tenant.as_deref(), Some("search"));
     }
 
     #[test]

@@ -14,7 +14,8 @@ use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, Stream
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
-use crate::forward::{Forwarder, ResponseStream, Routed};
+use crate::call::Call;
+use crate::forward::{Forwarder, ResponseStream, Routed, cost_before_body};
 use crate::rpc::{Admit, Rpc, Shape};
 
 /// Serves one RPC of the table.
@@ -45,15 +46,17 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        // The call's clock starts now, with tonic's own deadline timer, not at the first poll.
+        let call = self.forwarder.call(self.rpc);
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);
-        serve(self.rpc, self.forwarder.clone(), request).map(Ok).instrument(span).boxed()
+        serve(call, self.forwarder.clone(), request).map(Ok).instrument(span).boxed()
     }
 }
 
 /// Routes and admits a call from its headers, then lets tonic read the body and hand the message
 /// bytes to the forwarder.
 async fn serve<B>(
-    rpc: &'static Rpc,
+    mut call: Call,
     forwarder: Arc<Forwarder>,
     request: http::Request<B>,
 ) -> http::Response<tonic::body::Body>
@@ -62,7 +65,7 @@ where
     B::Data: Send,
     B::Error: Into<tonic::codegen::StdError> + Send + 'static,
 {
-    let mut call = forwarder.call(rpc);
+    let rpc = call.rpc;
     let (meta, pool) = match forwarder.route(&mut call, request.headers()) {
         Ok(routed) => routed,
         Err(error) => return call.fail(error).into_http(),
@@ -71,11 +74,13 @@ where
     let limit = Some(forwarder.max_message_bytes());
     let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
-    // Unary calls wait for their permit before their body is read; stream messages each wait
-    // for their own as they arrive, and coalesced calls in the call they share.
-    let permit = match rpc.shape {
-        Shape::Unary | Shape::ServerStream if coalescer.is_none() => {
-            match forwarder.admit(&mut call, &pool, &meta).await {
+    // A unary call whose cost its RPC tells waits for its permit before its body is read; other
+    // unary calls once their bytes say what they cost, stream messages each as they arrive, and
+    // coalesced calls in the call they share.
+    let upfront = cost_before_body(&pool, rpc).filter(|_| coalescer.is_none());
+    let permit = match (rpc.shape, upfront) {
+        (Shape::Unary | Shape::ServerStream, Some(cost)) => {
+            match forwarder.admit(&mut call, &pool, &meta, cost).await {
                 Ok(permit) => permit,
                 Err(error) => return call.fail(error).into_http(),
             }

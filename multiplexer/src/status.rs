@@ -13,6 +13,7 @@ pub enum Outcome {
     ShedQueueFull,
     ShedDeadline,
     ExpiredInQueue,
+    ExpiredAtUpstream,
     Cancelled,
     UpstreamError,
     Rejected,
@@ -25,6 +26,7 @@ impl Outcome {
             Self::ShedQueueFull => "shed_queue_full",
             Self::ShedDeadline => "shed_deadline",
             Self::ExpiredInQueue => "expired_in_queue",
+            Self::ExpiredAtUpstream => "expired_at_upstream",
             Self::Cancelled => "cancelled",
             Self::UpstreamError => "upstream_error",
             Self::Rejected => "rejected",
@@ -40,6 +42,8 @@ pub fn outcome(error: &Error) -> Outcome {
             AdmissionError::DeadlineUnmeetable { .. } => Outcome::ShedDeadline,
             AdmissionError::QueueTimeout { .. } | AdmissionError::DeadlineExpired { .. } => Outcome::ExpiredInQueue,
         },
+        Error::DeadlineAtUpstream { .. } => Outcome::ExpiredAtUpstream,
+        Error::Upstream { status, .. } if status.code() == Code::DeadlineExceeded => Outcome::ExpiredAtUpstream,
         Error::Upstream { .. } | Error::Unreachable { .. } => Outcome::UpstreamError,
         _ => Outcome::Rejected,
     }
@@ -63,6 +67,7 @@ pub fn into_status(error: Error) -> Status {
         Error::UnknownPool { .. } | Error::UnknownModel { .. } => Code::NotFound,
         Error::ForwardingLoop { .. } => Code::FailedPrecondition,
         Error::PoolNotReady(_) | Error::Draining | Error::Unreachable { .. } => Code::Unavailable,
+        Error::DeadlineAtUpstream { .. } => Code::DeadlineExceeded,
     };
     let mut status = Status::new(code, error.to_string());
     if let Error::Admission { source, .. } = &error

@@ -26,6 +26,8 @@ pub mod headers {
     pub const POOL: &str = "x-teifleet-pool";
     /// Route to a pool serving this model.
     pub const MODEL: &str = "x-teifleet-model";
+    /// The tenant a call is accounted to, for fair sharing within a priority.
+    pub const TENANT: &str = "x-teifleet-tenant";
     /// Set on a request one multiplexer forwards to another pool's, naming the forwarder.
     pub const FORWARDED_BY: &str = "x-teifleet-forwarded-by";
     /// gRPC's deadline header.

@@ -35,9 +35,20 @@ impl ServiceTime {
     }
 }
 
-/// Suggested client back-off when shedding, never below 10 ms, 100 ms while nothing is known.
+/// Suggested client back-off when shedding: the wait the caller's place in line implies, never
+/// below 10 ms, 100 ms while nothing is known, spread by a random factor between 0.5 and 1.5.
+/// gRPC's retry policy waits exactly the hint it gets, so identical hints would bring a whole
+/// burst of refused calls back at the same instant, and TEI would idle between the waves.
 pub(super) fn pushback(estimate: Option<Duration>) -> Duration {
+    spread(base_pushback(estimate), rand::random_range(0.5..1.5))
+}
+
+fn base_pushback(estimate: Option<Duration>) -> Duration {
     estimate.unwrap_or(Duration::from_millis(100)).max(Duration::from_millis(10))
+}
+
+fn spread(base: Duration, factor: f64) -> Duration {
+    base.mul_f64(factor).max(Duration::from_millis(5))
 }
 
 #[cfg(test)]
@@ -47,7 +58,16 @@ mod tests {
     #[test]
     fn no_estimate_before_the_first_sample() {
         assert_eq!(ServiceTime::default().wait_for(10, 2), None);
-        assert_eq!(pushback(None), Duration::from_millis(100));
+        assert_eq!(base_pushback(None), Duration::from_millis(100));
+    }
+
+    #[test]
+    fn pushback_is_spread_around_the_expected_wait() {
+        let hints: Vec<Duration> = (0..200).map(|_| pushback(Some(Duration::from_millis(400)))).collect();
+        assert!(hints.iter().all(|h| (200..=600).contains(&h.as_millis())), "{hints:?}");
+        let distinct: std::collections::BTreeSet<_> = hints.iter().collect();
+        assert!(distinct.len() > 100, "spread, not identical: {} distinct", distinct.len());
+        assert_eq!(spread(Duration::from_millis(10), 0.5), Duration::from_millis(5));
     }
 
     #[test]

@@ -1,40 +1,115 @@
-//! Per-pool admission control: in-flight permits and a bounded priority queue.
+//! Per-pool admission control: a budget counted in TEI's own units, a bounded queue that is fair
+//! between priorities and tenants, and an in-flight limit that can find itself.
+//!
+//! Units: since TEI 1.9 every input takes one of TEI's `max-concurrent-requests` slots (a Rerank
+//! of 100 texts takes 100, a stream message one), so `max_in_flight` and `max_queued` count
+//! inputs. With `max_in_flight_tokens`, a call is also charged its estimated tokens. A call gets
+//! all of its [`Cost`] at once or waits (or is refused) as a whole: it never holds part of it
+//! while waiting. A call larger than the whole limit is admitted alone once nothing else is in
+//! flight, so it is never starved.
 //!
 //! A request takes a [`Permit`] before it reaches TEI and gives it back by dropping it, whatever
-//! happened (success, error, cancellation), so permits cannot leak. Without a free permit it waits
-//! in this queue, never in TEI. It is refused at once when the queue is full (after evicting a
-//! lower-priority waiter, if one exists) or when its deadline cannot be met given the queue ahead
-//! and the service times observed; a waiter whose deadline or queue timeout passes, or whose
-//! caller goes away, leaves the queue without ever reaching TEI. Limits change live.
+//! happened, so permits cannot leak. Without room it waits in this queue, never in TEI: highest
+//! priority first, tenants sharing by weight within a priority (see `queue`). It is refused at
+//! once when the queue is full (after evicting from a lower priority or a heavier tenant, if one
+//! exists) or when its deadline cannot be met given the queue ahead of it and the service times
+//! observed; a waiter whose deadline or queue timeout passes, or whose caller goes away, leaves
+//! the queue without ever reaching TEI. While a queue stands (see `standing`), each tenant's newest
+//! waiter is served first (adaptive LIFO). Limits change live.
 
+mod adaptive;
 mod estimate;
 mod priority;
 mod queue;
+mod standing;
+mod tenants;
+mod tokens;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use tokio::sync::oneshot;
-
+pub use adaptive::{Change, Reason as LimitReason};
 pub use priority::{Priority, UnknownPriority};
+pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
 
+use adaptive::Adaptive;
 use estimate::{ServiceTime, pushback};
-use queue::WaitQueue;
+use queue::{Grant, WaitQueue};
+use standing::Standing;
+use tenants::Tenants;
+use tokens::TokenEstimate;
+
+/// The adaptive limit never goes below this many inputs in flight.
+pub const ADAPTIVE_FLOOR: usize = 1;
 
 /// One pool's limits on this replica.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
+    /// Inputs in flight to TEI; with `adaptive`, the ceiling of the limit that finds itself.
     pub max_in_flight: usize,
+    /// Inputs waiting.
     pub max_queued: usize,
     pub queue_timeout: Duration,
+    /// Estimated tokens in flight, when the pool has a token budget.
+    pub max_in_flight_tokens: Option<usize>,
+    pub adaptive: bool,
+}
+
+impl Limits {
+    pub fn new(max_in_flight: usize, max_queued: usize, queue_timeout: Duration) -> Self {
+        Self { max_in_flight, max_queued, queue_timeout, max_in_flight_tokens: None, adaptive: false }
+    }
+}
+
+/// What one call (or one stream message) takes from the budget.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Cost {
+    pub inputs: u32,
+    /// Estimated tokens; charged only when the pool has a token budget.
+    pub tokens: u32,
+}
+
+impl Cost {
+    pub const ONE: Cost = Cost { inputs: 1, tokens: 0 };
+}
+
+/// What a call asks for.
+#[derive(Clone, Copy, Debug)]
+pub struct Ask<'a> {
+    pub priority: Priority,
+    /// `None`: the default tenant.
+    pub tenant: Option<&'a str>,
+    pub cost: Cost,
+    /// The caller's own deadline (from `grpc-timeout`); the pool's queue timeout applies as well.
+    pub deadline: Option<Instant>,
+}
+
+impl<'a> Ask<'a> {
+    pub fn new(priority: Priority) -> Self {
+        Self { priority, tenant: None, cost: Cost::ONE, deadline: None }
+    }
+
+    pub fn deadline(self, deadline: Option<Instant>) -> Self {
+        Self { deadline, ..self }
+    }
+
+    pub fn tenant(self, tenant: Option<&'a str>) -> Self {
+        Self { tenant, ..self }
+    }
+
+    pub fn cost(self, cost: Cost) -> Self {
+        Self { cost, ..self }
+    }
 }
 
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AdmissionError {
-    #[error("the queue is full ({queued} waiting)")]
+    #[error("the queue is full ({queued} inputs waiting)")]
     QueueFull { queued: usize, retry_after: Duration },
     #[error("the deadline cannot be met: about {expected_wait:?} of queue ahead")]
     DeadlineUnmeetable { expected_wait: Duration, retry_after: Duration },
@@ -42,7 +117,7 @@ pub enum AdmissionError {
     QueueTimeout { waited: Duration, retry_after: Duration },
     #[error("the request's deadline passed after {waited:?} in the queue")]
     DeadlineExpired { waited: Duration },
-    #[error("evicted from the full queue by a higher-priority request")]
+    #[error("evicted from the full queue by a higher-priority request or a tenant with less of the queue")]
     Evicted { retry_after: Duration },
 }
 
@@ -59,13 +134,31 @@ impl AdmissionError {
     }
 }
 
+/// What TEI reported for one answer (its response Metadata).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    pub tei_queue: Duration,
+    pub tei_inference: Duration,
+    pub chars: u64,
+    pub tokens: u64,
+}
+
 /// What the pool looks like right now, for metrics and tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Snapshot {
     pub limits: Limits,
+    /// The in-flight limit in force: `limits.max_in_flight`, or the adaptive limit below it.
+    pub effective_limit: usize,
+    /// Inputs in flight.
     pub in_flight: usize,
-    /// Waiters per priority, in [`Priority::ALL`] order.
+    pub in_flight_tokens: u64,
+    /// Queued inputs per priority, in [`Priority::ALL`] order.
     pub queued: [usize; 3],
+    pub chars_per_token: f64,
+    /// The queue stands, and is served newest first (see `standing`).
+    pub standing_queue: bool,
+    /// Set on the snapshot taken right after the adaptive limit moved.
+    pub change: Option<Change>,
 }
 
 impl Snapshot {
@@ -90,28 +183,46 @@ struct Shared {
 struct State {
     limits: Limits,
     in_flight: usize,
+    in_flight_tokens: u64,
     queue: WaitQueue,
     service_time: ServiceTime,
+    standing: Standing,
+    adaptive: Option<Adaptive>,
+    tokens: TokenEstimate,
+    tenants: Tenants,
 }
 
-/// The right to have one request in flight to TEI; dropping it frees the slot.
+/// The right to have one call's inputs in flight to TEI; dropping it frees them.
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
     shared: Arc<Shared>,
+    cost: Cost,
     acquired: Instant,
     armed: bool,
 }
 
 impl std::fmt::Debug for Permit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Permit").field("acquired", &self.acquired).finish_non_exhaustive()
+        f.debug_struct("Permit").field("cost", &self.cost).field("acquired", &self.acquired).finish_non_exhaustive()
+    }
+}
+
+impl Permit {
+    /// Tells the pool what TEI reported for this call's answer: it teaches the token estimate and
+    /// drives the adaptive limit.
+    pub fn observe(&self, observation: Observation) {
+        self.shared.observe(observation);
+    }
+
+    pub fn cost(&self) -> Cost {
+        self.cost
     }
 }
 
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.release(self.acquired.elapsed());
+            self.shared.release(self.cost, self.acquired.elapsed());
         }
     }
 }
@@ -128,14 +239,24 @@ impl Admission {
     }
 
     fn build(limits: Limits, observer: Option<Observer>) -> Self {
-        let state = State { limits, in_flight: 0, queue: WaitQueue::default(), service_time: ServiceTime::default() };
+        let state = State {
+            limits,
+            in_flight: 0,
+            in_flight_tokens: 0,
+            queue: WaitQueue::default(),
+            service_time: ServiceTime::default(),
+            standing: Standing::default(),
+            adaptive: limits.adaptive.then(|| Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
+            tokens: TokenEstimate::default(),
+            tenants: Tenants::default(),
+        };
         let admission = Self { shared: Arc::new(Shared { state: Mutex::new(state), observer }) };
-        admission.shared.notify(&admission.shared.lock());
+        admission.shared.notify(&admission.shared.lock(), None);
         admission
     }
 
     pub fn snapshot(&self) -> Snapshot {
-        self.shared.lock().snapshot()
+        self.shared.lock().snapshot(None)
     }
 
     /// Mean service time observed so far.
@@ -143,37 +264,72 @@ impl Admission {
         self.shared.lock().service_time.mean()
     }
 
+    /// Estimated tokens of `inputs` inputs with `text_bytes` bytes of text.
+    pub fn estimate_tokens(&self, text_bytes: usize, inputs: u32) -> u32 {
+        u32::try_from(self.shared.lock().tokens.estimate(text_bytes, inputs)).unwrap_or(u32::MAX)
+    }
+
+    /// Whether calls are charged tokens (the pool has a token budget).
+    pub fn counts_tokens(&self) -> bool {
+        self.shared.lock().limits.max_in_flight_tokens.is_some()
+    }
+
+    /// The metric label of a tenant name: configured tenants by name, others as `other`.
+    pub fn tenant_label(&self, tenant: Option<&str>) -> String {
+        let mut state = self.shared.lock();
+        let id = state.tenants.id_of(tenant);
+        state.tenants.label(id).to_owned()
+    }
+
     /// Applies new limits without dropping anything: raising admits waiters at once; lowering lets
     /// in-flight work finish and admits no more until below the new limit. Waiters beyond a
-    /// smaller queue are evicted, lowest priority and newest first.
+    /// smaller queue are evicted, lowest priority and heaviest tenant first.
     pub fn set_limits(&self, limits: Limits) {
         let mut state = self.shared.lock();
         if state.limits == limits {
             return;
         }
         state.limits = limits;
-        while state.queue.len() > limits.max_queued {
-            // Dropping the grant tells the waiter it was evicted.
-            drop(state.queue.evict_lowest());
+        match (&mut state.adaptive, limits.adaptive) {
+            (Some(adaptive), true) => adaptive.set_bounds(ADAPTIVE_FLOOR, limits.max_in_flight),
+            (slot, true) => *slot = Some(Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
+            (slot, false) => *slot = None,
+        }
+        while state.queue.inputs() > limits.max_queued {
+            let retry_after = state.retry_hint(state.queue.inputs());
+            match state.queue.evict_lowest() {
+                Some(victim) => drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after }))),
+                None => break,
+            }
         }
         self.shared.dispatch(&mut state);
-        self.shared.notify(&state);
+        self.shared.notify(&state, None);
     }
 
-    /// Waits for a permit. `deadline` is the caller's own (from `grpc-timeout`); the pool's queue
-    /// timeout applies as well. Dropping the returned future leaves the queue.
-    pub async fn acquire(&self, priority: Priority, deadline: Option<Instant>) -> Result<Permit, AdmissionError> {
+    /// Tenant weights (by name); tenants not listed weigh 1.
+    pub fn set_tenant_weights(&self, weights: BTreeMap<String, u32>) {
+        let mut state = self.shared.lock();
+        if *state.tenants.weights() != weights {
+            state.tenants.set_weights(weights);
+        }
+    }
+
+    /// Waits for a permit for `ask.cost`. Dropping the returned future leaves the queue.
+    pub async fn acquire(&self, ask: Ask<'_>) -> Result<Permit, AdmissionError> {
         let arrived = Instant::now();
         let (grant, id, patience, queue_timeout) = {
             let mut state = self.shared.lock();
-            if state.in_flight < state.limits.max_in_flight && state.queue.is_empty() {
-                state.in_flight += 1;
-                self.shared.notify(&state);
-                return Ok(Permit { shared: self.shared.clone(), acquired: arrived, armed: true });
+            let cost = ask.cost;
+            if state.queue.is_empty() && state.fits(cost) {
+                state.take(cost);
+                self.shared.notify(&state, None);
+                return Ok(Permit { shared: self.shared.clone(), cost, acquired: arrived, armed: true });
             }
-            let slots = state.limits.max_in_flight;
-            let expected_wait = state.service_time.wait_for(state.queue.ahead_of(priority), slots);
-            if let (Some(deadline), Some(wait)) = (deadline, expected_wait)
+            let tenant = state.tenants.id_of(ask.tenant);
+            let weight = state.tenants.weight(tenant);
+            let ahead = state.queue.ahead_of(ask.priority, tenant, weight, cost);
+            let expected_wait = state.expected_wait(ahead);
+            if let (Some(deadline), Some(wait)) = (ask.deadline, expected_wait)
                 && arrived + wait > deadline
             {
                 return Err(AdmissionError::DeadlineUnmeetable {
@@ -181,42 +337,36 @@ impl Admission {
                     retry_after: pushback(Some(wait)),
                 });
             }
-            if state.queue.len() >= state.limits.max_queued {
-                let full = AdmissionError::QueueFull {
-                    queued: state.queue.len(),
-                    retry_after: pushback(state.service_time.wait_for(state.queue.len(), slots)),
-                };
-                if state.limits.max_queued == 0 {
-                    return Err(full);
-                }
-                match state.queue.evict_below(priority) {
-                    Some(victim) => drop(victim),
-                    None => return Err(full),
-                }
-            }
+            state.make_room(ask.priority, tenant, weight, cost)?;
             let (grant, receiver) = oneshot::channel();
-            // No dispatch needed: release() and set_limits() keep "nobody waits while a slot is
-            // free", and the fast path above admits whenever a slot is free and nobody waits.
-            let id = state.queue.push(priority, grant);
-            self.shared.notify(&state);
+            let units = if state.limits.max_in_flight_tokens.is_some() {
+                u64::from(cost.tokens)
+            } else {
+                u64::from(cost.inputs)
+            };
+            // No dispatch needed: release() and set_limits() keep "nobody waits while there is
+            // room", and the fast path above admits whenever there is room and nobody waits.
+            let id = state.queue.push(ask.priority, tenant, weight, cost, units, grant);
+            self.shared.notify(&state, None);
             let queue_timeout = state.limits.queue_timeout;
-            let patience = match deadline {
+            let patience = match ask.deadline {
                 Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
                 None => queue_timeout,
             };
             (receiver, id, patience, queue_timeout)
         };
 
-        let mut waiting = Waiting { shared: self.shared.clone(), priority, id, receiver: Some(grant) };
+        let mut waiting = Waiting { shared: self.shared.clone(), id, receiver: Some(grant) };
         let receiver = waiting.receiver.as_mut().expect("set above");
         let outcome = tokio::time::timeout(patience, receiver).await;
         let waited = arrived.elapsed();
         match outcome {
-            Ok(Ok(permit)) => {
+            Ok(Ok(granted)) => {
                 waiting.served();
-                Ok(permit)
+                granted
             }
-            Ok(Err(_evicted)) => {
+            Ok(Err(_)) => {
+                // The queue went away without a word: the pool itself was dropped.
                 waiting.served();
                 Err(AdmissionError::Evicted { retry_after: self.retry_hint() })
             }
@@ -236,7 +386,7 @@ impl Admission {
 
     fn retry_hint(&self) -> Duration {
         let state = self.shared.lock();
-        pushback(state.service_time.wait_for(state.queue.len(), state.limits.max_in_flight))
+        state.retry_hint(state.queue.inputs())
     }
 }
 
@@ -245,41 +395,136 @@ impl Shared {
         self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn notify(&self, state: &State) {
+    fn notify(&self, state: &State, change: Option<Change>) {
         if let Some(observer) = &self.observer {
-            observer(&state.snapshot());
+            observer(&state.snapshot(change));
         }
     }
 
-    fn release(self: &Arc<Self>, took: Duration) {
+    fn release(self: &Arc<Self>, cost: Cost, took: Duration) {
         let mut state = self.lock();
-        state.in_flight = state.in_flight.saturating_sub(1);
+        state.in_flight = state.in_flight.saturating_sub(cost.inputs as usize);
+        state.in_flight_tokens = state.in_flight_tokens.saturating_sub(u64::from(cost.tokens));
         state.service_time.observe(took);
         self.dispatch(&mut state);
-        self.notify(&state);
+        self.notify(&state, None);
     }
 
-    /// Hands free slots to waiters, highest priority and oldest first.
+    fn observe(self: &Arc<Self>, observation: Observation) {
+        let mut state = self.lock();
+        state.tokens.observe(observation.chars, observation.tokens);
+        let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
+        let ceiling = state.limits.max_in_flight;
+        let Some(adaptive) = &mut state.adaptive else { return };
+        let change =
+            adaptive.observe(observation.tei_queue, observation.tei_inference, demand, ADAPTIVE_FLOOR, ceiling);
+        if change.is_some() {
+            self.dispatch(&mut state);
+            self.notify(&state, change);
+        }
+    }
+
+    /// Hands room to waiters, highest priority and fairest first; while the queue stands, each
+    /// tenant's newest first.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
-        while state.in_flight < state.limits.max_in_flight {
-            let Some(waiter) = state.queue.pop_next() else { break };
-            state.in_flight += 1;
-            let permit = Permit { shared: self.clone(), acquired: Instant::now(), armed: true };
-            if let Err(mut unwanted) = waiter.grant.send(permit) {
-                // The waiter is gone; take the slot back here, without re-entering the lock.
+        let now = Instant::now();
+        loop {
+            let oldest = state.queue.oldest().map(|enqueued| now.saturating_duration_since(enqueued));
+            let lifo = state.standing.update(oldest, now, state.service_time.mean());
+            let Some(next) = state.queue.peek_next(lifo) else {
+                state.queue.forget_idle_tenants();
+                break;
+            };
+            if !state.fits(next.cost) {
+                break;
+            }
+            let waiter = state.queue.pop_next(lifo).expect("peeked");
+            state.take(waiter.cost);
+            let permit = Permit { shared: self.clone(), cost: waiter.cost, acquired: now, armed: true };
+            if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
+                // The waiter is gone; take the room back here, without re-entering the lock.
                 unwanted.armed = false;
-                state.in_flight -= 1;
+                state.untake(unwanted.cost);
             }
         }
     }
 }
 
 impl State {
-    fn snapshot(&self) -> Snapshot {
+    fn effective_limit(&self) -> usize {
+        match &self.adaptive {
+            Some(adaptive) => adaptive.limit(ADAPTIVE_FLOOR, self.limits.max_in_flight),
+            None => self.limits.max_in_flight,
+        }
+    }
+
+    /// Whether `cost` can go in flight now. A call larger than a whole limit goes alone.
+    fn fits(&self, cost: Cost) -> bool {
+        let inputs = self.in_flight == 0 || self.in_flight + cost.inputs as usize <= self.effective_limit();
+        let tokens = match self.limits.max_in_flight_tokens {
+            Some(max) => self.in_flight_tokens == 0 || self.in_flight_tokens + u64::from(cost.tokens) <= max as u64,
+            None => true,
+        };
+        inputs && tokens && self.limits.max_in_flight > 0
+    }
+
+    fn take(&mut self, cost: Cost) {
+        self.in_flight += cost.inputs as usize;
+        self.in_flight_tokens += u64::from(cost.tokens);
+    }
+
+    fn untake(&mut self, cost: Cost) {
+        self.in_flight -= cost.inputs as usize;
+        self.in_flight_tokens -= u64::from(cost.tokens);
+    }
+
+    /// Expected wait for a newcomer with `ahead` queued inputs before it.
+    fn expected_wait(&self, ahead: usize) -> Option<Duration> {
+        self.service_time.wait_for(ahead, self.effective_limit())
+    }
+
+    /// The back-off for a caller refused at `position` (inputs ahead of where it would wait).
+    fn retry_hint(&self, position: usize) -> Duration {
+        pushback(self.expected_wait(position))
+    }
+
+    /// Frees queue space for `cost`, evicting lower priorities or heavier tenants, or refuses.
+    fn make_room(
+        &mut self,
+        priority: Priority,
+        tenant: TenantId,
+        weight: u32,
+        cost: Cost,
+    ) -> Result<(), AdmissionError> {
+        let full = |state: &Self| AdmissionError::QueueFull {
+            queued: state.queue.inputs(),
+            retry_after: state.retry_hint(state.queue.inputs()),
+        };
+        if cost.inputs as usize > self.limits.max_queued {
+            return Err(full(self));
+        }
+        while self.queue.inputs() + cost.inputs as usize > self.limits.max_queued {
+            let share =
+                (self.queue.inputs_of_tenant(priority, tenant) + cost.inputs as usize) as f64 / f64::from(weight);
+            let retry_after = self.retry_hint(self.queue.inputs());
+            match self.queue.evict_for(priority, tenant, share) {
+                Some(victim) => drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after }))),
+                None => return Err(full(self)),
+            }
+        }
+        Ok(())
+    }
+
+    fn snapshot(&self, change: Option<Change>) -> Snapshot {
         Snapshot {
             limits: self.limits,
+            effective_limit: self.effective_limit(),
             in_flight: self.in_flight,
-            queued: Priority::ALL.map(|priority| self.queue.len_of(priority)),
+            in_flight_tokens: self.in_flight_tokens,
+            queued: Priority::ALL.map(|priority| self.queue.inputs_of(priority)),
+            chars_per_token: self.tokens.chars_per_token(),
+            standing_queue: self.standing.standing(Instant::now(), self.service_time.mean()),
+            change,
         }
     }
 }
@@ -287,9 +532,8 @@ impl State {
 /// A queued request; leaving scope before being served takes it out of the queue.
 struct Waiting {
     shared: Arc<Shared>,
-    priority: Priority,
     id: u64,
-    receiver: Option<oneshot::Receiver<Permit>>,
+    receiver: Option<oneshot::Receiver<Grant>>,
 }
 
 impl Waiting {
@@ -301,12 +545,12 @@ impl Waiting {
     fn give_up(&mut self) -> Option<Permit> {
         let removed = {
             let mut state = self.shared.lock();
-            let removed = state.queue.remove(self.priority, self.id);
-            self.shared.notify(&state);
+            let removed = state.queue.remove(self.id);
+            self.shared.notify(&state, None);
             removed
         };
         let mut receiver = self.receiver.take()?;
-        if removed { None } else { receiver.try_recv().ok() }
+        if removed { None } else { receiver.try_recv().ok().and_then(Result::ok) }
     }
 }
 

@@ -1,3 +1,5 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
@@ -6,7 +8,7 @@ use tokio::time::Instant;
 use super::*;
 
 fn limits(in_flight: usize, queued: usize) -> Limits {
-    Limits { max_in_flight: in_flight, max_queued: queued, queue_timeout: Duration::from_secs(5) }
+    Limits::new(in_flight, queued, Duration::from_secs(5))
 }
 
 /// Lets spawned waiters run up to their next await point.
@@ -19,11 +21,11 @@ async fn settle() {
 #[tokio::test]
 async fn admits_up_to_the_limit_then_queues() {
     let admission = Admission::new(limits(2, 10));
-    let a = admission.acquire(Priority::Standard, None).await.unwrap();
-    let _b = admission.acquire(Priority::Standard, None).await.unwrap();
+    let a = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let _b = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
     let waiter = {
         let admission = admission.clone();
-        tokio::spawn(async move { admission.acquire(Priority::Standard, None).await })
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await })
     };
     settle().await;
     assert_eq!(admission.snapshot().in_flight, 2);
@@ -39,13 +41,13 @@ async fn admits_up_to_the_limit_then_queues() {
 #[tokio::test]
 async fn higher_priority_is_served_first() {
     let admission = Admission::new(limits(1, 10));
-    let held = admission.acquire(Priority::Standard, None).await.unwrap();
+    let held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
     let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for priority in [Priority::Sheddable, Priority::Standard, Priority::Critical] {
         let (admission, order) = (admission.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let permit = admission.acquire(priority, None).await.unwrap();
+            let permit = admission.acquire(Ask::new(priority)).await.unwrap();
             order.lock().unwrap().push(priority);
             drop(permit);
         }));
@@ -61,22 +63,22 @@ async fn higher_priority_is_served_first() {
 #[tokio::test]
 async fn full_queue_refuses_or_evicts_the_lowest_priority() {
     let admission = Admission::new(limits(1, 1));
-    let _held = admission.acquire(Priority::Standard, None).await.unwrap();
+    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
     let sheddable = {
         let admission = admission.clone();
-        tokio::spawn(async move { admission.acquire(Priority::Sheddable, None).await })
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Sheddable)).await })
     };
     settle().await;
 
     // Same or lower priority than the queue holds: refused at once with a hint.
-    let refused = admission.acquire(Priority::Sheddable, None).await.unwrap_err();
+    let refused = admission.acquire(Ask::new(Priority::Sheddable)).await.unwrap_err();
     assert!(matches!(refused, AdmissionError::QueueFull { queued: 1, .. }), "{refused:?}");
     assert!(refused.retry_after().unwrap() >= Duration::from_millis(10));
 
     // Higher priority takes the place of the sheddable waiter.
     let critical = {
         let admission = admission.clone();
-        tokio::spawn(async move { admission.acquire(Priority::Critical, None).await })
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Critical)).await })
     };
     settle().await;
     let evicted = sheddable.await.unwrap().unwrap_err();
@@ -88,21 +90,21 @@ async fn full_queue_refuses_or_evicts_the_lowest_priority() {
 #[tokio::test]
 async fn zero_queue_means_serve_now_or_refuse() {
     let admission = Admission::new(limits(1, 0));
-    let _held = admission.acquire(Priority::Critical, None).await.unwrap();
-    let refused = admission.acquire(Priority::Critical, None).await.unwrap_err();
+    let _held = admission.acquire(Ask::new(Priority::Critical)).await.unwrap();
+    let refused = admission.acquire(Ask::new(Priority::Critical)).await.unwrap_err();
     assert!(matches!(refused, AdmissionError::QueueFull { .. }));
 }
 
 #[tokio::test(start_paused = true)]
 async fn queue_timeout_and_deadline_take_waiters_out() {
     let admission = Admission::new(Limits { queue_timeout: Duration::from_millis(300), ..limits(1, 10) });
-    let _held = admission.acquire(Priority::Standard, None).await.unwrap();
+    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
 
-    let timed_out = admission.acquire(Priority::Standard, None).await.unwrap_err();
+    let timed_out = admission.acquire(Ask::new(Priority::Standard)).await.unwrap_err();
     assert!(matches!(timed_out, AdmissionError::QueueTimeout { .. }), "{timed_out:?}");
 
     let deadline = Instant::now() + Duration::from_millis(50);
-    let expired = admission.acquire(Priority::Standard, Some(deadline)).await.unwrap_err();
+    let expired = admission.acquire(Ask::new(Priority::Standard).deadline(Some(deadline))).await.unwrap_err();
     assert!(matches!(expired, AdmissionError::DeadlineExpired { .. }), "{expired:?}");
     assert_eq!(admission.snapshot().queued_total(), 0);
     assert_eq!(admission.snapshot().in_flight, 1);
@@ -112,14 +114,14 @@ async fn queue_timeout_and_deadline_take_waiters_out() {
 async fn an_unmeetable_deadline_is_refused_at_once() {
     let admission = Admission::new(limits(1, 10));
     // Teach the pool that a request takes 100 ms.
-    let permit = admission.acquire(Priority::Standard, None).await.unwrap();
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     drop(permit);
-    let _held = admission.acquire(Priority::Standard, None).await.unwrap();
+    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
 
     let started = tokio::time::Instant::now();
     let deadline = Instant::now() + Duration::from_millis(20);
-    let refused = admission.acquire(Priority::Standard, Some(deadline)).await.unwrap_err();
+    let refused = admission.acquire(Ask::new(Priority::Standard).deadline(Some(deadline))).await.unwrap_err();
     assert!(matches!(refused, AdmissionError::DeadlineUnmeetable { .. }), "{refused:?}");
     assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
 }
@@ -127,10 +129,10 @@ async fn an_unmeetable_deadline_is_refused_at_once() {
 #[tokio::test]
 async fn a_cancelled_waiter_leaves_the_queue_and_leaks_nothing() {
     let admission = Admission::new(limits(1, 10));
-    let held = admission.acquire(Priority::Standard, None).await.unwrap();
+    let held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
     let waiter = {
         let admission = admission.clone();
-        tokio::spawn(async move { admission.acquire(Priority::Standard, None).await })
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await })
     };
     settle().await;
     waiter.abort();
@@ -143,11 +145,11 @@ async fn a_cancelled_waiter_leaves_the_queue_and_leaks_nothing() {
 #[tokio::test]
 async fn raising_the_limit_admits_waiters_at_once_and_lowering_drains() {
     let admission = Admission::new(limits(1, 10));
-    let first = admission.acquire(Priority::Standard, None).await.unwrap();
+    let first = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
     let waiters: Vec<_> = (0..3)
         .map(|_| {
             let admission = admission.clone();
-            tokio::spawn(async move { admission.acquire(Priority::Standard, None).await })
+            tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await })
         })
         .collect();
     settle().await;
@@ -162,7 +164,7 @@ async fn raising_the_limit_admits_waiters_at_once_and_lowering_drains() {
     admission.set_limits(limits(2, 10));
     let newcomer = {
         let admission = admission.clone();
-        tokio::spawn(async move { admission.acquire(Priority::Standard, None).await })
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await })
     };
     settle().await;
     permits.pop();
@@ -180,12 +182,12 @@ async fn raising_the_limit_admits_waiters_at_once_and_lowering_drains() {
 #[tokio::test]
 async fn shrinking_the_queue_evicts_the_overflow() {
     let admission = Admission::new(limits(1, 10));
-    let _held = admission.acquire(Priority::Standard, None).await.unwrap();
+    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
     let waiters: Vec<_> = [Priority::Critical, Priority::Sheddable, Priority::Standard]
         .into_iter()
         .map(|priority| {
             let admission = admission.clone();
-            tokio::spawn(async move { (priority, admission.acquire(priority, None).await.map(drop)) })
+            tokio::spawn(async move { (priority, admission.acquire(Ask::new(priority)).await.map(drop)) })
         })
         .collect();
     settle().await;
@@ -206,13 +208,10 @@ async fn shrinking_the_queue_evicts_the_overflow() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stress_never_exceeds_the_limit_and_leaks_nothing() {
     use rand::RngExt;
-    use std::collections::BTreeMap;
-    use std::sync::Arc;
 
     let peak = Arc::new(AtomicUsize::new(0));
     let observed = peak.clone();
-    let queue =
-        |in_flight| Limits { max_in_flight: in_flight, max_queued: 16, queue_timeout: Duration::from_millis(20) };
+    let queue = |in_flight| Limits::new(in_flight, 16, Duration::from_millis(20));
     let admission = Admission::with_observer(queue(4), move |snapshot| {
         observed.fetch_max(snapshot.in_flight, Ordering::Relaxed);
     });
@@ -232,7 +231,7 @@ async fn stress_never_exceeds_the_limit_and_leaks_nothing() {
         let cancelled = outcomes.clone();
         tasks.push(tokio::spawn(async move {
             let work = async move {
-                let outcome = match pool.acquire(priority, deadline).await {
+                let outcome = match pool.acquire(Ask::new(priority).deadline(deadline)).await {
                     Ok(permit) => {
                         tokio::time::sleep(hold).await;
                         drop(permit);
@@ -274,4 +273,242 @@ async fn stress_never_exceeds_the_limit_and_leaks_nothing() {
     }
     assert!(outcomes.contains_key("deadline_expired") || outcomes.contains_key("deadline_unmeetable"), "{outcomes:?}");
     println!("{outcomes:?}");
+}
+
+fn cost(inputs: u32, tokens: u32) -> Cost {
+    Cost { inputs, tokens }
+}
+
+/// A call costs all its inputs at once: it waits as a whole and never holds part of them.
+#[tokio::test]
+async fn a_call_takes_all_its_inputs_or_waits_for_them() {
+    let admission = Admission::new(limits(4, 100));
+    let three = admission.acquire(Ask::new(Priority::Standard).cost(cost(3, 0))).await.unwrap();
+    let two = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard).cost(cost(2, 0))).await })
+    };
+    settle().await;
+    assert_eq!((admission.snapshot().in_flight, admission.snapshot().queued_total()), (3, 2), "nothing partial");
+    drop(three);
+    let two = two.await.unwrap().unwrap();
+    assert_eq!(admission.snapshot().in_flight, 2);
+    drop(two);
+    // Larger than the whole limit: admitted alone, never starved.
+    let huge = admission.acquire(Ask::new(Priority::Standard).cost(cost(100, 0))).await.unwrap();
+    assert_eq!(admission.snapshot().in_flight, 100);
+    drop(huge);
+    assert_eq!(admission.snapshot().in_flight, 0);
+}
+
+/// With a token budget, long inputs take more of it than short ones.
+#[tokio::test]
+async fn a_token_budget_charges_long_inputs_more() {
+    let admission = Admission::new(Limits { max_in_flight_tokens: Some(600), ..limits(100, 100) });
+    assert_eq!(admission.estimate_tokens(2000, 1), 502);
+    let long = admission.acquire(Ask::new(Priority::Standard).cost(cost(1, 502))).await.unwrap();
+    let short: Vec<_> =
+        futures::future::join_all((0..20).map(|_| admission.acquire(Ask::new(Priority::Standard).cost(cost(1, 4)))))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+    let another_long = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard).cost(cost(1, 502))).await })
+    };
+    settle().await;
+    assert_eq!(admission.snapshot().in_flight_tokens, 502 + 80);
+    assert_eq!(admission.snapshot().queued_total(), 1, "a second long input waits; twenty short ones did not");
+    drop(long);
+    drop(another_long.await.unwrap().unwrap());
+    drop(short);
+}
+
+/// TEI's answers teach the characters-per-token ratio.
+#[tokio::test]
+async fn answers_teach_the_token_estimate() {
+    let admission = Admission::new(limits(4, 4));
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    for _ in 0..300 {
+        permit.observe(Observation { chars: 600, tokens: 100, ..Default::default() });
+    }
+    assert!((admission.snapshot().chars_per_token - 6.0).abs() < 0.05, "{}", admission.snapshot().chars_per_token);
+    assert!((102..=103).contains(&admission.estimate_tokens(600, 1)), "{}", admission.estimate_tokens(600, 1));
+}
+
+/// Tenant A floods the queue; tenant B, arriving later at the same priority, is served next and
+/// takes A's newest place when the queue is full.
+#[tokio::test]
+async fn a_flooding_tenant_evicts_its_own_work_not_others() {
+    let admission = Admission::new(limits(1, 4));
+    let held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let mut flood = Vec::new();
+    for _ in 0..4 {
+        let admission = admission.clone();
+        flood
+            .push(tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard).tenant(Some("a"))).await }));
+        settle().await;
+    }
+    let refused = admission.acquire(Ask::new(Priority::Standard).tenant(Some("a"))).await.unwrap_err();
+    assert!(matches!(refused, AdmissionError::QueueFull { .. }), "the flood sheds itself: {refused:?}");
+    let light = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard).tenant(Some("b"))).await })
+    };
+    settle().await;
+    let evicted = flood.pop().unwrap().await.unwrap().unwrap_err();
+    assert!(matches!(evicted, AdmissionError::Evicted { .. }), "A's newest made room: {evicted:?}");
+    drop(held);
+    let first_a = flood.remove(0).await.unwrap().unwrap();
+    drop(first_a);
+    drop(light.await.unwrap().expect("B served second, before A's older waiters"));
+    for waiter in flood {
+        waiter.abort();
+    }
+}
+
+/// A burst that drains within the interval is served first come, first served; once the queue
+/// stands, the newest waiters are served first, and nobody is refused for it.
+#[tokio::test(start_paused = true)]
+async fn a_standing_queue_is_served_newest_first() {
+    let admission = Admission::new(Limits::new(1, 1000, Duration::from_secs(60)));
+    // Teach a 10 ms service time: target 20 ms, interval 100 ms.
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(permit);
+
+    let held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..50 {
+        let (admission, order) = (admission.clone(), order.clone());
+        waiters.push(tokio::spawn(async move {
+            let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+            order.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(permit);
+        }));
+        settle().await;
+    }
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(held);
+    for waiter in waiters {
+        waiter.await.expect("every waiter served");
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(&order[..3], &[0, 1, 2], "first come, first served while it may be a burst: {order:?}");
+    let position = |i| order.iter().position(|o| *o == i).unwrap();
+    assert!(position(49) < position(25), "standing: the newest before the middle: {order:?}");
+    assert_eq!(admission.snapshot().in_flight, 0);
+}
+
+/// The adaptive limit moves with what TEI reports and stays under the ceiling.
+#[tokio::test]
+async fn the_adaptive_limit_follows_teis_queue() {
+    let changes = Arc::new(AtomicUsize::new(0));
+    let counted = changes.clone();
+    let admission = Admission::with_observer(Limits { adaptive: true, ..limits(64, 1000) }, move |snapshot| {
+        if snapshot.change.is_some() {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    assert_eq!(admission.snapshot().effective_limit, 16, "starts at a quarter of the ceiling");
+    let observer = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    // Demand: more callers than any limit, each holding its permit.
+    let callers: Vec<_> = (0..100)
+        .map(|_| {
+            let admission = admission.clone();
+            tokio::spawn(async move {
+                let _permit = admission.acquire(Ask::new(Priority::Standard)).await;
+                std::future::pending::<()>().await;
+            })
+        })
+        .collect();
+    settle().await;
+    let held = [observer];
+    for _ in 0..200 {
+        held[0].observe(Observation {
+            tei_queue: Duration::ZERO,
+            tei_inference: Duration::from_millis(10),
+            ..Default::default()
+        });
+    }
+    assert_eq!(admission.snapshot().effective_limit, 64, "an empty TEI queue under demand: up to the ceiling");
+    for _ in 0..400 {
+        held[0].observe(Observation {
+            tei_queue: Duration::from_millis(80),
+            tei_inference: Duration::from_millis(10),
+            ..Default::default()
+        });
+    }
+    assert_eq!(admission.snapshot().effective_limit, ADAPTIVE_FLOOR, "a long TEI queue: down to the floor");
+    assert!(changes.load(Ordering::Relaxed) >= 2);
+    drop(held);
+    for caller in callers {
+        caller.abort();
+    }
+    admission.set_limits(limits(8, 10));
+    assert_eq!(admission.snapshot().effective_limit, 8, "adaptive off: the share is the limit");
+}
+
+/// Weighted calls, tenants and an adaptive limit moving underneath, with cancellations and
+/// deadlines: inputs in flight never exceed the ceiling, and everything returns to zero.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stress_with_weights_tenants_and_an_adaptive_limit_leaks_nothing() {
+    use rand::RngExt;
+
+    let peak = Arc::new(AtomicUsize::new(0));
+    let observed = peak.clone();
+    let pool = |adaptive| Limits {
+        adaptive,
+        max_in_flight_tokens: Some(4_000),
+        ..Limits::new(8, 32, Duration::from_millis(30))
+    };
+    let admission = Admission::with_observer(pool(true), move |snapshot| {
+        observed.fetch_max(snapshot.in_flight, Ordering::Relaxed);
+    });
+    let mut tasks = Vec::new();
+    for i in 0..2_000u64 {
+        let pool_state = admission.clone();
+        let (inputs, tokens, hold, cancel_after, deadline, tenant) = {
+            let mut rng = rand::rng();
+            (
+                rng.random_range(1..4),
+                rng.random_range(2..600),
+                Duration::from_micros(rng.random_range(100..1_500)),
+                rng.random_bool(0.15).then(|| Duration::from_micros(rng.random_range(0..3_000))),
+                rng.random_bool(0.3).then(|| Instant::now() + Duration::from_micros(rng.random_range(0..8_000))),
+                ["a", "b", "c"][rng.random_range(0..3)],
+            )
+        };
+        tasks.push(tokio::spawn(async move {
+            let work = async move {
+                let ask = Ask::new(Priority::ALL[(i % 3) as usize])
+                    .tenant(Some(tenant))
+                    .cost(cost(inputs, tokens))
+                    .deadline(deadline);
+                if let Ok(permit) = pool_state.acquire(ask).await {
+                    tokio::time::sleep(hold).await;
+                    let queue = Duration::from_micros(hold.as_micros() as u64 % 2_000);
+                    permit.observe(Observation { tei_queue: queue, tei_inference: hold, chars: 400, tokens: 100 });
+                }
+            };
+            match cancel_after {
+                Some(after) => drop(tokio::time::timeout(after, work).await),
+                None => work.await,
+            }
+        }));
+        if i % 25 == 0 {
+            tokio::time::sleep(Duration::from_micros(500)).await;
+            admission.set_limits(pool(i % 50 == 0));
+        }
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task).await.expect("no task hangs").unwrap();
+    }
+    let end = admission.snapshot();
+    assert_eq!((end.in_flight, end.in_flight_tokens, end.queued_total()), (0, 0, 0), "nothing leaked");
+    // A call larger than the room left goes alone, so the peak is the ceiling or one call.
+    assert!(peak.load(Ordering::Relaxed) <= 8 + 3, "peak {}", peak.load(Ordering::Relaxed));
 }

@@ -11,8 +11,12 @@
 //!     maxQueued: 32
 //!     queueTimeout: 2s
 //!     coalesce: true      # identical calls in flight share one upstream call (default false)
+//!     maxInFlightTokens: 16384   # optional token budget
+//!     adaptive: true      # the in-flight limit finds itself below maxInFlight
+//!     tenants: {search: 3, batch: 1}
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +53,14 @@ struct FilePool {
     /// Identical unary inference calls in flight share one upstream call.
     #[serde(default)]
     coalesce: bool,
+    /// Estimated tokens allowed in flight.
+    max_in_flight_tokens: Option<usize>,
+    /// The in-flight limit finds itself, with `maxInFlight` as its ceiling.
+    #[serde(default)]
+    adaptive: bool,
+    /// Tenant weights by name.
+    #[serde(default)]
+    tenants: BTreeMap<String, u32>,
 }
 
 /// A parsed configuration: the default pool's name and every pool.
@@ -73,9 +85,14 @@ pub fn parse(text: &str) -> Result<Loaded> {
             name: pool.name,
             model: pool.model,
             upstream: pool.upstream,
-            limits: Some(Limits { max_in_flight: pool.max_in_flight, max_queued: pool.max_queued, queue_timeout }),
+            limits: Some(Limits {
+                max_in_flight_tokens: pool.max_in_flight_tokens,
+                adaptive: pool.adaptive,
+                ..Limits::new(pool.max_in_flight, pool.max_queued, queue_timeout)
+            }),
             remote: pool.remote,
             coalesce: pool.coalesce,
+            tenants: pool.tenants,
         });
     }
     if !pools.iter().any(|p| p.name == default) {

@@ -2,6 +2,7 @@
 //! served by the TEI beside it, with the per-replica shares the operator publishes in status;
 //! every other pool is reachable through its Service, for `x-teifleet-pool`/`-model` routing.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -20,18 +21,30 @@ use teifleet_wire::ports::MULTIPLEXER_GRPC as POOL_SERVICE_PORT;
 /// published any, the budget split over the desired replicas.
 pub fn limits_of(pool: &EmbeddingPool) -> Option<Limits> {
     let queue_timeout = parse_duration(&pool.spec.concurrency.queue_timeout).ok()?;
-    let (in_flight, queued) = match pool.status.as_ref().and_then(|s| s.admission) {
-        Some(shares) => (shares.in_flight_per_replica, shares.queued_per_replica),
+    let budget = &pool.spec.concurrency;
+    let (in_flight, queued, split_over) = match pool.status.as_ref().and_then(|s| s.admission) {
+        Some(shares) => (shares.in_flight_per_replica, shares.queued_per_replica, shares.split_over_replicas),
         None => {
-            let shares = split_budget(&pool.spec.concurrency, 0, pool.spec.replicas.unwrap_or(1));
-            (shares.in_flight_per_replica, shares.queued_per_replica)
+            let shares = split_budget(budget, 0, pool.spec.replicas.unwrap_or(1));
+            (shares.in_flight_per_replica, shares.queued_per_replica, shares.split_over)
         }
     };
+    // The token budget is split like the others: rounded up, so the pool never gets less.
+    let tokens = budget.max_in_flight_tokens.map(|tokens| {
+        let split_over = i64::from(split_over.max(1));
+        usize::try_from((tokens.max(1) + split_over - 1) / split_over).unwrap_or(usize::MAX)
+    });
     Some(Limits {
-        max_in_flight: usize::try_from(in_flight).ok()?.max(1),
-        max_queued: usize::try_from(queued).unwrap_or(0),
-        queue_timeout,
+        max_in_flight_tokens: tokens,
+        adaptive: budget.adaptive,
+        ..Limits::new(usize::try_from(in_flight).ok()?.max(1), usize::try_from(queued).unwrap_or(0), queue_timeout)
     })
+}
+
+/// Tenant weights from the spec.
+pub fn tenants_of(pool: &EmbeddingPool) -> BTreeMap<String, u32> {
+    let tenants = &pool.spec.concurrency.tenants;
+    tenants.iter().map(|t| (t.name.clone(), u32::try_from(t.weight).unwrap_or(1).max(1))).collect()
 }
 
 /// The routing table's view of the namespace's pools.
@@ -52,6 +65,7 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
                 limits: limits_of(pool),
                 remote: !local,
                 coalesce: pool.spec.coalesce,
+                tenants: tenants_of(pool),
                 name,
             }
         })
@@ -118,10 +132,7 @@ mod tests {
         let specs = specs(&pools, "ml", "bge", "http://127.0.0.1:8080");
         let own = &specs[0];
         assert_eq!((own.upstream.as_str(), own.remote), ("http://127.0.0.1:8080", false));
-        assert_eq!(
-            own.limits,
-            Some(Limits { max_in_flight: 7, max_queued: 9, queue_timeout: Duration::from_millis(1500) })
-        );
+        assert_eq!(own.limits, Some(Limits::new(7, 9, Duration::from_millis(1500))));
         let other = &specs[1];
         assert_eq!((other.upstream.as_str(), other.remote), ("http://gte.ml.svc:50051", true));
         assert_eq!(other.model.as_deref(), Some("org/gte"));

@@ -23,7 +23,7 @@ pub use teifleet_testkit::prom::value as metric;
 pub const MODEL: &str = "teifleet/sim-embedding";
 
 pub fn limits(in_flight: usize, queued: usize) -> Limits {
-    Limits { max_in_flight: in_flight, max_queued: queued, queue_timeout: Duration::from_secs(5) }
+    Limits::new(in_flight, queued, Duration::from_secs(5))
 }
 
 pub async fn sim(configure: impl FnOnce(&mut SimConfig)) -> SimHandle {
@@ -40,6 +40,7 @@ pub fn spec(name: &str, upstream: SocketAddr, limits: Limits) -> PoolSpec {
         limits: Some(limits),
         remote: false,
         coalesce: false,
+        tenants: Default::default(),
     }
 }
 
