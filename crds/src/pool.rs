@@ -161,14 +161,15 @@ impl Default for GpuSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct ConcurrencySpec {
-    /// Requests in flight to TEI across the whole pool. Each ready replica gets
+    /// Inputs in flight to TEI across the whole pool, counted as TEI counts its slots: one per
+    /// Embed or Predict call or stream message, one per text of a Rerank. Each ready replica gets
     /// `ceil(maxInFlight / readyReplicas)` permits (at most `maxInFlightPerReplica`). Edits apply
     /// live, within seconds, without restarting pods.
     #[serde(default = "default_max_in_flight")]
     #[x_kube(validation = Rule::new("self >= 1").message("concurrency.maxInFlight must be at least 1"))]
     pub max_in_flight: i32,
 
-    /// Requests allowed to wait in the multiplexers across the pool, split over ready replicas
+    /// Inputs allowed to wait in the multiplexers across the pool, split over ready replicas
     /// like `maxInFlight`. Requests beyond it are refused at once with RESOURCE_EXHAUSTED.
     /// 0 disables queueing: a request is served at once or refused.
     #[serde(default = "default_max_queued")]
@@ -207,7 +208,8 @@ pub struct ConcurrencySpec {
     /// the queue gives up its own newest work first. Tenants not listed weigh 1. Listed tenants
     /// also get metric series of their own; the others are counted together as `other`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[x_kube(validation = Rule::new("self.size() <= 64").message("concurrency.tenants may list at most 64 tenants"))]
+    // maxItems (not only a rule) so the API server can bound the cost of the uniqueness rule.
+    #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new("self.all(t, self.exists_one(u, u.name == t.name))").message("concurrency.tenants names must be unique"))]
     pub tenants: Vec<TenantWeight>,
 }
@@ -217,6 +219,7 @@ pub struct ConcurrencySpec {
 #[serde(rename_all = "camelCase")]
 pub struct TenantWeight {
     /// The tenant's name, as sent in `x-teifleet-tenant`.
+    #[schemars(length(max = 128))]
     #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 128").message("concurrency.tenants[].name must be 1 to 128 characters"))]
     pub name: String,
 

@@ -34,7 +34,8 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         "model": { "id": "BAAI/bge-small-en-v1.5" },
         "gpu": { "type": "nvidia-l4", "count": 1 },
         "replicas": 1,
-        "concurrency": { "maxInFlight": 8, "maxQueued": 16, "queueTimeout": "1500ms", "maxInFlightPerReplica": 4 },
+        "concurrency": { "maxInFlight": 8, "maxQueued": 16, "queueTimeout": "1500ms", "maxInFlightPerReplica": 4,
+                         "maxInFlightTokens": 16384, "adaptive": true, "tenants": [{ "name": "search", "weight": 3 }] },
     });
 
     let cases = [
@@ -47,6 +48,10 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         ("/gpu/count", json!(0), "gpu.count must be at least 1 unless gpu.type is cpu"),
         ("/model/id", json!(""), "model.id must name a Hugging Face model or a local path"),
         ("/concurrency/maxInFlightPerReplica", json!(0), "concurrency.maxInFlightPerReplica must be at least 1"),
+        ("/concurrency/maxInFlightTokens", json!(0), "concurrency.maxInFlightTokens must be at least 1"),
+        ("/concurrency/tenants", json!([{ "name": "a" }, { "name": "a" }]), "concurrency.tenants names must be unique"),
+        ("/concurrency/tenants", json!([{ "name": "" }]), "concurrency.tenants[].name must be 1 to 128 characters"),
+        ("/concurrency/tenants", json!([{ "name": "a", "weight": 0 }]), "concurrency.tenants[].weight must be between 1 and 1000"),
     ];
     for (index, (pointer, value, message)) in cases.into_iter().enumerate() {
         let name = format!("invalid-{index}");
