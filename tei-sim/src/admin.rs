@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::State as Extract;
+use axum::extract::{Path, State as Extract};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -36,6 +36,7 @@ pub(crate) fn router(state: Shared) -> Router {
         .route("/fault/fail", post(|s: Extract<Shared>| set_fault(s, Fault::Fail)))
         .route("/fault/stall", post(|s: Extract<Shared>| set_fault(s, Fault::Stall)))
         .route("/fault/clear", post(|s: Extract<Shared>| set_fault(s, Fault::None)))
+        .route("/device/slowdown/{factor}", post(set_slowdown))
         .with_state(state)
         .merge(probes)
 }
@@ -70,6 +71,17 @@ struct FaultBody {
 
 async fn fault(Extract(state): Extract<Shared>) -> Response {
     json(&FaultBody { fault: state.fault() })
+}
+
+/// `POST /device/slowdown/2` makes every batch take twice its device time (half the capacity);
+/// `/device/slowdown/1` restores it.
+async fn set_slowdown(Extract(state): Extract<Shared>, Path(factor): Path<f64>) -> Response {
+    if !(factor.is_finite() && factor > 0.0) {
+        return (StatusCode::BAD_REQUEST, "the slowdown factor must be a positive number\n").into_response();
+    }
+    state.slowdown.set(factor);
+    tracing::info!(factor, "device slowdown changed");
+    json(&serde_json::json!({ "slowdown": factor }))
 }
 
 async fn set_fault(Extract(state): Extract<Shared>, fault: Fault) -> Response {

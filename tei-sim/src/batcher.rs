@@ -32,6 +32,27 @@ pub(crate) struct DeviceRun {
     pub(crate) inference_time: Duration,
 }
 
+/// How much slower than configured the device runs right now, as a throttled or shared GPU
+/// would: 1.0 is as configured, 2.0 takes twice the device time per batch (half the capacity).
+#[derive(Debug)]
+pub(crate) struct Slowdown(std::sync::atomic::AtomicU64);
+
+impl Default for Slowdown {
+    fn default() -> Self {
+        Self(std::sync::atomic::AtomicU64::new(1.0f64.to_bits()))
+    }
+}
+
+impl Slowdown {
+    pub(crate) fn get(&self) -> f64 {
+        f64::from_bits(self.0.load(std::sync::atomic::Ordering::Relaxed))
+    }
+
+    pub(crate) fn set(&self, factor: f64) {
+        self.0.store(factor.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct BatchLimits {
     pub(crate) max_tokens: usize,
@@ -126,19 +147,21 @@ fn burn_cpu(cpu_time: Duration, shutdown: &CancellationToken) {
 /// waiting requests' reply channels so their callers learn the device is gone.
 pub(crate) fn spawn(
     limits: BatchLimits,
+    slowdown: Arc<Slowdown>,
     metrics: Metrics,
     counters: Arc<Counters>,
     shutdown: CancellationToken,
 ) -> mpsc::UnboundedSender<Entry> {
     // Unbounded is safe: only requests holding an admission slot are ever sent.
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(rx, limits, metrics, counters, shutdown));
+    tokio::spawn(run(rx, limits, slowdown, metrics, counters, shutdown));
     tx
 }
 
 async fn run(
     mut rx: mpsc::UnboundedReceiver<Entry>,
     limits: BatchLimits,
+    slowdown: Arc<Slowdown>,
     metrics: Metrics,
     counters: Arc<Counters>,
     shutdown: CancellationToken,
@@ -154,7 +177,8 @@ async fn run(
             if !next.entries.is_empty() {
                 let batch = std::mem::take(&mut next);
                 let started = Instant::now();
-                let work = DeviceWork::start(limits.device, limits.device_time(batch.tokens), started, &shutdown);
+                let device_time = limits.device_time(batch.tokens).mul_f64(slowdown.get());
+                let work = DeviceWork::start(limits.device, device_time, started, &shutdown);
                 running = Some(Running { batch, started, work });
                 next.fill(&mut queue, &limits);
             }

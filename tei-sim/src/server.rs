@@ -14,7 +14,7 @@ use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::batcher::{self, BatchLimits};
+use crate::batcher::{self, BatchLimits, Slowdown};
 use crate::config::{Fault, SimConfig};
 use crate::metrics::Metrics;
 use crate::service::{Sim, health_service};
@@ -58,7 +58,8 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         per_token_latency: config.per_token_latency,
         device: config.device,
     };
-    let queue = batcher::spawn(limits, metrics.clone(), Arc::clone(&counters), shutdown.clone());
+    let slowdown = Arc::new(Slowdown::default());
+    let queue = batcher::spawn(limits, Arc::clone(&slowdown), metrics.clone(), Arc::clone(&counters), shutdown.clone());
     let state = Arc::new(State {
         slots: Arc::new(Semaphore::new(config.max_concurrent_requests)),
         config,
@@ -66,6 +67,7 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         fault: watch::Sender::new(Fault::None),
         metrics,
         queue,
+        slowdown,
         shutdown: shutdown.clone(),
     });
 
@@ -130,6 +132,12 @@ impl SimHandle {
     /// Zeroes the counters; `in_flight` keeps counting what still holds a slot.
     pub fn reset_stats(&self) {
         self.state.counters.reset();
+    }
+
+    /// Makes the device `factor` times slower from the next batch on (2.0: half the capacity), as
+    /// a throttled or shared GPU would be; 1.0 restores it.
+    pub fn set_slowdown(&self, factor: f64) {
+        self.state.slowdown.set(factor);
     }
 
     /// Takes effect at once: the next call, health check or stalled request sees it.

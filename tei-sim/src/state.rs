@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::batcher::Entry;
+use crate::batcher::{Entry, Slowdown};
 use crate::config::{Fault, SimConfig};
 use crate::metrics::Metrics;
 use crate::stats::Counters;
@@ -20,6 +20,8 @@ pub(crate) struct State {
     pub(crate) fault: watch::Sender<Fault>,
     pub(crate) metrics: Metrics,
     pub(crate) queue: mpsc::UnboundedSender<Entry>,
+    /// The device's current slowdown, shared with the batcher.
+    pub(crate) slowdown: Arc<Slowdown>,
     pub(crate) shutdown: CancellationToken,
 }
 

@@ -78,3 +78,34 @@ fn device_modes_parse_from_flags() {
     assert_eq!(Device::default(), Device::Sleep);
     assert!("gpu".parse::<Device>().is_err());
 }
+
+/// A slowed-down device (a throttled or shared GPU) takes that many times its device time per
+/// batch, from the next batch on, set through the library or the admin port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowed_device_takes_longer_per_batch() {
+    crate::common::bounded(async {
+        let config = teifleet_tei_sim::SimConfig {
+            fixed_latency: std::time::Duration::from_millis(20),
+            per_token_latency: std::time::Duration::ZERO,
+            admin_listen: Some("127.0.0.1:0".parse().unwrap()),
+            ..Default::default()
+        };
+        let sim = crate::common::start(config).await;
+        let mut client = crate::common::embed_client(&sim).await;
+        let inference = |response: tonic::Response<teifleet_proto::v1::EmbedResponse>| {
+            response.into_inner().metadata.expect("metadata").inference_time_ns
+        };
+        let normal = inference(client.embed(crate::common::embed_request("x")).await.unwrap());
+        assert!(normal >= 20_000_000, "{normal}");
+        sim.set_slowdown(3.0);
+        let slow = inference(client.embed(crate::common::embed_request("x")).await.unwrap());
+        assert!(slow >= 60_000_000, "three times the device time: {slow}");
+        let admin = sim.admin_addr().expect("admin port");
+        let (status, _) = crate::common::http(admin, "POST", "/device/slowdown/1").await;
+        assert_eq!(status, 200);
+        let (status, body) = crate::common::http(admin, "POST", "/device/slowdown/-1").await;
+        assert_eq!(status, 400, "{body}");
+        sim.shutdown().await;
+    })
+    .await;
+}
