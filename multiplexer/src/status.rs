@@ -12,6 +12,7 @@ pub enum Outcome {
     Ok,
     ShedQueueFull,
     ShedDeadline,
+    ShedStandingQueue,
     ExpiredInQueue,
     ExpiredAtUpstream,
     Cancelled,
@@ -25,6 +26,7 @@ impl Outcome {
             Self::Ok => "ok",
             Self::ShedQueueFull => "shed_queue_full",
             Self::ShedDeadline => "shed_deadline",
+            Self::ShedStandingQueue => "shed_standing_queue",
             Self::ExpiredInQueue => "expired_in_queue",
             Self::ExpiredAtUpstream => "expired_at_upstream",
             Self::Cancelled => "cancelled",
@@ -39,6 +41,7 @@ pub fn outcome(error: &Error) -> Outcome {
     match error {
         Error::Admission { source, .. } => match source {
             AdmissionError::QueueFull { .. } | AdmissionError::Evicted { .. } => Outcome::ShedQueueFull,
+            AdmissionError::StandingQueue { .. } => Outcome::ShedStandingQueue,
             AdmissionError::DeadlineUnmeetable { .. } => Outcome::ShedDeadline,
             AdmissionError::QueueTimeout { .. } | AdmissionError::DeadlineExpired { .. } => Outcome::ExpiredInQueue,
         },

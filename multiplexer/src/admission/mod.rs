@@ -14,8 +14,9 @@
 //! once when the queue is full (after evicting from a lower priority or a heavier tenant, if one
 //! exists) or when its deadline cannot be met given the queue ahead of it and the service times
 //! observed; a waiter whose deadline or queue timeout passes, or whose caller goes away, leaves
-//! the queue without ever reaching TEI. While a queue stands (see `standing`), each tenant's newest
-//! waiter is served first (adaptive LIFO). Limits change live.
+//! the queue without ever reaching TEI. While a queue stands (see `standing`), newcomers that would
+//! wait longer than the target are refused at once, so admitted calls stay fast. Limits change
+//! live.
 
 mod adaptive;
 mod estimate;
@@ -119,6 +120,8 @@ pub enum AdmissionError {
     DeadlineExpired { waited: Duration },
     #[error("evicted from the full queue by a higher-priority request or a tenant with less of the queue")]
     Evicted { retry_after: Duration },
+    #[error("the queue is standing: about {expected_wait:?} of queue ahead, more than a waiting call should wait")]
+    StandingQueue { expected_wait: Duration, retry_after: Duration },
 }
 
 impl AdmissionError {
@@ -128,7 +131,8 @@ impl AdmissionError {
             Self::QueueFull { retry_after, .. }
             | Self::DeadlineUnmeetable { retry_after, .. }
             | Self::QueueTimeout { retry_after, .. }
-            | Self::Evicted { retry_after } => Some(*retry_after),
+            | Self::Evicted { retry_after }
+            | Self::StandingQueue { retry_after, .. } => Some(*retry_after),
             Self::DeadlineExpired { .. } => None,
         }
     }
@@ -155,7 +159,7 @@ pub struct Snapshot {
     /// Queued inputs per priority, in [`Priority::ALL`] order.
     pub queued: [usize; 3],
     pub chars_per_token: f64,
-    /// The queue stands, and is served newest first (see `standing`).
+    /// The queue stands: newcomers that would wait longer than the target are refused.
     pub standing_queue: bool,
     /// Set on the snapshot taken right after the adaptive limit moved.
     pub change: Option<Change>,
@@ -337,6 +341,12 @@ impl Admission {
                     retry_after: pushback(Some(wait)),
                 });
             }
+            if let Some(wait) = expected_wait
+                && state.standing.standing()
+                && wait > standing::target_and_interval(state.service_time.mean()).0
+            {
+                return Err(AdmissionError::StandingQueue { expected_wait: wait, retry_after: pushback(Some(wait)) });
+            }
             state.make_room(ask.priority, tenant, weight, cost)?;
             let (grant, receiver) = oneshot::channel();
             let units = if state.limits.max_in_flight_tokens.is_some() {
@@ -424,21 +434,20 @@ impl Shared {
         }
     }
 
-    /// Hands room to waiters, highest priority and fairest first; while the queue stands, each
-    /// tenant's newest first.
+    /// Hands room to waiters, highest priority and fairest first.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
         let now = Instant::now();
         loop {
             let oldest = state.queue.oldest().map(|enqueued| now.saturating_duration_since(enqueued));
-            let lifo = state.standing.update(oldest, now, state.service_time.mean());
-            let Some(next) = state.queue.peek_next(lifo) else {
+            state.standing.update(oldest, now, state.service_time.mean());
+            let Some(next) = state.queue.peek_next() else {
                 state.queue.forget_idle_tenants();
                 break;
             };
             if !state.fits(next.cost) {
                 break;
             }
-            let waiter = state.queue.pop_next(lifo).expect("peeked");
+            let waiter = state.queue.pop_next().expect("peeked");
             state.take(waiter.cost);
             let permit = Permit { shared: self.clone(), cost: waiter.cost, acquired: now, armed: true };
             if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
@@ -523,7 +532,7 @@ impl State {
             in_flight_tokens: self.in_flight_tokens,
             queued: Priority::ALL.map(|priority| self.queue.inputs_of(priority)),
             chars_per_token: self.tokens.chars_per_token(),
-            standing_queue: self.standing.standing(Instant::now(), self.service_time.mean()),
+            standing_queue: self.standing.standing(),
             change,
         }
     }

@@ -3,7 +3,7 @@
 //! FIFO within a tenant.
 //!
 //! A waiter's tag is `max(virtual time, its tenant's last tag) + cost / weight`; the class serves
-//! the smallest tag and advances its virtual time to it. A tenant that floods only pushes its own
+//! the smallest tag (the tenant's oldest waiter) and advances its virtual time to it. A tenant that floods only pushes its own
 //! tags further out, so a light tenant arriving later is served next. When the queue is full, the
 //! tenant holding the most queue per weight gives up its newest waiter.
 
@@ -87,19 +87,18 @@ impl Class {
             .max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)))
     }
 
-    /// Whose turn it is, and that tenant's waiter to serve (its oldest, or with `lifo` its newest).
-    fn next(&self, lifo: bool) -> Option<&Waiter> {
+    /// Whose turn it is, and that tenant's oldest waiter.
+    fn next(&self) -> Option<&Waiter> {
         let tenant = self.turns.values().next()?;
-        let queue = self.tenants.get(tenant)?;
-        if lifo { queue.waiters.back() } else { queue.waiters.front() }
+        self.tenants.get(tenant)?.waiters.front()
     }
 
-    fn pop(&mut self, lifo: bool) -> Option<Waiter> {
+    fn pop(&mut self) -> Option<Waiter> {
         let (turn, tenant) = self.turns.pop_first()?;
         self.virtual_time = self.virtual_time.max(turn.0);
         let queue = self.tenants.get_mut(&tenant)?;
         queue.turns.pop_front();
-        let waiter = if lifo { queue.waiters.pop_back() } else { queue.waiters.pop_front() }?;
+        let waiter = queue.waiters.pop_front()?;
         debug_assert_eq!(waiter.tenant, tenant, "a turn serves its own tenant");
         queue.inputs -= waiter.cost.inputs as usize;
         self.inputs -= waiter.cost.inputs as usize;
@@ -183,14 +182,14 @@ impl WaitQueue {
     }
 
     /// The waiter to serve next: highest class first; within it the tenant whose turn it is, and
-    /// its oldest waiter (with `lifo`, its newest).
-    pub fn peek_next(&self, lifo: bool) -> Option<&Waiter> {
-        self.classes[self.next_class()?].next(lifo)
+    /// its oldest waiter.
+    pub fn peek_next(&self) -> Option<&Waiter> {
+        self.classes[self.next_class()?].next()
     }
 
-    pub fn pop_next(&mut self, lifo: bool) -> Option<Waiter> {
+    pub fn pop_next(&mut self) -> Option<Waiter> {
         let rank = self.next_class()?;
-        let waiter = self.classes[rank].pop(lifo)?;
+        let waiter = self.classes[rank].pop()?;
         self.index.remove(&waiter.id);
         Some(waiter)
     }
@@ -263,18 +262,7 @@ mod tests {
     }
 
     fn serve_order(queue: &mut WaitQueue) -> Vec<u32> {
-        std::iter::from_fn(|| queue.pop_next(false)).map(|w| w.tenant.0).collect()
-    }
-
-    #[test]
-    fn lifo_serves_each_tenants_newest_in_fair_turns() {
-        let mut queue = WaitQueue::default();
-        let a: Vec<u64> = (0..3).map(|_| push(&mut queue, Priority::Standard, 1, 1)).collect();
-        let b = push(&mut queue, Priority::Standard, 2, 1);
-        let first = queue.pop_next(true).unwrap();
-        assert_eq!(first.id, a[2], "A's turn, A's newest");
-        assert_eq!(queue.pop_next(true).unwrap().id, b, "then B's turn");
-        assert_eq!(queue.pop_next(false).unwrap().id, a[0], "FIFO again: A's oldest");
+        std::iter::from_fn(|| queue.pop_next()).map(|w| w.tenant.0).collect()
     }
 
     #[test]
@@ -337,7 +325,7 @@ mod tests {
         assert_eq!((queue.len(), queue.inputs(), queue.inputs_of(Priority::Critical)), (1, 1, 1));
         assert_eq!(queue.ahead_of(Priority::Standard, TenantId(1), 1, Cost::ONE), 1);
         assert_eq!(queue.ahead_of(Priority::Critical, TenantId(1), 1, Cost::ONE), 1, "the other critical tenant");
-        queue.pop_next(false);
+        queue.pop_next();
         queue.forget_idle_tenants();
         assert!(queue.is_empty());
     }

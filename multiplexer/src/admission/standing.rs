@@ -1,12 +1,14 @@
-//! Telling a standing queue from a burst, CoDel-style, to switch the queue to adaptive LIFO.
+//! Telling a standing queue from a burst, CoDel-style, to close the door on a queue that only adds
+//! latency.
 //!
-//! A burst drains within an interval; a queue whose oldest waiter has been older than the target
-//! for a whole interval is standing (seed 004's thousands of closed-loop clients keep one full).
-//! First-in-first-out then makes every served call wait about the whole queue, up to the queue
-//! timeout, while throughput is the same either way. So while the queue stands, each tenant's
-//! newest waiter is served first: served calls wait little, and the old waiters leave at their
-//! queue timeout or deadline with a retry hint, as they would have. Priorities and fairness
-//! between tenants hold in both modes; a burst that drains within the interval is served FIFO.
+//! A burst drains within an interval; a queue whose oldest waiter has stayed older than the
+//! target for a whole interval is standing (overload at several times capacity, or seed 004's
+//! thousands of closed-loop clients, keep one full). First-in-first-out then makes every admitted
+//! call wait about the whole queue, up to the queue timeout, for the same throughput. So while the
+//! queue stands, a newcomer whose expected wait is longer than the target is refused at once, with
+//! a retry hint: the queue shrinks to about a target's worth of work, enough to keep TEI busy,
+//! and admitted calls wait about the target instead of the whole queue. The queue stops standing
+//! only when it empties, so it does not flap between the two modes under steady overload.
 
 use std::time::Duration;
 
@@ -16,6 +18,7 @@ use tokio::time::Instant;
 pub struct Standing {
     /// Since when the oldest waiter has been older than the target.
     above_since: Option<Instant>,
+    standing: bool,
 }
 
 /// The target wait never goes below this: a TEI batch takes milliseconds.
@@ -35,20 +38,19 @@ impl Standing {
     pub fn update(&mut self, oldest: Option<Duration>, now: Instant, service_time: Option<Duration>) -> bool {
         let (target, interval) = target_and_interval(service_time);
         match oldest {
+            None => *self = Self::default(),
+            Some(_) if self.standing => {}
             Some(age) if age >= target => {
                 let since = *self.above_since.get_or_insert(now);
-                now.duration_since(since) >= interval
+                self.standing = now.duration_since(since) >= interval;
             }
-            _ => {
-                self.above_since = None;
-                false
-            }
+            Some(_) => self.above_since = None,
         }
+        self.standing
     }
 
-    pub fn standing(&self, now: Instant, service_time: Option<Duration>) -> bool {
-        let (_, interval) = target_and_interval(service_time);
-        self.above_since.is_some_and(|since| now.duration_since(since) >= interval)
+    pub fn standing(&self) -> bool {
+        self.standing
     }
 }
 
@@ -57,17 +59,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_burst_is_not_standing_a_long_queue_is() {
+    fn a_burst_is_not_standing_a_long_queue_is_until_it_empties() {
         let mut standing = Standing::default();
         let start = Instant::now();
         let service = Some(Duration::from_millis(10)); // target 20 ms, interval 100 ms
         let old = Some(Duration::from_millis(50));
         assert!(!standing.update(old, start, service), "just above target: maybe a burst");
-        assert!(!standing.update(old, start + Duration::from_millis(99), service));
-        assert!(standing.update(old, start + Duration::from_millis(100), service));
-        assert!(standing.standing(start + Duration::from_millis(100), service));
-        assert!(!standing.update(Some(Duration::from_millis(5)), start + Duration::from_millis(101), service));
-        assert!(!standing.update(None, start + Duration::from_millis(300), service), "empty: over");
-        assert!(!standing.standing(start + Duration::from_millis(300), service));
+        assert!(!standing.update(Some(Duration::from_millis(5)), start + Duration::from_millis(50), service));
+        assert!(!standing.update(old, start + Duration::from_millis(60), service), "a short wait restarts the clock");
+        assert!(!standing.update(old, start + Duration::from_millis(159), service));
+        assert!(standing.update(old, start + Duration::from_millis(160), service));
+        assert!(standing.update(Some(Duration::from_millis(5)), start + Duration::from_millis(161), service), "held");
+        assert!(!standing.update(None, start + Duration::from_millis(300), service), "over once empty");
+        assert!(!standing.standing());
     }
 }

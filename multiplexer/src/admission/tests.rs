@@ -242,6 +242,7 @@ async fn stress_never_exceeds_the_limit_and_leaks_nothing() {
                     Err(AdmissionError::QueueTimeout { .. }) => "queue_timeout",
                     Err(AdmissionError::DeadlineExpired { .. }) => "deadline_expired",
                     Err(AdmissionError::Evicted { .. }) => "evicted",
+                    Err(AdmissionError::StandingQueue { .. }) => "standing_queue",
                 };
                 *outcomes.lock().unwrap().entry(outcome).or_default() += 1;
             };
@@ -368,10 +369,10 @@ async fn a_flooding_tenant_evicts_its_own_work_not_others() {
     }
 }
 
-/// A burst that drains within the interval is served first come, first served; once the queue
-/// stands, the newest waiters are served first, and nobody is refused for it.
+/// A burst is queued and served in full; once the queue has stood for an interval, a newcomer
+/// that would wait longer than the target is refused at once with a retry hint.
 #[tokio::test(start_paused = true)]
-async fn a_standing_queue_is_served_newest_first() {
+async fn a_standing_queue_closes_its_door() {
     let admission = Admission::new(Limits::new(1, 1000, Duration::from_secs(60)));
     // Teach a 10 ms service time: target 20 ms, interval 100 ms.
     let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
@@ -379,28 +380,32 @@ async fn a_standing_queue_is_served_newest_first() {
     drop(permit);
 
     let held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-    let mut waiters = Vec::new();
-    for i in 0..50 {
-        let (admission, order) = (admission.clone(), order.clone());
-        waiters.push(tokio::spawn(async move {
-            let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-            order.lock().unwrap().push(i);
+    let mut burst = Vec::new();
+    for _ in 0..30 {
+        let admission = admission.clone();
+        burst.push(tokio::spawn(async move {
+            let permit = admission.acquire(Ask::new(Priority::Standard)).await?;
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(permit);
+            Ok::<_, AdmissionError>(())
         }));
-        settle().await;
     }
+    settle().await;
+    assert_eq!(admission.snapshot().queued_total(), 30, "a burst is queued");
     tokio::time::sleep(Duration::from_millis(10)).await;
     drop(held);
-    for waiter in waiters {
-        waiter.await.expect("every waiter served");
+    // Let the queue stand for longer than the interval.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert!(admission.snapshot().standing_queue);
+    let refused = admission.acquire(Ask::new(Priority::Standard)).await.unwrap_err();
+    assert!(matches!(refused, AdmissionError::StandingQueue { .. }), "{refused:?}");
+    assert!(refused.retry_after().unwrap() >= Duration::from_millis(5));
+    for waiter in burst {
+        waiter.await.unwrap().expect("the burst is served in full");
     }
-    let order = order.lock().unwrap().clone();
-    assert_eq!(&order[..3], &[0, 1, 2], "first come, first served while it may be a burst: {order:?}");
-    let position = |i| order.iter().position(|o| *o == i).unwrap();
-    assert!(position(49) < position(25), "standing: the newest before the middle: {order:?}");
-    assert_eq!(admission.snapshot().in_flight, 0);
+    assert!(!admission.snapshot().standing_queue, "empty: no longer standing");
+    let served = admission.acquire(Ask::new(Priority::Standard)).await;
+    assert!(served.is_ok(), "the door is open again");
 }
 
 /// The adaptive limit moves with what TEI reports and stays under the ceiling.
