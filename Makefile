@@ -13,6 +13,10 @@ CHART_GOLDEN := tests/chart/golden.yaml
 MANIFESTS := deploy/manifests/teifleet-operator.yaml
 MANIFEST_ARGS := teifleet $(CHART) --namespace teifleet-system --kube-version 1.33.0 --include-crds
 CHART_TEMPLATE_ARGS := teifleet $(CHART) --namespace teifleet-system --kube-version 1.33.0 --set serviceMonitor.enabled=true
+# Where `make push` and `make chart-push` publish; the chart and the operator default to ghcr.io/teifleet.
+REGISTRY ?= ghcr.io/teifleet
+CHART_REGISTRY ?= oci://$(REGISTRY)/charts
+IMAGE_CRATES := -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim
 
 .PHONY: help
 help: ## List the targets
@@ -23,7 +27,7 @@ prereqs: ## Install what builds and tests need (Debian packages, Rust components
 	tests/cluster/prereqs.sh
 
 .PHONY: test
-test: prereqs lint unit check-generated chart-check test-cluster ## Everything CI runs
+test: prereqs lint unit check-generated chart-check test-cluster test-images ## Everything CI runs
 
 .PHONY: lint
 lint: ## cargo fmt --check and clippy -D warnings
@@ -81,6 +85,28 @@ test-cluster: ## End-to-end tests on a fresh local control plane
 	TEIFLEET_KUBECONFIG=$(KUBECONFIG_FILE) TEIFLEET_OPERATOR_BIN=$(CURDIR)/target/debug/teifleet-operator \
 	  TEIFLEET_MULTIPLEXER_BIN=$(CURDIR)/target/debug/teifleet-multiplexer \
 	  cargo test --locked -p teifleet-e2e -- --test-threads=1
+
+.PHONY: images
+images: ## Build the operator, multiplexer and tei-sim images into target/images, without Docker; prints sizes and digests
+	cargo build --release --locked $(IMAGE_CRATES) --bins
+	REGISTRY=$(REGISTRY) images/build.sh --bin-dir target/release --out target/images
+
+.PHONY: push
+push: images ## Push the images to REGISTRY with crane (make push REGISTRY=ghcr.io/<you>)
+	REGISTRY=$(REGISTRY) images/push.sh --out target/images
+
+.PHONY: chart-push
+chart-push: ## Package the chart and push it to CHART_REGISTRY (default oci://$(REGISTRY)/charts)
+	CHART_REGISTRY=$(CHART_REGISTRY) images/push-chart.sh --out target/images
+
+.PHONY: images-check
+images-check: ## Release images built twice (same digests), their binaries run, pushed with the chart to a local registry
+	cargo build --release --locked $(IMAGE_CRATES) --bins
+	images/check.sh --bin-dir target/release
+
+.PHONY: test-images
+test-images: ## images-check on the debug binaries test-cluster built (no release build): what make test runs
+	images/check.sh --bin-dir target/debug
 
 .PHONY: demo
 demo: ## The whole story on a local control plane: chart, operator, pool, sidecar, bursts, live limits, GPU shortage

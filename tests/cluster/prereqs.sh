@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs everything `make test` needs on a fresh machine of this project's kind (Debian with Go
-# and rustup): Debian packages, Rust components and the cached control-plane binaries.
+# and rustup): Debian packages, Rust components, the cached control-plane binaries and crane.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
@@ -20,3 +20,5 @@ fi
 command -v go >/dev/null 2>&1 || { echo "[prereqs] Go is required to build the control plane" >&2; exit 1; }
 
 "$HERE/install-binaries.sh"
+# crane, for building, checking and pushing images without a Docker engine.
+"$HERE/../../images/install-tools.sh" >/dev/null
