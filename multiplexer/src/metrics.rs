@@ -1,6 +1,7 @@
 //! The multiplexer's Prometheus metrics, per pool and priority (names in docs/metrics.md).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
@@ -160,6 +161,8 @@ impl Metrics {
         let chars_per_token = f.chars_per_token.with_label_values(&[pool]);
         let standing = f.standing_queue.with_label_values(&[pool]);
         let (changes, pool_name) = (f.limit_changes.clone(), pool.to_owned());
+        // The series exists from `with_label_values` above until the first snapshot says otherwise.
+        let token_budget_shown = AtomicBool::new(true);
         let queued: [IntGauge; 3] =
             Priority::ALL.map(|priority| f.queued.with_label_values(&[pool, priority.as_str()]));
         Admission::with_observer(limits, move |snapshot: &Snapshot| {
@@ -168,9 +171,17 @@ impl Metrics {
             share.set(snapshot.limits.max_in_flight as i64);
             limit_queued.set(snapshot.limits.max_queued as i64);
             tokens.set(i64::try_from(snapshot.in_flight_tokens).unwrap_or(i64::MAX));
+            // Shown only while the pool has a token budget; removing the series is a hash and a
+            // lock, so it happens once, when the budget goes away, not on every change.
             match snapshot.limits.max_in_flight_tokens {
-                Some(budget) => token_budget.set(i64::try_from(budget).unwrap_or(i64::MAX)),
-                None => drop(token_family.remove_label_values(&[&pool_name])),
+                Some(budget) => {
+                    token_budget.set(i64::try_from(budget).unwrap_or(i64::MAX));
+                    token_budget_shown.store(true, Ordering::Relaxed);
+                }
+                None if token_budget_shown.swap(false, Ordering::Relaxed) => {
+                    drop(token_family.remove_label_values(&[&pool_name]));
+                }
+                None => {}
             }
             chars_per_token.set(snapshot.chars_per_token);
             standing.set(i64::from(snapshot.standing_queue));

@@ -49,7 +49,8 @@ where
         // The call's clock starts now, with tonic's own deadline timer, not at the first poll.
         let call = self.forwarder.call(self.rpc);
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);
-        serve(call, self.forwarder.clone(), request).map(Ok).instrument(span).boxed()
+        // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
+        serve(call, self.forwarder.clone(), request, span.clone()).map(Ok).instrument(span).boxed()
     }
 }
 
@@ -59,6 +60,7 @@ async fn serve<B>(
     mut call: Call,
     forwarder: Arc<Forwarder>,
     request: http::Request<B>,
+    span: tracing::Span,
 ) -> http::Response<tonic::body::Body>
 where
     B: http_body::Body + Send + 'static,
@@ -70,7 +72,7 @@ where
         Ok(routed) => routed,
         Err(error) => return call.fail(error).into_http(),
     };
-    tracing::Span::current().record("pool", pool.spec.name.as_str());
+    span.record("pool", pool.spec.name.as_str());
     let limit = Some(forwarder.max_message_bytes());
     let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
@@ -88,13 +90,18 @@ where
         _ => None,
     };
     let routed = Once(Some(Routed { forwarder, call, meta, pool, permit }));
-    match (rpc.shape, coalescer) {
-        (Shape::Unary, Some(coalescer)) => grpc.unary(Coalesced(routed, coalescer), request).await,
-        (Shape::Unary, None) => grpc.unary(routed, request).await,
-        (Shape::ServerStream, _) => grpc.server_streaming(routed, request).await,
-        (Shape::ClientStream, _) => grpc.client_streaming(routed, request).await,
-        (Shape::Bidi, _) => grpc.streaming(routed, request).await,
-    }
+    // Boxed: tonic's futures are large, and a call waiting for its permit above should not carry
+    // their room while it waits.
+    let exchange: BoxFuture<'static, _> = match (rpc.shape, coalescer) {
+        (Shape::Unary, Some(coalescer)) => {
+            Box::pin(async move { grpc.unary(Coalesced(routed, coalescer), request).await })
+        }
+        (Shape::Unary, None) => Box::pin(async move { grpc.unary(routed, request).await }),
+        (Shape::ServerStream, _) => Box::pin(async move { grpc.server_streaming(routed, request).await }),
+        (Shape::ClientStream, _) => Box::pin(async move { grpc.client_streaming(routed, request).await }),
+        (Shape::Bidi, _) => Box::pin(async move { grpc.streaming(routed, request).await }),
+    };
+    exchange.await
 }
 
 /// A routed call, handed to tonic once its body has been read.
