@@ -37,9 +37,11 @@ fn golden_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/tests/golden")
 }
 
-fn tei_container(file: &Path) -> TeiContainer {
-    let text = std::fs::read_to_string(file).unwrap();
-    let deployment: Value = serde_yaml::from_str(&text).unwrap();
+fn read_yaml(file: &Path) -> Value {
+    serde_yaml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+}
+
+fn tei_container(deployment: &Value) -> TeiContainer {
     let containers = deployment["spec"]["template"]["spec"]["containers"].as_sequence().unwrap();
     let tei = containers.iter().find(|c| c["name"] == "tei").expect("a tei container");
     let strings = |v: &Value| v.as_str().unwrap().to_owned();
@@ -89,9 +91,9 @@ fn loopback(port: u16) -> SocketAddr {
 }
 
 /// Starts the simulator with a golden file's `tei` container and checks it serves as TEI would.
-async fn run_rendered(file: &Path) {
+async fn run_rendered(file: &Path, deployment: &Value) {
     let name = file.file_stem().unwrap().to_string_lossy().into_owned();
-    let container = tei_container(file);
+    let container = tei_container(deployment);
     let (grpc, metrics) = (free_port().unwrap(), free_port().unwrap());
     assert!(container.args.iter().any(|a| a == RENDERED_PORT), "{name}: TEI's gRPC port moved; update this test");
     assert!(container.args.iter().any(|a| a == RENDERED_PROMETHEUS_PORT), "{name}: TEI's metrics port moved");
@@ -134,12 +136,20 @@ async fn serves_as_tei_with_the_operators_rendered_arguments() {
     let mut files: Vec<PathBuf> = std::fs::read_dir(golden_dir())
         .unwrap()
         .map(|entry| entry.unwrap().path())
-        .filter(|path| path.file_name().is_some_and(|n| n.to_string_lossy().starts_with("deployment-")))
+        .filter(|path| path.extension().is_some_and(|e| e == "yaml"))
         .collect();
     files.sort();
-    assert!(files.len() >= 2, "no rendered Deployments found in {}", golden_dir().display());
-    for file in &files {
-        bounded(run_rendered(file)).await;
+    let deployments: Vec<(PathBuf, Value)> = files
+        .into_iter()
+        .map(|file| {
+            let yaml = read_yaml(&file);
+            (file, yaml)
+        })
+        .filter(|(_, yaml)| yaml["kind"] == "Deployment")
+        .collect();
+    assert!(deployments.len() >= 2, "no rendered Deployments found in {}", golden_dir().display());
+    for (file, deployment) in &deployments {
+        bounded(run_rendered(file, deployment)).await;
     }
 }
 
