@@ -20,9 +20,7 @@ use futures::{FutureExt as _, Stream};
 use http::uri::PathAndQuery;
 use teifleet_proto::BytesCodec;
 use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT};
-use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
@@ -34,6 +32,7 @@ use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
 use crate::rpc::{Admit, Inputs, Rpc};
+use crate::streams::{Admitted, Answers, Held};
 use crate::wire;
 use crate::{Error, Result};
 
@@ -147,12 +146,12 @@ impl Forwarder {
     }
 }
 
-fn timing(rpc: &Rpc, message: &[u8]) -> Option<wire::TeiTiming> {
+pub(crate) fn timing(rpc: &Rpc, message: &[u8]) -> Option<wire::TeiTiming> {
     if rpc.timed { wire::tei_timing(message) } else { None }
 }
 
 /// Waits in `pool`'s queue for room for `cost`.
-async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Permit> {
+pub(crate) async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Permit> {
     let ask = Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost);
     pool.admission.acquire(ask).await.map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })
 }
@@ -177,7 +176,7 @@ pub fn cost_of(pool: &Pool, rpc: &Rpc, message: &[u8]) -> Cost {
 }
 
 /// Tells the pool what TEI reported for an answer, through the permit that covered it.
-fn observe(permit: Option<&Permit>, timing: Option<wire::TeiTiming>) {
+pub(crate) fn observe(permit: Option<&Permit>, timing: Option<wire::TeiTiming>) {
     if let (Some(permit), Some(timing)) = (permit, timing) {
         permit.observe(Observation {
             tei_queue: timing.queue,
@@ -248,17 +247,16 @@ impl Routed {
             Err(error) => Err(error),
         };
         let answers = opened.map_err(|error| call.fail(error))?.into_inner();
-        let permits = Arc::new(Mutex::new(permit.into_iter().collect::<VecDeque<_>>()));
-        Ok(Response::new(relay(answers, call, pool, permits, None, false)))
+        let held = Held::new(Mutex::new(permit.into_iter().collect::<VecDeque<_>>()));
+        Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, false, None))))
     }
 
     /// Forwards a bidirectional stream message by message.
     pub async fn bidi(self, request: Request<Streaming<Bytes>>) -> Result<Response<ResponseStream>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
-        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc);
-        let outgoing = Request::from_parts(metadata, extensions, ReceiverStream::new(pump.upstream_rx));
-        let outgoing = forwarder.outgoing(outgoing, &meta, &pool);
+        let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
+        let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
         let path = PathAndQuery::from_static(call.rpc.path);
         let opened = match forwarder.client(&pool).await {
             Ok(mut client) => client
@@ -268,7 +266,7 @@ impl Routed {
             Err(error) => Err(error),
         };
         let answers = opened.map_err(|error| call.fail(error))?.into_inner();
-        Ok(Response::new(relay(answers, call, pool, pump.permits, Some((pump.failure, pump.task)), true)))
+        Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, true, Some(refusal)))))
     }
 
     /// Forwards a client stream that ends in one answer (RerankStream). Every message's permit is
@@ -276,10 +274,8 @@ impl Routed {
     pub async fn client_stream(self, request: Request<Streaming<Bytes>>) -> Result<Response<Bytes>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
-        let pump = Pump::start(inbound, pool.clone(), meta.clone(), call.rpc);
-        let _abort_pump = pump.task;
-        let outgoing = Request::from_parts(metadata, extensions, ReceiverStream::new(pump.upstream_rx));
-        let outgoing = forwarder.outgoing(outgoing, &meta, &pool);
+        let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
+        let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
         let path = PathAndQuery::from_static(call.rpc.path);
         let upstream = within_deadline(&pool, &meta, call.arrived, async {
             let mut client = forwarder.client(&pool).await?;
@@ -292,9 +288,9 @@ impl Routed {
         // make TEI rank only part of the texts.
         let result = tokio::select! {
             result = upstream => result,
-            Ok(error) = pump.failure => return Err(call.fail(error)),
+            Ok(error) = refusal => return Err(call.fail(error)),
         };
-        let permits = std::mem::take(&mut *pump.permits.lock().unwrap_or_else(|p| p.into_inner()));
+        let permits = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
         match result {
             Ok(response) => {
                 let timing = timing(call.rpc, response.get_ref());
@@ -306,105 +302,6 @@ impl Routed {
             }
             Err(error) => Err(call.fail(error)),
         }
-    }
-}
-
-/// Relays upstream answers to the client from a task of its own, dropping one permit per answer
-/// when `per_message` (the stream's permits are per request message), all of them at the end.
-fn relay(
-    mut answers: Streaming<Bytes>,
-    mut call: Call,
-    pool: Arc<Pool>,
-    permits: Arc<Mutex<VecDeque<Permit>>>,
-    pump: Option<(oneshot::Receiver<Error>, AbortOnDrop)>,
-    per_message: bool,
-) -> ResponseStream {
-    let (to_client, from_upstream) = mpsc::channel(1);
-    let (mut failure, pump_task) = match pump {
-        Some((failure, task)) => (Some(failure), Some(task)),
-        None => (None, None),
-    };
-    tokio::spawn(async move {
-        let _pump = pump_task;
-        loop {
-            tokio::select! {
-                answer = answers.message() => match answer {
-                    Ok(Some(answer)) => {
-                        let timing = timing(call.rpc, &answer);
-                        if per_message {
-                            let permit = permits.lock().unwrap_or_else(|p| p.into_inner()).pop_front();
-                            observe(permit.as_ref(), timing);
-                        } else {
-                            observe(permits.lock().unwrap_or_else(|p| p.into_inner()).front(), timing);
-                        }
-                        call.observe(timing);
-                        if to_client.send(Ok(answer)).await.is_err() {
-                            return; // The client went away; the call counts it as cancelled.
-                        }
-                    }
-                    Ok(None) => {
-                        call.succeed();
-                        return;
-                    }
-                    Err(status) => {
-                        let status = call.fail(Error::Upstream { pool: pool.spec.name.clone(), status });
-                        let _ = to_client.send(Err(status)).await;
-                        return;
-                    }
-                },
-                error = async { failure.as_mut().expect("guarded").await }, if failure.is_some() => {
-                    failure = None;
-                    if let Ok(error) = error {
-                        let _ = to_client.send(Err(call.fail(error))).await;
-                        return;
-                    }
-                }
-            }
-        }
-    });
-    Box::pin(ReceiverStream::new(from_upstream))
-}
-
-/// Moves a client's stream upstream one message at a time, each under its own permit.
-struct Pump {
-    upstream_rx: mpsc::Receiver<Bytes>,
-    permits: Arc<Mutex<VecDeque<Permit>>>,
-    failure: oneshot::Receiver<Error>,
-    task: AbortOnDrop,
-}
-
-impl Pump {
-    fn start(mut inbound: Streaming<Bytes>, pool: Arc<Pool>, meta: RequestMeta, rpc: &'static Rpc) -> Self {
-        // Capacity 1: a slow upstream slows the client down instead of buffering its stream here.
-        let (to_upstream, upstream_rx) = mpsc::channel(1);
-        let (fail, failure) = oneshot::channel();
-        let permits = Arc::new(Mutex::new(VecDeque::new()));
-        let held = permits.clone();
-        let task = tokio::spawn(async move {
-            while let Ok(Some(message)) = inbound.message().await {
-                if rpc.admit == Admit::Permit {
-                    match acquire(&pool, &meta, cost_of(&pool, rpc, &message)).await {
-                        Ok(permit) => held.lock().unwrap_or_else(|p| p.into_inner()).push_back(permit),
-                        Err(error) => {
-                            let _ = fail.send(error);
-                            return;
-                        }
-                    }
-                }
-                if to_upstream.send(message).await.is_err() {
-                    return;
-                }
-            }
-        });
-        Self { upstream_rx, permits, failure, task: AbortOnDrop(task) }
-    }
-}
-
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
 

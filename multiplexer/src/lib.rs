@@ -3,7 +3,8 @@
 //!
 //! Layout: `rpc` (every tei.v1 RPC as a row of one table), `service` (the one generic service
 //! serving every row), `forward` (unary and streaming forwarding of message bytes under
-//! admission), `coalesce` (identical calls in flight share one upstream call), `call` (one
+//! admission), `streams` (the two halves of a forwarded stream, admitted message by message),
+//! `coalesce` (identical calls in flight share one upstream call), `call` (one
 //! call's accounting), `wire` (the few protobuf fields read without decoding), `admission`
 //! (permits and the priority queue), `request_meta` (what a request asks for, from its headers),
 //! `pools` (routing table of pools and their upstreams), `status` (the one place request errors
@@ -25,6 +26,7 @@ pub mod server;
 pub mod service;
 pub mod sources;
 pub mod status;
+pub mod streams;
 pub mod upstream;
 pub mod wire;
 

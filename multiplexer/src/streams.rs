@@ -1,0 +1,172 @@
+//! The two halves of a forwarded stream, as streams polled by the HTTP/2 connections themselves:
+//! no task or channel of their own between the client and TEI, so a message costs one permit and
+//! two polls, and backpressure runs straight through.
+//!
+//! [`Admitted`] is what goes upstream: each client message waits for its own permit before TEI
+//! sees it. [`Answers`] is what goes back: each answer returns the permit of the message it
+//! answers (TEI answers stream messages in order) and reports TEI's timing; a message refused
+//! admission fails the call.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, ready};
+
+use bytes::Bytes;
+use futures::Stream;
+use futures::future::BoxFuture;
+use tokio::sync::oneshot;
+use tonic::{Status, Streaming};
+
+use crate::Error;
+use crate::admission::Permit;
+use crate::call::Call;
+use crate::forward;
+use crate::pools::Pool;
+use crate::request_meta::RequestMeta;
+use crate::rpc::{Admit, Rpc};
+
+/// Permits of a stream's messages in flight, oldest first.
+pub type Held = Arc<Mutex<VecDeque<Permit>>>;
+
+fn lock(held: &Held) -> std::sync::MutexGuard<'_, VecDeque<Permit>> {
+    held.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A client's messages on their way upstream, each admitted on its own.
+pub struct Admitted {
+    inbound: Streaming<Bytes>,
+    pool: Arc<Pool>,
+    meta: RequestMeta,
+    rpc: &'static Rpc,
+    held: Held,
+    waiting: Option<(Bytes, BoxFuture<'static, Result<Permit, Error>>)>,
+    refused: Option<oneshot::Sender<Error>>,
+}
+
+impl Admitted {
+    /// The stream to send upstream, the permits it takes, and where a refusal is reported.
+    pub fn new(
+        inbound: Streaming<Bytes>,
+        pool: Arc<Pool>,
+        meta: RequestMeta,
+        rpc: &'static Rpc,
+    ) -> (Self, Held, oneshot::Receiver<Error>) {
+        let (refused, refusal) = oneshot::channel();
+        let held = Held::default();
+        let stream = Self { inbound, pool, meta, rpc, held: held.clone(), waiting: None, refused: Some(refused) };
+        (stream, held, refusal)
+    }
+}
+
+impl Stream for Admitted {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        let this = &mut *self;
+        loop {
+            if let Some((_, admission)) = &mut this.waiting {
+                let admitted = ready!(admission.as_mut().poll(cx));
+                let (message, _) = this.waiting.take().expect("checked above");
+                return match admitted {
+                    Ok(permit) => {
+                        lock(&this.held).push_back(permit);
+                        Poll::Ready(Some(message))
+                    }
+                    Err(error) => {
+                        // Ending the upstream stream here would let TEI answer part of it as if
+                        // whole; the answers' side fails the call instead.
+                        if let Some(refused) = this.refused.take() {
+                            let _ = refused.send(error);
+                        }
+                        Poll::Ready(None)
+                    }
+                };
+            }
+            if this.refused.is_none() {
+                return Poll::Ready(None);
+            }
+            // A client stream that breaks ends the upstream stream; tonic reports the client's
+            // error to it directly.
+            let Some(Ok(message)) = ready!(Pin::new(&mut this.inbound).poll_next(cx)) else {
+                return Poll::Ready(None);
+            };
+            if this.rpc.admit == Admit::Free {
+                return Poll::Ready(Some(message));
+            }
+            let cost = forward::cost_of(&this.pool, this.rpc, &message);
+            let (pool, meta) = (this.pool.clone(), this.meta.clone());
+            let admission = Box::pin(async move { forward::acquire(&pool, &meta, cost).await });
+            this.waiting = Some((message, admission));
+        }
+    }
+}
+
+/// TEI's answers on their way back to the client; the call is counted when they end.
+pub struct Answers {
+    answers: Streaming<Bytes>,
+    call: Call,
+    pool: Arc<Pool>,
+    held: Held,
+    /// Each answer returns one permit (stream messages); otherwise all return at the end.
+    per_message: bool,
+    refusal: Option<oneshot::Receiver<Error>>,
+    done: bool,
+}
+
+impl Answers {
+    pub fn new(
+        answers: Streaming<Bytes>,
+        call: Call,
+        pool: Arc<Pool>,
+        held: Held,
+        per_message: bool,
+        refusal: Option<oneshot::Receiver<Error>>,
+    ) -> Self {
+        Self { answers, call, pool, held, per_message, refusal, done: false }
+    }
+}
+
+impl Stream for Answers {
+    type Item = Result<Bytes, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return Poll::Ready(None);
+        }
+        if let Some(refusal) = &mut this.refusal
+            && let Poll::Ready(refused) = Pin::new(refusal).poll(cx)
+        {
+            this.refusal = None;
+            if let Ok(error) = refused {
+                this.done = true;
+                return Poll::Ready(Some(Err(this.call.fail(error))));
+            }
+        }
+        match ready!(Pin::new(&mut this.answers).poll_next(cx)) {
+            Some(Ok(answer)) => {
+                let timing = forward::timing(this.call.rpc, &answer);
+                if this.per_message {
+                    let permit = lock(&this.held).pop_front();
+                    forward::observe(permit.as_ref(), timing);
+                } else {
+                    forward::observe(lock(&this.held).front(), timing);
+                }
+                this.call.observe(timing);
+                Poll::Ready(Some(Ok(answer)))
+            }
+            Some(Err(status)) => {
+                this.done = true;
+                let pool = this.pool.spec.name.clone();
+                Poll::Ready(Some(Err(this.call.fail(Error::Upstream { pool, status }))))
+            }
+            None => {
+                this.done = true;
+                this.call.succeed();
+                lock(&this.held).clear();
+                Poll::Ready(None)
+            }
+        }
+    }
+}
