@@ -138,6 +138,19 @@ impl Forwarder {
         Ok(client)
     }
 
+    /// Opens a call whose answers stream back (server- or bidirectional streaming).
+    async fn open_stream<S>(&self, pool: &Pool, rpc: &Rpc, request: Request<S>) -> Result<Streaming<Bytes>>
+    where
+        S: Stream<Item = Bytes> + Send + 'static,
+    {
+        let mut client = self.client(pool).await?;
+        let path = PathAndQuery::from_static(rpc.path);
+        match client.streaming(request, path, BytesCodec).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => Err(Error::Upstream { pool: pool.spec.name.clone(), status }),
+        }
+    }
+
     /// One unary call upstream.
     pub async fn upstream_unary(&self, pool: &Pool, rpc: &Rpc, request: Request<Bytes>) -> Result<Response<Bytes>> {
         let upstream = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
@@ -237,16 +250,10 @@ impl Routed {
             let cost = cost_of(&pool, call.rpc, request.get_ref());
             permit = forwarder.admit(&mut call, &pool, &meta, cost).await.map_err(|error| call.fail(error))?;
         }
-        let outgoing = forwarder.outgoing(request, &meta, &pool);
-        let path = PathAndQuery::from_static(call.rpc.path);
-        let opened = match forwarder.client(&pool).await {
-            Ok(mut client) => client
-                .server_streaming(outgoing, path, BytesCodec)
-                .await
-                .map_err(|status| Error::Upstream { pool: pool.spec.name.clone(), status }),
-            Err(error) => Err(error),
-        };
-        let answers = opened.map_err(|error| call.fail(error))?.into_inner();
+        let outgoing =
+            forwarder.outgoing(request.map(|message| futures::stream::once(async { message })), &meta, &pool);
+        let opened = forwarder.open_stream(&pool, call.rpc, outgoing).await;
+        let answers = opened.map_err(|error| call.fail(error))?;
         let held = Held::new(Mutex::new(permit.into_iter().collect::<VecDeque<_>>()));
         Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, false, None))))
     }
@@ -257,15 +264,7 @@ impl Routed {
         let (metadata, extensions, inbound) = request.into_parts();
         let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
         let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
-        let path = PathAndQuery::from_static(call.rpc.path);
-        let opened = match forwarder.client(&pool).await {
-            Ok(mut client) => client
-                .streaming(outgoing, path, BytesCodec)
-                .await
-                .map_err(|status| Error::Upstream { pool: pool.spec.name.clone(), status }),
-            Err(error) => Err(error),
-        };
-        let answers = opened.map_err(|error| call.fail(error))?.into_inner();
+        let answers = forwarder.open_stream(&pool, call.rpc, outgoing).await.map_err(|error| call.fail(error))?;
         Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, true, Some(refusal)))))
     }
 
