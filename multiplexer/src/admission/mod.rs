@@ -25,6 +25,7 @@ mod queue;
 mod standing;
 mod tenants;
 mod tokens;
+mod types;
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -36,6 +37,7 @@ use tokio::time::Instant;
 pub use adaptive::{Change, Reason as LimitReason};
 pub use priority::{Priority, UnknownPriority};
 pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
+pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Snapshot};
 
 use adaptive::Adaptive;
 use estimate::{ServiceTime, pushback};
@@ -46,130 +48,6 @@ use tokens::TokenEstimate;
 
 /// The adaptive limit never goes below this many inputs in flight.
 pub const ADAPTIVE_FLOOR: usize = 1;
-
-/// One pool's limits on this replica.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Limits {
-    /// Inputs in flight to TEI; with `adaptive`, the ceiling of the limit that finds itself.
-    pub max_in_flight: usize,
-    /// Inputs waiting.
-    pub max_queued: usize,
-    pub queue_timeout: Duration,
-    /// Estimated tokens in flight, when the pool has a token budget.
-    pub max_in_flight_tokens: Option<usize>,
-    pub adaptive: bool,
-}
-
-impl Limits {
-    pub fn new(max_in_flight: usize, max_queued: usize, queue_timeout: Duration) -> Self {
-        Self { max_in_flight, max_queued, queue_timeout, max_in_flight_tokens: None, adaptive: false }
-    }
-}
-
-/// What one call (or one stream message) takes from the budget.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cost {
-    pub inputs: u32,
-    /// Estimated tokens; charged only when the pool has a token budget.
-    pub tokens: u32,
-}
-
-impl Cost {
-    pub const ONE: Cost = Cost { inputs: 1, tokens: 0 };
-}
-
-/// What a call asks for.
-#[derive(Clone, Copy, Debug)]
-pub struct Ask<'a> {
-    pub priority: Priority,
-    /// `None`: the default tenant.
-    pub tenant: Option<&'a str>,
-    pub cost: Cost,
-    /// The caller's own deadline (from `grpc-timeout`); the pool's queue timeout applies as well.
-    pub deadline: Option<Instant>,
-}
-
-impl<'a> Ask<'a> {
-    pub fn new(priority: Priority) -> Self {
-        Self { priority, tenant: None, cost: Cost::ONE, deadline: None }
-    }
-
-    pub fn deadline(self, deadline: Option<Instant>) -> Self {
-        Self { deadline, ..self }
-    }
-
-    pub fn tenant(self, tenant: Option<&'a str>) -> Self {
-        Self { tenant, ..self }
-    }
-
-    pub fn cost(self, cost: Cost) -> Self {
-        Self { cost, ..self }
-    }
-}
-
-/// Why a request was not admitted.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AdmissionError {
-    #[error("the queue is full ({queued} inputs waiting)")]
-    QueueFull { queued: usize, retry_after: Duration },
-    #[error("the deadline cannot be met: about {expected_wait:?} of queue ahead")]
-    DeadlineUnmeetable { expected_wait: Duration, retry_after: Duration },
-    #[error("waited {waited:?} in the queue, the pool's queue timeout")]
-    QueueTimeout { waited: Duration, retry_after: Duration },
-    #[error("the request's deadline passed after {waited:?} in the queue")]
-    DeadlineExpired { waited: Duration },
-    #[error("evicted from the full queue by a higher-priority request or a tenant with less of the queue")]
-    Evicted { retry_after: Duration },
-    #[error("the queue is standing: about {expected_wait:?} of queue ahead, more than a waiting call should wait")]
-    StandingQueue { expected_wait: Duration, retry_after: Duration },
-}
-
-impl AdmissionError {
-    /// The back-off to suggest to the client, if any.
-    pub fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::QueueFull { retry_after, .. }
-            | Self::DeadlineUnmeetable { retry_after, .. }
-            | Self::QueueTimeout { retry_after, .. }
-            | Self::Evicted { retry_after }
-            | Self::StandingQueue { retry_after, .. } => Some(*retry_after),
-            Self::DeadlineExpired { .. } => None,
-        }
-    }
-}
-
-/// What TEI reported for one answer (its response Metadata).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Observation {
-    pub tei_queue: Duration,
-    pub tei_inference: Duration,
-    pub chars: u64,
-    pub tokens: u64,
-}
-
-/// What the pool looks like right now, for metrics and tests.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Snapshot {
-    pub limits: Limits,
-    /// The in-flight limit in force: `limits.max_in_flight`, or the adaptive limit below it.
-    pub effective_limit: usize,
-    /// Inputs in flight.
-    pub in_flight: usize,
-    pub in_flight_tokens: u64,
-    /// Queued inputs per priority, in [`Priority::ALL`] order.
-    pub queued: [usize; 3],
-    pub chars_per_token: f64,
-    /// The queue stands: newcomers that would wait longer than the target are refused.
-    pub standing_queue: bool,
-    /// Set on the snapshot taken right after the adaptive limit moved.
-    pub change: Option<Change>,
-}
-
-impl Snapshot {
-    pub fn queued_total(&self) -> usize {
-        self.queued.iter().sum()
-    }
-}
 
 type Observer = Box<dyn Fn(&Snapshot) + Send + Sync>;
 
