@@ -76,6 +76,11 @@ pub struct Machine {
     pub os: String,
 }
 
+/// The 1-minute load average (`/proc/loadavg`).
+pub fn load_average() -> Option<f64> {
+    std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
+}
+
 impl Machine {
     pub fn this() -> Self {
         let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
@@ -120,6 +125,10 @@ pub struct Results {
     /// Optional capabilities the build had (a scenario that needed one it lacked says so).
     #[serde(default)]
     pub features: Features,
+    /// The 1-minute load average before the first scenario: other work competing for the cores,
+    /// which makes every timing noisier (the run's own load is not in it yet).
+    #[serde(default)]
+    pub load_before: Option<f64>,
     pub sections: Vec<Section>,
 }
 

@@ -58,6 +58,7 @@ async fn main() -> anyhow::Result<()> {
         started: Instant::now(),
     };
     ctx.say(&format!("features of this build: {:?}", ctx.features));
+    let load_before = results::load_average();
 
     let mut sections = Vec::new();
     for scenario in Scenario::ALL.into_iter().filter(|s| wanted.is_empty() || wanted.contains(s)) {
@@ -79,6 +80,7 @@ async fn main() -> anyhow::Result<()> {
         commit,
         duration_s: ctx.started.elapsed().as_secs_f64(),
         features: ctx.features,
+        load_before,
         sections,
     };
     let written = render::write(&results, &args.out, &date)?;

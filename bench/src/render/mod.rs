@@ -12,6 +12,10 @@ use crate::results::{self, Results, Section};
 use crate::targets::{self, Target, Verdict};
 use crate::{Error, Result};
 
+/// A 1-minute load average from which the machine counts as busy before the run: half a core of
+/// other work already moves a microsecond comparison.
+const BUSY_LOAD: f64 = 0.5;
+
 /// The summary table, as printed at the end of a run and at the top of the results file.
 pub fn summary_table(targets: &[Target]) -> String {
     let mut out = String::new();
@@ -36,6 +40,15 @@ pub fn markdown(results: &Results, plots: &[Vec<String>]) -> String {
     let _ = writeln!(out, "# teifleet benchmarks, {} ({} run)\n", results.date, results.mode);
     let _ = writeln!(out, "Machine: {}.  ", results.machine.describe());
     let _ = writeln!(out, "Commit: `{}`. Run time: {:.0} s.  ", results.commit, results.duration_s);
+    if let Some(load) = results.load_before {
+        let busy = if load >= BUSY_LOAD {
+            " The machine was busy before the run started: other processes competed for the cores, so timings \
+             (and the CPU-bound scenarios most) are noisier than on a quiet machine."
+        } else {
+            ""
+        };
+        let _ = writeln!(out, "Load average (1 min) when the run started: {load:.2}.{busy}  ");
+    }
     let _ = writeln!(
         out,
         "Reproduce: `make bench` (full) or `make bench-quick`. Every number below was measured in this run, \

@@ -398,8 +398,8 @@ fn shed_storm(r: &ShedStorm) -> String {
         "Backend: {}, on the same 2 cores as the client and the multiplexer. Multiplexer: {}. Closed loops over \
          16 connections, 16-token Embeds, {:.0} s each, no deadline: {} clients direct (the capacity: the device \
          always has its next batch), {} through the multiplexer (its CPU per served call, nothing shed), then {} \
-         through the multiplexer, each resending the moment it is refused. CPU from `/proc/<pid>/stat`; the client \
-         is this benchmark's own process.\n",
+         through the multiplexer, each resending the moment it is refused, then direct again; the capacity is the \
+         mean of the two direct runs. CPU from `/proc/<pid>/stat`; the client is this benchmark's own process.\n",
         backend(&r.backend),
         limits(&r.limits),
         r.seconds,
@@ -416,6 +416,9 @@ fn shed_storm(r: &ShedStorm) -> String {
     storm_row(&mut out, "direct (capacity)", shed_storm::CAPACITY_CLIENTS, &r.capacity, capacity);
     storm_row(&mut out, "multiplexer", shed_storm::CAPACITY_CLIENTS, &r.served, capacity);
     storm_row(&mut out, "multiplexer, storm", shed_storm::STORM_CLIENTS, &r.storm, capacity);
+    if let Some(after) = &r.capacity_after {
+        storm_row(&mut out, "direct (capacity, again)", shed_storm::CAPACITY_CLIENTS, after, capacity);
+    }
     let _ = writeln!(
         out,
         "\nThe multiplexer's CPU: **{:.0} µs per served call, {:.0} µs per shed** (the storm's CPU less its served \

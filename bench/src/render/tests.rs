@@ -50,6 +50,7 @@ fn storm() -> Section {
             limits: shed_storm::limits(),
             seconds: 10.0,
             capacity: run(3000, 3000, 300.0, 0.0),
+            capacity_after: None,
             served: run(3000, 3000, 300.0, 0.6),
             storm: run(2000, 102_000, 200.0, 5.4),
         })),
@@ -97,6 +98,14 @@ fn the_storm_section_puts_shed_cost_next_to_served_cost() {
     assert!(text.contains("**200 µs per served call, 50 µs per shed**"), "{text}");
     assert!(text.contains("| multiplexer, storm | 512 | 200.0 | 0.667 |"), "{text}");
     assert!(text.contains("| 7 shed storm | goodput at c=512, resending ÷ capacity | 0.667 × capacity | ≥ 0.900 × capacity | **FAIL** |"), "{text}");
+}
+
+#[test]
+fn a_busy_machine_is_said_up_front() {
+    let busy = Results { load_before: Some(3.2), ..results(vec![]) };
+    assert!(markdown(&busy, &[]).contains("Load average (1 min) when the run started: 3.20. The machine was busy"));
+    let quiet = Results { load_before: Some(0.1), ..results(vec![]) };
+    assert!(!markdown(&quiet, &[]).contains("was busy"));
 }
 
 #[test]
