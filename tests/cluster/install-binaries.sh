@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
 # Builds the local control plane's binaries from the Go module proxy and caches them outside the
 # repository, keyed by version, so only the first run on a machine pays the ~10 minute build.
+# Kubernetes' node binaries (kubelet, kube-proxy) come from the same build; the real node's
+# container runtime, CNI plugins and iptables come from Debian's packages.
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.33.13}"
 KWOK_VERSION="${KWOK_VERSION:-v0.7.0}"
 HELM_VERSION="${HELM_VERSION:-v3.18.6}"
+# The Kubernetes binaries built, and the recipe's suffix on their cache directory: bump it whenever
+# the recipe or the set of binaries changes (b3: kubelet and kube-proxy, for the real node).
+K8S_BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
+K8S_RECIPE=b3
 CACHE="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
@@ -22,15 +28,38 @@ ensure_etcd() {
   (systemctl disable --now etcd >/dev/null 2>&1 || service etcd stop >/dev/null 2>&1 || true)
 }
 
+# What the real node (tests/cluster/node-up.sh) runs besides the kubelet and kube-proxy: containerd
+# and runc, the CNI plugins (bridge, host-local, portmap, loopback in /usr/lib/cni), iptables for
+# kube-proxy, and a C compiler with static libc for the pause image.
+ensure_node_packages() {
+  local missing=() package
+  for package in containerd runc containernetworking-plugins iptables gcc libc6-dev; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+  done
+  ((${#missing[@]})) || return 0
+  if [[ "$(id -u)" != 0 ]]; then
+    log "the real node needs ${missing[*]} (Debian packages): install them as root, or set TEIFLEET_REAL_NODE=0"
+    return 0
+  fi
+  log "installing ${missing[*]} from Debian"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  # Debian enables a containerd service; the real node starts its own, with its own state.
+  (systemctl disable --now containerd >/dev/null 2>&1 || service containerd stop >/dev/null 2>&1 || true)
+}
+
 build_kubernetes() {
   # The suffix changes whenever the build recipe does, so caches from older recipes are not reused.
-  local out="$BIN/k8s-$K8S_VERSION-b2"
-  local wanted=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  local out="$BIN/k8s-$K8S_VERSION-$K8S_RECIPE"
+  local wanted=("${K8S_BINARIES[@]}")
   local missing=0
   for b in "${wanted[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
   [[ $missing == 0 ]] && return
   log "building Kubernetes $K8S_VERSION (about 10 minutes cold on 2 cores)"
-  local mod; mod="$(mktemp -d)"
+  local mod tmp; mod="$(mktemp -d)"
+  # Built beside the cache entry and renamed into place, so a concurrent run never sees half of it.
+  tmp="$(mktemp -d "$out.tmp.XXXXXX")"; chmod 755 "$tmp"
   (
     cd "$mod"
     go mod init teifleet.local/k8sbuild >/dev/null 2>&1
@@ -56,14 +85,13 @@ build_kubernetes() {
       ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
       ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
     done
-    mkdir -p "$out.tmp"
     for b in "${wanted[@]}"; do
       log "go build k8s.io/kubernetes/cmd/$b"
-      CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$out.tmp/$b" "k8s.io/kubernetes/cmd/$b"
+      CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$tmp/$b" "k8s.io/kubernetes/cmd/$b"
     done
   )
   rm -rf "$mod" "$out"
-  mv "$out.tmp" "$out"
+  mv "$tmp" "$out"
 }
 
 go_install() { # name module version
@@ -77,6 +105,7 @@ go_install() { # name module version
 }
 
 ensure_etcd
+ensure_node_packages
 build_kubernetes
 go_install kwok sigs.k8s.io/kwok/cmd/kwok "$KWOK_VERSION"
 go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
@@ -84,8 +113,8 @@ go_install helm helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 # A stable directory of links so scripts and tests need only one PATH entry.
 CUR="$CACHE/current"
 mkdir -p "$CUR"
-for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
-  ln -sf "$BIN/k8s-$K8S_VERSION-b2/$b" "$CUR/$b"
+for b in "${K8S_BINARIES[@]}"; do
+  ln -sf "$BIN/k8s-$K8S_VERSION-$K8S_RECIPE/$b" "$CUR/$b"
 done
 ln -sf "$BIN/kwok-$KWOK_VERSION/kwok" "$CUR/kwok"
 ln -sf "$BIN/helm-$HELM_VERSION/helm" "$CUR/helm"
