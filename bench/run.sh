@@ -29,6 +29,9 @@ case "$MODE" in
 esac
 
 mkdir -p target/bench-logs
+# Read before the control plane boots, whose own start-up would count as other work.
+TEIFLEET_BENCH_LOAD_BEFORE="$(cut -d' ' -f1 /proc/loadavg)"
+export TEIFLEET_BENCH_LOAD_BEFORE
 if tests/cluster/up.sh >target/bench-logs/cluster-up.log 2>&1; then
   trap 'tests/cluster/down.sh >/dev/null 2>&1 || true' EXIT
   args+=(--kubeconfig "$TEIFLEET_CLUSTER_DIR/kubeconfig")
