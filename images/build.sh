@@ -6,8 +6,9 @@
 # Each image is two layers on an empty base, in the distroless manner:
 #   1. base (the same in every image): the shared libraries the binaries load (found with ldd) and
 #      the CA certificates, taken from the Debian packages that provide them (apt-get download of
-#      the installed versions + dpkg-deb -x), /etc/passwd and /etc/group with the non-root users,
-#      /tmp; no shell, no package manager;
+#      the installed versions, or of the same release's current ones once Debian's archive has
+#      moved on, + dpkg-deb -x), /etc/os-release, the packages' copyright files and dpkg entries,
+#      /etc/passwd and /etc/group with the non-root users, /tmp; no shell, no package manager;
 #   2. the binary, in /usr/local/bin, as the entrypoint.
 # Layers are tarred with sorted entries, uid/gid 0 and every mtime at SOURCE_DATE_EPOCH (the
 # commit's time), so two builds of one commit give the same digests. crane (images/install-tools.sh)
@@ -49,6 +50,9 @@ VERSION="${VERSION:-$(sed -n '/^\[workspace.package\]/,/^\[/s/^version = "\(.*\)
 SOURCE_URL="$(sed -n '/^\[workspace.package\]/,/^\[/s/^repository = "\(.*\)"/\1/p' "$ROOT/Cargo.toml")"
 LICENSE="$(sed -n '/^\[workspace.package\]/,/^\[/s/^license = "\(.*\)"/\1/p' "$ROOT/Cargo.toml")"
 [[ -n "$VERSION" && -n "$SOURCE_URL" ]] || die "cannot read the version and repository from Cargo.toml"
+if [[ -z "${REVISION:-}" || -z "${SOURCE_DATE_EPOCH:-}" ]]; then
+  git -C "$ROOT" rev-parse HEAD >/dev/null 2>&1 || die "not a git checkout: set REVISION and SOURCE_DATE_EPOCH"
+fi
 if [[ -z "${REVISION:-}" ]]; then
   REVISION="$(git -C "$ROOT" rev-parse HEAD)"
   # A tree with uncommitted changes to tracked files is not what the commit says it is.
@@ -64,7 +68,8 @@ for image in "${IMAGES[@]}"; do
 done
 
 mkdir -p "$OUT"
-WORK="$(mktemp -d "$OUT/.work.XXXXXX")"
+# Private scratch space: nothing another build, or a cleanup of target/, can touch half-way.
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/teifleet-images.XXXXXX")"
 REGISTRY_PID=""
 cleanup() {
   if [[ -n "$REGISTRY_PID" ]]; then kill "$REGISTRY_PID" 2>/dev/null || true; wait "$REGISTRY_PID" 2>/dev/null || true; fi
@@ -95,7 +100,7 @@ owner() {
   done
 }
 
-declare -A PACKAGES=() # package[:arch] -> version
+declare -A PACKAGES=() # the set of package[:arch] to take files from
 declare -a LIB_FILES=() # "package path" pairs
 for image in "${IMAGES[@]}"; do
   read -r _ binary _ <<<"$image"
@@ -255,8 +260,9 @@ for _ in $(seq 100); do
 done
 [[ -n "$port" ]] || { cat "$WORK/registry.log" >&2; die "crane's scratch registry did not start"; }
 SCRATCH="127.0.0.1:$port/scratch"
+mkdir -p "$WORK/out"
 
-: >"$OUT/images.txt.tmp"
+: >"$WORK/images.txt"
 for image in "${IMAGES[@]}"; do
   read -r name binary user ports <<<"$image"
   app="$WORK/rootfs-$name"
@@ -284,12 +290,14 @@ for image in "${IMAGES[@]}"; do
     -l "org.opencontainers.image.created=$CREATED" \
     -l "org.opencontainers.image.licenses=$LICENSE" \
     -l "dev.teifleet.debian-packages=${PACKAGE_LABEL[*]}" \
-    -t "$ref" -o "$OUT/$name.tar"
-  digest="$("$CRANE" digest --tarball "$OUT/$name.tar")"
-  bytes="$(stat -c %s "$OUT/$name.tar")"
-  echo "$name $ref $digest $bytes" >>"$OUT/images.txt.tmp"
+    -t "$ref" -o "$WORK/out/$name.tar"
+  digest="$("$CRANE" digest --tarball "$WORK/out/$name.tar")"
+  bytes="$(stat -c %s "$WORK/out/$name.tar")"
+  echo "$name $ref $digest $bytes" >>"$WORK/images.txt"
 done
-mv "$OUT/images.txt.tmp" "$OUT/images.txt"
+# The archives and their list replace the previous ones together, once all are built.
+mv "$WORK/images.txt" "$WORK/out/"
+for file in "$WORK"/out/*; do mv -f "$file" "$OUT/"; done
 
 log "built from $REVISION (SOURCE_DATE_EPOCH=$SOURCE_DATE_EPOCH), base: ${PACKAGE_LABEL[*]}"
 while read -r name ref digest bytes; do

@@ -28,6 +28,12 @@ for tool in tar dpkg-deb dpkg-query apt-get ldd sha256sum; do
   command -v "$tool" >/dev/null 2>&1 || die "$tool is required to build images (a Debian machine has it)"
 done
 grep -q 'GNU tar' <<<"$(tar --version)" || die "GNU tar is required (reproducible layers need --sort=name and --mtime)"
+# apt-get download needs Debian's package lists, which fresh containers often ship without.
+if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
+  [[ "$(id -u)" == 0 ]] || die "Debian's package lists are missing: run sudo apt-get update"
+  log "apt-get update (no package lists yet)"
+  apt-get update -qq >/dev/null
+fi
 
 # Next to the control-plane binaries, so one PATH entry finds every tool.
 mkdir -p "$CACHE/current"
