@@ -73,8 +73,6 @@ where
         Err(error) => return call.fail(error).into_http(),
     };
     span.record("pool", pool.spec.name.as_str());
-    let limit = Some(forwarder.max_message_bytes());
-    let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
     // A unary call whose cost its RPC tells waits for its permit before its body is read; other
     // unary calls once their bytes say what they cost, stream messages each as they arrive, and
@@ -89,6 +87,8 @@ where
         }
         _ => None,
     };
+    let limit = Some(forwarder.max_message_bytes());
+    let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
     let routed = Once(Some(Routed { forwarder, call, meta, pool, permit }));
     // Boxed: tonic's futures are large, and a call waiting for its permit above should not carry
     // their room while it waits.
