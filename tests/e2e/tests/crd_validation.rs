@@ -51,7 +51,11 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         ("/concurrency/maxInFlightTokens", json!(0), "concurrency.maxInFlightTokens must be at least 1"),
         ("/concurrency/tenants", json!([{ "name": "a" }, { "name": "a" }]), "concurrency.tenants names must be unique"),
         ("/concurrency/tenants", json!([{ "name": "" }]), "concurrency.tenants[].name must be 1 to 128 characters"),
-        ("/concurrency/tenants", json!([{ "name": "a", "weight": 0 }]), "concurrency.tenants[].weight must be between 1 and 1000"),
+        (
+            "/concurrency/tenants",
+            json!([{ "name": "a", "weight": 0 }]),
+            "concurrency.tenants[].weight must be between 1 and 1000",
+        ),
     ];
     for (index, (pointer, value, message)) in cases.into_iter().enumerate() {
         let name = format!("invalid-{index}");
