@@ -68,8 +68,8 @@ chart-golden: ## Rewrite the chart's golden template output
 	$(BIN)/helm template $(CHART_TEMPLATE_ARGS) > $(CHART_GOLDEN)
 
 .PHONY: cluster-up
-cluster-up: ## Start the local control plane (etcd, apiserver, controller-manager, scheduler, kwok)
-	tests/cluster/up.sh
+cluster-up: ## Start the local control plane (etcd, apiserver, controller-manager, scheduler, kwok) and one real node (TEIFLEET_REAL_NODE=0: none)
+	TEIFLEET_REAL_NODE=$(if $(TEIFLEET_REAL_NODE),$(TEIFLEET_REAL_NODE),1) tests/cluster/up.sh
 	@echo "export KUBECONFIG=$(KUBECONFIG_FILE)"
 
 .PHONY: cluster-down
@@ -77,11 +77,12 @@ cluster-down: ## Stop the local control plane
 	tests/cluster/down.sh
 
 .PHONY: test-cluster
-test-cluster: ## End-to-end tests on a fresh local control plane
-	cargo build --locked -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-e2e --bins --tests
+test-cluster: ## End-to-end tests on a fresh local control plane with its real node (TEIFLEET_REAL_NODE=0: without)
+	cargo build --locked -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-fake-gpu-plugin -p teifleet-e2e --bins --tests
 	tests/cluster/down.sh
 	trap 'tests/cluster/down.sh' EXIT; \
-	tests/cluster/up.sh; \
+	export TEIFLEET_REAL_NODE=$(if $(TEIFLEET_REAL_NODE),$(TEIFLEET_REAL_NODE),1); \
+	TEIFLEET_FAKE_GPU_PLUGIN_BIN=$(CURDIR)/target/debug/teifleet-fake-gpu-plugin tests/cluster/up.sh; \
 	TEIFLEET_KUBECONFIG=$(KUBECONFIG_FILE) TEIFLEET_OPERATOR_BIN=$(CURDIR)/target/debug/teifleet-operator \
 	  TEIFLEET_MULTIPLEXER_BIN=$(CURDIR)/target/debug/teifleet-multiplexer \
 	  cargo test --locked -p teifleet-e2e -- --test-threads=1

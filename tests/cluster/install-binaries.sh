@@ -30,21 +30,22 @@ ensure_etcd() {
 
 # What the real node (tests/cluster/node-up.sh) runs besides the kubelet and kube-proxy: containerd
 # and runc, the CNI plugins (bridge, host-local, portmap, loopback in /usr/lib/cni), iptables for
-# kube-proxy, and a C compiler with static libc for the pause image.
+# kube-proxy (nft to remove the tables it leaves), and a C compiler with static libc for the pause
+# image.
 ensure_node_packages() {
-  local missing=() package
-  for package in containerd runc containernetworking-plugins iptables gcc libc6-dev; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || missing+=("$package")
+  local absent=() package
+  for package in containerd runc containernetworking-plugins iptables nftables gcc libc6-dev; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q 'install ok installed' || absent+=("$package")
   done
-  ((${#missing[@]})) || return 0
+  ((${#absent[@]})) || return 0
   if [[ "$(id -u)" != 0 ]]; then
-    log "the real node needs ${missing[*]} (Debian packages): install them as root, or set TEIFLEET_REAL_NODE=0"
+    log "the real node needs ${absent[*]} (Debian packages): install them as root, or set TEIFLEET_REAL_NODE=0"
     return 0
   fi
-  log "installing ${missing[*]} from Debian"
+  log "installing ${absent[*]} from Debian"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get install -y -qq --no-install-recommends "${absent[@]}" >/dev/null
   # Debian enables a containerd service; the real node starts its own, with its own state.
   (systemctl disable --now containerd >/dev/null 2>&1 || service containerd stop >/dev/null 2>&1 || true)
 }

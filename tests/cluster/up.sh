@@ -2,6 +2,9 @@
 # Starts a real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler and kwok, which plays the kubelet for fake nodes that
 # advertise nvidia.com/gpu capacity and GPU Feature Discovery product labels.
+# With TEIFLEET_REAL_NODE=1 (make cluster-up, make test-cluster) it also starts one real node,
+# real-0: a kubelet and kube-proxy on containerd with fake GPUs from a device plugin
+# (tests/cluster/real-node.sh); the API server then listens on that node's address instead.
 #
 # Usage: tests/cluster/up.sh        (state, logs and kubeconfig land in $TEIFLEET_CLUSTER_DIR)
 set -euo pipefail
@@ -25,6 +28,14 @@ fi
 BIN="$CACHE/current"
 export PATH="$BIN:$PATH"
 mkdir -p "$DIR"/{pki,logs,pids,etcd}
+# shellcheck source-path=SCRIPTDIR source=real-node.sh
+source "$HERE/real-node.sh"
+API_HOST=127.0.0.1
+SANS="IP:127.0.0.1"
+if real_node_wanted; then
+  API_HOST="$REAL_NODE_IP"
+  SANS+=", IP:$REAL_NODE_IP"
+fi
 
 # --- certificates: a CA, the API server's serving cert, an admin client, service-account keys ---
 PKI="$DIR/pki"
@@ -33,7 +44,7 @@ PKI="$DIR/pki"
   openssl genrsa -out ca.key 2048 2>/dev/null
   openssl req -x509 -new -key ca.key -subj "/CN=teifleet-local-ca" -days 3650 -out ca.crt 2>/dev/null
   cat > apiserver.ext <<EXT
-subjectAltName = IP:127.0.0.1, DNS:localhost, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local, IP:10.96.0.1
+subjectAltName = $SANS, DNS:localhost, DNS:kubernetes, DNS:kubernetes.default, DNS:kubernetes.default.svc, DNS:kubernetes.default.svc.cluster.local, IP:10.96.0.1
 extendedKeyUsage = serverAuth
 EXT
   openssl genrsa -out apiserver.key 2048 2>/dev/null
@@ -49,6 +60,8 @@ EXT
   openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
 )
 
+if real_node_wanted; then real_node_prepare; fi
+
 KUBECONFIG_FILE="$DIR/kubeconfig"
 cat > "$KUBECONFIG_FILE" <<EOF2
 apiVersion: v1
@@ -56,7 +69,7 @@ kind: Config
 clusters:
 - name: teifleet-local
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$API_HOST:$API_PORT
     certificate-authority: $PKI/ca.crt
 users:
 - name: teifleet-admin
@@ -94,17 +107,24 @@ start etcd etcd --name teifleet --data-dir "$DIR/etcd" \
   --initial-cluster "teifleet=http://127.0.0.1:$((ETCD_PORT + 1))"
 wait_for etcd 30 curl -sf "http://127.0.0.1:$ETCD_PORT/health"
 
-log "starting kube-apiserver on 127.0.0.1:$API_PORT"
+# Without a real node no pod runs anywhere, so the `kubernetes` Service needs no endpoints; with
+# one, the API server serves on the node's address and keeps them there.
+if real_node_wanted; then
+  # shellcheck disable=SC2207
+  api_address_flags=($(real_node_apiserver_flags))
+else
+  api_address_flags=(--bind-address 127.0.0.1 --advertise-address 127.0.0.1 --authorization-mode RBAC
+    --endpoint-reconciler-type none)
+fi
+log "starting kube-apiserver on $API_HOST:$API_PORT"
 start kube-apiserver kube-apiserver \
   --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
-  --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$API_PORT" \
+  "${api_address_flags[@]}" --secure-port "$API_PORT" \
   --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
   --client-ca-file "$PKI/ca.crt" \
   --service-account-issuer https://kubernetes.default.svc.cluster.local \
   --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
   --service-cluster-ip-range 10.96.0.0/16 \
-  --authorization-mode RBAC \
-  --endpoint-reconciler-type none \
   --enable-priority-and-fairness=false \
   --profiling=false
 wait_for kube-apiserver 90 kubectl --kubeconfig "$KUBECONFIG_FILE" get --raw /readyz
@@ -133,5 +153,6 @@ log "registering fake nodes"
 kubectl apply -f "$HERE/nodes.yaml" >/dev/null
 wait_for "nodes to become Ready" 90 bash -c \
   "kubectl get nodes -o jsonpath='{range .items[*]}{.spec.taints}{\"\\n\"}{end}' | grep -q not-ready && exit 1; kubectl wait --for=condition=Ready nodes --all --timeout=1s"
+if real_node_wanted; then real_node_start; fi
 kubectl get nodes -L nvidia.com/gpu.product >&2
 log "ready: export KUBECONFIG=$KUBECONFIG_FILE"
