@@ -308,7 +308,20 @@ fn cost(r: &Cost) -> String {
         cpu.sim_served,
         cpu.sim_us_per_call()
     );
-    let _ = writeln!(out, "\nRatio multiplexer ÷ simulator: **{}×**.", number(cpu.ratio()));
+    let _ = writeln!(
+        out,
+        "| floor proxy (proxied, same load) | {:.3} | {} | {:.1} |",
+        cpu.floor_cpu_s,
+        cpu.floor_calls,
+        cpu.floor_us_per_call()
+    );
+    let _ = writeln!(
+        out,
+        "\nRatio multiplexer ÷ simulator: **{}×**; multiplexer ÷ floor proxy: **{}×** (the floor is what one \
+         tonic hop costs with no admission, routing or metrics).",
+        number(cpu.ratio()),
+        number(cpu.mux_over_floor())
+    );
     let _ = write!(out, "\n**Instructions.**");
     match (&r.instructions, &r.instructions_missing) {
         (Some(i), _) => {
