@@ -60,7 +60,8 @@ real_node_prepare() {
   done
   if [[ -f "$REAL_NODE_LOCK" ]]; then
     local owner; owner="$(cat "$REAL_NODE_LOCK")"
-    if [[ "$owner" != "$DIR" ]]; then
+    # A cluster directory that is gone left a stale lock; one that still has its node does not.
+    if [[ "$owner" != "$DIR" && -d "$owner/node" ]]; then
       log "another cluster ($owner) runs the real node on this machine: stop it (TEIFLEET_CLUSTER_DIR=$owner tests/cluster/down.sh) or set TEIFLEET_REAL_NODE=0"
       return 1
     fi
@@ -242,7 +243,7 @@ shutdownGracePeriod: 0s
 EOF
   log "real node: kubelet $REAL_NODE_NAME on $REAL_NODE_IP ($REAL_NODE_GPUS fake $REAL_NODE_GPU_PRODUCT GPUs)"
   start kubelet "$BIN/kubelet" --config "$node/kubelet.yaml" --kubeconfig "$node/kubelet.kubeconfig" \
-    --root-dir "$node/kubelet" --hostname-override "$REAL_NODE_NAME" --node-ip "$REAL_NODE_IP" \
+    --root-dir "$node/kubelet" --cert-dir "$node/kubelet/pki" --hostname-override "$REAL_NODE_NAME" --node-ip "$REAL_NODE_IP" \
     --node-labels "nvidia.com/gpu.product=$REAL_NODE_GPU_PRODUCT,nvidia.com/gpu.count=$REAL_NODE_GPUS,$REAL_NODE_TAINT_KEY=true"
 
   # kube-proxy stops when its configuration file changes: written once, before it starts.
@@ -294,7 +295,7 @@ alive() { [[ -f "$DIR/pids/$1.pid" ]] && kill -0 "$(cat "$DIR/pids/$1.pid")" 2>/
 # Stops the real node and removes what it added to the machine; safe to run at any stage.
 real_node_stop() {
   local node; node="$(real_node_dir)"
-  [[ -d "$node" ]] || return 0
+  [[ -d "$node" || ( -f "$REAL_NODE_LOCK" && "$(cat "$REAL_NODE_LOCK")" == "$DIR" ) ]] || return 0
   local kubeconfig="$DIR/kubeconfig" kubectl="$CACHE/current/kubectl"
 
   # Pods first, through the kubelet, so their sandboxes are torn down by the CNI plugins.
