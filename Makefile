@@ -27,7 +27,7 @@ prereqs: ## Install what builds and tests need (Debian packages, Rust components
 	tests/cluster/prereqs.sh
 
 .PHONY: test
-test: prereqs lint unit check-generated chart-check test-cluster test-images ## Everything CI runs
+test: prereqs lint unit test-clients check-generated chart-check test-cluster test-images ## Everything CI runs
 
 .PHONY: lint
 lint: ## cargo fmt --check and clippy -D warnings
@@ -37,6 +37,10 @@ lint: ## cargo fmt --check and clippy -D warnings
 .PHONY: unit
 unit: ## Unit and golden tests (no cluster)
 	cargo test --workspace --locked --exclude teifleet-e2e
+
+.PHONY: test-clients
+test-clients: ## Real HTTP clients from PyPI (openai, huggingface_hub, requests) against the multiplexer's HTTP front and tei-sim
+	tests/clients/run.sh
 
 .PHONY: generate
 generate: ## Regenerate the CRD YAML, the chart's copy and the plain manifests

@@ -8,7 +8,8 @@
 //! call's accounting), `wire` (the few protobuf fields read without decoding), `admission`
 //! (permits and the priority queue), `request_meta` (what a request asks for, from its headers),
 //! `pools` (routing table of pools and their upstreams), `status` (the one place request errors
-//! become gRPC status), `sources` (where pool limits come from: a file or Kubernetes), `server`,
+//! become gRPC status), `http` (TEI's HTTP API and OpenAI's embeddings route, translated to
+//! `tei.v1` calls on the same path), `sources` (where pool limits come from: a file or Kubernetes), `server`,
 //! `admin` and `metrics`.
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
@@ -18,6 +19,7 @@ pub mod admission;
 pub mod call;
 pub mod coalesce;
 pub mod forward;
+pub mod http;
 pub mod metrics;
 pub mod pools;
 pub mod request_meta;

@@ -31,6 +31,19 @@ struct Args {
     /// Admin HTTP address (/metrics, /healthz, /readyz).
     #[arg(long, default_value = "0.0.0.0:9090")]
     admin_listen: SocketAddr,
+    /// HTTP address of TEI's HTTP API and OpenAI's embeddings route, e.g. 0.0.0.0:8000 (what the
+    /// operator renders into every pool pod). Off unless given: tests and benchmarks start several
+    /// multiplexers on one host with only their gRPC and admin ports, and a fixed default port
+    /// would collide.
+    #[arg(long, default_value = "off", value_parser = parse_listen)]
+    http_listen: Listen,
+    /// HTTP front: largest request body in bytes (TEI's --payload-limit).
+    #[arg(long, default_value_t = teifleet_multiplexer::http::DEFAULT_PAYLOAD_LIMIT)]
+    payload_limit: usize,
+    /// HTTP front: inputs sent upstream under one permit; larger batches are split and
+    /// reassembled in order (TEI's --max-client-batch-size, which TEI refuses beyond).
+    #[arg(long, default_value_t = teifleet_multiplexer::http::DEFAULT_MAX_CLIENT_BATCH_SIZE)]
+    max_client_batch_size: usize,
     /// The TEI this replica fronts.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     upstream: String,
@@ -97,6 +110,17 @@ struct Args {
     /// many TEIs.
     #[arg(long, env = "TEIFLEET_WORKER_THREADS", default_value_t = 1)]
     worker_threads: usize,
+}
+
+/// An address to listen on, or none.
+#[derive(Clone, Debug)]
+struct Listen(Option<SocketAddr>);
+
+fn parse_listen(text: &str) -> Result<Listen, String> {
+    match text {
+        "off" | "" => Ok(Listen(None)),
+        addr => addr.parse().map(|a| Listen(Some(a))).map_err(|e| format!("{addr:?}: {e} (or `off`)")),
+    }
 }
 
 fn parse_tenant(text: &str) -> Result<(String, u32), String> {
@@ -169,6 +193,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let settings = Settings {
         listen: args.listen,
         admin_listen: Some(args.admin_listen),
+        http_listen: args.http_listen.0,
+        http: teifleet_multiplexer::http::HttpSettings {
+            payload_limit: args.payload_limit,
+            max_client_batch_size: args.max_client_batch_size.max(1),
+        },
         identity: args.identity,
         max_message_bytes: args.max_message_bytes,
         max_concurrent_streams: args.max_concurrent_streams,

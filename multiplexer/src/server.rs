@@ -17,6 +17,7 @@ use tonic_health::server::HealthReporter;
 use crate::SetupError;
 use crate::admin::{self, Readiness};
 use crate::forward::Forwarder;
+use crate::http::HttpSettings;
 use crate::metrics::Metrics;
 use crate::pools::PoolTable;
 use crate::rpc::{self, RPCS};
@@ -32,6 +33,9 @@ const IDLE_QUIET: Duration = Duration::from_secs(1);
 pub struct Settings {
     pub listen: SocketAddr,
     pub admin_listen: Option<SocketAddr>,
+    /// TEI's HTTP API and OpenAI's embeddings route (`crate::http`), beside gRPC; none: off.
+    pub http_listen: Option<SocketAddr>,
+    pub http: HttpSettings,
     /// Written into the hop marker of forwarded requests (the pod name in Kubernetes).
     pub identity: String,
     pub max_message_bytes: usize,
@@ -51,6 +55,8 @@ impl Default for Settings {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             admin_listen: None,
+            http_listen: None,
+            http: HttpSettings::default(),
             identity: "teifleet-multiplexer".into(),
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_streams: 256,
@@ -67,6 +73,7 @@ impl Default for Settings {
 pub struct Running {
     pub grpc_addr: SocketAddr,
     pub admin_addr: Option<SocketAddr>,
+    pub http_addr: Option<SocketAddr>,
     pub forwarder: Arc<Forwarder>,
     pub readiness: Arc<Readiness>,
     pub metrics: Metrics,
@@ -103,6 +110,11 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         None => None,
     };
     let admin_addr = admin_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let http_listener = match settings.http_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(bind(addr))?),
+        None => None,
+    };
+    let http_addr = http_listener.as_ref().and_then(|l| l.local_addr().ok());
 
     let forwarder =
         Arc::new(Forwarder::new(pools.clone(), metrics.clone(), &settings.identity, settings.max_message_bytes));
@@ -150,6 +162,16 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
+    // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
+    // its calls in flight finished within the same drain timeout.
+    let http_server = http_listener.map(|listener| {
+        let app = crate::http::router(forwarder.clone(), readiness.clone(), settings.http.clone());
+        let stopped = server_stop.clone().cancelled_owned();
+        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+    });
+    if let Some(http_addr) = http_addr {
+        tracing::info!(%http_addr, "HTTP front serving (TEI's HTTP API, OpenAI embeddings)");
+    }
     match admin_addr {
         Some(admin_addr) => tracing::info!(%grpc_addr, %admin_addr, pool = pools.own_name(), "multiplexer serving"),
         None => tracing::info!(%grpc_addr, pool = pools.own_name(), "multiplexer serving"),
@@ -165,7 +187,17 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             wait_out_drain_delay(&forwarder, settings.drain_delay).await;
             forwarder.start_draining();
             server_stop.cancel();
-            let outcome = match tokio::time::timeout(settings.drain_timeout, server).await {
+            let both = async {
+                if let Some(http_server) = http_server {
+                    match http_server.await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => tracing::warn!(error = %e, "the HTTP front failed"),
+                        Err(e) => tracing::warn!(error = %e, "the HTTP front failed"),
+                    }
+                }
+                server.await
+            };
+            let outcome = match tokio::time::timeout(settings.drain_timeout, both).await {
                 Ok(Ok(Ok(()))) => Ok(()),
                 Ok(Ok(Err(e))) => Err(SetupError::Task { task: "the gRPC server", reason: e.to_string() }),
                 Ok(Err(e)) => Err(SetupError::Task { task: "the gRPC server", reason: e.to_string() }),
@@ -181,7 +213,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             outcome
         })
     };
-    Ok(Running { grpc_addr, admin_addr, forwarder, readiness, metrics, stop, task })
+    Ok(Running { grpc_addr, admin_addr, http_addr, forwarder, readiness, metrics, stop, task })
 }
 
 /// Keeps serving through the drain delay while endpoints stop routing here; a multiplexer that

@@ -10,6 +10,9 @@ pub mod ports {
     pub const MULTIPLEXER_GRPC: u16 = 50051;
     /// The multiplexer's admin port: `/metrics`, `/healthz`, `/readyz`.
     pub const MULTIPLEXER_ADMIN: u16 = 9090;
+    /// The multiplexer's HTTP port: TEI's HTTP API and OpenAI's embeddings route, translated to
+    /// `tei.v1` calls under the same admission as gRPC's.
+    pub const MULTIPLEXER_HTTP: u16 = 8000;
     /// TEI's gRPC port inside the pod (TEI's `--port`).
     pub const TEI_GRPC: u16 = 8080;
     /// TEI's Prometheus port (TEI's `--prometheus-port`).
@@ -34,4 +37,6 @@ pub mod headers {
     pub const GRPC_TIMEOUT: &str = "grpc-timeout";
     /// gRPC's standard retry hint, sent in the trailers of shed requests.
     pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
+    /// An HTTP caller's time budget in milliseconds (gRPC callers use `grpc-timeout`).
+    pub const TIMEOUT_MS: &str = "x-teifleet-timeout-ms";
 }

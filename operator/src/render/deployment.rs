@@ -320,13 +320,18 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
             format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
             format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
             format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
+            format!("--http-listen=0.0.0.0:{}", ports::MULTIPLEXER_HTTP),
         ]),
         env: Some(vec![
             env_value(labels::ENV_POOL, owner.name.clone()),
             env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
             env_field(labels::ENV_POD_NAME, "metadata.name"),
         ]),
-        ports: Some(vec![tcp_port("grpc", ports::MULTIPLEXER_GRPC), tcp_port("admin", ports::MULTIPLEXER_ADMIN)]),
+        ports: Some(vec![
+            tcp_port("grpc", ports::MULTIPLEXER_GRPC),
+            tcp_port("http", ports::MULTIPLEXER_HTTP),
+            tcp_port("admin", ports::MULTIPLEXER_ADMIN),
+        ]),
         resources: Some(with_defaults(
             pool.spec.template.multiplexer_resources.as_ref(),
             quantities(MULTIPLEXER_REQUESTS),

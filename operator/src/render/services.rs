@@ -18,14 +18,27 @@ fn grpc_port() -> ServicePort {
     }
 }
 
-/// The ClusterIP Service clients point at: `<pool>.<namespace>.svc:50051`.
+/// TEI's HTTP API and OpenAI's embeddings route, served by the sidecar on a port of its own.
+fn http_port() -> ServicePort {
+    ServicePort {
+        name: Some("http".into()),
+        port: i32::from(ports::MULTIPLEXER_HTTP),
+        target_port: Some(IntOrString::String("http".into())),
+        protocol: Some("TCP".into()),
+        app_protocol: Some("http".into()),
+        ..ServicePort::default()
+    }
+}
+
+/// The ClusterIP Service clients point at: `<pool>.<namespace>.svc:50051` for gRPC,
+/// `http://<pool>.<namespace>.svc:8000` for TEI's HTTP API and OpenAI's embeddings.
 pub(super) fn service(owner: &Owner) -> Service {
     Service {
         metadata: owner.meta(owner.name.clone()),
         spec: Some(ServiceSpec {
             type_: Some("ClusterIP".into()),
             selector: Some(owner.selector()),
-            ports: Some(vec![grpc_port()]),
+            ports: Some(vec![grpc_port(), http_port()]),
             ..ServiceSpec::default()
         }),
         ..Service::default()

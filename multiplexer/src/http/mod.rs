@@ -1,0 +1,87 @@
+//! The HTTP front: TEI's HTTP API and OpenAI's embeddings route on a port of their own,
+//! translated to `tei.v1` calls that take the gRPC front's path (routing headers, admission,
+//! deadlines, metrics) through the same `Forwarder`.
+//!
+//! Layout: `routes` (one handler per route), `types` (the JSON of TEI and OpenAI), `batch` (a
+//! batch of inputs as unary upstream calls, admitted per chunk as a whole) and `error` (the one
+//! place failures become status codes and error bodies).
+
+pub mod batch;
+pub mod error;
+pub mod routes;
+pub mod types;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::response::Response;
+use axum::routing::{get, post};
+use http::{HeaderValue, StatusCode, header};
+use serde::Serialize;
+
+use crate::admin::Readiness;
+use crate::forward::Forwarder;
+
+/// TEI's `--payload-limit` default.
+pub const DEFAULT_PAYLOAD_LIMIT: usize = 2_000_000;
+/// TEI's `--max-client-batch-size` default.
+pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: usize = 32;
+
+#[derive(Clone, Debug)]
+pub struct HttpSettings {
+    /// Largest request body, in bytes (413 beyond).
+    pub payload_limit: usize,
+    /// Inputs sent upstream under one permit; larger batches are split and put back in order.
+    pub max_client_batch_size: usize,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self { payload_limit: DEFAULT_PAYLOAD_LIMIT, max_client_batch_size: DEFAULT_MAX_CLIENT_BATCH_SIZE }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct Shared {
+    forwarder: Arc<Forwarder>,
+    readiness: Arc<Readiness>,
+    settings: HttpSettings,
+}
+
+/// Every route of the HTTP front.
+pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: HttpSettings) -> Router {
+    let limit = settings.payload_limit;
+    Router::new()
+        .route("/", post(routes::dispatch).get(routes::health))
+        .route("/invocations", post(routes::dispatch))
+        .route("/embed", post(routes::embed))
+        .route("/embed_sparse", post(routes::embed_sparse))
+        .route("/embed_all", post(routes::embed_all))
+        .route("/predict", post(routes::predict))
+        .route("/rerank", post(routes::rerank))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/decode", post(routes::decode))
+        .route("/info", get(routes::info))
+        .route("/health", get(routes::health))
+        .route("/ping", get(routes::health))
+        .route("/v1/embeddings", post(routes::openai))
+        .route("/embeddings", post(routes::openai))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(Shared { forwarder, readiness, settings })
+}
+
+pub(crate) fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = Response::new(axum::body::Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+pub(crate) fn json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => json_bytes(StatusCode::OK, body),
+        Err(error) => error::HttpError::Undecodable(error.to_string()).into_response(error::Flavor::Tei),
+    }
+}

@@ -1,0 +1,307 @@
+//! The routes: each parses TEI's JSON, checks what TEI checks before its queue, and sends the
+//! inputs as `tei.v1` calls through [`batch`](super::batch).
+
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde::de::DeserializeOwned;
+use teifleet_proto::v1;
+
+use super::Shared;
+use super::batch::{row, unary_all};
+use super::error::{Flavor, HttpError};
+use super::types::*;
+
+const INFO: &str = "/tei.v1.Info/Info";
+const EMBED: &str = "/tei.v1.Embed/Embed";
+const EMBED_SPARSE: &str = "/tei.v1.Embed/EmbedSparse";
+const EMBED_ALL: &str = "/tei.v1.Embed/EmbedAll";
+const PREDICT: &str = "/tei.v1.Predict/Predict";
+const PREDICT_PAIR: &str = "/tei.v1.Predict/PredictPair";
+const RERANK: &str = "/tei.v1.Rerank/Rerank";
+const TOKENIZE: &str = "/tei.v1.Tokenize/Tokenize";
+const DECODE: &str = "/tei.v1.Tokenize/Decode";
+
+type Body = Result<Bytes, BytesRejection>;
+type Answer = Result<Response, HttpError>;
+
+/// An axum handler around a route's body: the body read under the payload limit, errors
+/// answered in the route's flavor.
+macro_rules! handler {
+    ($name:ident, $inner:ident, $flavor:expr) => {
+        pub async fn $name(State(shared): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+            let answer = match read(body, shared.settings.payload_limit) {
+                Ok(body) => $inner(&shared, &headers, &body).await,
+                Err(error) => Err(error),
+            };
+            answer.unwrap_or_else(|error| error.into_response($flavor))
+        }
+    };
+}
+
+handler!(embed, embed_route, Flavor::Tei);
+handler!(embed_sparse, embed_sparse_route, Flavor::Tei);
+handler!(embed_all, embed_all_route, Flavor::Tei);
+handler!(predict, predict_route, Flavor::Tei);
+handler!(rerank, rerank_route, Flavor::Tei);
+handler!(tokenize, tokenize_route, Flavor::Tei);
+handler!(decode, decode_route, Flavor::Tei);
+handler!(openai, openai_route, Flavor::OpenAi);
+handler!(dispatch, dispatch_route, Flavor::Tei);
+
+fn read(body: Body, limit: usize) -> Result<Bytes, HttpError> {
+    body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => HttpError::PayloadTooLarge { limit },
+        _ => HttpError::Body(rejection.body_text()),
+    })
+}
+
+fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
+    serde_json::from_slice(body).map_err(|error| HttpError::Body(error.to_string()))
+}
+
+/// TEI refuses an empty batch and an empty text before its queue.
+fn texts(inputs: Inputs) -> Result<Vec<String>, HttpError> {
+    let texts = inputs.into_vec();
+    if texts.is_empty() || texts.iter().any(String::is_empty) { Err(HttpError::Empty("inputs")) } else { Ok(texts) }
+}
+
+async fn embed_calls(
+    shared: &Shared,
+    headers: &HeaderMap,
+    request: EmbedRequest,
+) -> Result<Vec<v1::EmbedResponse>, HttpError> {
+    let messages: Vec<v1::EmbedRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EmbedRequest {
+            inputs,
+            truncate: request.truncate.unwrap_or(false),
+            normalize: Some(request.normalize),
+            truncation_direction: request.truncation_direction.into(),
+            prompt_name: request.prompt_name.clone(),
+            dimensions: request.dimensions,
+        })
+        .collect();
+    unary_all(&shared.forwarder, row(EMBED), headers, &messages, shared.settings.max_client_batch_size).await
+}
+
+async fn embed_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let answers = embed_calls(shared, headers, parse(body)?).await?;
+    Ok(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()))
+}
+
+async fn embed_sparse_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let request: EmbedRequest = parse(body)?;
+    let messages: Vec<v1::EmbedSparseRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EmbedSparseRequest {
+            inputs,
+            truncate: request.truncate.unwrap_or(false),
+            truncation_direction: request.truncation_direction.into(),
+            prompt_name: request.prompt_name.clone(),
+        })
+        .collect();
+    let answers: Vec<v1::EmbedSparseResponse> =
+        unary_all(&shared.forwarder, row(EMBED_SPARSE), headers, &messages, shared.settings.max_client_batch_size)
+            .await?;
+    let sparse: Vec<Vec<SparseValue>> = answers
+        .into_iter()
+        .map(|a| a.sparse_embeddings.into_iter().map(|v| SparseValue { index: v.index, value: v.value }).collect())
+        .collect();
+    Ok(super::json(&sparse))
+}
+
+async fn embed_all_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let request: EmbedRequest = parse(body)?;
+    let messages: Vec<v1::EmbedAllRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EmbedAllRequest {
+            inputs,
+            truncate: request.truncate.unwrap_or(false),
+            truncation_direction: request.truncation_direction.into(),
+            prompt_name: request.prompt_name.clone(),
+        })
+        .collect();
+    let answers: Vec<v1::EmbedAllResponse> =
+        unary_all(&shared.forwarder, row(EMBED_ALL), headers, &messages, shared.settings.max_client_batch_size).await?;
+    let tokens: Vec<Vec<Vec<f32>>> =
+        answers.into_iter().map(|a| a.token_embeddings.into_iter().map(|t| t.embeddings).collect()).collect();
+    Ok(super::json(&tokens))
+}
+
+async fn predict_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let request: PredictRequest = parse(body)?;
+    let (sequences, single) = match request.inputs {
+        PredictInputs::Single(sequence) => (vec![sequence], true),
+        PredictInputs::Batch(sequences) => (sequences, false),
+    };
+    let (mut singles, mut pairs) = (Vec::new(), Vec::new());
+    for sequence in sequences {
+        match sequence {
+            Sequence::Single(text) => singles.push(text),
+            Sequence::Pair(a, b) => pairs.push(vec![a, b]),
+        }
+    }
+    if singles.is_empty() == pairs.is_empty() {
+        // Both empty: nothing to classify. Both non-empty: two RPCs for one batch, not supported.
+        return Err(if singles.is_empty() {
+            HttpError::Empty("inputs")
+        } else {
+            HttpError::Invalid("a batch must be all single texts or all pairs".into())
+        });
+    }
+    if singles.iter().chain(pairs.iter().flatten()).any(String::is_empty) {
+        return Err(HttpError::Empty("inputs"));
+    }
+    let (truncate, raw_scores) = (request.truncate.unwrap_or(false), request.raw_scores);
+    let truncation_direction = request.truncation_direction.into();
+    let batch = shared.settings.max_client_batch_size;
+    let answers: Vec<v1::PredictResponse> = if pairs.is_empty() {
+        let messages: Vec<_> = singles
+            .into_iter()
+            .map(|inputs| v1::PredictRequest { inputs, truncate, raw_scores, truncation_direction })
+            .collect();
+        unary_all(&shared.forwarder, row(PREDICT), headers, &messages, batch).await?
+    } else {
+        let messages: Vec<_> = pairs
+            .into_iter()
+            .map(|inputs| v1::PredictPairRequest { inputs, truncate, raw_scores, truncation_direction })
+            .collect();
+        unary_all(&shared.forwarder, row(PREDICT_PAIR), headers, &messages, batch).await?
+    };
+    let mut predictions: Vec<Vec<Prediction>> =
+        answers.into_iter().map(|a| a.predictions.into_iter().map(Prediction::from).collect()).collect();
+    if single { Ok(super::json(&predictions.pop().unwrap_or_default())) } else { Ok(super::json(&predictions)) }
+}
+
+async fn rerank_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let request: RerankRequest = parse(body)?;
+    if request.texts.is_empty() || request.texts.iter().any(String::is_empty) {
+        return Err(HttpError::Empty("texts"));
+    }
+    // More texts than TEI takes in one call: one call per slice, each admitted for its texts,
+    // the ranks put back on the caller's indices and sorted together.
+    let size = shared.settings.max_client_batch_size.max(1);
+    let messages: Vec<v1::RerankRequest> = request
+        .texts
+        .chunks(size)
+        .map(|texts| v1::RerankRequest {
+            query: request.query.clone(),
+            texts: texts.to_vec(),
+            truncate: request.truncate.unwrap_or(false),
+            raw_scores: request.raw_scores,
+            return_text: request.return_text,
+            truncation_direction: request.truncation_direction.into(),
+        })
+        .collect();
+    let answers: Vec<v1::RerankResponse> = unary_all(&shared.forwarder, row(RERANK), headers, &messages, 1).await?;
+    let mut ranks: Vec<Rank> = answers
+        .into_iter()
+        .enumerate()
+        .flat_map(|(slice, answer)| {
+            let offset = u32::try_from(slice * size).unwrap_or(u32::MAX);
+            answer.ranks.into_iter().map(move |r| Rank { index: r.index + offset, text: r.text, score: r.score })
+        })
+        .collect();
+    ranks.sort_by(|a, b| b.score.total_cmp(&a.score));
+    Ok(super::json(&ranks))
+}
+
+async fn tokenize_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let request: TokenizeRequest = parse(body)?;
+    let messages: Vec<v1::EncodeRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EncodeRequest {
+            inputs,
+            add_special_tokens: request.add_special_tokens,
+            prompt_name: request.prompt_name.clone(),
+        })
+        .collect();
+    let answers: Vec<v1::EncodeResponse> =
+        unary_all(&shared.forwarder, row(TOKENIZE), headers, &messages, shared.settings.max_client_batch_size).await?;
+    let tokens: Vec<Vec<SimpleToken>> =
+        answers.into_iter().map(|a| a.tokens.into_iter().map(SimpleToken::from).collect()).collect();
+    Ok(super::json(&tokens))
+}
+
+async fn decode_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let request: DecodeRequest = parse(body)?;
+    let ids = match request.ids {
+        Ids::One(ids) => vec![ids],
+        Ids::Many(ids) => ids,
+    };
+    if ids.is_empty() || ids.iter().any(Vec::is_empty) {
+        return Err(HttpError::Empty("ids"));
+    }
+    let skip_special_tokens = request.skip_special_tokens;
+    let messages: Vec<_> = ids.into_iter().map(|ids| v1::DecodeRequest { ids, skip_special_tokens }).collect();
+    let answers: Vec<v1::DecodeResponse> =
+        unary_all(&shared.forwarder, row(DECODE), headers, &messages, shared.settings.max_client_batch_size).await?;
+    Ok(super::json(&answers.into_iter().map(|a| a.text).collect::<Vec<_>>()))
+}
+
+async fn info_of(shared: &Shared, headers: &HeaderMap) -> Result<v1::InfoResponse, HttpError> {
+    let mut answers: Vec<v1::InfoResponse> =
+        unary_all(&shared.forwarder, row(INFO), headers, &[v1::InfoRequest {}], 1).await?;
+    answers.pop().ok_or_else(|| HttpError::Undecodable("no Info answer".into()))
+}
+
+pub async fn info(State(shared): State<Shared>, headers: HeaderMap) -> Response {
+    match info_of(&shared, &headers).await {
+        Ok(info) => super::json(&Info::from(info)),
+        Err(error) => error.into_response(Flavor::Tei),
+    }
+}
+
+/// 200 while this multiplexer would take calls for its own pool, as its readiness says.
+pub async fn health(State(shared): State<Shared>) -> Response {
+    match shared.readiness.ready() {
+        Ok(()) => super::json_bytes(StatusCode::OK, Vec::new()),
+        Err(_) => HttpError::Unhealthy.into_response(Flavor::Tei),
+    }
+}
+
+async fn openai_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    let request: OpenAiRequest = parse(body)?;
+    let format = request.encoding_format;
+    let model = request.model.clone();
+    let embed = EmbedRequest {
+        inputs: request.input,
+        normalize: true,
+        truncate: None,
+        truncation_direction: TruncationDirection::Right,
+        prompt_name: None,
+        dimensions: request.dimensions,
+    };
+    let answers = embed_calls(shared, headers, embed).await?;
+    let tokens: u64 = answers.iter().filter_map(|a| a.metadata.as_ref()).map(|m| u64::from(m.compute_tokens)).sum();
+    let data = answers
+        .into_iter()
+        .enumerate()
+        .map(|(index, answer)| OpenAiEmbedding {
+            object: "embedding",
+            embedding: match format {
+                EncodingFormat::Float => OpenAiVector::Float(answer.embeddings),
+                EncodingFormat::Base64 => OpenAiVector::Base64(base64_f32(&answer.embeddings)),
+            },
+            index,
+        })
+        .collect();
+    let model = match model {
+        Some(model) if !model.is_empty() => model,
+        _ => info_of(shared, headers).await?.model_id,
+    };
+    let usage = OpenAiUsage { prompt_tokens: tokens, total_tokens: tokens };
+    Ok(super::json(&OpenAiResponse { object: "list", data, model, usage }))
+}
+
+/// `POST /` and `/invocations`: the route the model's type calls for, as TEI dispatches.
+async fn dispatch_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    match info_of(shared, headers).await?.model_type() {
+        v1::ModelType::Embedding => embed_route(shared, headers, body).await,
+        v1::ModelType::Classifier => predict_route(shared, headers, body).await,
+        v1::ModelType::Reranker => rerank_route(shared, headers, body).await,
+    }
+}

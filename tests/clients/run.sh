@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Real client libraries from PyPI (the openai SDK, huggingface_hub, requests) against the
+# multiplexer's HTTP front in front of the TEI simulator, both the debug binaries, on loopback.
+# The venv lives in target/py-venv and is rebuilt only when requirements.txt changes.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+venv=$root/target/py-venv
+requirements=$root/tests/clients/requirements.txt
+
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+    echo "python3-venv is missing; installing it from Debian" >&2
+    sudo=$(command -v sudo || true)
+    $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-venv
+fi
+want=$(sha256sum "$requirements" | cut -d' ' -f1)
+if [[ ! -x $venv/bin/python || "$(cat "$venv/.requirements-sha256" 2>/dev/null)" != "$want" ]]; then
+    rm -rf "$venv"
+    python3 -m venv "$venv"
+    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
+    echo "$want" >"$venv/.requirements-sha256"
+fi
+
+cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim --bins
+bin=$root/target/debug
+logs=$(mktemp -d)
+free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+sim_port=$(free_port) sim_admin=$(free_port) grpc=$(free_port) admin=$(free_port) http=$(free_port)
+
+pids=()
+cleanup() {
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$logs"
+}
+trap cleanup EXIT
+"$bin/tei-sim" --listen "127.0.0.1:$sim_port" --admin-listen "127.0.0.1:$sim_admin" \
+    --fixed-latency 1ms --per-token-latency 0s >"$logs/sim.log" 2>&1 &
+pids+=($!)
+"$bin/teifleet-multiplexer" --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
+    --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
+    --http-listen "127.0.0.1:$http" --drain-delay 0s >"$logs/mux.log" 2>&1 &
+pids+=($!)
+
+export TEIFLEET_HTTP="http://127.0.0.1:$http"
+for _ in $(seq 100); do
+    curl -sf "$TEIFLEET_HTTP/health" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/clients" "$@"; then
+    echo "--- multiplexer log" >&2; tail -50 "$logs/mux.log" >&2
+    echo "--- simulator log" >&2; tail -20 "$logs/sim.log" >&2
+    exit 1
+fi
