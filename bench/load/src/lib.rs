@@ -14,6 +14,7 @@ pub mod inputs;
 mod progress;
 pub mod render;
 pub mod report;
+pub mod retry;
 pub mod summary;
 pub mod zipf;
 

@@ -24,7 +24,26 @@ fn describe(info: &RunInfo) -> String {
     if let Some(p) = &info.priority {
         let _ = write!(s, ", priority {p}");
     }
+    if let Some(t) = &info.tenant {
+        let _ = write!(s, ", tenant {t}");
+    }
+    if let Some(r) = &info.retry {
+        let _ = write!(s, ", {r}");
+    }
     s
+}
+
+/// `attempts 1234 · OK at attempt 1: 6, 2: 40, … · hints 1228 (p50 62 ms)`, for runs that retried.
+fn retry_line(report: &Report) -> Option<String> {
+    let r = report.retries.as_ref()?;
+    let by: Vec<String> = r.ok_by_attempt.iter().enumerate().map(|(i, n)| format!("{}: {n}", i + 1)).collect();
+    let by = if by.is_empty() { "none".into() } else { by.join(", ") };
+    let hints = if r.hint.count > 0 {
+        format!(" · hints {} (p50 {:.0} ms, p99 {:.0} ms)", r.hint.count, r.hint.p50_ms, r.hint.p99_ms)
+    } else {
+        " · no hints".into()
+    };
+    Some(format!("attempts {} · OK at attempt {by}{hints}", r.attempts))
 }
 
 /// Codes, most frequent first (`OK 412 · RESOURCE_EXHAUSTED 588`).
@@ -70,6 +89,9 @@ pub fn human(report: &Report) -> String {
     let _ = writeln!(out, "throughput  {:.1} answers/s", report.throughput_rps);
     let within = if report.info.deadline_ms.is_some() { " within the deadline" } else { "" };
     let _ = writeln!(out, "goodput     {:.1} OK/s{within}", report.goodput_rps);
+    if let Some(line) = retry_line(report) {
+        let _ = writeln!(out, "retries     {line}");
+    }
     let _ = writeln!(
         out,
         "\n{:<16}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>9}",
@@ -102,6 +124,9 @@ pub fn markdown(report: &Report) -> String {
         report.goodput_rps,
         codes(report)
     );
+    if let Some(line) = retry_line(report) {
+        let _ = writeln!(out, "Retries: {line}.\n");
+    }
     let _ = writeln!(out, "| latency (ms) | p50 | p90 | p99 | p99.9 | max | mean | count |");
     let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (name, s) in rows(report) {
@@ -133,5 +158,23 @@ mod tests {
         assert!(text.contains("TEI queue"));
         assert!(markdown(&report).contains("| TEI queue |"));
         assert_eq!(codes(&Report::default()), "none");
+        assert!(!text.contains("retries"));
+    }
+
+    #[test]
+    fn retrying_runs_show_attempts_and_hints() {
+        let report = Report {
+            retries: Some(crate::report::Retries {
+                attempts: 20,
+                ok_by_attempt: vec![2, 0, 3],
+                hint: Summary { count: 15, p50_ms: 61.0, p99_ms: 93.0, ..Summary::default() },
+            }),
+            ..Report::default()
+        };
+        let text = human(&report);
+        assert!(
+            text.contains("retries     attempts 20 · OK at attempt 1: 2, 2: 0, 3: 3 · hints 15 (p50 61 ms, p99 93 ms)"),
+            "{text}"
+        );
     }
 }

@@ -27,6 +27,12 @@ pub struct RunInfo {
     pub inputs: String,
     pub deadline_ms: Option<f64>,
     pub priority: Option<String>,
+    /// `x-teifleet-tenant` of every request.
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// The retry policy, described (`pushback retry, 5 attempts, ...`).
+    #[serde(default)]
+    pub retry: Option<String>,
 }
 
 /// TEI's own timing of one answer, from its `Metadata`.
@@ -51,6 +57,10 @@ pub struct Answer {
     /// Met the request's deadline (always true without one), measured from the due time.
     pub in_time: bool,
     pub server: Vec<ServerTiming>,
+    /// Attempts the call made (1 without retries).
+    pub attempts: u32,
+    /// Retry hints (`grpc-retry-pushback-ms`) its refusals carried.
+    pub hints: Vec<Duration>,
 }
 
 #[derive(Debug, Default)]
@@ -64,13 +74,25 @@ pub struct Recorder {
     tei_queue: Latencies,
     tei_inference: Latencies,
     ok_in_time: u64,
+    attempts: u64,
+    ok_by_attempt: Vec<u64>,
+    hints: Latencies,
 }
 
 impl Recorder {
     pub fn record(&mut self, answer: &Answer) {
         *self.codes.entry(answer.code.to_owned()).or_default() += 1;
         self.all.record(answer.latency);
+        self.attempts += u64::from(answer.attempts);
+        for hint in &answer.hints {
+            self.hints.record(*hint);
+        }
         if answer.code == "OK" {
+            let nth = usize::try_from(answer.attempts.max(1) - 1).unwrap_or(0);
+            if self.ok_by_attempt.len() <= nth {
+                self.ok_by_attempt.resize(nth + 1, 0);
+            }
+            self.ok_by_attempt[nth] += 1;
             self.ok.record(answer.latency);
             if answer.in_time {
                 self.ok_in_time += 1;
@@ -109,6 +131,11 @@ impl Recorder {
         let secs = elapsed.as_secs_f64().max(1e-9);
         let answered = self.all.len();
         let offered_rps = schedule_span.filter(|s| !s.is_zero()).map(|s| sent as f64 / s.as_secs_f64());
+        let retries = info.retry.is_some().then(|| Retries {
+            attempts: self.attempts,
+            ok_by_attempt: self.ok_by_attempt,
+            hint: self.hints.summary(),
+        });
         Report {
             info,
             sent,
@@ -127,7 +154,32 @@ impl Recorder {
             lateness: (!self.lateness.is_empty()).then(|| self.lateness.summary()),
             tei_queue: (!self.tei_queue.is_empty()).then(|| self.tei_queue.summary()),
             tei_inference: (!self.tei_inference.is_empty()).then(|| self.tei_inference.summary()),
+            retries,
         }
+    }
+}
+
+/// What a run with a retry policy did besides answering: how many attempts the calls took, and
+/// the hints the refusals carried.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Retries {
+    /// Attempts made by the answered calls, first attempts included.
+    pub attempts: u64,
+    /// OK answers by the attempt that got them: `[0]` at the first attempt, `[1]` the second, …
+    pub ok_by_attempt: Vec<u64>,
+    /// The retry hints (ms) of the refusals; `count` is how many refusals carried one.
+    pub hint: Summary,
+}
+
+impl Retries {
+    /// OK answers that needed no retry.
+    pub fn ok_first(&self) -> u64 {
+        self.ok_by_attempt.first().copied().unwrap_or(0)
+    }
+
+    /// OK answers that came from a retry.
+    pub fn ok_retried(&self) -> u64 {
+        self.ok_by_attempt.iter().skip(1).sum()
     }
 }
 
@@ -162,6 +214,9 @@ pub struct Report {
     pub tei_queue: Option<Summary>,
     /// TEI's inference (device) time, from the answers' Metadata.
     pub tei_inference: Option<Summary>,
+    /// With a retry policy: attempts, OK answers by attempt, and the hints received.
+    #[serde(default)]
+    pub retries: Option<Retries>,
 }
 
 impl Report {
@@ -187,6 +242,8 @@ mod tests {
             code,
             in_time,
             server: vec![ServerTiming { queue: Duration::from_millis(1), inference: Duration::from_millis(2) }],
+            attempts: 1,
+            hints: vec![],
         }
     }
 
@@ -222,10 +279,41 @@ mod tests {
     fn closed_loop_has_no_lateness_and_no_server_split_without_metadata() {
         let mut r = Recorder::default();
         let latency = Duration::from_millis(1);
-        r.record(&Answer { latency, response: latency, lateness: None, code: "OK", in_time: true, server: vec![] });
+        r.record(&Answer {
+            latency,
+            response: latency,
+            lateness: None,
+            code: "OK",
+            in_time: true,
+            server: vec![],
+            attempts: 1,
+            hints: vec![],
+        });
         let report = r.finish(RunInfo::default(), 1, Duration::from_secs(1), None);
         assert!(report.lateness.is_none());
         assert!(report.tei_queue.is_none());
         assert!(report.offered_rps.is_none());
+        assert!(report.retries.is_none(), "no policy, no retry figures");
+    }
+
+    #[test]
+    fn retried_calls_are_counted_by_the_attempt_that_succeeded() {
+        let mut r = Recorder::default();
+        let ms = Duration::from_millis;
+        let call = |code, attempts, hints: Vec<u64>| Answer {
+            hints: hints.into_iter().map(ms).collect(),
+            attempts,
+            ..answer(5, code, true)
+        };
+        r.record(&call("OK", 1, vec![]));
+        r.record(&call("OK", 3, vec![40, 60]));
+        r.record(&call("RESOURCE_EXHAUSTED", 5, vec![10, 20, 30, 40, 50]));
+        let info = RunInfo { retry: Some("pushback".into()), ..RunInfo::default() };
+        let retries = r.finish(info, 3, Duration::from_secs(1), None).retries.unwrap();
+        assert_eq!(retries.attempts, 9);
+        assert_eq!(retries.ok_by_attempt, vec![1, 0, 1]);
+        assert_eq!((retries.ok_first(), retries.ok_retried()), (1, 1));
+        assert_eq!(retries.hint.count, 7);
+        assert!((retries.hint.max_ms - 60.0).abs() < 0.1);
     }
 }

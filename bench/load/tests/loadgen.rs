@@ -106,3 +106,37 @@ async fn info_calls_and_query_mixes() {
     assert_eq!(report.ok, 50, "{:?}", report.codes);
     assert!(report.info.inputs.starts_with("Zipf"), "{}", report.info.inputs);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_calls_are_retried_up_to_the_policy_within_the_deadline() {
+    use teifleet_load::retry::{RetryMode, RetryPolicy};
+    let sim = sim(|c| c.max_concurrent_requests = 1).await;
+    sim.set_fault(Fault::Stall);
+    let target = format!("http://{}", sim.addr());
+    // One call takes TEI's only slot and stalls; the others are refused at once, without a hint
+    // (TEI sends none), so both modes back off with jitter, 5 attempts at most.
+    let policy = RetryPolicy {
+        initial_backoff: Duration::from_millis(2),
+        max_backoff: Duration::from_millis(10),
+        ..RetryPolicy::new(RetryMode::Pushback, 5)
+    };
+    let config = LoadConfig {
+        deadline: Some(Duration::from_secs(2)),
+        tenant: Some("search".into()),
+        retry: Some(policy),
+        ..LoadConfig::closed(target.clone(), 4, 4)
+    };
+    let report = teifleet_load::run(&config).await.unwrap();
+    assert_eq!(report.count("RESOURCE_EXHAUSTED"), 3, "{:?}", report.codes);
+    let retries = report.retries.as_ref().expect("a retrying run reports its attempts");
+    // Three refused calls made 5 attempts each; the stalled one made 1.
+    assert_eq!(retries.attempts, 16, "{retries:?}");
+    assert_eq!(retries.hint.count, 0);
+    assert_eq!(report.info.tenant.as_deref(), Some("search"));
+    assert!(report.info.retry.as_deref().unwrap().starts_with("pushback retry, 5 attempts"));
+    sim.set_fault(Fault::None);
+
+    // A bad tenant name is a usage error.
+    let config = LoadConfig { tenant: Some("two words".into()), ..LoadConfig::closed(target, 1, 1) };
+    assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::InvalidArgument(_))));
+}

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use clap::{Parser, ValueEnum};
 use teifleet_load::arrivals::Arrivals;
 use teifleet_load::inputs::{Inputs, QueryMix, Tokens};
+use teifleet_load::retry::{RetryMode, RetryPolicy};
 use teifleet_load::{Call, LoadConfig, Mode, render};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -34,6 +35,16 @@ enum Rpc {
     Embed,
     /// tei.v1.Info/Info: no input, no device time.
     Info,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Retry {
+    /// gRPC's retry policy: wait exactly the grpc-retry-pushback-ms a refusal carries (a
+    /// negative one stops retrying), otherwise exponential backoff with full jitter; at most 5
+    /// attempts, as gRPC caps them.
+    Pushback,
+    /// Exponential backoff with full jitter, ignoring the server's hint.
+    Jitter,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -95,6 +106,24 @@ struct Args {
     /// x-teifleet-priority header of each request.
     #[arg(long, value_enum)]
     priority: Option<Priority>,
+    /// x-teifleet-tenant header of each request: the tenant whose fair share it is counted in.
+    #[arg(long, value_name = "NAME")]
+    tenant: Option<String>,
+    /// Retry refused calls (RESOURCE_EXHAUSTED, UNAVAILABLE) within the call's deadline.
+    #[arg(long, value_enum)]
+    retry: Option<Retry>,
+    /// With --retry: attempts per call, the first included.
+    #[arg(long, default_value_t = 5, value_name = "N", requires = "retry")]
+    max_attempts: u32,
+    /// With --retry: the first backoff's bound (a wait is drawn from 0 up to it).
+    #[arg(long, default_value = "100ms", value_parser = teifleet_wire::duration::parse, value_name = "DUR", requires = "retry")]
+    initial_backoff: Duration,
+    /// With --retry: the largest backoff bound.
+    #[arg(long, default_value = "2s", value_parser = teifleet_wire::duration::parse, value_name = "DUR", requires = "retry")]
+    max_backoff: Duration,
+    /// With --retry: how much the backoff bound grows per retry.
+    #[arg(long, default_value_t = 2.0, value_name = "F", requires = "retry")]
+    backoff_multiplier: f64,
     /// Stream mode: each request is one EmbedStream call carrying N messages.
     #[arg(long, value_name = "N", conflicts_with = "rpc")]
     stream_batch: Option<usize>,
@@ -142,6 +171,16 @@ fn config(args: &Args) -> LoadConfig {
         (None, Some(mix)) => Inputs::Words(mix.clone()),
         (None, None) => Inputs::Words(Tokens::Fixed(args.tokens)),
     };
+    let retry = args.retry.map(|mode| RetryPolicy {
+        mode: match mode {
+            Retry::Pushback => RetryMode::Pushback,
+            Retry::Jitter => RetryMode::Jitter,
+        },
+        max_attempts: args.max_attempts,
+        initial_backoff: args.initial_backoff,
+        max_backoff: args.max_backoff,
+        multiplier: args.backoff_multiplier,
+    });
     LoadConfig {
         target: args.target.clone(),
         mode,
@@ -152,6 +191,8 @@ fn config(args: &Args) -> LoadConfig {
         inputs,
         deadline: args.deadline,
         priority: priority.map(str::to_owned),
+        tenant: args.tenant.clone(),
+        retry,
         seed: args.seed,
         grace: args.grace,
         progress: !args.quiet,

@@ -1,5 +1,7 @@
 //! One request: a unary Embed, an Info (the cheapest call: no device time), or one EmbedStream
-//! call carrying a batch of messages, with the priority header and the deadline on it.
+//! call carrying a batch of messages, with the priority and tenant headers and the deadline on
+//! it; with a retry policy, the refused attempts are retried as the policy says, within the same
+//! deadline (gRPC's deadline covers every attempt of a call).
 
 use std::time::Duration;
 
@@ -7,6 +9,7 @@ use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_proto::v1::{EmbedRequest, EmbedResponse, InfoRequest, Metadata};
 use teifleet_wire::headers;
+use tokio::time::Instant;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -14,6 +17,7 @@ use tonic::{Code, Status};
 use super::{Call, LoadConfig};
 use crate::inputs::Texts;
 use crate::report::ServerTiming;
+use crate::retry::{Backoff, Hint, RetryPolicy};
 use crate::{Error, Result};
 
 /// The client-side deadline fires this long after the gRPC deadline, so a server that answers
@@ -28,23 +32,64 @@ const MAX_ANSWER_BYTES: usize = 64 * 1024 * 1024;
 pub struct CallSpec {
     texts: Texts,
     priority: Option<AsciiMetadataValue>,
+    tenant: Option<AsciiMetadataValue>,
     pub(crate) deadline: Option<Duration>,
     call: Call,
+    retry: Option<RetryPolicy>,
+}
+
+/// What one call came to, over all its attempts.
+#[derive(Debug)]
+pub struct Sent {
+    /// The last attempt's code (or `DEADLINE_EXCEEDED` when the deadline ran out meanwhile).
+    pub code: Code,
+    pub server: Vec<ServerTiming>,
+    /// Attempts made, the first included.
+    pub attempts: u32,
+    /// The retry hints (`grpc-retry-pushback-ms` ≥ 0) the refusals carried.
+    pub hints: Vec<Duration>,
+}
+
+/// One attempt's answer.
+struct Attempt {
+    code: Code,
+    server: Vec<ServerTiming>,
+    hint: Hint,
+    /// The server had started answering (response headers came): gRPC never retries such a
+    /// call, since the client may already have acted on part of it.
+    committed: bool,
+}
+
+impl Attempt {
+    fn ok(server: Vec<ServerTiming>) -> Self {
+        Self { code: Code::Ok, server, hint: Hint::Absent, committed: true }
+    }
+
+    fn failed(status: &Status, server: Vec<ServerTiming>) -> Self {
+        let hint = Hint::parse(status.metadata().get(headers::RETRY_PUSHBACK_MS).and_then(|v| v.to_str().ok()));
+        Self { code: status.code(), server, hint, committed: false }
+    }
+
+    fn committed(self) -> Self {
+        Self { committed: true, ..self }
+    }
 }
 
 impl CallSpec {
     pub fn new(config: &LoadConfig) -> Result<Self> {
-        let priority = match &config.priority {
-            Some(p) => Some(
-                MetadataValue::try_from(p.as_str()).map_err(|e| Error::InvalidArgument(format!("--priority: {e}")))?,
-            ),
-            None => None,
+        let header = |flag: &str, value: &Option<String>| match value {
+            Some(v) => MetadataValue::try_from(v.as_str())
+                .map(Some)
+                .map_err(|e| Error::InvalidArgument(format!("{flag}: {e}"))),
+            None => Ok(None),
         };
         Ok(Self {
             texts: Texts::new(&config.inputs, config.seed)?,
-            priority,
+            priority: header("--priority", &config.priority)?,
+            tenant: header("--tenant", &config.tenant)?,
             deadline: config.deadline,
             call: config.call,
+            retry: config.retry,
         })
     }
 
@@ -52,55 +97,92 @@ impl CallSpec {
         EmbedRequest { inputs: self.texts.get(index).to_owned(), truncate: true, ..Default::default() }
     }
 
-    fn request<T>(&self, message: T) -> tonic::Request<T> {
+    /// A request carrying the run's headers and `timeout` (what is left of the call's deadline).
+    fn request<T>(&self, message: T, timeout: Option<Duration>) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         if let Some(p) = &self.priority {
             request.metadata_mut().insert(headers::PRIORITY, p.clone());
         }
-        if let Some(d) = self.deadline {
+        if let Some(t) = &self.tenant {
+            request.metadata_mut().insert(headers::TENANT, t.clone());
+        }
+        if let Some(d) = timeout {
             request.set_timeout(d);
         }
         request
     }
 
     /// Sends request `index` on `channel` and waits for its answer (or the deadline, enforced
-    /// here too as real gRPC clients do).
-    pub async fn send(&self, channel: &Channel, index: u64) -> (Code, Vec<ServerTiming>) {
-        let call = async {
-            match self.call {
-                Call::Embed => self.unary(channel, index).await,
-                Call::EmbedStream { batch } => self.stream(channel, index, batch).await,
-                Call::Info => self.info(channel).await,
-            }
-        };
+    /// here too as real gRPC clients do), retrying refusals as the run's policy says.
+    pub async fn send(&self, channel: &Channel, index: u64) -> Sent {
+        let mut sent = Sent { code: Code::Unknown, server: vec![], attempts: 0, hints: vec![] };
+        let started = Instant::now();
+        let call = self.attempts(channel, index, started, &mut sent);
         match self.deadline {
             None => call.await,
-            Some(d) => tokio::time::timeout(d + CLIENT_SLACK, call).await.unwrap_or((Code::DeadlineExceeded, vec![])),
+            // The deadline covers the attempts and the waits between them: a wait it cuts short
+            // ends the call with DEADLINE_EXCEEDED, as in gRPC.
+            Some(d) => {
+                if tokio::time::timeout(d + CLIENT_SLACK, call).await.is_err() {
+                    sent.code = Code::DeadlineExceeded;
+                }
+            }
+        }
+        sent
+    }
+
+    async fn attempts(&self, channel: &Channel, index: u64, started: Instant, sent: &mut Sent) {
+        let mut backoff = self.retry.map(Backoff::new);
+        loop {
+            let left = self.deadline.map(|d| d.saturating_sub(started.elapsed()));
+            if left.is_some_and(|left| left.is_zero()) {
+                sent.code = Code::DeadlineExceeded;
+                return;
+            }
+            sent.attempts += 1;
+            let attempt = match self.call {
+                Call::Embed => self.unary(channel, index, left).await,
+                Call::EmbedStream { batch } => self.stream(channel, index, batch, left).await,
+                Call::Info => self.info(channel, left).await,
+            };
+            sent.code = attempt.code;
+            sent.server.extend(attempt.server);
+            if attempt.code == Code::Ok || attempt.committed {
+                return;
+            }
+            if let Hint::RetryAfter(hint) = attempt.hint {
+                sent.hints.push(hint);
+            }
+            let draw = rand::random_range(0.0..1.0);
+            match backoff.as_mut().and_then(|b| b.after_failure(attempt.code, attempt.hint, draw)) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => return,
+            }
         }
     }
 
-    async fn info(&self, channel: &Channel) -> (Code, Vec<ServerTiming>) {
+    async fn info(&self, channel: &Channel, timeout: Option<Duration>) -> Attempt {
         let mut client = InfoClient::new(channel.clone());
-        match client.info(self.request(InfoRequest {})).await {
-            Ok(_) => (Code::Ok, vec![]),
-            Err(status) => (status.code(), vec![]),
+        match client.info(self.request(InfoRequest {}, timeout)).await {
+            Ok(_) => Attempt::ok(vec![]),
+            Err(status) => Attempt::failed(&status, vec![]),
         }
     }
 
-    async fn unary(&self, channel: &Channel, index: u64) -> (Code, Vec<ServerTiming>) {
+    async fn unary(&self, channel: &Channel, index: u64, timeout: Option<Duration>) -> Attempt {
         let mut client = EmbedClient::new(channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES);
-        match client.embed(self.request(self.embed_request(index))).await {
-            Ok(response) => (Code::Ok, timing(&response.into_inner()).into_iter().collect()),
-            Err(status) => (status.code(), vec![]),
+        match client.embed(self.request(self.embed_request(index), timeout)).await {
+            Ok(response) => Attempt::ok(timing(&response.into_inner()).into_iter().collect()),
+            Err(status) => Attempt::failed(&status, vec![]),
         }
     }
 
-    async fn stream(&self, channel: &Channel, index: u64, n: usize) -> (Code, Vec<ServerTiming>) {
+    async fn stream(&self, channel: &Channel, index: u64, n: usize, timeout: Option<Duration>) -> Attempt {
         let mut client = EmbedClient::new(channel.clone()).max_decoding_message_size(MAX_ANSWER_BYTES);
         let messages: Vec<EmbedRequest> = (0..n as u64).map(|k| self.embed_request(index + k)).collect();
-        let mut answers = match client.embed_stream(self.request(tokio_stream::iter(messages))).await {
+        let mut answers = match client.embed_stream(self.request(tokio_stream::iter(messages), timeout)).await {
             Ok(response) => response.into_inner(),
-            Err(status) => return (status.code(), vec![]),
+            Err(status) => return Attempt::failed(&status, vec![]),
         };
         let mut timings = Vec::with_capacity(n);
         let mut received = 0;
@@ -111,10 +193,14 @@ impl CallSpec {
                     timings.extend(timing(&answer));
                 }
                 Ok(None) => break,
-                Err(status) => return (status.code(), timings),
+                Err(status) => return Attempt::failed(&status, timings).committed(),
             }
         }
-        if received == n { (Code::Ok, timings) } else { (stream_short(received, n).code(), timings) }
+        if received == n {
+            Attempt::ok(timings)
+        } else {
+            Attempt::failed(&stream_short(received, n), timings).committed()
+        }
     }
 }
 

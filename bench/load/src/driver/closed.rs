@@ -44,12 +44,20 @@ pub(super) async fn run(
                     all_sent.store(micros.max(1), Ordering::Relaxed);
                 }
                 sink.sent.fetch_add(1, Ordering::Relaxed);
-                let (code, server) = spec.send(&channel, index).await;
+                let call = spec.send(&channel, index).await;
                 let done = Instant::now();
                 let latency = done - sent;
                 let in_time = spec.deadline.is_none_or(|d| latency <= d);
-                let answer =
-                    Answer { latency, response: latency, lateness: None, code: codes::name(code), in_time, server };
+                let answer = Answer {
+                    latency,
+                    response: latency,
+                    lateness: None,
+                    code: codes::name(call.code),
+                    in_time,
+                    server: call.server,
+                    attempts: call.attempts,
+                    hints: call.hints,
+                };
                 sink.record(&answer, done);
             }
         });

@@ -18,6 +18,7 @@ use crate::arrivals::Arrivals;
 use crate::inputs::{Inputs, Tokens};
 use crate::progress::Progress;
 use crate::report::{Answer, Recorder, Report, RunInfo};
+use crate::retry::RetryPolicy;
 use crate::{Error, Result};
 
 /// How requests are issued.
@@ -63,6 +64,10 @@ pub struct LoadConfig {
     pub inputs: Inputs,
     pub deadline: Option<Duration>,
     pub priority: Option<String>,
+    /// `x-teifleet-tenant` of every request: whose share of the queue it is counted in.
+    pub tenant: Option<String>,
+    /// Retries of refused calls; without it, a refusal is the call's answer.
+    pub retry: Option<RetryPolicy>,
     /// Seeds the Poisson schedule and the draws of a query mix.
     pub seed: u64,
     /// How long to wait for answers after the last send; still-open requests are then cancelled
@@ -84,6 +89,8 @@ impl LoadConfig {
             inputs: Inputs::Words(Tokens::Fixed(16)),
             deadline: None,
             priority: None,
+            tenant: None,
+            retry: None,
             seed: 1,
             grace: Duration::from_secs(30),
             progress: false,
@@ -123,6 +130,14 @@ impl LoadConfig {
         {
             return bad(format!("--priority must be critical, standard or sheddable, not {p:?}"));
         }
+        if let Some(t) = &self.tenant
+            && (t.is_empty() || !t.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return bad(format!("--tenant must be a non-empty name of visible ASCII characters, not {t:?}"));
+        }
+        if let Some(retry) = &self.retry {
+            retry.validate()?;
+        }
         Ok(())
     }
 
@@ -145,6 +160,8 @@ impl LoadConfig {
             },
             deadline_ms: self.deadline.map(|d| d.as_secs_f64() * 1e3),
             priority: self.priority.clone(),
+            tenant: self.tenant.clone(),
+            retry: self.retry.map(|r| r.to_string()),
         }
     }
 }

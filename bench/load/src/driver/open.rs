@@ -48,7 +48,7 @@ pub(super) async fn run(
                     // Taken inside the task, so spawn delays count as lateness too.
                     let sent = Instant::now();
                     sink.sent.fetch_add(1, Ordering::Relaxed);
-                    let (code, server) = spec.send(&channel, index).await;
+                    let call = spec.send(&channel, index).await;
                     let done = Instant::now();
                     let latency = done - due;
                     let in_time = spec.deadline.is_none_or(|d| latency <= d);
@@ -56,9 +56,11 @@ pub(super) async fn run(
                         latency,
                         response: done - sent,
                         lateness: Some(sent.saturating_duration_since(due)),
-                        code: codes::name(code),
+                        code: codes::name(call.code),
                         in_time,
-                        server,
+                        server: call.server,
+                        attempts: call.attempts,
+                        hints: call.hints,
                     };
                     sink.record(&answer, done);
                 },
