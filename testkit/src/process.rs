@@ -37,11 +37,13 @@ impl ChildGuard {
         Ok(Self { name, child, log: None, on_drop: OnDrop::Kill })
     }
 
-    /// Starts `command` with no input and its output and errors appended to `log`.
+    /// Starts `command` with no input and its output and errors in `log`, started afresh: what an
+    /// earlier run (or an earlier process of the same name) left there would otherwise be read as
+    /// this process's output.
     pub fn spawn_logged(name: impl Into<String>, mut command: Command, log: impl Into<PathBuf>) -> Result<Self> {
         let log = log.into();
         let file_error = |source| Error::File { path: log.clone(), source };
-        let out = OpenOptions::new().create(true).append(true).open(&log).map_err(file_error)?;
+        let out = OpenOptions::new().create(true).write(true).truncate(true).open(&log).map_err(file_error)?;
         let err = out.try_clone().map_err(file_error)?;
         command.stdin(Stdio::null()).stdout(out).stderr(err);
         let mut guard = Self::spawn(name, command)?;
