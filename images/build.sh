@@ -22,6 +22,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=images/lib.sh
+. "$ROOT/images/lib.sh"
 BIN_DIR="$ROOT/target/release"
 OUT="$ROOT/target/images"
 while (($#)); do
@@ -249,17 +251,8 @@ layer "$BASE" "$WORK/base.tar"
 
 # --- Layer 2 and the image ------------------------------------------------------------------------
 
-"$CRANE" registry serve --address 127.0.0.1:0 2>"$WORK/registry.log" &
-REGISTRY_PID=$!
-port=""
-for _ in $(seq 100); do
-  port="$(sed -n 's/.*serving on port \([0-9][0-9]*\).*/\1/p' "$WORK/registry.log")"
-  [[ -n "$port" ]] && break
-  kill -0 "$REGISTRY_PID" 2>/dev/null || break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { cat "$WORK/registry.log" >&2; die "crane's scratch registry did not start"; }
-SCRATCH="127.0.0.1:$port/scratch"
+start_local_registry "$CRANE" "$WORK/registry.log" || die "crane's scratch registry did not start"
+SCRATCH="127.0.0.1:$REGISTRY_PORT/scratch"
 mkdir -p "$WORK/out"
 
 : >"$WORK/images.txt"

@@ -13,6 +13,8 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=images/lib.sh
+. "$ROOT/images/lib.sh"
 BIN_DIR="$ROOT/target/release"
 while (($#)); do
   case "$1" in
@@ -154,15 +156,9 @@ log "tei-sim: gRPC health SERVING on :$grpc_port and /metrics on :$metrics_port,
 
 # --- Push the images and the chart, as the release workflow does --------------------------------
 
-"$CRANE" registry serve --address 127.0.0.1:0 2>"$OUT/registry.log" &
-PIDS+=($!)
-port=""
-for _ in $(seq 100); do
-  port="$(sed -n 's/.*serving on port \([0-9][0-9]*\).*/\1/p' "$OUT/registry.log")"
-  [[ -n "$port" ]] && break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { cat "$OUT/registry.log" >&2; die "crane's local registry did not start"; }
+start_local_registry "$CRANE" "$OUT/registry.log" || die "crane's local registry did not start"
+PIDS+=("$REGISTRY_PID")
+port="$REGISTRY_PORT"
 REGISTRY="127.0.0.1:$port/teifleet" "$ROOT/images/push.sh" --out "$OUT/a" >"$OUT/pushed.txt" 2>"$OUT/push.log" ||
   { cat "$OUT/push.log" >&2; die "pushing to a local registry failed"; }
 [[ "$(wc -l <"$OUT/pushed.txt")" == 3 ]] || die "push did not report three images"

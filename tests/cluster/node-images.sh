@@ -12,6 +12,8 @@ set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
+# shellcheck source=images/lib.sh
+. "$REPO/images/lib.sh"
 CACHE="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}"
 
 log() { echo "[node-images] $*" >&2; }
@@ -41,16 +43,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$CRANE" registry serve --address 127.0.0.1:0 2>"$WORK/registry.log" &
-REGISTRY_PID=$!
-port=""
-for _ in $(seq 100); do
-  port="$(sed -n 's/.*serving on port \([0-9][0-9]*\).*/\1/p' "$WORK/registry.log")"
-  [[ -n "$port" ]] && break
-  kill -0 "$REGISTRY_PID" 2>/dev/null || break
-  sleep 0.1
-done
-[[ -n "$port" ]] || { cat "$WORK/registry.log" >&2; die "crane's scratch registry did not start"; }
+start_local_registry "$CRANE" "$WORK/registry.log" || die "crane's scratch registry did not start"
+port="$REGISTRY_PORT"
 
 mkdir -p "$WORK/out"
 for image in "${IMAGES[@]}"; do
