@@ -83,6 +83,8 @@ cluster-down: ## Stop the local control plane
 .PHONY: test-cluster
 test-cluster: ## End-to-end tests on a fresh local control plane with its real node (TEIFLEET_REAL_NODE=0: without)
 	cargo build --locked -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-fake-gpu-plugin -p teifleet-e2e --bins --tests
+	@# The real-pod tests run the images; when `make images` has not built them, build them from the debug binaries.
+	[[ -f target/images/images.txt ]] || REGISTRY=ghcr.io/teifleet images/build.sh --bin-dir target/debug --out target/images
 	tests/cluster/down.sh
 	trap 'tests/cluster/down.sh' EXIT; \
 	export TEIFLEET_REAL_NODE=$(if $(TEIFLEET_REAL_NODE),$(TEIFLEET_REAL_NODE),1); \
@@ -118,8 +120,14 @@ demo: ## The whole story on a local control plane: chart, operator, pool, sideca
 	tests/demo.sh
 
 .PHONY: demo-down
-demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running
-	-pkill -f 'target/debug/(teifleet-operator|teifleet-multiplexer|tei-sim)' || true
+demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the processes it recorded, and its cluster)
+	@# Only PIDs the demo recorded, and only while they still run the program it started.
+	@if [ -f target/demo-logs/pids ]; then \
+	  while read -r pid program; do \
+	    if [ "$$(tr '\0' '\n' < /proc/$$pid/cmdline 2>/dev/null | head -n 1)" = "$$program" ]; then kill "$$pid"; fi; \
+	  done < target/demo-logs/pids; \
+	  rm -f target/demo-logs/pids; \
+	fi
 	tests/cluster/down.sh
 
 .PHONY: bench

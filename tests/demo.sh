@@ -4,7 +4,8 @@
 # sample EmbeddingPool, its multiplexer sidecar in front of the TEI simulator, stock gRPC calls, a
 # burst that overflows the budget, a live budget raise, and a GPU shortage.
 #
-# Cleans up when done; DEMO_KEEP=1 leaves everything running (then `make demo-down`).
+# Cleans up when done; DEMO_KEEP=1 leaves everything running (then `make demo-down`, which stops
+# only the processes this script recorded). Logs stay in target/demo-logs/ after the run.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -15,14 +16,19 @@ export KUBECONFIG="$TEIFLEET_CLUSTER_DIR/kubeconfig"
 export PATH="$TEIFLEET_CACHE/current:$PATH"
 NS=teifleet-demo
 POOL=bge-small
-RUN="$TEIFLEET_CLUSTER_DIR/demo"
+# Outside the cluster directory, which cluster-down removes: the logs outlive the run.
+RUN="$REPO/target/demo-logs"
+PIDS_FILE="$RUN/pids"
 SIM_PORT=18081 SIM_ADMIN=19001 MUX_PORT=50051 MUX_ADMIN=19090 OPERATOR_ADMIN=18080
 BIN="$REPO/target/debug"
 
 heading() { printf '\n\033[1;36m== %s\033[0m\n' "$1"; [[ $# -gt 1 ]] && printf '\033[2m   look at: %s\033[0m\n' "$2"; return 0; }
 pids=()
 cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  if [[ "${DEMO_KEEP:-}" != 1 ]]; then
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    rm -f "$PIDS_FILE"
+  fi
   if [[ "${DEMO_KEEP:-}" != 1 ]]; then
     tests/cluster/down.sh >/dev/null 2>&1 || true
     echo "(cleaned up; DEMO_KEEP=1 keeps the cluster and processes)"
@@ -34,6 +40,15 @@ start() { # name command...
   local name="$1"; shift
   "$@" >"$RUN/$name.log" 2>&1 &
   pids+=($!)
+  # `make demo-down` stops exactly these, and only while they still run the same program.
+  echo "$! $1" >>"$PIDS_FILE"
+}
+
+require_free_port() { # port what
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "port $1 ($2) is already in use on 127.0.0.1; stop what listens there (ss -ltnp 'sport = :$1') or run make demo-down" >&2
+    exit 1
+  fi
 }
 
 wait_http() { # port path seconds
@@ -57,15 +72,23 @@ sidecar_limit() { curl -s "http://127.0.0.1:$MUX_ADMIN/metrics" | awk -v s="teif
 
 heading "1/9  A real control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok" \
   "four fake nodes; the L4 and H100 nodes advertise nvidia.com/gpu and the GFD product label"
+mkdir -p "$RUN"
+: >"$PIDS_FILE"
+for port in "$SIM_PORT:the TEI simulator" "$SIM_ADMIN:the simulator's admin port" "$MUX_PORT:the sidecar" \
+  "$MUX_ADMIN:the sidecar's admin port" "$OPERATOR_ADMIN:the operator's admin port"; do
+  require_free_port "${port%%:*}" "${port#*:}"
+done
+echo "   (the first run on a machine builds Kubernetes, kwok, helm and grpcurl from source: about 10 minutes,"
+echo "    progress below; later runs start in seconds)"
 tests/cluster/prereqs.sh
 tests/cluster/down.sh >/dev/null 2>&1 || true
-tests/cluster/up.sh 2>&1 | grep -v '^\[install-binaries\]' || true
+tests/cluster/up.sh
 if [[ ! -x "$TEIFLEET_CACHE/bin/grpcurl-v1.9.4/grpcurl" ]]; then
   GOBIN="$TEIFLEET_CACHE/bin/grpcurl-v1.9.4" CGO_ENABLED=0 go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
 fi
 GRPCURL="$TEIFLEET_CACHE/bin/grpcurl-v1.9.4/grpcurl"
-cargo build --quiet -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-bench --bins
-mkdir -p "$RUN"
+echo "   building the operator, the multiplexer, the simulator and the load generator (cargo)"
+cargo build -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-load --bins
 
 heading "2/9  helm install teifleet" "the CRD, the operator Deployment and its least-privilege RBAC"
 helm install teifleet charts/teifleet -n teifleet-system --create-namespace --wait --timeout 90s
