@@ -254,6 +254,25 @@ pub async fn start_mux(bins: &Bins, name: &str, upstream: &Proc, limits: &MuxLim
     Ok(proc)
 }
 
+/// The multiplexer with flags beyond [`MuxLimits`] appended as given (`--adaptive`,
+/// `--tenant=a=1`): the admission v2 scenarios' options, kept out of the limits every other
+/// scenario spells out.
+pub async fn start_mux_with(
+    bins: &Bins,
+    name: &str,
+    upstream: &Proc,
+    limits: &MuxLimits,
+    extra: &[String],
+) -> Result<Proc> {
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let mut args = mux_args(grpc, admin, upstream, limits);
+    args.extend(extra.iter().cloned());
+    let launch = Launch { name, program: bins.path("teifleet-multiplexer"), args, env: vec![] };
+    let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
+    proc.ready_at("/readyz", Duration::from_secs(15)).await?;
+    Ok(proc)
+}
+
 /// The multiplexer run by `valgrind --tool=callgrind`, which writes its instruction counts to
 /// `out` when the process exits. Startup under valgrind takes seconds.
 pub async fn start_mux_callgrind(

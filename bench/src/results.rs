@@ -11,6 +11,7 @@ use crate::scenarios::{
     Scenario, burst::Burst, coalescing::Coalescing, cost::Cost, live_limits::LiveLimits, overhead::Overhead,
     overload::Overload, shed_storm::ShedStorm, slo::Slo, streams::Streams,
 };
+use crate::scenarios::{adaptive::AdaptiveLimit, fairness::Fairness, pushback::Pushback};
 use crate::targets::Target;
 use crate::{Error, Result};
 
@@ -27,6 +28,9 @@ pub enum Outcome {
     ShedStorm(Box<ShedStorm>),
     Streams(Box<Streams>),
     Coalescing(Box<Coalescing>),
+    AdaptiveLimit(Box<AdaptiveLimit>),
+    Fairness(Box<Fairness>),
+    Pushback(Box<Pushback>),
 }
 
 impl Outcome {
@@ -41,6 +45,9 @@ impl Outcome {
             Self::ShedStorm(r) => r.targets(),
             Self::Streams(r) => r.targets(),
             Self::Coalescing(r) => r.targets(),
+            Self::AdaptiveLimit(r) => r.targets(),
+            Self::Fairness(r) => r.targets(),
+            Self::Pushback(r) => r.targets(),
         }
     }
 }

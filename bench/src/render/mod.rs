@@ -2,6 +2,7 @@
 //! what would fix each failure, one section per scenario with its tables) and the SVG plots.
 //! Scenarios only measure; everything here is a pure function of [`Results`], except writing.
 
+mod admission;
 pub mod plots;
 mod sections;
 

@@ -72,6 +72,7 @@ pub fn for_section(section: &Section, dir: &Path, stem: &str) -> Result<Vec<Stri
             };
             draw("overload-goodput", goodput, series(&|x| x.goodput_rps / r.capacity.rps))?;
         }
+        Some(Outcome::AdaptiveLimit(r)) => super::admission::plots(r, dir, stem, &mut files)?,
         _ => {}
     }
     Ok(files)

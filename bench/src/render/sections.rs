@@ -28,6 +28,9 @@ pub fn body(section: &Section) -> String {
         (Some(Outcome::ShedStorm(r)), _) => shed_storm(r),
         (Some(Outcome::Streams(r)), _) => streams(r),
         (Some(Outcome::Coalescing(r)), _) => coalescing(r),
+        (Some(Outcome::AdaptiveLimit(r)), _) => super::admission::adaptive(r),
+        (Some(Outcome::Fairness(r)), _) => super::admission::fairness(r),
+        (Some(Outcome::Pushback(r)), _) => super::admission::pushback(r),
         (None, Some(error)) => format!("Not measured: {error}."),
         (None, None) => "Not measured.".into(),
     }

@@ -3,12 +3,15 @@
 //! and returns a typed result; targets ([`crate::targets`]) and the renderer ([`crate::render`])
 //! read those results, so no scenario formats anything itself.
 
+pub mod adaptive;
 pub mod burst;
 pub mod coalescing;
 pub mod cost;
+pub mod fairness;
 pub mod live_limits;
 pub mod overhead;
 pub mod overload;
+pub mod pushback;
 pub mod shed_storm;
 pub mod slo;
 pub mod streams;
@@ -64,10 +67,13 @@ pub enum Scenario {
     ShedStorm,
     Streams,
     Coalescing,
+    AdaptiveLimit,
+    Fairness,
+    Pushback,
 }
 
 impl Scenario {
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 12] = [
         Self::Overhead,
         Self::Overload,
         Self::Burst,
@@ -77,6 +83,9 @@ impl Scenario {
         Self::ShedStorm,
         Self::Streams,
         Self::Coalescing,
+        Self::AdaptiveLimit,
+        Self::Fairness,
+        Self::Pushback,
     ];
 
     pub fn number(self) -> usize {
@@ -94,6 +103,9 @@ impl Scenario {
             Self::ShedStorm => "shed-storm",
             Self::Streams => "streams",
             Self::Coalescing => "coalescing",
+            Self::AdaptiveLimit => "adaptive-limit",
+            Self::Fairness => "fairness",
+            Self::Pushback => "pushback",
         }
     }
 
@@ -113,6 +125,9 @@ impl Scenario {
             Self::ShedStorm => "Shed storm: 512 clients resending every refusal at a CPU-bound backend",
             Self::Streams => "Streams: a 20-message EmbedStream, direct vs the multiplexer",
             Self::Coalescing => "Coalescing: a Zipf query mix at 2× capacity, with and without --coalesce",
+            Self::AdaptiveLimit => "Adaptive limit: one --adaptive config vs the best static limit per backend",
+            Self::Fairness => "Fairness: a tenant flooding at 5× capacity beside a light one",
+            Self::Pushback => "Pushback: 300 callers retrying against 2 in flight + 4 queued",
         };
         format!("{}. {title}", self.number())
     }
@@ -135,6 +150,9 @@ impl Scenario {
             Self::ShedStorm => shed_storm::planned_targets(),
             Self::Streams => streams::planned_targets(),
             Self::Coalescing => coalescing::planned_targets(),
+            Self::AdaptiveLimit => adaptive::planned_targets(),
+            Self::Fairness => fairness::planned_targets(),
+            Self::Pushback => pushback::planned_targets(),
         }
     }
 }
@@ -151,6 +169,9 @@ pub async fn run(ctx: &Context, scenario: Scenario) -> Section {
         Scenario::ShedStorm => shed_storm::run(ctx).await.map(|r| Outcome::ShedStorm(Box::new(r))),
         Scenario::Streams => streams::run(ctx).await.map(|r| Outcome::Streams(Box::new(r))),
         Scenario::Coalescing => coalescing::run(ctx).await.map(|r| Outcome::Coalescing(Box::new(r))),
+        Scenario::AdaptiveLimit => adaptive::run(ctx).await.map(|r| Outcome::AdaptiveLimit(Box::new(r))),
+        Scenario::Fairness => fairness::run(ctx).await.map(|r| Outcome::Fairness(Box::new(r))),
+        Scenario::Pushback => pushback::run(ctx).await.map(|r| Outcome::Pushback(Box::new(r))),
     };
     match outcome {
         Ok(outcome) => Section::measured(scenario, outcome),
@@ -295,7 +316,9 @@ mod tests {
     fn scenarios_parse_by_number_or_key_and_label_themselves() {
         assert_eq!(Scenario::parse("7"), Some(Scenario::ShedStorm));
         assert_eq!(Scenario::parse("shed-storm"), Some(Scenario::ShedStorm));
-        assert_eq!(Scenario::parse("10"), None);
+        assert_eq!(Scenario::parse("10"), Some(Scenario::AdaptiveLimit));
+        assert_eq!(Scenario::parse("pushback"), Some(Scenario::Pushback));
+        assert_eq!(Scenario::parse("13"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

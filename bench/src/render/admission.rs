@@ -1,0 +1,461 @@
+//! The sections and plots of the Admission v2 scenarios (10 adaptive limit, 11 fairness, 12
+//! pushback), from their typed results.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use teifleet_load::Report;
+use teifleet_load::render::codes;
+
+use super::plots::{Chart, Series, line_chart};
+use super::sections::{backend, limits};
+use crate::Result;
+use crate::scenarios::adaptive::{self, AdaptiveLimit, BackendResult, CapacityChange, Point};
+use crate::scenarios::fairness::{self, Fairness};
+use crate::scenarios::pushback::{Policy, Pushback};
+use crate::targets::{number, ratio};
+
+fn point_codes(p: &Point) -> String {
+    codes(&Report { codes: p.codes.clone(), ..Report::default() })
+}
+
+fn point_row(out: &mut String, b: &BackendResult, limit: &str, p: &Point) {
+    let best = b.best_static().map_or(f64::NAN, |s| s.point.goodput_rps);
+    let _ = writeln!(
+        out,
+        "| {} | {limit} | {:.0} | {:.3} | {:.3} | {} ms | {} ms | {} ms | {} |",
+        b.name,
+        p.goodput_rps,
+        ratio(p.goodput_rps, b.capacity.rps),
+        ratio(p.goodput_rps, best),
+        number(p.ok_p99_ms),
+        number(p.tei_queue_p99_ms),
+        number(p.batch_p50_ms),
+        point_codes(p)
+    );
+}
+
+pub fn adaptive(r: &AdaptiveLimit) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Three simulated backends, 16-token Embeds, each driven open loop (Poisson) at {}× its measured capacity \
+         with a {} s deadline, the same schedule for every multiplexer run on it: static limits {} and one \
+         `--adaptive` configuration, the same on every backend (ceiling `--max-in-flight {}`), all with the same \
+         queue ({}). Each run starts a fresh multiplexer, warms up at the load ({:.0} s; the adaptive runs {:.0} s, \
+         since their limit starts at a quarter of the ceiling and has to find its level, which the static runs \
+         were given), then measures {:.0} s. The adaptive limit is `teifleet_limit_in_flight` from the \
+         multiplexer's `/metrics`, sampled every {} ms; \"found after\" is when it entered ±{:.0}% of where it \
+         ended, for good.\n",
+        adaptive::LOAD_FACTOR,
+        adaptive::DEADLINE.as_secs(),
+        adaptive::STATIC_LIMITS.map(|l| l.to_string()).join(", "),
+        adaptive::CEILING,
+        limits(&r.limits).replace(&format!("maxInFlight {}, ", r.limits.max_in_flight), ""),
+        r.warm_up_s,
+        r.adaptive_warm_up_s,
+        r.seconds,
+        adaptive::SAMPLE_EVERY.as_millis(),
+        adaptive::SETTLE_BAND * 100.0
+    );
+    let _ = writeln!(
+        out,
+        "| backend | model | capacity | batch p50 | offered/s | best static | adaptive ended near | found after |"
+    );
+    let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for b in &r.backends {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.0} req/s | {} ms | {:.0} | {} | {:.0} | {} |",
+            b.name,
+            backend(&b.model),
+            b.capacity.rps,
+            number(b.capacity.batch_ms),
+            b.rate,
+            b.best_static().map_or("—".into(), |s| s.limit.to_string()),
+            b.final_limit(),
+            b.found_after_s().map_or("not within the run".into(), |t| format!("{t:.1} s"))
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\n| backend | limit | goodput/s | ÷ capacity | ÷ best static | OK p99 | TEI queue p99 | batch p50 | codes |"
+    );
+    let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    for b in &r.backends {
+        for s in &b.statics {
+            point_row(&mut out, b, &s.limit.to_string(), &s.point);
+        }
+        point_row(&mut out, b, &format!("**adaptive** (→ {:.0})", b.final_limit()), &b.adaptive);
+    }
+    match (&r.change, &r.change_missing) {
+        (Some(c), _) => change(&mut out, c),
+        (None, why) => {
+            let _ = writeln!(out, "\n**Capacity change.** Not measured: {}.", why.as_deref().unwrap_or("unknown"));
+        }
+    }
+    out
+}
+
+fn change(out: &mut String, c: &CapacityChange) {
+    let settle = c.settle();
+    let _ = writeln!(
+        out,
+        "\n**Capacity change.** The {} backend ({:.0} req/s) at {:.0} req/s through the adaptive multiplexer, after \
+         a warm-up; {:.0} s in, the simulator's device is made {}× slower (`POST /device/slowdown/{}`: half the \
+         capacity), and the load goes on {:.0} s. The limit was {:.0} just before the change and ended at {:.0} \
+         (median of the last {:.0} s); {}. Over the whole run: goodput {:.0} req/s, TEI queue p99 {} ms ({}).\n",
+        c.name,
+        c.capacity.rps,
+        c.rate,
+        c.before_s,
+        c.slowdown,
+        c.slowdown,
+        c.after_s,
+        c.limit_before(),
+        settle.map_or(f64::NAN, |s| s.final_limit),
+        adaptive::FINAL_WINDOW_S,
+        match settle {
+            Some(s) => format!(
+                "it stayed within ±{:.0}% of that from {:.2} s after the change",
+                adaptive::SETTLE_BAND * 100.0,
+                s.after_s
+            ),
+            None => format!("it was still moving more than ±{:.0}% at the end", adaptive::SETTLE_BAND * 100.0),
+        },
+        c.point.goodput_rps,
+        number(c.point.tei_queue_p99_ms),
+        point_codes(&c.point)
+    );
+    // One value per second keeps the line short; the plot has every sample.
+    let per_second: Vec<String> = c
+        .samples
+        .iter()
+        .filter(|s| s.t_s >= -2.0)
+        .scan(f64::NEG_INFINITY, |last, s| {
+            let keep = s.t_s - *last >= 0.99;
+            if keep {
+                *last = s.t_s;
+            }
+            Some(keep.then(|| format!("{:+.0} s: {:.0}", s.t_s, s.limit)))
+        })
+        .flatten()
+        .collect();
+    let _ = writeln!(out, "Limit around the change, about once a second: {}.", per_second.join(", "));
+}
+
+pub fn fairness(r: &Fairness) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Backend: {}; **measured capacity {:.1} req/s**. Multiplexer: {}, tenants `{}` and `{}` of weight 1, one \
+         priority. Tenant A (`x-teifleet-tenant: {}`) sends {}× capacity over 8 connections while tenant B sends \
+         {}× capacity over 2, open loop (Poisson), {:.0} s, 1 s deadline, as two tasks at once; B alone first, same \
+         schedule. The same two loads direct to TEI for comparison. Latency columns are of all answers.\n",
+        backend(&r.backend),
+        r.capacity.rps,
+        limits(&r.limits),
+        fairness::FLOOD,
+        fairness::LIGHT,
+        fairness::FLOOD,
+        fairness::FLOOD_FACTOR,
+        fairness::LIGHT_FACTOR,
+        r.seconds
+    );
+    let _ = writeln!(out, "| run | tenant | offered/s | sent | OK in time | ÷ sent | goodput/s | p50 | p99 | codes |");
+    let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    let row = |out: &mut String, run: &str, tenant: &str, x: &Report| {
+        let _ = writeln!(
+            out,
+            "| {run} | {tenant} | {:.0} | {} | {} | {:.3} | {:.1} | {} ms | {} ms | {} |",
+            x.offered_rps.unwrap_or(f64::NAN),
+            x.sent,
+            x.ok_in_time,
+            ratio(x.ok_in_time as f64, x.sent as f64),
+            x.goodput_rps,
+            number(x.latency.p50_ms),
+            number(x.latency.p99_ms),
+            codes(x)
+        );
+    };
+    row(&mut out, "multiplexer, B alone", "B", &r.light_alone);
+    row(&mut out, "multiplexer, together", "A", &r.mux.flood);
+    row(&mut out, "multiplexer, together", "B", &r.mux.light);
+    row(&mut out, "direct to TEI, together", "A", &r.direct.flood);
+    row(&mut out, "direct to TEI, together", "B", &r.direct.light);
+    let _ = writeln!(
+        out,
+        "\nTotal goodput through the multiplexer: {:.1} req/s = {:.3} × capacity (direct: {:.3}). B's p99 beside the \
+         flood ÷ alone: {:.2}×.",
+        r.mux.total_goodput_rps(),
+        ratio(r.mux.total_goodput_rps(), r.capacity.rps),
+        ratio(r.direct.total_goodput_rps(), r.capacity.rps),
+        r.light_p99_ratio()
+    );
+    out
+}
+
+pub fn pushback(r: &Pushback) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Backend: {}. Multiplexer: {}. {} callers over 8 connections send one 16-token Embed each, all at once, \
+         with a {:.0} s deadline over all attempts (the time budget). (a) retries as gRPC's retry policy does: a \
+         `grpc-retry-pushback-ms` ≥ 0 is waited exactly (and resets the backoff), a negative one stops, without \
+         one the jittered backoff applies; (b) waits a full-jitter exponential backoff and ignores the hint. Both \
+         retry `RESOURCE_EXHAUSTED` and `UNAVAILABLE`, {}. {} round(s), the order rotating; the targets use the \
+         median over rounds.\n",
+        backend(&r.backend),
+        limits(&r.limits),
+        r.clients,
+        r.budget_ms / 1e3,
+        r.policy.to_string().replace("pushback retry, ", ""),
+        r.rounds.len()
+    );
+    let _ = writeln!(
+        out,
+        "| policy | round | succeeded | at the 1st attempt | after a retry | attempts | hints p50 / p99 | last answer | \
+         codes |"
+    );
+    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    for policy in Policy::ALL {
+        for (round, x) in r.runs(policy).into_iter().enumerate() {
+            let (first, retried, attempts, hints) = match &x.retries {
+                Some(t) => (
+                    t.ok_first(),
+                    t.ok_retried().to_string(),
+                    t.attempts.to_string(),
+                    if t.hint.count > 0 {
+                        format!("{:.0} / {:.0} ms", t.hint.p50_ms, t.hint.p99_ms)
+                    } else {
+                        "—".into()
+                    },
+                ),
+                None => (x.ok, "—".into(), x.sent.to_string(), "—".into()),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {} | {} | {first} | {retried} | {attempts} | {hints} | {:.2} s | {} |",
+                policy.label(),
+                round + 1,
+                x.ok_in_time,
+                x.elapsed_s,
+                codes(x)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nMedian successes: (a) {:.0}, (b) {:.0}, without retrying {:.0}; (a) ÷ (b) = {:.2}. \"last answer\" is \
+         when the run's last call ended: how long the retries kept coming.",
+        r.median_successes(Policy::Pushback),
+        r.median_successes(Policy::Jitter),
+        r.median_successes(Policy::NoRetry),
+        r.gain()
+    );
+    let _ = writeln!(
+        out,
+        "\nOK answers by attempt (first round): (a) {}; (b) {}.",
+        by_attempt(r.runs(Policy::Pushback).first().copied()),
+        by_attempt(r.runs(Policy::Jitter).first().copied())
+    );
+    out
+}
+
+fn by_attempt(report: Option<&Report>) -> String {
+    match report.and_then(|r| r.retries.as_ref()) {
+        Some(t) => t.ok_by_attempt.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
+        None => "—".into(),
+    }
+}
+
+/// The adaptive limit's plots: the limit over time on each backend, goodput against the static
+/// limit, and the limit around the capacity change.
+pub fn plots(r: &AdaptiveLimit, dir: &Path, stem: &str, files: &mut Vec<String>) -> Result<()> {
+    let mut draw = |name: &str, chart: Chart<'_>, series: Vec<Series>| -> Result<()> {
+        let file = format!("{stem}-{name}.svg");
+        line_chart(&dir.join(&file), &chart, &series)?;
+        files.push(file);
+        Ok(())
+    };
+    let over_time = r
+        .backends
+        .iter()
+        .map(|b| Series {
+            name: format!("{} (best static {})", b.name, b.best_static().map_or(0, |s| s.limit)),
+            points: b.limit.iter().map(|s| (s.t_s, s.limit)).collect(),
+        })
+        .collect();
+    let chart = Chart {
+        title: "Adaptive in-flight limit over time (warm-up, then the measured run)",
+        x_label: "seconds from the start of the load",
+        y_label: "teifleet_limit_in_flight",
+        log_y: true,
+        log_x: false,
+    };
+    draw("adaptive-limit", chart, over_time)?;
+    let goodput = r
+        .backends
+        .iter()
+        .map(|b| Series {
+            name: format!("{} (adaptive: {:.3})", b.name, ratio(b.adaptive.goodput_rps, b.capacity.rps)),
+            points: b.statics.iter().map(|s| (s.limit as f64, ratio(s.point.goodput_rps, b.capacity.rps))).collect(),
+        })
+        .collect();
+    let chart = Chart {
+        title: "Goodput vs static in-flight limit (the adaptive run's in the legend)",
+        x_label: "static --max-in-flight",
+        y_label: "goodput / capacity",
+        log_y: false,
+        log_x: true,
+    };
+    draw("adaptive-goodput", chart, goodput)?;
+    if let Some(c) = &r.change {
+        let series = vec![Series {
+            name: format!("{} backend, device {}× slower from t = 0", c.name, c.slowdown),
+            points: c.samples.iter().map(|s| (s.t_s, s.limit)).collect(),
+        }];
+        let chart = Chart {
+            title: "Adaptive limit around a capacity halving",
+            x_label: "seconds from the change",
+            y_label: "teifleet_limit_in_flight",
+            log_y: false,
+            log_x: false,
+        };
+        draw("adaptive-change", chart, series)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use teifleet_load::retry::{RetryMode, RetryPolicy};
+
+    use super::*;
+    use crate::procs::Device;
+    use crate::render::markdown;
+    use crate::results::{Outcome, Results, Section};
+    use crate::scenarios::adaptive::{LimitSample, StaticPoint};
+    use crate::scenarios::fairness::Pair;
+    use crate::scenarios::overload::{Capacity, mux_limits};
+    use crate::scenarios::{Scenario, gpu_model};
+
+    fn point(goodput_rps: f64) -> Point {
+        Point { goodput_rps, tei_queue_p99_ms: 12.0, batch_p50_ms: 6.5, ..Point::default() }
+    }
+
+    fn adaptive_section() -> Section {
+        let (name, model) = adaptive::backends().remove(0);
+        let limit = (0..24).map(|i| LimitSample { t_s: f64::from(i) * 0.25, limit: if i < 2 { 64.0 } else { 9.0 } });
+        let backend = BackendResult {
+            name,
+            model,
+            capacity: Capacity { rps: 630.0, batch_ms: 6.5, concurrency: 16 },
+            rate: 945.0,
+            statics: vec![StaticPoint { limit: 4, point: point(320.0) }, StaticPoint { limit: 8, point: point(620.0) }],
+            adaptive: point(615.0),
+            limit: limit.collect(),
+        };
+        let change = CapacityChange {
+            name: "medium".into(),
+            model: adaptive::backends().remove(1).1,
+            capacity: Capacity { rps: 590.0, batch_ms: 26.6, concurrency: 64 },
+            rate: 885.0,
+            before_s: 3.0,
+            after_s: 8.0,
+            slowdown: 2.0,
+            samples: (-12..32).map(|i| LimitSample { t_s: f64::from(i) * 0.25, limit: 32.0 }).collect(),
+            point: point(380.0),
+        };
+        Section::measured(
+            Scenario::AdaptiveLimit,
+            Outcome::AdaptiveLimit(Box::new(AdaptiveLimit {
+                limits: adaptive::limits(adaptive::CEILING),
+                warm_up_s: 1.0,
+                adaptive_warm_up_s: 8.0,
+                seconds: 2.0,
+                backends: vec![backend],
+                change: Some(change),
+                change_missing: None,
+            })),
+        )
+    }
+
+    fn report(sent: u64, ok_in_time: u64, goodput_rps: f64) -> Report {
+        Report { sent, ok_in_time, ok: ok_in_time, goodput_rps, offered_rps: Some(70.0), ..Report::default() }
+    }
+
+    fn fairness_section() -> Section {
+        Section::measured(
+            Scenario::Fairness,
+            Outcome::Fairness(Box::new(Fairness {
+                backend: gpu_model(512, Device::Sleep),
+                limits: mux_limits(),
+                capacity: Capacity { rps: 325.0, batch_ms: 23.0, concurrency: 64 },
+                seconds: 3.0,
+                light_alone: report(200, 200, 70.0),
+                mux: Pair { flood: report(4900, 800, 258.0), light: report(200, 199, 69.0) },
+                direct: Pair { flood: report(4900, 480, 120.0), light: report(200, 14, 4.0) },
+            })),
+        )
+    }
+
+    fn pushback_section() -> Section {
+        let retried = |ok: u64, by: Vec<u64>| Report {
+            ok_in_time: ok,
+            ok,
+            sent: 300,
+            retries: Some(teifleet_load::report::Retries { attempts: 1400, ok_by_attempt: by, ..Default::default() }),
+            ..Report::default()
+        };
+        Section::measured(
+            Scenario::Pushback,
+            Outcome::Pushback(Box::new(Pushback {
+                backend: gpu_model(512, Device::Sleep),
+                limits: crate::scenarios::pushback::limits(),
+                clients: 300,
+                budget_ms: 3000.0,
+                policy: RetryPolicy::new(RetryMode::Pushback, 5),
+                rounds: vec![[
+                    Report { ok_in_time: 6, ok: 6, sent: 300, ..Report::default() },
+                    retried(38, vec![6, 8, 6, 6, 12]),
+                    retried(66, vec![6, 4, 5, 16, 35]),
+                ]],
+            })),
+        )
+    }
+
+    #[test]
+    fn the_admission_sections_show_their_tables_and_verdicts() {
+        let results = Results {
+            date: "2026-01-02".into(),
+            mode: "quick".into(),
+            sections: vec![adaptive_section(), fairness_section(), pushback_section()],
+            ..Results::default()
+        };
+        let text = markdown(&results, &[vec![], vec![], vec![]]);
+        assert!(text.contains("## 10. Adaptive limit"), "{text}");
+        assert!(text.contains("| fast | **adaptive** (→ 9) | 615 | 0.976 | 0.992 |"), "{text}");
+        assert!(text.contains("| 945 | 8 | 9 | 0.5 s |"), "{text}");
+        assert!(text.contains("The limit was 32 just before the change and ended at 32"), "{text}");
+        assert!(text.contains("| 10 adaptive limit | limit settled after capacity halved | 0 s |"), "{text}");
+        assert!(text.contains("| multiplexer, together | B | 70 | 200 | 199 | 0.995 |"), "{text}");
+        assert!(text.contains("| 11 fairness | B's goodput ÷ what B sends, A flooding | 0.995 × |"), "{text}");
+        assert!(text.contains("| (a) gRPC retry policy, waits the pushback hint | 1 | 38 | 6 | 32 | 1400 |"), "{text}");
+        assert!(text.contains("OK answers by attempt (first round): (a) 6 / 8 / 6 / 6 / 12"), "{text}");
+        assert!(
+            text.contains("| 12 pushback | successes, pushback ÷ jittered backoff | 0.576 × | ≥ 1.00 × | **FAIL** |"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_adaptive_section_draws_its_three_plots() {
+        let dir = std::env::temp_dir().join(format!("teifleet-bench-admission-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let files = crate::render::plots::for_section(&adaptive_section(), &dir, "x").unwrap();
+        assert_eq!(files, vec!["x-adaptive-limit.svg", "x-adaptive-goodput.svg", "x-adaptive-change.svg"]);
+        assert!(std::fs::read_to_string(dir.join(&files[0])).unwrap().contains("best static 8"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,205 @@
+//! Scenario 11, fairness between tenants (Admission v2): tenant A (`x-teifleet-tenant: a`) floods
+//! at 5× the backend's capacity while tenant B sends 0.2× capacity at the same priority, through
+//! one multiplexer; and B alone, the same schedule, for its latency without a neighbour. Both
+//! loads are open-loop Poisson with a 1 s deadline, run as two tasks of this process at once.
+//! Targets: B's goodput ≥ 0.95 of what B sends; B's p99 ≤ 2 × B's p99 alone; total goodput
+//! ≥ 0.97 × capacity. The same two loads direct to TEI are shown for comparison.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use teifleet_load::{LoadConfig, Report};
+
+use super::adaptive::mux_supports;
+use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
+use super::{Context, Scenario, gpu_model, measure, warm_up, words};
+use crate::procs::{self, Device, MuxLimits, SimModel};
+use crate::targets::{Rule, Target, ratio};
+use crate::{Error, Result};
+
+pub const FLOOD_FACTOR: f64 = 5.0;
+pub const LIGHT_FACTOR: f64 = 0.2;
+pub const LIGHT_GOODPUT_LIMIT: f64 = 0.95;
+pub const LIGHT_P99_LIMIT: f64 = 2.0;
+pub const TOTAL_GOODPUT_LIMIT: f64 = 0.97;
+pub const FLOOD: &str = "a";
+pub const LIGHT: &str = "b";
+const TOKENS: usize = 16;
+
+/// Tenant A and tenant B's runs side by side.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Pair {
+    pub flood: Report,
+    pub light: Report,
+}
+
+impl Pair {
+    /// B's OK answers within the deadline ÷ what B sent.
+    pub fn light_share(&self) -> f64 {
+        ratio(self.light.ok_in_time as f64, self.light.sent as f64)
+    }
+
+    pub fn total_goodput_rps(&self) -> f64 {
+        self.flood.goodput_rps + self.light.goodput_rps
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Fairness {
+    pub backend: SimModel,
+    pub limits: MuxLimits,
+    pub capacity: Capacity,
+    pub seconds: f64,
+    /// B through the multiplexer with nobody else.
+    pub light_alone: Report,
+    pub mux: Pair,
+    /// The same two loads straight to TEI (its own admission only).
+    pub direct: Pair,
+}
+
+const LIGHT_GOODPUT: &str = "B's goodput ÷ what B sends, A flooding";
+const LIGHT_P99: &str = "B's p99, A flooding ÷ B alone";
+const TOTAL: &str = "total goodput ÷ capacity";
+
+impl Fairness {
+    /// B's p99 (all answers) beside A's flood over B's p99 alone.
+    pub fn light_p99_ratio(&self) -> f64 {
+        ratio(self.mux.light.latency.p99_ms, self.light_alone.latency.p99_ms)
+    }
+
+    pub fn targets(&self) -> Vec<Target> {
+        let scenario = Scenario::Fairness.label();
+        let b = &self.mux.light;
+        vec![
+            Target::at_least(&scenario, LIGHT_GOODPUT, self.mux.light_share(), LIGHT_GOODPUT_LIMIT, "×")
+                .note_if_not_passed(format!(
+                    "B got {} of {} sent ({}): B's calls are refused or evicted for A's; the fair queue should \
+                     serve the tenant with the smallest finish tag next and evict the tenant holding the most of \
+                     the queue",
+                    b.ok_in_time,
+                    b.sent,
+                    teifleet_load::render::codes(b)
+                )),
+            Target::at_most(&scenario, LIGHT_P99, self.light_p99_ratio(), LIGHT_P99_LIMIT, "×").note_if_not_passed(
+                format!(
+                    "B's p99 was {:.0} ms beside the flood and {:.0} ms alone: B waits behind A's calls, in the \
+                     multiplexer's queue (B should be next whenever a permit frees) or inside TEI (the calls already \
+                     in flight, at most {} of them)",
+                    b.latency.p99_ms, self.light_alone.latency.p99_ms, self.limits.max_in_flight
+                ),
+            ),
+            Target::at_least(
+                &scenario,
+                TOTAL,
+                ratio(self.mux.total_goodput_rps(), self.capacity.rps),
+                TOTAL_GOODPUT_LIMIT,
+                "× capacity",
+            )
+            .note_if_not_passed("TEI idled between batches: the flood's refusals took CPU or permits were left unused"),
+            Target::info(
+                &scenario,
+                "B's goodput ÷ what B sends, A flooding, direct to TEI",
+                Some(self.direct.light_share()),
+                "×",
+            ),
+        ]
+    }
+}
+
+pub fn planned_targets() -> Vec<Target> {
+    let scenario = Scenario::Fairness.label();
+    vec![
+        Target::new(&scenario, LIGHT_GOODPUT, None, Rule::AtLeast, LIGHT_GOODPUT_LIMIT, "×"),
+        Target::new(&scenario, LIGHT_P99, None, Rule::AtMost, LIGHT_P99_LIMIT, "×"),
+        Target::new(&scenario, TOTAL, None, Rule::AtLeast, TOTAL_GOODPUT_LIMIT, "× capacity"),
+    ]
+}
+
+fn load(target: String, tenant: &str, rate: f64, duration: Duration, connections: usize, seed: u64) -> LoadConfig {
+    LoadConfig {
+        connections,
+        deadline: Some(DEADLINE),
+        grace: Duration::from_secs(3),
+        inputs: words(TOKENS),
+        tenant: Some(tenant.into()),
+        seed,
+        ..LoadConfig::open(target, rate, duration)
+    }
+}
+
+/// A's flood and B's light load at once, as two tasks.
+async fn pair(target: &str, capacity: f64, duration: Duration) -> Result<Pair> {
+    let flood = load(target.into(), FLOOD, FLOOD_FACTOR * capacity, duration, 8, 11);
+    let light = load(target.into(), LIGHT, LIGHT_FACTOR * capacity, duration, 2, 12);
+    let (flood, light) = tokio::join!(measure(flood), measure(light));
+    Ok(Pair { flood: flood?, light: light? })
+}
+
+pub async fn run(ctx: &Context) -> Result<Fairness> {
+    if !mux_supports(&ctx.bins, "--tenant") {
+        return Err(Error::Process("the multiplexer has no --tenant flag (no fair queuing)".into()));
+    }
+    let backend = gpu_model(512, Device::Sleep);
+    let sim = procs::start_sim(&ctx.bins, "fairness-sim", &backend).await?;
+    let limits = mux_limits();
+    // Equal weights, said explicitly so the multiplexer keeps per-tenant series for both.
+    let weights = [format!("--tenant={FLOOD}=1"), format!("--tenant={LIGHT}=1")];
+    let mux = procs::start_mux_with(&ctx.bins, "fairness-mux", &sim, &limits, &weights).await?;
+    warm_up(&sim.url(), 8).await?;
+    warm_up(&mux.url(), 8).await?;
+    ctx.say("fairness: measuring the backend's capacity");
+    let capacity = measure_capacity(ctx, &sim, TOKENS, 64).await?;
+    let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(10));
+    let light_rate = LIGHT_FACTOR * capacity.rps;
+    ctx.say(&format!("fairness: B alone at {light_rate:.0} req/s through the multiplexer"));
+    let light_alone = measure(load(mux.url(), LIGHT, light_rate, duration, 2, 12)).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ctx.say(&format!(
+        "fairness: A at {:.0} req/s and B at {light_rate:.0} req/s through the multiplexer",
+        FLOOD_FACTOR * capacity.rps
+    ));
+    let through = pair(&mux.url(), capacity.rps, duration).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ctx.say("fairness: the same two loads direct to TEI");
+    let direct = pair(&sim.url(), capacity.rps, duration).await?;
+    ctx.say(&format!(
+        "fairness: B got {}/{} beside the flood ({}/{} direct)",
+        through.light.ok_in_time, through.light.sent, direct.light.ok_in_time, direct.light.sent
+    ));
+    Ok(Fairness { backend, limits, capacity, seconds: duration.as_secs_f64(), light_alone, mux: through, direct })
+}
+
+#[cfg(test)]
+mod tests {
+    use teifleet_load::summary::Summary;
+
+    use super::*;
+    use crate::targets::Verdict;
+
+    fn report(sent: u64, ok_in_time: u64, goodput_rps: f64, p99_ms: f64) -> Report {
+        Report { sent, ok_in_time, goodput_rps, latency: Summary { p99_ms, ..Summary::default() }, ..Report::default() }
+    }
+
+    #[test]
+    fn the_light_tenant_is_judged_against_itself_and_the_total_against_capacity() {
+        let r = Fairness {
+            backend: gpu_model(512, Device::Sleep),
+            limits: mux_limits(),
+            capacity: Capacity { rps: 350.0, batch_ms: 23.0, concurrency: 64 },
+            seconds: 3.0,
+            light_alone: report(210, 210, 70.0, 40.0),
+            mux: Pair { flood: report(5250, 840, 280.0, 900.0), light: report(210, 205, 68.0, 90.0) },
+            direct: Pair { flood: report(5250, 900, 300.0, 990.0), light: report(210, 40, 13.0, 990.0) },
+        };
+        let t = r.targets();
+        assert!((t[0].measured.unwrap() - 205.0 / 210.0).abs() < 1e-9);
+        assert_eq!(t[0].verdict, Verdict::Pass);
+        // 90 ms beside the flood against 40 ms alone: 2.25×.
+        assert_eq!(t[1].verdict, Verdict::Fail);
+        assert!(t[1].note.contains("90 ms beside the flood and 40 ms alone"), "{}", t[1].note);
+        assert!((t[2].measured.unwrap() - 348.0 / 350.0).abs() < 1e-9);
+        assert_eq!(t[2].verdict, Verdict::Pass);
+        assert_eq!(t[3].verdict, Verdict::Info);
+        assert_eq!(planned_targets().len(), 3);
+    }
+}
