@@ -246,3 +246,35 @@ impl Operator {
 
 /// How long a stopped operator gets to release its lease and exit.
 const STOP_GRACE: Duration = Duration::from_secs(15);
+
+/// One image `make images` (or `make test-cluster`, from the debug binaries) wrote to
+/// `target/images`: its archive and its reference, or `None` when it has not been built.
+pub fn built_image(name: &str) -> Option<(PathBuf, String)> {
+    let dir = repo_root().join("target/images");
+    let list = std::fs::read_to_string(dir.join("images.txt")).ok()?;
+    let reference = list.lines().find_map(|line| {
+        let mut fields = line.split_whitespace();
+        (fields.next() == Some(name)).then(|| fields.next().map(str::to_owned)).flatten()
+    })?;
+    let tar = dir.join(format!("{name}.tar"));
+    tar.exists().then_some((tar, reference))
+}
+
+/// Imports an image archive into the real node's containerd (no registry is reachable from the
+/// node), as tests/cluster/up.sh imports its own images.
+pub fn import_into_real_node(tar: &Path) {
+    let socket = kubeconfig_path().parent().expect("the cluster directory").join("node/containerd/containerd.sock");
+    let import = Command::new("ctr")
+        .arg("--address")
+        .arg(&socket)
+        .args(["-n", "k8s.io", "images", "import"])
+        .arg(tar)
+        .output()
+        .expect("ctr runs");
+    assert!(
+        import.status.success(),
+        "ctr images import {}: {}",
+        tar.display(),
+        String::from_utf8_lossy(&import.stderr)
+    );
+}

@@ -1,0 +1,440 @@
+//! The product as shipped, in real pods on the local cluster's real node (`real-0`): the chart
+//! installs the operator image as a pod in a namespace that enforces the `restricted` Pod Security
+//! Standard; the operator turns an EmbeddingPool into TEI pods (the tei-sim image standing in for
+//! TEI) with the multiplexer image as their sidecar; the real kubelet runs them and probes them; a
+//! client on the host calls the pool's ClusterIP Service through kube-proxy.
+//!
+//! Needs the real node (`make test-cluster` starts it) and the images in `target/images`
+//! (`make images`, or `make test-cluster`, which builds them from the debug binaries when missing).
+//! Without either the test says it was skipped and passes.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use serde_json::json;
+use teifleet_crds::{EmbeddingPool, labels};
+use teifleet_e2e::pools::{create_pool, wait_until_ready};
+use teifleet_e2e::{
+    admin_client, built_image, eventually, helm, http_get, import_into_real_node, install_crd,
+    test_namespace_with_labels,
+};
+use teifleet_proto::v1::embed_client::EmbedClient;
+use teifleet_proto::v1::info_client::InfoClient;
+use teifleet_proto::v1::{EmbedRequest, InfoRequest};
+use tonic::Code;
+use tonic::transport::Channel;
+
+const NODE: &str = "real-0";
+const TAINT: &str = "teifleet.dev/real-node";
+const RELEASE: &str = "tfreal";
+/// The chart's names for release `tfreal`.
+const OPERATOR: &str = "tfreal-teifleet-operator";
+const POOL: &str = "real";
+const MODEL: &str = "BAAI/bge-small-en-v1.5";
+/// Pod start-up on the node takes seconds; this leaves room for a busy machine.
+const START: Duration = Duration::from_secs(120);
+
+/// The images, or `None` (the test is then skipped) when this run has no real node or no images.
+async fn prerequisites(client: &Client) -> Option<BTreeMap<&'static str, (std::path::PathBuf, String)>> {
+    let wanted = std::env::var("TEIFLEET_REAL_NODE").ok();
+    if wanted.as_deref() == Some("0") {
+        eprintln!("skipped: TEIFLEET_REAL_NODE=0 (no real node in this cluster)");
+        return None;
+    }
+    if Api::<Node>::all(client.clone()).get_opt(NODE).await.expect("nodes can be read").is_none() {
+        assert_ne!(wanted.as_deref(), Some("1"), "TEIFLEET_REAL_NODE=1 but node {NODE} is not registered");
+        eprintln!("skipped: no node {NODE} (start the cluster with make cluster-up)");
+        return None;
+    }
+    let mut images = BTreeMap::new();
+    for name in ["operator", "multiplexer", "tei-sim"] {
+        let Some(image) = built_image(name) else {
+            eprintln!("skipped: no target/images/{name}.tar (make images builds it)");
+            return None;
+        };
+        images.insert(name, image);
+    }
+    Some(images)
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+fn restarts(pod: &Pod) -> i32 {
+    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
+    statuses.iter().map(|s| s.restart_count).sum()
+}
+
+fn node_of(pod: &Pod) -> Option<&str> {
+    pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
+}
+
+fn ip_of(pod: &Pod) -> IpAddr {
+    pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()).expect("a running pod has an IP").parse().expect("an IP")
+}
+
+/// Waits until `count` pods match `selector`, all Ready and none being deleted.
+async fn wait_ready_pods(pods: &Api<Pod>, selector: &str, count: usize) -> Vec<Pod> {
+    eventually(&format!("{count} Ready pod(s) {selector}"), START, || async {
+        let list = pods.list(&ListParams::default().labels(selector)).await.ok()?.items;
+        let live: Vec<Pod> = list.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+        (live.len() == count && live.iter().all(is_ready)).then_some(live)
+    })
+    .await
+}
+
+async fn limit_in_flight(pod_ip: IpAddr) -> Option<f64> {
+    let text = http_get(SocketAddr::new(pod_ip, 9090), "/metrics").await?;
+    teifleet_testkit::prom::value(&text, &format!("teifleet_limit_in_flight{{pool=\"{POOL}\"}}"))
+}
+
+async fn embed(channel: Channel, text: String) -> Result<(), tonic::Status> {
+    let answer = EmbedClient::new(channel).embed(EmbedRequest { inputs: text, ..Default::default() }).await?;
+    assert!(!answer.into_inner().embeddings.is_empty(), "an embedding");
+    Ok(())
+}
+
+/// What one client saw under load.
+#[derive(Default)]
+struct Tally {
+    ok: u32,
+    failed: BTreeMap<String, u32>,
+    retries: u32,
+    /// The most attempts one call needed.
+    most_attempts: u32,
+    /// From the first failed attempt to the last.
+    failing_for: Duration,
+    first_failure: Option<Instant>,
+}
+
+impl std::fmt::Debug for Tally {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} OK, failed {:?}, {} retries, at most {} attempts for one call, failing for {:?}",
+            self.ok, self.failed, self.retries, self.most_attempts, self.failing_for
+        )
+    }
+}
+
+impl Tally {
+    fn failure(&mut self) {
+        let first = *self.first_failure.get_or_insert_with(Instant::now);
+        self.failing_for = first.elapsed();
+    }
+}
+
+/// Calls Embed one after another until `stop`; with `retry`, a call answered UNAVAILABLE is tried
+/// again (100 ms apart, for at most 60 s) and counts as failed only when every attempt was.
+async fn steady_load(channel: Channel, stop: Arc<AtomicBool>, retry: bool) -> Tally {
+    let mut tally = Tally::default();
+    let mut n = 0;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let mut attempts = 0;
+        let result = loop {
+            attempts += 1;
+            match embed(channel.clone(), format!("steady {n}")).await {
+                Err(status) if retry && status.code() == Code::Unavailable && attempts < 600 => {
+                    tally.failure();
+                    tally.retries += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                result => break result,
+            }
+        };
+        tally.most_attempts = tally.most_attempts.max(attempts);
+        match result {
+            Ok(()) => tally.ok += 1,
+            Err(status) => {
+                tally.failure();
+                *tally.failed.entry(format!("{:?}", status.code())).or_default() += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tally
+}
+
+async fn requests_total(pod_ip: IpAddr) -> Option<f64> {
+    let text = http_get(SocketAddr::new(pod_ip, 9090), "/metrics").await?;
+    Some(teifleet_testkit::prom::sum(&text, "teifleet_requests_total"))
+}
+
+/// Runs `action` while two clients call Embed through the Service, one without retries and one
+/// retrying UNAVAILABLE; returns what each saw.
+async fn under_load(service: SocketAddr, action: impl std::future::Future<Output = ()>) -> (Tally, Tally) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let plain = tokio::spawn(steady_load(connect(service).await, stop.clone(), false));
+    let retrying = tokio::spawn(steady_load(connect(service).await, stop.clone(), true));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    action.await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    (plain.await.unwrap(), retrying.await.unwrap())
+}
+
+async fn connect(service: SocketAddr) -> Channel {
+    tonic::transport::Endpoint::from_shared(format!("http://{service}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .expect("gRPC connects through the ClusterIP")
+}
+
+#[tokio::test]
+async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_proxy() {
+    let client = admin_client().await;
+    let Some(images) = prerequisites(&client).await else { return };
+    let started = Instant::now();
+
+    // No registry is reachable: the images go into the node's containerd.
+    for (tar, _) in images.values() {
+        import_into_real_node(tar);
+    }
+    let imported = started.elapsed();
+    install_crd(&client).await;
+
+    // 1. The chart, in a namespace that enforces the restricted Pod Security Standard.
+    let ns = test_namespace_with_labels(
+        "real-pods",
+        BTreeMap::from([
+            ("pod-security.kubernetes.io/enforce".into(), "restricted".into()),
+            ("pod-security.kubernetes.io/enforce-version".into(), "latest".into()),
+        ]),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    // The namespace really enforces it: a pod that breaks the standard is refused.
+    let loose: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "loose" },
+        "spec": { "containers": [{ "name": "main", "image": "teifleet.local/pause:1" }] },
+    }))
+    .unwrap();
+    let refused = pods.create(&PostParams::default(), &loose).await.expect_err("a pod breaking `restricted`");
+    assert!(refused.to_string().contains("violates PodSecurity \"restricted"), "{refused}");
+
+    let _ = helm(&["uninstall", RELEASE, "-n", &ns.name, "--wait"]);
+    let (ok, output) = helm(&[
+        "install",
+        RELEASE,
+        "charts/teifleet",
+        "-n",
+        &ns.name,
+        "--wait",
+        "--timeout",
+        "120s",
+        "--set-json",
+        &format!(r#"nodeSelector={{"kubernetes.io/hostname":"{NODE}"}}"#),
+        "--set-json",
+        &format!(r#"tolerations=[{{"key":"{TAINT}","operator":"Exists","effect":"NoSchedule"}}]"#),
+        "--set",
+        "leaderElection.leaseDuration=5s",
+    ]);
+    assert!(ok, "helm install failed: {output}");
+    let operator = wait_ready_pods(&pods, &format!("app.kubernetes.io/instance={RELEASE}"), 1).await.remove(0);
+    let operator_ready = started.elapsed();
+    assert_eq!(node_of(&operator), Some(NODE), "the operator runs on the real node");
+    let spec = operator.spec.as_ref().unwrap();
+    assert_eq!(spec.service_account_name.as_deref(), Some(OPERATOR), "the chart's ServiceAccount");
+    assert_eq!(spec.containers[0].image.as_deref(), Some(images["operator"].1.as_str()), "the built image");
+    assert_eq!(restarts(&operator), 0);
+
+    // 2. A pool on the real node's fake L4 GPUs, tei-sim as TEI; the operator's default multiplexer
+    // image is the one imported.
+    let created = Instant::now();
+    create_pool(
+        &client,
+        &ns.name,
+        POOL,
+        json!({
+            "model": { "id": MODEL },
+            "gpu": { "type": "nvidia-l4" },
+            "replicas": 2,
+            // Each call holds its permit long enough for a burst to meet the budget.
+            "tei": { "image": images["tei-sim"].1, "extraArgs": ["--fixed-latency=100ms"] },
+            "concurrency": { "maxInFlight": 2, "maxQueued": 0 },
+            "template": {
+                "nodeSelector": { "kubernetes.io/hostname": NODE },
+                "tolerations": [{ "key": TAINT, "operator": "Exists", "effect": "NoSchedule" }],
+                "resources": { "requests": { "cpu": "100m", "memory": "64Mi" } },
+            },
+        }),
+    )
+    .await;
+    let selector = labels::pool_selector(POOL);
+    let pool_pods = wait_ready_pods(&pods, &selector, 2).await;
+    let pods_ready = created.elapsed();
+    wait_until_ready(&client, &ns.name, POOL).await;
+    for pod in &pool_pods {
+        let name = pod.metadata.name.as_deref().unwrap();
+        assert_eq!(node_of(pod), Some(NODE), "{name} runs on the real node");
+        let spec = pod.spec.as_ref().unwrap();
+        assert_eq!(spec.service_account_name.as_deref(), Some("real-multiplexer"), "{name}'s identity");
+        let image = |container: &str| spec.containers.iter().find(|c| c.name == container)?.image.clone();
+        assert_eq!(image("tei"), Some(images["tei-sim"].1.clone()), "{name}");
+        assert_eq!(image("multiplexer"), Some(images["multiplexer"].1.clone()), "{name}");
+        assert_eq!(restarts(pod), 0, "{name}");
+    }
+    // The sidecars found their pool with their own ServiceAccount: each has its share, 2 over 2.
+    for pod in &pool_pods {
+        let ip = ip_of(pod);
+        eventually(&format!("the sidecar on {ip} applying its share"), Duration::from_secs(30), || async {
+            (limit_in_flight(ip).await? == 1.0).then_some(())
+        })
+        .await;
+    }
+
+    // 3. Stock tei.v1 calls from the host, through the pool's ClusterIP Service and kube-proxy.
+    let service = Api::<Service>::namespaced(client.clone(), &ns.name).get(POOL).await.expect("the pool's Service");
+    let service_ip: IpAddr = service.spec.and_then(|s| s.cluster_ip).expect("a ClusterIP").parse().unwrap();
+    let service = SocketAddr::new(service_ip, 50051);
+    let channel = eventually("the pool's Service answering Info", Duration::from_secs(30), || async {
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{service}"))
+            .ok()?
+            .connect_timeout(Duration::from_secs(2))
+            .connect()
+            .await
+            .ok()?;
+        InfoClient::new(channel.clone()).info(InfoRequest {}).await.ok().map(|_| channel)
+    })
+    .await;
+    let info = InfoClient::new(channel.clone()).info(InfoRequest {}).await.expect("tei.v1.Info/Info").into_inner();
+    assert_eq!(info.model_id, MODEL);
+    embed(channel.clone(), "a real pod".into()).await.expect("tei.v1.Embed/Embed");
+
+    // A burst beyond the budget (2 in flight, no queue): the rest are refused at once.
+    let burst: Vec<_> = (0..24).map(|i| tokio::spawn(embed(channel.clone(), format!("burst {i}")))).collect();
+    let (mut ok, mut exhausted) = (0, 0);
+    for call in burst {
+        match call.await.unwrap() {
+            Ok(()) => ok += 1,
+            Err(status) if status.code() == Code::ResourceExhausted => exhausted += 1,
+            Err(status) => panic!("a burst call failed otherwise: {status:?}"),
+        }
+    }
+    println!("burst of 24 over a budget of 2: {ok} OK, {exhausted} RESOURCE_EXHAUSTED");
+    assert!(ok >= 1 && exhausted >= 1, "{ok} OK, {exhausted} RESOURCE_EXHAUSTED");
+
+    // 4. A budget edit reaches the running sidecars within seconds, without restarting a pod.
+    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
+        .patch(
+            POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "concurrency": { "maxInFlight": 12, "maxQueued": 32 } } })),
+        )
+        .await
+        .expect("the budget patched");
+    let edited = Instant::now();
+    for pod in &pool_pods {
+        let ip = ip_of(pod);
+        eventually(&format!("the new share at the sidecar on {ip}"), Duration::from_secs(30), || async {
+            (limit_in_flight(ip).await? == 6.0).then_some(())
+        })
+        .await;
+    }
+    let edit_applied = edited.elapsed();
+    for pod in &pool_pods {
+        let name = pod.metadata.name.as_deref().unwrap();
+        let now = pods.get(name).await.expect("the same pod still runs");
+        assert_eq!(now.metadata.uid, pod.metadata.uid, "{name}");
+        assert_eq!(restarts(&now), 0, "{name} restarted");
+    }
+
+    // 5. A pod deleted under steady load, then a rollout under load: one client without retries,
+    // one retrying UNAVAILABLE. The victim is a pod the load reaches (its sidecar counts the calls).
+    let (plain, retrying) = under_load(service, async {
+        let mut served = Vec::new();
+        for pod in &pool_pods {
+            served.push((requests_total(ip_of(pod)).await.unwrap_or(0.0), pod.metadata.name.clone().unwrap()));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        for (count, pod) in &mut served {
+            let now = pods.get(pod).await.expect("pool pod");
+            *count = requests_total(ip_of(&now)).await.unwrap_or(0.0) - *count;
+        }
+        served.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (count, victim) = served.pop().unwrap();
+        assert!(count > 0.0, "the load reaches a pool pod: {served:?}");
+        pods.delete(&victim, &DeleteParams::default()).await.expect("pod deleted");
+        let deleted = Instant::now();
+        eventually(&format!("{victim} gone"), START, || async {
+            pods.get_opt(&victim).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        let gone = deleted.elapsed();
+        wait_ready_pods(&pods, &selector, 2).await;
+        println!(
+            "deleted {victim} (serving the load): gone after {gone:?}, replacement Ready after {:?}",
+            deleted.elapsed()
+        );
+    })
+    .await;
+    println!("pod deleted under load: without retries {plain:?}; retrying UNAVAILABLE {retrying:?}");
+    assert!(plain.ok > 0 && retrying.ok > 0, "{plain:?} {retrying:?}");
+    assert!(retrying.failed.is_empty(), "a client retrying UNAVAILABLE loses none: {retrying:?}");
+
+    let before: Vec<_> = pods.list(&ListParams::default().labels(&selector)).await.unwrap().items;
+    let (plain, retrying) = under_load(service, async {
+        // A new TEI argument changes the pod template: the Deployment replaces the pods one by one.
+        Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
+            .patch(
+                POOL,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "tei": { "extraArgs": ["--fixed-latency=50ms"] } } })),
+            )
+            .await
+            .expect("the pool patched");
+        let rolled = Instant::now();
+        eventually("the rollout replacing both pods", START, || async {
+            let list = pods.list(&ListParams::default().labels(&selector)).await.ok()?.items;
+            let fresh = list.iter().all(|p| before.iter().all(|b| b.metadata.uid != p.metadata.uid));
+            (fresh && list.len() == 2 && list.iter().all(is_ready)).then_some(())
+        })
+        .await;
+        println!("rollout of 2 pods done in {:?}", rolled.elapsed());
+    })
+    .await;
+    println!("rollout under load: without retries {plain:?}; retrying UNAVAILABLE {retrying:?}");
+    assert!(plain.ok > 0 && retrying.ok > 0, "{plain:?} {retrying:?}");
+    assert!(retrying.failed.is_empty(), "a client retrying UNAVAILABLE loses none: {retrying:?}");
+
+    // 6. Deleting the pool removes everything it made.
+    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
+        .delete(POOL, &DeleteParams::default())
+        .await
+        .expect("pool deleted");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
+    eventually("the pool's Deployment, Service, ServiceAccount and pods gone", START, || async {
+        let gone = deployments.get_opt(POOL).await.ok()?.is_none()
+            && services.get_opt(POOL).await.ok()?.is_none()
+            && accounts.get_opt("real-multiplexer").await.ok()?.is_none()
+            && pods.list(&ListParams::default().labels(&selector)).await.ok()?.items.is_empty();
+        gone.then_some(())
+    })
+    .await;
+    let operator_now = pods.get(operator.metadata.name.as_deref().unwrap()).await.expect("the operator still runs");
+    assert_eq!(restarts(&operator_now), 0, "the operator restarted");
+
+    let (ok, output) = helm(&["uninstall", RELEASE, "-n", &ns.name, "--wait", "--timeout", "60s"]);
+    assert!(ok, "{output}");
+    println!(
+        "timings: images imported in {imported:?}; operator Ready {operator_ready:?} after the start; \
+         pool pods Ready {pods_ready:?} after the pool was created; budget edit at both sidecars in \
+         {edit_applied:?}; whole test {:?}",
+        started.elapsed()
+    );
+}
