@@ -6,10 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    EphemeralVolumeSource, GRPCAction, HTTPGetAction, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
-    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PersistentVolumeClaimVolumeSource, PodSecurityContext,
-    PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext, Toleration, Volume,
-    VolumeMount, VolumeResourceRequirements,
+    EphemeralVolumeSource, GRPCAction, HTTPGetAction, Lifecycle, LifecycleHandler, NodeSelectorRequirement,
+    NodeSelectorTerm, ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
+    SeccompProfile, SecurityContext, SleepAction, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -292,6 +292,13 @@ fn tei_env(pool: &EmbeddingPool) -> Vec<EnvVar> {
     env
 }
 
+/// How long the sidecar keeps serving after SIGTERM while endpoints stop routing to the pod.
+const DRAIN_DELAY_SECONDS: i64 = 5;
+/// TEI outlives the sidecar's drain delay by this much: the calls the sidecar still forwards in
+/// that time find TEI up, and the ones in flight when it stops taking new calls finish under
+/// TEI's own graceful shutdown.
+const TEI_STOP_MARGIN_SECONDS: i64 = 3;
+
 fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
     Container {
         name: "tei".into(),
@@ -308,6 +315,15 @@ fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
         liveness_probe: Some(grpc_probe(10, 6)),
         security_context: Some(container_security_context()),
         volume_mounts: Some(vec![volume_mount(MODEL_CACHE_VOLUME, MODEL_CACHE_PATH), volume_mount("tmp", "/tmp")]),
+        // The kubelet stops both containers at once; without this TEI would exit while the
+        // sidecar still serves its drain delay, and those calls would fail UNAVAILABLE.
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                sleep: Some(SleepAction { seconds: DRAIN_DELAY_SECONDS + TEI_STOP_MARGIN_SECONDS }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
         ..Container::default()
     }
 }
@@ -321,6 +337,7 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
             format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
             format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
             format!("--http-listen=0.0.0.0:{}", ports::MULTIPLEXER_HTTP),
+            format!("--drain-delay={DRAIN_DELAY_SECONDS}s"),
         ]),
         env: Some(vec![
             env_value(labels::ENV_POOL, owner.name.clone()),
