@@ -45,11 +45,14 @@ pub fn adaptive(r: &AdaptiveLimit) -> String {
          queue ({}). Each run starts a fresh multiplexer, warms up at the load ({:.0} s; the adaptive runs {:.0} s, \
          since their limit starts at a quarter of the ceiling and has to find its level, which the static runs \
          were given), then measures {:.0} s. The adaptive limit is `teifleet_limit_in_flight` from the \
-         multiplexer's `/metrics`, sampled every {} ms; \"found after\" is when it entered ±{:.0}% of where it \
-         ended, for good.\n",
+         multiplexer's `/metrics`, sampled every {} ms; \"found after\" is when it came within ±{:.0}% (or ±2 calls) of \
+         where it ended, for good.\n",
         adaptive::LOAD_FACTOR,
         adaptive::DEADLINE.as_secs(),
-        adaptive::STATIC_LIMITS.map(|l| l.to_string()).join(", "),
+        r.backends
+            .first()
+            .map(|b| b.statics.iter().map(|s| s.limit.to_string()).collect::<Vec<_>>().join(", "))
+            .unwrap_or_default(),
         adaptive::CEILING,
         limits(&r.limits).replace(&format!("maxInFlight {}, ", r.limits.max_in_flight), ""),
         r.warm_up_s,

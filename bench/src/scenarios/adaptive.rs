@@ -32,6 +32,12 @@ use crate::{Error, Result, admin};
 
 /// The static limits swept on every backend (the same queue for each).
 pub const STATIC_LIMITS: [usize; 6] = [4, 8, 16, 32, 64, 128];
+/// Quick mode's sweep: two batches of each backend. Goodput is flat from two batches up (the
+/// queue and the deadline bound the rest), so the best static limit is among these.
+pub const QUICK_STATIC_LIMITS: [usize; 3] = [8, 32, 128];
+/// A limit counts as found when within ±20% or ±2 calls of where it ended, whichever is wider:
+/// a limit of 9 moving by one call is not still searching.
+const FOUND_SLACK_CALLS: f64 = 2.0;
 /// The adaptive run's `--max-in-flight`: a generous ceiling, the same on every backend.
 pub const CEILING: usize = 256;
 /// Offered load, × the backend's measured capacity: above it, so the limit decides goodput.
@@ -167,7 +173,8 @@ impl BackendResult {
     /// Seconds from the start of the load until the adaptive limit stayed within the band of its
     /// final value: how long a fresh multiplexer takes to find its limit on this backend.
     pub fn found_after_s(&self) -> Option<f64> {
-        settle(&self.limit, SETTLE_BAND, FINAL_WINDOW_S).map(|s| s.after_s)
+        let band = ratio(FOUND_SLACK_CALLS, self.final_limit()).max(SETTLE_BAND);
+        settle(&self.limit, band, FINAL_WINDOW_S).map(|s| s.after_s)
     }
 }
 
@@ -427,7 +434,7 @@ async fn backend(ctx: &Context, name: &str, model: SimModel) -> Result<BackendRe
         final_value(&limit, FINAL_WINDOW_S)
     ));
     let mut statics = Vec::new();
-    for l in STATIC_LIMITS {
+    for l in ctx.pick(&QUICK_STATIC_LIMITS[..], &STATIC_LIMITS[..]).iter().copied() {
         let (point, _) = mux_run(ctx, &sim, &format!("adaptive-{name}-static"), &limits(l), false, rate).await?;
         ctx.say(&format!("adaptive limit, {name}: static {l}: goodput {:.0} req/s", point.goodput_rps));
         statics.push(StaticPoint { limit: l, point });
@@ -435,9 +442,10 @@ async fn backend(ctx: &Context, name: &str, model: SimModel) -> Result<BackendRe
     Ok(BackendResult { name: name.into(), model, capacity, rate, statics, adaptive, limit })
 }
 
-async fn capacity_change(ctx: &Context, name: &str, model: SimModel) -> Result<CapacityChange> {
+/// The capacity change on a fresh simulator (its device at full speed) of the model measured as
+/// `capacity` in the sweep.
+async fn capacity_change(ctx: &Context, name: &str, model: SimModel, capacity: Capacity) -> Result<CapacityChange> {
     let sim = procs::start_sim(&ctx.bins, &format!("adaptive-change-{name}-sim"), &model).await?;
-    let capacity = capacity(ctx, &sim, &model).await?;
     let rate = LOAD_FACTOR * capacity.rps;
     let mux = procs::start_mux_with(
         &ctx.bins,
@@ -449,8 +457,8 @@ async fn capacity_change(ctx: &Context, name: &str, model: SimModel) -> Result<C
     .await?;
     let (warm, _) = durations(ctx);
     measure(open(mux.url(), rate, warm, SEED + 1)).await?;
-    let before = ctx.pick(Duration::from_secs(3), Duration::from_secs(8));
-    let after = ctx.pick(Duration::from_secs(8), Duration::from_secs(20));
+    let before = ctx.pick(Duration::from_secs(2), Duration::from_secs(8));
+    let after = ctx.pick(Duration::from_secs(6), Duration::from_secs(20));
     ctx.say(&format!(
         "adaptive limit, capacity change: {rate:.0} req/s on {name} for {:.0} s, the device {SLOWDOWN}× slower after \
          {:.0} s",
@@ -493,8 +501,10 @@ pub async fn run(ctx: &Context) -> Result<AdaptiveLimit> {
     for (name, model) in backends() {
         results.push(backend(ctx, &name, model).await?);
     }
-    let (name, model) = backends().swap_remove(1);
-    let (change, change_missing) = match capacity_change(ctx, &name, model).await {
+    // The 25 ms backend: batches long enough that a round of the limit is a few batches.
+    let medium = &results[1];
+    let (name, model, capacity) = (medium.name.clone(), medium.model, medium.capacity);
+    let (change, change_missing) = match capacity_change(ctx, &name, model, capacity).await {
         Ok(c) => (Some(c), None),
         Err(e) => {
             ctx.say(&format!("adaptive limit: capacity change not measured: {e}"));
