@@ -290,12 +290,24 @@ impl AdaptiveLimit {
                     b.model.max_batch_requests.unwrap_or(0)
                 )),
             );
-            targets.push(Target::info(
+            let mut found = Target::info(
                 &scenario,
                 &format!("adaptive limit found its level after, {}", b.name),
                 b.found_after_s(),
                 "s",
-            ));
+            );
+            if found.measured.is_none() {
+                found.note = format!(
+                    "the limit still moved by more than ±{:.0}% (and ±{FOUND_SLACK_CALLS:.0} calls) around {:.0} in the \
+                     last {FINAL_WINDOW_S:.0} s: it swings rather than settles. A round of the limit is half a \
+                     limit's answers (at least 4): with small batches that is one batch, so one batch's queue time \
+                     decides each step; rounds of several batches' answers, or a dead band around the target, would \
+                     damp it",
+                    SETTLE_BAND * 100.0,
+                    b.final_limit()
+                );
+            }
+            targets.push(found);
         }
         let settle = self.change.as_ref().map(|c| c.settle().map_or(f64::NAN, |s| s.after_s));
         let target = Target::new(&scenario, SETTLE, settle, Rule::AtMost, SETTLE_LIMIT_S, "s");
