@@ -83,8 +83,9 @@ impl Adaptive {
         self.queue_secs += tei_queue.as_secs_f64();
         self.batch_secs += batch.as_secs_f64();
         self.demand |= demand;
-        // About one update per round of the limit's calls, and never on fewer than four answers.
-        if self.samples < (before as u32 / 2).max(4) {
+        // One update per round of the limit's calls, and never on fewer than sixteen answers: a
+        // round shorter than a few batches sees one batch's luck, and the limit swings with it.
+        if self.samples < (before as u32).max(16) {
             return None;
         }
         let (queue, batch) = (self.queue_secs / f64::from(self.samples), self.batch_secs / f64::from(self.samples));

@@ -22,6 +22,7 @@ mod adaptive;
 mod estimate;
 mod priority;
 mod queue;
+mod returning;
 mod standing;
 mod tenants;
 mod tokens;
@@ -42,6 +43,7 @@ pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Snapshot};
 use adaptive::Adaptive;
 use estimate::{ServiceTime, pushback};
 use queue::{Grant, WaitQueue};
+use returning::Returning;
 use standing::Standing;
 use tenants::Tenants;
 use tokens::TokenEstimate;
@@ -69,6 +71,7 @@ struct State {
     queue: WaitQueue,
     service_time: ServiceTime,
     standing: Standing,
+    returning: Returning,
     adaptive: Option<Adaptive>,
     tokens: TokenEstimate,
     tenants: Tenants,
@@ -128,6 +131,7 @@ impl Admission {
             queue: WaitQueue::default(),
             service_time: ServiceTime::default(),
             standing: Standing::default(),
+            returning: Returning::default(),
             adaptive: limits.adaptive.then(|| Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
             tokens: TokenEstimate::default(),
             tenants: Tenants::default(),
@@ -178,7 +182,8 @@ impl Admission {
             (slot, false) => *slot = None,
         }
         while state.queue.inputs() > limits.max_queued {
-            let retry_after = state.retry_hint(state.queue.inputs());
+            let position = state.queue.inputs();
+            let retry_after = state.retry_hint(position);
             match state.queue.evict_lowest() {
                 Some(victim) => drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after }))),
                 None => break,
@@ -216,14 +221,17 @@ impl Admission {
             {
                 return Err(AdmissionError::DeadlineUnmeetable {
                     expected_wait: wait,
-                    retry_after: pushback(Some(wait)),
+                    retry_after: state.retry_hint(ahead),
                 });
             }
             if let Some(wait) = expected_wait
                 && state.standing.standing()
                 && wait > standing::target_and_interval(state.service_time.mean()).0
             {
-                return Err(AdmissionError::StandingQueue { expected_wait: wait, retry_after: pushback(Some(wait)) });
+                return Err(AdmissionError::StandingQueue {
+                    expected_wait: wait,
+                    retry_after: state.retry_hint(ahead),
+                });
             }
             state.make_room(ask.priority, tenant, weight, cost)?;
             let (grant, receiver) = oneshot::channel();
@@ -273,8 +281,9 @@ impl Admission {
     }
 
     fn retry_hint(&self) -> Duration {
-        let state = self.shared.lock();
-        state.retry_hint(state.queue.inputs())
+        let mut state = self.shared.lock();
+        let position = state.queue.inputs();
+        state.retry_hint(position)
     }
 }
 
@@ -370,9 +379,12 @@ impl State {
         self.service_time.wait_for(ahead, self.effective_limit())
     }
 
-    /// The back-off for a caller refused at `position` (inputs ahead of where it would wait).
-    fn retry_hint(&self, position: usize) -> Duration {
-        pushback(self.expected_wait(position))
+    /// The back-off for a caller refused at `position` (inputs ahead of where it would wait):
+    /// its place behind the queue and behind the callers refused before it (see `returning`).
+    fn retry_hint(&mut self, position: usize) -> Duration {
+        let slots = self.effective_limit();
+        let returning = self.returning.join(Instant::now(), slots, self.service_time.mean());
+        pushback(self.expected_wait(position + returning))
     }
 
     /// Frees queue space for `cost`, evicting lower priorities or heavier tenants, or refuses.
@@ -383,9 +395,9 @@ impl State {
         weight: u32,
         cost: Cost,
     ) -> Result<(), AdmissionError> {
-        let full = |state: &Self| AdmissionError::QueueFull {
-            queued: state.queue.inputs(),
-            retry_after: state.retry_hint(state.queue.inputs()),
+        let full = |state: &mut Self| {
+            let queued = state.queue.inputs();
+            AdmissionError::QueueFull { queued, retry_after: state.retry_hint(queued) }
         };
         if cost.inputs as usize > self.limits.max_queued {
             return Err(full(self));
@@ -393,7 +405,8 @@ impl State {
         while self.queue.inputs() + cost.inputs as usize > self.limits.max_queued {
             let share =
                 (self.queue.inputs_of_tenant(priority, tenant) + cost.inputs as usize) as f64 / f64::from(weight);
-            let retry_after = self.retry_hint(self.queue.inputs());
+            let position = self.queue.inputs();
+            let retry_after = self.retry_hint(position);
             match self.queue.evict_for(priority, tenant, share) {
                 Some(victim) => drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after }))),
                 None => return Err(full(self)),
