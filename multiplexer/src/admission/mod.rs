@@ -383,7 +383,8 @@ impl State {
     /// its place behind the queue and behind the callers refused before it (see `returning`).
     fn retry_hint(&mut self, position: usize) -> Duration {
         let slots = self.effective_limit();
-        let returning = self.returning.join(Instant::now(), slots, self.service_time.mean());
+        let horizon = self.limits.queue_timeout;
+        let returning = self.returning.join(Instant::now(), slots, self.service_time.mean(), horizon);
         pushback(self.expected_wait(position + returning))
     }
 
