@@ -102,14 +102,16 @@ rootfs() { # name -> directory with the image's filesystem
   echo "$dir"
 }
 # Runs the image's binary with the image's files only: chrooted as the image's user when root,
-# else with the image's loader and libraries (the host's are not searched either way).
+# else with the image's loader and libraries (the host's are not searched either way). Always
+# called in a subshell (`$(...)` or `&`), which `exec` replaces, so a background run's `$!` is the
+# binary itself and cleanup stops it instead of orphaning it.
 in_image() { # name user binary args...
   local dir="$OUT/rootfs/$1" user="$2" binary="$3"
   shift 3
   if [[ "$(id -u)" == 0 ]]; then
-    env -i PATH=/usr/local/bin HOME=/tmp "${IN_IMAGE_ENV[@]}" "$CHROOT" --userspec="$user" "$dir" "/usr/local/bin/$binary" "$@"
+    exec env -i PATH=/usr/local/bin HOME=/tmp "${IN_IMAGE_ENV[@]}" "$CHROOT" --userspec="$user" "$dir" "/usr/local/bin/$binary" "$@"
   else
-    env -i HOME=/tmp "${IN_IMAGE_ENV[@]}" "$dir/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+    exec env -i HOME=/tmp "${IN_IMAGE_ENV[@]}" "$dir/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
       --library-path "$dir/lib/x86_64-linux-gnu" "$dir/usr/local/bin/$binary" "$@"
   fi
 }
