@@ -40,10 +40,30 @@ impl Activity {
     }
 }
 
+/// Which front a call came in on: the `protocol` label of the request metrics (two values, so
+/// the label never multiplies the series by more than two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// tei.v1 gRPC on the gRPC port.
+    Grpc,
+    /// TEI's HTTP API or OpenAI's embeddings route, translated to tei.v1 calls.
+    Http,
+}
+
+impl Protocol {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::Http => "http",
+        }
+    }
+}
+
 pub struct Call {
     metrics: Metrics,
     activity: Arc<Activity>,
     pub rpc: &'static Rpc,
+    pub protocol: Protocol,
     pub pool: String,
     pub priority: Priority,
     /// The tenant's metric label (`default` for calls that name none).
@@ -54,7 +74,7 @@ pub struct Call {
 }
 
 impl Call {
-    pub fn new(metrics: Metrics, activity: Arc<Activity>, rpc: &'static Rpc, pool: &str) -> Self {
+    pub fn new(metrics: Metrics, activity: Arc<Activity>, rpc: &'static Rpc, protocol: Protocol, pool: &str) -> Self {
         let arrived = Instant::now();
         activity.active.fetch_add(1, Ordering::AcqRel);
         let since_start = arrived.saturating_duration_since(activity.started).as_millis();
@@ -63,6 +83,7 @@ impl Call {
             metrics,
             activity,
             rpc,
+            protocol,
             pool: pool.to_owned(),
             priority: Priority::default(),
             tenant: crate::admission::DEFAULT_TENANT.into(),
@@ -118,10 +139,10 @@ impl Call {
             return;
         }
         self.finished = true;
-        self.metrics.request_done(&self.pool, self.priority, self.rpc.label, code, outcome);
+        self.metrics.request_done(&self.pool, self.priority, self.protocol, self.rpc.label, code, outcome);
         self.metrics.tenant_done(&self.pool, &self.tenant, outcome);
         self.timings.total = self.arrived.elapsed();
-        self.metrics.timings(&self.pool, self.priority, &self.timings);
+        self.metrics.timings(&self.pool, self.priority, self.protocol, &self.timings);
     }
 }
 

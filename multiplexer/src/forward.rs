@@ -26,7 +26,7 @@ use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::{AdmissionError, Ask, Cost, Observation, Permit};
-use crate::call::{Activity, Call};
+use crate::call::{Activity, Call, Protocol};
 use crate::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
 use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
@@ -65,9 +65,9 @@ impl Forwarder {
         Self { pools, metrics, hop_marker, max_message_bytes, draining, activity }
     }
 
-    /// A new call of `rpc`, attributed to the own pool until routed.
-    pub fn call(&self, rpc: &'static Rpc) -> Call {
-        Call::new(self.metrics.clone(), self.activity.clone(), rpc, self.pools.own_name())
+    /// A new call of `rpc` that came in on `protocol`, attributed to the own pool until routed.
+    pub fn call(&self, rpc: &'static Rpc, protocol: Protocol) -> Call {
+        Call::new(self.metrics.clone(), self.activity.clone(), rpc, protocol, self.pools.own_name())
     }
 
     pub fn activity(&self) -> &Activity {

@@ -8,6 +8,7 @@ use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge,
 use tonic::Code;
 
 use crate::admission::{Admission, Limits, Priority, Snapshot};
+use crate::call::Protocol;
 use crate::status::Outcome;
 
 /// Buckets from 0.5 ms to 30 s: TEI inference is milliseconds, queueing under overload seconds.
@@ -41,9 +42,8 @@ struct Families {
     total: HistogramVec,
 }
 
-fn histogram(name: &str, help: &str) -> HistogramVec {
-    HistogramVec::new(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()), &["pool", "priority"])
-        .expect("valid histogram")
+fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
+    HistogramVec::new(HistogramOpts::new(name, help).buckets(BUCKETS.to_vec()), labels).expect("valid histogram")
 }
 
 fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
@@ -54,8 +54,11 @@ impl Metrics {
     pub fn new() -> Self {
         let families = Families {
             requests: IntCounterVec::new(
-                Opts::new("teifleet_requests_total", "Requests by pool, priority, RPC, gRPC code and outcome."),
-                &["pool", "priority", "rpc", "code", "outcome"],
+                Opts::new(
+                    "teifleet_requests_total",
+                    "Requests by pool, priority, protocol (grpc or http), RPC, gRPC code and outcome.",
+                ),
+                &["pool", "priority", "protocol", "rpc", "code", "outcome"],
             )
             .expect("valid counter"),
             coalesced: IntCounterVec::new(
@@ -111,13 +114,26 @@ impl Metrics {
                 &["pool", "tenant", "outcome"],
             )
             .expect("valid counter"),
-            queue_wait: histogram("teifleet_queue_wait_seconds", "Time waiting for a permit in the multiplexer."),
+            queue_wait: histogram(
+                "teifleet_queue_wait_seconds",
+                "Time waiting for a permit in the multiplexer.",
+                &["pool", "priority"],
+            ),
             tei_queue: histogram(
                 "teifleet_tei_queue_seconds",
                 "Time in TEI's own queue, from TEI's response Metadata.",
+                &["pool", "priority"],
             ),
-            tei_inference: histogram("teifleet_tei_inference_seconds", "TEI inference time, from TEI's Metadata."),
-            total: histogram("teifleet_request_duration_seconds", "Whole request time seen by the multiplexer."),
+            tei_inference: histogram(
+                "teifleet_tei_inference_seconds",
+                "TEI inference time, from TEI's Metadata.",
+                &["pool", "priority"],
+            ),
+            total: histogram(
+                "teifleet_request_duration_seconds",
+                "Whole request time seen by the multiplexer, by protocol (an HTTP request's includes its JSON).",
+                &["pool", "priority", "protocol"],
+            ),
         };
         let registry = Registry::new();
         let f = &families;
@@ -195,8 +211,16 @@ impl Metrics {
         })
     }
 
-    pub fn request_done(&self, pool: &str, priority: Priority, rpc: &str, code: Code, outcome: Outcome) {
-        let labels = [pool, priority.as_str(), rpc, code_label(code), outcome.as_str()];
+    pub fn request_done(
+        &self,
+        pool: &str,
+        priority: Priority,
+        protocol: Protocol,
+        rpc: &str,
+        code: Code,
+        outcome: Outcome,
+    ) {
+        let labels = [pool, priority.as_str(), protocol.as_str(), rpc, code_label(code), outcome.as_str()];
         self.families.requests.with_label_values(&labels).inc();
     }
 
@@ -208,7 +232,7 @@ impl Metrics {
         self.families.coalesced.with_label_values(&[pool, rpc]).inc();
     }
 
-    pub fn timings(&self, pool: &str, priority: Priority, timings: &Timings) {
+    pub fn timings(&self, pool: &str, priority: Priority, protocol: Protocol, timings: &Timings) {
         let f = &self.families;
         let labels = [pool, priority.as_str()];
         if let Some(wait) = timings.queue_wait {
@@ -220,7 +244,7 @@ impl Metrics {
         if let Some(tei) = timings.tei_inference {
             f.tei_inference.with_label_values(&labels).observe(tei.as_secs_f64());
         }
-        f.total.with_label_values(&labels).observe(timings.total.as_secs_f64());
+        f.total.with_label_values(&[pool, priority.as_str(), protocol.as_str()]).observe(timings.total.as_secs_f64());
     }
 }
 

@@ -14,7 +14,7 @@ use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, Stream
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
-use crate::call::Call;
+use crate::call::{Call, Protocol};
 use crate::forward::{Forwarder, ResponseStream, Routed, cost_before_body};
 use crate::rpc::{Admit, Rpc, Shape};
 
@@ -47,7 +47,7 @@ where
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         // The call's clock starts now, with tonic's own deadline timer, not at the first poll.
-        let call = self.forwarder.call(self.rpc);
+        let call = self.forwarder.call(self.rpc, Protocol::Grpc);
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);
         // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
         serve(call, self.forwarder.clone(), request, span.clone()).map(Ok).instrument(span).boxed()

@@ -227,11 +227,76 @@ async fn a_thousand_texts_over_a_cap_of_32_are_split_and_kept_in_order() {
     assert_eq!(
         metric(
             &text,
-            r#"teifleet_requests_total{code="Ok",outcome="ok",pool="pool-a",priority="standard",rpc="Embed"}"#
+            r#"teifleet_requests_total{code="Ok",outcome="ok",pool="pool-a",priority="standard",protocol="http",rpc="Embed"}"#
         ),
         Some(1.0),
         "one request, however many chunks"
     );
+    mux.shutdown().await.unwrap();
+    sim.shutdown().await;
+}
+
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+#[tokio::test]
+async fn similarity_is_the_cosine_of_the_embeddings_and_one_admitted_request() {
+    let sim = sim(|_| {}).await;
+    let mux = front(limits(16, 64), &sim, HttpSettings::default()).await;
+    let http = mux.http_addr.unwrap();
+    // More sentences than one TEI call takes: split like an /embed batch, scores in order.
+    let sentences: Vec<String> = (0..40).map(|i| format!("sentence {i}")).collect();
+    let mut all = vec!["the source".to_owned()];
+    all.extend(sentences.iter().cloned());
+    all.push("the source".into());
+    let answer =
+        post(http, "/similarity", json!({"inputs": {"source_sentence": "the source", "sentences": all[1..]}})).await;
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let scores = vector(&answer.body);
+    assert_eq!(scores.len(), 41);
+    let source = embedding_for("the source", DIMENSIONS);
+    for (i, text) in sentences.iter().enumerate() {
+        let want = dot(&source, &embedding_for(text, DIMENSIONS));
+        assert!((scores[i] - want).abs() < 1e-5, "sentence {i}: {} vs {want}", scores[i]);
+    }
+    assert!((scores[40] - 1.0).abs() < 1e-5, "the source against itself: {}", scores[40]);
+
+    // TEI's parameters are accepted; POST / takes the same body (huggingface_hub's
+    // sentence_similarity posts it there) and still embeds a plain one.
+    let body = json!({
+        "inputs": {"source_sentence": "a", "sentences": ["b"]},
+        "parameters": {"truncate": true, "truncation_direction": "Left", "prompt_name": null}
+    });
+    let with_parameters = post(http, "/similarity", body.clone()).await;
+    assert_eq!(with_parameters.status, 200, "{}", with_parameters.body);
+    let want = dot(&embedding_for("a", DIMENSIONS), &embedding_for("b", DIMENSIONS));
+    assert!((vector(&with_parameters.body)[0] - want).abs() < 1e-5);
+    let root = post(http, "/", body).await;
+    assert_eq!((root.status, vector(&root.body).len()), (200, 1), "{}", root.body);
+    assert_eq!(post(http, "/", json!({"inputs": "a"})).await.body.as_array().map(Vec::len), Some(1));
+
+    // TEI's refusals: no sentences, an empty text, the wrong shape.
+    let none = post(http, "/similarity", json!({"inputs": {"source_sentence": "a", "sentences": []}})).await;
+    assert_eq!((none.status, none.body["error_type"].as_str()), (400, Some("Empty")), "{}", none.body);
+    assert!(none.body["error"].as_str().unwrap().contains("`inputs.sentences` cannot be empty"));
+    let blank = post(http, "/similarity", json!({"inputs": {"source_sentence": "", "sentences": ["b"]}})).await;
+    assert_eq!(blank.status, 400, "{}", blank.body);
+    let wrong = post(http, "/similarity", json!({"inputs": ["a", "b"]})).await;
+    assert_eq!((wrong.status, wrong.body["error_type"].as_str()), (422, Some("Validation")), "{}", wrong.body);
+
+    // Counted as Embed requests on the HTTP front, beside gRPC's own series.
+    embed_client(mux.grpc_addr).await.embed(embed_request("over gRPC")).await.unwrap();
+    let text = metrics_text(&mux);
+    let series = |protocol: &str| {
+        format!(
+            "teifleet_requests_total{{code=\"Ok\",outcome=\"ok\",pool=\"pool-a\",priority=\"standard\",protocol=\"{protocol}\",rpc=\"Embed\"}}"
+        )
+    };
+    assert_eq!(metric(&text, &series("http")), Some(4.0), "three /similarity and one embed through /: {text}");
+    assert_eq!(metric(&text, &series("grpc")), Some(1.0), "{text}");
+    let whole = "teifleet_request_duration_seconds_count{pool=\"pool-a\",priority=\"standard\",protocol=\"http\"}";
+    assert!(metric(&text, whole).unwrap_or(0.0) >= 4.0, "{text}");
     mux.shutdown().await.unwrap();
     sim.shutdown().await;
 }

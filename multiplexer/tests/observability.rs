@@ -40,7 +40,7 @@ async fn tei_errors_pass_through_unchanged_and_are_counted() {
     let text = metrics_text(&mux);
     let series = |code: &str| {
         format!(
-            "teifleet_requests_total{{code=\"{code}\",outcome=\"upstream_error\",pool=\"pool-a\",priority=\"standard\",rpc=\"Embed\"}}"
+            "teifleet_requests_total{{code=\"{code}\",outcome=\"upstream_error\",pool=\"pool-a\",priority=\"standard\",protocol=\"grpc\",rpc=\"Embed\"}}"
         )
     };
     assert!(metric(&text, &series("ResourceExhausted")).unwrap_or(0.0) >= 1.0, "{text}");
@@ -59,14 +59,11 @@ async fn each_call_is_split_into_multiplexer_wait_tei_queue_and_inference() {
     .await;
     let text = metrics_text(&mux);
     let labels = "{pool=\"pool-a\",priority=\"standard\"}";
-    for histogram in [
-        "teifleet_queue_wait_seconds",
-        "teifleet_tei_queue_seconds",
-        "teifleet_tei_inference_seconds",
-        "teifleet_request_duration_seconds",
-    ] {
+    for histogram in ["teifleet_queue_wait_seconds", "teifleet_tei_queue_seconds", "teifleet_tei_inference_seconds"] {
         assert_eq!(metric(&text, &format!("{histogram}_count{labels}")), Some(3.0), "{histogram}: {text}");
     }
+    let whole = "teifleet_request_duration_seconds_count{pool=\"pool-a\",priority=\"standard\",protocol=\"grpc\"}";
+    assert_eq!(metric(&text, whole), Some(3.0), "{text}");
     let inference = metric(&text, &format!("teifleet_tei_inference_seconds_sum{labels}")).unwrap();
     assert!(inference >= 0.05, "three 20 ms device runs reported by TEI: {inference}");
     let waited = metric(&text, &format!("teifleet_queue_wait_seconds_sum{labels}")).unwrap();
@@ -146,7 +143,7 @@ async fn connections_recycled_by_age_keep_calls_flowing() {
     assert!(served > 50, "calls kept flowing across several connection generations: {served}");
     assert!(raced * 10 <= served, "races are rare: {raced} of {served}");
     let text = metrics_text(&mux);
-    let ok = "teifleet_requests_total{code=\"Ok\",outcome=\"ok\",pool=\"pool-a\",priority=\"standard\",rpc=\"Embed\"}";
+    let ok = "teifleet_requests_total{code=\"Ok\",outcome=\"ok\",pool=\"pool-a\",priority=\"standard\",protocol=\"grpc\",rpc=\"Embed\"}";
     // Each raced call either never completed at the server or completed with its answer lost in
     // the closing connection; no other call went missing.
     let server_ok = metric(&text, ok).unwrap_or(0.0) as u64;

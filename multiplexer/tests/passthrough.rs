@@ -29,7 +29,7 @@ async fn upstream_errors_pass_through_unaltered() {
     assert_eq!(through.details(), direct.details());
 
     let text = metrics_text(&mux);
-    let series = "teifleet_requests_total{code=\"InvalidArgument\",outcome=\"upstream_error\",pool=\"pool-a\",priority=\"standard\",rpc=\"Rerank\"}";
+    let series = "teifleet_requests_total{code=\"InvalidArgument\",outcome=\"upstream_error\",pool=\"pool-a\",priority=\"standard\",protocol=\"grpc\",rpc=\"Rerank\"}";
     assert_eq!(metric(&text, series), Some(1.0), "{text}");
 }
 

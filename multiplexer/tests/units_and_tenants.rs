@@ -73,7 +73,7 @@ async fn a_deadline_passing_at_tei_is_deadline_exceeded() {
     let status = embed_client(mux.grpc_addr).await.embed(request).await.unwrap_err();
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let text = metrics_text(&mux);
-    let series = "teifleet_requests_total{code=\"DeadlineExceeded\",outcome=\"expired_at_upstream\",pool=\"pool-a\",priority=\"standard\",rpc=\"Embed\"}";
+    let series = "teifleet_requests_total{code=\"DeadlineExceeded\",outcome=\"expired_at_upstream\",pool=\"pool-a\",priority=\"standard\",protocol=\"grpc\",rpc=\"Embed\"}";
     assert_eq!(metric(&text, series), Some(1.0), "{text}");
 }
 

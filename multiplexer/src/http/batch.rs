@@ -15,6 +15,7 @@ use tonic::Request;
 
 use super::error::HttpError;
 use crate::admission::Cost;
+use crate::call::Protocol;
 use crate::forward::{Forwarder, acquire, cost_of, observe, timing};
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
@@ -56,7 +57,7 @@ pub async fn run(
     per_permit: usize,
 ) -> Result<Vec<Bytes>, HttpError> {
     let headers = with_timeout(headers).map_err(HttpError::Call)?;
-    let mut call = forwarder.call(rpc);
+    let mut call = forwarder.call(rpc, Protocol::Http);
     let (meta, pool) = match forwarder.route(&mut call, &headers) {
         Ok(routed) => routed,
         Err(error) => {

@@ -61,6 +61,7 @@ pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: Ht
         .route("/embed_all", post(routes::embed_all))
         .route("/predict", post(routes::predict))
         .route("/rerank", post(routes::rerank))
+        .route("/similarity", post(routes::similarity))
         .route("/tokenize", post(routes::tokenize))
         .route("/decode", post(routes::decode))
         .route("/info", get(routes::info))

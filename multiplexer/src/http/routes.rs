@@ -46,6 +46,7 @@ handler!(embed_sparse, embed_sparse_route, Flavor::Tei);
 handler!(embed_all, embed_all_route, Flavor::Tei);
 handler!(predict, predict_route, Flavor::Tei);
 handler!(rerank, rerank_route, Flavor::Tei);
+handler!(similarity, similarity_route, Flavor::Tei);
 handler!(tokenize, tokenize_route, Flavor::Tei);
 handler!(decode, decode_route, Flavor::Tei);
 handler!(openai, openai_route, Flavor::OpenAi);
@@ -209,6 +210,55 @@ async fn rerank_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answ
     Ok(super::json(&ranks))
 }
 
+async fn similarity_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+    similarity_of(shared, headers, parse(body)?).await
+}
+
+/// TEI's `/similarity`: the source sentence and the others embedded as one `/embed` batch (split
+/// and admitted like one), then each other sentence's cosine similarity to the source.
+async fn similarity_of(shared: &Shared, headers: &HeaderMap, request: SimilarityRequest) -> Answer {
+    let SimilarityInput { source_sentence, sentences } = request.inputs;
+    if sentences.is_empty() {
+        return Err(HttpError::Empty("inputs.sentences"));
+    }
+    let parameters = request.parameters.unwrap_or_default();
+    let embed = EmbedRequest {
+        inputs: Inputs::Many(std::iter::once(source_sentence).chain(sentences).collect()),
+        // As TEI: cosine does not need unit vectors.
+        normalize: false,
+        truncate: parameters.truncate,
+        truncation_direction: parameters.truncation_direction,
+        prompt_name: parameters.prompt_name,
+        dimensions: None,
+    };
+    let answers = embed_calls(shared, headers, embed).await?;
+    let Some((source, others)) = answers.split_first() else {
+        return Err(HttpError::Undecodable("no Embed answer for the source sentence".into()));
+    };
+    let scores: Vec<f32> =
+        others.iter().map(|other| cosine_similarity(&source.embeddings, &other.embeddings)).collect();
+    Ok(super::json(&scores))
+}
+
+/// Cosine similarity as TEI computes it (one minus simsimd's cosine distance, accumulated in
+/// f64): two zero vectors are alike (1), a zero vector and another are unrelated (0).
+pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut a2, mut b2) = (0.0f64, 0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(*x), f64::from(*y));
+        dot += x * y;
+        a2 += x * x;
+        b2 += y * y;
+    }
+    if a2 == 0.0 && b2 == 0.0 {
+        1.0
+    } else if dot == 0.0 {
+        0.0
+    } else {
+        (dot / (a2 * b2).sqrt()) as f32
+    }
+}
+
 async fn tokenize_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
     let request: TokenizeRequest = parse(body)?;
     let messages: Vec<v1::EncodeRequest> = texts(request.inputs)?
@@ -297,11 +347,33 @@ async fn openai_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answ
     Ok(super::json(&OpenAiResponse { object: "list", data, model, usage }))
 }
 
-/// `POST /` and `/invocations`: the route the model's type calls for, as TEI dispatches.
+/// `POST /` and `/invocations`: the route the model's type calls for, as TEI dispatches. For an
+/// embedding model TEI serves either `/embed` or, with `TASK=sentence-similarity`, `/similarity`
+/// there; the sidecar serves both, told apart by the body (`inputs` with a `source_sentence` is
+/// a similarity request, as Hugging Face's `InferenceClient.sentence_similarity` sends it).
 async fn dispatch_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
     match info_of(shared, headers).await?.model_type() {
-        v1::ModelType::Embedding => embed_route(shared, headers, body).await,
+        v1::ModelType::Embedding => match serde_json::from_slice::<SimilarityRequest>(body) {
+            Ok(similarity) => similarity_of(shared, headers, similarity).await,
+            Err(_) => embed_route(shared, headers, body).await,
+        },
         v1::ModelType::Classifier => predict_route(shared, headers, body).await,
         v1::ModelType::Reranker => rerank_route(shared, headers, body).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cosine_similarity;
+
+    #[test]
+    fn cosine_similarity_is_scale_free_and_handles_zero_vectors() {
+        assert!((cosine_similarity(&[1.0, 0.0], &[3.0, 0.0]) - 1.0).abs() < 1e-6);
+        assert!(cosine_similarity(&[1.0, 0.0], &[0.0, 2.0]).abs() < 1e-6);
+        assert!((cosine_similarity(&[1.0, 1.0], &[-1.0, -1.0]) + 1.0).abs() < 1e-6);
+        let half = cosine_similarity(&[1.0, 0.0], &[1.0, 3.0_f32.sqrt()]);
+        assert!((half - 0.5).abs() < 1e-6, "{half}");
+        assert_eq!(cosine_similarity(&[0.0, 0.0], &[0.0, 0.0]), 1.0);
+        assert_eq!(cosine_similarity(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
     }
 }

@@ -126,6 +126,31 @@ pub struct Rank {
     pub score: f32,
 }
 
+/// `/similarity`: one sentence against others, as TEI's sentence-similarity task takes them.
+#[derive(Debug, Deserialize)]
+pub struct SimilarityRequest {
+    pub inputs: SimilarityInput,
+    #[serde(default)]
+    pub parameters: Option<SimilarityParameters>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct SimilarityInput {
+    pub source_sentence: String,
+    pub sentences: Vec<String>,
+}
+
+/// TEI's defaults: not truncated, from the right, no prompt.
+#[derive(Debug, Default, Deserialize)]
+pub struct SimilarityParameters {
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    #[serde(default)]
+    pub truncation_direction: TruncationDirection,
+    #[serde(default)]
+    pub prompt_name: Option<String>,
+}
+
 #[derive(Debug, Deserialize)]
 pub struct TokenizeRequest {
     pub inputs: Inputs,
