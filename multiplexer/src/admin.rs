@@ -1,10 +1,19 @@
-//! The admin HTTP port: `/metrics`, `/healthz`, `/readyz`.
+//! The admin HTTP port: `/metrics`, `/healthz`, `/readyz`, and TEI's health on TEI's behalf
+//! ([`tei_health::PATH`]): TEI listens on the pod's loopback only, where the kubelet's probes
+//! cannot reach it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use teifleet_wire::tei_health;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
 use crate::metrics::Metrics;
 use crate::pools::PoolTable;
@@ -35,11 +44,145 @@ impl Readiness {
     }
 }
 
-/// Serves `/metrics`, `/healthz` and `/readyz` on `listener` until `stop`.
+/// Asks the own pool's TEI, over the standard gRPC health service, whether it serves; the error
+/// says why not. Unlike readiness this is TEI's health alone: it does not need the pool's limits
+/// and stays true while the sidecar drains, so the kubelet never restarts TEI for the sidecar's
+/// state. Only the pool's upstream address is needed, which the sidecar knows once it has seen
+/// its pool.
+pub async fn check_tei(pools: &PoolTable) -> Result<(), String> {
+    let pool = pools.get(pools.own_name()).ok_or("the sidecar does not know its pool yet, so TEI was not asked")?;
+    let wait = Duration::from_secs(tei_health::CHECK_TIMEOUT_SECONDS);
+    let mut client = HealthClient::new(pool.upstream.channel());
+    let check = client.check(HealthCheckRequest { service: String::new() });
+    match tokio::time::timeout(wait, check).await {
+        Err(_) => Err(format!("TEI did not answer its health check within {wait:?}")),
+        Ok(Err(status)) => Err(format!("TEI's health check failed: {:?}: {}", status.code(), status.message())),
+        Ok(Ok(answer)) => match ServingStatus::try_from(answer.get_ref().status) {
+            Ok(ServingStatus::Serving) => Ok(()),
+            Ok(other) => Err(format!("TEI reports {}", other.as_str_name())),
+            Err(_) => Err(format!("TEI reports an unknown health status {}", answer.get_ref().status)),
+        },
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz` and [`tei_health::PATH`].
+pub fn router(metrics: &Metrics, readiness: Arc<Readiness>) -> Router {
+    let pools = readiness.pools.clone();
+    let tei = get(move || {
+        let pools = pools.clone();
+        async move {
+            match check_tei(&pools).await {
+                Ok(()) => (StatusCode::OK, "TEI serving\n".to_owned()),
+                Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")),
+            }
+        }
+    });
+    teifleet_runtime::admin::routes(metrics.registry.clone())
+        .readyz(move || readiness.ready())
+        .into_router()
+        .route(tei_health::PATH, tei)
+}
+
+/// Serves the admin routes on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, metrics: Metrics, readiness: Arc<Readiness>, stop: CancellationToken) {
-    let router =
-        teifleet_runtime::admin::routes(metrics.registry.clone()).readyz(move || readiness.ready()).into_router();
+    let router = router(&metrics, readiness);
     if let Err(error) = teifleet_runtime::admin::serve(listener, router, stop.cancelled_owned()).await {
         tracing::error!(%error, "admin server failed");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+
+    use teifleet_tei_sim::{Fault, SimConfig};
+    use teifleet_testkit::http::{Response, request};
+
+    use super::*;
+    use crate::pools::PoolSpec;
+
+    /// An admin port whose own pool `own` has its TEI at `upstream`, or no pool at all.
+    async fn admin(upstream: Option<String>) -> (SocketAddr, CancellationToken) {
+        let metrics = Metrics::new();
+        let pools = Arc::new(PoolTable::new("own", metrics.clone()));
+        if let Some(upstream) = upstream {
+            let own = PoolSpec {
+                name: "own".into(),
+                model: None,
+                upstream,
+                // Limits unknown: TEI's health must not wait for them.
+                limits: None,
+                remote: false,
+                coalesce: false,
+                tenants: BTreeMap::new(),
+            };
+            pools.sync(vec![own]).unwrap();
+        }
+        // Draining: TEI's health must not depend on the sidecar's own state either.
+        let readiness = Arc::new(Readiness { pools, upstream_serving: false.into(), accepting: false.into() });
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        tokio::spawn(serve(listener, metrics, readiness, stop.clone()));
+        (addr, stop)
+    }
+
+    async fn tei_health(addr: SocketAddr) -> Response {
+        request(addr, "GET", tei_health::PATH).await.expect("the admin port answers")
+    }
+
+    #[tokio::test]
+    async fn answers_for_tei_whatever_the_sidecar_knows_or_does() {
+        let sim = teifleet_tei_sim::start(SimConfig::default()).await.unwrap();
+        let (addr, stop) = admin(Some(format!("http://{}", sim.addr()))).await;
+        assert_eq!(tei_health(addr).await, Response { status: 200, body: "TEI serving\n".into() });
+        // The sidecar's own readiness says otherwise, and stays its own.
+        assert_eq!(request(addr, "GET", "/readyz").await.unwrap().status, 503);
+
+        sim.set_fault(Fault::Fail);
+        assert_eq!(tei_health(addr).await, Response { status: 503, body: "TEI reports NOT_SERVING\n".into() });
+        sim.set_fault(Fault::None);
+        assert_eq!(tei_health(addr).await.status, 200);
+
+        sim.shutdown().await;
+        let down = tei_health(addr).await;
+        assert_eq!(down.status, 503);
+        assert!(down.body.starts_with("TEI's health check failed: Unavailable"), "{down:?}");
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn a_tei_that_never_answers_gets_a_reason_within_the_check_timeout() {
+        // Accepts connections and says nothing: not even the HTTP/2 handshake completes.
+        let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let silent_addr = silent.local_addr().unwrap();
+        let held = tokio::spawn(async move {
+            let mut connections = Vec::new();
+            while let Ok((connection, _)) = silent.accept().await {
+                connections.push(connection);
+            }
+        });
+        let (addr, stop) = admin(Some(format!("http://{silent_addr}"))).await;
+        let started = tokio::time::Instant::now();
+        let answer = tei_health(addr).await;
+        let waited = started.elapsed();
+        let limit = Duration::from_secs(tei_health::CHECK_TIMEOUT_SECONDS);
+        assert_eq!(answer.status, 503);
+        assert_eq!(answer.body, format!("TEI did not answer its health check within {limit:?}\n"));
+        assert!(waited < limit + Duration::from_millis(500), "answered after {waited:?}");
+        held.abort();
+        stop.cancel();
+    }
+
+    #[tokio::test]
+    async fn without_its_pool_the_sidecar_says_it_did_not_ask() {
+        let (addr, stop) = admin(None).await;
+        let answer = tei_health(addr).await;
+        assert_eq!(
+            answer,
+            Response { status: 503, body: "the sidecar does not know its pool yet, so TEI was not asked\n".into() }
+        );
+        stop.cancel();
     }
 }

@@ -268,9 +268,13 @@ mod tests {
 
     #[test]
     fn tei_ports_listen_where_tei_would() {
-        // What the operator renders: TEI's ports, no --hostname.
+        // TEI's ports without --hostname: every interface, as TEI.
         let listen = listen_addresses(None, None, &tei(None, Some(8080), Some(9000)));
         assert_eq!((listen.grpc, listen.admin), (addr("0.0.0.0:8080"), addr("0.0.0.0:9000")));
+        // What the operator renders: loopback only, metrics included, so only the sidecar
+        // reaches the simulator, as it reaches TEI.
+        let listen = listen_addresses(None, None, &tei(Some("127.0.0.1"), Some(8080), Some(9000)));
+        assert_eq!((listen.grpc, listen.admin), (addr("127.0.0.1:8080"), addr("127.0.0.1:9000")));
         let listen = listen_addresses(None, None, &tei(Some("127.0.0.1"), Some(8081), None));
         assert_eq!((listen.grpc, listen.admin), (addr("127.0.0.1:8081"), addr("127.0.0.1:9000")));
         let listen = listen_addresses(None, None, &tei(Some("::1"), None, Some(9001)));

@@ -21,6 +21,18 @@ pub mod ports {
     pub const OPERATOR_ADMIN: u16 = 8080;
 }
 
+/// How the kubelet learns TEI's health. TEI listens on the pod's loopback only (so nothing can call
+/// it around the multiplexer), out of reach of the kubelet's probes; the sidecar asks TEI in its
+/// place and answers on its admin port.
+pub mod tei_health {
+    /// The sidecar's admin route that asks TEI's gRPC health service: 200 while TEI says
+    /// SERVING, 503 with the reason otherwise.
+    pub const PATH: &str = "/upstream/healthz";
+    /// How long the sidecar waits for TEI's answer. The probes the operator renders wait longer,
+    /// so a slow TEI gets a 503 that says why instead of a probe timeout.
+    pub const CHECK_TIMEOUT_SECONDS: u64 = 1;
+}
+
 /// Request and response metadata (gRPC metadata, HTTP headers).
 pub mod headers {
     /// `critical`, `standard` (default) or `sheddable`.

@@ -2,14 +2,15 @@
 //! GPU, and the `multiplexer` sidecar every client request passes through.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    EphemeralVolumeSource, GRPCAction, HTTPGetAction, Lifecycle, LifecycleHandler, NodeSelectorRequirement,
-    NodeSelectorTerm, ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, SleepAction, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
+    EphemeralVolumeSource, HTTPGetAction, Lifecycle, LifecycleHandler, NodeSelectorRequirement, NodeSelectorTerm,
+    ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PersistentVolumeClaimVolumeSource,
+    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
+    SleepAction, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -17,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
 use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
 use teifleet_crds::{EmbeddingPool, ModelCacheSpec, labels};
-use teifleet_wire::ports;
+use teifleet_wire::{ports, tei_health};
 
 use super::{Owner, RenderConfig};
 
@@ -64,6 +65,10 @@ fn tei_args(pool: &EmbeddingPool) -> Vec<String> {
     let spec = &pool.spec;
     let mut args = vec![
         format!("--model-id={}", spec.model.id),
+        // Loopback only: every call must pass the sidecar's admission, and other pods cannot
+        // reach TEI even on clusters that do not enforce NetworkPolicies. TEI's metrics port
+        // follows the same address.
+        format!("--hostname={}", Ipv4Addr::LOCALHOST),
         format!("--port={}", ports::TEI_GRPC),
         format!("--prometheus-port={}", ports::TEI_METRICS),
         format!("--max-concurrent-requests={}", tei_max_concurrent_requests(pool)),
@@ -186,12 +191,24 @@ fn runtime_default_seccomp() -> SeccompProfile {
     SeccompProfile { type_: "RuntimeDefault".into(), ..SeccompProfile::default() }
 }
 
-fn grpc_probe(period: i32, failures: i32) -> Probe {
+/// Slack the kubelet gives the sidecar beyond its own wait for TEI, so a TEI too slow to answer
+/// gets a 503 that says so, and a sidecar briefly short of CPU still answers in time.
+const TEI_PROBE_SLACK_SECONDS: u64 = 2;
+
+/// TEI's health as the sidecar reports it: the kubelet probes the pod's IP, and TEI listens on
+/// loopback only. The port is a number, since a probe's named port is looked up among its own
+/// container's ports.
+fn tei_health_probe(period: i32, failures: i32) -> Probe {
+    let timeout = tei_health::CHECK_TIMEOUT_SECONDS + TEI_PROBE_SLACK_SECONDS;
     Probe {
-        grpc: Some(GRPCAction { port: i32::from(ports::TEI_GRPC), ..GRPCAction::default() }),
+        http_get: Some(HTTPGetAction {
+            path: Some(tei_health::PATH.into()),
+            port: IntOrString::Int(i32::from(ports::MULTIPLEXER_ADMIN)),
+            ..HTTPGetAction::default()
+        }),
         period_seconds: Some(period),
         failure_threshold: Some(failures),
-        timeout_seconds: Some(5),
+        timeout_seconds: i32::try_from(timeout).ok(),
         ..Probe::default()
     }
 }
@@ -306,13 +323,16 @@ fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
         args: Some(tei_args(pool)),
         env: Some(tei_env(pool)),
         env_from: Some(pool.spec.tei.env_from.clone()).filter(|sources| !sources.is_empty()),
-        ports: Some(vec![tcp_port("tei-grpc", ports::TEI_GRPC), tcp_port("tei-metrics", ports::TEI_METRICS)]),
+        // No ports: TEI listens on loopback only, where only the sidecar reaches it.
         resources: Some(tei_resources(pool)),
         // TEI downloads the model before it listens: allow up to 30 minutes for that, then let
-        // readiness and liveness take over at their normal pace.
-        startup_probe: Some(grpc_probe(10, 180)),
-        readiness_probe: Some(grpc_probe(5, 3)),
-        liveness_probe: Some(grpc_probe(10, 6)),
+        // readiness and liveness take over at their normal pace. Every probe goes through the
+        // sidecar, so liveness asks for a minute of failures in a row before restarting TEI
+        // (and its model load): longer than the sidecar's own liveness takes to restart a
+        // wedged sidecar (30 s) and the second it needs to serve again.
+        startup_probe: Some(tei_health_probe(10, 180)),
+        readiness_probe: Some(tei_health_probe(5, 3)),
+        liveness_probe: Some(tei_health_probe(10, 6)),
         security_context: Some(container_security_context()),
         volume_mounts: Some(vec![volume_mount(MODEL_CACHE_VOLUME, MODEL_CACHE_PATH), volume_mount("tmp", "/tmp")]),
         // The kubelet stops both containers at once; without this TEI would exit while the
