@@ -227,7 +227,10 @@ mod tests {
         assert!(!is_leaders_deadline(&expired, Role::Leader, None));
         let full = Error::Admission {
             pool: "p".into(),
-            source: AdmissionError::QueueFull { queued: 1, retry_after: Duration::from_millis(5) },
+            source: AdmissionError::QueueFull {
+                queued: 1,
+                retry_after: crate::admission::Retry::After(Duration::from_millis(5)),
+            },
         };
         assert!(!is_leaders_deadline(&full, follower, None), "a full queue holds for everyone");
     }

@@ -3,7 +3,7 @@
 use tonic::{Code, Status};
 
 use crate::Error;
-use crate::admission::AdmissionError;
+use crate::admission::{AdmissionError, Retry};
 use teifleet_wire::headers::RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER;
 
 /// How a request ended, as counted in `teifleet_requests_total{outcome}`.
@@ -74,10 +74,16 @@ pub fn into_status(error: Error) -> Status {
     };
     let mut status = Status::new(code, error.to_string());
     if let Error::Admission { source, .. } = &error
-        && let Some(retry_after) = source.retry_after()
-        && let Ok(value) = retry_after.as_millis().to_string().parse()
+        && let Some(retry) = source.retry()
     {
-        status.metadata_mut().insert(RETRY_PUSHBACK_HEADER, value);
+        // gRPC's retry policy (A6) stops retrying on a negative pushback.
+        let millis = match retry {
+            Retry::After(after) => after.as_millis().to_string(),
+            Retry::Futile => "-1".to_owned(),
+        };
+        if let Ok(value) = millis.parse() {
+            status.metadata_mut().insert(RETRY_PUSHBACK_HEADER, value);
+        }
     }
     status
 }
@@ -105,11 +111,22 @@ mod tests {
 
     #[test]
     fn overload_is_resource_exhausted_with_a_pushback_hint() {
-        let status =
-            into_status(admission(AdmissionError::QueueFull { queued: 9, retry_after: Duration::from_millis(250) }));
+        let status = into_status(admission(AdmissionError::QueueFull {
+            queued: 9,
+            retry_after: Retry::After(Duration::from_millis(250)),
+        }));
         assert_eq!(status.code(), Code::ResourceExhausted);
         assert_eq!(status.metadata().get(RETRY_PUSHBACK_HEADER).unwrap(), "250");
         assert!(status.message().contains("pool bge"), "{}", status.message());
+        let futile = into_status(admission(AdmissionError::DeadlineUnmeetable {
+            expected_wait: Duration::from_secs(5),
+            retry_after: Retry::Futile,
+        }));
+        assert_eq!(
+            futile.metadata().get(RETRY_PUSHBACK_HEADER).unwrap(),
+            "-1",
+            "A6: a negative pushback stops retries"
+        );
     }
 
     #[test]
@@ -130,7 +147,7 @@ mod tests {
             (
                 admission(AdmissionError::DeadlineUnmeetable {
                     expected_wait: Duration::from_secs(1),
-                    retry_after: Duration::from_secs(1),
+                    retry_after: Retry::After(Duration::from_secs(1)),
                 }),
                 Code::ResourceExhausted,
             ),

@@ -35,20 +35,21 @@ impl ServiceTime {
     }
 }
 
-/// Suggested client back-off when shedding: the wait the caller's place in line implies, never
-/// below 10 ms, 100 ms while nothing is known, spread by a random factor between 0.5 and 1.5.
+/// Suggested client back-off when shedding: a moment picked at random in the last `window` before
+/// the caller's `turn` (at most half of it), so the queue has room when it arrives and holds the
+/// callers that come back slightly early, never below 5 ms; 100 ms ± 50% while nothing is known.
 /// gRPC's retry policy waits exactly the hint it gets, so identical hints would bring a whole
 /// burst of refused calls back at the same instant, and TEI would idle between the waves.
-pub(super) fn pushback(estimate: Option<Duration>) -> Duration {
-    spread(base_pushback(estimate), rand::random_range(0.5..1.5))
+pub(super) fn pushback(turn: Option<Duration>, window: Duration) -> Duration {
+    spread(turn, window, rand::random_range(0.0..1.0))
 }
 
-fn base_pushback(estimate: Option<Duration>) -> Duration {
-    estimate.unwrap_or(Duration::from_millis(100)).max(Duration::from_millis(10))
-}
-
-fn spread(base: Duration, factor: f64) -> Duration {
-    base.mul_f64(factor).max(Duration::from_millis(5))
+fn spread(turn: Option<Duration>, window: Duration, fraction: f64) -> Duration {
+    let hint = match turn {
+        Some(turn) => turn.saturating_sub(window.min(turn / 2).mul_f64(fraction)),
+        None => Duration::from_millis(50).mul_f64(1.0 + 2.0 * fraction),
+    };
+    hint.max(Duration::from_millis(5))
 }
 
 #[cfg(test)]
@@ -58,16 +59,20 @@ mod tests {
     #[test]
     fn no_estimate_before_the_first_sample() {
         assert_eq!(ServiceTime::default().wait_for(10, 2), None);
-        assert_eq!(base_pushback(None), Duration::from_millis(100));
+        assert_eq!(spread(None, Duration::ZERO, 0.0), Duration::from_millis(50));
+        assert_eq!(spread(None, Duration::ZERO, 1.0), Duration::from_millis(150));
     }
 
     #[test]
-    fn pushback_is_spread_around_the_expected_wait() {
-        let hints: Vec<Duration> = (0..200).map(|_| pushback(Some(Duration::from_millis(400)))).collect();
-        assert!(hints.iter().all(|h| (200..=600).contains(&h.as_millis())), "{hints:?}");
+    fn pushback_is_spread_just_before_the_turn() {
+        let (turn, window) = (Some(Duration::from_millis(400)), Duration::from_millis(40));
+        let hints: Vec<Duration> = (0..200).map(|_| pushback(turn, window)).collect();
+        assert!(hints.iter().all(|h| (360..=400).contains(&h.as_millis())), "{hints:?}");
         let distinct: std::collections::BTreeSet<_> = hints.iter().collect();
         assert!(distinct.len() > 100, "spread, not identical: {} distinct", distinct.len());
-        assert_eq!(spread(Duration::from_millis(10), 0.5), Duration::from_millis(5));
+        // A turn shorter than the window: spread over its second half only.
+        assert_eq!(spread(Some(Duration::from_millis(30)), window, 1.0), Duration::from_millis(15));
+        assert_eq!(spread(Some(Duration::from_millis(6)), window, 1.0), Duration::from_millis(5), "floor");
     }
 
     #[test]

@@ -38,7 +38,7 @@ use tokio::time::Instant;
 pub use adaptive::{Change, Reason as LimitReason};
 pub use priority::{Priority, UnknownPriority};
 pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
-pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Snapshot};
+pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Retry, Snapshot};
 
 use adaptive::Adaptive;
 use estimate::{ServiceTime, pushback};
@@ -182,12 +182,10 @@ impl Admission {
             (slot, false) => *slot = None,
         }
         while state.queue.inputs() > limits.max_queued {
+            let Some(victim) = state.queue.evict_lowest() else { break };
             let position = state.queue.inputs();
-            let retry_after = state.retry_hint(position);
-            match state.queue.evict_lowest() {
-                Some(victim) => drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after }))),
-                None => break,
-            }
+            let retry_after = state.retry_hint(position, None);
+            drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after })));
         }
         self.shared.dispatch(&mut state);
         self.shared.notify(&state, None);
@@ -221,7 +219,7 @@ impl Admission {
             {
                 return Err(AdmissionError::DeadlineUnmeetable {
                     expected_wait: wait,
-                    retry_after: state.retry_hint(ahead),
+                    retry_after: state.retry_hint(ahead, ask.deadline),
                 });
             }
             if let Some(wait) = expected_wait
@@ -230,10 +228,10 @@ impl Admission {
             {
                 return Err(AdmissionError::StandingQueue {
                     expected_wait: wait,
-                    retry_after: state.retry_hint(ahead),
+                    retry_after: state.retry_hint(ahead, ask.deadline),
                 });
             }
-            state.make_room(ask.priority, tenant, weight, cost)?;
+            state.make_room(&ask, tenant, weight)?;
             let (grant, receiver) = oneshot::channel();
             let units = if state.limits.max_in_flight_tokens.is_some() {
                 u64::from(cost.tokens)
@@ -264,7 +262,7 @@ impl Admission {
             Ok(Err(_)) => {
                 // The queue went away without a word: the pool itself was dropped.
                 waiting.served();
-                Err(AdmissionError::Evicted { retry_after: self.retry_hint() })
+                Err(AdmissionError::Evicted { retry_after: self.retry_hint(ask.deadline) })
             }
             Err(_elapsed) => {
                 if let Some(permit) = waiting.give_up() {
@@ -274,16 +272,16 @@ impl Admission {
                 if patience < queue_timeout {
                     Err(AdmissionError::DeadlineExpired { waited })
                 } else {
-                    Err(AdmissionError::QueueTimeout { waited, retry_after: self.retry_hint() })
+                    Err(AdmissionError::QueueTimeout { waited, retry_after: self.retry_hint(ask.deadline) })
                 }
             }
         }
     }
 
-    fn retry_hint(&self) -> Duration {
+    fn retry_hint(&self, deadline: Option<Instant>) -> Retry {
         let mut state = self.shared.lock();
         let position = state.queue.inputs();
-        state.retry_hint(position)
+        state.retry_hint(position, deadline)
     }
 }
 
@@ -326,7 +324,9 @@ impl Shared {
         let now = Instant::now();
         loop {
             let oldest = state.queue.oldest().map(|enqueued| now.saturating_duration_since(enqueued));
-            state.standing.update(oldest, now, state.service_time.mean());
+            if state.standing.update(oldest, now, state.service_time.mean()) {
+                state.trim_standing_queue();
+            }
             let Some(next) = state.queue.peek_next() else {
                 state.queue.forget_idle_tenants();
                 break;
@@ -379,26 +379,52 @@ impl State {
         self.service_time.wait_for(ahead, self.effective_limit())
     }
 
-    /// The back-off for a caller refused at `position` (inputs ahead of where it would wait):
-    /// its place behind the queue and behind the callers refused before it (see `returning`).
-    fn retry_hint(&mut self, position: usize) -> Duration {
+    /// What to tell a caller refused at `position` (inputs ahead of where it would wait), with
+    /// `deadline`: its turn behind the queue and behind the callers refused before it (see
+    /// `returning`), or, when that turn comes after its deadline, that retrying is futile. A
+    /// caller without a deadline is told at most the queue timeout and then not counted in line.
+    fn retry_hint(&mut self, position: usize, deadline: Option<Instant>) -> Retry {
         let slots = self.effective_limit();
-        let horizon = self.limits.queue_timeout;
-        let returning = self.returning.join(Instant::now(), slots, self.service_time.mean(), horizon);
-        pushback(self.expected_wait(position + returning))
+        let Some(service) = self.service_time.mean().filter(|service| !service.is_zero()) else {
+            return Retry::After(pushback(None, Duration::ZERO));
+        };
+        let now = Instant::now();
+        let ahead = position + self.returning.ahead(now, slots as f64 / service.as_secs_f64());
+        let turn = self.service_time.wait_for(ahead, slots).unwrap_or(service);
+        let window = self.service_time.wait_for(self.limits.max_queued.saturating_sub(1), slots).unwrap_or(service);
+        match deadline {
+            Some(deadline) if now + turn > deadline => Retry::Futile,
+            None if turn > self.limits.queue_timeout => Retry::After(pushback(Some(self.limits.queue_timeout), window)),
+            _ => {
+                self.returning.join();
+                Retry::After(pushback(Some(turn), window))
+            }
+        }
+    }
+
+    /// While the queue stands, refuses now the waiters that would still wait longer than the
+    /// target, as the door refuses newcomers on the same rule, instead of letting them wait out
+    /// the queue timeout: a burst queued in full before the queue was seen standing (nothing had
+    /// completed yet to say how long it would take) shrinks to a target's worth of work, enough to
+    /// keep TEI busy. Lowest priority, heaviest tenant and newest go first, as on a full queue.
+    fn trim_standing_queue(&mut self) {
+        let target = standing::target_and_interval(self.service_time.mean()).0;
+        while let Some(wait) = self.expected_wait(self.queue.inputs().saturating_sub(1))
+            && wait > target
+        {
+            let Some(victim) = self.queue.evict_lowest() else { break };
+            let position = self.queue.inputs();
+            let retry_after = self.retry_hint(position, None);
+            drop(victim.grant.send(Err(AdmissionError::StandingQueue { expected_wait: wait, retry_after })));
+        }
     }
 
     /// Frees queue space for `cost`, evicting lower priorities or heavier tenants, or refuses.
-    fn make_room(
-        &mut self,
-        priority: Priority,
-        tenant: TenantId,
-        weight: u32,
-        cost: Cost,
-    ) -> Result<(), AdmissionError> {
+    fn make_room(&mut self, ask: &Ask<'_>, tenant: TenantId, weight: u32) -> Result<(), AdmissionError> {
+        let (priority, cost, deadline) = (ask.priority, ask.cost, ask.deadline);
         let full = |state: &mut Self| {
             let queued = state.queue.inputs();
-            AdmissionError::QueueFull { queued, retry_after: state.retry_hint(queued) }
+            AdmissionError::QueueFull { queued, retry_after: state.retry_hint(queued, deadline) }
         };
         if cost.inputs as usize > self.limits.max_queued {
             return Err(full(self));
@@ -406,10 +432,12 @@ impl State {
         while self.queue.inputs() + cost.inputs as usize > self.limits.max_queued {
             let share =
                 (self.queue.inputs_of_tenant(priority, tenant) + cost.inputs as usize) as f64 / f64::from(weight);
-            let position = self.queue.inputs();
-            let retry_after = self.retry_hint(position);
             match self.queue.evict_for(priority, tenant, share) {
-                Some(victim) => drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after }))),
+                Some(victim) => {
+                    let position = self.queue.inputs();
+                    let retry_after = self.retry_hint(position, None);
+                    drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after })));
+                }
                 None => return Err(full(self)),
             }
         }

@@ -6,8 +6,6 @@
 //! away as standing in line behind the queue gives each refused caller a later turn than the
 //! one before it; the line drains at the rate the pool serves, as those callers come back.
 
-use std::time::Duration;
-
 use tokio::time::Instant;
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -17,42 +15,42 @@ pub struct Returning {
 }
 
 impl Returning {
-    /// Puts one more refused caller in line at `now`; returns how many are ahead of it. The line
-    /// drains at `slots` calls per `service_time` (as served callers make room for returning
-    /// ones), and holds at most what the pool serves in `horizon` (its queue timeout): callers
-    /// that retry on their own schedule, ignoring the hint, would otherwise be counted again
-    /// each time and push everyone's turn out of reach.
-    pub fn join(&mut self, now: Instant, slots: usize, service_time: Option<Duration>, horizon: Duration) -> usize {
-        let Some(service) = service_time.filter(|s| !s.is_zero()) else { return 0 };
-        let rate = slots as f64 / service.as_secs_f64();
+    /// How many refused callers are still due back at `now`, the line draining at `rate` calls
+    /// per second (as served callers make room for returning ones).
+    pub fn ahead(&mut self, now: Instant, rate: f64) -> usize {
         if let Some(updated) = self.updated {
             self.line = (self.line - now.saturating_duration_since(updated).as_secs_f64() * rate).max(0.0);
         }
         self.updated = Some(now);
-        self.line = self.line.min(rate * horizon.as_secs_f64());
-        let ahead = self.line.ceil() as usize;
-        self.line += 1.0;
-        ahead
+        self.line.ceil() as usize
+    }
+
+    /// Puts one more refused caller in line, behind those counted by [`Self::ahead`].
+    pub fn join(&mut self) {
+        self.line = self.line.ceil() + 1.0;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn each_refused_caller_gets_a_later_turn_and_the_line_drains() {
         let mut returning = Returning::default();
         let now = Instant::now();
-        let (service, horizon) = (Some(Duration::from_millis(100)), Duration::from_secs(2));
-        let turns: Vec<usize> = (0..5).map(|_| returning.join(now, 2, service, horizon)).collect();
+        let rate = 20.0; // 2 slots per 100 ms
+        let turns: Vec<usize> = (0..5)
+            .map(|_| {
+                let ahead = returning.ahead(now, rate);
+                returning.join();
+                ahead
+            })
+            .collect();
         assert_eq!(turns, [0, 1, 2, 3, 4]);
-        // 2 slots per 100 ms: after 1 s, 20 would have been served; the line is empty again.
-        assert_eq!(returning.join(now + Duration::from_secs(1), 2, service, horizon), 0);
-        assert_eq!(returning.join(now + Duration::from_secs(1), 2, service, horizon), 1);
-        // At most what 2 s serve (40): a flood of refusals does not push turns beyond that.
-        let last = (0..1000).map(|_| returning.join(now + Duration::from_secs(1), 2, service, horizon)).last();
-        assert_eq!(last, Some(40));
-        assert_eq!(Returning::default().join(now, 2, None, horizon), 0, "no service time yet: no line");
+        assert_eq!(returning.ahead(now + Duration::from_millis(100), rate), 3, "two served in 100 ms");
+        assert_eq!(returning.ahead(now + Duration::from_secs(1), rate), 0, "drained");
+        assert_eq!(returning.ahead(now + Duration::from_secs(1), rate), 0, "asking does not join");
     }
 }

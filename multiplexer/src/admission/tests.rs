@@ -369,10 +369,11 @@ async fn a_flooding_tenant_evicts_its_own_work_not_others() {
     }
 }
 
-/// A burst is queued and served in full; once the queue has stood for an interval, a newcomer
-/// that would wait longer than the target is refused at once with a retry hint.
+/// A burst is queued; once the queue has stood for an interval, the waiters that would still
+/// wait longer than the target are refused with retry hints instead of waiting out the queue
+/// timeout, and so is a newcomer that would, while the oldest waiters are served.
 #[tokio::test(start_paused = true)]
-async fn a_standing_queue_closes_its_door() {
+async fn a_standing_queue_closes_its_door_and_sheds_its_tail() {
     let admission = Admission::new(Limits::new(1, 1000, Duration::from_secs(60)));
     // Teach a 10 ms service time: target 20 ms, interval 100 ms.
     let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
@@ -394,18 +395,79 @@ async fn a_standing_queue_closes_its_door() {
     assert_eq!(admission.snapshot().queued_total(), 30, "a burst is queued");
     tokio::time::sleep(Duration::from_millis(10)).await;
     drop(held);
-    // Let the queue stand for longer than the interval.
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    assert!(admission.snapshot().standing_queue);
-    let refused = admission.acquire(Ask::new(Priority::Standard)).await.unwrap_err();
-    assert!(matches!(refused, AdmissionError::StandingQueue { .. }), "{refused:?}");
-    assert!(refused.retry_after().unwrap() >= Duration::from_millis(5));
-    for waiter in burst {
-        waiter.await.unwrap().expect("the burst is served in full");
+    let mut waited = Duration::ZERO;
+    while !admission.snapshot().standing_queue {
+        assert!(waited < Duration::from_millis(300), "the queue never stood");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        waited += Duration::from_millis(1);
     }
+    assert!(admission.snapshot().queued_total() <= 2, "trimmed to a target's worth: {:?}", admission.snapshot());
+    let newcomers: Vec<_> = (0..3)
+        .map(|_| {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await.map(drop) })
+        })
+        .collect();
+    let mut refused = 0;
+    for newcomer in newcomers {
+        if let Err(error) = newcomer.await.unwrap() {
+            assert!(matches!(error, AdmissionError::StandingQueue { .. }), "{error:?}");
+            assert!(error.retry_after().unwrap() >= Duration::from_millis(5));
+            refused += 1;
+        }
+    }
+    assert!(refused >= 1, "a newcomer that would wait beyond the target is refused");
+    let (mut served, mut shed) = (0, 0);
+    for waiter in burst {
+        match waiter.await.unwrap() {
+            Ok(()) => served += 1,
+            Err(error) => {
+                assert!(matches!(error, AdmissionError::StandingQueue { .. }), "{error:?}");
+                assert!(error.retry_after().is_some(), "a shed waiter is told when to come back");
+                shed += 1;
+            }
+        }
+    }
+    assert!(served >= 10 && shed >= 10, "the oldest served ({served}), the tail shed ({shed})");
     assert!(!admission.snapshot().standing_queue, "empty: no longer standing");
     let served = admission.acquire(Ask::new(Priority::Standard)).await;
     assert!(served.is_ok(), "the door is open again");
+}
+
+/// A refused caller whose turn would come after its deadline is told not to retry and is not
+/// counted in line; the others are told later and later turns, spread, never identical.
+#[tokio::test(start_paused = true)]
+async fn retry_hints_follow_the_line_and_the_deadline() {
+    let admission = Admission::new(Limits::new(2, 4, Duration::from_secs(2)));
+    // Teach a 20 ms service time: 100 calls a second.
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(permit);
+    let mut held = Vec::new();
+    for _ in 0..6 {
+        let admission = admission.clone();
+        held.push(tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await }));
+    }
+    settle().await;
+    let deadline = Instant::now() + Duration::from_secs(1);
+    let mut hints = Vec::new();
+    let mut futile = 0;
+    for _ in 0..150 {
+        match admission.acquire(Ask::new(Priority::Standard).deadline(Some(deadline))).await.unwrap_err().retry() {
+            Some(Retry::After(after)) => hints.push(after),
+            Some(Retry::Futile) => futile += 1,
+            None => panic!("a shed call gets a hint"),
+        }
+    }
+    // 100 a second within 1 s: about 100 turns, minus the queue's, fit before the deadline.
+    assert!((80..=100).contains(&hints.len()), "{} hinted, {futile} futile", hints.len());
+    assert!(hints.windows(10).all(|w| w[9] > w[0]), "later callers get later turns: {hints:?}");
+    assert!(hints.iter().all(|h| *h <= Duration::from_secs(1)), "within the deadline: {hints:?}");
+    let without_deadline = admission.acquire(Ask::new(Priority::Standard)).await.unwrap_err();
+    assert!(without_deadline.retry_after().unwrap() <= Duration::from_secs(2), "capped at the queue timeout");
+    for waiter in held {
+        waiter.abort();
+    }
 }
 
 /// The adaptive limit moves with what TEI reports and stays under the ceiling.

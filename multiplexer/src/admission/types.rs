@@ -68,26 +68,36 @@ impl<'a> Ask<'a> {
     }
 }
 
+/// What a refused caller is told about coming back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// Come back after this long: about when the caller's turn comes.
+    After(Duration),
+    /// The caller's turn would come after its deadline: retrying cannot help, and a retry would
+    /// only take a turn from a caller that can still be served.
+    Futile,
+}
+
 /// Why a request was not admitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AdmissionError {
     #[error("the queue is full ({queued} inputs waiting)")]
-    QueueFull { queued: usize, retry_after: Duration },
+    QueueFull { queued: usize, retry_after: Retry },
     #[error("the deadline cannot be met: about {expected_wait:?} of queue ahead")]
-    DeadlineUnmeetable { expected_wait: Duration, retry_after: Duration },
+    DeadlineUnmeetable { expected_wait: Duration, retry_after: Retry },
     #[error("waited {waited:?} in the queue, the pool's queue timeout")]
-    QueueTimeout { waited: Duration, retry_after: Duration },
+    QueueTimeout { waited: Duration, retry_after: Retry },
     #[error("the request's deadline passed after {waited:?} in the queue")]
     DeadlineExpired { waited: Duration },
     #[error("evicted from the full queue by a higher-priority request or a tenant with less of the queue")]
-    Evicted { retry_after: Duration },
+    Evicted { retry_after: Retry },
     #[error("the queue is standing: about {expected_wait:?} of queue ahead, more than a waiting call should wait")]
-    StandingQueue { expected_wait: Duration, retry_after: Duration },
+    StandingQueue { expected_wait: Duration, retry_after: Retry },
 }
 
 impl AdmissionError {
-    /// The back-off to suggest to the client, if any.
-    pub fn retry_after(&self) -> Option<Duration> {
+    /// What to tell the client about retrying, if anything.
+    pub fn retry(&self) -> Option<Retry> {
         match self {
             Self::QueueFull { retry_after, .. }
             | Self::DeadlineUnmeetable { retry_after, .. }
@@ -95,6 +105,14 @@ impl AdmissionError {
             | Self::Evicted { retry_after }
             | Self::StandingQueue { retry_after, .. } => Some(*retry_after),
             Self::DeadlineExpired { .. } => None,
+        }
+    }
+
+    /// The back-off to suggest to the client, if retrying can help.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.retry()? {
+            Retry::After(after) => Some(after),
+            Retry::Futile => None,
         }
     }
 }

@@ -117,9 +117,7 @@ fn classify_call(error: &Error) -> (StatusCode, ErrorType, Option<Duration>) {
             (StatusCode::GATEWAY_TIMEOUT, ErrorType::Overloaded, None)
         }
         // Shed: overloaded, with the same back-off gRPC callers get as grpc-retry-pushback-ms.
-        Error::Admission { source, .. } => {
-            (StatusCode::TOO_MANY_REQUESTS, ErrorType::Overloaded, source.retry_after().or(Some(Duration::ZERO)))
-        }
+        Error::Admission { source, .. } => (StatusCode::TOO_MANY_REQUESTS, ErrorType::Overloaded, source.retry_after()),
         Error::InvalidPriority(_) | Error::InvalidMetadata { .. } | Error::ForwardingLoop { .. } => {
             (StatusCode::BAD_REQUEST, ErrorType::Validation, None)
         }
@@ -158,7 +156,10 @@ mod tests {
     fn overload_is_429_with_retry_after_rounded_up() {
         let error = HttpError::Call(Error::Admission {
             pool: "bge".into(),
-            source: AdmissionError::QueueFull { queued: 3, retry_after: Duration::from_millis(1200) },
+            source: AdmissionError::QueueFull {
+                queued: 3,
+                retry_after: crate::admission::Retry::After(Duration::from_millis(1200)),
+            },
         });
         let response = error.into_response(Flavor::Tei);
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
