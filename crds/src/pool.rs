@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, EnvFromSource, EnvVar, LocalObjectReference, ResourceRequirements, Toleration,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -87,6 +87,12 @@ pub struct EmbeddingPoolSpec {
     /// `persistentVolumeClaim` keeps the cache across pods, restarts and rollouts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model_cache: Option<ModelCacheSpec>,
+
+    /// Which pods may reach the pool's pods, as a NetworkPolicy the operator keeps (it takes
+    /// effect where the network plugin enforces NetworkPolicies). TEI itself listens on the pod's
+    /// loopback only, out of every other pod's reach either way.
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
 
     /// Pod-level overrides applied to every TEI pod.
     #[serde(default)]
@@ -351,6 +357,37 @@ pub struct EphemeralModelCache {
     /// Storage class of the volume; unset uses the cluster's default class.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
+}
+
+/// The pool's NetworkPolicy: calls reach the sidecars' gRPC and HTTP ports from anywhere, their
+/// admin port (metrics and probes) only from the pool's own namespace and the namespaces
+/// `metricsNamespaceSelector` picks, and no other port of the pods from anywhere.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    /// Keep the NetworkPolicy (default true). Off: the operator deletes it, and the sidecars'
+    /// admin port is open to every pod (TEI stays on loopback).
+    #[serde(default = "default_network_policy_enabled")]
+    pub enabled: bool,
+
+    /// Namespaces whose pods may also reach the sidecars' admin port (`/metrics`, `/healthz`,
+    /// `/readyz`), e.g. the one Prometheus scrapes from:
+    /// `{matchLabels: {kubernetes.io/metadata.name: monitoring}}`; `{}` selects every namespace.
+    /// Unset: the pool's own namespace only. The kubelet's probes come from the node, which
+    /// NetworkPolicies never block.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])").message("networkPolicy.metricsNamespaceSelector.matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist"))]
+    pub metrics_namespace_selector: Option<LabelSelector>,
+}
+
+fn default_network_policy_enabled() -> bool {
+    true
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        Self { enabled: default_network_policy_enabled(), metrics_namespace_selector: None }
+    }
 }
 
 /// Pod-level overrides for the TEI pods.

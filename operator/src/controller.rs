@@ -9,6 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -116,6 +117,11 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     apply(client, &namespace, &children.role_binding).await?;
     apply(client, &namespace, &children.service).await?;
     apply(client, &namespace, &children.peers_service).await?;
+    // Before the Deployment, so a new pool's pods never run without their isolation.
+    match &children.network_policy {
+        Some(policy) => drop(apply(client, &namespace, policy).await?),
+        None => delete_if_present::<NetworkPolicy>(client, &namespace, &name).await?,
+    }
     let deployment = apply(client, &namespace, &children.deployment).await?;
     match &children.pdb {
         Some(pdb) => drop(apply(client, &namespace, pdb).await?),
@@ -219,6 +225,7 @@ pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationT
         .owns(Api::<Deployment>::all(client.clone()), managed())
         .owns(Api::<Service>::all(client.clone()), managed())
         .owns(Api::<PodDisruptionBudget>::all(client.clone()), managed())
+        .owns(Api::<NetworkPolicy>::all(client.clone()), managed())
         .owns(Api::<ServiceAccount>::all(client.clone()), managed())
         .owns(Api::<Role>::all(client.clone()), managed())
         .owns(Api::<RoleBinding>::all(client.clone()), managed())

@@ -189,6 +189,19 @@ fn sidecar_rbac() {
 }
 
 #[test]
+fn network_policy_admits_only_the_sidecar_ports_and_can_be_turned_off() {
+    check("networkpolicy.yaml", &children(BASE).network_policy.expect("on by default"));
+    let mut pool = pool(BASE);
+    pool.spec.network_policy =
+        serde_yaml::from_str("metricsNamespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } }")
+            .unwrap();
+    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    check("networkpolicy-metrics-namespaces.yaml", &rendered.network_policy.expect("still on"));
+    pool.spec.network_policy.enabled = false;
+    assert_eq!(render(&pool, &RenderConfig::default()).unwrap().network_policy, None);
+}
+
+#[test]
 fn pdb_only_with_more_than_one_replica() {
     check("pdb.yaml", &children(BASE).pdb.expect("two replicas get a PodDisruptionBudget"));
     assert!(children(OVERRIDES).pdb.is_none(), "one replica gets no PodDisruptionBudget");

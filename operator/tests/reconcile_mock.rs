@@ -109,7 +109,16 @@ async fn first_reconcile_applies_every_child_and_writes_status() {
         .collect();
     assert_eq!(
         applied,
-        ["serviceaccounts", "roles", "rolebindings", "services", "services", "deployments", "poddisruptionbudgets"]
+        [
+            "serviceaccounts",
+            "roles",
+            "rolebindings",
+            "services",
+            "services",
+            "networkpolicies",
+            "deployments",
+            "poddisruptionbudgets"
+        ]
     );
     for request in seen.iter().filter(|s| s.method == "PATCH") {
         assert!(request.query.contains("fieldManager=teifleet-operator"), "{request:?}");
@@ -167,4 +176,17 @@ async fn a_single_replica_pool_removes_its_disruption_budget() {
         delete.path,
         format!("/apis/policy/v1/namespaces/ml/poddisruptionbudgets/{}", pool.meta().name.as_ref().unwrap())
     );
+}
+
+#[tokio::test]
+async fn a_pool_without_a_network_policy_has_it_removed() {
+    let (client, seen) = mock_api();
+    let mut pool = pool();
+    pool.spec.network_policy.enabled = false;
+    reconcile(Arc::new(pool.clone()), context(client)).await.unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(!seen.iter().any(|s| s.method == "PATCH" && s.path.contains("/networkpolicies/")), "not applied");
+    let path =
+        format!("/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies/{}", pool.meta().name.as_ref().unwrap());
+    assert!(seen.iter().any(|s| s.method == "DELETE" && s.path == path), "deleted: {seen:?}");
 }

@@ -4,6 +4,7 @@
 //! operator's configuration, so each one is covered by golden tests without a cluster.
 
 mod deployment;
+mod network_policy;
 mod pdb;
 mod rbac;
 mod services;
@@ -12,6 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -54,6 +56,8 @@ pub struct Children {
     pub deployment: Deployment,
     /// Present only when the pool runs more than one replica.
     pub pdb: Option<PodDisruptionBudget>,
+    /// Present unless the pool turns it off (`spec.networkPolicy.enabled: false`).
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 /// Renders every child of `pool`. Fails only for a pool without the name, namespace or uid the
@@ -68,6 +72,7 @@ pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
         peers_service: services::peers_service(&owner),
         deployment: deployment::deployment(&owner, pool, config),
         pdb: pdb::pdb(&owner, pool),
+        network_policy: network_policy::network_policy(&owner, pool),
     })
 }
 
