@@ -82,6 +82,11 @@ pub struct EmbeddingPoolSpec {
     #[serde(default)]
     pub tei: TeiSpec,
 
+    /// Limits of the sidecar's HTTP front (TEI's HTTP API and OpenAI's embeddings route on the
+    /// pool Service's `http` port), with TEI's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<HttpSpec>,
+
     /// Where TEI keeps the models it downloads (mounted at `/data`). Unset: an `emptyDir`, which
     /// lives as long as the pod, so every new pod downloads the model again. A
     /// `persistentVolumeClaim` keeps the cache across pods, restarts and rollouts.
@@ -282,7 +287,10 @@ pub struct TeiSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("tei.maxConcurrentRequests must be at least 1"))]
     pub max_concurrent_requests: Option<i32>,
 
-    /// Most inputs one client request may carry (`--max-client-batch-size`).
+    /// Most inputs TEI takes in one call (`--max-client-batch-size`, TEI's default 32). The
+    /// sidecar's HTTP front sends a larger batch to TEI in calls of at most this many inputs,
+    /// each admitted as a whole, and puts the answers back together in order, so HTTP clients may
+    /// send more (up to `http.payloadLimit`). Changing it restarts the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("tei.maxClientBatchSize must be at least 1"))]
     pub max_client_batch_size: Option<i32>,
@@ -291,7 +299,10 @@ pub struct TeiSpec {
     /// the pod spec and in process listings): set `HF_TOKEN` in `env` from a Secret.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 128))]
-    #[x_kube(validation = Rule::new("self.all(a, !a.startsWith('--hf-token') && !a.startsWith('--hf-api-token'))").message("tei.extraArgs must not carry a Hugging Face token (--hf-token): set HF_TOKEN in tei.env from a Secret"))]
+    #[x_kube(
+        validation = Rule::new("self.all(a, !a.startsWith('--hf-token') && !a.startsWith('--hf-api-token'))").message("tei.extraArgs must not carry a Hugging Face token (--hf-token): set HF_TOKEN in tei.env from a Secret"),
+        validation = Rule::new("self.all(a, !a.startsWith('--max-client-batch-size') && !a.startsWith('--payload-limit'))").message("tei.extraArgs must not set --max-client-batch-size or --payload-limit: set tei.maxClientBatchSize and http.payloadLimit, which the sidecar follows too"),
+    )]
     pub extra_args: Vec<String>,
 
     /// Environment variables of the `tei` container, e.g. `HF_TOKEN` from a Secret for gated or
@@ -313,6 +324,36 @@ pub struct TeiSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[x_kube(validation = Rule::new("self.all(s, has(s.configMapRef) != has(s.secretRef))").message("tei.envFrom: each entry must set exactly one of configMapRef or secretRef"))]
     pub env_from: Vec<EnvFromSource>,
+}
+
+/// TEI's `--payload-limit` default, in bytes.
+pub const TEI_DEFAULT_PAYLOAD_LIMIT: i32 = 2_000_000;
+/// TEI's `--max-client-batch-size` default.
+pub const TEI_DEFAULT_MAX_CLIENT_BATCH_SIZE: i32 = 32;
+
+/// Limits of the sidecar's HTTP front.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpSpec {
+    /// Largest request body the HTTP front reads, in bytes (TEI's `--payload-limit`, default
+    /// 2000000); a larger body is answered 413 before it is parsed. The sidecar holds a request's
+    /// body and texts while it runs: raise `template.multiplexerResources` with it. TEI's gRPC
+    /// server has no such limit, so it stays a sidecar setting. Changing it restarts the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1").message("http.payloadLimit must be at least 1 byte"))]
+    pub payload_limit: Option<i32>,
+}
+
+impl EmbeddingPoolSpec {
+    /// The HTTP front's body limit in bytes: `http.payloadLimit`, else TEI's default.
+    pub fn payload_limit(&self) -> i32 {
+        self.http.as_ref().and_then(|http| http.payload_limit).unwrap_or(TEI_DEFAULT_PAYLOAD_LIMIT)
+    }
+
+    /// Most inputs in one TEI call: `tei.maxClientBatchSize`, else TEI's default.
+    pub fn max_client_batch_size(&self) -> i32 {
+        self.tei.max_client_batch_size.unwrap_or(TEI_DEFAULT_MAX_CLIENT_BATCH_SIZE)
+    }
 }
 
 /// The volume TEI's Hugging Face cache lives on. Exactly one of `persistentVolumeClaim` and

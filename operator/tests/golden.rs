@@ -60,6 +60,8 @@ spec:
     - { name: RUST_LOG, value: info }
     envFrom:
     - configMapRef: { name: tei-settings }
+  http:
+    payloadLimit: 4000000
   modelCache:
     persistentVolumeClaim:
       claimName: hf-models

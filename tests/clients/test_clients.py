@@ -68,6 +68,38 @@ def test_requests_every_route_answers():
     assert requests.get(f"{BASE}/health", timeout=10).status_code == 200
 
 
+def dot(a, b):
+    return sum(x * y for x, y in zip(a, b))
+
+
+def test_requests_similarity_is_the_cosine_of_the_embeddings():
+    # 40 sentences: more than one TEI call takes, split and put back in order.
+    sentences = [f"sentence {i}" for i in range(40)] + ["the source"]
+    body = {"inputs": {"source_sentence": "the source", "sentences": sentences}}
+    answer = requests.post(f"{BASE}/similarity", json=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    scores = answer.json()
+    assert len(scores) == len(sentences)
+    source = embedding_for("the source")
+    for sentence, score in zip(sentences, scores):
+        assert abs(score - dot(source, embedding_for(sentence))) < 1e-5
+    assert abs(scores[-1] - 1.0) < 1e-5
+    with_parameters = dict(body, parameters={"truncate": True, "truncation_direction": "Right"})
+    assert requests.post(f"{BASE}/similarity", json=with_parameters, timeout=30).json() == scores
+    empty = requests.post(
+        f"{BASE}/similarity", json={"inputs": {"source_sentence": "a", "sentences": []}}, timeout=10
+    )
+    assert empty.status_code == 400 and empty.json()["error_type"] == "Empty"
+
+
+def test_huggingface_hub_sentence_similarity():
+    # The client posts {"inputs": {"source_sentence", "sentences"}} to the endpoint's root.
+    scores = InferenceClient(model=BASE).sentence_similarity("the source", other_sentences=["a cat", "the source"])
+    assert len(scores) == 2
+    assert abs(scores[0] - dot(embedding_for("the source"), embedding_for("a cat"))) < 1e-5
+    assert abs(scores[1] - 1.0) < 1e-5
+
+
 def test_requests_errors_are_teis():
     empty = requests.post(f"{BASE}/embed", json={"inputs": []}, timeout=10)
     assert empty.status_code == 400 and empty.json()["error_type"] == "Empty"

@@ -23,10 +23,10 @@ use serde::Serialize;
 use crate::admin::Readiness;
 use crate::forward::Forwarder;
 
-/// TEI's `--payload-limit` default.
-pub const DEFAULT_PAYLOAD_LIMIT: usize = 2_000_000;
-/// TEI's `--max-client-batch-size` default.
-pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: usize = 32;
+/// TEI's `--payload-limit` default, as the pool spec defaults it.
+pub const DEFAULT_PAYLOAD_LIMIT: usize = teifleet_crds::TEI_DEFAULT_PAYLOAD_LIMIT as usize;
+/// TEI's `--max-client-batch-size` default, as the pool spec defaults it.
+pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: usize = teifleet_crds::TEI_DEFAULT_MAX_CLIENT_BATCH_SIZE as usize;
 
 #[derive(Clone, Debug)]
 pub struct HttpSettings {

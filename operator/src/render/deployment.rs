@@ -357,6 +357,10 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
             format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
             format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
             format!("--http-listen=0.0.0.0:{}", ports::MULTIPLEXER_HTTP),
+            // The HTTP front's limits from the spec; TEI gets the same batch size (its default is
+            // the same 32 when the spec leaves it out), so no call the sidecar sends is too large.
+            format!("--payload-limit={}", pool.spec.payload_limit()),
+            format!("--max-client-batch-size={}", pool.spec.max_client_batch_size()),
             format!("--drain-delay={DRAIN_DELAY_SECONDS}s"),
         ]),
         env: Some(vec![

@@ -36,6 +36,8 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         "replicas": 1,
         "concurrency": { "maxInFlight": 8, "maxQueued": 16, "queueTimeout": "1500ms", "maxInFlightPerReplica": 4,
                          "maxInFlightTokens": 16384, "adaptive": true, "tenants": [{ "name": "search", "weight": 3 }] },
+        "tei": { "maxClientBatchSize": 64, "extraArgs": ["--auto-truncate"] },
+        "http": { "payloadLimit": 4000000 },
     });
 
     let cases = [
@@ -49,6 +51,13 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         ("/model/id", json!(""), "model.id must name a Hugging Face model or a local path"),
         ("/concurrency/maxInFlightPerReplica", json!(0), "concurrency.maxInFlightPerReplica must be at least 1"),
         ("/concurrency/maxInFlightTokens", json!(0), "concurrency.maxInFlightTokens must be at least 1"),
+        ("/http", json!({ "payloadLimit": 0 }), "http.payloadLimit must be at least 1 byte"),
+        ("/tei", json!({ "maxClientBatchSize": 0 }), "tei.maxClientBatchSize must be at least 1"),
+        (
+            "/tei",
+            json!({ "extraArgs": ["--payload-limit=10"] }),
+            "tei.extraArgs must not set --max-client-batch-size or --payload-limit",
+        ),
         ("/concurrency/tenants", json!([{ "name": "a" }, { "name": "a" }]), "concurrency.tenants names must be unique"),
         ("/concurrency/tenants", json!([{ "name": "" }]), "concurrency.tenants[].name must be 1 to 128 characters"),
         (
