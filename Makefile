@@ -64,8 +64,10 @@ chart-check: ## helm lint and the golden `helm template` check
 	$(BIN)/helm lint --strict $(CHART) --set serviceMonitor.enabled=true
 	@$(BIN)/helm template $(CHART_TEMPLATE_ARGS) > /tmp/teifleet-chart.yaml; \
 	diff -u $(CHART_GOLDEN) /tmp/teifleet-chart.yaml || { echo "chart output changed: review, then make chart-golden"; exit 1; }
-	@! grep -nE "^\s*- '?\*'?$$" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not use wildcards"; exit 1; }
-	@! grep -nE '^\s*- secrets$$' /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not grant Secrets"; exit 1; }
+	@# List items in block (- x) or flow ([a, "x"]) style.
+	@! grep -nE "(^\s*-\s*|[[,]\s*)[\"']?\*[\"']?\s*($$|[],])" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not use wildcards"; exit 1; }
+	@! grep -nE "(^\s*-\s*|[[,]\s*)[\"']?secrets[\"']?\s*($$|[],])" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not grant Secrets: the operator never reads one (sidecar Roles get their one Secret through escalate and bind)"; exit 1; }
+	@! grep -nE "(^\s*-\s*|[[,]\s*)[\"']?clusterroles[\"']?\s*($$|[],])" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not touch ClusterRoles: escalate and bind stay namespaced"; exit 1; }
 
 .PHONY: chart-golden
 chart-golden: ## Rewrite the chart's golden template output

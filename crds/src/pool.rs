@@ -78,6 +78,13 @@ pub struct EmbeddingPoolSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub coalesce: bool,
 
+    /// API keys: when set, every call (gRPC `authorization: Bearer <key>`, HTTP
+    /// `Authorization: Bearer <key>`, which is what the OpenAI SDKs send) must carry one of the
+    /// keys in the named Secret, and the key names the call's tenant. Unset: no keys, and the
+    /// `x-teifleet-tenant` metadata names the tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthSpec>,
+
     /// Optional tuning passed to TEI itself.
     #[serde(default)]
     pub tei: TeiSpec,
@@ -266,6 +273,19 @@ impl Default for ConcurrencySpec {
             tenants: Vec::new(),
         }
     }
+}
+
+/// Where a pool's API keys live.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthSpec {
+    /// A Secret in the pool's namespace. Each data key is a tenant name; its value is that
+    /// tenant's API key, or several separated by newlines, so a key is rotated by adding the new
+    /// one beside it, moving clients over, then removing the old one. Edits apply within a second,
+    /// without restarts. Keys must be at least 16 characters; the sidecars may read this Secret
+    /// and no other.
+    #[x_kube(validation = Rule::new("self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("auth.secretName must name a Secret in the pool's namespace (lowercase letters, digits, '-' and '.')"))]
+    pub secret_name: String,
 }
 
 /// Tuning passed to TEI.

@@ -1,21 +1,22 @@
 //! teifleet's gRPC multiplexer: the sidecar in every TEI pod (and, same binary, a standalone
 //! gateway) that speaks `tei.v1`, holds each pool's admission queue and routes by metadata.
 //!
-//! Layout: `rpc` (every tei.v1 RPC as a row of one table), `service` (the one generic service
-//! serving every row), `forward` (unary and streaming forwarding of message bytes under
-//! admission), `streams` (the two halves of a forwarded stream, admitted message by message),
-//! `coalesce` (identical calls in flight share one upstream call), `call` (one
-//! call's accounting), `wire` (the few protobuf fields read without decoding), `admission`
-//! (permits and the priority queue), `request_meta` (what a request asks for, from its headers),
-//! `pools` (routing table of pools and their upstreams), `status` (the one place request errors
-//! become gRPC status), `http` (TEI's HTTP API and OpenAI's embeddings route, translated to
-//! `tei.v1` calls on the same path), `sources` (where pool limits come from: a file or Kubernetes), `server`,
-//! `admin` and `metrics`.
+//! Layout: `rpc` (every tei.v1 RPC as a row of one table), `auth` (API keys, checked first on
+//! both fronts), `service` (the one generic service serving every row), `forward` (unary and
+//! streaming forwarding of message bytes under admission), `streams` (the two halves of a
+//! forwarded stream, admitted message by message), `coalesce` (identical calls in flight share
+//! one upstream call), `call` (one call's accounting), `wire` (the few protobuf fields read
+//! without decoding), `admission` (permits and the priority queue), `request_meta` (what a
+//! request asks for, from its headers), `pools` (routing table of pools and their upstreams),
+//! `status` (the one place request errors become gRPC status), `http` (TEI's HTTP API and
+//! OpenAI's embeddings route, translated to `tei.v1` calls on the same path), `sources` (where
+//! pool limits and API keys come from: files or Kubernetes), `server`, `admin` and `metrics`.
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
 pub mod admin;
 pub mod admission;
+pub mod auth;
 pub mod call;
 pub mod coalesce;
 pub mod forward;
@@ -41,6 +42,10 @@ use admission::{AdmissionError, UnknownPriority};
 /// (`coalesce`) can each be told how it ended.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
+    /// Refused at the gate for its API key (`auth`), before routing or admission.
+    #[error("{}", .0.message())]
+    Auth(auth::AuthFailure),
+
     #[error("pool {pool}: {source}")]
     Admission { pool: String, source: AdmissionError },
 

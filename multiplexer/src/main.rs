@@ -14,6 +14,7 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 use teifleet_crds::labels;
 use teifleet_multiplexer::admission::Limits;
+use teifleet_multiplexer::auth::{Gate, Policy};
 use teifleet_multiplexer::metrics::Metrics;
 use teifleet_multiplexer::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::server::{self, Settings};
@@ -149,14 +150,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
 
     let metrics = Metrics::new();
     let helpers = CancellationToken::new();
-    let table = if let Some(path) = &args.config {
+    // The API-key gate of the own pool; its keys come from the same source as the pools.
+    let gate_for = |pool: &str, policy| Gate::new(pool, &metrics.registry, policy).map(Arc::new);
+    let (table, gate) = if let Some(path) = &args.config {
         let loaded = sources::file::load(path).context("reading --config")?;
+        let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
         let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
         table.sync(loaded.pools)?;
-        tokio::spawn(sources::file::watch(path.clone(), table.clone(), Duration::from_secs(1), helpers.clone()));
-        table
+        let interval = Duration::from_secs(1);
+        tokio::spawn(sources::file::watch(path.clone(), table.clone(), gate.clone(), interval, helpers.clone()));
+        (table, gate)
     } else if let Some(max_in_flight) = args.max_in_flight {
         let name = args.pool.clone().unwrap_or_else(|| "default".into());
+        let gate = gate_for(&name, Policy::Off)?;
         let table = Arc::new(PoolTable::new(&name, metrics.clone()));
         table.sync(vec![PoolSpec {
             name,
@@ -171,9 +177,11 @@ async fn run(args: Args) -> anyhow::Result<()> {
             coalesce: args.coalesce,
             tenants: args.tenants.iter().cloned().collect(),
         }])?;
-        table
+        (table, gate)
     } else if let (Some(pool), Some(namespace)) = (&args.pool, &args.namespace) {
         let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+        // Calls wait for the pool's spec.auth to be known: it may name keys.
+        let gate = gate_for(pool, Policy::Waiting)?;
         let table = Arc::new(PoolTable::new(pool, metrics.clone()));
         tokio::spawn(sources::kubernetes::watch(
             client,
@@ -181,9 +189,10 @@ async fn run(args: Args) -> anyhow::Result<()> {
             pool.clone(),
             args.upstream.clone(),
             table.clone(),
+            gate.clone(),
             helpers.clone(),
         ));
-        table
+        (table, gate)
     } else {
         bail!(
             "give --max-in-flight (static mode), --config FILE, or run where TEIFLEET_POOL and TEIFLEET_NAMESPACE are set"
@@ -198,6 +207,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
             payload_limit: args.payload_limit,
             max_client_batch_size: args.max_client_batch_size.max(1),
         },
+        auth: gate,
         identity: args.identity,
         max_message_bytes: args.max_message_bytes,
         max_concurrent_streams: args.max_concurrent_streams,

@@ -42,7 +42,14 @@ pub struct RequestMeta {
 }
 
 /// Longest tenant name accepted, as the CRD allows.
-const MAX_TENANT_LEN: usize = 128;
+pub const MAX_TENANT_LEN: usize = 128;
+
+/// Names the call's tenant, replacing any tenant the caller named: an API key's tenant
+/// (`crate::auth`) wins over the caller's own `x-teifleet-tenant`, and everything after the gate
+/// (admission fairness, the pool a call is forwarded to) reads the tenant from this one header.
+pub fn name_tenant(metadata: &mut HeaderMap, tenant: http::HeaderValue) {
+    metadata.insert(TENANT_HEADER, tenant);
+}
 
 fn text<'a>(metadata: &'a HeaderMap, header: &'static str) -> Result<Option<&'a str>, Error> {
     match metadata.get(header) {
@@ -166,6 +173,14 @@ mod tests {
         assert!(error.to_string().contains("x-teifleet-tenant"), "{error}");
         let meta = parse(&metadata(&[(TENANT_HEADER, "search")]), Instant::now()).unwrap();
         assert_eq!(meta.tenant.as_deref(), Some("search"));
+    }
+
+    #[test]
+    fn a_named_tenant_replaces_the_callers() {
+        let mut headers = metadata(&[(TENANT_HEADER, "batch")]);
+        name_tenant(&mut headers, http::HeaderValue::from_static("search"));
+        assert_eq!(parse(&headers, Instant::now()).unwrap().tenant.as_deref(), Some("search"));
+        assert_eq!(headers.get_all(TENANT_HEADER).iter().count(), 1, "replaced, not added beside");
     }
 
     #[test]

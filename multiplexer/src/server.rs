@@ -16,6 +16,7 @@ use tonic_health::server::HealthReporter;
 
 use crate::SetupError;
 use crate::admin::{self, Readiness};
+use crate::auth::Gate;
 use crate::forward::Forwarder;
 use crate::http::HttpSettings;
 use crate::metrics::Metrics;
@@ -36,6 +37,8 @@ pub struct Settings {
     /// TEI's HTTP API and OpenAI's embeddings route (`crate::http`), beside gRPC; none: off.
     pub http_listen: Option<SocketAddr>,
     pub http: HttpSettings,
+    /// The API-key check both fronts run first (`crate::auth`); off unless a source sets keys.
+    pub auth: Arc<Gate>,
     /// Written into the hop marker of forwarded requests (the pod name in Kubernetes).
     pub identity: String,
     pub max_message_bytes: usize,
@@ -57,6 +60,7 @@ impl Default for Settings {
             admin_listen: None,
             http_listen: None,
             http: HttpSettings::default(),
+            auth: Arc::new(Gate::off()),
             identity: "teifleet-multiplexer".into(),
             max_message_bytes: 4 * 1024 * 1024,
             max_concurrent_streams: 256,
@@ -140,7 +144,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let mut routes =
         tonic::service::Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
     for rpc in &RPCS {
-        let service = RpcService::new(rpc, forwarder.clone());
+        let service = RpcService::new(rpc, forwarder.clone(), settings.auth.clone());
         *routes.axum_router_mut() = std::mem::take(routes.axum_router_mut()).route_service(rpc.path, service);
     }
 
@@ -165,7 +169,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.
     let http_server = http_listener.map(|listener| {
-        let app = crate::http::router(forwarder.clone(), readiness.clone(), settings.http.clone());
+        let app =
+            crate::http::router(forwarder.clone(), readiness.clone(), settings.http.clone(), settings.auth.clone());
         let stopped = server_stop.clone().cancelled_owned();
         tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
     });

@@ -14,20 +14,23 @@ use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, Stream
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument as _;
 
+use crate::auth::Gate;
 use crate::call::{Call, Protocol};
 use crate::forward::{Forwarder, ResponseStream, Routed, cost_before_body};
 use crate::rpc::{Admit, Rpc, Shape};
+use crate::{Error, status};
 
 /// Serves one RPC of the table.
 #[derive(Clone)]
 pub struct RpcService {
     rpc: &'static Rpc,
     forwarder: Arc<Forwarder>,
+    gate: Arc<Gate>,
 }
 
 impl RpcService {
-    pub fn new(rpc: &'static Rpc, forwarder: Arc<Forwarder>) -> Self {
-        Self { rpc, forwarder }
+    pub fn new(rpc: &'static Rpc, forwarder: Arc<Forwarder>, gate: Arc<Gate>) -> Self {
+        Self { rpc, forwarder, gate }
     }
 }
 
@@ -45,7 +48,12 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        // The key first: a refused call is not routed, queued or counted as a call, only as a
+        // refusal (`teifleet_auth_failures_total`), as on the HTTP front.
+        if let Err(failure) = self.gate.admit(request.headers_mut(), Protocol::Grpc) {
+            return futures::future::ready(Ok(status::into_status(Error::Auth(failure)).into_http())).boxed();
+        }
         // The call's clock starts now, with tonic's own deadline timer, not at the first poll.
         let call = self.forwarder.call(self.rpc, Protocol::Grpc);
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);

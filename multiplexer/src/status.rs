@@ -4,6 +4,7 @@ use tonic::{Code, Status};
 
 use crate::Error;
 use crate::admission::{AdmissionError, Retry};
+use crate::auth::AuthFailure;
 use teifleet_wire::headers::RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER;
 
 /// How a request ended, as counted in `teifleet_requests_total{outcome}`.
@@ -47,6 +48,8 @@ pub fn outcome(error: &Error) -> Outcome {
         },
         Error::DeadlineAtUpstream { .. } => Outcome::ExpiredAtUpstream,
         Error::Upstream { status, .. } if status.code() == Code::DeadlineExceeded => Outcome::ExpiredAtUpstream,
+        // Another pool's sidecar refused the caller's key: the caller's doing, not the upstream's.
+        Error::Upstream { status, .. } if status.code() == Code::Unauthenticated => Outcome::Rejected,
         Error::Upstream { .. } | Error::Unreachable { .. } => Outcome::UpstreamError,
         _ => Outcome::Rejected,
     }
@@ -61,6 +64,9 @@ pub fn into_status(error: Error) -> Status {
         other => other,
     };
     let code = match &error {
+        // Keys not read yet is the server's state, not the caller's key: retrying helps.
+        Error::Auth(AuthFailure::KeysNotLoaded) => Code::Unavailable,
+        Error::Auth(_) => Code::Unauthenticated,
         Error::Upstream { .. } => Code::Unavailable,
         Error::Admission { source, .. } => match source {
             AdmissionError::DeadlineExpired { .. } => Code::DeadlineExceeded,
@@ -141,6 +147,13 @@ mod tests {
     }
 
     #[test]
+    fn another_pools_key_refusal_passes_through_as_the_callers_doing() {
+        let error = Error::Upstream { pool: "gte".into(), status: Status::unauthenticated("invalid API key") };
+        assert_eq!(outcome(&error), Outcome::Rejected, "not an upstream error: no alert fires for it");
+        assert_eq!(into_status(error).code(), Code::Unauthenticated);
+    }
+
+    #[test]
     fn every_error_has_its_code() {
         let cases = [
             (admission(AdmissionError::DeadlineExpired { waited: Duration::ZERO }), Code::DeadlineExceeded),
@@ -155,6 +168,9 @@ mod tests {
             (Error::UnknownPool { requested: "a".into(), known: "b".into() }, Code::NotFound),
             (Error::ForwardingLoop { by: "pod".into() }, Code::FailedPrecondition),
             (Error::Draining, Code::Unavailable),
+            (Error::Auth(AuthFailure::InvalidKey), Code::Unauthenticated),
+            (Error::Auth(AuthFailure::Missing), Code::Unauthenticated),
+            (Error::Auth(AuthFailure::KeysNotLoaded), Code::Unavailable),
             (Error::Upstream { pool: "p".into(), status: Status::unavailable("down") }, Code::Unavailable),
             (Error::Upstream { pool: "p".into(), status: Status::resource_exhausted("full") }, Code::ResourceExhausted),
         ];

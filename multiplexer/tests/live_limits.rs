@@ -35,7 +35,8 @@ async fn editing_the_file_raises_the_limit_without_dropping_requests() {
     let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
     table.sync(loaded.pools).unwrap();
     let stop = CancellationToken::new();
-    tokio::spawn(file::watch(path.clone(), table.clone(), Duration::from_millis(50), stop.clone()));
+    let gate = Arc::new(teifleet_multiplexer::auth::Gate::off());
+    tokio::spawn(file::watch(path.clone(), table.clone(), gate, Duration::from_millis(50), stop.clone()));
     let mux = server::start(Settings::default(), table.clone(), metrics).await.unwrap();
     let client = embed_client(mux.grpc_addr).await;
     let admission = table.get("pool-a").unwrap().admission.clone();

@@ -191,6 +191,19 @@ fn sidecar_rbac() {
 }
 
 #[test]
+fn sidecar_role_reads_the_api_key_secret_and_no_other() {
+    let mut pool = pool(BASE);
+    pool.spec.auth = Some(serde_yaml::from_str("secretName: bge-small-keys").unwrap());
+    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    check("role-auth.yaml", &rendered.role);
+    let without = children(BASE).role.rules.unwrap();
+    let with = rendered.role.rules.unwrap();
+    assert_eq!(with[..without.len()], without[..], "the same rules as without keys, and one more");
+    // Keys live in the Secret, read by the sidecar: adding or rotating them restarts no pod.
+    assert_eq!(rendered.deployment, children(BASE).deployment);
+}
+
+#[test]
 fn network_policy_admits_only_the_sidecar_ports_and_can_be_turned_off() {
     check("networkpolicy.yaml", &children(BASE).network_policy.expect("on by default"));
     let mut pool = pool(BASE);

@@ -1,5 +1,5 @@
 //! A minimal HTTP/1.0 client for admin ports (metrics, probes, the simulator's counters and
-//! faults), with no HTTP client dependency. HTTP/1.0 so the answer ends when the server closes the
+//! faults) and small JSON requests, with no HTTP client dependency. HTTP/1.0 so the answer ends when the server closes the
 //! connection, with no chunked encoding to undo.
 
 use std::net::SocketAddr;
@@ -20,9 +20,29 @@ pub struct Response {
 
 /// Sends `method path` with an empty body; `None` when nothing (or no HTTP) answers in [`TIMEOUT`].
 pub async fn request(addr: SocketAddr, method: &str, path: &str) -> Option<Response> {
+    send(addr, method, path, &[], "").await
+}
+
+/// Sends `method path` with extra `headers` and a JSON `body`; `None` when nothing (or no HTTP)
+/// answers in [`TIMEOUT`].
+pub async fn send(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> Option<Response> {
     let exchange = async {
         let mut stream = TcpStream::connect(addr).await.ok()?;
-        let head = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: 0\r\n\r\n");
+        let mut head = format!("{method} {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Length: {}\r\n", body.len());
+        if !body.is_empty() {
+            head.push_str("Content-Type: application/json\r\n");
+        }
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str("\r\n");
+        head.push_str(body);
         stream.write_all(head.as_bytes()).await.ok()?;
         let mut response = String::new();
         stream.read_to_string(&mut response).await.ok()?;
@@ -73,6 +93,16 @@ mod tests {
         let response = request(addr, "GET", "/readyz").await.unwrap();
         assert_eq!(response, Response { status: 503, body: "draining\n".into() });
         assert!(served.await.unwrap().starts_with("GET /readyz HTTP/1.0\r\n"));
+    }
+
+    #[tokio::test]
+    async fn sends_headers_and_a_json_body() {
+        let (addr, served) = answer_once("HTTP/1.0 401 Unauthorized\r\n\r\n{}").await;
+        let response = send(addr, "POST", "/embed", &[("authorization", "Bearer k")], "{\"inputs\":\"a\"}").await;
+        assert_eq!(response.unwrap().status, 401);
+        let sent = served.await.unwrap();
+        assert!(sent.contains("Content-Length: 14\r\n"), "{sent}");
+        assert!(sent.contains("authorization: Bearer k\r\n") && sent.ends_with("\r\n\r\n{\"inputs\":\"a\"}"), "{sent}");
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@ use tonic::Code;
 
 use crate::Error;
 use crate::admission::AdmissionError;
+use crate::auth::AuthFailure;
 use teifleet_wire::headers::RETRY_PUSHBACK_MS;
 
 /// TEI's error types, spelled as its HTTP API spells them.
@@ -22,6 +23,8 @@ pub enum ErrorType {
     Backend,
     Overloaded,
     Unhealthy,
+    /// No API key, or not one of the pool's (TEI itself answers a bare 401).
+    Unauthorized,
 }
 
 /// Why an HTTP request was not served.
@@ -99,6 +102,10 @@ impl HttpError {
             Flavor::OpenAi => serde_json::to_vec(&OpenAiBody { message: &message, code: status.as_u16(), error_type }),
         };
         let mut response = super::json_bytes(status, body.unwrap_or_default());
+        if status == StatusCode::UNAUTHORIZED {
+            // RFC 6750: a 401 names the scheme the client should use.
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         if let Some(retry_after) = retry_after {
             // Retry-After counts whole seconds; round up so a client never comes back early, and
             // keep the exact hint beside it, as gRPC's pushback carries it.
@@ -113,6 +120,8 @@ impl HttpError {
 
 fn classify_call(error: &Error) -> (StatusCode, ErrorType, Option<Duration>) {
     match error {
+        Error::Auth(AuthFailure::KeysNotLoaded) => (StatusCode::SERVICE_UNAVAILABLE, ErrorType::Unhealthy, None),
+        Error::Auth(_) => (StatusCode::UNAUTHORIZED, ErrorType::Unauthorized, None),
         Error::Admission { source: AdmissionError::DeadlineExpired { .. }, .. } | Error::DeadlineAtUpstream { .. } => {
             (StatusCode::GATEWAY_TIMEOUT, ErrorType::Overloaded, None)
         }
@@ -142,6 +151,8 @@ fn classify_call(error: &Error) -> (StatusCode, ErrorType, Option<Duration>) {
                 (StatusCode::TOO_MANY_REQUESTS, ErrorType::Overloaded, pushback.or(Some(Duration::ZERO)))
             }
             Code::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, ErrorType::Unhealthy, None),
+            // The pool this call was routed to refused its key.
+            Code::Unauthenticated => (StatusCode::UNAUTHORIZED, ErrorType::Unauthorized, None),
             Code::DeadlineExceeded => (StatusCode::GATEWAY_TIMEOUT, ErrorType::Overloaded, None),
             _ => (StatusCode::FAILED_DEPENDENCY, ErrorType::Backend, None),
         },
@@ -165,6 +176,20 @@ mod tests {
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(response.headers()[header::RETRY_AFTER], "2");
         assert_eq!(response.headers()[RETRY_PUSHBACK_MS], "1200");
+    }
+
+    #[test]
+    fn a_refused_key_is_401_in_either_shape() {
+        let response = HttpError::Call(Error::Auth(AuthFailure::InvalidKey)).into_response(Flavor::OpenAi);
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let (status, error_type, _) = HttpError::Call(Error::Auth(AuthFailure::Missing)).classify();
+        assert_eq!((status, error_type), (StatusCode::UNAUTHORIZED, ErrorType::Unauthorized));
+        let waiting = HttpError::Call(Error::Auth(AuthFailure::KeysNotLoaded)).classify().0;
+        assert_eq!(waiting, StatusCode::SERVICE_UNAVAILABLE, "the keys not read yet: retry, not a bad key");
+        let routed =
+            HttpError::Call(Error::Upstream { pool: "p".into(), status: tonic::Status::unauthenticated("no") });
+        assert_eq!(routed.classify().0, StatusCode::UNAUTHORIZED, "the pool routed to refused the key");
     }
 
     #[test]

@@ -14,13 +14,17 @@ pub mod types;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::DefaultBodyLimit;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use http::{HeaderValue, StatusCode, header};
+use http::{HeaderValue, Method, StatusCode, header};
 use serde::Serialize;
 
+use self::error::{Flavor, HttpError};
 use crate::admin::Readiness;
+use crate::auth::Gate;
+use crate::call::Protocol;
 use crate::forward::Forwarder;
 
 /// TEI's `--payload-limit` default, as the pool spec defaults it.
@@ -50,8 +54,8 @@ pub struct Shared {
     settings: HttpSettings,
 }
 
-/// Every route of the HTTP front.
-pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: HttpSettings) -> Router {
+/// Every route of the HTTP front, behind the API-key gate.
+pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: HttpSettings, gate: Arc<Gate>) -> Router {
     let limit = settings.payload_limit;
     Router::new()
         .route("/", post(routes::dispatch).get(routes::health))
@@ -70,7 +74,24 @@ pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: Ht
         .route("/v1/embeddings", post(routes::openai))
         .route("/embeddings", post(routes::openai))
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(gate, require_key))
         .with_state(Shared { forwarder, readiness, settings })
+}
+
+/// The API-key gate, before any route reads the body: every route needs a key when the pool has
+/// keys, except the health checks, which load balancers and probes call without one and which
+/// tell nothing but readiness. Routes not listed here (a new one included) need a key.
+async fn require_key(State(gate): State<Arc<Gate>>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if request.method() == Method::GET && matches!(path, "/" | "/health" | "/ping") {
+        return next.run(request).await;
+    }
+    // OpenAI's clients read OpenAI's error shape; every other route answers in TEI's.
+    let flavor = if matches!(path, "/v1/embeddings" | "/embeddings") { Flavor::OpenAi } else { Flavor::Tei };
+    match gate.admit(request.headers_mut(), Protocol::Http) {
+        Ok(()) => next.run(request).await,
+        Err(failure) => HttpError::Call(crate::Error::Auth(failure)).into_response(flavor),
+    }
 }
 
 pub(crate) fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {

@@ -1,8 +1,10 @@
 //! Static configuration: pools described in YAML, re-read whenever the file changes so limits can
-//! be changed live without Kubernetes.
+//! be changed live without Kubernetes; API keys likewise, from a file of their own.
 //!
 //! ```yaml
 //! default: bge            # the pool requests without routing metadata go to (default: the first)
+//! auth:                   # optional: every call needs one of these API keys (see `crate::auth`)
+//!   keysFile: keys.yaml   # tenant: key(s), as a Secret's stringData; relative to this file
 //! pools:
 //!   - name: bge
 //!     upstream: http://127.0.0.1:8080
@@ -27,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::SetupError;
 use crate::admission::Limits;
+use crate::auth::{Gate, KeyRing, Policy};
 use crate::pools::{PoolSpec, PoolTable};
 
 type Result<T> = std::result::Result<T, SetupError>;
@@ -35,7 +38,14 @@ type Result<T> = std::result::Result<T, SetupError>;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FileConfig {
     default: Option<String>,
+    auth: Option<FileAuth>,
     pools: Vec<FilePool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileAuth {
+    keys_file: PathBuf,
 }
 
 #[derive(Debug, Deserialize)]
@@ -63,11 +73,14 @@ struct FilePool {
     tenants: BTreeMap<String, u32>,
 }
 
-/// A parsed configuration: the default pool's name and every pool.
+/// A parsed configuration: the default pool's name, every pool, and where the API keys are.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Loaded {
     pub default: String,
     pub pools: Vec<PoolSpec>,
+    /// The file of API keys; none: calls need no key. Relative to the configuration file once
+    /// [`load`]ed.
+    pub keys_file: Option<PathBuf>,
 }
 
 pub fn parse(text: &str) -> Result<Loaded> {
@@ -98,31 +111,78 @@ pub fn parse(text: &str) -> Result<Loaded> {
     if !pools.iter().any(|p| p.name == default) {
         return Err(SetupError::Config(format!("default pool {default:?} is not among the pools")));
     }
-    Ok(Loaded { default, pools })
+    Ok(Loaded { default, pools, keys_file: config.auth.map(|auth| auth.keys_file) })
 }
 
 pub fn load(path: &Path) -> Result<Loaded> {
     let text = std::fs::read_to_string(path).map_err(|e| SetupError::Config(format!("{}: {e}", path.display())))?;
-    parse(&text)
+    parse_at(&text, path)
 }
 
-/// Re-reads `path` every `interval` and applies changes to `table` until `stop`. A broken edit is
-/// logged and ignored: the last good configuration stays in force.
-pub async fn watch(path: PathBuf, table: Arc<PoolTable>, interval: Duration, stop: CancellationToken) {
+/// [`parse`], with the keys file found beside the configuration file at `path`.
+fn parse_at(text: &str, path: &Path) -> Result<Loaded> {
+    let mut loaded = parse(text)?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    loaded.keys_file = loaded.keys_file.map(|file| dir.join(file));
+    Ok(loaded)
+}
+
+/// The keys in `path`: a YAML map from tenant name to its key (or keys, one per line), the shape
+/// of a Secret's `stringData`. Unusable entries are logged and skipped.
+pub fn load_keys(path: &Path) -> Result<KeyRing> {
+    let unreadable = |e: &dyn std::fmt::Display| SetupError::Config(format!("API keys in {}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| unreadable(&e))?;
+    let entries: BTreeMap<String, String> = serde_yaml::from_str(&text).map_err(|e| unreadable(&e))?;
+    let (ring, problems) = KeyRing::parse(entries.iter().map(|(tenant, keys)| (tenant.as_str(), keys.as_bytes())));
+    for problem in problems {
+        tracing::warn!(path = %path.display(), problem, "API key entry skipped");
+    }
+    tracing::info!(path = %path.display(), keys = ring.len(), "API keys loaded");
+    Ok(ring)
+}
+
+/// What the gate enforces for a configuration whose keys are in `keys_file`.
+pub fn policy(keys_file: Option<&Path>) -> Result<Policy> {
+    keys_file.map_or(Ok(Policy::Off), |path| load_keys(path).map(Policy::Keys))
+}
+
+/// Re-reads `path` (and its keys file) every `interval` and applies changes to `table` (and
+/// `gate`) until `stop`. A broken edit is logged and ignored: the last good configuration, and
+/// the last good keys, stay in force.
+pub async fn watch(path: PathBuf, table: Arc<PoolTable>, gate: Arc<Gate>, interval: Duration, stop: CancellationToken) {
     let mut last = std::fs::read_to_string(&path).ok();
+    let mut keys_file = last.as_deref().and_then(|text| parse_at(text, &path).ok()).and_then(|l| l.keys_file);
+    let mut last_keys = keys_file.as_deref().and_then(|file| std::fs::read_to_string(file).ok());
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        let Ok(text) = std::fs::read_to_string(&path) else { continue };
-        if last.as_deref() == Some(text.as_str()) {
+        if let Ok(text) = std::fs::read_to_string(&path)
+            && last.as_deref() != Some(text.as_str())
+        {
+            last = Some(text.clone());
+            match parse_at(&text, &path).and_then(|loaded| table.sync(loaded.pools).map(|()| loaded.keys_file)) {
+                Ok(file) => {
+                    tracing::info!(path = %path.display(), "configuration reloaded");
+                    if file != keys_file {
+                        // Keys just turned on refuse every call until they are read: never open.
+                        gate.set(if file.is_some() { Policy::Waiting } else { Policy::Off });
+                        (keys_file, last_keys) = (file, None);
+                    }
+                }
+                Err(error) => tracing::warn!(path = %path.display(), %error, "ignoring invalid configuration"),
+            }
+        }
+        let Some(file) = &keys_file else { continue };
+        let text = std::fs::read_to_string(file).ok();
+        if text.is_none() || text == last_keys {
             continue;
         }
-        last = Some(text.clone());
-        match parse(&text).and_then(|loaded| table.sync(loaded.pools)) {
-            Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
-            Err(error) => tracing::warn!(path = %path.display(), %error, "ignoring invalid configuration"),
+        last_keys = text;
+        match load_keys(file) {
+            Ok(ring) => gate.set(Policy::Keys(ring)),
+            Err(error) => tracing::warn!(%error, "ignoring invalid API keys; the keys in force stay (none at first)"),
         }
     }
 }
@@ -154,10 +214,32 @@ mod tests {
             ("pools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: soon}", "queueTimeout"),
             ("default: b\npools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s}", "default"),
             ("pools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s, typo: 1}", "typo"),
+            (
+                "auth: {keys: k}\npools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s}",
+                "keys",
+            ),
         ];
         for (text, reason) in bad {
             let error = parse(text).unwrap_err().to_string();
             assert!(error.contains(reason), "{text}: {error}");
         }
+    }
+
+    #[test]
+    fn the_keys_file_lies_beside_the_configuration_and_holds_a_secrets_string_data() {
+        let dir = std::env::temp_dir().join(format!("teifleet-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let keys = "search: search-key-0123456789\nbatch: |\n  batch-key-0123456789\n  batch-key-new-0123456789\n";
+        std::fs::write(dir.join("keys.yaml"), keys).unwrap();
+        let config = "auth: {keysFile: keys.yaml}\npools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s}";
+        std::fs::write(dir.join("pools.yaml"), config).unwrap();
+
+        let loaded = load(&dir.join("pools.yaml")).unwrap();
+        assert_eq!(loaded.keys_file, Some(dir.join("keys.yaml")));
+        assert!(matches!(policy(loaded.keys_file.as_deref()).unwrap(), Policy::Keys(ring) if ring.len() == 3));
+        assert!(matches!(policy(None).unwrap(), Policy::Off));
+        let missing = load_keys(&dir.join("gone.yaml")).unwrap_err().to_string();
+        assert!(missing.contains("gone.yaml"), "{missing}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -1,6 +1,7 @@
 //! Kubernetes mode: the EmbeddingPools of the namespace, watched. This replica's own pool is
 //! served by the TEI beside it, with the per-replica shares the operator publishes in status;
 //! every other pool is reachable through its Service, for `x-teifleet-pool`/`-model` routing.
+//! The own pool's `spec.auth` says which Secret's keys the gate enforces (`super::secret`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use teifleet_crds::{EmbeddingPool, split_budget};
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Limits;
+use crate::auth::{Gate, Policy};
 use crate::pools::{PoolSpec, PoolTable};
 
 use teifleet_wire::ports::MULTIPLEXER_GRPC as POOL_SERVICE_PORT;
@@ -72,23 +74,72 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
         .collect()
 }
 
-/// Watches the namespace's EmbeddingPools and keeps `table` in step until `stop`.
+/// The Secret of the own pool's API keys, while `spec.auth` names one.
+pub fn keys_secret_of(pool: &EmbeddingPool) -> Option<String> {
+    pool.spec.auth.as_ref().map(|auth| auth.secret_name.clone())
+}
+
+/// The watch of the own pool's key Secret, following the pool's `spec.auth`.
+struct KeysSource {
+    client: Client,
+    namespace: String,
+    gate: Arc<Gate>,
+    stop: CancellationToken,
+    /// The Secret watched now and the token that ends its watch; none: keys off.
+    watching: Option<(String, CancellationToken)>,
+}
+
+impl KeysSource {
+    fn follow(&mut self, secret: Option<String>) {
+        if self.watching.as_ref().map(|(name, _)| name) == secret.as_ref() {
+            return;
+        }
+        if let Some((_, previous)) = self.watching.take() {
+            previous.cancel();
+        }
+        match secret {
+            None => {
+                tracing::info!("spec.auth unset: calls need no API key");
+                self.gate.set(Policy::Off);
+            }
+            Some(name) => {
+                tracing::info!(secret = %name, "spec.auth: calls need an API key from this Secret");
+                // Refuse everything until the Secret is read: never open while it loads.
+                self.gate.set(Policy::Waiting);
+                let stop = self.stop.child_token();
+                let (client, namespace, gate) = (self.client.clone(), self.namespace.clone(), self.gate.clone());
+                tokio::spawn(super::secret::watch(client, namespace, name.clone(), gate, stop.clone()));
+                self.watching = Some((name, stop));
+            }
+        }
+    }
+}
+
+/// Watches the namespace's EmbeddingPools and keeps `table` and `gate` in step until `stop`.
 pub async fn watch(
     client: Client,
     namespace: String,
     own: String,
     own_upstream: String,
     table: Arc<PoolTable>,
+    gate: Arc<Gate>,
     stop: CancellationToken,
 ) {
-    let api: Api<EmbeddingPool> = Api::namespaced(client, &namespace);
+    let api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
+    let mut keys = KeysSource { client, namespace: namespace.clone(), gate, stop: stop.clone(), watching: None };
     let (reader, writer) = reflector::store();
     let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
     let mut events = std::pin::pin!(events.take_until(stop.cancelled_owned()));
     while let Some(event) = events.next().await {
         match event {
             Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                let specs = specs(&reader.state(), &namespace, &own, &own_upstream);
+                let pools = reader.state();
+                // The gate before the table: the pool must not become routable before its keys
+                // are enforced. A deleted own pool keeps the keys last in force.
+                if let Some(pool) = pools.iter().find(|pool| pool.name_any() == own) {
+                    keys.follow(keys_secret_of(pool));
+                }
+                let specs = specs(&pools, &namespace, &own, &own_upstream);
                 if let Err(error) = table.sync(specs) {
                     tracing::warn!(%error, "could not apply the namespace's pools");
                 }

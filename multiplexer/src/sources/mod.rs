@@ -1,5 +1,7 @@
-//! Where pools and their limits come from: a static description (flags or a YAML file that is
-//! re-read when it changes) or the EmbeddingPools of the namespace, watched in Kubernetes.
+//! Where pools, their limits and the API keys come from: a static description (flags or a YAML
+//! file that is re-read when it changes, with a keys file beside it) or the EmbeddingPools of the
+//! namespace and the one Secret of keys the own pool names, watched in Kubernetes.
 
 pub mod file;
 pub mod kubernetes;
+pub mod secret;

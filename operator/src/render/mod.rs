@@ -66,7 +66,7 @@ pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
     let owner = Owner::of(pool)?;
     Ok(Children {
         service_account: rbac::service_account(&owner),
-        role: rbac::role(&owner),
+        role: rbac::role(&owner, pool),
         role_binding: rbac::role_binding(&owner),
         service: services::service(&owner),
         peers_service: services::peers_service(&owner),

@@ -1,9 +1,10 @@
 //! The sidecars' identity: they may read EmbeddingPools (their own budget, and peers for routing)
-//! and the Services and EndpointSlices routing needs. Nothing more.
+//! and the Services and EndpointSlices routing needs, and, for a pool with `spec.auth`, the one
+//! Secret holding its API keys. Nothing more.
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use teifleet_crds::{GROUP, labels};
+use teifleet_crds::{EmbeddingPool, GROUP, labels};
 
 use super::Owner;
 
@@ -22,15 +23,18 @@ fn read_rule(group: &str, resource: &str) -> PolicyRule {
     }
 }
 
-pub(super) fn role(owner: &Owner) -> Role {
-    Role {
-        metadata: owner.meta(labels::sidecar_account_name(&owner.name)),
-        rules: Some(vec![
-            read_rule(GROUP, "embeddingpools"),
-            read_rule("", "services"),
-            read_rule("discovery.k8s.io", "endpointslices"),
-        ]),
+pub(super) fn role(owner: &Owner, pool: &EmbeddingPool) -> Role {
+    let mut rules = vec![
+        read_rule(GROUP, "embeddingpools"),
+        read_rule("", "services"),
+        read_rule("discovery.k8s.io", "endpointslices"),
+    ];
+    // The sidecar lists and watches the Secret with a field selector on its name, which the API
+    // server authorizes as a request for that one name, so resourceNames holds for list and watch too.
+    if let Some(auth) = &pool.spec.auth {
+        rules.push(PolicyRule { resource_names: Some(vec![auth.secret_name.clone()]), ..read_rule("", "secrets") });
     }
+    Role { metadata: owner.meta(labels::sidecar_account_name(&owner.name)), rules: Some(rules) }
 }
 
 pub(super) fn role_binding(owner: &Owner) -> RoleBinding {
