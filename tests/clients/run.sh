@@ -26,6 +26,7 @@ bin=$root/target/debug
 logs=$(mktemp -d)
 free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 sim_port=$(free_port) sim_admin=$(free_port) grpc=$(free_port) admin=$(free_port) http=$(free_port)
+keyed_grpc=$(free_port) keyed_admin=$(free_port) keyed_http=$(free_port)
 
 pids=()
 cleanup() {
@@ -42,13 +43,29 @@ pids+=($!)
     --http-listen "127.0.0.1:$http" --drain-delay 0s >"$logs/mux.log" 2>&1 &
 pids+=($!)
 
-export TEIFLEET_HTTP="http://127.0.0.1:$http"
-for _ in $(seq 100); do
-    curl -sf "$TEIFLEET_HTTP/health" >/dev/null 2>&1 && break
-    sleep 0.1
+# A second multiplexer whose pool has API keys (test_auth.py), from a keys file beside its
+# configuration; the key is new every run.
+api_key=$("$venv/bin/python" -c 'import secrets; print("tf-" + secrets.token_urlsafe(24))')
+printf 'search: %s\n' "$api_key" >"$logs/keys.yaml"
+printf '%s\n' "auth: {keysFile: keys.yaml}" "pools:" \
+    "- {name: keyed, upstream: 'http://127.0.0.1:$sim_port', maxInFlight: 32, maxQueued: 256, queueTimeout: 10s}" \
+    >"$logs/pools.yaml"
+"$bin/teifleet-multiplexer" --config "$logs/pools.yaml" \
+    --listen "127.0.0.1:$keyed_grpc" --admin-listen "127.0.0.1:$keyed_admin" \
+    --http-listen "127.0.0.1:$keyed_http" --drain-delay 0s >"$logs/mux-keyed.log" 2>&1 &
+pids+=($!)
+
+export TEIFLEET_HTTP="http://127.0.0.1:$http" TEIFLEET_HTTP_KEYED="http://127.0.0.1:$keyed_http"
+export TEIFLEET_API_KEY="$api_key"
+for base in "$TEIFLEET_HTTP" "$TEIFLEET_HTTP_KEYED"; do
+    for _ in $(seq 100); do
+        curl -sf "$base/health" >/dev/null 2>&1 && break
+        sleep 0.1
+    done
 done
 if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/clients" "$@"; then
     echo "--- multiplexer log" >&2; tail -50 "$logs/mux.log" >&2
+    echo "--- multiplexer with API keys, log" >&2; tail -20 "$logs/mux-keyed.log" >&2
     echo "--- simulator log" >&2; tail -20 "$logs/sim.log" >&2
     exit 1
 fi
