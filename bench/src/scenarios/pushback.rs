@@ -99,14 +99,12 @@ impl Pushback {
         let span = |p: Policy| median(&self.runs(p).iter().map(|r| r.elapsed_s).collect::<Vec<_>>());
         vec![
             Target::at_least(&scenario, GAIN, self.gain(), GAIN_LIMIT, "×").note_if_not_passed(format!(
-                "the hints (p50 {hint_p50:.0} ms) tell each refused caller when the {} queued calls ahead of it \
-                 will have drained, not when the {} other refused callers will have been served: they all come \
-                 back within about the same hint, meet a full queue again, and spend their {MAX_ATTEMPTS} attempts \
-                 in {:.1} s, against {:.1} s for the backoff's widening windows. A hint that counts the callers \
-                 refused in the last moments (their number ÷ the service rate, spread) would send them back when \
-                 there is room",
+                "the hints (p50 {hint_p50:.0} ms) are each refused caller's turn behind the {} queued calls and \
+                 the callers refused before it, at the rate the pool served (slots ÷ mean service time); callers \
+                 whose turn came after their deadline were told not to retry. Pushback callers spent {:.1} s, \
+                 the backoff's {:.1} s. Fewer successes mean callers came back to a full queue: the pool served \
+                 slower than its service times said, or callers that never came back were still counted in line",
                 self.limits.max_queued,
-                self.clients,
                 span(Policy::Pushback),
                 span(Policy::Jitter),
             )),
@@ -166,7 +164,8 @@ pub async fn run(ctx: &Context) -> Result<Pushback> {
                 deadline: Some(BUDGET),
                 inputs: words(TOKENS),
                 retry: policy.retry(),
-                grace: Duration::from_secs(2),
+                // Each call has its whole time budget: none is cut off before its deadline.
+                grace: BUDGET + Duration::from_secs(1),
                 ..LoadConfig::closed(mux.url(), CLIENTS, CLIENTS as u64)
             };
             let report = measure(config).await?;

@@ -302,6 +302,9 @@ impl Shared {
         state.in_flight_tokens = state.in_flight_tokens.saturating_sub(u64::from(cost.tokens));
         state.service_time.observe(took);
         self.dispatch(&mut state);
+        if state.queue.is_empty() && state.in_flight < state.effective_limit() {
+            state.returning.clear();
+        }
         self.notify(&state, None);
     }
 

@@ -25,6 +25,13 @@ impl Returning {
         self.line.ceil() as usize
     }
 
+    /// Empties the line: a slot freed with nobody waiting shows the callers due by now did not
+    /// come back (callers that do not retry, or retry elsewhere). Keeping their places would push
+    /// the turns of later refused callers past their deadlines while the pool idles.
+    pub fn clear(&mut self) {
+        *self = Self::default();
+    }
+
     /// Puts one more refused caller in line, behind those counted by [`Self::ahead`].
     pub fn join(&mut self) {
         self.line = self.line.ceil() + 1.0;
@@ -52,5 +59,8 @@ mod tests {
         assert_eq!(returning.ahead(now + Duration::from_millis(100), rate), 3, "two served in 100 ms");
         assert_eq!(returning.ahead(now + Duration::from_secs(1), rate), 0, "drained");
         assert_eq!(returning.ahead(now + Duration::from_secs(1), rate), 0, "asking does not join");
+        returning.join();
+        returning.clear();
+        assert_eq!(returning.ahead(now + Duration::from_secs(1), rate), 0, "cleared");
     }
 }
