@@ -118,11 +118,11 @@ test-images: ## images-check on the debug binaries test-cluster built (no releas
 	images/check.sh --bin-dir target/debug
 
 .PHONY: demo
-demo: ## The whole story on a local control plane: chart, operator, pool, sidecar, bursts, live limits, GPU shortage
+demo: ## The whole story as shipped (root): images on a real node, chart, a pool Running, gRPC/HTTP via its Service, bursts, live limits, GPU shortage
 	tests/demo.sh
 
 .PHONY: demo-down
-demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the processes it recorded, and its cluster)
+demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the relay it recorded, and its cluster with the real node)
 	@# Only PIDs the demo recorded, and only while they still run the program it started.
 	@if [ -f target/demo-logs/pids ]; then \
 	  while read -r pid program; do \

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# `make demo`: teifleet end to end, from nothing, on this machine. A real Kubernetes control plane
-# with fake L4 GPU nodes, the Helm chart, the operator running as the chart's ServiceAccount, a
-# sample EmbeddingPool, its multiplexer sidecar in front of the TEI simulator, stock gRPC calls, a
-# burst that overflows the budget, a live budget raise, and a GPU shortage.
+# `make demo`: teifleet end to end, as shipped, from nothing, on this machine. A real Kubernetes
+# control plane with fake GPU nodes (kwok) and one real node (a kubelet on containerd with fake L4
+# GPUs), the images built here, the Helm chart with the operator running as a pod on the chart's
+# ServiceAccount, a sample EmbeddingPool whose TEI is the simulator's image, its pods Running on the
+# real node, stock gRPC and HTTP calls through the pool's ClusterIP Service, a burst that overflows
+# the budget, a live budget raise without restarts, and a GPU shortage.
 #
-# Cleans up when done; DEMO_KEEP=1 leaves everything running (then `make demo-down`, which stops
-# only the processes this script recorded). Logs stay in target/demo-logs/ after the run.
+# Needs root (the real node: containerd, iptables, a veth). Cleans up when done; DEMO_KEEP=1 leaves
+# everything running (then `make demo-down`, which stops only the processes this script recorded,
+# and the cluster). Logs stay in target/demo-logs/ after the run.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/.." && pwd)"
@@ -13,28 +16,61 @@ cd "$REPO"
 export TEIFLEET_CACHE="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}"
 export TEIFLEET_CLUSTER_DIR="${TEIFLEET_CLUSTER_DIR:-$REPO/.cluster}"
 export KUBECONFIG="$TEIFLEET_CLUSTER_DIR/kubeconfig"
-export PATH="$TEIFLEET_CACHE/current:$PATH"
+# The cached Kubernetes tools, called by path: with their directory first in PATH, the scripts'
+# `command -v etcd` would find the cache's own link to etcd and point it at itself.
+kubectl() { "$TEIFLEET_CACHE/current/kubectl" "$@"; }
+helm() { "$TEIFLEET_CACHE/current/helm" "$@"; }
+export TEIFLEET_REAL_NODE=1
+# The cluster's ports (tests/cluster/up.sh reads the same variables), checked before it starts.
+export TEIFLEET_ETCD_PORT="${TEIFLEET_ETCD_PORT:-12379}" TEIFLEET_API_PORT="${TEIFLEET_API_PORT:-16443}"
+# The real node's name, taint and GPU count.
+DIR="$TEIFLEET_CLUSTER_DIR"
+# shellcheck source=tests/cluster/real-node.sh
+source "$HERE/cluster/real-node.sh"
+
+SYSTEM_NS=teifleet-system
 NS=teifleet-demo
-POOL=bge-small
+SAMPLE=deploy/samples/bge-small-l4.yaml
+POOL="$(awk '$1 == "name:" {print $2; exit}' "$SAMPLE")"
+# teifleet-load only calls loopback addresses; this relay carries its connections to the pool's
+# ClusterIP, one connection to the Service per client connection, so kube-proxy balances them.
+RELAY_PORT="${DEMO_RELAY_PORT:-50051}"
+# The burst: more than the sample's budget (64 in flight + 256 queued), less than the raised one.
+BURST=600 RAISED_IN_FLIGHT=512 RAISED_QUEUED=2048
 # Outside the cluster directory, which cluster-down removes: the logs outlive the run.
 RUN="$REPO/target/demo-logs"
 PIDS_FILE="$RUN/pids"
-SIM_PORT=18081 SIM_ADMIN=19001 MUX_PORT=50051 MUX_ADMIN=19090 OPERATOR_ADMIN=18080
+IMAGES=target/images
 BIN="$REPO/target/debug"
 
 heading() { printf '\n\033[1;36m== %s\033[0m\n' "$1"; [[ $# -gt 1 ]] && printf '\033[2m   look at: %s\033[0m\n' "$2"; return 0; }
+show() { printf '\033[2m$ %s\033[0m\n' "$*"; "$@"; }
+
+# Pod logs and the cluster's own logs, copied out of the cluster before it goes.
+save_logs() {
+  kubectl get --raw /readyz >/dev/null 2>&1 || return 0
+  local ns pod
+  for ns in "$SYSTEM_NS" "$NS"; do
+    for pod in $(kubectl get pods -n "$ns" -o name 2>/dev/null); do
+      kubectl logs -n "$ns" "$pod" --all-containers --prefix >"$RUN/${pod#pod/}.log" 2>&1 || true
+    done
+  done
+  [[ -d "$TEIFLEET_CLUSTER_DIR/logs" ]] && rm -rf "$RUN/cluster" && cp -r "$TEIFLEET_CLUSTER_DIR/logs" "$RUN/cluster"
+  return 0
+}
+
 pids=()
 cleanup() {
-  if [[ "${DEMO_KEEP:-}" != 1 ]]; then
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    rm -f "$PIDS_FILE"
+  save_logs
+  if [[ "${DEMO_KEEP:-}" == 1 ]]; then
+    echo "(kept running: export KUBECONFIG=$KUBECONFIG; make demo-down stops it)"
+    return
   fi
-  if [[ "${DEMO_KEEP:-}" != 1 ]]; then
-    tests/cluster/down.sh >/dev/null 2>&1 || true
-    echo "(cleaned up; DEMO_KEEP=1 keeps the cluster and processes)"
-  fi
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  rm -f "$PIDS_FILE"
+  tests/cluster/down.sh >/dev/null 2>&1 || true
+  echo "(cleaned up; logs in $RUN; DEMO_KEEP=1 keeps the cluster and processes)"
 }
-trap cleanup EXIT
 
 start() { # name command...
   local name="$1"; shift
@@ -51,116 +87,196 @@ require_free_port() { # port what
   fi
 }
 
-wait_http() { # port path seconds
-  for _ in $(seq $(($3 * 5))); do curl -sf "http://127.0.0.1:$1$2" >/dev/null && return 0; sleep 0.2; done
-  echo "timed out waiting for 127.0.0.1:$1$2" >&2; return 1
+# A TCP relay: arguments listen-port host port; bytes pass untouched.
+RELAY_PY='
+import asyncio, sys
+
+async def pipe(reader, writer):
+    try:
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    finally:
+        writer.close()
+
+async def serve(client_reader, client_writer):
+    try:
+        upstream_reader, upstream_writer = await asyncio.open_connection(sys.argv[2], int(sys.argv[3]))
+    except OSError as error:
+        print("cannot reach", sys.argv[2], error, flush=True)
+        client_writer.close()
+        return
+    await asyncio.gather(pipe(client_reader, upstream_writer), pipe(upstream_reader, client_writer), return_exceptions=True)
+
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", int(sys.argv[1]))
+    print("relaying 127.0.0.1:%s to %s:%s" % tuple(sys.argv[1:4]), flush=True)
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+'
+
+pool_pods() { kubectl get pods -n "$NS" -l "$(kubectl get epool "$POOL" -n "$NS" -o jsonpath='{.status.selector}')" "$@"; }
+
+# "<pod> <pod IP> <admin port>" for each of the pool's Running pods.
+sidecars() {
+  pool_pods --field-selector status.phase=Running -o jsonpath='{range .items[*]}{.metadata.name} {.status.podIP} {.spec.containers[?(@.name=="multiplexer")].ports[?(@.name=="admin")].containerPort}{"\n"}{end}'
 }
 
-token_kubeconfig() { # namespace serviceaccount file
-  local token; token="$(kubectl create token "$2" -n "$1" --duration=1h)"
-  cat >"$3" <<KUBECONFIG
-apiVersion: v1
-kind: Config
-clusters: [{name: local, cluster: {server: "$(kubectl config view --raw -o jsonpath='{.clusters[0].cluster.server}')", certificate-authority: "$TEIFLEET_CLUSTER_DIR/pki/ca.crt"}}]
-users: [{name: $2, user: {token: "$token"}}]
-contexts: [{name: $2, context: {cluster: local, user: $2}}]
-current-context: $2
-KUBECONFIG
+sidecar_metrics() { curl -sf "http://$1:$2/metrics"; }
+
+sidecar_limit() { # ip admin-port
+  sidecar_metrics "$1" "$2" | awk -v s="teifleet_limit_in_flight{pool=\"$POOL\"}" '$1 == s {print $2}'
 }
 
-sidecar_limit() { curl -s "http://127.0.0.1:$MUX_ADMIN/metrics" | awk -v s="teifleet_limit_in_flight{pool=\"$POOL\"}" '$1 == s {print $2}'; }
+# Each sidecar's answers by outcome, and its limits.
+sidecar_report() {
+  local pod ip port
+  while read -r pod ip port; do
+    sidecar_metrics "$ip" "$port" | awk -v pod="$pod" '
+      /^teifleet_requests_total\{/ { match($0, /outcome="[^"]*"/); n[substr($0, RSTART + 9, RLENGTH - 10)] += $2 }
+      /^teifleet_limit_(in_flight|queued)\{/ { split($1, name, "{"); limits = limits " " name[1] "=" $2 }
+      END { printf "  %s:", pod; for (o in n) printf " %s=%d", o, n[o]; print ";" limits }'
+  done < <(sidecars)
+}
 
-heading "1/9  A real control plane: etcd, kube-apiserver, controller-manager, scheduler, kwok" \
-  "four fake nodes; the L4 and H100 nodes advertise nvidia.com/gpu and the GFD product label"
+restarts() { pool_pods -o jsonpath='{range .items[*]}{.metadata.name} restarts={range .status.containerStatuses[*]}{.name}:{.restartCount} {end}{"\n"}{end}'; }
+
+pool_conditions() {
+  kubectl get epool "$POOL" -n "$NS" -o jsonpath='{range .status.conditions[*]}  {.type}={.status} ({.reason}): {.message}{"\n"}{end}'
+}
+
+heading "1/9  Building: the images (make images) and the demo's tools" \
+  "sizes and digests of the operator, multiplexer and tei-sim images, built without a Docker engine"
 mkdir -p "$RUN"
+require_free_port "$RELAY_PORT" "the demo's relay to the pool Service"
+require_free_port "$TEIFLEET_ETCD_PORT" "etcd"
+require_free_port "$((TEIFLEET_ETCD_PORT + 1))" "etcd's peer port"
+require_free_port "$TEIFLEET_API_PORT" "kube-apiserver"
 : >"$PIDS_FILE"
-for port in "$SIM_PORT:the TEI simulator" "$SIM_ADMIN:the simulator's admin port" "$MUX_PORT:the sidecar" \
-  "$MUX_ADMIN:the sidecar's admin port" "$OPERATOR_ADMIN:the operator's admin port"; do
-  require_free_port "${port%%:*}" "${port#*:}"
-done
-echo "   (the first run on a machine builds Kubernetes, kwok, helm and grpcurl from source: about 10 minutes,"
-echo "    progress below; later runs start in seconds)"
+trap cleanup EXIT
+PYTHON="$(python3 -c 'import sys; print(sys.executable)')"
+echo "   (the first run on a machine builds Kubernetes, kwok and helm from source: about 10 minutes, and the"
+echo "    release binaries: a few more; progress below; later runs start in seconds)"
 tests/cluster/prereqs.sh
+make --no-print-directory images
+cargo build --locked -p teifleet-load -p teifleet-fake-gpu-plugin --bins
+
+heading "2/9  A real control plane, fake GPU nodes, and one real node" \
+  "kwok's L4 and H100 nodes advertise nvidia.com/gpu; $REAL_NODE_NAME is a real kubelet with $REAL_NODE_GPUS fake L4 GPUs"
 tests/cluster/down.sh >/dev/null 2>&1 || true
-tests/cluster/up.sh
-if [[ ! -x "$TEIFLEET_CACHE/bin/grpcurl-v1.9.4/grpcurl" ]]; then
-  GOBIN="$TEIFLEET_CACHE/bin/grpcurl-v1.9.4" CGO_ENABLED=0 go install github.com/fullstorydev/grpcurl/cmd/grpcurl@v1.9.4
-fi
-GRPCURL="$TEIFLEET_CACHE/bin/grpcurl-v1.9.4/grpcurl"
-echo "   building the operator, the multiplexer, the simulator and the load generator (cargo)"
-cargo build -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-load --bins
+TEIFLEET_FAKE_GPU_PLUGIN_BIN="$BIN/teifleet-fake-gpu-plugin" tests/cluster/up.sh
+echo "   no registry is reachable: the built images go into $REAL_NODE_NAME's containerd"
+image_archives=()
+while read -r name _; do image_archives+=("$IMAGES/$name.tar"); done <"$IMAGES/images.txt"
+tests/cluster/import-images.sh "${image_archives[@]}"
+image_ref() { awk -v name="$1" '$1 == name {print $2}' "$IMAGES/images.txt"; }
 
-heading "2/9  helm install teifleet" "the CRD, the operator Deployment and its least-privilege RBAC"
-helm install teifleet charts/teifleet -n teifleet-system --create-namespace --wait --timeout 90s
-kubectl get deployment,serviceaccount -n teifleet-system
+heading "3/9  helm install teifleet: the operator as a pod on $REAL_NODE_NAME" \
+  "the chart's image and ServiceAccount, in a namespace enforcing the restricted Pod Security Standard"
+on_real_node=(--set-json "nodeSelector={\"kubernetes.io/hostname\":\"$REAL_NODE_NAME\"}"
+  --set-json "tolerations=[{\"key\":\"$REAL_NODE_TAINT_KEY\",\"operator\":\"Exists\",\"effect\":\"NoSchedule\"}]")
+for ns in "$SYSTEM_NS" "$NS"; do
+  kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl label namespace "$ns" pod-security.kubernetes.io/enforce=restricted --overwrite >/dev/null
+done
+show helm install teifleet charts/teifleet -n "$SYSTEM_NS" "${on_real_node[@]}" --wait --timeout 120s
+show kubectl get pods -n "$SYSTEM_NS" -o wide
+kubectl get pods -n "$SYSTEM_NS" -o jsonpath='{range .items[*]}  {.metadata.name}: image {.spec.containers[0].image}, serviceAccount {.spec.serviceAccountName}{"\n"}{end}'
 
-heading "3/9  The operator, running with only the chart ServiceAccount's token" \
-  "(kwok runs the chart's pod as a stand-in; the real binary runs here with its identity)"
-token_kubeconfig teifleet-system teifleet-operator "$RUN/operator.kubeconfig"
-KUBECONFIG="$RUN/operator.kubeconfig" start operator "$BIN/teifleet-operator" --admin-listen "127.0.0.1:$OPERATOR_ADMIN" \
-  --log-format pretty --lease-namespace teifleet-system --identity demo-operator
-wait_http "$OPERATOR_ADMIN" /readyz 30 && echo "operator ready (logs: $RUN/operator.log)"
-
-heading "4/9  kubectl apply deploy/samples/bge-small-l4.yaml" \
-  "two L4 replicas; budget 64 in flight / 256 queued, split into per-replica shares in status"
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-kubectl apply -n "$NS" -f deploy/samples/bge-small-l4.yaml
-kubectl wait -n "$NS" --for=condition=Ready "embeddingpool/$POOL" --timeout=60s >/dev/null
-kubectl get epool -n "$NS"
-kubectl get pods -n "$NS" -o wide
-kubectl get epool "$POOL" -n "$NS" -o jsonpath='{range .status.conditions[*]}  {.type}={.status} ({.reason}): {.message}{"\n"}{end}'
+heading "4/9  kubectl apply $SAMPLE, with TEI swapped for the simulator's image" \
+  "its L4 replicas on $REAL_NODE_NAME's GPUs; the pool's budget split into per-replica shares"
+# What the demo changes in the sample: TEI's image, pods pinned to the real node, requests small
+# enough for this machine (the L4 default asks 2 CPUs per pod).
+overrides="$(cat <<JSON
+{"spec": {
+  "tei": {"image": "$(image_ref tei-sim)", "extraArgs": ["--fixed-latency=20ms", "--per-token-latency=50us"]},
+  "template": {
+    "nodeSelector": {"kubernetes.io/hostname": "$REAL_NODE_NAME"},
+    "tolerations": [{"key": "$REAL_NODE_TAINT_KEY", "operator": "Exists", "effect": "NoSchedule"}],
+    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}}}
+JSON
+)"
+echo "$overrides"
+kubectl patch --local -f "$SAMPLE" --type merge -p "$overrides" -o yaml | kubectl apply -n "$NS" -f -
+kubectl wait -n "$NS" --for=condition=Ready "embeddingpool/$POOL" --timeout=120s >/dev/null
+show kubectl get epool -n "$NS"
+show kubectl get pods -n "$NS" -o wide
+pool_conditions
 echo "  shares: $(kubectl get epool "$POOL" -n "$NS" -o jsonpath='{.status.admission}')"
+while read -r pod ip port; do
+  for _ in $(seq 100); do [[ -n "$(sidecar_limit "$ip" "$port")" ]] && break; sleep 0.1; done
+  echo "  $pod: its sidecar enforces the share it read with its own ServiceAccount: $(sidecar_limit "$ip" "$port") in flight"
+done < <(sidecars)
 
-heading "5/9  The pool's multiplexer sidecar in front of the TEI simulator" \
-  "Kubernetes mode, as the operator renders it, with the sidecar ServiceAccount's token"
-start tei-sim "$BIN/tei-sim" --listen "127.0.0.1:$SIM_PORT" --admin-listen "127.0.0.1:$SIM_ADMIN" \
-  --fixed-latency 20ms --per-token-latency 50us --model-id BAAI/bge-small-en-v1.5
-token_kubeconfig "$NS" "$POOL-multiplexer" "$RUN/sidecar.kubeconfig"
-KUBECONFIG="$RUN/sidecar.kubeconfig" TEIFLEET_POOL="$POOL" TEIFLEET_NAMESPACE="$NS" TEIFLEET_POD_NAME=demo-sidecar \
-  start multiplexer "$BIN/teifleet-multiplexer" --listen "127.0.0.1:$MUX_PORT" --admin-listen "127.0.0.1:$MUX_ADMIN" \
-  --upstream "http://127.0.0.1:$SIM_PORT" --log-format pretty --drain-delay 0s
-wait_http "$MUX_ADMIN" /readyz 30
-echo "sidecar ready; its in-flight limit is the pool's share: $(sidecar_limit)"
+heading "5/9  Stock tei.v1 gRPC calls through the pool's ClusterIP Service (kube-proxy)" \
+  "teifleet-load, the project's gRPC load generator, through a loopback relay to the ClusterIP"
+show kubectl get service "$POOL" -n "$NS"
+CLUSTER_IP="$(kubectl get service "$POOL" -n "$NS" -o jsonpath='{.spec.clusterIP}')"
+GRPC_PORT="$(kubectl get service "$POOL" -n "$NS" -o jsonpath='{.spec.ports[?(@.name=="grpc")].port}')"
+HTTP_PORT="$(kubectl get service "$POOL" -n "$NS" -o jsonpath='{.spec.ports[?(@.name=="http")].port}')"
+start relay "$PYTHON" -c "$RELAY_PY" "$RELAY_PORT" "$CLUSTER_IP" "$GRPC_PORT"
+for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$RELAY_PORT") 2>/dev/null && break; sleep 0.1; done
+TARGET="http://127.0.0.1:$RELAY_PORT"
+show "$BIN/teifleet-load" --target "$TARGET" --rpc info --requests 1
+show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency 4 --requests 40 --connections 4
 
-heading "6/9  A stock gRPC client (grpcurl, via server reflection) calls tei.v1 through the sidecar"
-"$GRPCURL" -plaintext "127.0.0.1:$MUX_PORT" list
-"$GRPCURL" -plaintext -d '{"inputs": "teifleet puts the queue where it belongs"}' "127.0.0.1:$MUX_PORT" tei.v1.Embed/Embed \
-  | python3 -c 'import json,sys; r=json.load(sys.stdin); print("  embedding of", len(r["embeddings"]), "floats; TEI metadata:", r["metadata"])'
+heading "6/9  TEI's HTTP API and OpenAI's embeddings route, on the Service's http port" \
+  "curl to $CLUSTER_IP:$HTTP_PORT: the sidecar translates to tei.v1 under the same admission"
+show curl -sS --fail-with-body "http://$CLUSTER_IP:$HTTP_PORT/embed" -H 'content-type: application/json' \
+  -d '{"inputs": ["teifleet puts the queue where it belongs", "and answers overload at once"]}' -o "$RUN/embed.json"
+"$PYTHON" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("  /embed:", len(r), "embeddings of", len(r[0]), "floats")' "$RUN/embed.json"
+show curl -sS --fail-with-body "http://$CLUSTER_IP:$HTTP_PORT/v1/embeddings" -H 'content-type: application/json' \
+  -d "{\"model\": \"$(kubectl get epool "$POOL" -n "$NS" -o jsonpath='{.spec.model.id}')\", \"input\": \"teifleet\"}" -o "$RUN/openai.json"
+"$PYTHON" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("  /v1/embeddings:", r["object"], "of", len(r["data"]), "embedding of", len(r["data"][0]["embedding"]), "floats; model", r["model"], "; usage", r["usage"])' "$RUN/openai.json"
 
-heading "7/9  A burst of 600 concurrent requests: more than this replica's budget (32 in flight + 128 queued)" \
-  "RESOURCE_EXHAUSTED answered at once for the overflow, the rest served, TEI never flooded"
-"$BIN/teifleet-load" --target "http://127.0.0.1:$MUX_PORT" --mode closed --concurrency 600 --requests 600 --tokens 16
-curl -s "http://127.0.0.1:$MUX_ADMIN/metrics" | grep -E '^teifleet_(requests_total|limit_in_flight|limit_queued)' | sed 's/^/  /'
-echo "  TEI simulator saw at most $(curl -s "http://127.0.0.1:$SIM_ADMIN/stats" | python3 -c 'import json,sys; print(json.load(sys.stdin)["max_in_flight_observed"])') requests at once"
+budget() { kubectl get epool "$POOL" -n "$NS" -o jsonpath="{.spec.concurrency.maxInFlight} in flight + {.spec.concurrency.maxQueued} queued"; }
+heading "7/9  A burst of $BURST concurrent calls: more than the pool's budget ($(budget))" \
+  "RESOURCE_EXHAUSTED answered at once for the overflow, the rest served; TEI never flooded"
+show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency "$BURST" --requests "$BURST" --tokens 16 --connections 4
+sidecar_report
 
-heading "8/9  kubectl patch spec.concurrency up (512 in flight / 2048 queued), live" \
-  "the sidecar's limit changes within a second, no pod restarts; the same burst is now admitted"
-pods_before="$(kubectl get pods -n "$NS" -o name | sort)"
+heading "8/9  kubectl patch spec.concurrency up ($RAISED_IN_FLIGHT in flight / $RAISED_QUEUED queued), live" \
+  "each sidecar's limit changes within a second, restartCount stays 0; the same burst is now admitted"
+restarts_before="$(restarts)"
 start_ms=$(date +%s%3N)
-kubectl patch epool "$POOL" -n "$NS" --type merge -p '{"spec":{"concurrency":{"maxInFlight":512,"maxQueued":2048}}}'
-until [[ "$(sidecar_limit)" == 256 ]]; do sleep 0.05; done
-echo "  sidecar enforces the new share (256 in flight) $(( $(date +%s%3N) - start_ms )) ms after the patch"
-"$BIN/teifleet-load" --target "http://127.0.0.1:$MUX_PORT" --mode closed --concurrency 600 --requests 600 --tokens 16
-if [[ "$(kubectl get pods -n "$NS" -o name | sort)" == "$pods_before" ]]; then
-  echo "  same pods as before the patch: nothing restarted"
+show kubectl patch epool "$POOL" -n "$NS" --type merge \
+  -p "{\"spec\":{\"concurrency\":{\"maxInFlight\":$RAISED_IN_FLIGHT,\"maxQueued\":$RAISED_QUEUED}}}"
+replicas="$(kubectl get epool "$POOL" -n "$NS" -o jsonpath='{.spec.replicas}')"
+raised_share=$(( (RAISED_IN_FLIGHT + replicas - 1) / replicas ))
+while read -r pod ip port; do
+  for _ in $(seq 100); do [[ "$(sidecar_limit "$ip" "$port")" == "$raised_share" ]] && break; sleep 0.05; done
+  echo "  $pod: in-flight limit $(sidecar_limit "$ip" "$port"), $(( $(date +%s%3N) - start_ms )) ms after the patch"
+done < <(sidecars)
+show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency "$BURST" --requests "$BURST" --tokens 16 --connections 4
+show kubectl get pods -n "$NS" -o wide
+if [[ "$(restarts)" == "$restarts_before" ]]; then
+  echo "  same pods, restart counts unchanged:"
+  restarts | sed 's/^/    /'
 else
-  echo "  pods changed after the patch!" >&2; exit 1
+  echo "  pods changed after the patch!" >&2; echo "$restarts_before" >&2; restarts >&2; exit 1
 fi
 
-heading "9/9  Over-asking for GPUs: 5 replicas on 4 L4 GPUs" "Ready=False, reason InsufficientGPU, naming the GPU type"
-kubectl scale epool "$POOL" -n "$NS" --replicas=5
-kubectl wait -n "$NS" --for=jsonpath='{.status.conditions[0].reason}'=InsufficientGPU "embeddingpool/$POOL" --timeout=60s >/dev/null
-kubectl get epool -n "$NS"
-kubectl get epool "$POOL" -n "$NS" -o jsonpath='{range .status.conditions[*]}  {.type}={.status} ({.reason}): {.message}{"\n"}{end}'
-kubectl get events -n "$NS" --field-selector involvedObject.kind=EmbeddingPool | tail -n 5
+heading "9/9  Over-asking for GPUs: $((REAL_NODE_GPUS + 1)) replicas on $REAL_NODE_NAME's $REAL_NODE_GPUS GPUs" \
+  "Ready=False, reason InsufficientGPU, naming the GPU type; the running replicas keep serving"
+show kubectl scale epool "$POOL" -n "$NS" --replicas=$((REAL_NODE_GPUS + 1))
+kubectl wait -n "$NS" --for=jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'=InsufficientGPU \
+  "embeddingpool/$POOL" --timeout=60s >/dev/null
+show kubectl get epool -n "$NS"
+show kubectl get pods -n "$NS" -o wide
+pool_conditions
+kubectl get events -n "$NS" --field-selector involvedObject.kind=EmbeddingPool | tail -n 4
+show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency 4 --requests 40 --connections 4
 
 heading "Summary"
 cat <<SUMMARY
-  - helm installed the CRD and operator; the operator ran on the chart's RBAC alone
-  - the pool became L4-scheduled TEI pods with status, conditions and per-replica shares
-  - stock gRPC calls went through the multiplexer sidecar unchanged
+  - make images built the three images; they ran from $REAL_NODE_NAME's containerd
+  - helm installed the CRD and the operator, which ran as a pod on the chart's ServiceAccount
+  - the sample pool became TEI pods Running on the real kubelet, probed Ready, fake L4 GPUs allocated
+  - stock gRPC and HTTP calls went through the pool's ClusterIP Service and its multiplexer sidecars
   - a burst beyond the budget was shed at once with RESOURCE_EXHAUSTED instead of queueing in TEI
-  - a live spec.concurrency edit reached the sidecar in under a second and the next burst was admitted
-  - asking for more GPUs than exist reported InsufficientGPU
-  logs: $RUN/*.log
+  - a live spec.concurrency edit reached every sidecar in under a second; no container restarted
+  - asking for more GPUs than the node has reported InsufficientGPU, and the pool kept serving
+  logs: $RUN/
 SUMMARY

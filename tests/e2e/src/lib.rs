@@ -261,19 +261,17 @@ pub fn built_image(name: &str) -> Option<(PathBuf, String)> {
 }
 
 /// Imports an image archive into the real node's containerd (no registry is reachable from the
-/// node), as tests/cluster/up.sh imports its own images.
+/// node) with tests/cluster/import-images.sh, which `make demo` uses too.
 pub fn import_into_real_node(tar: &Path) {
-    let socket = kubeconfig_path().parent().expect("the cluster directory").join("node/containerd/containerd.sock");
-    let import = Command::new("ctr")
-        .arg("--address")
-        .arg(&socket)
-        .args(["-n", "k8s.io", "images", "import"])
+    let cluster_dir = kubeconfig_path().parent().expect("the cluster directory").to_owned();
+    let import = Command::new(repo_root().join("tests/cluster/import-images.sh"))
         .arg(tar)
+        .env("TEIFLEET_CLUSTER_DIR", cluster_dir)
         .output()
-        .expect("ctr runs");
+        .expect("tests/cluster/import-images.sh runs");
     assert!(
         import.status.success(),
-        "ctr images import {}: {}",
+        "tests/cluster/import-images.sh {}: {}",
         tar.display(),
         String::from_utf8_lossy(&import.stderr)
     );
