@@ -8,11 +8,13 @@
 pub mod budget;
 pub mod conditions;
 pub mod duration;
+pub mod effective;
 pub mod gpu;
 pub mod labels;
 mod pool;
 
 pub use budget::{Shares, split_budget};
+pub use effective::{EffectiveLimits, SidecarAdmission};
 pub use gpu::GpuType;
 pub use pool::*;
 

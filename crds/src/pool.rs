@@ -567,4 +567,8 @@ pub struct AdmissionStatus {
     pub queued_per_replica: i32,
     /// Number of replicas the budget was split over.
     pub split_over_replicas: i32,
+    /// With `concurrency.adaptive`: the limits the sidecars enforce right now, below their shares,
+    /// as they reported them at the operator's last check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effective: Option<crate::EffectiveLimits>,
 }

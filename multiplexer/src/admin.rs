@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::get;
+use teifleet_crds::SidecarAdmission;
+use teifleet_wire::sidecar_admin::ADMISSION_PATH;
 use teifleet_wire::tei_health;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -56,7 +59,7 @@ pub async fn check_tei(pools: &PoolTable) -> Result<(), String> {
     let check = client.check(HealthCheckRequest { service: String::new() });
     match tokio::time::timeout(wait, check).await {
         Err(_) => Err(format!("TEI did not answer its health check within {wait:?}")),
-        Ok(Err(status)) => Err(format!("TEI's health check failed: {:?}: {}", status.code(), status.message())),
+        Ok(Err(status)) => Err(format!("TEI's health check failed: {:?}: {}", status.code(), with_causes(&status))),
         Ok(Ok(answer)) => match ServingStatus::try_from(answer.get_ref().status) {
             Ok(ServingStatus::Serving) => Ok(()),
             Ok(other) => Err(format!("TEI reports {}", other.as_str_name())),
@@ -65,8 +68,51 @@ pub async fn check_tei(pools: &PoolTable) -> Result<(), String> {
     }
 }
 
-/// `/metrics`, `/healthz`, `/readyz` and [`tei_health::PATH`].
+/// A failed call's message and the errors under it: tonic says only "tcp connect error", the
+/// operating system's reason ("Connection refused") sits further down.
+fn with_causes(status: &tonic::Status) -> String {
+    let mut text = status.message().to_owned();
+    let mut cause = std::error::Error::source(status);
+    while let Some(error) = cause {
+        let line = error.to_string();
+        if !text.contains(&line) {
+            text = format!("{text}: {line}");
+        }
+        cause = error.source();
+    }
+    text
+}
+
+/// The own pool's admission state, for the operator's status summary; `None` until the pool and
+/// its limits are known.
+pub fn own_admission(pools: &PoolTable) -> Option<SidecarAdmission> {
+    let pool = pools.get(pools.own_name())?;
+    let snapshot = pool.admission.snapshot();
+    pool.spec.limits?;
+    let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Some(SidecarAdmission {
+        pool: pool.spec.name.clone(),
+        effective_in_flight: count(snapshot.effective_limit),
+        max_in_flight: count(snapshot.limits.max_in_flight),
+        adaptive: snapshot.limits.adaptive,
+        in_flight: count(snapshot.in_flight),
+        queued: count(snapshot.queued_total()),
+        standing_queue: snapshot.standing_queue,
+    })
+}
+
+/// `/metrics`, `/healthz`, `/readyz`, [`tei_health::PATH`] and [`ADMISSION_PATH`].
 pub fn router(metrics: &Metrics, readiness: Arc<Readiness>) -> Router {
+    let admission_pools = readiness.pools.clone();
+    let admission = get(move || {
+        let pools = admission_pools.clone();
+        async move {
+            match own_admission(&pools) {
+                Some(report) => crate::http::json(&report),
+                None => (StatusCode::SERVICE_UNAVAILABLE, "pool configuration not known yet\n").into_response(),
+            }
+        }
+    });
     let pools = readiness.pools.clone();
     let tei = get(move || {
         let pools = pools.clone();
@@ -81,6 +127,7 @@ pub fn router(metrics: &Metrics, readiness: Arc<Readiness>) -> Router {
         .readyz(move || readiness.ready())
         .into_router()
         .route(tei_health::PATH, tei)
+        .route(ADMISSION_PATH, admission)
 }
 
 /// Serves the admin routes on `listener` until `stop`.
@@ -149,6 +196,7 @@ mod tests {
         let down = tei_health(addr).await;
         assert_eq!(down.status, 503);
         assert!(down.body.starts_with("TEI's health check failed: Unavailable"), "{down:?}");
+        assert!(down.body.contains("Connection refused"), "the operating system's reason: {down:?}");
         stop.cancel();
     }
 
@@ -184,5 +232,28 @@ mod tests {
             Response { status: 503, body: "the sidecar does not know its pool yet, so TEI was not asked\n".into() }
         );
         stop.cancel();
+    }
+    #[tokio::test]
+    async fn reports_the_own_pools_limit_in_force_once_known() {
+        let pools = PoolTable::new("own", Metrics::new());
+        let spec = |limits| PoolSpec {
+            name: "own".into(),
+            model: None,
+            upstream: "http://127.0.0.1:1".into(),
+            limits,
+            remote: false,
+            coalesce: false,
+            tenants: BTreeMap::new(),
+        };
+        pools.sync(vec![spec(None)]).unwrap();
+        assert_eq!(own_admission(&pools), None, "no limits yet");
+        let adaptive = crate::admission::Limits {
+            adaptive: true,
+            ..crate::admission::Limits::new(64, 128, Duration::from_secs(2))
+        };
+        pools.sync(vec![spec(Some(adaptive))]).unwrap();
+        let report = own_admission(&pools).unwrap();
+        assert_eq!((report.pool.as_str(), report.max_in_flight, report.adaptive), ("own", 64, true));
+        assert_eq!(report.effective_in_flight, 16, "an adaptive limit starts at a quarter of its ceiling");
     }
 }

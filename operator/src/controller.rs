@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Health;
 use crate::metrics::Metrics;
 use crate::render::{self, RenderConfig};
-use crate::{Error, Result, status};
+use crate::{Error, Result, sidecars, status};
 
 /// Shared state of every reconciliation.
 pub struct Context {
@@ -131,7 +131,11 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let pods = pods.list(&ListParams::default().labels(&labels::pool_selector(&name))).await?.items;
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
-    let desired = status::compute(&pool, Some(&deployment), &pods, &now);
+    let mut desired = status::compute(&pool, Some(&deployment), &pods, &now);
+    let adaptive = pool.spec.concurrency.adaptive;
+    if adaptive && let Some(admission) = desired.admission.as_mut() {
+        admission.effective = teifleet_crds::effective::summarize(&sidecars::reports(&pods).await);
+    }
     if ctx.status_memo.needs_write(&pool, &desired) {
         tracing::debug!(pool = %name, %namespace, old = ?pool.status, new = ?desired, "status changed");
         write_status(&ctx, &pool, &namespace, &desired).await?;
@@ -140,7 +144,8 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     }
 
     ctx.metrics.reconciled(started.elapsed());
-    Ok(Action::requeue(ctx.resync))
+    // An adaptive pool's limits move without any object changing: look again sooner.
+    Ok(Action::requeue(if adaptive { ctx.resync.min(sidecars::REFRESH) } else { ctx.resync }))
 }
 
 async fn write_status(

@@ -8,6 +8,7 @@ pub mod controller;
 pub mod leader;
 pub mod metrics;
 pub mod render;
+pub mod sidecars;
 pub mod status;
 pub mod watch_health;
 

@@ -181,6 +181,8 @@ pub fn compute(pool: &EmbeddingPool, deployment: Option<&Deployment>, pods: &[Po
             in_flight_per_replica: shares.in_flight_per_replica,
             queued_per_replica: shares.queued_per_replica,
             split_over_replicas: shares.split_over,
+            // What the sidecars report is asked by the controller (see `sidecars`), not computed.
+            effective: None,
         }),
         conditions: conditions::merge(
             previous,

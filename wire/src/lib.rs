@@ -21,6 +21,14 @@ pub mod ports {
     pub const OPERATOR_ADMIN: u16 = 8080;
 }
 
+/// What the sidecar's admin port tells the operator.
+pub mod sidecar_admin {
+    /// The sidecar's admin route answering its pool's admission state as JSON
+    /// (`teifleet_crds::SidecarAdmission`): the limit in force, the ceiling, what is in flight and
+    /// queued. The operator sums the answers into an adaptive pool's status.
+    pub const ADMISSION_PATH: &str = "/admission";
+}
+
 /// How the kubelet learns TEI's health. TEI listens on the pod's loopback only (so nothing can call
 /// it around the multiplexer), out of reach of the kubelet's probes; the sidecar asks TEI in its
 /// place and answers on its admin port.

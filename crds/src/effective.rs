@@ -1,0 +1,92 @@
+//! The in-flight limits the sidecars enforce right now: what each reports on its admin port, and
+//! the pool-wide summary the operator writes into status for adaptive pools (where the limit in
+//! force differs from the share the operator publishes).
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// One sidecar's admission state, as its admin port reports it (`teifleet_wire::sidecar_admin::ADMISSION_PATH`).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarAdmission {
+    /// The pool the sidecar serves.
+    pub pool: String,
+    /// Inputs let into TEI at once right now: the adaptive limit, or the share when static.
+    pub effective_in_flight: u32,
+    /// The ceiling: this replica's share of the pool budget.
+    pub max_in_flight: u32,
+    pub adaptive: bool,
+    /// Inputs in flight and queued at the moment of asking.
+    pub in_flight: u32,
+    pub queued: u32,
+    /// The queue stands: newcomers that would wait longer than the target are refused.
+    pub standing_queue: bool,
+}
+
+/// The pool's in-flight limits in force, summed over the sidecars that answered.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EffectiveLimits {
+    /// Sidecars that reported their limits at the last check.
+    pub replicas_reporting: i32,
+    /// Inputs the pool lets into TEI at once right now: the sum of the sidecars' limits.
+    pub total_in_flight: i32,
+    /// The lowest and highest limit among the sidecars: far apart means replicas of unequal speed.
+    pub min_in_flight: i32,
+    pub max_in_flight: i32,
+    /// Sidecars whose queue stands (overloaded; they refuse what they cannot serve soon).
+    pub standing_queues: i32,
+}
+
+/// The summary of `reports`; `None` when no sidecar answered.
+pub fn summarize(reports: &[SidecarAdmission]) -> Option<EffectiveLimits> {
+    let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+    let limit = |r: &SidecarAdmission| i32::try_from(r.effective_in_flight).unwrap_or(i32::MAX);
+    Some(EffectiveLimits {
+        replicas_reporting: count(reports.len()),
+        total_in_flight: reports.iter().map(limit).fold(0, i32::saturating_add),
+        min_in_flight: reports.iter().map(limit).min()?,
+        max_in_flight: reports.iter().map(limit).max()?,
+        standing_queues: count(reports.iter().filter(|r| r.standing_queue).count()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(limit: u32, standing: bool) -> SidecarAdmission {
+        SidecarAdmission {
+            pool: "bge".into(),
+            effective_in_flight: limit,
+            max_in_flight: 64,
+            adaptive: true,
+            in_flight: 0,
+            queued: 0,
+            standing_queue: standing,
+        }
+    }
+
+    #[test]
+    fn the_summary_sums_and_spans_the_reports() {
+        assert_eq!(summarize(&[]), None);
+        let summary = summarize(&[report(12, false), report(30, true), report(20, false)]).unwrap();
+        assert_eq!(
+            summary,
+            EffectiveLimits {
+                replicas_reporting: 3,
+                total_in_flight: 62,
+                min_in_flight: 12,
+                max_in_flight: 30,
+                standing_queues: 1
+            }
+        );
+    }
+
+    #[test]
+    fn the_report_is_camel_case_json() {
+        let json = serde_json::to_value(report(8, false)).unwrap();
+        assert_eq!(json["effectiveInFlight"], 8);
+        assert_eq!(json["standingQueue"], false);
+    }
+}

@@ -1,0 +1,123 @@
+//! What the pool's sidecars say about the limits they enforce, asked on their admin ports: an
+//! adaptive pool's sidecars each find their own in-flight limit, and the pool's status shows the
+//! sum (`status.admission.effective`). Best effort: a sidecar that does not answer within a second
+//! is left out of the count, and a reconcile never waits longer than that.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::core::v1::Pod;
+use teifleet_crds::SidecarAdmission;
+use teifleet_wire::ports::MULTIPLEXER_ADMIN;
+use teifleet_wire::sidecar_admin::ADMISSION_PATH;
+
+/// How long one sidecar may take to answer.
+const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+
+/// How often an adaptive pool's summary is refreshed when nothing else triggers a reconcile.
+pub const REFRESH: Duration = Duration::from_secs(30);
+
+/// The reports of the ready, running pods among `pods` whose sidecars answered.
+pub async fn reports(pods: &[Pod]) -> Vec<SidecarAdmission> {
+    let addresses: Vec<SocketAddr> = pods
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_ready(pod))
+        .filter_map(|pod| pod.status.as_ref()?.pod_ip.as_deref()?.parse::<IpAddr>().ok())
+        .map(|ip| SocketAddr::new(ip, MULTIPLEXER_ADMIN))
+        .collect();
+    ask_all(&addresses).await
+}
+
+/// Asks every admin address at once; returns the answers that came, in no particular order.
+pub async fn ask_all(addresses: &[SocketAddr]) -> Vec<SidecarAdmission> {
+    if addresses.is_empty() {
+        return Vec::new();
+    }
+    let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+    let asks = addresses.iter().map(|address| ask(&client, *address));
+    futures::future::join_all(asks).await.into_iter().flatten().collect()
+}
+
+async fn ask(client: &Client<HttpConnector, Empty<Bytes>>, address: SocketAddr) -> Option<SidecarAdmission> {
+    let uri = format!("http://{address}{ADMISSION_PATH}").parse().ok()?;
+    let exchange = async {
+        let response = client.get(uri).await.map_err(|error| error.to_string())?;
+        if !response.status().is_success() {
+            return Err(format!("answered {}", response.status()));
+        }
+        let body = response.into_body().collect().await.map_err(|error| error.to_string())?.to_bytes();
+        serde_json::from_slice::<SidecarAdmission>(&body).map_err(|error| error.to_string())
+    };
+    let outcome = tokio::time::timeout(ANSWER_WITHIN, exchange)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {ANSWER_WITHIN:?}")));
+    outcome.map_err(|reason| tracing::debug!(%address, %reason, "sidecar did not report its limits")).ok()
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    let conditions = pod.status.as_ref().and_then(|status| status.conditions.as_ref());
+    conditions.is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::*;
+
+    /// A server answering every connection with `answer` (`None`: reads and never answers).
+    async fn server(answer: Option<String>) -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let answer = answer.clone();
+                tokio::spawn(async move {
+                    let mut request = [0u8; 1024];
+                    let _ = stream.read(&mut request).await;
+                    match answer {
+                        Some(answer) => drop(stream.write_all(answer.as_bytes()).await),
+                        None => tokio::time::sleep(Duration::from_secs(30)).await,
+                    }
+                });
+            }
+        });
+        address
+    }
+
+    fn http(status: &str, body: &str) -> Option<String> {
+        Some(format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        ))
+    }
+
+    #[tokio::test]
+    async fn answers_are_collected_and_silence_or_errors_left_out_within_a_second() {
+        let report = SidecarAdmission {
+            pool: "bge".into(),
+            effective_in_flight: 12,
+            max_in_flight: 32,
+            adaptive: true,
+            in_flight: 3,
+            queued: 0,
+            standing_queue: false,
+        };
+        let good = server(http("200 OK", &serde_json::to_string(&report).unwrap())).await;
+        let unknown = server(http("503 Service Unavailable", "pool configuration not known yet")).await;
+        let garbled = server(http("200 OK", "{\"effectiveInFlight\": \"many\"}")).await;
+        let silent = server(None).await;
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let started = tokio::time::Instant::now();
+        let reports = ask_all(&[good, unknown, garbled, silent, closed]).await;
+        assert_eq!(reports, vec![report]);
+        assert!(started.elapsed() < Duration::from_secs(3), "asked at once, each within a second");
+        assert!(ask_all(&[]).await.is_empty());
+    }
+}
