@@ -12,6 +12,7 @@ use crate::scenarios::{
     overload::Overload, shed_storm::ShedStorm, slo::Slo, streams::Streams,
 };
 use crate::scenarios::{adaptive::AdaptiveLimit, fairness::Fairness, pushback::Pushback};
+use crate::scenarios::{http_overhead::HttpOverhead, http_overload::HttpOverload};
 use crate::targets::Target;
 use crate::{Error, Result};
 
@@ -31,6 +32,8 @@ pub enum Outcome {
     AdaptiveLimit(Box<AdaptiveLimit>),
     Fairness(Box<Fairness>),
     Pushback(Box<Pushback>),
+    HttpOverhead(Box<HttpOverhead>),
+    HttpOverload(Box<HttpOverload>),
 }
 
 impl Outcome {
@@ -48,6 +51,8 @@ impl Outcome {
             Self::AdaptiveLimit(r) => r.targets(),
             Self::Fairness(r) => r.targets(),
             Self::Pushback(r) => r.targets(),
+            Self::HttpOverhead(r) => r.targets(),
+            Self::HttpOverload(r) => r.targets(),
         }
     }
 }

@@ -17,6 +17,9 @@ pub enum Error {
         #[source]
         source: tonic::transport::Error,
     },
+    /// The target does not answer HTTP.
+    #[error("cannot reach {target} over HTTP: {reason}")]
+    HttpConnect { target: String, reason: String },
     #[error("{what} {path}: {source}")]
     File {
         what: &'static str,

@@ -13,7 +13,11 @@ fn describe(info: &RunInfo) -> String {
         (_, _, Some(c)) => format!("closed loop, concurrency {c}"),
         (mode, _, _) => mode.to_owned(),
     };
-    let _ = write!(s, ", {} connection{}", info.connections, if info.connections == 1 { "" } else { "s" });
+    if info.protocol == "http" {
+        s.push_str(", HTTP/1.1 (TEI's HTTP API)");
+    } else {
+        let _ = write!(s, ", {} connection{}", info.connections, if info.connections == 1 { "" } else { "s" });
+    }
     let _ = write!(s, ", {}", info.call);
     if info.inputs != "none" {
         let _ = write!(s, ", {}", info.inputs);

@@ -12,6 +12,9 @@ use crate::summary::{Latencies, Summary};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunInfo {
     pub target: String,
+    /// `grpc` or `http` (TEI's HTTP API).
+    #[serde(default)]
+    pub protocol: String,
     /// `open` or `closed`.
     pub mode: String,
     /// Open loop: `poisson` or `constant`.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use teifleet_load::arrivals::Arrivals;
 use teifleet_load::codes::UNFINISHED;
 use teifleet_load::inputs::{Inputs, QueryMix, Tokens};
-use teifleet_load::{Call, LoadConfig, Mode};
+use teifleet_load::{Call, LoadConfig, Mode, Protocol};
 use teifleet_tei_sim::{Fault, SimConfig};
 
 async fn sim(configure: impl FnOnce(&mut SimConfig)) -> teifleet_tei_sim::SimHandle {
@@ -139,4 +139,60 @@ async fn refused_calls_are_retried_up_to_the_policy_within_the_deadline() {
     // A bad tenant name is a usage error.
     let config = LoadConfig { tenant: Some("two words".into()), ..LoadConfig::closed(target, 1, 1) };
     assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::InvalidArgument(_))));
+}
+
+/// A stand-in for TEI's HTTP API: `/embed` answers a vector, or 429 with a pushback hint when the
+/// caller says it is sheddable; it remembers the last time budget it was given.
+async fn http_api() -> (String, std::sync::Arc<std::sync::Mutex<Option<String>>>) {
+    use axum::http::{HeaderMap, StatusCode};
+    let budget = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let seen = budget.clone();
+    let embed = move |headers: HeaderMap| {
+        let seen = seen.clone();
+        async move {
+            let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+            *seen.lock().unwrap() = header("x-teifleet-timeout-ms");
+            if header("x-teifleet-priority").as_deref() == Some("sheddable") {
+                (StatusCode::TOO_MANY_REQUESTS, [("grpc-retry-pushback-ms", "7")], "{}")
+            } else {
+                (StatusCode::OK, [("content-type", "application/json")], "[[0.5, 0.5]]")
+            }
+        }
+    };
+    let app = axum::Router::new()
+        .route("/health", axum::routing::get(|| async { "" }))
+        .route("/info", axum::routing::get(|| async { "{}" }))
+        .route("/embed", axum::routing::post(embed));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (target, budget)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_requests_are_counted_by_the_codes_their_statuses_stand_for() {
+    let (target, budget) = http_api().await;
+    let http = |config: LoadConfig| LoadConfig { protocol: Protocol::Http, ..config };
+    let report = teifleet_load::run(&http(LoadConfig::closed(target.clone(), 4, 40))).await.unwrap();
+    assert_eq!((report.sent, report.ok), (40, 40), "{:?}", report.codes);
+    assert_eq!(report.info.protocol, "http");
+    assert!(budget.lock().unwrap().is_none(), "no deadline, no budget header");
+
+    let shed = LoadConfig {
+        priority: Some("sheddable".into()),
+        deadline: Some(Duration::from_millis(1500)),
+        ..LoadConfig::closed(target.clone(), 2, 10)
+    };
+    let report = teifleet_load::run(&http(shed)).await.unwrap();
+    assert_eq!(report.count("RESOURCE_EXHAUSTED"), 10, "{:?}", report.codes);
+    let millis: u64 = budget.lock().unwrap().as_deref().expect("the deadline as a budget").parse().unwrap();
+    assert!((1..=1500).contains(&millis), "{millis}");
+
+    let info = LoadConfig { call: Call::Info, ..LoadConfig::closed(target.clone(), 1, 5) };
+    assert_eq!(teifleet_load::run(&http(info)).await.unwrap().ok, 5);
+    let stream = LoadConfig { call: Call::EmbedStream { batch: 2 }, ..LoadConfig::closed(target, 1, 1) };
+    assert!(matches!(teifleet_load::run(&http(stream)).await, Err(teifleet_load::Error::InvalidArgument(_))));
+    let port = teifleet_testkit::net::free_port().unwrap();
+    let nobody = http(LoadConfig::closed(format!("http://127.0.0.1:{port}"), 1, 1));
+    assert!(matches!(teifleet_load::run(&nobody).await, Err(teifleet_load::Error::HttpConnect { .. })));
 }

@@ -3,6 +3,7 @@
 //! Scenarios only measure; everything here is a pure function of [`Results`], except writing.
 
 mod admission;
+mod http;
 pub mod plots;
 mod sections;
 

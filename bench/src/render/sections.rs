@@ -31,6 +31,8 @@ pub fn body(section: &Section) -> String {
         (Some(Outcome::AdaptiveLimit(r)), _) => super::admission::adaptive(r),
         (Some(Outcome::Fairness(r)), _) => super::admission::fairness(r),
         (Some(Outcome::Pushback(r)), _) => super::admission::pushback(r),
+        (Some(Outcome::HttpOverhead(r)), _) => super::http::overhead(r),
+        (Some(Outcome::HttpOverload(r)), _) => super::http::overload(r),
         (None, Some(error)) => format!("Not measured: {error}."),
         (None, None) => "Not measured.".into(),
     }

@@ -8,6 +8,8 @@ pub mod burst;
 pub mod coalescing;
 pub mod cost;
 pub mod fairness;
+pub mod http_overhead;
+pub mod http_overload;
 pub mod live_limits;
 pub mod overhead;
 pub mod overload;
@@ -70,10 +72,12 @@ pub enum Scenario {
     AdaptiveLimit,
     Fairness,
     Pushback,
+    HttpOverhead,
+    HttpOverload,
 }
 
 impl Scenario {
-    pub const ALL: [Self; 12] = [
+    pub const ALL: [Self; 14] = [
         Self::Overhead,
         Self::Overload,
         Self::Burst,
@@ -86,6 +90,8 @@ impl Scenario {
         Self::AdaptiveLimit,
         Self::Fairness,
         Self::Pushback,
+        Self::HttpOverhead,
+        Self::HttpOverload,
     ];
 
     pub fn number(self) -> usize {
@@ -106,6 +112,8 @@ impl Scenario {
             Self::AdaptiveLimit => "adaptive-limit",
             Self::Fairness => "fairness",
             Self::Pushback => "pushback",
+            Self::HttpOverhead => "http-overhead",
+            Self::HttpOverload => "http-overload",
         }
     }
 
@@ -128,6 +136,8 @@ impl Scenario {
             Self::AdaptiveLimit => "Adaptive limit: one --adaptive config vs the best static limit per backend",
             Self::Fairness => "Fairness: a tenant flooding at 5× capacity beside a light one",
             Self::Pushback => "Pushback: 300 callers retrying against 2 in flight + 4 queued",
+            Self::HttpOverhead => "HTTP overhead: TEI's HTTP API through the sidecar vs gRPC through it vs direct",
+            Self::HttpOverload => "HTTP overload: goodput at 2× to 10× capacity over HTTP vs gRPC, one sidecar",
         };
         format!("{}. {title}", self.number())
     }
@@ -153,6 +163,8 @@ impl Scenario {
             Self::AdaptiveLimit => adaptive::planned_targets(),
             Self::Fairness => fairness::planned_targets(),
             Self::Pushback => pushback::planned_targets(),
+            Self::HttpOverhead => http_overhead::planned_targets(),
+            Self::HttpOverload => http_overload::planned_targets(),
         }
     }
 }
@@ -172,6 +184,8 @@ pub async fn run(ctx: &Context, scenario: Scenario) -> Section {
         Scenario::AdaptiveLimit => adaptive::run(ctx).await.map(|r| Outcome::AdaptiveLimit(Box::new(r))),
         Scenario::Fairness => fairness::run(ctx).await.map(|r| Outcome::Fairness(Box::new(r))),
         Scenario::Pushback => pushback::run(ctx).await.map(|r| Outcome::Pushback(Box::new(r))),
+        Scenario::HttpOverhead => http_overhead::run(ctx).await.map(|r| Outcome::HttpOverhead(Box::new(r))),
+        Scenario::HttpOverload => http_overload::run(ctx).await.map(|r| Outcome::HttpOverload(Box::new(r))),
     };
     match outcome {
         Ok(outcome) => Section::measured(scenario, outcome),
@@ -318,7 +332,9 @@ mod tests {
         assert_eq!(Scenario::parse("shed-storm"), Some(Scenario::ShedStorm));
         assert_eq!(Scenario::parse("10"), Some(Scenario::AdaptiveLimit));
         assert_eq!(Scenario::parse("pushback"), Some(Scenario::Pushback));
-        assert_eq!(Scenario::parse("13"), None);
+        assert_eq!(Scenario::parse("13"), Some(Scenario::HttpOverhead));
+        assert_eq!(Scenario::parse("http-overload"), Some(Scenario::HttpOverload));
+        assert_eq!(Scenario::parse("15"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

@@ -13,7 +13,7 @@ use clap::{Parser, ValueEnum};
 use teifleet_load::arrivals::Arrivals;
 use teifleet_load::inputs::{Inputs, QueryMix, Tokens};
 use teifleet_load::retry::{RetryMode, RetryPolicy};
-use teifleet_load::{Call, LoadConfig, Mode, render};
+use teifleet_load::{Call, LoadConfig, Mode, Protocol, render};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 enum LoopMode {
@@ -21,6 +21,16 @@ enum LoopMode {
     Open,
     /// --concurrency workers, each sending when its previous request is answered.
     Closed,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum Wire {
+    /// tei.v1 gRPC over HTTP/2.
+    Grpc,
+    /// TEI's HTTP API over HTTP/1.1 keep-alive connections: POST /embed, GET /info (the
+    /// multiplexer's --http-listen port). Answers are counted under the gRPC code their status
+    /// stands for (429 as RESOURCE_EXHAUSTED, 504 as DEADLINE_EXCEEDED, ...).
+    Http,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -54,7 +64,8 @@ enum Priority {
     Sheddable,
 }
 
-/// Load generator for tei.v1 gRPC endpoints (TEI, tei-sim, teifleet-multiplexer), loopback only.
+/// Load generator for tei.v1 gRPC endpoints (TEI, tei-sim, teifleet-multiplexer) and TEI's HTTP
+/// API, loopback only.
 ///
 /// Open loop (default): each request is sent at its precomputed time whether or not earlier ones
 /// returned, and its latency is measured from that time (no coordinated omission). Closed loop:
@@ -66,6 +77,9 @@ struct Args {
     /// Endpoint, e.g. http://127.0.0.1:50051 (loopback addresses only).
     #[arg(long, value_name = "URL")]
     target: String,
+    /// How requests reach the target.
+    #[arg(long, value_enum, default_value = "grpc")]
+    protocol: Wire,
     #[arg(long, value_enum, default_value = "open")]
     mode: LoopMode,
     /// Open loop: requests per second.
@@ -83,7 +97,8 @@ struct Args {
     /// Longest time to keep sending (e.g. 10s, 1m).
     #[arg(long, default_value = "60s", value_parser = teifleet_wire::duration::parse, value_name = "DUR")]
     duration: Duration,
-    /// HTTP/2 connections; requests are spread over them round robin.
+    /// gRPC: HTTP/2 connections, requests spread over them round robin. HTTP: unused (a
+    /// connection per request in flight, kept alive and reused).
     #[arg(long, default_value_t = 1, value_name = "N")]
     connections: usize,
     /// The RPC each request makes.
@@ -99,7 +114,8 @@ struct Args {
     /// repeat, as in real query logs. Draws are seeded by --seed.
     #[arg(long, value_name = "S:N")]
     zipf: Option<QueryMix>,
-    /// gRPC deadline of each request (sent as grpc-timeout, enforced client-side too); goodput
+    /// Deadline of each request (sent as grpc-timeout, or x-teifleet-timeout-ms over HTTP, and
+    /// enforced client-side too); goodput
     /// counts only OK answers within it, from the scheduled time.
     #[arg(long, value_parser = teifleet_wire::duration::parse, value_name = "DUR")]
     deadline: Option<Duration>,
@@ -183,6 +199,10 @@ fn config(args: &Args) -> LoadConfig {
     });
     LoadConfig {
         target: args.target.clone(),
+        protocol: match args.protocol {
+            Wire::Grpc => Protocol::Grpc,
+            Wire::Http => Protocol::Http,
+        },
         mode,
         requests: args.requests,
         duration: args.duration,

@@ -1,7 +1,8 @@
 //! One request: a unary Embed, an Info (the cheapest call: no device time), or one EmbedStream
 //! call carrying a batch of messages, with the priority and tenant headers and the deadline on
-//! it; with a retry policy, the refused attempts are retried as the policy says, within the same
-//! deadline (gRPC's deadline covers every attempt of a call).
+//! it, over gRPC or (Embed and Info) TEI's HTTP API; with a retry policy, the refused attempts are
+//! retried as the policy says, within the same deadline (gRPC's deadline covers every attempt of
+//! a call).
 
 use std::time::Duration;
 
@@ -14,7 +15,8 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
-use super::{Call, LoadConfig};
+use super::tei_http::{self, HttpClient, Routes};
+use super::{Call, Connection, LoadConfig, Protocol};
 use crate::inputs::Texts;
 use crate::report::ServerTiming;
 use crate::retry::{Backoff, Hint, RetryPolicy};
@@ -36,6 +38,8 @@ pub struct CallSpec {
     pub(crate) deadline: Option<Duration>,
     call: Call,
     retry: Option<RetryPolicy>,
+    /// HTTP runs: the routes under the target.
+    routes: Option<Routes>,
 }
 
 /// What one call came to, over all its attempts.
@@ -51,7 +55,7 @@ pub struct Sent {
 }
 
 /// One attempt's answer.
-struct Attempt {
+pub(super) struct Attempt {
     code: Code,
     server: Vec<ServerTiming>,
     hint: Hint,
@@ -61,7 +65,7 @@ struct Attempt {
 }
 
 impl Attempt {
-    fn ok(server: Vec<ServerTiming>) -> Self {
+    pub(super) fn ok(server: Vec<ServerTiming>) -> Self {
         Self { code: Code::Ok, server, hint: Hint::Absent, committed: true }
     }
 
@@ -70,7 +74,12 @@ impl Attempt {
         Self { code: status.code(), server, hint, committed: false }
     }
 
-    fn committed(self) -> Self {
+    /// A refusal or failure that is not a gRPC status (an HTTP answer, a broken connection).
+    pub(super) fn refused(code: Code, hint: Hint) -> Self {
+        Self { code, server: vec![], hint, committed: false }
+    }
+
+    pub(super) fn committed(self) -> Self {
         Self { committed: true, ..self }
     }
 }
@@ -90,6 +99,10 @@ impl CallSpec {
             deadline: config.deadline,
             call: config.call,
             retry: config.retry,
+            routes: match config.protocol {
+                Protocol::Grpc => None,
+                Protocol::Http => Some(Routes::new(&config.target)?),
+            },
         })
     }
 
@@ -112,12 +125,12 @@ impl CallSpec {
         request
     }
 
-    /// Sends request `index` on `channel` and waits for its answer (or the deadline, enforced
+    /// Sends request `index` on `connection` and waits for its answer (or the deadline, enforced
     /// here too as real gRPC clients do), retrying refusals as the run's policy says.
-    pub async fn send(&self, channel: &Channel, index: u64) -> Sent {
+    pub async fn send(&self, connection: &Connection, index: u64) -> Sent {
         let mut sent = Sent { code: Code::Unknown, server: vec![], attempts: 0, hints: vec![] };
         let started = Instant::now();
-        let call = self.attempts(channel, index, started, &mut sent);
+        let call = self.attempts(connection, index, started, &mut sent);
         match self.deadline {
             None => call.await,
             // The deadline covers the attempts and the waits between them: a wait it cuts short
@@ -131,7 +144,7 @@ impl CallSpec {
         sent
     }
 
-    async fn attempts(&self, channel: &Channel, index: u64, started: Instant, sent: &mut Sent) {
+    async fn attempts(&self, connection: &Connection, index: u64, started: Instant, sent: &mut Sent) {
         let mut backoff = self.retry.map(Backoff::new);
         loop {
             let left = self.deadline.map(|d| d.saturating_sub(started.elapsed()));
@@ -140,10 +153,9 @@ impl CallSpec {
                 return;
             }
             sent.attempts += 1;
-            let attempt = match self.call {
-                Call::Embed => self.unary(channel, index, left).await,
-                Call::EmbedStream { batch } => self.stream(channel, index, batch, left).await,
-                Call::Info => self.info(channel, left).await,
+            let attempt = match connection {
+                Connection::Grpc(channel) => self.grpc(channel, index, left).await,
+                Connection::Http(client) => self.http(client, index, left).await,
             };
             sent.code = attempt.code;
             sent.server.extend(attempt.server);
@@ -158,6 +170,29 @@ impl CallSpec {
                 Some(wait) => tokio::time::sleep(wait).await,
                 None => return,
             }
+        }
+    }
+
+    async fn grpc(&self, channel: &Channel, index: u64, timeout: Option<Duration>) -> Attempt {
+        match self.call {
+            Call::Embed => self.unary(channel, index, timeout).await,
+            Call::EmbedStream { batch } => self.stream(channel, index, batch, timeout).await,
+            Call::Info => self.info(channel, timeout).await,
+        }
+    }
+
+    async fn http(&self, client: &HttpClient, index: u64, timeout: Option<Duration>) -> Attempt {
+        let Some(routes) = &self.routes else { return Attempt::refused(Code::Internal, Hint::Absent) };
+        fn text(value: Option<&AsciiMetadataValue>) -> Option<&str> {
+            value.and_then(|v| v.to_str().ok())
+        }
+        let headers =
+            tei_http::Headers { priority: text(self.priority.as_ref()), tenant: text(self.tenant.as_ref()), timeout };
+        match self.call {
+            Call::Embed => tei_http::embed(client, routes, self.texts.get(index), headers).await,
+            Call::Info => tei_http::info(client, routes, headers).await,
+            // Refused by LoadConfig::validate: TEI's HTTP API has no streams.
+            Call::EmbedStream { .. } => Attempt::refused(Code::Unimplemented, Hint::Absent),
         }
     }
 

@@ -7,16 +7,15 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
-use super::{CallSpec, LoadConfig, LoopOutcome, Sink};
+use super::{CallSpec, Connection, LoadConfig, LoopOutcome, Sink};
 use crate::codes;
 use crate::report::Answer;
 
 pub(super) async fn run(
     config: &LoadConfig,
     concurrency: usize,
-    channels: Vec<Channel>,
+    channels: Vec<Connection>,
     spec: CallSpec,
     sink: Arc<Sink>,
     start: Instant,

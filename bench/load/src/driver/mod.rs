@@ -4,12 +4,14 @@ mod call;
 mod closed;
 mod connect;
 mod open;
+mod tei_http;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tonic::transport::Channel;
 
 use call::CallSpec;
 pub use connect::{check_loopback, connect};
@@ -28,6 +30,34 @@ pub enum Mode {
     Open { rate: f64, arrivals: Arrivals },
     /// `concurrency` workers, each sending its next request when the previous one is answered.
     Closed { concurrency: usize },
+}
+
+/// How requests reach the target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Protocol {
+    /// tei.v1 gRPC over HTTP/2 connections.
+    #[default]
+    Grpc,
+    /// TEI's HTTP API (`POST /embed`, `GET /info`) over HTTP/1.1 keep-alive connections: the
+    /// multiplexer's HTTP front, or a TEI serving HTTP.
+    Http,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Grpc => "grpc",
+            Self::Http => "http",
+        })
+    }
+}
+
+/// One connection a request can go out on: an HTTP/2 channel, or the HTTP/1.1 client whose pool
+/// opens a connection per request in flight (shared: its pool is the point).
+#[derive(Clone, Debug)]
+pub(crate) enum Connection {
+    Grpc(Channel),
+    Http(std::sync::Arc<tei_http::HttpClient>),
 }
 
 /// Which RPC each request is.
@@ -56,6 +86,8 @@ impl std::fmt::Display for Call {
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
     pub target: String,
+    /// gRPC (default) or TEI's HTTP API.
+    pub protocol: Protocol,
     pub mode: Mode,
     pub requests: u64,
     pub duration: Duration,
@@ -81,6 +113,7 @@ impl LoadConfig {
     pub fn closed(target: impl Into<String>, concurrency: usize, requests: u64) -> Self {
         Self {
             target: target.into(),
+            protocol: Protocol::Grpc,
             mode: Mode::Closed { concurrency },
             requests,
             duration: Duration::from_secs(300),
@@ -125,6 +158,9 @@ impl LoadConfig {
         if self.call == (Call::EmbedStream { batch: 0 }) {
             return bad("--stream-batch must be at least 1".into());
         }
+        if self.protocol == Protocol::Http && matches!(self.call, Call::EmbedStream { .. }) {
+            return bad("--stream-batch needs --protocol grpc: TEI's HTTP API has no streams".into());
+        }
         if let Some(p) = &self.priority
             && !matches!(p.as_str(), "critical" | "standard" | "sheddable")
         {
@@ -148,6 +184,7 @@ impl LoadConfig {
         };
         RunInfo {
             target: self.target.clone(),
+            protocol: self.protocol.to_string(),
             mode: mode.into(),
             arrivals,
             rate,
@@ -195,7 +232,17 @@ impl Sink {
 /// or the configuration is unusable; failed requests are part of the report.
 pub async fn run(config: &LoadConfig) -> Result<Report> {
     config.validate()?;
-    let channels = connect(&config.target, config.connections).await?;
+    let channels: Vec<Connection> = match config.protocol {
+        Protocol::Grpc => {
+            connect(&config.target, config.connections).await?.into_iter().map(Connection::Grpc).collect()
+        }
+        Protocol::Http => {
+            // One client: its pool shares the connections among all requests.
+            let client = tei_http::client();
+            tei_http::check(&client, &tei_http::Routes::new(&config.target)?).await?;
+            vec![Connection::Http(std::sync::Arc::new(client))]
+        }
+    };
     let spec = CallSpec::new(config)?;
     let sink = std::sync::Arc::new(Sink::default());
     let total = match &config.mode {

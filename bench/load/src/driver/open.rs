@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 use tokio::time::Instant;
-use tonic::transport::Channel;
 
-use super::{CallSpec, LoadConfig, LoopOutcome, Sink};
+use super::{CallSpec, Connection, LoadConfig, LoopOutcome, Sink};
 use crate::arrivals::{self, Arrivals};
 use crate::codes;
 use crate::report::Answer;
@@ -20,7 +19,7 @@ pub(super) async fn run(
     config: &LoadConfig,
     rate: f64,
     kind: Arrivals,
-    channels: Vec<Channel>,
+    channels: Vec<Connection>,
     spec: CallSpec,
     sink: Arc<Sink>,
     start: Instant,

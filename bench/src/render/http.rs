@@ -1,0 +1,159 @@
+//! The sections of the HTTP scenarios (13 HTTP overhead, 14 HTTP overload), from their typed
+//! results.
+
+use std::fmt::Write as _;
+
+use teifleet_load::render::codes;
+
+use super::sections::{backend, limits};
+use crate::procs::Device;
+use crate::scenarios::http_overhead::{CaseResult, HttpOverhead};
+use crate::scenarios::http_overload::{self, HttpOverload};
+use crate::scenarios::overload::DEADLINE;
+use crate::targets::number;
+
+fn us(v: f64) -> String {
+    if v.is_nan() { "n/a".into() } else { format!("{v:+.0} µs") }
+}
+
+pub fn overhead(r: &HttpOverhead) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Closed loop. Each case runs {} rounds back to back, the order rotating each round: gRPC direct to the \
+         simulator (one HTTP/2 connection), gRPC through the multiplexer, and TEI's HTTP API through the \
+         multiplexer's HTTP front (`POST /embed` with `truncate: true`, or `GET /info`; HTTP/1.1 keep-alive, a \
+         connection per call in flight; the JSON answer read whole, not parsed). The simulator, like TEI's gRPC \
+         image, serves no HTTP, so *added* is over gRPC direct: what an HTTP client pays over a gRPC client of \
+         TEI itself, JSON included, and also the two client stacks' difference (an HTTP/1.1 request alone on its \
+         connection; a gRPC call through tonic's channel, sharing one HTTP/2 connection), so the judged figure is \
+         *HTTP ÷ gRPC*: the p50 an HTTP client of the pool waits over a gRPC client's, through the same sidecar \
+         (each round's ratio, median over rounds). p50 and p99 are medians over rounds; *added* is the median \
+         of each round's difference. Backend: {}. Multiplexer: static mode, {} (admission never waits).\n",
+        r.rounds,
+        backend(&r.backend),
+        limits(&r.limits)
+    );
+    let _ = writeln!(
+        out,
+        "| case | calls/round | direct p50 | gRPC p50 | HTTP p50 | gRPC added | HTTP added | HTTP ÷ gRPC | \
+         gRPC p99 | HTTP p99 |"
+    );
+    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for c in &r.cases {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} ms | {} ms | {} ms | {} | {} | {}× | {} ms | {} ms |",
+            c.case.label(),
+            c.calls_per_round,
+            number(CaseResult::p50_ms(&c.direct)),
+            number(CaseResult::p50_ms(&c.grpc)),
+            number(CaseResult::p50_ms(&c.http)),
+            us(c.grpc_added_us()),
+            us(c.http_added_us()),
+            number(c.http_vs_grpc()),
+            number(CaseResult::p99_ms(&c.grpc)),
+            number(CaseResult::p99_ms(&c.http))
+        );
+    }
+    if r.backend.device == Device::Sleep {
+        let _ = writeln!(
+            out,
+            "\nThis run's simulator has no `--device spin`, so the device sleeps and rounds each batch up to a \
+             1 ms timer tick; only the Info row (no device time) is judged."
+        );
+    }
+    out
+}
+
+pub fn overload(r: &HttpOverload) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Backend: {}. Inputs of 16 tokens. **Measured capacity: {:.1} req/s** (closed loop, {} in flight, gRPC \
+         direct); batch time p50 {} ms.\n\n\
+         Multiplexer: {}, its HTTP front on a port of its own. Load: open loop, Poisson, {} s per point, every \
+         request with a {} s deadline (`grpc-timeout`, or `x-teifleet-timeout-ms` over HTTP); at each load the \
+         same schedule (seed) over gRPC (8 HTTP/2 connections) and then over HTTP (HTTP/1.1, a connection per \
+         call in flight), through the same sidecar. HTTP answers are counted under the gRPC code their status \
+         stands for (429 as `RESOURCE_EXHAUSTED`, 504 as `DEADLINE_EXCEEDED`). Goodput counts OK answers within \
+         the deadline. For reference, scenario 2's bound on an admitted call is {:.1} ms.\n",
+        backend(&r.backend),
+        r.capacity.rps,
+        r.capacity.concurrency,
+        number(r.capacity.batch_ms),
+        limits(&r.limits),
+        r.seconds_per_point,
+        DEADLINE.as_secs(),
+        http_overload::admitted_limit_ms(r)
+    );
+    let _ = writeln!(
+        out,
+        "| load | protocol | offered/s | goodput/capacity | HTTP ÷ gRPC goodput | OK p50 | OK p99 | shed | \
+         shed p99 (sent→) | codes |"
+    );
+    let _ = writeln!(out, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
+    for row in &r.rows {
+        for (name, x) in [("gRPC", &row.grpc), ("HTTP", &row.http)] {
+            let versus = if name == "HTTP" { format!("{}×", number(row.http_vs_grpc())) } else { "—".into() };
+            let _ = writeln!(
+                out,
+                "| {}× | {name} | {:.0} | {:.3} | {versus} | {} ms | {} ms | {:.1}% | {} ms | {} |",
+                row.factor,
+                x.offered_rps.unwrap_or(0.0),
+                x.goodput_rps / r.capacity.rps,
+                number(x.latency_ok.p50_ms),
+                number(x.latency_ok.p99_ms),
+                x.failed_fraction() * 100.0,
+                number(x.response_failed.p99_ms),
+                codes(x)
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use teifleet_load::Report;
+
+    use super::*;
+    use crate::scenarios::http_overhead::Case;
+    use crate::scenarios::overload::{Capacity, mux_limits};
+    use crate::scenarios::{Sample, fast_model, gpu_model, http_overload::Row, unhurried_limits};
+
+    #[test]
+    fn the_sections_show_each_side_and_the_ratios() {
+        let side = |p50_ms| vec![Sample { p50_ms, ..Sample::default() }];
+        let overhead_result = HttpOverhead {
+            backend: fast_model(),
+            limits: unhurried_limits(),
+            rounds: 1,
+            cases: vec![CaseResult {
+                case: Case::Info,
+                calls_per_round: 10,
+                direct: side(0.1),
+                grpc: side(0.2),
+                http: side(0.3),
+            }],
+        };
+        let text = overhead(&overhead_result);
+        assert!(
+            text.contains(
+                "| Info / GET /info (no device time) | 10 | 0.100 ms | 0.200 ms | 0.300 ms | +100 µs | +200 µs | 1.50× |"
+            ),
+            "{text}"
+        );
+        let report = |goodput_rps| Report { goodput_rps, ..Report::default() };
+        let overload_result = HttpOverload {
+            backend: gpu_model(512, Device::Sleep),
+            limits: mux_limits(),
+            capacity: Capacity { rps: 100.0, batch_ms: 24.0, concurrency: 64 },
+            seconds_per_point: 3,
+            rows: vec![Row { factor: 2.0, grpc: report(100.0), http: report(98.0) }],
+        };
+        let text = overload(&overload_result);
+        assert!(text.contains("| 2× | HTTP | 0 | 0.980 | 0.980× |"), "{text}");
+        assert!(text.contains("| 2× | gRPC | 0 | 1.000 | — |"), "{text}");
+    }
+}
