@@ -150,6 +150,15 @@ pool_conditions() {
 heading "1/9  Building: the images (make images) and the demo's tools" \
   "sizes and digests of the operator, multiplexer and tei-sim images, built without a Docker engine"
 mkdir -p "$RUN"
+# Before minutes of building: what would stop the real node from starting (up.sh checks again).
+[[ "$(id -u)" == 0 ]] || { echo "make demo needs root for the real node (containerd, iptables, a veth)" >&2; exit 1; }
+if [[ -f "$REAL_NODE_LOCK" ]]; then
+  owner="$(cat "$REAL_NODE_LOCK")"
+  if [[ "$owner" != "$DIR" && -d "$owner/node" ]]; then
+    echo "another cluster ($owner) runs the real node on this machine; stop it first (TEIFLEET_CLUSTER_DIR=$owner tests/cluster/down.sh)" >&2
+    exit 1
+  fi
+fi
 require_free_port "$RELAY_PORT" "the demo's relay to the pool Service"
 require_free_port "$TEIFLEET_ETCD_PORT" "etcd"
 require_free_port "$((TEIFLEET_ETCD_PORT + 1))" "etcd's peer port"
