@@ -46,7 +46,21 @@ use crate::gpu::GpuType;
         json_path = ".spec.concurrency.maxInFlight",
         description = "pool-wide budget of requests in flight to TEI"
     ),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "gRPC",
+        type_ = "string",
+        json_path = ".status.endpoints.grpc",
+        description = "where gRPC (tei.v1) clients call the pool",
+        priority = "1"
+    ),
+    printcolumn(
+        name = "HTTP",
+        type_ = "string",
+        json_path = ".status.endpoints.http",
+        description = "TEI's HTTP API and OpenAI's /v1/embeddings for the pool",
+        priority = "1"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EmbeddingPoolSpec {
@@ -551,10 +565,35 @@ pub struct EmbeddingPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionStatus>,
 
+    /// Where clients call the pool, through its Service (`kubectl get epool -o wide`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Endpoints>,
+
     /// `Ready`, `Progressing` and `Degraded`, each with the generation it was computed for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The pool Service's addresses, one per protocol, inside the cluster.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoints {
+    /// gRPC (`tei.v1`, h2c): `<pool>.<namespace>.svc:50051`.
+    pub grpc: String,
+    /// TEI's HTTP API and OpenAI's embeddings route: `http://<pool>.<namespace>.svc:8000`.
+    pub http: String,
+}
+
+impl Endpoints {
+    /// The addresses of the Service `pool` in `namespace`.
+    pub fn of(pool: &str, namespace: &str) -> Self {
+        use teifleet_wire::ports::{MULTIPLEXER_GRPC, MULTIPLEXER_HTTP};
+        Self {
+            grpc: format!("{pool}.{namespace}.svc:{MULTIPLEXER_GRPC}"),
+            http: format!("http://{pool}.{namespace}.svc:{MULTIPLEXER_HTTP}"),
+        }
+    }
 }
 
 /// One replica's share of the pool-wide admission budget.

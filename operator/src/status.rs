@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use teifleet_crds::conditions::{self, DEGRADED, Observed, PROGRESSING, READY, reasons};
 use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
-use teifleet_crds::{AdmissionStatus, EmbeddingPool, EmbeddingPoolStatus, labels, split_budget};
+use teifleet_crds::{AdmissionStatus, EmbeddingPool, EmbeddingPoolStatus, Endpoints, labels, split_budget};
 
 /// Why some of the pool's pods cannot be scheduled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -184,6 +184,7 @@ pub fn compute(pool: &EmbeddingPool, deployment: Option<&Deployment>, pods: &[Po
             // What the sidecars report is asked by the controller (see `sidecars`), not computed.
             effective: None,
         }),
+        endpoints: pool.metadata.namespace.as_deref().map(|namespace| Endpoints::of(name, namespace)),
         conditions: conditions::merge(
             previous,
             vec![ready_condition, progressing_condition, degraded_condition],

@@ -70,6 +70,9 @@ fn all_ready_pool_is_ready_and_not_progressing() {
         (admission.in_flight_per_replica, admission.queued_per_replica, admission.split_over_replicas),
         (32, 50, 2)
     );
+    let endpoints = status.endpoints.unwrap();
+    assert_eq!(endpoints.grpc, "embed.ml.svc:50051");
+    assert_eq!(endpoints.http, "http://embed.ml.svc:8000");
 }
 
 #[test]
