@@ -87,13 +87,16 @@ struct KeysSource {
     stop: CancellationToken,
     /// The Secret watched now and the token that ends its watch; none: keys off.
     watching: Option<(String, CancellationToken)>,
+    /// Whether the pool's `spec.auth` has been seen: until then the gate refuses every call.
+    followed: bool,
 }
 
 impl KeysSource {
     fn follow(&mut self, secret: Option<String>) {
-        if self.watching.as_ref().map(|(name, _)| name) == secret.as_ref() {
+        if self.followed && self.watching.as_ref().map(|(name, _)| name) == secret.as_ref() {
             return;
         }
+        self.followed = true;
         if let Some((_, previous)) = self.watching.take() {
             previous.cancel();
         }
@@ -126,7 +129,8 @@ pub async fn watch(
     stop: CancellationToken,
 ) {
     let api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
-    let mut keys = KeysSource { client, namespace: namespace.clone(), gate, stop: stop.clone(), watching: None };
+    let mut keys =
+        KeysSource { client, namespace: namespace.clone(), gate, stop: stop.clone(), watching: None, followed: false };
     let (reader, writer) = reflector::store();
     let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
     let mut events = std::pin::pin!(events.take_until(stop.cancelled_owned()));
@@ -154,9 +158,43 @@ pub async fn watch(
 mod tests {
     use std::time::Duration;
 
+    use http::HeaderMap;
     use serde_json::json;
 
     use super::*;
+    use crate::auth::AuthFailure;
+    use crate::call::Protocol;
+
+    /// A client for an address where nothing listens: the watches it starts fail and retry.
+    fn unreachable_client() -> Client {
+        Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap()
+    }
+
+    #[tokio::test]
+    async fn the_gate_follows_the_pools_auth_from_waiting_to_off_or_to_its_secret() {
+        let gate = Arc::new(Gate::new("bge", &prometheus::Registry::new(), Policy::Waiting).unwrap());
+        let stop = CancellationToken::new();
+        let mut keys = KeysSource {
+            client: unreachable_client(),
+            namespace: "ml".into(),
+            gate: gate.clone(),
+            stop: stop.clone(),
+            watching: None,
+            followed: false,
+        };
+        let admit = || gate.admit(&mut HeaderMap::new(), Protocol::Grpc);
+        assert_eq!(admit(), Err(AuthFailure::KeysNotLoaded), "nothing passes before the pool is seen");
+        keys.follow(None);
+        assert_eq!(admit(), Ok(()), "a pool without spec.auth opens the gate");
+        keys.follow(Some("bge-keys".into()));
+        assert_eq!(admit(), Err(AuthFailure::KeysNotLoaded), "keys turned on: closed until the Secret is read");
+        let watch = keys.watching.as_ref().map(|(name, token)| (name.clone(), token.clone())).unwrap();
+        assert_eq!(watch.0, "bge-keys");
+        keys.follow(None);
+        assert!(watch.1.is_cancelled(), "the Secret's watch ends with spec.auth");
+        assert_eq!(admit(), Ok(()));
+        stop.cancel();
+    }
 
     fn pool(name: &str, status: serde_json::Value) -> Arc<EmbeddingPool> {
         Arc::new(

@@ -123,13 +123,10 @@ async fn a_pools_sidecar_checks_keys_from_its_one_secret_and_takes_rotations_liv
     .await;
     wait_until_ready(&client, &ns.name, "keyed").await;
     let role = Api::<Role>::namespaced(client.clone(), &ns.name).get("keyed-multiplexer").await.unwrap();
-    let secret_rules: Vec<_> = role
-        .rules
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|rule| rule.resources.as_deref() == Some(&["secrets".to_owned()][..]))
-        .collect();
-    assert_eq!(secret_rules.len(), 1, "the chart's escalate and bind let the operator grant it");
+    let rules = role.rules.unwrap_or_default();
+    let secret_rules: Vec<_> =
+        rules.iter().filter(|rule| rule.resources.as_deref() == Some(&["secrets".to_owned()][..])).collect();
+    assert_eq!(secret_rules.len(), 1, "the chart's escalate and bind let the operator grant it: {rules:?}");
     assert_eq!(secret_rules[0].resource_names.as_deref(), Some(&["search-keys".to_owned()][..]));
     assert!(!operator.log_text().contains("forbidden"), "{}", operator.log_text());
 
@@ -189,11 +186,7 @@ async fn a_pools_sidecar_checks_keys_from_its_one_secret_and_takes_rotations_liv
     // Rotation: the new key replaces the old one in the Secret; the sidecar follows, no restart.
     let edited = Instant::now();
     Api::<Secret>::namespaced(client.clone(), &ns.name)
-        .patch(
-            "search-keys",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "stringData": { "search": NEW_KEY } })),
-        )
+        .patch("search-keys", &PatchParams::default(), &Patch::Merge(json!({ "stringData": { "search": NEW_KEY } })))
         .await
         .unwrap();
     eventually("the rotated key accepted", Duration::from_secs(10), || async {
