@@ -238,7 +238,8 @@ async fn a_call_routed_to_another_pool_is_checked_by_that_pools_keys() {
     let mut remote = spec("pool-b", pool_b.grpc_addr, limits(4, 16));
     remote.remote = true;
     let specs = vec![spec("pool-a", sim.addr(), limits(4, 16)), remote];
-    let (entry, _) = mux_with(specs, Settings { auth: gate, ..Settings::default() }).await;
+    let settings = Settings { http_listen: Some(loopback_any()), auth: gate, ..Settings::default() };
+    let (entry, _) = mux_with(specs, settings).await;
     let mut client = embed_client(entry.grpc_addr).await;
 
     let only_a = with_meta(embed_request("to b"), &[("authorization", &bearer(SEARCH_KEY)), (POOL, "pool-b")]);
@@ -251,4 +252,14 @@ async fn a_call_routed_to_another_pool_is_checked_by_that_pools_keys() {
         "teifleet_requests_total{code=\"Unauthenticated\",outcome=\"rejected\",pool=\"pool-b\",priority=\"standard\",protocol=\"grpc\",rpc=\"Embed\"}",
     );
     assert_eq!(refused, Some(1.0), "counted where it entered as rejected, not as an upstream error");
+
+    // HTTP requests become gRPC calls to pool-b's sidecar, carrying the caller's key along.
+    let http = entry.http_addr.expect("the HTTP front listens");
+    let embed = json!({ "inputs": ["to b"] }).to_string();
+    let only_a = bearer(SEARCH_KEY);
+    let refused = send(http, "POST", "/embed", &[("authorization", &only_a), (POOL, "pool-b")], &embed).await.unwrap();
+    assert_eq!(refused.status, 401, "pool-b's sidecar checks its own keys: {}", refused.body);
+    let both = bearer(shared);
+    let served = send(http, "POST", "/embed", &[("authorization", &both), (POOL, "pool-b")], &embed).await.unwrap();
+    assert_eq!(served.status, 200, "the key reached pool-b: {}", served.body);
 }

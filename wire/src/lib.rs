@@ -59,4 +59,8 @@ pub mod headers {
     pub const RETRY_PUSHBACK_MS: &str = "grpc-retry-pushback-ms";
     /// An HTTP caller's time budget in milliseconds (gRPC callers use `grpc-timeout`).
     pub const TIMEOUT_MS: &str = "x-teifleet-timeout-ms";
+    /// What a request routed to another pool carries to that pool's sidecar: its key, urgency,
+    /// tenant and destination. gRPC calls pass all their metadata on; HTTP requests, which
+    /// become gRPC calls, carry these headers.
+    pub const CARRIED_TO_PEERS: [&str; 5] = ["authorization", PRIORITY, TENANT, POOL, MODEL];
 }

@@ -7,11 +7,12 @@ use std::borrow::Cow;
 
 use bytes::Bytes;
 use futures::{StreamExt as _, TryStreamExt as _};
-use http::{HeaderMap, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use prost::Message;
-use teifleet_wire::headers::{GRPC_TIMEOUT, TIMEOUT_MS};
+use teifleet_wire::headers::{CARRIED_TO_PEERS, GRPC_TIMEOUT, TIMEOUT_MS};
 use tokio::time::Instant;
 use tonic::Request;
+use tonic::metadata::MetadataMap;
 
 use super::error::HttpError;
 use crate::admission::Cost;
@@ -65,11 +66,12 @@ pub async fn run(
             return Err(HttpError::Call(error));
         }
     };
+    let carried = carried_to(&pool, &headers);
     // Owned chunks (Bytes clones are cheap): a closure over borrowed slices makes the future
     // higher-ranked over their lifetime, which axum's handlers cannot prove Send.
-    let (pool, meta) = (&pool, &meta);
+    let (pool, meta, carried) = (&pool, &meta, &carried);
     let chunks = futures::stream::iter(messages.chunks(per_permit.max(1)).map(<[Bytes]>::to_vec))
-        .map(|chunk| run_chunk(forwarder, pool, meta, rpc, chunk))
+        .map(|chunk| run_chunk(forwarder, pool, meta, carried, rpc, chunk))
         .buffered(CHUNKS_AT_ONCE);
     let result: Result<Vec<(Vec<Bytes>, Instant)>> = chunks.try_collect().await;
     match result {
@@ -106,11 +108,26 @@ fn with_timeout(headers: &HeaderMap) -> Result<Cow<'_, HeaderMap>> {
     Ok(Cow::Owned(headers))
 }
 
+/// The caller's headers that go along when `pool` is another pool's sidecar (its key, priority,
+/// tenant and routing), so that sidecar decides as it would for the caller itself.
+fn carried_to(pool: &Pool, headers: &HeaderMap) -> MetadataMap {
+    let mut carried = HeaderMap::new();
+    if pool.spec.remote {
+        for name in CARRIED_TO_PEERS {
+            for value in headers.get_all(name) {
+                carried.append(HeaderName::from_static(name), value.clone());
+            }
+        }
+    }
+    MetadataMap::from_headers(carried)
+}
+
 /// One chunk: one permit for all its inputs, its calls in flight together, within the deadline.
 async fn run_chunk(
     forwarder: &Forwarder,
     pool: &Pool,
     meta: &RequestMeta,
+    carried: &MetadataMap,
     rpc: &'static Rpc,
     chunk: Vec<Bytes>,
 ) -> Result<(Vec<Bytes>, Instant)> {
@@ -129,7 +146,8 @@ async fn run_chunk(
     };
     let admitted = Instant::now();
     let calls = chunk.into_iter().map(|message| {
-        let request = forwarder.outgoing(Request::new(message), meta, pool);
+        let request = Request::from_parts(carried.clone(), tonic::Extensions::default(), message);
+        let request = forwarder.outgoing(request, meta, pool);
         forwarder.upstream_unary(pool, rpc, request)
     });
     let all = futures::future::try_join_all(calls);
