@@ -44,7 +44,7 @@ pub fn overhead(r: &HttpOverhead) -> String {
         let _ = writeln!(
             out,
             "| {} | {} | {} ms | {} ms | {} ms | {} | {} | {}× | {} ms | {} ms |",
-            c.case.label(),
+            crate::scenarios::http_overhead::label(c.case),
             c.calls_per_round,
             number(CaseResult::p50_ms(&c.direct)),
             number(CaseResult::p50_ms(&c.grpc)),

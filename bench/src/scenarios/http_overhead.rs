@@ -10,11 +10,11 @@
 //! call through tonic's channel on a shared HTTP/2 connection), which is why it is not judged.
 
 use serde::{Deserialize, Serialize};
-use teifleet_load::{Call, LoadConfig, Protocol};
+use teifleet_load::{LoadConfig, Protocol};
 
 use super::{
     Context, Sample, Scenario, added_p50_us, interleaved, measure, median_of, precise_model, samples, unhurried_limits,
-    warm_up, words,
+    warm_up,
 };
 use crate::Result;
 use crate::procs::{self, Bins, Device, MuxLimits, Proc, SimModel};
@@ -29,64 +29,29 @@ pub const INFO_RATIO_LIMIT: f64 = 1.5;
 /// The Embed size the target is on: ~1 ms of device time, as in scenario 1.
 pub const TARGET_TOKENS: usize = super::overhead::TARGET_TOKENS;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case", tag = "kind")]
-pub enum Case {
-    /// `Info` / `GET /info`: no device time; the path alone.
-    Info,
-    /// One Embed / `POST /embed` at a time.
-    Single { tokens: usize },
-    /// `clients` Embeds of 20 tokens in flight.
-    Concurrent { clients: usize },
+/// The cases of scenario 1, each sent over both protocols.
+pub use super::overhead::Case;
+
+/// The case as both protocols name it.
+pub fn label(case: Case) -> String {
+    match case {
+        Case::Info => "Info / GET /info (no device time)".into(),
+        Case::Single { tokens } => format!("Embed / POST /embed, {tokens} tokens"),
+        Case::Concurrent { clients } => format!("{clients} concurrent Embeds, {TARGET_TOKENS} tokens"),
+    }
 }
 
-impl Case {
-    pub fn label(self) -> String {
-        match self {
-            Self::Info => "Info / GET /info (no device time)".into(),
-            Self::Single { tokens } => format!("Embed / POST /embed, {tokens} tokens"),
-            Self::Concurrent { clients } => format!("{clients} concurrent Embeds, {TARGET_TOKENS} tokens"),
-        }
+/// The limit on HTTP p50 ÷ gRPC p50 through the sidecar, for the judged cases.
+fn limit(case: Case) -> Option<f64> {
+    match case {
+        Case::Info => Some(INFO_RATIO_LIMIT),
+        Case::Single { tokens: TARGET_TOKENS } => Some(EMBED_RATIO_LIMIT),
+        Case::Single { .. } | Case::Concurrent { .. } => None,
     }
+}
 
-    pub fn target_name(self) -> String {
-        match self {
-            Self::Info => "Info".into(),
-            Self::Single { tokens } => format!("Embed {tokens} tokens"),
-            Self::Concurrent { clients } => format!("{clients} concurrent"),
-        }
-    }
-
-    /// The limit on HTTP p50 ÷ gRPC p50 through the sidecar, for the judged cases.
-    fn limit(self) -> Option<f64> {
-        match self {
-            Self::Info => Some(INFO_RATIO_LIMIT),
-            Self::Single { tokens: TARGET_TOKENS } => Some(EMBED_RATIO_LIMIT),
-            Self::Single { .. } | Self::Concurrent { .. } => None,
-        }
-    }
-
-    fn config(self, target: &str, protocol: Protocol, calls: u64) -> LoadConfig {
-        let base = match self {
-            Self::Info => LoadConfig { call: Call::Info, ..LoadConfig::closed(target, 1, calls) },
-            Self::Single { tokens } => LoadConfig { inputs: words(tokens), ..LoadConfig::closed(target, 1, calls) },
-            Self::Concurrent { clients } => {
-                LoadConfig { inputs: words(TARGET_TOKENS), ..LoadConfig::closed(target, clients, calls) }
-            }
-        };
-        LoadConfig { protocol, ..base }
-    }
-
-    fn calls(self, quick: bool) -> u64 {
-        match (self, quick) {
-            (Self::Info, true) => 400,
-            (Self::Info, false) => 1500,
-            (Self::Single { .. }, true) => 150,
-            (Self::Single { .. }, false) => 400,
-            (Self::Concurrent { .. }, true) => 300,
-            (Self::Concurrent { .. }, false) => 1000,
-        }
-    }
+fn config(case: Case, target: &str, protocol: Protocol, calls: u64) -> LoadConfig {
+    LoadConfig { protocol, ..case.config(target, calls) }
 }
 
 const CASES: [Case; 3] = [Case::Info, Case::Single { tokens: TARGET_TOKENS }, Case::Concurrent { clients: 10 }];
@@ -144,7 +109,7 @@ impl HttpOverhead {
         let scenario = Scenario::HttpOverhead.label();
         let mut targets = Vec::new();
         for c in &self.cases {
-            let Some(limit) = c.case.limit() else { continue };
+            let Some(limit) = limit(c.case) else { continue };
             let name = c.case.target_name();
             let judged = format!("HTTP ÷ gRPC p50 through the sidecar, {name}");
             let mut target = Target::at_most(&scenario, &judged, c.http_vs_grpc(), limit, "×");
@@ -179,7 +144,7 @@ pub fn planned_targets() -> Vec<Target> {
         .iter()
         .filter_map(|c| {
             let name = format!("HTTP ÷ gRPC p50 through the sidecar, {}", c.target_name());
-            c.limit().map(|limit| Target::new(&scenario, &name, None, Rule::AtMost, limit, "×"))
+            limit(*c).map(|limit| Target::new(&scenario, &name, None, Rule::AtMost, limit, "×"))
         })
         .collect()
 }
@@ -217,9 +182,9 @@ pub async fn run(ctx: &Context) -> Result<HttpOverhead> {
     let rounds = ctx.pick(3, 5);
     let mut cases = Vec::new();
     for case in CASES {
-        ctx.say(&format!("http overhead: {}, {rounds} rounds", case.label()));
+        ctx.say(&format!("http overhead: {}, {rounds} rounds", label(case)));
         let calls = case.calls(ctx.quick);
-        let mut sides = interleaved(&targets, rounds, |t| case.config(t, protocol(t), calls)).await?.into_iter();
+        let mut sides = interleaved(&targets, rounds, |t| config(case, t, protocol(t), calls)).await?.into_iter();
         let (direct, grpc, http) =
             (sides.next().unwrap_or_default(), sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
         cases.push(CaseResult {

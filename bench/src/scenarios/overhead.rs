@@ -53,17 +53,17 @@ impl Case {
         matches!(self, Self::Info | Self::Single { tokens: TARGET_TOKENS })
     }
 
-    fn config(self, target: &str, calls: u64) -> LoadConfig {
+    pub(crate) fn config(self, target: &str, calls: u64) -> LoadConfig {
         match self {
             Self::Info => LoadConfig { call: Call::Info, ..LoadConfig::closed(target, 1, calls) },
             Self::Single { tokens } => LoadConfig { inputs: words(tokens), ..LoadConfig::closed(target, 1, calls) },
             Self::Concurrent { clients } => {
-                LoadConfig { inputs: words(20), ..LoadConfig::closed(target, clients, calls) }
+                LoadConfig { inputs: words(TARGET_TOKENS), ..LoadConfig::closed(target, clients, calls) }
             }
         }
     }
 
-    fn calls(self, quick: bool) -> u64 {
+    pub(crate) fn calls(self, quick: bool) -> u64 {
         match (self, quick) {
             (Self::Info, true) => 400,
             (Self::Info, false) => 1500,
