@@ -435,8 +435,8 @@ pub struct EphemeralModelCache {
 }
 
 /// The pool's NetworkPolicy: calls reach the sidecars' gRPC and HTTP ports from anywhere, their
-/// admin port (metrics and probes) only from the pool's own namespace and the namespaces
-/// `metricsNamespaceSelector` picks, and no other port of the pods from anywhere.
+/// admin port (metrics and probes) only from the pool's own namespace, the operator's, and the
+/// namespaces `metricsNamespaceSelector` picks, and no other port of the pods from anywhere.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkPolicySpec {
@@ -448,8 +448,8 @@ pub struct NetworkPolicySpec {
     /// Namespaces whose pods may also reach the sidecars' admin port (`/metrics`, `/healthz`,
     /// `/readyz`), e.g. the one Prometheus scrapes from:
     /// `{matchLabels: {kubernetes.io/metadata.name: monitoring}}`; `{}` selects every namespace.
-    /// Unset: the pool's own namespace only. The kubelet's probes come from the node, which
-    /// NetworkPolicies never block.
+    /// Unset: the pool's own namespace (and the operator's) only. The kubelet's probes come from
+    /// the node, which NetworkPolicies never block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("!has(self.matchExpressions) || self.matchExpressions.all(e, e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist'])").message("networkPolicy.metricsNamespaceSelector.matchExpressions[].operator must be In, NotIn, Exists or DoesNotExist"))]
     pub metrics_namespace_selector: Option<LabelSelector>,

@@ -118,6 +118,7 @@ async fn main() -> anyhow::Result<()> {
             tei_repository: args.tei_repository,
             tei_version: args.tei_version,
             multiplexer_image: args.multiplexer_image,
+            operator_namespace: Some(args.lease_namespace.clone()),
         },
         recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: Some(identity) }),
         metrics: metrics.clone(),

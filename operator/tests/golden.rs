@@ -210,7 +210,9 @@ fn network_policy_admits_only_the_sidecar_ports_and_can_be_turned_off() {
     pool.spec.network_policy =
         serde_yaml::from_str("metricsNamespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } }")
             .unwrap();
-    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    // In a cluster the operator's own namespace is let in too: it reads adaptive pools' limits.
+    let in_cluster = RenderConfig { operator_namespace: Some("teifleet-system".into()), ..RenderConfig::default() };
+    let rendered = render(&pool, &in_cluster).unwrap();
     check("networkpolicy-metrics-namespaces.yaml", &rendered.network_policy.expect("still on"));
     pool.spec.network_policy.enabled = false;
     assert_eq!(render(&pool, &RenderConfig::default()).unwrap().network_policy, None);

@@ -33,6 +33,10 @@ pub struct RenderConfig {
     pub tei_version: String,
     /// The multiplexer sidecar image.
     pub multiplexer_image: String,
+    /// The namespace the operator runs in, whose pods the pools' NetworkPolicies let reach the
+    /// sidecars' admin port: the operator reads adaptive pools' limits there. `None` out of a
+    /// cluster, where the operator's calls come from a node, which NetworkPolicies never block.
+    pub operator_namespace: Option<String>,
 }
 
 impl Default for RenderConfig {
@@ -41,6 +45,7 @@ impl Default for RenderConfig {
             tei_repository: "ghcr.io/huggingface/text-embeddings-inference".into(),
             tei_version: "1.9".into(),
             multiplexer_image: format!("ghcr.io/teifleet/multiplexer:{}", env!("CARGO_PKG_VERSION")),
+            operator_namespace: None,
         }
     }
 }
@@ -72,7 +77,7 @@ pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
         peers_service: services::peers_service(&owner),
         deployment: deployment::deployment(&owner, pool, config),
         pdb: pdb::pdb(&owner, pool),
-        network_policy: network_policy::network_policy(&owner, pool),
+        network_policy: network_policy::network_policy(&owner, pool, config),
     })
 }
 

@@ -9,7 +9,10 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use teifleet_crds::EmbeddingPool;
 use teifleet_wire::ports;
 
-use super::Owner;
+use super::{Owner, RenderConfig};
+
+/// The label the API server sets on every namespace (Kubernetes 1.21 and later): its name.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
 fn tcp(port: u16) -> NetworkPolicyPort {
     NetworkPolicyPort {
@@ -19,9 +22,10 @@ fn tcp(port: u16) -> NetworkPolicyPort {
     }
 }
 
-/// Who may reach the admin port: every pod of the pool's namespace, and every pod of the
-/// namespaces the spec selects (where Prometheus runs).
-fn admin_peers(pool: &EmbeddingPool) -> Vec<NetworkPolicyPeer> {
+/// Who may reach the admin port: every pod of the pool's namespace, of the operator's (it asks
+/// adaptive pools' sidecars for their limits), and of the namespaces the spec selects (where
+/// Prometheus runs).
+fn admin_peers(pool: &EmbeddingPool, config: &RenderConfig) -> Vec<NetworkPolicyPeer> {
     // A peer with only a pod selector stays within the policy's own namespace.
     let own_namespace =
         NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..NetworkPolicyPeer::default() };
@@ -30,14 +34,21 @@ fn admin_peers(pool: &EmbeddingPool) -> Vec<NetworkPolicyPeer> {
             namespace_selector: Some(namespaces),
             ..NetworkPolicyPeer::default()
         });
-    std::iter::once(own_namespace).chain(selected).collect()
+    let operator = config.operator_namespace.as_ref().map(|namespace| NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some([(NAMESPACE_NAME_LABEL.to_owned(), namespace.clone())].into()),
+            ..LabelSelector::default()
+        }),
+        ..NetworkPolicyPeer::default()
+    });
+    std::iter::once(own_namespace).chain(operator).chain(selected).collect()
 }
 
 /// Calls reach the sidecar's gRPC and HTTP ports from anywhere (in-cluster clients, gateways,
 /// other pools' sidecars); its admin port only from the peers above; nothing else reaches the pods.
 /// Egress stays open: TEI downloads models and the sidecar watches the API server. `None` when
 /// the pool turns it off.
-pub(super) fn network_policy(owner: &Owner, pool: &EmbeddingPool) -> Option<NetworkPolicy> {
+pub(super) fn network_policy(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Option<NetworkPolicy> {
     if !pool.spec.network_policy.enabled {
         return None;
     }
@@ -45,8 +56,10 @@ pub(super) fn network_policy(owner: &Owner, pool: &EmbeddingPool) -> Option<Netw
         from: None,
         ports: Some(vec![tcp(ports::MULTIPLEXER_GRPC), tcp(ports::MULTIPLEXER_HTTP)]),
     };
-    let admin =
-        NetworkPolicyIngressRule { from: Some(admin_peers(pool)), ports: Some(vec![tcp(ports::MULTIPLEXER_ADMIN)]) };
+    let admin = NetworkPolicyIngressRule {
+        from: Some(admin_peers(pool, config)),
+        ports: Some(vec![tcp(ports::MULTIPLEXER_ADMIN)]),
+    };
     Some(NetworkPolicy {
         metadata: owner.meta(owner.name.clone()),
         spec: Some(NetworkPolicySpec {

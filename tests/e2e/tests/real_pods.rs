@@ -2,13 +2,15 @@
 //! installs the operator image as a pod in a namespace that enforces the `restricted` Pod Security
 //! Standard; the operator turns an EmbeddingPool into TEI pods (the tei-sim image standing in for
 //! TEI) with the multiplexer image as their sidecar; the real kubelet runs them and probes them; a
-//! client on the host calls the pool's ClusterIP Service through kube-proxy.
+//! client on the host calls the pool's ClusterIP Service through kube-proxy, over gRPC and HTTP;
+//! TEI, listening on its pod's loopback only, refuses everyone else, on the host and in other pods.
 //!
 //! Needs the real node (`make test-cluster` starts it) and the images in `target/images`
 //! (`make images`, or `make test-cluster`, which builds them from the debug binaries when missing).
 //! Without either the test says it was skipped and passes.
 
 use std::collections::BTreeMap;
+use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +18,8 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -28,6 +32,9 @@ use teifleet_e2e::{
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_proto::v1::{EmbedRequest, InfoRequest};
+use teifleet_wire::{ports, tei_health};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -165,6 +172,79 @@ async fn steady_load(channel: Channel, stop: Arc<AtomicBool>, retry: bool) -> Ta
     tally
 }
 
+/// How a TCP connection attempt to `addr` ended: within 5 s, so a dropped SYN reads as `TimedOut`.
+async fn connect_outcome(addr: SocketAddr) -> Result<(), ErrorKind> {
+    match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(error)) => Err(error.kind()),
+        Err(_) => Err(ErrorKind::TimedOut),
+    }
+}
+
+/// `POST path` with a JSON body over HTTP/1.0: the status and the body.
+async fn post_json(addr: SocketAddr, path: &str, body: &serde_json::Value) -> (u16, String) {
+    let body = body.to_string();
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await.expect("connects");
+        let head = format!(
+            "POST {path} HTTP/1.0\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        stream.write_all(body.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("an HTTP answer");
+        (head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).expect("a status"), body.to_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(10), exchange).await.expect("an answer within 10 s")
+}
+
+/// A pod on the real node running the multiplexer image in static mode with `upstream` as its
+/// TEI: a tei.v1 client inside the cluster network (the images have no shell to run one in), whose
+/// `/upstream/healthz` says whether it reached `upstream` and, if not, why.
+fn client_pod(name: &str, image: &str, upstream: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": { "name": name, "labels": { "app.kubernetes.io/name": "real-pods-client" } },
+        "spec": {
+            "nodeSelector": { "kubernetes.io/hostname": NODE },
+            "tolerations": [{ "key": TAINT, "operator": "Exists", "effect": "NoSchedule" }],
+            "securityContext": {
+                "runAsNonRoot": true,
+                "runAsUser": 1000,
+                "seccompProfile": { "type": "RuntimeDefault" },
+            },
+            "containers": [{
+                "name": "client",
+                "image": image,
+                "args": [
+                    format!("--upstream={upstream}"),
+                    "--max-in-flight=4",
+                    format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
+                    format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
+                ],
+                "resources": { "requests": { "cpu": "10m", "memory": "16Mi" } },
+                "securityContext": {
+                    "allowPrivilegeEscalation": false,
+                    "capabilities": { "drop": ["ALL"] },
+                    "readOnlyRootFilesystem": true,
+                },
+            }],
+        },
+    }))
+    .unwrap()
+}
+
+/// What a client pod's `/upstream/healthz` answers once it has one.
+async fn upstream_health_seen_by(pods: &Api<Pod>, name: &str) -> teifleet_testkit::http::Response {
+    eventually(&format!("{name} running and answering {}", tei_health::PATH), START, || async {
+        let pod = pods.get(name).await.ok()?;
+        let ip: IpAddr = pod.status?.pod_ip?.parse().ok()?;
+        teifleet_testkit::http::request(SocketAddr::new(ip, ports::MULTIPLEXER_ADMIN), "GET", tei_health::PATH).await
+    })
+    .await
+}
+
 async fn requests_total(pod_ip: IpAddr) -> Option<f64> {
     let text = http_get(SocketAddr::new(pod_ip, 9090), "/metrics").await?;
     Some(teifleet_testkit::prom::sum(&text, "teifleet_requests_total"))
@@ -225,7 +305,10 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     let refused = pods.create(&PostParams::default(), &loose).await.expect_err("a pod breaking `restricted`");
     assert!(refused.to_string().contains("violates PodSecurity \"restricted"), "{refused}");
 
-    let _ = helm(&["uninstall", RELEASE, "-n", &ns.name, "--wait"]);
+    // A run that failed half-way left the release's cluster-wide RBAC behind its deleted
+    // namespace; helm refuses to adopt it into a release in another namespace.
+    let _ = Api::<ClusterRole>::all(client.clone()).delete(OPERATOR, &DeleteParams::default()).await;
+    let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(OPERATOR, &DeleteParams::default()).await;
     let (ok, output) = helm(&[
         "install",
         RELEASE,
@@ -327,7 +410,53 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     println!("burst of 24 over a budget of 2: {ok} OK, {exhausted} RESOURCE_EXHAUSTED");
     assert!(ok >= 1 && exhausted >= 1, "{ok} OK, {exhausted} RESOURCE_EXHAUSTED");
 
-    // 4. A budget edit reaches the running sidecars within seconds, without restarting a pod.
+    // TEI's HTTP API through the same Service, on its `http` port.
+    let http = SocketAddr::new(service_ip, ports::MULTIPLEXER_HTTP);
+    let (status, body) = post_json(http, "/embed", &json!({ "inputs": ["a real pod", "over HTTP"] })).await;
+    assert_eq!(status, 200, "POST /embed through the Service: {body}");
+    let vectors: Vec<Vec<f32>> = serde_json::from_str(&body).expect("TEI's /embed answer: one vector per input");
+    assert_eq!(vectors.len(), 2, "{body}");
+    assert!(vectors.iter().all(|v| !v.is_empty()), "{body}");
+
+    // 4. No way around the multiplexer: TEI listens on its pod's loopback, so its ports refuse
+    // connections from the host and from other pods, while the sidecar's take them.
+    let target = ip_of(&pool_pods[0]);
+    for port in [ports::TEI_GRPC, ports::TEI_METRICS] {
+        let outcome = connect_outcome(SocketAddr::new(target, port)).await;
+        assert_eq!(outcome, Err(ErrorKind::ConnectionRefused), "TEI's port {port} from the host");
+    }
+    for port in [ports::MULTIPLEXER_GRPC, ports::MULTIPLEXER_HTTP, ports::MULTIPLEXER_ADMIN] {
+        assert_eq!(connect_outcome(SocketAddr::new(target, port)).await, Ok(()), "the sidecar's port {port}");
+    }
+    // The kubelet probes TEI through the sidecar; it is what made the pods Ready above.
+    let tei_health_body = http_get(SocketAddr::new(target, ports::MULTIPLEXER_ADMIN), tei_health::PATH).await;
+    assert_eq!(tei_health_body.as_deref(), Some("TEI serving\n"));
+    // From another pod: one client dialling TEI's port directly, one dialling the sidecar's.
+    let direct = "client-to-tei";
+    let through = "client-to-sidecar";
+    for (name, port) in [(direct, ports::TEI_GRPC), (through, ports::MULTIPLEXER_GRPC)] {
+        let upstream = format!("http://{}", SocketAddr::new(target, port));
+        pods.create(&PostParams::default(), &client_pod(name, &images["multiplexer"].1, &upstream))
+            .await
+            .expect("a client pod in the restricted namespace");
+    }
+    let refused = upstream_health_seen_by(&pods, direct).await;
+    println!("a pod dialling TEI's port {}: {refused:?}", ports::TEI_GRPC);
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert!(refused.body.contains("Connection refused"), "{refused:?}");
+    let served = upstream_health_seen_by(&pods, through).await;
+    assert_eq!(served.status, 200, "the same pod network reaches the sidecar: {served:?}");
+    for name in [direct, through] {
+        pods.delete(name, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
+            .await
+            .expect("client pod deleted");
+    }
+    // Where NetworkPolicies are enforced, the pool's own closes every other port too.
+    let policy = Api::<NetworkPolicy>::namespaced(client.clone(), &ns.name).get(POOL).await.expect("the pool's policy");
+    let owner = policy.metadata.owner_references.unwrap_or_default();
+    assert!(owner.iter().any(|o| o.kind == "EmbeddingPool" && o.name == POOL), "owned by the pool: {owner:?}");
+
+    // 5. A budget edit reaches the running sidecars within seconds, without restarting a pod.
     Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
         .patch(
             POOL,
@@ -352,7 +481,7 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
         assert_eq!(restarts(&now), 0, "{name} restarted");
     }
 
-    // 5. A pod deleted under steady load, then a rollout under load: one client without retries,
+    // 6. A pod deleted under steady load, then a rollout under load: one client without retries,
     // one retrying UNAVAILABLE. The victim is a pod the load reaches (its sidecar counts the calls).
     let (plain, retrying) = under_load(service, async {
         let mut served = Vec::new();
@@ -410,7 +539,7 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     assert!(plain.ok > 0 && retrying.ok > 0, "{plain:?} {retrying:?}");
     assert!(retrying.failed.is_empty(), "a client retrying UNAVAILABLE loses none: {retrying:?}");
 
-    // 6. Deleting the pool removes everything it made.
+    // 7. Deleting the pool removes everything it made.
     Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
         .delete(POOL, &DeleteParams::default())
         .await
@@ -418,9 +547,11 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
     let services: Api<Service> = Api::namespaced(client.clone(), &ns.name);
     let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
-    eventually("the pool's Deployment, Service, ServiceAccount and pods gone", START, || async {
+    let policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns.name);
+    eventually("the pool's Deployment, Service, NetworkPolicy, ServiceAccount and pods gone", START, || async {
         let gone = deployments.get_opt(POOL).await.ok()?.is_none()
             && services.get_opt(POOL).await.ok()?.is_none()
+            && policies.get_opt(POOL).await.ok()?.is_none()
             && accounts.get_opt("real-multiplexer").await.ok()?.is_none()
             && pods.list(&ListParams::default().labels(&selector)).await.ok()?.items.is_empty();
         gone.then_some(())
