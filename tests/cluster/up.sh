@@ -37,6 +37,16 @@ if real_node_wanted; then
   SANS+=", IP:$REAL_NODE_IP"
 fi
 
+# Another cluster on these ports (another checkout's, or one this directory lost track of) would be
+# joined silently: the health checks below cannot tell whose etcd or API server answers.
+for address in "127.0.0.1:$ETCD_PORT" "127.0.0.1:$((ETCD_PORT + 1))" "127.0.0.1:$API_PORT" "$API_HOST:$API_PORT"; do
+  if (exec 3<>"/dev/tcp/${address%:*}/${address##*:}") 2>/dev/null; then
+    log "$address is already in use: another cluster runs here (ss -ltnp 'sport = :${address##*:}');"
+    log "stop it, or give this one other ports with TEIFLEET_ETCD_PORT and TEIFLEET_API_PORT"
+    exit 1
+  fi
+done
+
 # --- certificates: a CA, the API server's serving cert, an admin client, service-account keys ---
 PKI="$DIR/pki"
 (
