@@ -7,9 +7,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
+use axum::response::Response;
 use axum::routing::get;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use teifleet_crds::SidecarAdmission;
 use teifleet_wire::sidecar_admin::ADMISSION_PATH;
 use teifleet_wire::tei_health;
@@ -101,8 +107,37 @@ pub fn own_admission(pools: &PoolTable) -> Option<SidecarAdmission> {
     })
 }
 
-/// `/metrics`, `/healthz`, `/readyz`, [`tei_health::PATH`] and [`ADMISSION_PATH`].
-pub fn router(metrics: &Metrics, readiness: Arc<Readiness>) -> Router {
+/// How long TEI may take to hand over its metrics.
+const TEI_METRICS_WITHIN: Duration = Duration::from_secs(5);
+
+/// TEI's own metrics, fetched from `url` (TEI's loopback-only Prometheus port) and passed on
+/// unchanged; 502 with the reason when TEI does not answer.
+async fn relay_tei_metrics(client: &Client<HttpConnector, Empty<Bytes>>, url: http::Uri) -> Response {
+    let fetch = async {
+        let answer = client.get(url).await.map_err(|error| format!("TEI's metrics port: {error}"))?;
+        let (parts, body) = answer.into_parts();
+        let body = body.collect().await.map_err(|error| format!("TEI's metrics: {error}"))?.to_bytes();
+        Ok::<_, String>((parts.status, parts.headers.get(header::CONTENT_TYPE).cloned(), body))
+    };
+    match tokio::time::timeout(TEI_METRICS_WITHIN, fetch).await {
+        Ok(Ok((status, content_type, body))) => {
+            let mut response = (status, body).into_response();
+            if let Some(content_type) = content_type {
+                response.headers_mut().insert(header::CONTENT_TYPE, content_type);
+            }
+            response
+        }
+        Ok(Err(reason)) => (StatusCode::BAD_GATEWAY, format!("{reason}\n")).into_response(),
+        Err(_) => {
+            (StatusCode::BAD_GATEWAY, format!("TEI did not hand over its metrics within {TEI_METRICS_WITHIN:?}\n"))
+                .into_response()
+        }
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz`, [`tei_health::PATH`], [`ADMISSION_PATH`], and, with
+/// `tei_metrics`, TEI's own metrics on [`tei_health::METRICS_PATH`].
+pub fn router(metrics: &Metrics, readiness: Arc<Readiness>, tei_metrics: Option<http::Uri>) -> Router {
     let admission_pools = readiness.pools.clone();
     let admission = get(move || {
         let pools = admission_pools.clone();
@@ -123,16 +158,26 @@ pub fn router(metrics: &Metrics, readiness: Arc<Readiness>) -> Router {
             }
         }
     });
-    teifleet_runtime::admin::routes(metrics.registry.clone())
+    let router = teifleet_runtime::admin::routes(metrics.registry.clone())
         .readyz(move || readiness.ready())
         .into_router()
         .route(tei_health::PATH, tei)
-        .route(ADMISSION_PATH, admission)
+        .route(ADMISSION_PATH, admission);
+    match tei_metrics {
+        Some(url) => {
+            let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
+            router.route(tei_health::METRICS_PATH, get(move || relay_tei_metrics_owned(client.clone(), url.clone())))
+        }
+        None => router,
+    }
 }
 
-/// Serves the admin routes on `listener` until `stop`.
-pub async fn serve(listener: TcpListener, metrics: Metrics, readiness: Arc<Readiness>, stop: CancellationToken) {
-    let router = router(&metrics, readiness);
+async fn relay_tei_metrics_owned(client: Client<HttpConnector, Empty<Bytes>>, url: http::Uri) -> Response {
+    relay_tei_metrics(&client, url).await
+}
+
+/// Serves the admin `router` on `listener` until `stop`.
+pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
     if let Err(error) = teifleet_runtime::admin::serve(listener, router, stop.cancelled_owned()).await {
         tracing::error!(%error, "admin server failed");
     }
@@ -151,6 +196,14 @@ mod tests {
 
     /// An admin port whose own pool `own` has its TEI at `upstream`, or no pool at all.
     async fn admin(upstream: Option<String>) -> (SocketAddr, CancellationToken) {
+        admin_relaying(upstream, None).await
+    }
+
+    /// The same, relaying TEI's metrics from `tei_metrics`.
+    async fn admin_relaying(
+        upstream: Option<String>,
+        tei_metrics: Option<http::Uri>,
+    ) -> (SocketAddr, CancellationToken) {
         let metrics = Metrics::new();
         let pools = Arc::new(PoolTable::new("own", metrics.clone()));
         if let Some(upstream) = upstream {
@@ -171,7 +224,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        tokio::spawn(serve(listener, metrics, readiness, stop.clone()));
+        tokio::spawn(serve(listener, router(&metrics, readiness, tei_metrics), stop.clone()));
         (addr, stop)
     }
 
@@ -255,5 +308,36 @@ mod tests {
         let report = own_admission(&pools).unwrap();
         assert_eq!((report.pool.as_str(), report.max_in_flight, report.adaptive), ("own", 64, true));
         assert_eq!(report.effective_in_flight, 16, "an adaptive limit starts at a quarter of its ceiling");
+    }
+    #[tokio::test]
+    async fn relays_teis_own_metrics_unchanged_and_says_why_when_it_cannot() {
+        let exposition = "# TYPE te_queue_size gauge\nte_queue_size 3\n";
+        let tei = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let tei_addr = tei.local_addr().unwrap();
+        let tei_router = Router::new().route(
+            "/metrics",
+            get(move || async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], exposition) }),
+        );
+        tokio::spawn(async move { axum::serve(tei, tei_router).await });
+        let url: http::Uri = format!("http://{tei_addr}/metrics").parse().unwrap();
+        let (addr, stop) = admin_relaying(None, Some(url)).await;
+        let relayed = request(addr, "GET", tei_health::METRICS_PATH).await.unwrap();
+        assert_eq!((relayed.status, relayed.body.as_str()), (200, exposition));
+
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
+        let (down, stop_down) = admin_relaying(None, Some(format!("http://{closed}/metrics").parse().unwrap())).await;
+        let refused = request(down, "GET", tei_health::METRICS_PATH).await.unwrap();
+        assert_eq!(refused.status, 502);
+        assert!(refused.body.contains("TEI's metrics port"), "{}", refused.body);
+
+        let (plain, stop_plain) = admin(None).await;
+        assert_eq!(
+            request(plain, "GET", tei_health::METRICS_PATH).await.unwrap().status,
+            404,
+            "not relayed unless asked"
+        );
+        for stop in [stop, stop_down, stop_plain] {
+            stop.cancel();
+        }
     }
 }

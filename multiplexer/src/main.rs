@@ -48,6 +48,11 @@ struct Args {
     /// The TEI this replica fronts.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     upstream: String,
+    /// TEI's Prometheus endpoint, relayed on the admin port at /upstream/metrics (TEI serves it on
+    /// the pod's loopback only). Default: TEI's --prometheus-port on this pod's loopback; `off`:
+    /// not relayed.
+    #[arg(long)]
+    tei_metrics: Option<String>,
 
     /// Pool name (Kubernetes mode reads it from the operator-set environment).
     #[arg(long, env = labels::ENV_POOL)]
@@ -215,6 +220,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         max_connection_age_grace: args.max_connection_age_grace,
         drain_delay: args.drain_delay,
         drain_timeout: args.drain_timeout,
+        tei_metrics: tei_metrics_url(args.tei_metrics.as_deref())?,
         ..Settings::default()
     };
     let running = server::start(settings, table, metrics).await?;
@@ -227,4 +233,15 @@ async fn run(args: Args) -> anyhow::Result<()> {
     running.wait().await?;
     helpers.cancel();
     Ok(())
+}
+
+/// Where TEI's metrics are relayed from: `--tei-metrics`, TEI's metrics port on this pod's
+/// loopback by default, or nowhere (`off`).
+fn tei_metrics_url(flag: Option<&str>) -> anyhow::Result<Option<http::Uri>> {
+    let url = match flag {
+        Some("off") => return Ok(None),
+        Some(url) => url.to_owned(),
+        None => format!("http://127.0.0.1:{}/metrics", teifleet_wire::ports::TEI_METRICS),
+    };
+    Ok(Some(url.parse().with_context(|| format!("--tei-metrics {url:?} is not a URL"))?))
 }

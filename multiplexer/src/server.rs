@@ -10,8 +10,6 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
-use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tonic_health::server::HealthReporter;
 
 use crate::SetupError;
@@ -51,6 +49,8 @@ pub struct Settings {
     /// How long requests in flight may take to finish once draining.
     pub drain_timeout: Duration,
     pub health_interval: Duration,
+    /// TEI's Prometheus endpoint, relayed on the admin port (`None`: not relayed).
+    pub tei_metrics: Option<http::Uri>,
 }
 
 impl Default for Settings {
@@ -69,6 +69,7 @@ impl Default for Settings {
             drain_delay: Duration::ZERO,
             drain_timeout: Duration::from_secs(30),
             health_interval: Duration::from_secs(2),
+            tei_metrics: None,
         }
     }
 }
@@ -129,7 +130,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
 
     let helpers = CancellationToken::new();
     if let Some(listener) = admin_listener {
-        tokio::spawn(admin::serve(listener, metrics.clone(), readiness.clone(), helpers.clone()));
+        let router = admin::router(&metrics, readiness.clone(), settings.tei_metrics.clone());
+        tokio::spawn(admin::serve(listener, router, helpers.clone()));
     }
     tokio::spawn(check_upstream(readiness.clone(), reporter.clone(), settings.health_interval, helpers.clone()));
 
@@ -253,17 +255,7 @@ async fn check_upstream(
 ) {
     let mut last = None;
     loop {
-        let serving = match readiness.pools.get(readiness.pools.own_name()) {
-            Some(pool) => {
-                let mut client = HealthClient::new(pool.upstream.channel());
-                let check = client.check(HealthCheckRequest { service: String::new() });
-                matches!(
-                    tokio::time::timeout(Duration::from_secs(1), check).await,
-                    Ok(Ok(response)) if response.get_ref().status == ServingStatus::Serving as i32
-                )
-            }
-            None => false,
-        };
+        let serving = crate::admin::check_tei(&readiness.pools).await.is_ok();
         readiness.upstream_serving.store(serving, Ordering::Relaxed);
         let ready = readiness.ready().is_ok();
         if last != Some(ready) {

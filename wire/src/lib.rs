@@ -39,6 +39,9 @@ pub mod tei_health {
     /// How long the sidecar waits for TEI's answer. The probes the operator renders wait longer,
     /// so a slow TEI gets a 503 that says why instead of a probe timeout.
     pub const CHECK_TIMEOUT_SECONDS: u64 = 1;
+    /// The sidecar's admin route relaying TEI's own Prometheus metrics (`te_*`), which TEI serves
+    /// on the pod's loopback (`--prometheus-port`) where no scraper can reach them.
+    pub const METRICS_PATH: &str = "/upstream/metrics";
 }
 
 /// Request and response metadata (gRPC metadata, HTTP headers).
