@@ -431,6 +431,9 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     // The kubelet probes TEI through the sidecar; it is what made the pods Ready above.
     let tei_health_body = http_get(SocketAddr::new(target, ports::MULTIPLEXER_ADMIN), tei_health::PATH).await;
     assert_eq!(tei_health_body.as_deref(), Some("TEI serving\n"));
+    // TEI's own metrics, out of reach on its loopback port, are relayed by the sidecar.
+    let tei_metrics = http_get(SocketAddr::new(target, ports::MULTIPLEXER_ADMIN), tei_health::METRICS_PATH).await;
+    assert!(tei_metrics.as_deref().is_some_and(|m| m.contains("te_request_count")), "{tei_metrics:?}");
     // From another pod: one client dialling TEI's port directly, one dialling the sidecar's.
     let direct = "client-to-tei";
     let through = "client-to-sidecar";
