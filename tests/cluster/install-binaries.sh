@@ -119,5 +119,8 @@ for b in "${K8S_BINARIES[@]}"; do
 done
 ln -sf "$BIN/kwok-$KWOK_VERSION/kwok" "$CUR/kwok"
 ln -sf "$BIN/helm-$HELM_VERSION/helm" "$CUR/helm"
-ln -sf "$(command -v etcd)" "$CUR/etcd"
+# etcd comes from Debian: look it up without $CUR, or a PATH that lists $CUR first (as the demo's
+# did) would link $CUR/etcd to itself.
+ETCD="$(PATH="$(tr ':' '\n' <<<"$PATH" | grep -vxF -e "$CUR" -e "$CUR/" | paste -sd:)" command -v etcd)"
+ln -sf "$ETCD" "$CUR/etcd"
 log "binaries ready in $CUR"

@@ -9,14 +9,13 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use teifleet_e2e::{admin_client, eventually, http_get, kubeconfig_path, repo_root, test_namespace};
+use teifleet_e2e::{admin_client, eventually, http_get, import_into_real_node, repo_root, test_namespace};
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_proto::v1::{EmbedRequest, InfoRequest};
@@ -236,16 +235,8 @@ async fn the_tei_sim_image_serves_tei_grpc_through_a_service() {
         eprintln!("skipped: no target/images/tei-sim.tar (make images builds it)");
         return;
     };
-    // No registry is reachable: the image goes into the node's containerd as up.sh's do.
-    let socket = kubeconfig_path().parent().expect("the cluster directory").join("node/containerd/containerd.sock");
-    let import = Command::new("ctr")
-        .arg("--address")
-        .arg(&socket)
-        .args(["-n", "k8s.io", "images", "import"])
-        .arg(&tar)
-        .output()
-        .expect("ctr runs");
-    assert!(import.status.success(), "ctr images import: {}", String::from_utf8_lossy(&import.stderr));
+    // No registry is reachable: the image goes into the node's containerd.
+    import_into_real_node(&tar);
 
     let ns = test_namespace("real-tei").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
