@@ -223,8 +223,7 @@ impl Admission {
                 });
             }
             if let Some(wait) = expected_wait
-                && state.standing.standing()
-                && wait > standing::target_and_interval(state.service_time.mean()).0
+                && wait > state.standing.longest_wait(state.service_time.mean())
             {
                 return Err(AdmissionError::StandingQueue {
                     expected_wait: wait,
@@ -327,9 +326,7 @@ impl Shared {
         let now = Instant::now();
         loop {
             let oldest = state.queue.oldest().map(|enqueued| now.saturating_duration_since(enqueued));
-            if state.standing.update(oldest, now, state.service_time.mean()) {
-                state.trim_standing_queue();
-            }
+            state.standing.update(oldest, now, state.service_time.mean());
             let Some(next) = state.queue.peek_next() else {
                 state.queue.forget_idle_tenants();
                 break;
@@ -402,23 +399,6 @@ impl State {
                 self.returning.join();
                 Retry::After(pushback(Some(turn), window))
             }
-        }
-    }
-
-    /// While the queue stands, refuses now the waiters that would still wait longer than the
-    /// target, as the door refuses newcomers on the same rule, instead of letting them wait out
-    /// the queue timeout: a burst queued in full before the queue was seen standing (nothing had
-    /// completed yet to say how long it would take) shrinks to a target's worth of work, enough to
-    /// keep TEI busy. Lowest priority, heaviest tenant and newest go first, as on a full queue.
-    fn trim_standing_queue(&mut self) {
-        let target = standing::target_and_interval(self.service_time.mean()).0;
-        while let Some(wait) = self.expected_wait(self.queue.inputs().saturating_sub(1))
-            && wait > target
-        {
-            let Some(victim) = self.queue.evict_lowest() else { break };
-            let position = self.queue.inputs();
-            let retry_after = self.retry_hint(position, None);
-            drop(victim.grant.send(Err(AdmissionError::StandingQueue { expected_wait: wait, retry_after })));
         }
     }
 
