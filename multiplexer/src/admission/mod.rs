@@ -223,7 +223,8 @@ impl Admission {
                 });
             }
             if let Some(wait) = expected_wait
-                && wait > state.standing.longest_wait(state.service_time.mean())
+                && state.standing.standing()
+                && wait > standing::target_and_interval(state.service_time.mean()).0
             {
                 return Err(AdmissionError::StandingQueue {
                     expected_wait: wait,

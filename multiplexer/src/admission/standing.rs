@@ -9,9 +9,6 @@
 //! a retry hint: the queue shrinks to about a target's worth of work, enough to keep TEI busy,
 //! and admitted calls wait about the target instead of the whole queue. The queue stops standing
 //! only when it empties, so it does not flap between the two modes under steady overload.
-//! Before it stands, a newcomer that would wait longer than a whole interval is refused too: the
-//! queue would stand before it is served (seed 004's first burst of thousands, queued in full,
-//! would otherwise wait out the queue timeout).
 
 use std::time::Duration;
 
@@ -54,15 +51,6 @@ impl Standing {
 
     pub fn standing(&self) -> bool {
         self.standing
-    }
-
-    /// The longest a newcomer may expect to wait and still be queued: the target while the queue
-    /// stands; otherwise the interval, since a newcomer that would wait longer than that is
-    /// part of a queue that will stand before it is served (a burst that does not drain within
-    /// the interval), and queuing it would only make every call behind it wait as long.
-    pub fn longest_wait(&self, service_time: Option<Duration>) -> Duration {
-        let (target, interval) = target_and_interval(service_time);
-        if self.standing { target } else { interval }
     }
 }
 
