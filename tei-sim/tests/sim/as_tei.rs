@@ -121,10 +121,12 @@ async fn run_rendered(file: &Path, deployment: &Value) {
     let answer = embed.embed(embed_request("what the multiplexer sends")).await.unwrap().into_inner();
     assert_eq!(answer.embeddings.len(), 384, "{name}");
 
-    // Prometheus scrapes TEI's metrics port on the pod's IP: every interface, as for TEI.
+    // TEI listens where the operator puts it (`--hostname`, the pod's loopback), its metrics
+    // port too: the sidecar relays those.
     let text = http::get(loopback(metrics), "/metrics").await.expect("metrics answer");
     assert_eq!(prom::value(&text, "te_request_count"), Some(1.0), "{name}:\n{text}");
-    assert!(sim.log_text().contains("0.0.0.0"), "{name} should listen on every interface:\n{}", sim.log_text());
+    let host = flag(&args, "--hostname").unwrap_or("0.0.0.0");
+    assert!(sim.log_text().contains(&format!("addr={host}:")), "{name} should listen on {host}:\n{}", sim.log_text());
 
     // The kubelet stops a container with SIGTERM; TEI exits cleanly and so must its stand-in.
     let status = sim.terminate(Duration::from_secs(10)).expect("exits on SIGTERM");
