@@ -39,7 +39,10 @@ fi
 
 # Another cluster on these ports (another checkout's, or one this directory lost track of) would be
 # joined silently: the health checks below cannot tell whose etcd or API server answers.
-for address in "127.0.0.1:$ETCD_PORT" "127.0.0.1:$((ETCD_PORT + 1))" "127.0.0.1:$API_PORT" "$API_HOST:$API_PORT"; do
+# Only loopback is probed: the real node's address does not exist yet (another cluster holding the
+# real node is caught by its lock), and a connection to an address that is not local may be
+# answered by whatever the machine's network routes it to.
+for address in "127.0.0.1:$ETCD_PORT" "127.0.0.1:$((ETCD_PORT + 1))" "127.0.0.1:$API_PORT"; do
   if (exec 3<>"/dev/tcp/${address%:*}/${address##*:}") 2>/dev/null; then
     log "$address is already in use: another cluster runs here (ss -ltnp 'sport = :${address##*:}');"
     log "stop it, or give this one other ports with TEIFLEET_ETCD_PORT and TEIFLEET_API_PORT"
