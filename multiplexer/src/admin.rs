@@ -93,8 +93,8 @@ fn with_causes(status: &tonic::Status) -> String {
 /// its limits are known.
 pub fn own_admission(pools: &PoolTable) -> Option<SidecarAdmission> {
     let pool = pools.get(pools.own_name())?;
-    let snapshot = pool.admission.snapshot();
     pool.spec.limits?;
+    let snapshot = pool.admission.snapshot();
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
     Some(SidecarAdmission {
         pool: pool.spec.name.clone(),
@@ -112,7 +112,7 @@ const TEI_METRICS_WITHIN: Duration = Duration::from_secs(5);
 
 /// TEI's own metrics, fetched from `url` (TEI's loopback-only Prometheus port) and passed on
 /// unchanged; 502 with the reason when TEI does not answer.
-async fn relay_tei_metrics(client: &Client<HttpConnector, Empty<Bytes>>, url: http::Uri) -> Response {
+async fn relay_tei_metrics(client: Client<HttpConnector, Empty<Bytes>>, url: http::Uri) -> Response {
     let fetch = async {
         let answer = client.get(url).await.map_err(|error| format!("TEI's metrics port: {error}"))?;
         let (parts, body) = answer.into_parts();
@@ -166,14 +166,10 @@ pub fn router(metrics: &Metrics, readiness: Arc<Readiness>, tei_metrics: Option<
     match tei_metrics {
         Some(url) => {
             let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-            router.route(tei_health::METRICS_PATH, get(move || relay_tei_metrics_owned(client.clone(), url.clone())))
+            router.route(tei_health::METRICS_PATH, get(move || relay_tei_metrics(client.clone(), url.clone())))
         }
         None => router,
     }
-}
-
-async fn relay_tei_metrics_owned(client: Client<HttpConnector, Empty<Bytes>>, url: http::Uri) -> Response {
-    relay_tei_metrics(&client, url).await
 }
 
 /// Serves the admin `router` on `listener` until `stop`.
