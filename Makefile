@@ -85,8 +85,10 @@ cluster-down: ## Stop the local control plane
 .PHONY: test-cluster
 test-cluster: ## End-to-end tests on a fresh local control plane with its real node (TEIFLEET_REAL_NODE=0: without)
 	cargo build --locked -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-fake-gpu-plugin -p teifleet-e2e --bins --tests
-	@# The real-pod tests run the images; when `make images` has not built them, build them from the debug binaries.
-	[[ -f target/images/images.txt ]] || REGISTRY=ghcr.io/teifleet images/build.sh --bin-dir target/debug --out target/images
+	@# The real-pod tests run the images: build them from the debug binaries unless images newer than those exist.
+	images=target/images/images.txt; \
+	[[ -f $$images && $$images -nt target/debug/teifleet-operator && $$images -nt target/debug/teifleet-multiplexer \
+	   && $$images -nt target/debug/tei-sim ]] || REGISTRY=ghcr.io/teifleet images/build.sh --bin-dir target/debug --out target/images
 	tests/cluster/down.sh
 	trap 'tests/cluster/down.sh' EXIT; \
 	export TEIFLEET_REAL_NODE=$(if $(TEIFLEET_REAL_NODE),$(TEIFLEET_REAL_NODE),1); \
