@@ -17,6 +17,4 @@ source "$HERE/real-node.sh"
 (($#)) || { echo "usage: $0 IMAGE.tar..." >&2; exit 2; }
 socket="$(real_node_dir)/containerd/containerd.sock"
 [[ -S "$socket" ]] || { echo "no real node runs in $DIR (no $socket): make cluster-up starts one" >&2; exit 1; }
-for tar in "$@"; do
-  ctr_node images import "$tar"
-done
+real_node_import "$@"

@@ -140,6 +140,31 @@ real_node_apiserver_flags() {
 
 ctr_node() { ctr --address "$(real_node_dir)/containerd/containerd.sock" -n k8s.io "$@"; }
 
+# The snapshotter containerd can use under the node's directory: overlayfs where the kernel
+# mounts an overlay there, else native (copies instead of layers). An overlay cannot have its
+# upper directory on another overlay, so a checkout on an overlay filesystem (a CI runner's, say)
+# leaves every pod sandbox failing with "failed to mount rootfs component" under overlayfs.
+real_node_snapshotter() {
+  local probe; probe="$(mktemp -d "$(real_node_dir)/overlay-probe.XXXXXX")"
+  mkdir -p "$probe"/{lower,upper,work,merged}
+  if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" 2>/dev/null; then
+    umount "$probe/merged"
+    echo overlayfs
+  else
+    echo native
+  fi
+  rm -rf "$probe"
+}
+
+# Imports image archives with the snapshotter the node's CRI uses (recorded by real_node_start).
+real_node_import() {
+  local snapshotter; snapshotter="$(cat "$(real_node_dir)/snapshotter")"
+  local tar
+  for tar in "$@"; do
+    ctr_node images import --snapshotter "$snapshotter" "$tar"
+  done
+}
+
 # After the control plane: containerd with the local images, the kubelet, kube-proxy and the
 # device plugin; waits until the node is Ready with its GPUs.
 real_node_start() {
@@ -151,6 +176,8 @@ real_node_start() {
     plugin="$REPO/target/debug/teifleet-fake-gpu-plugin"
   fi
   local images; images="$("$HERE/node-images.sh")"
+  local snapshotter; snapshotter="$(real_node_snapshotter)"
+  echo "$snapshotter" >"$node/snapshotter"
 
   cat >"$node/containerd.toml" <<EOF
 version = 2
@@ -170,7 +197,7 @@ state = "$node/containerd/state"
   enable_unprivileged_ports = true
   enable_unprivileged_icmp = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+    snapshotter = "$snapshotter"
     default_runtime_name = "runc"
     [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
@@ -205,13 +232,10 @@ EOF
 }
 EOF
 
-  log "real node: containerd $(containerd --version | awk '{print $3}'), images $PAUSE_IMAGE and $ECHO_IMAGE"
+  log "real node: containerd $(containerd --version | awk '{print $3}') ($snapshotter snapshotter), images $PAUSE_IMAGE and $ECHO_IMAGE"
   start containerd containerd --config "$node/containerd.toml"
   wait_for containerd 30 ctr_node version
-  local tar
-  for tar in "$images"/*.tar; do
-    ctr_node images import "$tar" >/dev/null
-  done
+  real_node_import "$images"/*.tar >/dev/null
 
   cat >"$node/kubelet.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1

@@ -20,7 +20,10 @@ pub use teifleet_testkit::net::{free_port, loopback};
 pub use teifleet_testkit::poll::eventually;
 use teifleet_testkit::process::{ChildGuard, OnDrop};
 
+pub mod diagnose;
 pub mod pools;
+
+pub use diagnose::eventually_pods;
 
 pub const FIELD_MANAGER: &str = "teifleet-e2e";
 

@@ -15,7 +15,9 @@ use k8s_openapi::api::core::v1::{Node, Pod, Service};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
-use teifleet_e2e::{admin_client, eventually, http_get, import_into_real_node, repo_root, test_namespace};
+use teifleet_e2e::{
+    admin_client, eventually, eventually_pods, http_get, import_into_real_node, repo_root, test_namespace,
+};
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_proto::v1::{EmbedRequest, InfoRequest};
@@ -81,7 +83,7 @@ async fn create(pods: &Api<Pod>, pod: &Pod) {
 
 /// Waits for the pod to run on the real node; returns its IP.
 async fn wait_running(pods: &Api<Pod>, name: &str) -> IpAddr {
-    let pod = eventually(&format!("pod {name} Running on {NODE}"), START, || async {
+    let pod = eventually_pods(pods, &format!("pod {name} Running on {NODE}"), START, || async {
         let pod = pods.get(name).await.ok()?;
         let status = pod.status.as_ref()?;
         (status.phase.as_deref() == Some("Running")).then_some(pod)

@@ -26,7 +26,7 @@ use serde_json::json;
 use teifleet_crds::{EmbeddingPool, labels};
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
 use teifleet_e2e::{
-    admin_client, built_image, eventually, helm, http_get, import_into_real_node, install_crd,
+    admin_client, built_image, eventually, eventually_pods, helm, http_get, import_into_real_node, install_crd,
     test_namespace_with_labels,
 };
 use teifleet_proto::v1::embed_client::EmbedClient;
@@ -91,7 +91,7 @@ fn ip_of(pod: &Pod) -> IpAddr {
 
 /// Waits until `count` pods match `selector`, all Ready and none being deleted.
 async fn wait_ready_pods(pods: &Api<Pod>, selector: &str, count: usize) -> Vec<Pod> {
-    eventually(&format!("{count} Ready pod(s) {selector}"), START, || async {
+    eventually_pods(pods, &format!("{count} Ready pod(s) {selector}"), START, || async {
         let list = pods.list(&ListParams::default().labels(selector)).await.ok()?.items;
         let live: Vec<Pod> = list.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
         (live.len() == count && live.iter().all(is_ready)).then_some(live)
@@ -237,7 +237,7 @@ fn client_pod(name: &str, image: &str, upstream: &str) -> Pod {
 
 /// What a client pod's `/upstream/healthz` answers once it has one.
 async fn upstream_health_seen_by(pods: &Api<Pod>, name: &str) -> teifleet_testkit::http::Response {
-    eventually(&format!("{name} running and answering {}", tei_health::PATH), START, || async {
+    eventually_pods(pods, &format!("{name} running and answering {}", tei_health::PATH), START, || async {
         let pod = pods.get(name).await.ok()?;
         let ip: IpAddr = pod.status?.pod_ip?.parse().ok()?;
         teifleet_testkit::http::request(SocketAddr::new(ip, ports::MULTIPLEXER_ADMIN), "GET", tei_health::PATH).await
