@@ -64,8 +64,10 @@ impl Adaptive {
         Self { limit: start, samples: 0, queue_secs: 0.0, batch_secs: 0.0, demand: false }
     }
 
+    /// Rounded down: a limit that drifts a fraction above a whole number of batches would
+    /// otherwise let one call more through, and that call waits behind two batches in TEI's queue.
     pub fn limit(&self, floor: usize, ceiling: usize) -> usize {
-        (self.limit.round() as usize).clamp(floor, ceiling.max(floor))
+        (self.limit.floor() as usize).clamp(floor, ceiling.max(floor))
     }
 
     /// Learns from one answer: TEI's queue time and batch time for it; `demand` says whether calls

@@ -484,6 +484,30 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
         assert_eq!(restarts(&now), 0, "{name} restarted");
     }
 
+    // 5b. Adaptive: each sidecar finds its own limit under its share, and the operator, asking the
+    // sidecars' admin ports from its pod, writes the pool-wide summary into status.
+    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
+        .patch(POOL, &PatchParams::default(), &Patch::Merge(json!({ "spec": { "concurrency": { "adaptive": true } } })))
+        .await
+        .expect("adaptive switched on");
+    let pools = Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name);
+    // The operator asks at once on the edit, and again every refresh (30 s) for adaptive pools,
+    // so a sidecar that had not switched yet at the first ask is counted at the next.
+    // Without load the limits stay where an adaptive limit starts, a quarter of the share (6 / 4,
+    // rounded down), so the summary shows the sidecars' adaptive limits, not their shares.
+    let effective = eventually("status.admission.effective: both sidecars' adaptive limits", START, || async {
+        let pool = pools.get(POOL).await.ok()?;
+        let effective = pool.status?.admission?.effective?;
+        (effective.replicas_reporting == 2 && effective.max_in_flight < 6).then_some(effective)
+    })
+    .await;
+    println!("status.admission.effective with adaptive limits: {effective:?}");
+    assert_eq!(
+        (effective.total_in_flight, effective.min_in_flight, effective.max_in_flight, effective.standing_queues),
+        (2, 1, 1, 0),
+        "{effective:?}"
+    );
+
     // 6. A pod deleted under steady load, then a rollout under load: one client without retries,
     // one retrying UNAVAILABLE. The victim is a pod the load reaches (its sidecar counts the calls).
     let (plain, retrying) = under_load(service, async {
