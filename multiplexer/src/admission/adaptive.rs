@@ -4,12 +4,22 @@
 //! TEI reports, for every call, how long it waited in TEI's queue and how long its batch ran
 //! (response Metadata). A limit too low leaves TEI's queue empty between batches (the GPU idles
 //! while the next batch forms); a limit too high lets TEI's queue grow, which is latency without
-//! throughput. Like a gradient limiter (Netflix's concurrency-limits, Envoy's adaptive
-//! concurrency), the limit moves by the ratio of where TEI's queue should be to where it is, but
-//! the signal is TEI's own queue time rather than round-trip inflation, so no "minimum RTT" has to
-//! be probed: `next = limit × (batch + target) / (batch + queue)` with `target = batch`, smoothed,
-//! growing only while there is demand to use it, and clamped between a floor and the ceiling the
-//! operator publishes (the replica's share).
+//! throughput. The right limit is two batches: one running, the next one waiting in full, so
+//! every call waits about one batch time in TEI. Like a gradient limiter (Netflix's
+//! concurrency-limits, Envoy's adaptive concurrency), the limit moves by the ratio of where TEI's
+//! queue should be to where it is, `limit × (batch + target) / (batch + queue)` with
+//! `target = batch`; but the signal is TEI's own queue time rather than round-trip inflation, so
+//! no "minimum RTT" has to be probed.
+//!
+//! That ratio cannot see the last few calls: TEI starts a batch with whatever is queued, so
+//! anywhere between one and two batches in flight calls wait about one batch time, and one call
+//! beyond two batches raises the mean only a little while that call waits out two batches. So
+//! the limit also watches each call: calls that waited more than one and a half of their batch
+//! times were left behind by a full batch, and as many calls as that are taken off at once.
+//! Between one and two batches it probes upwards a step at a time, and after finding the top it
+//! holds for a while before probing again, so the calls a probe leaves behind stay a small
+//! fraction (TEI queue p99 within two batch times). Growth needs demand; the limit stays between
+//! a floor and the ceiling the operator publishes (the replica's share).
 
 use std::time::Duration;
 
@@ -18,14 +28,30 @@ use std::time::Duration;
 const SMOOTHING: f64 = 0.5;
 /// The most one update may multiply or divide the limit by.
 const MAX_STEP: f64 = 2.0;
+/// A call that waited longer than this many of its batch times waited behind a second batch.
+const LEFT_BEHIND: f64 = 1.5;
+/// Share of a round's calls left behind that counts as the limit being over the top; below it,
+/// one slow batch is noise.
+const LEFT_BEHIND_TOLERANCE: f64 = 0.02;
+/// One probe upwards while the top is unknown, as a share of the limit (at least one call); once
+/// found, probes are one call.
+const PROBE_STEP: f64 = 0.125;
+/// Rounds without probing after calls were left behind: a probe one call past the top leaves up to
+/// a quarter of two rounds' calls behind (batches of four), so probing at most once in this many
+/// rounds keeps them under one in two hundred.
+const HOLD_ROUNDS: u32 = 100;
 
 /// Why the limit last moved, as the `reason` label of `teifleet_limit_changes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Reason {
-    /// TEI's queue was shorter than a batch time while calls waited: room to send more.
+    /// TEI's queue was under half a batch time while calls waited: room to send more.
     TeiQueueShort,
+    /// TEI's queue was about a batch time, nobody was left behind: one step up, to find the top.
+    Probe,
     /// TEI's queue was longer than a batch time: the extra calls only wait inside TEI.
     TeiQueueLong,
+    /// Calls waited behind a second batch: that many calls were over the top.
+    LeftBehind,
     /// The ceiling (the replica's share of the pool budget) changed or was reached.
     Ceiling,
 }
@@ -34,7 +60,9 @@ impl Reason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::TeiQueueShort => "tei_queue_short",
+            Self::Probe => "probe",
             Self::TeiQueueLong => "tei_queue_long",
+            Self::LeftBehind => "left_behind",
             Self::Ceiling => "ceiling",
         }
     }
@@ -48,20 +76,33 @@ pub struct Change {
     pub reason: Reason,
 }
 
-#[derive(Clone, Debug)]
-pub struct Adaptive {
-    limit: f64,
+/// What one round of answers said.
+#[derive(Clone, Copy, Debug, Default)]
+struct Round {
     samples: u32,
     queue_secs: f64,
     batch_secs: f64,
+    left_behind: u32,
     demand: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct Adaptive {
+    limit: f64,
+    round: Round,
+    /// Rounds left before the next probe upwards.
+    hold: u32,
+    /// The limit just moved: the round in progress still answers calls let in under the old one.
+    moved: bool,
+    /// Calls were left behind since TEI last had room: the top is within a probe step.
+    near_top: bool,
 }
 
 impl Adaptive {
     /// Starts at a quarter of the ceiling: a new replica probes upwards rather than flooding TEI.
     pub fn new(floor: usize, ceiling: usize) -> Self {
         let start = (ceiling as f64 / 4.0).max(floor as f64);
-        Self { limit: start, samples: 0, queue_secs: 0.0, batch_secs: 0.0, demand: false }
+        Self { limit: start, round: Round::default(), hold: 0, moved: false, near_top: false }
     }
 
     /// Rounded down: a limit that drifts a fraction above a whole number of batches would
@@ -81,36 +122,59 @@ impl Adaptive {
         ceiling: usize,
     ) -> Option<Change> {
         let before = self.limit(floor, ceiling);
-        self.samples += 1;
-        self.queue_secs += tei_queue.as_secs_f64();
-        self.batch_secs += batch.as_secs_f64();
-        self.demand |= demand;
+        let round = &mut self.round;
+        round.samples += 1;
+        round.queue_secs += tei_queue.as_secs_f64();
+        round.batch_secs += batch.as_secs_f64();
+        round.left_behind += u32::from(!batch.is_zero() && tei_queue.as_secs_f64() > LEFT_BEHIND * batch.as_secs_f64());
+        round.demand |= demand;
         // One update per round of the limit's calls, and never on fewer than sixteen answers: a
         // round shorter than a few batches sees one batch's luck, and the limit swings with it.
-        if self.samples < (before as u32).max(16) {
+        if round.samples < (before as u32).max(16) {
             return None;
         }
-        let (queue, batch) = (self.queue_secs / f64::from(self.samples), self.batch_secs / f64::from(self.samples));
-        let demand = std::mem::take(&mut self.demand);
-        (self.samples, self.queue_secs, self.batch_secs) = (0, 0.0, 0.0);
+        let round = std::mem::take(&mut self.round);
+        if std::mem::take(&mut self.moved) {
+            return None;
+        }
+        let samples = f64::from(round.samples);
+        let (queue, batch) = (round.queue_secs / samples, round.batch_secs / samples);
         if batch <= 0.0 {
             return None;
         }
+        let (floor_f, ceiling_f) = (floor as f64, ceiling.max(floor) as f64);
+        let current = self.limit.clamp(floor_f, ceiling_f);
         let gradient = ((batch + batch) / (batch + queue)).clamp(1.0 / MAX_STEP, MAX_STEP);
-        if gradient > 1.0 && !demand {
+        let smoothed = current + SMOOTHING * (current * gradient - current);
+        let left_behind = f64::from(round.left_behind) / samples;
+        let (next, reason) = if left_behind > LEFT_BEHIND_TOLERANCE {
+            // With `e` calls over two batches of `B`, every batch starts with `e` calls left from
+            // the one before, so a share `f = e / B` of the calls is left behind, and with
+            // `limit = 2B + e`: `e = f × limit / (2 + f)`.
+            self.hold = HOLD_ROUNDS;
+            self.near_top = true;
+            let over = (left_behind * current / (2.0 + left_behind)).max(1.0);
+            ((current - over).round().min(smoothed), Reason::LeftBehind)
+        } else if gradient < 1.0 {
+            (smoothed, Reason::TeiQueueLong)
+        } else if !round.demand {
             return None; // A short queue without demand says nothing about capacity.
-        }
-        let current = self.limit.clamp(floor as f64, ceiling.max(floor) as f64);
-        let next = current + SMOOTHING * (current * gradient - current);
-        // Grow by at least one call, or a small limit could never leave the floor.
-        let next = if gradient > 1.0 { next.max(current + 1.0) } else { next };
-        self.limit = next.clamp(floor as f64, ceiling.max(floor) as f64);
-        let after = self.limit(floor, ceiling);
-        let reason = match () {
-            () if after == ceiling && gradient > 1.0 => Reason::Ceiling,
-            () if gradient > 1.0 => Reason::TeiQueueShort,
-            () => Reason::TeiQueueLong,
+        } else if queue < batch / 2.0 {
+            // TEI idles between batches: grow by the gradient (at least one call, or a small limit
+            // could never leave the floor), and look for the top again from here.
+            (self.hold, self.near_top) = (0, false);
+            (smoothed.max(current + 1.0), Reason::TeiQueueShort)
+        } else if self.hold > 0 {
+            self.hold -= 1;
+            return None;
+        } else {
+            let step = if self.near_top { 1.0 } else { (current * PROBE_STEP).max(1.0) };
+            (current + step, Reason::Probe)
         };
+        self.limit = next.clamp(floor_f, ceiling_f);
+        let after = self.limit(floor, ceiling);
+        let reason = if after == ceiling && after > before { Reason::Ceiling } else { reason };
+        self.moved = after != before;
         (after != before).then_some(Change { from: before, to: after, reason })
     }
 
@@ -126,35 +190,65 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    /// A model of TEI: one batch of `capacity` calls at a time, taking `batch`; with `limit` calls
-    /// in flight, the calls beyond one batch wait a batch time per extra batch.
-    fn tei_queue(limit: usize, capacity: usize, batch: Duration) -> Duration {
-        let batches_ahead = limit.saturating_sub(1) / capacity;
-        batch * batches_ahead as u32
+    /// A model of TEI that starts full batches of `capacity` calls, one at a time, each taking
+    /// `batch`: with `limit` calls in flight, `limit - capacity` wait, first in first out, so the
+    /// `i`th call of a batch waited `(limit - capacity + i) / capacity` batch times.
+    fn round_of_answers(limit: usize, capacity: usize, batch: Duration) -> impl Iterator<Item = Duration> {
+        (0..capacity).map(move |i| batch * ((limit.saturating_sub(capacity) + i) / capacity) as u32)
     }
 
-    fn settle(adaptive: &mut Adaptive, capacity: usize, batch: Duration, ceiling: usize) -> usize {
-        for _ in 0..2_000 {
+    /// Feeds `batches` batches' answers at the limit in force; returns the share of calls that
+    /// waited behind two batches or more, and the limit's median over the batches.
+    fn run(adaptive: &mut Adaptive, batches: usize, capacity: usize, batch: Duration, ceiling: usize) -> (f64, usize) {
+        let (mut calls, mut behind, mut limits) = (0, 0, Vec::with_capacity(batches));
+        for _ in 0..batches {
             let limit = adaptive.limit(1, ceiling);
-            adaptive.observe(tei_queue(limit, capacity, batch), batch, true, 1, ceiling);
+            limits.push(limit);
+            for queued in round_of_answers(limit, capacity, batch) {
+                calls += 1;
+                behind += usize::from(queued >= batch * 2);
+                adaptive.observe(queued, batch, true, 1, ceiling);
+            }
         }
-        adaptive.limit(1, ceiling)
+        limits.sort_unstable();
+        (behind as f64 / calls as f64, limits[limits.len() / 2])
     }
 
     #[test]
-    fn settles_near_two_batches_in_flight() {
-        let mut adaptive = Adaptive::new(1, 512);
-        let limit = settle(&mut adaptive, 32, 25 * MS, 512);
-        assert!((33..=96).contains(&limit), "TEI busy with about one batch queued: {limit}");
+    fn settles_at_two_batches_and_rarely_leaves_a_call_behind() {
+        for capacity in [4, 16, 64] {
+            let mut adaptive = Adaptive::new(1, 512);
+            run(&mut adaptive, 2_000, capacity, 25 * MS, 512);
+            let (behind, median) = run(&mut adaptive, 20_000, capacity, 25 * MS, 512);
+            // A step back from a probe lands within a few calls of the top: the share of calls
+            // left behind in one round depends on where the round starts in a batch.
+            let close = (2 * capacity / 16).max(1);
+            assert!(
+                (2 * capacity - close..=2 * capacity).contains(&median),
+                "batches of {capacity}: two in flight most of the time, got {median}"
+            );
+            assert!(behind < 0.01, "batches of {capacity}: {:.2}% of calls behind two batches", behind * 100.0);
+        }
+    }
+
+    #[test]
+    fn climbs_from_a_quarter_of_the_ceiling_within_a_few_dozen_batches() {
+        let mut adaptive = Adaptive::new(1, 256);
+        assert_eq!(adaptive.limit(1, 256), 64);
+        run(&mut adaptive, 40, 64, 100 * MS, 256);
+        assert!(adaptive.limit(1, 256) >= 2 * 64 - 8, "{}", adaptive.limit(1, 256));
     }
 
     #[test]
     fn follows_capacity_down_and_up() {
         let mut adaptive = Adaptive::new(1, 512);
-        let before = settle(&mut adaptive, 64, 10 * MS, 512);
-        let halved = settle(&mut adaptive, 32, 10 * MS, 512);
+        run(&mut adaptive, 2_000, 64, 10 * MS, 512);
+        let before = adaptive.limit(1, 512);
+        run(&mut adaptive, 2_000, 32, 10 * MS, 512);
+        let halved = adaptive.limit(1, 512);
         assert!(halved < before, "{halved} < {before}");
-        let restored = settle(&mut adaptive, 64, 10 * MS, 512);
+        run(&mut adaptive, 2_000, 64, 10 * MS, 512);
+        let restored = adaptive.limit(1, 512);
         assert!(restored > halved, "{restored} > {halved}");
     }
 
@@ -166,11 +260,11 @@ mod tests {
             adaptive.observe(Duration::ZERO, 10 * MS, false, 2, 8);
         }
         assert_eq!(adaptive.limit(2, 8), 2, "no demand, no growth");
-        for _ in 0..100 {
+        for _ in 0..400 {
             adaptive.observe(Duration::ZERO, 10 * MS, true, 2, 8);
         }
         assert_eq!(adaptive.limit(2, 8), 8, "capped by the ceiling");
-        for _ in 0..100 {
+        for _ in 0..400 {
             adaptive.observe(100 * MS, 10 * MS, true, 2, 8);
         }
         assert_eq!(adaptive.limit(2, 8), 2, "held at the floor");

@@ -468,7 +468,7 @@ async fn the_adaptive_limit_follows_teis_queue() {
         .collect();
     settle().await;
     let held = [observer];
-    for _ in 0..200 {
+    for _ in 0..400 {
         held[0].observe(Observation {
             tei_queue: Duration::ZERO,
             tei_inference: Duration::from_millis(10),
@@ -476,7 +476,7 @@ async fn the_adaptive_limit_follows_teis_queue() {
         });
     }
     assert_eq!(admission.snapshot().effective_limit, 64, "an empty TEI queue under demand: up to the ceiling");
-    for _ in 0..400 {
+    for _ in 0..800 {
         held[0].observe(Observation {
             tei_queue: Duration::from_millis(80),
             tei_inference: Duration::from_millis(10),
