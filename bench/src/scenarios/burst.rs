@@ -49,9 +49,9 @@ impl Burst {
                     self.mux.elapsed_s, self.direct.elapsed_s, self.mux.throughput_rps
                 )),
             Target::at_most(&scenario, "p99 vs direct", self.p99_ratio(), P99_LIMIT, "×").note_if_not_passed(
-                "the first wave of 2,048 arrives before the queue can count as standing, so it is queued in full and \
-                 its tail waits out the 2 s queueTimeout; the door that closes once the queue stands keeps every \
-                 later call fast. Refusing the queued tail once the queue stands (p99 0.08×) made the overload \
+                "the first wave of 2,048 arrives before the queue can count as standing: what the queue can serve \
+                 within the 2 s queueTimeout is queued (the rest is refused at once) and the last of it waits up to \
+                 the queueTimeout; the door that closes once the queue stands keeps every later call fast. Refusing the queued tail once the queue stands (p99 0.08×) made the overload \
                  scenario's sheds slow, and refusing at the door any wait longer than an interval (p99 0.08×) \
                  capped every queue at an interval whatever maxQueued says; see docs/admission.md",
             ),

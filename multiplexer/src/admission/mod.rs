@@ -12,8 +12,8 @@
 //! happened, so permits cannot leak. Without room it waits in this queue, never in TEI: highest
 //! priority first, tenants sharing by weight within a priority (see `queue`). It is refused at
 //! once when the queue is full (after evicting from a lower priority or a heavier tenant, if one
-//! exists) or when its deadline cannot be met given the queue ahead of it and the service times
-//! observed; a waiter whose deadline or queue timeout passes, or whose caller goes away, leaves
+//! exists) or when its deadline or the queue timeout cannot be met given the queue ahead of it
+//! and the service times observed; a waiter whose deadline or queue timeout passes, or whose caller goes away, leaves
 //! the queue without ever reaching TEI. While a queue stands (see `standing`), newcomers that would
 //! wait longer than the target are refused at once, so admitted calls stay fast. Limits change
 //! live.
@@ -214,13 +214,23 @@ impl Admission {
             let weight = state.tenants.weight(tenant);
             let ahead = state.queue.ahead_of(ask.priority, tenant, weight, cost);
             let expected_wait = state.expected_wait(ahead);
-            if let (Some(deadline), Some(wait)) = (ask.deadline, expected_wait)
-                && arrived + wait > deadline
-            {
-                return Err(AdmissionError::DeadlineUnmeetable {
-                    expected_wait: wait,
-                    retry_after: state.retry_hint(ahead, ask.deadline),
-                });
+            let queue_timeout = state.limits.queue_timeout;
+            if let Some(wait) = expected_wait {
+                // A call whose turn comes after its deadline or the queue timeout would only
+                // leave the queue at that moment, unserved: it is told at once instead.
+                if ask.deadline.is_some_and(|deadline| arrived + wait > deadline) {
+                    return Err(AdmissionError::DeadlineUnmeetable {
+                        expected_wait: wait,
+                        retry_after: state.retry_hint(ahead, ask.deadline),
+                    });
+                }
+                if wait > queue_timeout {
+                    return Err(AdmissionError::QueueTimeoutUnmeetable {
+                        expected_wait: wait,
+                        queue_timeout,
+                        retry_after: state.retry_hint(ahead, ask.deadline),
+                    });
+                }
             }
             if let Some(wait) = expected_wait
                 && state.standing.standing()
@@ -242,7 +252,6 @@ impl Admission {
             // room", and the fast path above admits whenever there is room and nobody waits.
             let id = state.queue.push(ask.priority, tenant, weight, cost, units, grant);
             self.shared.notify(&state, None);
-            let queue_timeout = state.limits.queue_timeout;
             let patience = match ask.deadline {
                 Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
                 None => queue_timeout,

@@ -126,6 +126,40 @@ async fn an_unmeetable_deadline_is_refused_at_once() {
     assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
 }
 
+/// A call that would wait past the queue timeout is refused at once, not when its wait runs out;
+/// calls whose turn comes in time still queue.
+#[tokio::test(start_paused = true)]
+async fn a_wait_longer_than_the_queue_timeout_is_refused_at_once() {
+    let admission = Admission::new(Limits::new(1, 100, Duration::from_millis(350)));
+    // Teach the pool that a request takes 100 ms.
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(permit);
+    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    // Turns after 100, 200 and 300 ms: within the 350 ms queue timeout.
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await.map(drop) })
+        })
+        .collect();
+    settle().await;
+    assert_eq!(admission.snapshot().queued_total(), 3);
+
+    let started = tokio::time::Instant::now();
+    let refused = admission.acquire(Ask::new(Priority::Standard)).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO, "refused without waiting");
+    let AdmissionError::QueueTimeoutUnmeetable { expected_wait, queue_timeout, .. } = refused else {
+        panic!("{refused:?}")
+    };
+    assert_eq!((expected_wait, queue_timeout), (Duration::from_millis(400), Duration::from_millis(350)));
+    assert!(refused.retry_after().is_some(), "a later try can be served: {refused:?}");
+    assert_eq!(admission.snapshot().queued_total(), 3, "the queue is as it was");
+    for waiter in waiters {
+        waiter.abort();
+    }
+}
+
 #[tokio::test]
 async fn a_cancelled_waiter_leaves_the_queue_and_leaks_nothing() {
     let admission = Admission::new(limits(1, 10));
@@ -239,6 +273,7 @@ async fn stress_never_exceeds_the_limit_and_leaks_nothing() {
                     }
                     Err(AdmissionError::QueueFull { .. }) => "queue_full",
                     Err(AdmissionError::DeadlineUnmeetable { .. }) => "deadline_unmeetable",
+                    Err(AdmissionError::QueueTimeoutUnmeetable { .. }) => "queue_timeout_unmeetable",
                     Err(AdmissionError::QueueTimeout { .. }) => "queue_timeout",
                     Err(AdmissionError::DeadlineExpired { .. }) => "deadline_expired",
                     Err(AdmissionError::Evicted { .. }) => "evicted",

@@ -85,6 +85,8 @@ pub enum AdmissionError {
     QueueFull { queued: usize, retry_after: Retry },
     #[error("the deadline cannot be met: about {expected_wait:?} of queue ahead")]
     DeadlineUnmeetable { expected_wait: Duration, retry_after: Retry },
+    #[error("about {expected_wait:?} of queue ahead, more than the pool's queue timeout ({queue_timeout:?})")]
+    QueueTimeoutUnmeetable { expected_wait: Duration, queue_timeout: Duration, retry_after: Retry },
     #[error("waited {waited:?} in the queue, the pool's queue timeout")]
     QueueTimeout { waited: Duration, retry_after: Retry },
     #[error("the request's deadline passed after {waited:?} in the queue")]
@@ -101,6 +103,7 @@ impl AdmissionError {
         match self {
             Self::QueueFull { retry_after, .. }
             | Self::DeadlineUnmeetable { retry_after, .. }
+            | Self::QueueTimeoutUnmeetable { retry_after, .. }
             | Self::QueueTimeout { retry_after, .. }
             | Self::Evicted { retry_after }
             | Self::StandingQueue { retry_after, .. } => Some(*retry_after),
