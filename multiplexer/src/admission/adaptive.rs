@@ -30,12 +30,19 @@ const SMOOTHING: f64 = 0.5;
 const MAX_STEP: f64 = 2.0;
 /// A call that waited longer than this many of its batch times waited behind a second batch.
 const LEFT_BEHIND: f64 = 1.5;
-/// Share of a round's calls left behind that counts as the limit being over the top; below it,
-/// one slow batch is noise.
+/// Share of a round's calls left behind that counts as the limit being over the top, and the
+/// fewest calls that may show it: one call that waited out a slow batch is noise, and stepping
+/// back on it leaves TEI's batches short.
 const LEFT_BEHIND_TOLERANCE: f64 = 0.02;
+const LEFT_BEHIND_CALLS: u32 = 2;
 /// One probe upwards while the top is unknown, as a share of the limit (at least one call); once
-/// found, probes are one call.
+/// found, probes past it are one call.
 const PROBE_STEP: f64 = 0.125;
+/// A mean TEI queue longer than this many batch times is batches queueing behind each other. Up
+/// to it, calls left behind (not the mean) say the limit is over the top: between one and two
+/// batches in flight the mean hovers about one batch time, and shrinking on its noise would
+/// ratchet the limit down while probes are held.
+const LONG_QUEUE: f64 = 1.25;
 /// Rounds without probing after calls were left behind: a probe one call past the top leaves up to
 /// a quarter of two rounds' calls behind (batches of four), so probing at most once in this many
 /// rounds keeps them under one in two hundred.
@@ -94,15 +101,16 @@ pub struct Adaptive {
     hold: u32,
     /// The limit just moved: the round in progress still answers calls let in under the old one.
     moved: bool,
-    /// Calls were left behind since TEI last had room: the top is within a probe step.
-    near_top: bool,
+    /// Where the limit stepped back to when calls were last left behind: the top, as far as
+    /// known, until TEI has room again.
+    top: Option<f64>,
 }
 
 impl Adaptive {
     /// Starts at a quarter of the ceiling: a new replica probes upwards rather than flooding TEI.
     pub fn new(floor: usize, ceiling: usize) -> Self {
         let start = (ceiling as f64 / 4.0).max(floor as f64);
-        Self { limit: start, round: Round::default(), hold: 0, moved: false, near_top: false }
+        Self { limit: start, round: Round::default(), hold: 0, moved: false, top: None }
     }
 
     /// Rounded down: a limit that drifts a fraction above a whole number of batches would
@@ -147,29 +155,38 @@ impl Adaptive {
         let gradient = ((batch + batch) / (batch + queue)).clamp(1.0 / MAX_STEP, MAX_STEP);
         let smoothed = current + SMOOTHING * (current * gradient - current);
         let left_behind = f64::from(round.left_behind) / samples;
-        let (next, reason) = if left_behind > LEFT_BEHIND_TOLERANCE {
+        let (next, reason) = if left_behind > LEFT_BEHIND_TOLERANCE && round.left_behind >= LEFT_BEHIND_CALLS {
             // With `e` calls over two batches of `B`, every batch starts with `e` calls left from
             // the one before, so a share `f = e / B` of the calls is left behind, and with
             // `limit = 2B + e`: `e = f × limit / (2 + f)`.
-            self.hold = HOLD_ROUNDS;
-            self.near_top = true;
             let over = (left_behind * current / (2.0 + left_behind)).max(1.0);
-            ((current - over).round().min(smoothed), Reason::LeftBehind)
-        } else if gradient < 1.0 {
+            let back = (current - over).round().min(smoothed.floor()).max(floor_f);
+            (self.hold, self.top) = (HOLD_ROUNDS, Some(back));
+            (back, Reason::LeftBehind)
+        } else if queue > batch * LONG_QUEUE {
+            // Batches queue up behind each other (a start far above the top, or TEI slowed down
+            // per call): shrink by the gradient.
             (smoothed, Reason::TeiQueueLong)
         } else if !round.demand {
             return None; // A short queue without demand says nothing about capacity.
         } else if queue < batch / 2.0 {
             // TEI idles between batches: grow by the gradient (at least one call, or a small limit
             // could never leave the floor), and look for the top again from here.
-            (self.hold, self.near_top) = (0, false);
+            (self.hold, self.top) = (0, None);
             (smoothed.max(current + 1.0), Reason::TeiQueueShort)
-        } else if self.hold > 0 {
-            self.hold -= 1;
-            return None;
         } else {
-            let step = if self.near_top { 1.0 } else { (current * PROBE_STEP).max(1.0) };
-            (current + step, Reason::Probe)
+            // About one batch time: probe upwards, straight back to the known top if below it,
+            // one call past it once the hold is over, by an eighth while no top is known.
+            let whole = current.floor();
+            match self.top {
+                Some(top) if whole < top => ((whole + (whole * PROBE_STEP).max(1.0)).min(top), Reason::Probe),
+                Some(_) if self.hold > 0 => {
+                    self.hold -= 1;
+                    return None;
+                }
+                Some(_) => (whole + 1.0, Reason::Probe),
+                None => (whole + (whole * PROBE_STEP).max(1.0), Reason::Probe),
+            }
         };
         self.limit = next.clamp(floor_f, ceiling_f);
         let after = self.limit(floor, ceiling);
@@ -229,6 +246,27 @@ mod tests {
             );
             assert!(behind < 0.01, "batches of {capacity}: {:.2}% of calls behind two batches", behind * 100.0);
         }
+    }
+
+    #[test]
+    fn noise_around_one_batch_time_does_not_wear_the_limit_down() {
+        let (capacity, batch) = (4, 6 * MS);
+        let mut adaptive = Adaptive::new(1, 64);
+        let mut limits = Vec::new();
+        for n in 0..20_000u32 {
+            let limit = adaptive.limit(1, 64);
+            limits.push(limit);
+            for (i, modelled) in round_of_answers(limit, capacity, batch).enumerate() {
+                // TEI's queue times jitter by a tenth of a batch either way.
+                let jitter = if (n as usize + i) % 2 == 0 { batch / 10 } else { Duration::ZERO };
+                let queued = if modelled.is_zero() { modelled } else { modelled + jitter };
+                adaptive.observe(queued, batch, true, 1, 64);
+            }
+        }
+        let late = &mut limits[10_000..];
+        late.sort_unstable();
+        assert_eq!(late[late.len() / 2], 2 * capacity, "two batches in flight");
+        assert!(late[late.len() / 100] >= capacity, "never long below one batch: {}", late[late.len() / 100]);
     }
 
     #[test]
