@@ -258,7 +258,7 @@ mod tests {
             limits.push(limit);
             for (i, modelled) in round_of_answers(limit, capacity, batch).enumerate() {
                 // TEI's queue times jitter by a tenth of a batch either way.
-                let jitter = if (n as usize + i) % 2 == 0 { batch / 10 } else { Duration::ZERO };
+                let jitter = if (n as usize + i).is_multiple_of(2) { batch / 10 } else { Duration::ZERO };
                 let queued = if modelled.is_zero() { modelled } else { modelled + jitter };
                 adaptive.observe(queued, batch, true, 1, 64);
             }
