@@ -11,6 +11,14 @@ fn limits(in_flight: usize, queued: usize) -> Limits {
     Limits::new(in_flight, queued, Duration::from_secs(5))
 }
 
+/// Teaches a pool with one slot that a request takes 100 ms, then holds that slot.
+async fn taught_and_full(admission: &Admission) -> Permit {
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(permit);
+    admission.acquire(Ask::new(Priority::Standard)).await.unwrap()
+}
+
 /// Lets spawned waiters run up to their next await point.
 async fn settle() {
     for _ in 0..10 {
@@ -113,11 +121,7 @@ async fn queue_timeout_and_deadline_take_waiters_out() {
 #[tokio::test(start_paused = true)]
 async fn an_unmeetable_deadline_is_refused_at_once() {
     let admission = Admission::new(limits(1, 10));
-    // Teach the pool that a request takes 100 ms.
-    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    drop(permit);
-    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let _held = taught_and_full(&admission).await;
 
     let started = tokio::time::Instant::now();
     let deadline = Instant::now() + Duration::from_millis(20);
@@ -131,11 +135,7 @@ async fn an_unmeetable_deadline_is_refused_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_wait_longer_than_the_queue_timeout_is_refused_at_once() {
     let admission = Admission::new(Limits::new(1, 100, Duration::from_millis(350)));
-    // Teach the pool that a request takes 100 ms.
-    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    drop(permit);
-    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let _held = taught_and_full(&admission).await;
     // Turns after 100, 200 and 300 ms: within the 350 ms queue timeout.
     let waiters: Vec<_> = (0..3)
         .map(|_| {
