@@ -285,7 +285,7 @@ impl AdaptiveLimit {
                 .note_if_not_passed(format!(
                     "the adaptive limit ended near {:.0} for batches of {}: more than two batches in flight leave \
                      calls behind a second batch inside TEI; the limit steps back by the share of calls left behind \
-                     and holds 100 rounds before probing again, so if the tail still reaches two batch times, \
+                     and holds 1,600 answers before probing again, so if the tail still reaches two batch times, \
                      probes or their step back came more often than that (see the limit plot)",
                     b.final_limit(),
                     b.model.max_batch_requests.unwrap_or(0)

@@ -33,7 +33,7 @@ const LEFT_BEHIND: f64 = 1.5;
 /// Share of a round's calls left behind that counts as the limit being over the top, and the
 /// fewest calls that may show it: one call that waited out a slow batch is noise, and stepping
 /// back on it leaves TEI's batches short.
-const LEFT_BEHIND_TOLERANCE: f64 = 0.02;
+const LEFT_BEHIND_TOLERANCE: f64 = 0.01;
 const LEFT_BEHIND_CALLS: u32 = 2;
 /// One probe upwards while the top is unknown, as a share of the limit (at least one call); once
 /// found, probes past it are one call.
@@ -43,10 +43,16 @@ const PROBE_STEP: f64 = 0.125;
 /// batches in flight the mean hovers about one batch time, and shrinking on its noise would
 /// ratchet the limit down while probes are held.
 const LONG_QUEUE: f64 = 1.25;
-/// Rounds without probing after calls were left behind: a probe one call past the top leaves up to
-/// a quarter of two rounds' calls behind (batches of four), so probing at most once in this many
-/// rounds keeps them under one in two hundred.
-const HOLD_ROUNDS: u32 = 100;
+/// Share of the estimated excess taken off in one step back: the share of calls left behind in
+/// one round depends on where the round starts in a batch, so the estimate can be a fifth too
+/// high or too low. A step too far leaves TEI's batches short until the next probe; one too short
+/// is finished a round later.
+const STEP_BACK: f64 = 0.75;
+/// Answers without probing past the top after calls were left behind. A probe one call past two
+/// batches of `B` leaves about one call in `B` behind for the two rounds (about `2B` answers each)
+/// until it is undone: about four calls whatever `B`, so this many answers between probes keeps
+/// them near one in four hundred.
+const HOLD_ANSWERS: u32 = 1_600;
 
 /// Why the limit last moved, as the `reason` label of `teifleet_limit_changes_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -97,7 +103,7 @@ struct Round {
 pub struct Adaptive {
     limit: f64,
     round: Round,
-    /// Rounds left before the next probe upwards.
+    /// Answers left before the next probe past the top.
     hold: u32,
     /// The limit just moved: the round in progress still answers calls let in under the old one.
     moved: bool,
@@ -159,9 +165,9 @@ impl Adaptive {
             // With `e` calls over two batches of `B`, every batch starts with `e` calls left from
             // the one before, so a share `f = e / B` of the calls is left behind, and with
             // `limit = 2B + e`: `e = f × limit / (2 + f)`.
-            let over = (left_behind * current / (2.0 + left_behind)).max(1.0);
-            let back = (current - over).round().min(smoothed.floor()).max(floor_f);
-            (self.hold, self.top) = (HOLD_ROUNDS, Some(back));
+            let over = (STEP_BACK * left_behind * current / (2.0 + left_behind)).floor().max(1.0);
+            let back = (current.floor() - over).min(smoothed.floor()).max(floor_f);
+            (self.hold, self.top) = (HOLD_ANSWERS, Some(back));
             (back, Reason::LeftBehind)
         } else if queue > batch * LONG_QUEUE {
             // Batches queue up behind each other (a start far above the top, or TEI slowed down
@@ -181,7 +187,7 @@ impl Adaptive {
             match self.top {
                 Some(top) if whole < top => ((whole + (whole * PROBE_STEP).max(1.0)).min(top), Reason::Probe),
                 Some(_) if self.hold > 0 => {
-                    self.hold -= 1;
+                    self.hold = self.hold.saturating_sub(round.samples);
                     return None;
                 }
                 Some(_) => (whole + 1.0, Reason::Probe),
