@@ -61,7 +61,7 @@ pub enum Reason {
     TeiQueueShort,
     /// TEI's queue was about a batch time, nobody was left behind: one step up, to find the top.
     Probe,
-    /// TEI's queue was longer than a batch time: the extra calls only wait inside TEI.
+    /// TEI's queue was over 1.25 batch times: batches queue behind each other inside TEI.
     TeiQueueLong,
     /// Calls waited behind a second batch: that many calls were over the top.
     LeftBehind,
