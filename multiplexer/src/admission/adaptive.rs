@@ -15,7 +15,8 @@
 //! anywhere between one and two batches in flight calls wait about one batch time, and one call
 //! beyond two batches raises the mean only a little while that call waits out two batches. So
 //! the limit also watches each call: calls that waited more than one and a half of their batch
-//! times were left behind by a full batch, and as many calls as that are taken off at once.
+//! times were left behind by a full batch, and the limit steps back by most of the excess their
+//! share implies, at once.
 //! Between one and two batches it probes upwards a step at a time, and after finding the top it
 //! holds for a while before probing again, so the calls a probe leaves behind stay a small
 //! fraction (TEI queue p99 within two batch times). Growth needs demand; the limit stays between
@@ -184,14 +185,15 @@ impl Adaptive {
             // About one batch time: probe upwards, straight back to the known top if below it,
             // one call past it once the hold is over, by an eighth while no top is known.
             let whole = current.floor();
+            let eighth_up = whole + (whole * PROBE_STEP).max(1.0);
             match self.top {
-                Some(top) if whole < top => ((whole + (whole * PROBE_STEP).max(1.0)).min(top), Reason::Probe),
+                Some(top) if whole < top => (eighth_up.min(top), Reason::Probe),
                 Some(_) if self.hold > 0 => {
                     self.hold = self.hold.saturating_sub(round.samples);
                     return None;
                 }
                 Some(_) => (whole + 1.0, Reason::Probe),
-                None => (whole + (whole * PROBE_STEP).max(1.0), Reason::Probe),
+                None => (eighth_up, Reason::Probe),
             }
         };
         self.limit = next.clamp(floor_f, ceiling_f);

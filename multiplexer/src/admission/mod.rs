@@ -13,10 +13,10 @@
 //! priority first, tenants sharing by weight within a priority (see `queue`). It is refused at
 //! once when the queue is full (after evicting from a lower priority or a heavier tenant, if one
 //! exists) or when its deadline or the queue timeout cannot be met given the queue ahead of it
-//! and the service times observed; a waiter whose deadline or queue timeout passes, or whose caller goes away, leaves
-//! the queue without ever reaching TEI. While a queue stands (see `standing`), newcomers that would
-//! wait longer than the target are refused at once, so admitted calls stay fast. Limits change
-//! live.
+//! and the service times observed; a waiter whose deadline or queue timeout passes, or whose
+//! caller goes away, leaves the queue without ever reaching TEI. While a queue stands (see
+//! `standing`), newcomers that would wait longer than the target are refused at once, so admitted
+//! calls stay fast. Limits change live.
 
 mod adaptive;
 mod estimate;
@@ -217,7 +217,8 @@ impl Admission {
             let queue_timeout = state.limits.queue_timeout;
             if let Some(wait) = expected_wait {
                 // A call whose turn comes after its deadline or the queue timeout would only
-                // leave the queue at that moment, unserved: it is told at once instead.
+                // leave the queue at that moment, unserved: it is told at once instead. While the
+                // queue stands, so is one that would wait longer than the target.
                 if ask.deadline.is_some_and(|deadline| arrived + wait > deadline) {
                     return Err(AdmissionError::DeadlineUnmeetable {
                         expected_wait: wait,
@@ -231,15 +232,12 @@ impl Admission {
                         retry_after: state.retry_hint(ahead, ask.deadline),
                     });
                 }
-            }
-            if let Some(wait) = expected_wait
-                && state.standing.standing()
-                && wait > standing::target_and_interval(state.service_time.mean()).0
-            {
-                return Err(AdmissionError::StandingQueue {
-                    expected_wait: wait,
-                    retry_after: state.retry_hint(ahead, ask.deadline),
-                });
+                if state.standing.standing() && wait > standing::target_and_interval(state.service_time.mean()).0 {
+                    return Err(AdmissionError::StandingQueue {
+                        expected_wait: wait,
+                        retry_after: state.retry_hint(ahead, ask.deadline),
+                    });
+                }
             }
             state.make_room(&ask, tenant, weight)?;
             let (grant, receiver) = oneshot::channel();

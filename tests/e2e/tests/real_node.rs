@@ -8,7 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod, Service};
@@ -16,7 +15,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use teifleet_e2e::{
-    admin_client, eventually, eventually_pods, http_get, import_into_real_node, repo_root, test_namespace,
+    admin_client, built_image, eventually, eventually_pods, http_get, import_into_real_node, test_namespace,
 };
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_proto::v1::info_client::InfoClient;
@@ -215,25 +214,13 @@ async fn a_cluster_ip_service_reaches_a_pod_through_kube_proxy_and_pods_reach_th
     wait_http("the pod reaching the API server", service, &format!("/connect/{api_ip}:443"), "connected").await;
 }
 
-/// `target/images/tei-sim.tar` and its reference, when `make images` has built them.
-fn tei_sim_image() -> Option<(PathBuf, String)> {
-    let dir = repo_root().join("target/images");
-    let list = std::fs::read_to_string(dir.join("images.txt")).ok()?;
-    let reference = list.lines().find_map(|line| {
-        let mut fields = line.split_whitespace();
-        (fields.next() == Some("tei-sim")).then(|| fields.next().map(str::to_owned)).flatten()
-    })?;
-    let tar = dir.join("tei-sim.tar");
-    tar.exists().then_some((tar, reference))
-}
-
 #[tokio::test]
 async fn the_tei_sim_image_serves_tei_grpc_through_a_service() {
     let client = admin_client().await;
     if real_node(&client).await.is_none() {
         return;
     }
-    let Some((tar, reference)) = tei_sim_image() else {
+    let Some((tar, reference)) = built_image("tei-sim") else {
         eprintln!("skipped: no target/images/tei-sim.tar (make images builds it)");
         return;
     };
