@@ -1,6 +1,5 @@
 //! Every tei.v1 RPC through the multiplexer gets the answer the simulator gives directly.
 
-mod support;
 
 use teifleet_proto::v1::{
     self, embed_client::EmbedClient, info_client::InfoClient, predict_client::PredictClient,
@@ -8,7 +7,7 @@ use teifleet_proto::v1::{
 };
 use tonic::transport::Channel;
 
-use support::*;
+use crate::support::*;
 
 /// Answers minus TEI's timing Metadata, which differs between any two calls.
 fn embed_vec(r: v1::EmbedResponse) -> Vec<f32> {

@@ -1,6 +1,5 @@
 //! Admission control through real gRPC: the simulator counts what actually reaches it.
 
-mod support;
 
 use std::time::Duration;
 
@@ -9,7 +8,7 @@ use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{PRIORITY as PRIORITY_HEADER, RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER};
 use tonic::Code;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn never_more_than_the_limit_reaches_tei() {

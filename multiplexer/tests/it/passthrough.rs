@@ -1,7 +1,6 @@
 //! What the byte-forwarding path must keep: TEI's own answers reach clients exactly as TEI sent
 //! them, identical calls in flight can share one TEI call, and start-up failures name their cause.
 
-mod support;
 
 use std::time::Duration;
 
@@ -12,7 +11,7 @@ use teifleet_multiplexer::server::{self, Settings};
 use teifleet_proto::v1::{self, rerank_client::RerankClient};
 use tonic::Code;
 
-use support::*;
+use crate::support::*;
 
 /// A TEI validation error comes back with TEI's code, message and metadata, not wrapped in the
 /// multiplexer's words; it is counted as an upstream error.

@@ -1,6 +1,5 @@
 //! Limits change live from the static configuration file, without dropping a request.
 
-mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use teifleet_multiplexer::sources::file;
 use teifleet_tei_sim::Fault;
 use tokio_util::sync::CancellationToken;
 
-use support::*;
+use crate::support::*;
 
 fn config(upstream: std::net::SocketAddr, in_flight: usize) -> String {
     format!(

@@ -2,13 +2,12 @@
 //! answers what the gRPC path answers, batches over TEI's cap are split and put back in order,
 //! and errors carry TEI's status codes and bodies.
 
-mod support;
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::*;
+use crate::support::*;
 use teifleet_multiplexer::http::HttpSettings;
 use teifleet_multiplexer::server::{Running, Settings};
 use teifleet_proto::v1::{self, rerank_client::RerankClient};

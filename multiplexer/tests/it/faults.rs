@@ -1,14 +1,13 @@
 //! Faults: TEI going away mid-load, coming back, and thousands of requests with random
 //! cancellations and deadlines. Every request gets an answer and no permit leaks.
 
-mod support;
 
 use std::time::Duration;
 
 use futures::future::join_all;
 use tonic::Code;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn tei_killed_mid_load_gives_unavailable_then_recovers() {

@@ -34,7 +34,7 @@ struct TeiContainer {
 }
 
 fn golden_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../operator/tests/golden")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../operator/tests/golden")
 }
 
 fn read_yaml(file: &Path) -> Value {

@@ -1,13 +1,12 @@
 //! Routing by metadata across pools, and forwarding loops prevented.
 
-mod support;
 
 use teifleet_multiplexer::pools::PoolSpec;
 use teifleet_multiplexer::server::Settings;
 use teifleet_wire::headers::{FORWARDED_BY as FORWARDED_BY_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER};
 use tonic::Code;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn pool_and_model_headers_pick_the_pool() {

@@ -2,7 +2,6 @@
 //! wrong one, is refused before it is routed or queued, and counted; a right key names the
 //! call's tenant whatever the call says; keys rotate by rewriting the keys file.
 
-mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -21,7 +20,7 @@ use teifleet_wire::headers::{POOL, TENANT};
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
 
-use support::*;
+use crate::support::*;
 
 const SEARCH_KEY: &str = "search-key-0123456789abcdef";
 const BATCH_KEY: &str = "batch-key-0123456789abcdef";

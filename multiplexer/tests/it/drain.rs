@@ -1,13 +1,12 @@
 //! Shutdown drains: not ready at once, calls in flight finish, new calls are refused.
 
-mod support;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use teifleet_multiplexer::server::Settings;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn shutdown_finishes_in_flight_calls() {

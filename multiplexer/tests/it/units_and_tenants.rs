@@ -1,6 +1,5 @@
 //! Admission in TEI's units and between tenants, through real gRPC.
 
-mod support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -11,7 +10,7 @@ use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{RETRY_PUSHBACK_MS, TENANT};
 use tonic::Code;
 
-use support::*;
+use crate::support::*;
 
 /// A Rerank of three texts takes three of the budget's inputs, as it takes three of TEI's slots.
 #[tokio::test]

@@ -1,12 +1,11 @@
 //! Bad input gets a clear status and the server stays up.
 
-mod support;
 
 use teifleet_multiplexer::server::Settings;
 use teifleet_wire::headers::{MODEL as MODEL_HEADER, POOL as POOL_HEADER, PRIORITY as PRIORITY_HEADER};
 use tonic::Code;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn oversized_messages_invalid_metadata_and_the_server_stays_up() {

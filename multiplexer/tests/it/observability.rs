@@ -1,7 +1,6 @@
 //! What operators see: TEI's own errors passed through and counted, the three-way time split,
 //! gRPC health that follows TEI, reflection, and connections recycled by age without failures.
 
-mod support;
 
 use std::error::Error as _;
 use std::time::Duration;
@@ -13,7 +12,7 @@ use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn tei_errors_pass_through_unchanged_and_are_counted() {

@@ -1,0 +1,17 @@
+//! The multiplexer's integration tests, one binary (one link, one process start) for every area:
+//! each module drives the real gRPC and HTTP fronts on loopback against the TEI simulator.
+
+mod admission;
+mod auth;
+mod bad_input;
+mod drain;
+mod faults;
+mod http_front;
+mod interop;
+mod live_limits;
+mod observability;
+mod passthrough;
+mod process;
+mod routing;
+mod support;
+mod units_and_tenants;
