@@ -86,13 +86,12 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Erro
         (None, None) => Target::Own,
     };
     let timeout = text(metadata, TIMEOUT_HEADER)?.map(parse_grpc_timeout).transpose()?;
-    Ok(RequestMeta {
+    let mut meta = RequestMeta {
         priority,
         target,
-        timeout,
-        // Answer a little before the caller's own clock runs out, so it hears why.
-        deadline: timeout.map(|t| arrived + t.saturating_sub(answer_margin(t))),
-        caller_deadline: timeout.map(|t| arrived + t),
+        timeout: None,
+        deadline: None,
+        caller_deadline: None,
         forwarded_by: text(metadata, FORWARDED_BY_HEADER)?.map(str::to_owned),
         tenant: match non_empty(metadata, TENANT_HEADER)? {
             Some(tenant) if tenant.len() > MAX_TENANT_LEN => {
@@ -103,7 +102,22 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Erro
             }
             tenant => tenant.map(str::to_owned),
         },
-    })
+    };
+    if let Some(timeout) = timeout {
+        meta.set_timeout(timeout, arrived);
+    }
+    Ok(meta)
+}
+
+impl RequestMeta {
+    /// The caller's time budget, counted from `arrived` (`grpc-timeout`, or the HTTP front's
+    /// own header).
+    pub fn set_timeout(&mut self, timeout: Duration, arrived: Instant) {
+        self.timeout = Some(timeout);
+        // Answer a little before the caller's own clock runs out, so it hears why.
+        self.deadline = Some(arrived + timeout.saturating_sub(answer_margin(timeout)));
+        self.caller_deadline = Some(arrived + timeout);
+    }
 }
 
 fn answer_margin(timeout: Duration) -> Duration {
