@@ -329,13 +329,20 @@ pub struct TeiSpec {
     #[x_kube(validation = Rule::new("self >= 1").message("tei.maxClientBatchSize must be at least 1"))]
     pub max_client_batch_size: Option<i32>,
 
+    /// Whether TEI truncates an input longer than the model takes when a request does not say
+    /// (TEI's `--auto-truncate`, `AUTO_TRUNCATE`; true by default in TEI 1.9). TEI's HTTP routes
+    /// follow it and its gRPC API ignores it, so the sidecar's HTTP front follows it too.
+    /// Changing it restarts the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auto_truncate: Option<bool>,
+
     /// Extra command-line arguments appended to TEI's. Never put a token here (arguments show in
     /// the pod spec and in process listings): set `HF_TOKEN` in `env` from a Secret.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("maxItems" = 128))]
     #[x_kube(
         validation = Rule::new("self.all(a, !a.startsWith('--hf-token') && !a.startsWith('--hf-api-token'))").message("tei.extraArgs must not carry a Hugging Face token (--hf-token): set HF_TOKEN in tei.env from a Secret"),
-        validation = Rule::new("self.all(a, !a.startsWith('--max-client-batch-size') && !a.startsWith('--payload-limit'))").message("tei.extraArgs must not set --max-client-batch-size or --payload-limit: set tei.maxClientBatchSize and http.payloadLimit, which the sidecar follows too"),
+        validation = Rule::new("self.all(a, !a.startsWith('--max-client-batch-size') && !a.startsWith('--payload-limit') && !a.startsWith('--auto-truncate'))").message("tei.extraArgs must not set --max-client-batch-size, --payload-limit or --auto-truncate: set tei.maxClientBatchSize, http.payloadLimit and tei.autoTruncate, which the sidecar follows too"),
     )]
     pub extra_args: Vec<String>,
 
@@ -349,6 +356,7 @@ pub struct TeiSpec {
     #[x_kube(
         validation = Rule::new("self.all(e, e.name.size() > 0)").message("tei.env: every variable needs a name"),
         validation = Rule::new("self.all(e, e.name != 'HUGGINGFACE_HUB_CACHE' && e.name != 'HOME')").message("tei.env must not set HUGGINGFACE_HUB_CACHE or HOME: the operator sets them (the cache is spec.modelCache)"),
+        validation = Rule::new("self.all(e, e.name != 'AUTO_TRUNCATE')").message("tei.env must not set AUTO_TRUNCATE: set tei.autoTruncate, which the sidecar's HTTP front follows too"),
         validation = Rule::new("self.all(e, !(e.name in ['HF_TOKEN', 'HF_API_TOKEN', 'HUGGING_FACE_HUB_TOKEN']) || !has(e.value))").message("tei.env: a Hugging Face token (HF_TOKEN) must come from a Secret with valueFrom.secretKeyRef, not a literal value"),
     )]
     pub env: Vec<EnvVar>,
@@ -364,6 +372,11 @@ pub struct TeiSpec {
 pub const TEI_DEFAULT_PAYLOAD_LIMIT: i32 = 2_000_000;
 /// TEI's `--max-client-batch-size` default.
 pub const TEI_DEFAULT_MAX_CLIENT_BATCH_SIZE: i32 = 32;
+/// TEI's `--auto-truncate` default (TEI 1.9).
+pub const TEI_DEFAULT_AUTO_TRUNCATE: bool = true;
+/// Most inputs in one HTTP request by default: OpenAI's embeddings API takes at most 2048 inputs
+/// per request, so clients written for it (LangChain sends 1000 at a time) stay under it.
+pub const DEFAULT_MAX_REQUEST_INPUTS: i32 = 2048;
 
 /// Limits of the sidecar's HTTP front.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
@@ -376,12 +389,32 @@ pub struct HttpSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1").message("http.payloadLimit must be at least 1 byte"))]
     pub payload_limit: Option<i32>,
+
+    /// Most inputs in one HTTP request (default 2048, OpenAI's own limit); a request with more is
+    /// answered 413 before anything is queued. The sidecar splits a request into calls of at most
+    /// `tei.maxClientBatchSize` inputs and holds its answers while it runs, so this bounds the
+    /// upstream calls, the time and the memory one small body can cost. Changing it restarts the
+    /// pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 1000000").message("http.maxRequestInputs must be between 1 and 1000000"))]
+    pub max_request_inputs: Option<i32>,
 }
 
 impl EmbeddingPoolSpec {
     /// The HTTP front's body limit in bytes: `http.payloadLimit`, else TEI's default.
     pub fn payload_limit(&self) -> i32 {
         self.http.as_ref().and_then(|http| http.payload_limit).unwrap_or(TEI_DEFAULT_PAYLOAD_LIMIT)
+    }
+
+    /// Most inputs in one HTTP request: `http.maxRequestInputs`, else the default.
+    pub fn max_request_inputs(&self) -> i32 {
+        self.http.as_ref().and_then(|http| http.max_request_inputs).unwrap_or(DEFAULT_MAX_REQUEST_INPUTS)
+    }
+
+    /// Whether TEI truncates long inputs when a request does not say: `tei.autoTruncate`, else
+    /// TEI's default.
+    pub fn auto_truncate(&self) -> bool {
+        self.tei.auto_truncate.unwrap_or(TEI_DEFAULT_AUTO_TRUNCATE)
     }
 
     /// Most inputs in one TEI call: `tei.maxClientBatchSize`, else TEI's default.

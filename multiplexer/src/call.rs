@@ -7,13 +7,13 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tonic::{Code, Status};
+use tonic::Code;
 
-use crate::Error;
+use crate::error::{Error, ErrorKind};
 use crate::admission::Priority;
 use crate::metrics::{Metrics, Timings};
 use crate::rpc::Rpc;
-use crate::status::{self, Outcome};
+use crate::status::Outcome;
 use crate::wire::TeiTiming;
 
 /// Calls in flight and when the last one arrived, so a draining multiplexer knows it is idle.
@@ -103,23 +103,31 @@ impl Call {
         self.timings.queue_wait = Some(when.saturating_duration_since(self.arrived));
     }
 
-    /// Counts the call as failed with `error` and returns the status the client gets.
-    pub fn fail(&mut self, error: Error) -> Status {
-        let outcome = status::outcome(&error);
-        if let Error::Upstream { status, .. } = &error {
-            tracing::warn!(
+    /// Counts the call as failed with `error` and gives the error back, for the front to answer
+    /// in its own protocol.
+    pub fn fail(&mut self, error: Error) -> Error {
+        let kind = error.kind();
+        match &error {
+            Error::Upstream { status, .. } if kind != ErrorKind::Unreachable => tracing::warn!(
                 pool = %self.pool,
                 rpc = self.rpc.label,
                 code = crate::metrics::code_label(status.code()),
                 message = status.message(),
                 "upstream call failed"
-            );
-        } else if let Error::Unreachable { reason, .. } = &error {
-            tracing::warn!(pool = %self.pool, rpc = self.rpc.label, %reason, "upstream unreachable");
+            ),
+            Error::Upstream { .. } | Error::Unreachable { .. } => {
+                tracing::warn!(pool = %self.pool, rpc = self.rpc.label, %error, "upstream unreachable")
+            }
+            _ => {}
         }
-        let status = status::into_status(error);
-        self.finish(status.code(), outcome);
-        status
+        self.finish(error.code(), kind.into());
+        error
+    }
+
+    /// Counts the call as refused by its front before it became a call upstream (a body that is
+    /// not the route's JSON, too many inputs).
+    pub fn refuse(&mut self, kind: ErrorKind) {
+        self.finish(kind.code(), kind.into());
     }
 
     /// Records TEI's timing from one of its answers.

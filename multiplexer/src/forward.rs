@@ -25,15 +25,16 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::admission::{AdmissionError, Ask, Cost, Observation, Permit};
+use crate::admission::{AdmissionError, Cost, Permit};
 use crate::call::{Activity, Call, Protocol};
+use crate::charge::{self, cost_of, observe, timing};
 use crate::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
 use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
-use crate::rpc::{Admit, Inputs, Rpc};
+use crate::rpc::{Admit, Rpc};
 use crate::streams::{Admitted, Answers, Held};
-use crate::wire;
+use crate::wire::TeiTiming;
 use crate::{Error, Result};
 
 /// The stream every streaming RPC answers with.
@@ -107,7 +108,7 @@ impl Forwarder {
         if call.rpc.admit == Admit::Free {
             return Ok(None);
         }
-        let permit = acquire(pool, meta, cost).await?;
+        let permit = charge::acquire(pool, meta, cost).await?;
         call.admitted();
         Ok(Some(permit))
     }
@@ -157,46 +158,25 @@ impl Forwarder {
         let mut client = self.client(pool).await?;
         client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(upstream)
     }
-}
 
-pub(crate) fn timing(rpc: &Rpc, message: &[u8]) -> Option<wire::TeiTiming> {
-    if rpc.timed { wire::tei_timing(message) } else { None }
-}
-
-/// Waits in `pool`'s queue for room for `cost`.
-pub(crate) async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Permit> {
-    let ask = Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost);
-    pool.admission.acquire(ask).await.map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })
-}
-
-/// The cost of a call known from its RPC alone, before its body is read: one input, when the pool
-/// counts no tokens.
-pub fn cost_before_body(pool: &Pool, rpc: &Rpc) -> Option<Cost> {
-    (rpc.inputs == Inputs::One && !pool.admission.counts_tokens()).then_some(Cost::ONE)
-}
-
-/// What a request message costs: its inputs, and its estimated tokens when the pool counts them.
-pub fn cost_of(pool: &Pool, rpc: &Rpc, message: &[u8]) -> Cost {
-    let per_field = match rpc.inputs {
-        Inputs::PerField(field) => Some(field),
-        Inputs::One | Inputs::None => None,
-    };
-    let size = wire::request_size(message, per_field, rpc.text_fields);
-    let inputs = size.inputs.max(1);
-    let tokens =
-        if pool.admission.counts_tokens() { pool.admission.estimate_tokens(size.text_bytes, inputs) } else { 0 };
-    Cost { inputs, tokens }
-}
-
-/// Tells the pool what TEI reported for an answer, through the permit that covered it.
-pub(crate) fn observe(permit: Option<&Permit>, timing: Option<wire::TeiTiming>) {
-    if let (Some(permit), Some(timing)) = (permit, timing) {
-        permit.observe(Observation {
-            tei_queue: timing.queue,
-            tei_inference: timing.inference,
-            chars: timing.compute_chars,
-            tokens: timing.compute_tokens,
-        });
+    /// One admitted unary exchange with the pool's upstream, as every unary path makes it (a gRPC
+    /// call, the call identical callers share, each call of an HTTP batch): the request goes out
+    /// with the caller's metadata and remaining deadline; a deadline that passes while TEI works
+    /// on it is DEADLINE_EXCEEDED; TEI's timing of the answer feeds the pool through `permit`.
+    pub async fn exchange(
+        &self,
+        pool: &Pool,
+        rpc: &Rpc,
+        meta: &RequestMeta,
+        request: Request<Bytes>,
+        permit: Option<&Permit>,
+    ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
+        let sent = Instant::now();
+        let upstream = self.upstream_unary(pool, rpc, self.outgoing(request, meta, pool));
+        let response = within_deadline(pool, meta, sent, upstream).await?;
+        let timing = timing(rpc, response.get_ref());
+        observe(permit, timing);
+        Ok((response, timing))
     }
 }
 
@@ -205,12 +185,12 @@ pub(crate) fn observe(permit: Option<&Permit>, timing: Option<wire::TeiTiming>) 
 async fn within_deadline<T>(
     pool: &Pool,
     meta: &RequestMeta,
-    arrived: Instant,
+    sent: Instant,
     upstream: impl std::future::Future<Output = Result<T>>,
 ) -> Result<T> {
     match meta.deadline {
         Some(deadline) => tokio::time::timeout_at(deadline, upstream).await.unwrap_or_else(|_| {
-            Err(Error::DeadlineAtUpstream { pool: pool.spec.name.clone(), waited: arrived.elapsed() })
+            Err(Error::DeadlineAtUpstream { pool: pool.spec.name.clone(), waited: sent.elapsed() })
         }),
         None => upstream.await,
     }
@@ -223,23 +203,19 @@ impl Routed {
             let cost = cost_of(&self.pool, self.call.rpc, request.get_ref());
             match self.forwarder.admit(&mut self.call, &self.pool, &self.meta, cost).await {
                 Ok(permit) => self.permit = permit,
-                Err(error) => return Err(self.call.fail(error)),
+                Err(error) => return Err(self.call.fail(error).into()),
             }
         }
-        let outgoing = self.forwarder.outgoing(request, &self.meta, &self.pool);
-        let upstream = self.forwarder.upstream_unary(&self.pool, self.call.rpc, outgoing);
-        let result = within_deadline(&self.pool, &self.meta, self.call.arrived, upstream).await;
         let permit = self.permit.take();
+        let result = self.forwarder.exchange(&self.pool, self.call.rpc, &self.meta, request, permit.as_ref()).await;
+        drop(permit);
         match result {
-            Ok(response) => {
-                let timing = timing(self.call.rpc, response.get_ref());
-                observe(permit.as_ref(), timing);
-                drop(permit);
+            Ok((response, timing)) => {
                 self.call.observe(timing);
                 self.call.succeed();
                 Ok(response)
             }
-            Err(error) => Err(self.call.fail(error)),
+            Err(error) => Err(self.call.fail(error).into()),
         }
     }
 
@@ -248,12 +224,12 @@ impl Routed {
         let Self { forwarder, mut call, meta, pool, mut permit } = self;
         if permit.is_none() && call.rpc.admit == Admit::Permit {
             let cost = cost_of(&pool, call.rpc, request.get_ref());
-            permit = forwarder.admit(&mut call, &pool, &meta, cost).await.map_err(|error| call.fail(error))?;
+            permit = forwarder.admit(&mut call, &pool, &meta, cost).await.map_err(|error| Status::from(call.fail(error)))?;
         }
         let outgoing =
             forwarder.outgoing(request.map(|message| futures::stream::once(async { message })), &meta, &pool);
         let opened = forwarder.open_stream(&pool, call.rpc, outgoing).await;
-        let answers = opened.map_err(|error| call.fail(error))?;
+        let answers = opened.map_err(|error| Status::from(call.fail(error)))?;
         let held = Held::new(Mutex::new(permit.into_iter().collect::<VecDeque<_>>()));
         Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, false, None))))
     }
@@ -264,7 +240,8 @@ impl Routed {
         let (metadata, extensions, inbound) = request.into_parts();
         let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
         let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
-        let answers = forwarder.open_stream(&pool, call.rpc, outgoing).await.map_err(|error| call.fail(error))?;
+        let answers =
+            forwarder.open_stream(&pool, call.rpc, outgoing).await.map_err(|error| Status::from(call.fail(error)))?;
         Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, true, Some(refusal)))))
     }
 
@@ -287,7 +264,7 @@ impl Routed {
         // make TEI rank only part of the texts.
         let result = tokio::select! {
             result = upstream => result,
-            Ok(error) = refusal => return Err(call.fail(error)),
+            Ok(error) = refusal => return Err(call.fail(error).into()),
         };
         let permits = std::mem::take(&mut *held.lock().unwrap_or_else(|p| p.into_inner()));
         match result {
@@ -299,7 +276,7 @@ impl Routed {
                 call.succeed();
                 Ok(response)
             }
-            Err(error) => Err(call.fail(error)),
+            Err(error) => Err(call.fail(error).into()),
         }
     }
 }
@@ -322,15 +299,11 @@ impl Routed {
                     (self.forwarder.clone(), self.pool.clone(), self.meta.clone(), self.call.rpc);
                 let request = Request::from_parts(metadata.clone(), tonic::Extensions::default(), message.clone());
                 async move {
-                    let permit = acquire(&pool, &meta, cost_of(&pool, rpc, request.get_ref())).await?;
+                    let permit = charge::acquire(&pool, &meta, cost_of(&pool, rpc, request.get_ref())).await?;
                     let admitted = Instant::now();
-                    let upstream = forwarder.upstream_unary(&pool, rpc, forwarder.outgoing(request, &meta, &pool));
-                    let response = within_deadline(&pool, &meta, admitted, upstream).await;
-                    if let Ok(response) = &response {
-                        observe(Some(&permit), timing(rpc, response.get_ref()));
-                    }
+                    let (response, _) = forwarder.exchange(&pool, rpc, &meta, request, Some(&permit)).await?;
                     drop(permit);
-                    let (metadata, message, _) = response?.into_parts();
+                    let (metadata, message, _) = response.into_parts();
                     Ok(Arc::new(Answer { metadata, message, admitted }))
                 }
                 .boxed()
@@ -358,7 +331,7 @@ impl Routed {
                     return Ok(Response::from_parts(metadata, message, tonic::Extensions::default()));
                 }
                 Err(error) if !retried && is_leaders_deadline(&error, role, self.meta.deadline) => retried = true,
-                Err(error) => return Err(self.call.fail(error)),
+                Err(error) => return Err(self.call.fail(error).into()),
             }
         }
     }

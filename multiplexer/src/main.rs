@@ -45,6 +45,13 @@ struct Args {
     /// reassembled in order (TEI's --max-client-batch-size, which TEI refuses beyond).
     #[arg(long, default_value_t = teifleet_multiplexer::http::DEFAULT_MAX_CLIENT_BATCH_SIZE)]
     max_client_batch_size: usize,
+    /// HTTP front: most inputs in one request; more are answered 413 before anything is queued.
+    #[arg(long, default_value_t = teifleet_multiplexer::http::DEFAULT_MAX_REQUEST_INPUTS)]
+    max_request_inputs: usize,
+    /// HTTP front: what a request that sets no `truncate` gets (TEI's --auto-truncate, which its
+    /// HTTP routes follow and its gRPC API ignores).
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = teifleet_crds::TEI_DEFAULT_AUTO_TRUNCATE)]
+    auto_truncate: bool,
     /// The TEI this replica fronts.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     upstream: String,
@@ -211,6 +218,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         http: teifleet_multiplexer::http::HttpSettings {
             payload_limit: args.payload_limit,
             max_client_batch_size: args.max_client_batch_size.max(1),
+            max_request_inputs: args.max_request_inputs.max(1),
+            auto_truncate: args.auto_truncate,
         },
         auth: gate,
         identity: args.identity,

@@ -16,7 +16,8 @@ use tracing::Instrument as _;
 
 use crate::auth::Gate;
 use crate::call::{Call, Protocol};
-use crate::forward::{Forwarder, ResponseStream, Routed, cost_before_body};
+use crate::charge::cost_before_body;
+use crate::forward::{Forwarder, ResponseStream, Routed};
 use crate::rpc::{Admit, Rpc, Shape};
 use crate::{Error, status};
 
@@ -78,7 +79,7 @@ where
     let rpc = call.rpc;
     let (meta, pool) = match forwarder.route(&mut call, request.headers()) {
         Ok(routed) => routed,
-        Err(error) => return call.fail(error).into_http(),
+        Err(error) => return Status::from(call.fail(error)).into_http(),
     };
     span.record("pool", pool.spec.name.as_str());
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
@@ -90,7 +91,7 @@ where
         (Shape::Unary | Shape::ServerStream, Some(cost)) => {
             match forwarder.admit(&mut call, &pool, &meta, cost).await {
                 Ok(permit) => permit,
-                Err(error) => return call.fail(error).into_http(),
+                Err(error) => return Status::from(call.fail(error)).into_http(),
             }
         }
         _ => None,

@@ -1,10 +1,11 @@
-//! The one place a multiplexer error becomes a gRPC status, and the outcome it is counted as.
+//! The one place a multiplexer error becomes a gRPC status, and the outcome a call is counted
+//! as: both small maps from [`ErrorKind`].
 
-use tonic::{Code, Status};
+use tonic::Status;
 
 use crate::Error;
-use crate::admission::{AdmissionError, Retry};
-use crate::auth::AuthFailure;
+use crate::admission::Retry;
+use crate::error::{ErrorKind, Shed, is_transport_failure};
 use teifleet_wire::headers::RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER;
 
 /// How a request ended, as counted in `teifleet_requests_total{outcome}`.
@@ -19,6 +20,9 @@ pub enum Outcome {
     ExpiredAtUpstream,
     Cancelled,
     UpstreamError,
+    /// The multiplexer could not take the call (draining, limits or keys not known yet).
+    Unavailable,
+    /// The caller's doing: a bad request, a wrong key, an unknown pool, too large.
     Rejected,
 }
 
@@ -34,28 +38,35 @@ impl Outcome {
             Self::ExpiredAtUpstream => "expired_at_upstream",
             Self::Cancelled => "cancelled",
             Self::UpstreamError => "upstream_error",
+            Self::Unavailable => "unavailable",
             Self::Rejected => "rejected",
+        }
+    }
+}
+
+impl From<ErrorKind> for Outcome {
+    fn from(kind: ErrorKind) -> Self {
+        match kind {
+            ErrorKind::Unauthenticated
+            | ErrorKind::InvalidRequest
+            | ErrorKind::TooLarge
+            | ErrorKind::NotFound
+            | ErrorKind::ForwardingLoop => Self::Rejected,
+            ErrorKind::Shed(Shed::QueueFull) => Self::ShedQueueFull,
+            ErrorKind::Shed(Shed::StandingQueue) => Self::ShedStandingQueue,
+            ErrorKind::Shed(Shed::Deadline) => Self::ShedDeadline,
+            ErrorKind::Shed(Shed::QueueTimeout) => Self::ShedQueueTimeout,
+            ErrorKind::QueueTimedOut | ErrorKind::ExpiredInQueue => Self::ExpiredInQueue,
+            ErrorKind::ExpiredAtUpstream => Self::ExpiredAtUpstream,
+            ErrorKind::Unavailable => Self::Unavailable,
+            ErrorKind::Unreachable | ErrorKind::Upstream => Self::UpstreamError,
         }
     }
 }
 
 /// The outcome an error is counted as.
 pub fn outcome(error: &Error) -> Outcome {
-    match error {
-        Error::Admission { source, .. } => match source {
-            AdmissionError::QueueFull { .. } | AdmissionError::Evicted { .. } => Outcome::ShedQueueFull,
-            AdmissionError::StandingQueue { .. } => Outcome::ShedStandingQueue,
-            AdmissionError::DeadlineUnmeetable { .. } => Outcome::ShedDeadline,
-            AdmissionError::QueueTimeoutUnmeetable { .. } => Outcome::ShedQueueTimeout,
-            AdmissionError::QueueTimeout { .. } | AdmissionError::DeadlineExpired { .. } => Outcome::ExpiredInQueue,
-        },
-        Error::DeadlineAtUpstream { .. } => Outcome::ExpiredAtUpstream,
-        Error::Upstream { status, .. } if status.code() == Code::DeadlineExceeded => Outcome::ExpiredAtUpstream,
-        // Another pool's sidecar refused the caller's key: the caller's doing, not the upstream's.
-        Error::Upstream { status, .. } if status.code() == Code::Unauthenticated => Outcome::Rejected,
-        Error::Upstream { .. } | Error::Unreachable { .. } => Outcome::UpstreamError,
-        _ => Outcome::Rejected,
-    }
+    error.kind().into()
 }
 
 /// The status the client receives. The upstream's own answers pass through as the upstream sent
@@ -66,22 +77,7 @@ pub fn into_status(error: Error) -> Status {
         Error::Upstream { status, .. } if !is_transport_failure(&status) => return status,
         other => other,
     };
-    let code = match &error {
-        // Keys not read yet is the server's state, not the caller's key: retrying helps.
-        Error::Auth(AuthFailure::KeysNotLoaded) => Code::Unavailable,
-        Error::Auth(_) => Code::Unauthenticated,
-        Error::Upstream { .. } => Code::Unavailable,
-        Error::Admission { source, .. } => match source {
-            AdmissionError::DeadlineExpired { .. } => Code::DeadlineExceeded,
-            _ => Code::ResourceExhausted,
-        },
-        Error::InvalidPriority(_) | Error::InvalidMetadata { .. } => Code::InvalidArgument,
-        Error::UnknownPool { .. } | Error::UnknownModel { .. } => Code::NotFound,
-        Error::ForwardingLoop { .. } => Code::FailedPrecondition,
-        Error::PoolNotReady(_) | Error::Draining | Error::Unreachable { .. } => Code::Unavailable,
-        Error::DeadlineAtUpstream { .. } => Code::DeadlineExceeded,
-    };
-    let mut status = Status::new(code, error.to_string());
+    let mut status = Status::new(error.code(), error.to_string());
     if let Error::Admission { source, .. } = &error
         && let Some(retry) = source.retry()
     {
@@ -97,11 +93,6 @@ pub fn into_status(error: Error) -> Status {
     status
 }
 
-fn is_transport_failure(status: &Status) -> bool {
-    use std::error::Error as _;
-    status.code() == Code::Unknown && status.source().is_some_and(|source| source.is::<tonic::transport::Error>())
-}
-
 impl From<Error> for Status {
     fn from(error: Error) -> Self {
         into_status(error)
@@ -112,7 +103,11 @@ impl From<Error> for Status {
 mod tests {
     use std::time::Duration;
 
+    use tonic::Code;
+
     use super::*;
+    use crate::admission::AdmissionError;
+    use crate::auth::AuthFailure;
 
     fn admission(source: AdmissionError) -> Error {
         Error::Admission { pool: "bge".into(), source }
@@ -154,6 +149,16 @@ mod tests {
         let error = Error::Upstream { pool: "gte".into(), status: Status::unauthenticated("invalid API key") };
         assert_eq!(outcome(&error), Outcome::Rejected, "not an upstream error: no alert fires for it");
         assert_eq!(into_status(error).code(), Code::Unauthenticated);
+    }
+
+    #[test]
+    fn the_multiplexers_own_state_is_not_counted_as_the_callers_fault() {
+        for error in [Error::Draining, Error::PoolNotReady("p".into()), Error::Auth(AuthFailure::KeysNotLoaded)] {
+            assert_eq!(outcome(&error), Outcome::Unavailable, "{error}");
+            assert_eq!(into_status(error).code(), Code::Unavailable);
+        }
+        let tei = Error::Upstream { pool: "p".into(), status: Status::failed_precondition("model is not a re-ranker") };
+        assert_eq!(outcome(&tei), Outcome::UpstreamError, "TEI's own error: an upstream error, alerts fire");
     }
 
     #[test]

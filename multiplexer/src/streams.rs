@@ -21,7 +21,7 @@ use tonic::{Status, Streaming};
 use crate::Error;
 use crate::admission::Permit;
 use crate::call::Call;
-use crate::forward;
+use crate::charge;
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
 use crate::rpc::{Admit, Rpc};
@@ -94,9 +94,9 @@ impl Stream for Admitted {
             if this.rpc.admit == Admit::Free {
                 return Poll::Ready(Some(message));
             }
-            let cost = forward::cost_of(&this.pool, this.rpc, &message);
+            let cost = charge::cost_of(&this.pool, this.rpc, &message);
             let (pool, meta) = (this.pool.clone(), this.meta.clone());
-            let admission = Box::pin(async move { forward::acquire(&pool, &meta, cost).await });
+            let admission = Box::pin(async move { charge::acquire(&pool, &meta, cost).await });
             this.waiting = Some((message, admission));
         }
     }
@@ -141,17 +141,17 @@ impl Stream for Answers {
             this.refusal = None;
             if let Ok(error) = refused {
                 this.done = true;
-                return Poll::Ready(Some(Err(this.call.fail(error))));
+                return Poll::Ready(Some(Err(this.call.fail(error).into())));
             }
         }
         match ready!(Pin::new(&mut this.answers).poll_next(cx)) {
             Some(Ok(answer)) => {
-                let timing = forward::timing(this.call.rpc, &answer);
+                let timing = charge::timing(this.call.rpc, &answer);
                 if this.per_message {
                     let permit = lock(&this.held).pop_front();
-                    forward::observe(permit.as_ref(), timing);
+                    charge::observe(permit.as_ref(), timing);
                 } else {
-                    forward::observe(lock(&this.held).front(), timing);
+                    charge::observe(lock(&this.held).front(), timing);
                 }
                 this.call.observe(timing);
                 Poll::Ready(Some(Ok(answer)))
@@ -159,7 +159,7 @@ impl Stream for Answers {
             Some(Err(status)) => {
                 this.done = true;
                 let pool = this.pool.spec.name.clone();
-                Poll::Ready(Some(Err(this.call.fail(Error::Upstream { pool, status }))))
+                Poll::Ready(Some(Err(this.call.fail(Error::Upstream { pool, status }).into())))
             }
             None => {
                 this.done = true;

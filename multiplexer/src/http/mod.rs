@@ -2,12 +2,14 @@
 //! translated to `tei.v1` calls that take the gRPC front's path (routing headers, admission,
 //! deadlines, metrics) through the same `Forwarder`.
 //!
-//! Layout: `routes` (one handler per route), `types` (the JSON of TEI and OpenAI), `batch` (a
-//! batch of inputs as unary upstream calls, admitted per chunk as a whole) and `error` (the one
-//! place failures become status codes and error bodies).
+//! Layout: `routes` (one handler per route), `types` (the JSON of TEI and OpenAI), `request` (one
+//! request: its call, its input cap, its inputs as unary upstream calls admitted per chunk),
+//! `info` (each pool's Info, fetched once) and `error` (the one place failures become status
+//! codes and error bodies).
 
-pub mod batch;
 pub mod error;
+pub mod info;
+pub mod request;
 pub mod routes;
 pub mod types;
 
@@ -31,6 +33,8 @@ use crate::forward::Forwarder;
 pub const DEFAULT_PAYLOAD_LIMIT: usize = teifleet_crds::TEI_DEFAULT_PAYLOAD_LIMIT as usize;
 /// TEI's `--max-client-batch-size` default, as the pool spec defaults it.
 pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: usize = teifleet_crds::TEI_DEFAULT_MAX_CLIENT_BATCH_SIZE as usize;
+/// Most inputs in one HTTP request, as the pool spec defaults it.
+pub const DEFAULT_MAX_REQUEST_INPUTS: usize = teifleet_crds::DEFAULT_MAX_REQUEST_INPUTS as usize;
 
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
@@ -38,11 +42,22 @@ pub struct HttpSettings {
     pub payload_limit: usize,
     /// Inputs sent upstream under one permit; larger batches are split and put back in order.
     pub max_client_batch_size: usize,
+    /// Most inputs in one request (413 beyond): bounds the upstream calls, the time and the
+    /// memory one small body can cost.
+    pub max_request_inputs: usize,
+    /// What a request that says nothing about truncation gets: TEI's `--auto-truncate`, which
+    /// TEI's HTTP routes follow and its gRPC API ignores (its `truncate` is false when unset).
+    pub auto_truncate: bool,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self { payload_limit: DEFAULT_PAYLOAD_LIMIT, max_client_batch_size: DEFAULT_MAX_CLIENT_BATCH_SIZE }
+        Self {
+            payload_limit: DEFAULT_PAYLOAD_LIMIT,
+            max_client_batch_size: DEFAULT_MAX_CLIENT_BATCH_SIZE,
+            max_request_inputs: DEFAULT_MAX_REQUEST_INPUTS,
+            auto_truncate: teifleet_crds::TEI_DEFAULT_AUTO_TRUNCATE,
+        }
     }
 }
 
@@ -52,6 +67,7 @@ pub struct Shared {
     forwarder: Arc<Forwarder>,
     readiness: Arc<Readiness>,
     settings: HttpSettings,
+    info: Arc<info::InfoCache>,
 }
 
 /// Every route of the HTTP front, behind the API-key gate.
@@ -75,7 +91,7 @@ pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: Ht
         .route("/embeddings", post(routes::openai))
         .layer(DefaultBodyLimit::max(limit))
         .layer(middleware::from_fn_with_state(gate, require_key))
-        .with_state(Shared { forwarder, readiness, settings })
+        .with_state(Shared { forwarder, readiness, settings, info: Arc::default() })
 }
 
 /// The API-key gate, before any route reads the body: every route needs a key when the pool has
@@ -104,6 +120,6 @@ pub(crate) fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
 pub(crate) fn json<T: Serialize>(value: &T) -> Response {
     match serde_json::to_vec(value) {
         Ok(body) => json_bytes(StatusCode::OK, body),
-        Err(error) => error::HttpError::Undecodable(error.to_string()).into_response(error::Flavor::Tei),
+        Err(error) => error::HttpError::Unencodable(error.to_string()).into_response(error::Flavor::Tei),
     }
 }

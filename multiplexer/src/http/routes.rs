@@ -7,14 +7,15 @@ use axum::response::Response;
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
+use serde_json::error::Category;
 use teifleet_proto::v1;
 
 use super::Shared;
-use super::batch::{row, unary_all};
 use super::error::{Flavor, HttpError};
+use super::request::{HttpCall, row};
 use super::types::*;
 
-const INFO: &str = "/tei.v1.Info/Info";
+pub(super) const INFO: &str = "/tei.v1.Info/Info";
 const EMBED: &str = "/tei.v1.Embed/Embed";
 const EMBED_SPARSE: &str = "/tei.v1.Embed/EmbedSparse";
 const EMBED_ALL: &str = "/tei.v1.Embed/EmbedAll";
@@ -27,13 +28,20 @@ const DECODE: &str = "/tei.v1.Tokenize/Decode";
 type Body = Result<Bytes, BytesRejection>;
 type Answer = Result<Response, HttpError>;
 
-/// An axum handler around a route's body: the body read under the payload limit, errors
-/// answered in the route's flavor.
+/// An axum handler around a route: the request routed and counted as one call (of `$rpc` until
+/// the route says otherwise), its body read under the payload limit, the answer or the error in
+/// the route's flavor.
 macro_rules! handler {
-    ($name:ident, $inner:ident, $flavor:expr) => {
+    ($name:ident, $inner:ident, $rpc:expr, $flavor:expr) => {
         pub async fn $name(State(shared): State<Shared>, headers: HeaderMap, body: Body) -> Response {
-            let answer = match read(body, shared.settings.payload_limit) {
-                Ok(body) => $inner(&shared, &headers, &body).await,
+            let answer = match HttpCall::route(&shared, row($rpc), &headers) {
+                Ok(mut call) => {
+                    let result = match read(body, shared.settings.payload_limit) {
+                        Ok(body) => $inner(&mut call, &body).await,
+                        Err(error) => Err(error),
+                    };
+                    call.finish(result)
+                }
                 Err(error) => Err(error),
             };
             answer.unwrap_or_else(|error| error.into_response($flavor))
@@ -41,16 +49,16 @@ macro_rules! handler {
     };
 }
 
-handler!(embed, embed_route, Flavor::Tei);
-handler!(embed_sparse, embed_sparse_route, Flavor::Tei);
-handler!(embed_all, embed_all_route, Flavor::Tei);
-handler!(predict, predict_route, Flavor::Tei);
-handler!(rerank, rerank_route, Flavor::Tei);
-handler!(similarity, similarity_route, Flavor::Tei);
-handler!(tokenize, tokenize_route, Flavor::Tei);
-handler!(decode, decode_route, Flavor::Tei);
-handler!(openai, openai_route, Flavor::OpenAi);
-handler!(dispatch, dispatch_route, Flavor::Tei);
+handler!(embed, embed_route, EMBED, Flavor::Tei);
+handler!(embed_sparse, embed_sparse_route, EMBED_SPARSE, Flavor::Tei);
+handler!(embed_all, embed_all_route, EMBED_ALL, Flavor::Tei);
+handler!(predict, predict_route, PREDICT, Flavor::Tei);
+handler!(rerank, rerank_route, RERANK, Flavor::Tei);
+handler!(similarity, similarity_route, EMBED, Flavor::Tei);
+handler!(tokenize, tokenize_route, TOKENIZE, Flavor::Tei);
+handler!(decode, decode_route, DECODE, Flavor::Tei);
+handler!(openai, openai_route, EMBED, Flavor::OpenAi);
+handler!(dispatch, dispatch_route, EMBED, Flavor::Tei);
 
 fn read(body: Body, limit: usize) -> Result<Bytes, HttpError> {
     body.map_err(|rejection| match rejection.status() {
@@ -59,8 +67,13 @@ fn read(body: Body, limit: usize) -> Result<Bytes, HttpError> {
     })
 }
 
-fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
-    serde_json::from_slice(body).map_err(|error| HttpError::Body(error.to_string()))
+/// The route's JSON, refused as TEI's axum refuses it: 400 for what is not JSON at all, 422 for
+/// JSON that is not what the route takes.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
+    serde_json::from_slice(body).map_err(|error| match error.classify() {
+        Category::Data => HttpError::Body(error.to_string()),
+        Category::Syntax | Category::Eof | Category::Io => HttpError::NotJson(error.to_string()),
+    })
 }
 
 /// TEI refuses an empty batch and an empty text before its queue.
@@ -69,44 +82,47 @@ fn texts(inputs: Inputs) -> Result<Vec<String>, HttpError> {
     if texts.is_empty() || texts.iter().any(String::is_empty) { Err(HttpError::Empty("inputs")) } else { Ok(texts) }
 }
 
-async fn embed_calls(
-    shared: &Shared,
-    headers: &HeaderMap,
-    request: EmbedRequest,
-) -> Result<Vec<v1::EmbedResponse>, HttpError> {
+/// TEI's HTTP server checks the model's type before its queue, with these words.
+async fn require_model(call: &HttpCall<'_>, served: &[v1::ModelType], refusal: &'static str) -> Result<(), HttpError> {
+    if served.contains(&call.info().await?.model_type()) { Ok(()) } else { Err(HttpError::WrongModelType(refusal)) }
+}
+
+async fn embed_calls(call: &mut HttpCall<'_>, request: EmbedRequest) -> Result<Vec<v1::EmbedResponse>, HttpError> {
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let messages: Vec<v1::EmbedRequest> = texts(request.inputs)?
         .into_iter()
         .map(|inputs| v1::EmbedRequest {
             inputs,
-            truncate: request.truncate.unwrap_or(false),
+            truncate,
             normalize: Some(request.normalize),
             truncation_direction: request.truncation_direction.into(),
             prompt_name: request.prompt_name.clone(),
             dimensions: request.dimensions,
         })
         .collect();
-    unary_all(&shared.forwarder, row(EMBED), headers, &messages, shared.settings.max_client_batch_size).await
+    let batch = call.settings().max_client_batch_size;
+    call.unary_all(row(EMBED), &messages, batch).await
 }
 
-async fn embed_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
-    let answers = embed_calls(shared, headers, parse(body)?).await?;
+async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let answers = embed_calls(call, parse(body)?).await?;
     Ok(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()))
 }
 
-async fn embed_sparse_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: EmbedRequest = parse(body)?;
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let messages: Vec<v1::EmbedSparseRequest> = texts(request.inputs)?
         .into_iter()
         .map(|inputs| v1::EmbedSparseRequest {
             inputs,
-            truncate: request.truncate.unwrap_or(false),
+            truncate,
             truncation_direction: request.truncation_direction.into(),
             prompt_name: request.prompt_name.clone(),
         })
         .collect();
-    let answers: Vec<v1::EmbedSparseResponse> =
-        unary_all(&shared.forwarder, row(EMBED_SPARSE), headers, &messages, shared.settings.max_client_batch_size)
-            .await?;
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::EmbedSparseResponse> = call.unary_all(row(EMBED_SPARSE), &messages, batch).await?;
     let sparse: Vec<Vec<SparseValue>> = answers
         .into_iter()
         .map(|a| a.sparse_embeddings.into_iter().map(|v| SparseValue { index: v.index, value: v.value }).collect())
@@ -114,25 +130,26 @@ async fn embed_sparse_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -
     Ok(super::json(&sparse))
 }
 
-async fn embed_all_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: EmbedRequest = parse(body)?;
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let messages: Vec<v1::EmbedAllRequest> = texts(request.inputs)?
         .into_iter()
         .map(|inputs| v1::EmbedAllRequest {
             inputs,
-            truncate: request.truncate.unwrap_or(false),
+            truncate,
             truncation_direction: request.truncation_direction.into(),
             prompt_name: request.prompt_name.clone(),
         })
         .collect();
-    let answers: Vec<v1::EmbedAllResponse> =
-        unary_all(&shared.forwarder, row(EMBED_ALL), headers, &messages, shared.settings.max_client_batch_size).await?;
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::EmbedAllResponse> = call.unary_all(row(EMBED_ALL), &messages, batch).await?;
     let tokens: Vec<Vec<Vec<f32>>> =
         answers.into_iter().map(|a| a.token_embeddings.into_iter().map(|t| t.embeddings).collect()).collect();
     Ok(super::json(&tokens))
 }
 
-async fn predict_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: PredictRequest = parse(body)?;
     let (sequences, single) = match request.inputs {
         PredictInputs::Single(sequence) => (vec![sequence], true),
@@ -156,48 +173,52 @@ async fn predict_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Ans
     if singles.iter().chain(pairs.iter().flatten()).any(String::is_empty) {
         return Err(HttpError::Empty("inputs"));
     }
-    let (truncate, raw_scores) = (request.truncate.unwrap_or(false), request.raw_scores);
+    let served = [v1::ModelType::Classifier, v1::ModelType::Reranker];
+    require_model(call, &served, "model is not a classifier model").await?;
+    let (truncate, raw_scores) = (request.truncate.unwrap_or(call.settings().auto_truncate), request.raw_scores);
     let truncation_direction = request.truncation_direction.into();
-    let batch = shared.settings.max_client_batch_size;
+    let batch = call.settings().max_client_batch_size;
     let answers: Vec<v1::PredictResponse> = if pairs.is_empty() {
         let messages: Vec<_> = singles
             .into_iter()
             .map(|inputs| v1::PredictRequest { inputs, truncate, raw_scores, truncation_direction })
             .collect();
-        unary_all(&shared.forwarder, row(PREDICT), headers, &messages, batch).await?
+        call.unary_all(row(PREDICT), &messages, batch).await?
     } else {
         let messages: Vec<_> = pairs
             .into_iter()
             .map(|inputs| v1::PredictPairRequest { inputs, truncate, raw_scores, truncation_direction })
             .collect();
-        unary_all(&shared.forwarder, row(PREDICT_PAIR), headers, &messages, batch).await?
+        call.unary_all(row(PREDICT_PAIR), &messages, batch).await?
     };
     let mut predictions: Vec<Vec<Prediction>> =
         answers.into_iter().map(|a| a.predictions.into_iter().map(Prediction::from).collect()).collect();
     if single { Ok(super::json(&predictions.pop().unwrap_or_default())) } else { Ok(super::json(&predictions)) }
 }
 
-async fn rerank_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn rerank_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: RerankRequest = parse(body)?;
     if request.texts.is_empty() || request.texts.iter().any(String::is_empty) {
         return Err(HttpError::Empty("texts"));
     }
+    require_model(call, &[v1::ModelType::Reranker], "model is not a re-ranker model").await?;
     // More texts than TEI takes in one call: one call per slice, each admitted for its texts,
     // the ranks put back on the caller's indices and sorted together.
-    let size = shared.settings.max_client_batch_size.max(1);
+    let size = call.settings().max_client_batch_size.max(1);
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let messages: Vec<v1::RerankRequest> = request
         .texts
         .chunks(size)
         .map(|texts| v1::RerankRequest {
             query: request.query.clone(),
             texts: texts.to_vec(),
-            truncate: request.truncate.unwrap_or(false),
+            truncate,
             raw_scores: request.raw_scores,
             return_text: request.return_text,
             truncation_direction: request.truncation_direction.into(),
         })
         .collect();
-    let answers: Vec<v1::RerankResponse> = unary_all(&shared.forwarder, row(RERANK), headers, &messages, 1).await?;
+    let answers: Vec<v1::RerankResponse> = call.unary_all(row(RERANK), &messages, 1).await?;
     let mut ranks: Vec<Rank> = answers
         .into_iter()
         .enumerate()
@@ -210,13 +231,13 @@ async fn rerank_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answ
     Ok(super::json(&ranks))
 }
 
-async fn similarity_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
-    similarity_of(shared, headers, parse(body)?).await
+async fn similarity_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    similarity_of(call, parse(body)?).await
 }
 
 /// TEI's `/similarity`: the source sentence and the others embedded as one `/embed` batch (split
 /// and admitted like one), then each other sentence's cosine similarity to the source.
-async fn similarity_of(shared: &Shared, headers: &HeaderMap, request: SimilarityRequest) -> Answer {
+async fn similarity_of(call: &mut HttpCall<'_>, request: SimilarityRequest) -> Answer {
     let SimilarityInput { source_sentence, sentences } = request.inputs;
     if sentences.is_empty() {
         return Err(HttpError::Empty("inputs.sentences"));
@@ -231,9 +252,9 @@ async fn similarity_of(shared: &Shared, headers: &HeaderMap, request: Similarity
         prompt_name: parameters.prompt_name,
         dimensions: None,
     };
-    let answers = embed_calls(shared, headers, embed).await?;
+    let answers = embed_calls(call, embed).await?;
     let Some((source, others)) = answers.split_first() else {
-        return Err(HttpError::Undecodable("no Embed answer for the source sentence".into()));
+        return Err(HttpError::Empty("inputs"));
     };
     let scores: Vec<f32> =
         others.iter().map(|other| cosine_similarity(&source.embeddings, &other.embeddings)).collect();
@@ -259,7 +280,7 @@ pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
-async fn tokenize_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: TokenizeRequest = parse(body)?;
     let messages: Vec<v1::EncodeRequest> = texts(request.inputs)?
         .into_iter()
@@ -269,14 +290,14 @@ async fn tokenize_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> An
             prompt_name: request.prompt_name.clone(),
         })
         .collect();
-    let answers: Vec<v1::EncodeResponse> =
-        unary_all(&shared.forwarder, row(TOKENIZE), headers, &messages, shared.settings.max_client_batch_size).await?;
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::EncodeResponse> = call.unary_all(row(TOKENIZE), &messages, batch).await?;
     let tokens: Vec<Vec<SimpleToken>> =
         answers.into_iter().map(|a| a.tokens.into_iter().map(SimpleToken::from).collect()).collect();
     Ok(super::json(&tokens))
 }
 
-async fn decode_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn decode_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: DecodeRequest = parse(body)?;
     let ids = match request.ids {
         Ids::One(ids) => vec![ids],
@@ -287,22 +308,21 @@ async fn decode_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answ
     }
     let skip_special_tokens = request.skip_special_tokens;
     let messages: Vec<_> = ids.into_iter().map(|ids| v1::DecodeRequest { ids, skip_special_tokens }).collect();
-    let answers: Vec<v1::DecodeResponse> =
-        unary_all(&shared.forwarder, row(DECODE), headers, &messages, shared.settings.max_client_batch_size).await?;
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::DecodeResponse> = call.unary_all(row(DECODE), &messages, batch).await?;
     Ok(super::json(&answers.into_iter().map(|a| a.text).collect::<Vec<_>>()))
 }
 
-async fn info_of(shared: &Shared, headers: &HeaderMap) -> Result<v1::InfoResponse, HttpError> {
-    let mut answers: Vec<v1::InfoResponse> =
-        unary_all(&shared.forwarder, row(INFO), headers, &[v1::InfoRequest {}], 1).await?;
-    answers.pop().ok_or_else(|| HttpError::Undecodable("no Info answer".into()))
-}
-
+/// `GET /info`: the pool's Info, counted as one Info call.
 pub async fn info(State(shared): State<Shared>, headers: HeaderMap) -> Response {
-    match info_of(&shared, &headers).await {
-        Ok(info) => super::json(&Info::from(info)),
-        Err(error) => error.into_response(Flavor::Tei),
-    }
+    let answer = match HttpCall::route(&shared, row(INFO), &headers) {
+        Ok(call) => {
+            let info = call.info().await.map(|info| super::json(&Info::from((*info).clone())));
+            call.finish(info)
+        }
+        Err(error) => Err(error),
+    };
+    answer.unwrap_or_else(|error| error.into_response(Flavor::Tei))
 }
 
 /// 200 while this multiplexer would take calls for its own pool, as its readiness says.
@@ -313,19 +333,20 @@ pub async fn health(State(shared): State<Shared>) -> Response {
     }
 }
 
-async fn openai_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
+async fn openai_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: OpenAiRequest = parse(body)?;
     let format = request.encoding_format;
     let model = request.model.clone();
     let embed = EmbedRequest {
         inputs: request.input,
         normalize: true,
+        // TEI's OpenAI route has no `truncate`: it always follows --auto-truncate.
         truncate: None,
         truncation_direction: TruncationDirection::Right,
         prompt_name: None,
         dimensions: request.dimensions,
     };
-    let answers = embed_calls(shared, headers, embed).await?;
+    let answers = embed_calls(call, embed).await?;
     let tokens: u64 = answers.iter().filter_map(|a| a.metadata.as_ref()).map(|m| u64::from(m.compute_tokens)).sum();
     let data = answers
         .into_iter()
@@ -341,7 +362,7 @@ async fn openai_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answ
         .collect();
     let model = match model {
         Some(model) if !model.is_empty() => model,
-        _ => info_of(shared, headers).await?.model_id,
+        _ => call.info().await?.model_id.clone(),
     };
     let usage = OpenAiUsage { prompt_tokens: tokens, total_tokens: tokens };
     Ok(super::json(&OpenAiResponse { object: "list", data, model, usage }))
@@ -351,14 +372,14 @@ async fn openai_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answ
 /// embedding model TEI serves either `/embed` or, with `TASK=sentence-similarity`, `/similarity`
 /// there; the sidecar serves both, told apart by the body (`inputs` with a `source_sentence` is
 /// a similarity request, as Hugging Face's `InferenceClient.sentence_similarity` sends it).
-async fn dispatch_route(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Answer {
-    match info_of(shared, headers).await?.model_type() {
+async fn dispatch_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    match call.info().await?.model_type() {
         v1::ModelType::Embedding => match serde_json::from_slice::<SimilarityRequest>(body) {
-            Ok(similarity) => similarity_of(shared, headers, similarity).await,
-            Err(_) => embed_route(shared, headers, body).await,
+            Ok(similarity) => similarity_of(call, similarity).await,
+            Err(_) => embed_route(call, body).await,
         },
-        v1::ModelType::Classifier => predict_route(shared, headers, body).await,
-        v1::ModelType::Reranker => rerank_route(shared, headers, body).await,
+        v1::ModelType::Classifier => predict_route(call, body).await,
+        v1::ModelType::Reranker => rerank_route(call, body).await,
     }
 }
 

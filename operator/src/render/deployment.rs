@@ -305,6 +305,11 @@ fn quantities<const N: usize>(entries: [(&str, &str); N]) -> BTreeMap<String, Qu
 /// schema refuses user variables of the same names).
 fn tei_env(pool: &EmbeddingPool) -> Vec<EnvVar> {
     let mut env = vec![env_value("HUGGINGFACE_HUB_CACHE", MODEL_CACHE_PATH), env_value("HOME", "/tmp")];
+    // The environment, not the flag: TEI releases spell `--auto-truncate` as a bare switch or
+    // with a value, and both read `AUTO_TRUNCATE=true|false`.
+    if let Some(auto_truncate) = pool.spec.tei.auto_truncate {
+        env.push(env_value("AUTO_TRUNCATE", auto_truncate.to_string()));
+    }
     env.extend(pool.spec.tei.env.iter().cloned());
     env
 }
@@ -361,6 +366,8 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
             // the same 32 when the spec leaves it out), so no call the sidecar sends is too large.
             format!("--payload-limit={}", pool.spec.payload_limit()),
             format!("--max-client-batch-size={}", pool.spec.max_client_batch_size()),
+            format!("--max-request-inputs={}", pool.spec.max_request_inputs()),
+            format!("--auto-truncate={}", pool.spec.auto_truncate()),
             format!("--drain-delay={DRAIN_DELAY_SECONDS}s"),
         ]),
         env: Some(vec![

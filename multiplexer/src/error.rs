@@ -1,0 +1,166 @@
+//! Why a request was not served, typed where it is raised, and classified once.
+//!
+//! [`Error::kind`] is the one classification: the gRPC status (`status.rs`), the HTTP status and
+//! body (`http/error.rs`) and the outcome a call is counted as are small maps from an
+//! [`ErrorKind`], with no wildcard arm anywhere, so a new error must be placed on purpose and can
+//! never be counted as the caller's fault by default.
+
+use tonic::Code;
+
+use crate::admission::{AdmissionError, UnknownPriority};
+use crate::auth::{self, AuthFailure};
+
+/// Why one request was not served as asked. Clone, so calls sharing one upstream call
+/// (`coalesce`) can each be told how it ended.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Error {
+    /// Refused at the gate for its API key (`auth`), before routing or admission.
+    #[error("{}", .0.message())]
+    Auth(auth::AuthFailure),
+
+    #[error("pool {pool}: {source}")]
+    Admission { pool: String, source: AdmissionError },
+
+    #[error(transparent)]
+    InvalidPriority(#[from] UnknownPriority),
+
+    #[error("invalid {header} metadata: {reason}")]
+    InvalidMetadata { header: &'static str, reason: String },
+
+    #[error("no pool named {requested:?} here; known pools: {known}")]
+    UnknownPool { requested: String, known: String },
+
+    #[error("no pool serves model {model:?}; known pools: {known}")]
+    UnknownModel { model: String, known: String },
+
+    #[error("this request was already forwarded by {by}; teifleet forwards a request at most once")]
+    ForwardingLoop { by: String },
+
+    #[error("pool {0} has no limits yet (waiting for its EmbeddingPool status)")]
+    PoolNotReady(String),
+
+    #[error("the multiplexer is shutting down")]
+    Draining,
+
+    /// The upstream answered with this status: it reaches the client as the upstream sent it.
+    #[error("upstream {pool}: {status}")]
+    Upstream { pool: String, status: tonic::Status },
+
+    #[error("upstream {pool} is unreachable: {reason}")]
+    Unreachable { pool: String, reason: String },
+
+    #[error("upstream {pool}: the call's deadline passed after {waited:?}, while the upstream was working on it")]
+    DeadlineAtUpstream { pool: String, waited: std::time::Duration },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What kind of failure a request met: the one classification every front and the metrics map
+/// from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// No API key, or a wrong one (here, or at the pool the call was routed to).
+    Unauthenticated,
+    /// The request is malformed: its metadata, its priority, its body.
+    InvalidRequest,
+    /// The request asks for more than one request may carry (inputs, bytes).
+    TooLarge,
+    /// It names a pool or a model that is not served here.
+    NotFound,
+    /// It was forwarded by a multiplexer already.
+    ForwardingLoop,
+    /// Refused at once to protect the pool, with a hint on when to retry.
+    Shed(Shed),
+    /// Waited the pool's whole queue timeout without a permit; may be retried.
+    QueueTimedOut,
+    /// Its deadline passed while it waited in the queue.
+    ExpiredInQueue,
+    /// Its deadline passed while the upstream worked on it.
+    ExpiredAtUpstream,
+    /// The multiplexer cannot take calls right now: draining, or its pool's limits or API keys
+    /// not known yet. Retrying (elsewhere) helps.
+    Unavailable,
+    /// The upstream could not be reached.
+    Unreachable,
+    /// The upstream answered with an error of its own, which passes through as it was sent.
+    Upstream,
+}
+
+/// Why admission refused a call at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Shed {
+    /// The queue is full (or the call was evicted from it by one that ranks higher).
+    QueueFull,
+    /// The queue stands: a newcomer would only wait behind a queue that does not drain.
+    StandingQueue,
+    /// The call's deadline comes before its expected turn.
+    Deadline,
+    /// Its expected wait is longer than the pool's queue timeout.
+    QueueTimeout,
+}
+
+impl Error {
+    /// What kind of failure this is.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::Auth(AuthFailure::KeysNotLoaded) => ErrorKind::Unavailable,
+            Self::Auth(AuthFailure::Missing | AuthFailure::Malformed | AuthFailure::InvalidKey) => {
+                ErrorKind::Unauthenticated
+            }
+            Self::Admission { source, .. } => match source {
+                AdmissionError::QueueFull { .. } | AdmissionError::Evicted { .. } => ErrorKind::Shed(Shed::QueueFull),
+                AdmissionError::StandingQueue { .. } => ErrorKind::Shed(Shed::StandingQueue),
+                AdmissionError::DeadlineUnmeetable { .. } => ErrorKind::Shed(Shed::Deadline),
+                AdmissionError::QueueTimeoutUnmeetable { .. } => ErrorKind::Shed(Shed::QueueTimeout),
+                AdmissionError::QueueTimeout { .. } => ErrorKind::QueueTimedOut,
+                AdmissionError::DeadlineExpired { .. } => ErrorKind::ExpiredInQueue,
+            },
+            Self::InvalidPriority(_) | Self::InvalidMetadata { .. } => ErrorKind::InvalidRequest,
+            Self::UnknownPool { .. } | Self::UnknownModel { .. } => ErrorKind::NotFound,
+            Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,
+            Self::PoolNotReady(_) | Self::Draining => ErrorKind::Unavailable,
+            Self::Unreachable { .. } => ErrorKind::Unreachable,
+            Self::DeadlineAtUpstream { .. } => ErrorKind::ExpiredAtUpstream,
+            Self::Upstream { status, .. } if is_transport_failure(status) => ErrorKind::Unreachable,
+            Self::Upstream { status, .. } => match status.code() {
+                Code::DeadlineExceeded => ErrorKind::ExpiredAtUpstream,
+                // Another pool's sidecar refused the caller's key: the caller's doing.
+                Code::Unauthenticated => ErrorKind::Unauthenticated,
+                _ => ErrorKind::Upstream,
+            },
+        }
+    }
+
+    /// The gRPC code the client receives: the upstream's own for its answers, else the kind's.
+    pub fn code(&self) -> Code {
+        match self {
+            Self::Upstream { status, .. } if self.kind() != ErrorKind::Unreachable => status.code(),
+            _ => self.kind().code(),
+        }
+    }
+}
+
+impl ErrorKind {
+    /// The gRPC code of a failure the multiplexer describes itself.
+    pub fn code(self) -> Code {
+        match self {
+            Self::Unauthenticated => Code::Unauthenticated,
+            Self::InvalidRequest => Code::InvalidArgument,
+            // As gRPC answers a message over its size limit.
+            Self::TooLarge => Code::OutOfRange,
+            Self::NotFound => Code::NotFound,
+            Self::ForwardingLoop => Code::FailedPrecondition,
+            Self::Shed(_) | Self::QueueTimedOut => Code::ResourceExhausted,
+            Self::ExpiredInQueue | Self::ExpiredAtUpstream => Code::DeadlineExceeded,
+            Self::Unavailable | Self::Unreachable => Code::Unavailable,
+            // Only reached for an upstream answer that carries no code of its own.
+            Self::Upstream => Code::Unknown,
+        }
+    }
+}
+
+/// A call tonic could not make (connection refused or reset), as opposed to an answer.
+pub fn is_transport_failure(status: &tonic::Status) -> bool {
+    use std::error::Error as _;
+    status.code() == Code::Unknown && status.source().is_some_and(|source| source.is::<tonic::transport::Error>())
+}
