@@ -14,6 +14,7 @@ use super::Shared;
 use super::error::{Flavor, HttpError};
 use super::request::{HttpCall, row};
 use super::types::*;
+use crate::Error;
 
 pub(super) const INFO: &str = "/tei.v1.Info/Info";
 const EMBED: &str = "/tei.v1.Embed/Embed";
@@ -82,9 +83,17 @@ fn texts(inputs: Inputs) -> Result<Vec<String>, HttpError> {
     if texts.is_empty() || texts.iter().any(String::is_empty) { Err(HttpError::Empty("inputs")) } else { Ok(texts) }
 }
 
-/// TEI's HTTP server checks the model's type before its queue, with these words.
-async fn require_model(call: &HttpCall<'_>, served: &[v1::ModelType], refusal: &'static str) -> Result<(), HttpError> {
-    if served.contains(&call.info().await?.model_type()) { Ok(()) } else { Err(HttpError::WrongModelType(refusal)) }
+/// TEI's gRPC Rerank refuses a model of another type in words of its own ("model is not a
+/// classifier model" for an embedding model); its HTTP `/rerank` says what it means.
+fn as_rerank_refusal(error: HttpError) -> HttpError {
+    match &error {
+        HttpError::Call(Error::Upstream { status, .. })
+            if status.code() == tonic::Code::FailedPrecondition && status.message().starts_with("model is not a") =>
+        {
+            HttpError::WrongModelType("model is not a re-ranker model")
+        }
+        _ => error,
+    }
 }
 
 async fn embed_calls(call: &mut HttpCall<'_>, request: EmbedRequest) -> Result<Vec<v1::EmbedResponse>, HttpError> {
@@ -173,8 +182,6 @@ async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     if singles.iter().chain(pairs.iter().flatten()).any(String::is_empty) {
         return Err(HttpError::Empty("inputs"));
     }
-    let served = [v1::ModelType::Classifier, v1::ModelType::Reranker];
-    require_model(call, &served, "model is not a classifier model").await?;
     let (truncate, raw_scores) = (request.truncate.unwrap_or(call.settings().auto_truncate), request.raw_scores);
     let truncation_direction = request.truncation_direction.into();
     let batch = call.settings().max_client_batch_size;
@@ -201,7 +208,6 @@ async fn rerank_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     if request.texts.is_empty() || request.texts.iter().any(String::is_empty) {
         return Err(HttpError::Empty("texts"));
     }
-    require_model(call, &[v1::ModelType::Reranker], "model is not a re-ranker model").await?;
     // More texts than TEI takes in one call: one call per slice, each admitted for its texts,
     // the ranks put back on the caller's indices and sorted together.
     let size = call.settings().max_client_batch_size.max(1);
@@ -218,7 +224,8 @@ async fn rerank_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
             truncation_direction: request.truncation_direction.into(),
         })
         .collect();
-    let answers: Vec<v1::RerankResponse> = call.unary_all(row(RERANK), &messages, 1).await?;
+    let answers: Vec<v1::RerankResponse> =
+        call.unary_all(row(RERANK), &messages, 1).await.map_err(as_rerank_refusal)?;
     let mut ranks: Vec<Rank> = answers
         .into_iter()
         .enumerate()
@@ -386,6 +393,19 @@ async fn dispatch_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 #[cfg(test)]
 mod tests {
     use super::cosine_similarity;
+
+    #[test]
+    fn a_rerank_of_a_model_of_another_type_is_refused_in_teis_http_words() {
+        let refused = |message: &str| {
+            let status = tonic::Status::failed_precondition(message.to_owned());
+            super::as_rerank_refusal(super::HttpError::Call(crate::Error::Upstream { pool: "p".into(), status }))
+        };
+        let answer = refused("model is not a classifier model");
+        let answer = answer.answer();
+        assert_eq!((answer.status.as_u16(), &*answer.message), (424, "Backend error: model is not a re-ranker model"));
+        let other = refused("Backend error: Inference failed");
+        assert_eq!(other.answer().message, "Backend error: Inference failed");
+    }
 
     #[test]
     fn cosine_similarity_is_scale_free_and_handles_zero_vectors() {

@@ -16,20 +16,20 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const DIMENSIONS: usize = 384;
 
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Value,
+pub(crate) struct Answer {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Value,
 }
 
 impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
     }
 }
 
 /// One HTTP/1.1 exchange on its own connection: no client library between the test and the wire.
-async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+pub(crate) async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connects");
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
@@ -59,11 +59,11 @@ async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &
     Answer { status, headers, body }
 }
 
-async fn post(addr: SocketAddr, path: &str, body: Value) -> Answer {
+pub(crate) async fn post(addr: SocketAddr, path: &str, body: Value) -> Answer {
     request(addr, "POST", path, &[], body.to_string().as_bytes()).await
 }
 
-async fn front(limits: teifleet_multiplexer::admission::Limits, sim: &SimHandle, http: HttpSettings) -> Running {
+pub(crate) async fn front(limits: teifleet_multiplexer::admission::Limits, sim: &SimHandle, http: HttpSettings) -> Running {
     let settings = Settings { http_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))), http, ..Settings::default() };
     mux_with(vec![spec("pool-a", sim.addr(), limits)], settings).await.0
 }
@@ -321,8 +321,10 @@ async fn errors_have_tei_codes_and_bodies() {
         assert_eq!(answer.status, 422, "{}", answer.body);
         assert_eq!(answer.body["error_type"], "Validation");
     }
+    // Not JSON at all: 400, as TEI's axum answers a syntax error.
     let answer = request(http, "POST", "/embed", &[], b"{not json").await;
-    assert_eq!(answer.status, 422);
+    assert_eq!(answer.status, 400, "{}", answer.body);
+    assert!(answer.body["error"].as_str().unwrap().starts_with("Failed to parse the request body as JSON"));
 
     let big = json!({"inputs": "x".repeat(20_000)});
     let answer = post(http, "/embed", big).await;

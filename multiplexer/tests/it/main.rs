@@ -14,4 +14,5 @@ mod passthrough;
 mod process;
 mod routing;
 mod support;
+mod tei_parity;
 mod units_and_tenants;

@@ -15,6 +15,20 @@ pub fn sum(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// The sum of the series of metric `name` that carry every one of `labels` (others may differ).
+pub fn sum_matching(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let wanted: Vec<String> = labels.iter().map(|(label, value)| format!("{label}=\"{value}\"")).collect();
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter(|line| line.split(['{', ' ']).next() == Some(name))
+        .filter(|line| {
+            let labels = line.split_once('{').and_then(|(_, rest)| rest.split_once('}')).map_or("", |(l, _)| l);
+            wanted.iter().all(|pair| labels.split(',').any(|label| label == pair))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,5 +52,12 @@ mod tests {
         assert_eq!(sum(TEXT, "teifleet_queued"), 10.0);
         assert_eq!(sum(TEXT, "teifleet_queued_total"), 100.0);
         assert_eq!(sum(TEXT, "missing"), 0.0);
+    }
+
+    #[test]
+    fn sums_the_series_with_given_labels() {
+        assert_eq!(sum_matching(TEXT, "teifleet_queued", &[("pool", "a")]), 10.0);
+        assert_eq!(sum_matching(TEXT, "teifleet_queued", &[("priority", "critical")]), 3.0);
+        assert_eq!(sum_matching(TEXT, "teifleet_queued", &[("pool", "b")]), 0.0);
     }
 }

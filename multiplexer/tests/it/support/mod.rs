@@ -19,6 +19,8 @@ use tonic::transport::Channel;
 pub use teifleet_testkit::poll::until;
 /// The value of a metric line (exact name and labels) in the Prometheus text.
 pub use teifleet_testkit::prom::value as metric;
+/// The sum of a metric's series that carry the given labels.
+pub use teifleet_testkit::prom::sum_matching as metric_sum;
 
 pub const MODEL: &str = "teifleet/sim-embedding";
 
