@@ -324,7 +324,8 @@ async fn decode_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 pub async fn info(State(shared): State<Shared>, headers: HeaderMap) -> Response {
     let answer = match HttpCall::route(&shared, row(INFO), &headers) {
         Ok(call) => {
-            let info = call.info().await.map(|info| super::json(&Info::from((*info).clone())));
+            let auto_truncate = call.settings().auto_truncate;
+            let info = call.info().await.map(|info| super::json(&Info::new((*info).clone(), auto_truncate)));
             call.finish(info)
         }
         Err(error) => Err(error),

@@ -190,8 +190,8 @@ pub struct DecodeRequest {
     pub skip_special_tokens: bool,
 }
 
-/// `GET /info`, from `tei.v1.Info`. What the gRPC answer does not carry (the pooling, labels,
-/// `auto_truncate`) is left out or empty.
+/// `GET /info`, from `tei.v1.Info` and the pool's `auto_truncate`. What neither carries (the
+/// pooling, labels) is left out or empty.
 #[derive(Debug, Serialize)]
 pub struct Info {
     pub model_id: String,
@@ -203,14 +203,15 @@ pub struct Info {
     pub max_batch_tokens: u32,
     pub max_batch_requests: Option<u32>,
     pub max_client_batch_size: u32,
+    pub auto_truncate: bool,
     pub tokenization_workers: u32,
     pub version: String,
     pub sha: Option<String>,
     pub docker_label: Option<String>,
 }
 
-impl From<v1::InfoResponse> for Info {
-    fn from(info: v1::InfoResponse) -> Self {
+impl Info {
+    pub fn new(info: v1::InfoResponse, auto_truncate: bool) -> Self {
         let model_type = match info.model_type() {
             v1::ModelType::Embedding => serde_json::json!({ "embedding": {} }),
             v1::ModelType::Classifier => serde_json::json!({ "classifier": { "id2label": {}, "label2id": {} } }),
@@ -226,6 +227,7 @@ impl From<v1::InfoResponse> for Info {
             max_batch_tokens: info.max_batch_tokens,
             max_batch_requests: info.max_batch_requests,
             max_client_batch_size: info.max_client_batch_size,
+            auto_truncate,
             tokenization_workers: info.tokenization_workers,
             version: info.version,
             sha: info.sha,

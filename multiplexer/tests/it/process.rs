@@ -37,3 +37,42 @@ fn an_idle_multiplexer_stops_promptly_and_logs_values() {
     };
     assert!(status.success(), "{status}");
 }
+
+/// What one request at the input cap costs the sidecar: its peak resident memory (VmHWM) stays
+/// far under the 256Mi the operator gives the container, while a request past the cap is refused
+/// without growing it. (Before the cap, 60,000 one-character inputs took a sidecar to 355 MB.)
+#[tokio::test]
+async fn a_request_at_the_input_cap_stays_within_a_stated_memory_bound() {
+    const PEAK_BOUND_KIB: u64 = 96 * 1024;
+    let sim = crate::support::sim(|_| {}).await;
+    let http_port = teifleet_testkit::net::free_port().expect("a free port");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
+    command
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-in-flight", "64"])
+        .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--log-format", "json"])
+        .args(["--upstream", &format!("http://{}", sim.addr())])
+        .stderr(Stdio::piped());
+    let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
+    let mut logs = BufReader::new(guard.child_mut().stderr.take().unwrap()).lines();
+    logs.by_ref().map_while(Result::ok).find(|line| line.contains("multiplexer serving")).expect("a start-up line");
+    let http = teifleet_testkit::net::loopback(http_port);
+    let peak = || -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", guard.id())).expect("the process's status");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
+    };
+
+    let over = serde_json::json!({"inputs": vec!["a"; 60_000]});
+    let answer = crate::http_front::post(http, "/embed", over).await;
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    let inputs = teifleet_multiplexer::http::DEFAULT_MAX_REQUEST_INPUTS;
+    let texts: Vec<String> = (0..inputs).map(|i| format!("text number {i} of the largest request allowed")).collect();
+    let answer = crate::http_front::post(http, "/embed", serde_json::json!({ "inputs": texts })).await;
+    assert_eq!(answer.status, 200);
+    assert_eq!(answer.body.as_array().map(Vec::len), Some(inputs));
+    let peak_kib = peak();
+    eprintln!("peak RSS after a {inputs}-input request: {} MiB", peak_kib / 1024);
+    assert!(peak_kib < PEAK_BOUND_KIB, "peak RSS {peak_kib} KiB, bound {PEAK_BOUND_KIB} KiB");
+    drop(guard);
+    sim.shutdown().await;
+}
