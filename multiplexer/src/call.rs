@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::Code;
 
-use crate::error::{Error, ErrorKind};
 use crate::admission::Priority;
+use crate::error::{Error, ErrorKind};
 use crate::metrics::{Metrics, Timings};
 use crate::rpc::Rpc;
 use crate::status::Outcome;

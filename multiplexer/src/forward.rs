@@ -224,7 +224,8 @@ impl Routed {
         let Self { forwarder, mut call, meta, pool, mut permit } = self;
         if permit.is_none() && call.rpc.admit == Admit::Permit {
             let cost = cost_of(&pool, call.rpc, request.get_ref());
-            permit = forwarder.admit(&mut call, &pool, &meta, cost).await.map_err(|error| Status::from(call.fail(error)))?;
+            permit =
+                forwarder.admit(&mut call, &pool, &meta, cost).await.map_err(|error| Status::from(call.fail(error)))?;
         }
         let outgoing =
             forwarder.outgoing(request.map(|message| futures::stream::once(async { message })), &meta, &pool);

@@ -38,7 +38,6 @@ pub mod wire;
 
 use std::net::SocketAddr;
 
-
 pub use error::{Error, ErrorKind, Result};
 
 /// Why the multiplexer could not start, or could not apply a configuration.

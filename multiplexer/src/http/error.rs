@@ -118,7 +118,8 @@ impl HttpError {
 
     /// Status, TEI error type, message and back-off, as TEI's HTTP server would answer.
     pub fn answer(&self) -> Answer<'_> {
-        let own = |status, error_type| Answer { status, error_type, message: self.to_string().into(), retry_after: None };
+        let own =
+            |status, error_type| Answer { status, error_type, message: self.to_string().into(), retry_after: None };
         match self {
             Self::Empty(_) => own(StatusCode::BAD_REQUEST, ErrorType::Empty),
             Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } => {
@@ -164,7 +165,9 @@ fn call_answer(error: &Error) -> Answer<'_> {
         ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, ErrorType::Validation),
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, ErrorType::Validation),
         ErrorKind::Shed(_) | ErrorKind::QueueTimedOut => (StatusCode::TOO_MANY_REQUESTS, ErrorType::Overloaded),
-        ErrorKind::ExpiredInQueue | ErrorKind::ExpiredAtUpstream => (StatusCode::GATEWAY_TIMEOUT, ErrorType::Overloaded),
+        ErrorKind::ExpiredInQueue | ErrorKind::ExpiredAtUpstream => {
+            (StatusCode::GATEWAY_TIMEOUT, ErrorType::Overloaded)
+        }
         ErrorKind::Unavailable | ErrorKind::Unreachable => (StatusCode::SERVICE_UNAVAILABLE, ErrorType::Unhealthy),
         ErrorKind::Upstream => (StatusCode::FAILED_DEPENDENCY, ErrorType::Backend),
     };
@@ -255,9 +258,16 @@ mod tests {
         assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
         assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
         let missing = HttpError::Call(Error::Auth(AuthFailure::Missing));
-        assert_eq!((missing.answer().status, missing.answer().error_type), (StatusCode::UNAUTHORIZED, ErrorType::Unauthorized));
+        assert_eq!(
+            (missing.answer().status, missing.answer().error_type),
+            (StatusCode::UNAUTHORIZED, ErrorType::Unauthorized)
+        );
         let waiting = HttpError::Call(Error::Auth(AuthFailure::KeysNotLoaded));
-        assert_eq!(waiting.answer().status, StatusCode::SERVICE_UNAVAILABLE, "the keys not read yet: retry, not a bad key");
+        assert_eq!(
+            waiting.answer().status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the keys not read yet: retry, not a bad key"
+        );
         let routed = upstream(Status::unauthenticated("no"));
         assert_eq!(routed.answer().status, StatusCode::UNAUTHORIZED, "the pool routed to refused the key");
     }
@@ -267,11 +277,36 @@ mod tests {
     #[test]
     fn teis_grpc_errors_become_what_its_http_server_answers() {
         let cases = [
-            (Status::invalid_argument("Input validation error: `inputs` cannot be empty"), 400, ErrorType::Empty, "Input validation error: `inputs` cannot be empty"),
-            (Status::invalid_argument("Input validation error: `inputs` must have less than 512 tokens. Given: 700"), 422, ErrorType::Validation, "Input validation error: `inputs` must have less than 512 tokens. Given: 700"),
-            (Status::failed_precondition("Tokenizer error: bad input"), 422, ErrorType::Tokenizer, "Tokenizer error: bad input"),
-            (Status::failed_precondition("Backend error: Inference failed: cuda"), 424, ErrorType::Backend, "Backend error: Inference failed: cuda"),
-            (Status::failed_precondition("model is not a re-ranker model"), 424, ErrorType::Backend, "Backend error: model is not a re-ranker model"),
+            (
+                Status::invalid_argument("Input validation error: `inputs` cannot be empty"),
+                400,
+                ErrorType::Empty,
+                "Input validation error: `inputs` cannot be empty",
+            ),
+            (
+                Status::invalid_argument("Input validation error: `inputs` must have less than 512 tokens. Given: 700"),
+                422,
+                ErrorType::Validation,
+                "Input validation error: `inputs` must have less than 512 tokens. Given: 700",
+            ),
+            (
+                Status::failed_precondition("Tokenizer error: bad input"),
+                422,
+                ErrorType::Tokenizer,
+                "Tokenizer error: bad input",
+            ),
+            (
+                Status::failed_precondition("Backend error: Inference failed: cuda"),
+                424,
+                ErrorType::Backend,
+                "Backend error: Inference failed: cuda",
+            ),
+            (
+                Status::failed_precondition("model is not a re-ranker model"),
+                424,
+                ErrorType::Backend,
+                "Backend error: model is not a re-ranker model",
+            ),
             (Status::resource_exhausted("Model is overloaded"), 429, ErrorType::Overloaded, "Model is overloaded"),
             (Status::unavailable("unhealthy"), 503, ErrorType::Unhealthy, "unhealthy"),
             (Status::internal("cuda"), 424, ErrorType::Backend, "cuda"),

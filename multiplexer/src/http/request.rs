@@ -154,7 +154,9 @@ async fn run_chunk<Resp: Message + Default>(
     chunk: Vec<Bytes>,
 ) -> Result<Chunk<Resp>> {
     let permit = match rpc.admit {
-        Admit::Permit => Some(acquire(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?),
+        Admit::Permit => {
+            Some(acquire(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?)
+        }
         Admit::Free => None,
     };
     let admitted = Instant::now();

@@ -1,6 +1,5 @@
 //! Admission control through real gRPC: the simulator counts what actually reaches it.
 
-
 use std::time::Duration;
 
 use futures::future::join_all;

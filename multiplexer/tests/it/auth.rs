@@ -2,7 +2,6 @@
 //! wrong one, is refused before it is routed or queued, and counted; a right key names the
 //! call's tenant whatever the call says; keys rotate by rewriting the keys file.
 
-
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,6 +1,5 @@
 //! Bad input gets a clear status and the server stays up.
 
-
 use teifleet_multiplexer::server::Settings;
 use teifleet_wire::headers::{MODEL as MODEL_HEADER, POOL as POOL_HEADER, PRIORITY as PRIORITY_HEADER};
 use tonic::Code;

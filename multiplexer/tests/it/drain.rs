@@ -1,6 +1,5 @@
 //! Shutdown drains: not ready at once, calls in flight finish, new calls are refused.
 
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 

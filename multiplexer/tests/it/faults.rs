@@ -1,7 +1,6 @@
 //! Faults: TEI going away mid-load, coming back, and thousands of requests with random
 //! cancellations and deadlines. Every request gets an answer and no permit leaks.
 
-
 use std::time::Duration;
 
 use futures::future::join_all;

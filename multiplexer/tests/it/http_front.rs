@@ -2,12 +2,11 @@
 //! answers what the gRPC path answers, batches over TEI's cap are split and put back in order,
 //! and errors carry TEI's status codes and bodies.
 
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde_json::{Value, json};
 use crate::support::*;
+use serde_json::{Value, json};
 use teifleet_multiplexer::http::HttpSettings;
 use teifleet_multiplexer::server::{Running, Settings};
 use teifleet_proto::v1::{self, rerank_client::RerankClient};
@@ -29,7 +28,13 @@ impl Answer {
 }
 
 /// One HTTP/1.1 exchange on its own connection: no client library between the test and the wire.
-pub(crate) async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Answer {
+pub(crate) async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Answer {
     let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connects");
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n",
@@ -63,7 +68,11 @@ pub(crate) async fn post(addr: SocketAddr, path: &str, body: Value) -> Answer {
     request(addr, "POST", path, &[], body.to_string().as_bytes()).await
 }
 
-pub(crate) async fn front(limits: teifleet_multiplexer::admission::Limits, sim: &SimHandle, http: HttpSettings) -> Running {
+pub(crate) async fn front(
+    limits: teifleet_multiplexer::admission::Limits,
+    sim: &SimHandle,
+    http: HttpSettings,
+) -> Running {
     let settings = Settings { http_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))), http, ..Settings::default() };
     mux_with(vec![spec("pool-a", sim.addr(), limits)], settings).await.0
 }

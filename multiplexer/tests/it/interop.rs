@@ -1,6 +1,5 @@
 //! Every tei.v1 RPC through the multiplexer gets the answer the simulator gives directly.
 
-
 use teifleet_proto::v1::{
     self, embed_client::EmbedClient, info_client::InfoClient, predict_client::PredictClient,
     rerank_client::RerankClient, tokenize_client::TokenizeClient,

@@ -1,6 +1,5 @@
 //! Limits change live from the static configuration file, without dropping a request.
 
-
 use std::sync::Arc;
 use std::time::Duration;
 

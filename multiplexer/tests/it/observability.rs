@@ -1,7 +1,6 @@
 //! What operators see: TEI's own errors passed through and counted, the three-way time split,
 //! gRPC health that follows TEI, reflection, and connections recycled by age without failures.
 
-
 use std::error::Error as _;
 use std::time::Duration;
 

@@ -1,7 +1,6 @@
 //! What the byte-forwarding path must keep: TEI's own answers reach clients exactly as TEI sent
 //! them, identical calls in flight can share one TEI call, and start-up failures name their cause.
 
-
 use std::time::Duration;
 
 use futures::future::join_all;

@@ -59,7 +59,11 @@ async fn a_request_over_the_input_cap_is_refused_whole_before_anything_is_sent()
     let answer = post(http, "/embed", json!({"inputs": inputs})).await;
     assert_eq!(answer.status, 413, "{}", answer.body);
     assert_eq!(answer.body["error_type"], "Validation");
-    assert!(answer.body["error"].as_str().unwrap().contains("60000 > maximum allowed batch size 100"), "{}", answer.body);
+    assert!(
+        answer.body["error"].as_str().unwrap().contains("60000 > maximum allowed batch size 100"),
+        "{}",
+        answer.body
+    );
     let texts: Vec<&str> = vec!["t"; 101];
     let answer = post(http, "/rerank", json!({"query": "q", "texts": texts})).await;
     assert_eq!(answer.status, 413, "a rerank's texts count: {}", answer.body);

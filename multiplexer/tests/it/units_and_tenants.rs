@@ -1,6 +1,5 @@
 //! Admission in TEI's units and between tenants, through real gRPC.
 
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 

@@ -17,10 +17,10 @@ use tonic::transport::Channel;
 
 /// Polls until a condition holds (`until(what, timeout, check)`), panicking after the timeout.
 pub use teifleet_testkit::poll::until;
-/// The value of a metric line (exact name and labels) in the Prometheus text.
-pub use teifleet_testkit::prom::value as metric;
 /// The sum of a metric's series that carry the given labels.
 pub use teifleet_testkit::prom::sum_matching as metric_sum;
+/// The value of a metric line (exact name and labels) in the Prometheus text.
+pub use teifleet_testkit::prom::value as metric;
 
 pub const MODEL: &str = "teifleet/sim-embedding";
 
