@@ -24,11 +24,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use teifleet_crds::duration::parse_duration;
+use teifleet_crds::{ConcurrencySpec, TenantWeight};
 use tokio_util::sync::CancellationToken;
 
+use super::budget;
 use crate::SetupError;
-use crate::admission::Limits;
 use crate::auth::{Gate, KeyRing, Policy};
 use crate::pools::{PoolSpec, PoolTable};
 
@@ -89,23 +89,34 @@ pub fn parse(text: &str) -> Result<Loaded> {
     let default = config.default.clone().unwrap_or_else(|| first.name.clone());
     let mut pools = Vec::new();
     for pool in config.pools {
-        if pool.max_in_flight < 1 {
-            return Err(SetupError::Config(format!("pool {}: maxInFlight must be at least 1", pool.name)));
-        }
-        let queue_timeout = parse_duration(&pool.queue_timeout)
-            .map_err(|e| SetupError::Config(format!("pool {}: queueTimeout: {e}", pool.name)))?;
+        let invalid = |reason: String| SetupError::Config(format!("pool {}: {reason}", pool.name));
+        let count =
+            |value: usize, field: &str| i32::try_from(value).map_err(|_| invalid(format!("{field} is too large")));
+        let concurrency = ConcurrencySpec {
+            max_in_flight: count(pool.max_in_flight, "maxInFlight")?,
+            max_queued: count(pool.max_queued, "maxQueued")?,
+            queue_timeout: pool.queue_timeout.clone(),
+            max_in_flight_tokens: pool.max_in_flight_tokens.map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
+            adaptive: pool.adaptive,
+            tenants: pool
+                .tenants
+                .iter()
+                .map(|(name, &weight)| TenantWeight {
+                    name: name.clone(),
+                    weight: i32::try_from(weight).unwrap_or(i32::MAX),
+                })
+                .collect(),
+            ..ConcurrencySpec::default()
+        };
+        let limits = budget::whole(&concurrency).map_err(invalid)?;
         pools.push(PoolSpec {
             name: pool.name,
             model: pool.model,
             upstream: pool.upstream,
-            limits: Some(Limits {
-                max_in_flight_tokens: pool.max_in_flight_tokens,
-                adaptive: pool.adaptive,
-                ..Limits::new(pool.max_in_flight, pool.max_queued, queue_timeout)
-            }),
+            limits: Some(limits),
+            tenants: budget::tenants(&concurrency),
             remote: pool.remote,
             coalesce: pool.coalesce,
-            tenants: pool.tenants,
         });
     }
     if !pools.iter().any(|p| p.name == default) {

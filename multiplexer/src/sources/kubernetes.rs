@@ -3,16 +3,15 @@
 //! every other pool is reachable through its Service, for `x-teifleet-pool`/`-model` routing.
 //! The own pool's `spec.auth` says which Secret's keys the gate enforces (`super::secret`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
-use teifleet_crds::duration::parse_duration;
-use teifleet_crds::{EmbeddingPool, split_budget};
+use teifleet_crds::{EmbeddingPool, Shares, split_budget};
 use tokio_util::sync::CancellationToken;
 
+use super::budget;
 use crate::admission::Limits;
 use crate::auth::{Gate, Policy};
 use crate::pools::{PoolSpec, PoolTable};
@@ -22,31 +21,16 @@ use teifleet_wire::ports::MULTIPLEXER_GRPC as POOL_SERVICE_PORT;
 /// This replica's limits for a pool: the shares in its status, or, before the operator has
 /// published any, the budget split over the desired replicas.
 pub fn limits_of(pool: &EmbeddingPool) -> Option<Limits> {
-    let queue_timeout = parse_duration(&pool.spec.concurrency.queue_timeout).ok()?;
     let budget = &pool.spec.concurrency;
-    let (in_flight, queued, split_over) = match pool.status.as_ref().and_then(|s| s.admission) {
-        Some(shares) => (shares.in_flight_per_replica, shares.queued_per_replica, shares.split_over_replicas),
-        None => {
-            let shares = split_budget(budget, 0, pool.spec.replicas.unwrap_or(1));
-            (shares.in_flight_per_replica, shares.queued_per_replica, shares.split_over)
-        }
+    let share = match pool.status.as_ref().and_then(|s| s.admission) {
+        Some(shares) => Shares {
+            in_flight_per_replica: shares.in_flight_per_replica,
+            queued_per_replica: shares.queued_per_replica,
+            split_over: shares.split_over_replicas,
+        },
+        None => split_budget(budget, 0, pool.spec.replicas.unwrap_or(1)),
     };
-    // The token budget is split like the others: rounded up, so the pool never gets less.
-    let tokens = budget.max_in_flight_tokens.map(|tokens| {
-        let split_over = i64::from(split_over.max(1));
-        usize::try_from((tokens.max(1) + split_over - 1) / split_over).unwrap_or(usize::MAX)
-    });
-    Some(Limits {
-        max_in_flight_tokens: tokens,
-        adaptive: budget.adaptive,
-        ..Limits::new(usize::try_from(in_flight).ok()?.max(1), usize::try_from(queued).unwrap_or(0), queue_timeout)
-    })
-}
-
-/// Tenant weights from the spec.
-pub fn tenants_of(pool: &EmbeddingPool) -> BTreeMap<String, u32> {
-    let tenants = &pool.spec.concurrency.tenants;
-    tenants.iter().map(|t| (t.name.clone(), u32::try_from(t.weight).unwrap_or(1).max(1))).collect()
+    budget::limits(budget, &share).ok()
 }
 
 /// The routing table's view of the namespace's pools.
@@ -67,7 +51,7 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
                 limits: limits_of(pool),
                 remote: !local,
                 coalesce: pool.spec.coalesce,
-                tenants: tenants_of(pool),
+                tenants: budget::tenants(&pool.spec.concurrency),
                 name,
             }
         })

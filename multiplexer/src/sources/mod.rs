@@ -2,6 +2,7 @@
 //! file that is re-read when it changes, with a keys file beside it) or the EmbeddingPools of the
 //! namespace and the one Secret of keys the own pool names, watched in Kubernetes.
 
+pub mod budget;
 pub mod file;
 pub mod kubernetes;
 pub mod secret;

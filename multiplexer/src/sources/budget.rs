@@ -1,0 +1,91 @@
+//! A pool's `spec.concurrency` as one replica's admission limits and tenant weights: the one
+//! mapping the Kubernetes, file and flag sources share, so a budget means the same wherever it
+//! is written. Kubernetes splits the pool's budget over its replicas; a file or flags describe the
+//! budget of one multiplexer, split over one.
+
+use std::collections::BTreeMap;
+
+use teifleet_crds::duration::parse_duration;
+use teifleet_crds::{ConcurrencySpec, Shares, split_budget};
+
+use crate::admission::Limits;
+
+/// One replica's limits under its `share` of the pool's budget. The budget's own checks (the API
+/// server makes them for an EmbeddingPool) hold here too, for budgets from a file or flags.
+pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, String> {
+    if concurrency.max_in_flight < 1 {
+        return Err("maxInFlight must be at least 1".into());
+    }
+    if concurrency.max_queued < 0 {
+        return Err("maxQueued must be 0 or more".into());
+    }
+    let queue_timeout = parse_duration(&concurrency.queue_timeout).map_err(|e| format!("queueTimeout: {e}"))?;
+    // The token budget is split like the others: rounded up, so the pool never gets less.
+    let tokens = concurrency.max_in_flight_tokens.map(|tokens| {
+        let split_over = i64::from(share.split_over.max(1));
+        usize::try_from((tokens.max(1) + split_over - 1) / split_over).unwrap_or(usize::MAX)
+    });
+    let in_flight = usize::try_from(share.in_flight_per_replica).unwrap_or(1).max(1);
+    Ok(Limits {
+        max_in_flight_tokens: tokens,
+        adaptive: concurrency.adaptive,
+        ..Limits::new(in_flight, usize::try_from(share.queued_per_replica).unwrap_or(0), queue_timeout)
+    })
+}
+
+/// The whole budget as one multiplexer's limits.
+pub fn whole(concurrency: &ConcurrencySpec) -> Result<Limits, String> {
+    limits(concurrency, &split_budget(concurrency, 0, 1))
+}
+
+/// Tenant weights by name; tenants not listed weigh 1.
+pub fn tenants(concurrency: &ConcurrencySpec) -> BTreeMap<String, u32> {
+    let weight = |weight: i32| u32::try_from(weight).unwrap_or(1).max(1);
+    concurrency.tenants.iter().map(|t| (t.name.clone(), weight(t.weight))).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use teifleet_crds::TenantWeight;
+
+    use super::*;
+
+    #[test]
+    fn a_budget_split_over_replicas_rounds_every_share_up() {
+        let concurrency = ConcurrencySpec {
+            max_in_flight: 10,
+            max_queued: 5,
+            queue_timeout: "1500ms".into(),
+            max_in_flight_tokens: Some(1001),
+            ..ConcurrencySpec::default()
+        };
+        let limits = limits(&concurrency, &split_budget(&concurrency, 0, 3)).unwrap();
+        assert_eq!((limits.max_in_flight, limits.max_queued), (4, 2));
+        assert_eq!(limits.max_in_flight_tokens, Some(334));
+        assert_eq!(limits.queue_timeout, Duration::from_millis(1500));
+        let whole = whole(&concurrency).unwrap();
+        assert_eq!((whole.max_in_flight, whole.max_queued, whole.max_in_flight_tokens), (10, 5, Some(1001)));
+    }
+
+    #[test]
+    fn a_budget_the_api_server_would_refuse_is_refused_here_too() {
+        let zero = ConcurrencySpec { max_in_flight: 0, ..ConcurrencySpec::default() };
+        assert!(whole(&zero).unwrap_err().contains("maxInFlight"));
+        let never = ConcurrencySpec { queue_timeout: "soon".into(), ..ConcurrencySpec::default() };
+        assert!(whole(&never).unwrap_err().contains("queueTimeout"));
+    }
+
+    #[test]
+    fn tenants_weigh_at_least_one() {
+        let concurrency = ConcurrencySpec {
+            tenants: vec![
+                TenantWeight { name: "search".into(), weight: 3 },
+                TenantWeight { name: "x".into(), weight: 0 },
+            ],
+            ..ConcurrencySpec::default()
+        };
+        assert_eq!(tenants(&concurrency), BTreeMap::from([("search".into(), 3), ("x".into(), 1)]));
+    }
+}
