@@ -36,7 +36,7 @@ cleanup() {
 }
 trap cleanup EXIT
 "$bin/tei-sim" --listen "127.0.0.1:$sim_port" --admin-listen "127.0.0.1:$sim_admin" \
-    --fixed-latency 1ms --per-token-latency 0s >"$logs/sim.log" 2>&1 &
+    --fixed-latency 1ms --per-token-latency 0s --max-batch-tokens 512 >"$logs/sim.log" 2>&1 &
 pids+=($!)
 "$bin/teifleet-multiplexer" --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
     --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \

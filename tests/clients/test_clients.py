@@ -100,11 +100,38 @@ def test_huggingface_hub_sentence_similarity():
     assert abs(scores[1] - 1.0) < 1e-5
 
 
+# More words than the simulator's 512-token limit (tests/clients/run.sh), as a RAG chunk can be.
+LONG_DOCUMENT = " ".join(f"word{i}" for i in range(700))
+
+
+def test_long_documents_are_truncated_as_teis_http_server_does():
+    # No `truncate`: TEI's --auto-truncate (true by default); asked not to: TEI's 422.
+    embedded = requests.post(f"{BASE}/embed", json={"inputs": LONG_DOCUMENT}, timeout=10)
+    assert embedded.status_code == 200, embedded.text
+    refused = requests.post(f"{BASE}/embed", json={"inputs": LONG_DOCUMENT, "truncate": False}, timeout=10)
+    assert refused.status_code == 422 and refused.json()["error_type"] == "Validation", refused.text
+
+
+def test_langchain_ingests_long_chunks():
+    from langchain_openai import OpenAIEmbeddings
+
+    embeddings = OpenAIEmbeddings(
+        base_url=f"{BASE}/v1", api_key="not-checked", model="sim", check_embedding_ctx_length=False, max_retries=0
+    )
+    vectors = embeddings.embed_documents([LONG_DOCUMENT, "a short chunk", LONG_DOCUMENT])
+    assert len(vectors) == 3 and vectors[0] == vectors[2]
+    assert abs(sum(x * x for x in vectors[1]) - 1.0) < 1e-3
+
+
 def test_requests_errors_are_teis():
     empty = requests.post(f"{BASE}/embed", json={"inputs": []}, timeout=10)
     assert empty.status_code == 400 and empty.json()["error_type"] == "Empty"
     wrong = requests.post(f"{BASE}/embed", json={"inputs": 5}, timeout=10)
     assert wrong.status_code == 422 and wrong.json()["error_type"] == "Validation"
+    not_json = requests.post(f"{BASE}/embed", data=b"{not json", timeout=10)
+    assert not_json.status_code == 400, not_json.text
+    too_many = requests.post(f"{BASE}/embed", json={"inputs": ["a"] * 60_000}, timeout=30)
+    assert too_many.status_code == 413 and too_many.json()["error_type"] == "Validation", too_many.text
     big = requests.post(f"{BASE}/embed", json={"inputs": "x" * 3_000_000}, timeout=30)
     assert big.status_code == 413
 
