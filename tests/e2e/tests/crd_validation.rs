@@ -36,8 +36,8 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         "replicas": 1,
         "concurrency": { "maxInFlight": 8, "maxQueued": 16, "queueTimeout": "1500ms", "maxInFlightPerReplica": 4,
                          "maxInFlightTokens": 16384, "adaptive": true, "tenants": [{ "name": "search", "weight": 3 }] },
-        "tei": { "maxClientBatchSize": 64, "extraArgs": ["--auto-truncate"] },
-        "http": { "payloadLimit": 4000000 },
+        "tei": { "maxClientBatchSize": 64, "autoTruncate": false, "extraArgs": ["--tokenization-workers=2"] },
+        "http": { "payloadLimit": 4000000, "maxRequestInputs": 1000 },
     });
 
     let cases = [
@@ -56,8 +56,19 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         (
             "/tei",
             json!({ "extraArgs": ["--payload-limit=10"] }),
-            "tei.extraArgs must not set --max-client-batch-size or --payload-limit",
+            "tei.extraArgs must not set --max-client-batch-size, --payload-limit or --auto-truncate",
         ),
+        (
+            "/tei",
+            json!({ "extraArgs": ["--auto-truncate"] }),
+            "tei.extraArgs must not set --max-client-batch-size, --payload-limit or --auto-truncate",
+        ),
+        (
+            "/tei",
+            json!({ "env": [{ "name": "AUTO_TRUNCATE", "value": "false" }] }),
+            "tei.env must not set AUTO_TRUNCATE: set tei.autoTruncate",
+        ),
+        ("/http", json!({ "maxRequestInputs": 0 }), "http.maxRequestInputs must be between 1 and 1000000"),
         ("/concurrency/tenants", json!([{ "name": "a" }, { "name": "a" }]), "concurrency.tenants names must be unique"),
         ("/concurrency/tenants", json!([{ "name": "" }]), "concurrency.tenants[].name must be 1 to 128 characters"),
         (
