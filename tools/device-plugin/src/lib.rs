@@ -148,7 +148,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
         let outcome = match registered {
             None => Outcome::Shutdown,
             Some(Err(error)) => Outcome::Failed(error),
-            Some(Ok(kubelet_inode)) => {
+            Some(Ok(kubelet)) => {
                 tracing::info!(
                     resource = %config.resource_name,
                     devices = config.device_ids.len(),
@@ -157,7 +157,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
                 );
                 tokio::select! {
                     () = &mut shutdown => Outcome::Shutdown,
-                    why = session.lost(&config, kubelet_inode) => Outcome::Lost(why),
+                    why = session.lost(&config, kubelet) => Outcome::Lost(why),
                 }
             }
         };
@@ -188,7 +188,7 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// One server on a fresh socket, for one registration.
 struct Session {
     socket: PathBuf,
-    inode: u64,
+    identity: Identity,
     stop: CancellationToken,
     server: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
 }
@@ -202,7 +202,8 @@ impl Session {
             path: socket.clone(),
             source,
         })?;
-        let inode = inode(&socket).map_err(|source| Error::Io { action: "stat", path: socket.clone(), source })?;
+        let identity =
+            identity(&socket).map_err(|source| Error::Io { action: "stat", path: socket.clone(), source })?;
         let stop = CancellationToken::new();
         let service = FakeGpus::new(&config.resource_name, config.device_ids.clone(), stop.clone());
         let router = tonic::transport::Server::builder()
@@ -210,19 +211,19 @@ impl Session {
         let server = tokio::spawn(
             router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.clone().cancelled_owned()),
         );
-        Ok(Self { socket, inode, stop, server })
+        Ok(Self { socket, identity, stop, server })
     }
 
     /// Completes when the kubelet has dropped this registration: the plugin's socket was removed
     /// or replaced (a restarting kubelet clears the directory), or the kubelet's socket was.
-    async fn lost(&self, config: &Config, kubelet_inode: u64) -> &'static str {
+    async fn lost(&self, config: &Config, registered_through: Identity) -> &'static str {
         let kubelet = config.kubelet_socket_path();
         loop {
             tokio::time::sleep(config.check_interval).await;
-            if inode(&self.socket).ok() != Some(self.inode) {
+            if identity(&self.socket).ok() != Some(self.identity) {
                 return "its socket was removed";
             }
-            if inode(&kubelet).ok() != Some(kubelet_inode) {
+            if identity(&kubelet).ok() != Some(registered_through) {
                 return "the kubelet's socket changed (the kubelet restarted)";
             }
             if self.server.is_finished() {
@@ -246,7 +247,7 @@ impl Session {
                 Ok(())
             }
         };
-        if inode(&self.socket).ok() == Some(self.inode) {
+        if identity(&self.socket).ok() == Some(self.identity) {
             remove_socket(&self.socket)?;
         }
         served
@@ -254,13 +255,13 @@ impl Session {
 }
 
 /// Registers with the kubelet, waiting for its socket to appear and retrying while it does not
-/// answer; returns the inode of the kubelet socket it registered through.
-async fn register_when_ready(config: &Config) -> Result<u64> {
+/// answer; returns which kubelet socket it registered through.
+async fn register_when_ready(config: &Config) -> Result<Identity> {
     let kubelet = config.kubelet_socket_path();
     let mut waiting_logged = false;
     loop {
         match register_once(config, &kubelet).await {
-            Ok(inode) => return Ok(inode),
+            Ok(kubelet) => return Ok(kubelet),
             Err(Attempt::Refused(status)) => {
                 return Err(Error::Refused { resource: config.resource_name.clone(), status });
             }
@@ -282,8 +283,8 @@ enum Attempt {
     Refused(tonic::Status),
 }
 
-async fn register_once(config: &Config, kubelet: &Path) -> Result<u64, Attempt> {
-    let kubelet_inode = inode(kubelet).map_err(|error| Attempt::NotThere(error.to_string()))?;
+async fn register_once(config: &Config, kubelet: &Path) -> Result<Identity, Attempt> {
+    let kubelet_identity = identity(kubelet).map_err(|error| Attempt::NotThere(error.to_string()))?;
     let channel = unix_channel(kubelet).await.map_err(|error| Attempt::NotThere(error.to_string()))?;
     let mut client = api::registration_client::RegistrationClient::new(channel);
     let request = api::RegisterRequest {
@@ -293,15 +294,25 @@ async fn register_once(config: &Config, kubelet: &Path) -> Result<u64, Attempt> 
         options: Some(service::OPTIONS),
     };
     match client.register(request).await {
-        Ok(_) => Ok(kubelet_inode),
+        Ok(_) => Ok(kubelet_identity),
         // The socket was there but nobody answered: a kubelet starting or stopping.
         Err(status) if status.code() == tonic::Code::Unavailable => Err(Attempt::NotThere(status.to_string())),
         Err(status) => Err(Attempt::Refused(status)),
     }
 }
 
-fn inode(path: &Path) -> io::Result<u64> {
-    std::fs::metadata(path).map(|m| m.ino())
+/// Which file a socket path names right now. The inode number alone is not enough: a
+/// filesystem such as ext4 gives a file created right after another is removed the freed inode
+/// number, so a kubelet that restarts and binds `kubelet.sock` again would look unchanged (and
+/// the plugin would never register with it). The change time tells the new file apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Identity {
+    inode: u64,
+    changed: (i64, i64),
+}
+
+fn identity(path: &Path) -> io::Result<Identity> {
+    std::fs::metadata(path).map(|m| Identity { inode: m.ino(), changed: (m.ctime(), m.ctime_nsec()) })
 }
 
 fn remove_socket(path: &Path) -> Result<()> {

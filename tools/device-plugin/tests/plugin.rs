@@ -1,5 +1,6 @@
 //! The plugin against a stand-in kubelet on Unix sockets in a scratch directory: registration,
 //! the device list, allocations, registering again after a kubelet restart, and a clean stop.
+use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -197,6 +198,34 @@ async fn waits_for_the_kubelet_and_registers_again_when_it_restarts() {
     let list = client.list_and_watch(Empty {}).await.expect("ListAndWatch").into_inner().next().await;
     assert_eq!(list.expect("a list").expect("no error").devices.len(), 3);
 
+    stop.send(()).expect("plugin running");
+    tokio::time::timeout(WAIT, plugin).await.expect("the plugin stops in time").expect("no panic").expect("no error");
+    kubelet.stop().await;
+}
+
+/// A kubelet that restarts and binds `kubelet.sock` again, leaving the plugin's socket where it
+/// was. On ext4 the new socket gets the old one's inode number (the freed number is reused at
+/// once), so a plugin watching the inode alone never registered again: the node lost its GPUs
+/// (`make demo`: "timed out waiting for 2 nvidia.com/gpu").
+#[tokio::test]
+async fn registers_again_when_the_kubelet_socket_is_recreated_in_place() {
+    let scratch = Scratch::new();
+    let kubelet_socket = scratch.0.join(KUBELET_SOCKET);
+    let (mut kubelet, mut received) = FakeKubelet::start(&scratch.0, Ok(()));
+    let (stop, stopped) = oneshot::channel::<()>();
+    let plugin = tokio::spawn(run(config(&scratch.0), async {
+        let _ = stopped.await;
+    }));
+    next_registration(&mut received).await;
+    for _ in 0..3 {
+        let before = std::fs::metadata(&kubelet_socket).expect("kubelet.sock").ino();
+        kubelet.stop().await;
+        (kubelet, received) = FakeKubelet::start(&scratch.0, Ok(()));
+        let after = std::fs::metadata(&kubelet_socket).expect("kubelet.sock").ino();
+        eprintln!("kubelet.sock inode {before} -> {after}");
+        let again = next_registration(&mut received).await;
+        assert_eq!(again.endpoint, "fake-gpu.sock", "registered with the restarted kubelet");
+    }
     stop.send(()).expect("plugin running");
     tokio::time::timeout(WAIT, plugin).await.expect("the plugin stops in time").expect("no panic").expect("no error");
     kubelet.stop().await;
