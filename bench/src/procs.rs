@@ -50,8 +50,11 @@ impl Bins {
     /// What the built binaries can do, read from their `--help`: flags that other parts of the
     /// tree may not have yet, so a scenario needing one can say so instead of failing to start.
     pub fn features(&self) -> Features {
+        // The multiplexer's flags are its modes'; `static` has every serving flag.
         let help = |name: &str| {
+            let mode: &[&str] = if name == "teifleet-multiplexer" { &["static"] } else { &[] };
             Command::new(self.path(name))
+                .args(mode)
                 .arg("--help")
                 .output()
                 .ok()
@@ -230,6 +233,7 @@ pub struct MuxLimits {
 
 fn mux_args(grpc: u16, admin: u16, upstream: &Proc, limits: &MuxLimits) -> Vec<String> {
     let mut args = vec![
+        "static".into(),
         format!("--listen=127.0.0.1:{grpc}"),
         format!("--admin-listen=127.0.0.1:{admin}"),
         format!("--upstream={}", upstream.url()),
@@ -317,6 +321,7 @@ pub async fn start_sidecar(
 ) -> Result<Proc> {
     let (grpc, admin) = (free_port()?, free_port()?);
     let args = vec![
+        "kubernetes".into(),
         format!("--listen=127.0.0.1:{grpc}"),
         format!("--admin-listen=127.0.0.1:{admin}"),
         format!("--upstream={}", upstream.url()),

@@ -173,8 +173,9 @@ pub fn router(metrics: &Metrics, readiness: Arc<Readiness>, tei_metrics: Option<
 }
 
 /// Serves the admin `router` on `listener` until `stop`.
-pub async fn serve(listener: TcpListener, router: Router, stop: CancellationToken) {
-    if let Err(error) = teifleet_runtime::admin::serve(listener, router, stop.cancelled_owned()).await {
+pub async fn serve(listener: TcpListener, router: Router, metrics: &Metrics, stop: CancellationToken) {
+    let refused = metrics.refusal_counter("admin");
+    if let Err(error) = teifleet_runtime::admin::serve(listener, router, refused, stop.cancelled_owned()).await {
         tracing::error!(%error, "admin server failed");
     }
 }
@@ -220,7 +221,9 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        tokio::spawn(serve(listener, router(&metrics, readiness, tei_metrics), stop.clone()));
+        let router = router(&metrics, readiness, tei_metrics);
+        let serving = stop.clone();
+        tokio::spawn(async move { serve(listener, router, &metrics, serving).await });
         (addr, stop)
     }
 

@@ -40,6 +40,7 @@ struct Families {
     tei_queue: HistogramVec,
     tei_inference: HistogramVec,
     total: HistogramVec,
+    refused_input: IntCounterVec,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -134,6 +135,7 @@ impl Metrics {
                 "Whole request time seen by the multiplexer, by protocol (an HTTP request's includes its JSON).",
                 &["pool", "priority", "protocol"],
             ),
+            refused_input: teifleet_runtime::metrics::refused_input(),
         };
         let registry = Registry::new();
         let f = &families;
@@ -157,6 +159,7 @@ impl Metrics {
                 &f.tei_queue,
                 &f.tei_inference,
                 &f.total,
+                &f.refused_input,
             ],
         )
         .expect("unique metric names");
@@ -226,6 +229,17 @@ impl Metrics {
 
     pub fn tenant_done(&self, pool: &str, tenant: &str, outcome: Outcome) {
         self.families.tenant_requests.with_label_values(&[pool, tenant, outcome.as_str()]).inc();
+    }
+
+    /// Counts a client or request one of this process's ports turned away at a bound on input.
+    pub fn refused_input(&self, port: &'static str, reason: &'static str) {
+        self.families.refused_input.with_label_values(&[port, reason]).inc();
+    }
+
+    /// The same, as a callback for a server that knows only its reasons.
+    pub fn refusal_counter(&self, port: &'static str) -> impl Fn(&'static str) + Send + Sync + 'static {
+        let counter = self.families.refused_input.clone();
+        move |reason| counter.with_label_values(&[port, reason]).inc()
     }
 
     pub fn coalesced(&self, pool: &str, rpc: &str) {

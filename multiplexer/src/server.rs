@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use teifleet_runtime::duration;
+use teifleet_runtime::http_server::{self, ServerBounds};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -51,6 +53,45 @@ pub struct Settings {
     pub health_interval: Duration,
     /// TEI's Prometheus endpoint, relayed on the admin port (`None`: not relayed).
     pub tei_metrics: Option<http::Uri>,
+    /// What one client may make the gRPC and HTTP ports hold.
+    pub bounds: InputBounds,
+}
+
+/// Bounds on what one client can make a front hold before admission sees a call. Declared once:
+/// these are the binary's flags, and their defaults are [`Default`]'s.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct InputBounds {
+    /// Connections open at once on each of the gRPC and HTTP ports; one more is closed at once.
+    #[arg(long, default_value_t = 1024)]
+    pub max_connections: usize,
+    /// Time to send a request's head, and the longest an HTTP/1.1 keep-alive connection may idle.
+    #[arg(long, default_value = "10s", value_parser = duration::parse_flag)]
+    pub header_read_timeout: Duration,
+    /// Time to send a whole HTTP request body (408 beyond): a body trickled a byte at a time
+    /// holds its connection and buffer no longer than this.
+    #[arg(long, default_value = "30s", value_parser = duration::parse_flag)]
+    pub body_timeout: Duration,
+    /// Bytes of one request's headers (HTTP/2's header list, HTTP/1.1's head).
+    #[arg(long, default_value_t = 16 * 1024)]
+    pub max_header_bytes: usize,
+}
+
+impl Default for InputBounds {
+    fn default() -> Self {
+        crate::flags::defaults()
+    }
+}
+
+impl InputBounds {
+    fn http_server(&self, max_concurrent_streams: u32) -> ServerBounds {
+        ServerBounds {
+            max_connections: self.max_connections,
+            header_read_timeout: self.header_read_timeout,
+            max_headers: 100,
+            max_header_bytes: self.max_header_bytes,
+            max_concurrent_streams,
+        }
+    }
 }
 
 impl Default for Settings {
@@ -70,6 +111,7 @@ impl Default for Settings {
             drain_timeout: Duration::from_secs(30),
             health_interval: Duration::from_secs(2),
             tei_metrics: None,
+            bounds: InputBounds::default(),
         }
     }
 }
@@ -131,7 +173,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let helpers = CancellationToken::new();
     if let Some(listener) = admin_listener {
         let router = admin::router(&metrics, readiness.clone(), settings.tei_metrics.clone());
-        tokio::spawn(admin::serve(listener, router, helpers.clone()));
+        let (metrics, helpers) = (metrics.clone(), helpers.clone());
+        tokio::spawn(async move { admin::serve(listener, router, &metrics, helpers).await });
     }
     tokio::spawn(check_upstream(readiness.clone(), reporter.clone(), settings.health_interval, helpers.clone()));
 
@@ -161,20 +204,30 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         // of 20 resets before the server accepts them would close the whole connection, failing
         // every other call on it. Bounded still, against rapid-reset floods.
         .http2_max_pending_accept_reset_streams(Some(settings.max_concurrent_streams as usize))
+        .http2_max_header_list_size(u32::try_from(settings.bounds.max_header_bytes).unwrap_or(u32::MAX))
         .add_routes(routes.prepare());
 
     let server_stop = CancellationToken::new();
     // The server's own tcp_nodelay applies only to listeners it binds; set it on ours too, or
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming =
+        crate::connections::Capped::new(incoming, settings.bounds.max_connections, metrics.refusal_counter("grpc"));
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.
     let http_server = http_listener.map(|listener| {
-        let app =
-            crate::http::router(forwarder.clone(), readiness.clone(), settings.http.clone(), settings.auth.clone());
+        let app = crate::http::router(
+            forwarder.clone(),
+            readiness.clone(),
+            settings.http.clone(),
+            settings.auth.clone(),
+            settings.bounds.body_timeout,
+        );
         let stopped = server_stop.clone().cancelled_owned();
-        tokio::spawn(async move { axum::serve(listener, app).with_graceful_shutdown(stopped).await })
+        let bounds = settings.bounds.http_server(settings.max_concurrent_streams);
+        let refused = metrics.refusal_counter("http");
+        tokio::spawn(async move { http_server::serve(listener, app, &bounds, refused, stopped).await })
     });
     if let Some(http_addr) = http_addr {
         tracing::info!(%http_addr, "HTTP front serving (TEI's HTTP API, OpenAI embeddings)");

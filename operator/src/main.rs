@@ -84,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
     let admin = tokio::spawn(teifleet_runtime::admin::serve(
         admin_listener,
         admin::routes(&health).into_router(),
+        metrics.refusal_counter(),
         shutdown.clone().cancelled_owned(),
     ));
 

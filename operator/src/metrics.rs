@@ -13,6 +13,7 @@ pub struct Metrics {
     duration: Histogram,
     status_writes: IntCounter,
     leader: IntGauge,
+    refused_input: IntCounterVec,
 }
 
 impl Metrics {
@@ -40,9 +41,10 @@ impl Metrics {
         .expect("valid metric");
         let leader = IntGauge::new("teifleet_operator_leader", "1 while this replica holds the leader lease.")
             .expect("valid metric");
-        register(&registry, &[&reconciliations, &errors, &duration, &status_writes, &leader])
+        let refused_input = teifleet_runtime::metrics::refused_input();
+        register(&registry, &[&reconciliations, &errors, &duration, &status_writes, &leader, &refused_input])
             .expect("metric names are unique");
-        Self { registry, reconciliations, errors, duration, status_writes, leader }
+        Self { registry, reconciliations, errors, duration, status_writes, leader, refused_input }
     }
 
     pub fn reconciled(&self, took: Duration) {
@@ -53,6 +55,12 @@ impl Metrics {
     pub fn failed(&self, error: &crate::Error) {
         self.reconciliations.with_label_values(&["error"]).inc();
         self.errors.with_label_values(&[error.metric_label()]).inc();
+    }
+
+    /// Counts a client the admin port turned away at one of its bounds.
+    pub fn refusal_counter(&self) -> impl Fn(&'static str) + Send + Sync + 'static {
+        let counter = self.refused_input.clone();
+        move |reason| counter.with_label_values(&["admin", reason]).inc()
     }
 
     pub fn status_written(&self) {

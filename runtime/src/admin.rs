@@ -14,6 +14,7 @@ use axum::routing::get;
 use prometheus::Registry;
 use tokio::net::TcpListener;
 
+use crate::http_server::{self, ServerBounds};
 use crate::{Error, metrics};
 
 type Probe = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
@@ -76,16 +77,18 @@ pub async fn bind(addr: SocketAddr) -> Result<TcpListener, Error> {
     TcpListener::bind(addr).await.map_err(|source| Error::Bind { addr, source })
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then lets open requests finish.
+/// Serves `router` on `listener` within [`ServerBounds::ADMIN`] until `shutdown` resolves, then
+/// lets open requests finish; `refused` is told each time a bound turns a client away.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
+    refused: impl Fn(&'static str) + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin server listening");
     }
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await.map_err(Error::Serve)
+    http_server::serve(listener, router, &ServerBounds::ADMIN, refused, shutdown).await.map_err(Error::Serve)
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@
 //! let registry = prometheus::Registry::new();
 //! let router = admin::routes(registry).readyz(|| Err::<(), _>("warming up")).into_router();
 //! let listener = admin::bind("127.0.0.1:9090".parse().unwrap()).await?;
-//! admin::serve(listener, router, async move {
+//! admin::serve(listener, router, |_reason| {}, async move {
 //!     let signal = stop.await;
 //!     tracing::info!(%signal, "shutting down");
 //! })
@@ -23,6 +23,7 @@
 
 pub mod admin;
 pub mod duration;
+pub mod http_server;
 pub mod logging;
 pub mod metrics;
 pub mod shutdown;

@@ -1,7 +1,7 @@
 //! Registering metrics and writing them out in Prometheus' text format.
 
 use prometheus::core::Collector;
-use prometheus::{Encoder as _, Registry, TextEncoder};
+use prometheus::{Encoder as _, IntCounterVec, Opts, Registry, TextEncoder};
 
 /// A metric whose clones share its values (every `prometheus` metric type is one), so a clone can
 /// go into a registry while the original keeps being updated.
@@ -19,6 +19,17 @@ impl<C: Collector + Clone + 'static> SharedCollector for C {
 /// Stops at the first failure (a name registered twice, say).
 pub fn register(registry: &Registry, collectors: &[&dyn SharedCollector]) -> Result<(), prometheus::Error> {
     collectors.iter().try_for_each(|collector| registry.register(collector.boxed_clone()))
+}
+
+/// The one definition of `teifleet_refused_input_total{port, reason}`: clients or requests a
+/// port turned away at one of its bounds (`crate::http_server`, the sidecar's fronts). Each
+/// binary registers it once and counts through it for every port it serves.
+pub fn refused_input() -> IntCounterVec {
+    let opts = Opts::new(
+        "teifleet_refused_input_total",
+        "Clients or requests turned away at a bound on input, by port (admin, grpc, http) and reason.",
+    );
+    IntCounterVec::new(opts, &["port", "reason"]).expect("a valid metric definition")
 }
 
 /// The content type of [`render`]'s output.

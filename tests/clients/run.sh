@@ -38,7 +38,7 @@ trap cleanup EXIT
 "$bin/tei-sim" --listen "127.0.0.1:$sim_port" --admin-listen "127.0.0.1:$sim_admin" \
     --fixed-latency 1ms --per-token-latency 0s --max-batch-tokens 512 >"$logs/sim.log" 2>&1 &
 pids+=($!)
-"$bin/teifleet-multiplexer" --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
+"$bin/teifleet-multiplexer" static --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
     --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
     --http-listen "127.0.0.1:$http" --drain-delay 0s >"$logs/mux.log" 2>&1 &
 pids+=($!)
@@ -50,7 +50,7 @@ printf 'search: %s\n' "$api_key" >"$logs/keys.yaml"
 printf '%s\n' "auth: {keysFile: keys.yaml}" "pools:" \
     "- {name: keyed, upstream: 'http://127.0.0.1:$sim_port', maxInFlight: 32, maxQueued: 256, queueTimeout: 10s}" \
     >"$logs/pools.yaml"
-"$bin/teifleet-multiplexer" --config "$logs/pools.yaml" \
+"$bin/teifleet-multiplexer" file --config "$logs/pools.yaml" \
     --listen "127.0.0.1:$keyed_grpc" --admin-listen "127.0.0.1:$keyed_admin" \
     --http-listen "127.0.0.1:$keyed_http" --drain-delay 0s >"$logs/mux-keyed.log" 2>&1 &
 pids+=($!)

@@ -86,7 +86,7 @@ pub fn limits(max_in_flight: usize) -> MuxLimits {
 /// reported instead of failing to start.
 pub fn mux_supports(bins: &Bins, flag: &str) -> bool {
     Command::new(bins.path("teifleet-multiplexer"))
-        .arg("--help")
+        .args(["static", "--help"])
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
 }

@@ -36,6 +36,10 @@ pub enum HttpError {
     #[error("Failed to buffer the request body: length limit exceeded (at most {limit} bytes)")]
     PayloadTooLarge { limit: usize },
 
+    /// The body did not arrive within the body deadline.
+    #[error("the request body did not arrive in time")]
+    BodyTimeout,
+
     /// More inputs than one request may carry: refused whole, before anything is queued.
     #[error("batch size {inputs} > maximum allowed batch size {limit}: send at most {limit} inputs per request")]
     TooManyInputs { inputs: usize, limit: usize },
@@ -110,6 +114,7 @@ impl HttpError {
                 ErrorKind::InvalidRequest
             }
             Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } => ErrorKind::TooLarge,
+            Self::BodyTimeout => ErrorKind::InvalidRequest,
             Self::Unencodable(_) => ErrorKind::Upstream,
             Self::Unhealthy => ErrorKind::Unavailable,
             Self::Call(error) => error.kind(),
@@ -126,6 +131,7 @@ impl HttpError {
                 own(StatusCode::PAYLOAD_TOO_LARGE, ErrorType::Validation)
             }
             Self::NotJson(_) => own(StatusCode::BAD_REQUEST, ErrorType::Validation),
+            Self::BodyTimeout => own(StatusCode::REQUEST_TIMEOUT, ErrorType::Validation),
             Self::Body(_) | Self::Invalid(_) => own(StatusCode::UNPROCESSABLE_ENTITY, ErrorType::Validation),
             Self::WrongModelType(_) | Self::Unencodable(_) => own(StatusCode::FAILED_DEPENDENCY, ErrorType::Backend),
             Self::Unhealthy => own(StatusCode::SERVICE_UNAVAILABLE, ErrorType::Unhealthy),

@@ -36,28 +36,30 @@ pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: usize = teifleet_crds::TEI_DEFAULT_MAX_
 /// Most inputs in one HTTP request, as the pool spec defaults it.
 pub const DEFAULT_MAX_REQUEST_INPUTS: usize = teifleet_crds::DEFAULT_MAX_REQUEST_INPUTS as usize;
 
-#[derive(Clone, Debug)]
+/// The HTTP front's limits. Declared once: these are the binary's flags (the operator renders
+/// them from the pool spec), and their defaults are [`Default`]'s.
+#[derive(Clone, Debug, clap::Args)]
 pub struct HttpSettings {
-    /// Largest request body, in bytes (413 beyond).
+    /// Largest request body in bytes (TEI's --payload-limit); 413 beyond.
+    #[arg(long, default_value_t = DEFAULT_PAYLOAD_LIMIT)]
     pub payload_limit: usize,
-    /// Inputs sent upstream under one permit; larger batches are split and put back in order.
+    /// Inputs sent upstream under one permit (TEI's --max-client-batch-size, which TEI refuses
+    /// beyond); larger batches are split and put back in order.
+    #[arg(long, default_value_t = DEFAULT_MAX_CLIENT_BATCH_SIZE, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_client_batch_size: usize,
     /// Most inputs in one request (413 beyond): bounds the upstream calls, the time and the
     /// memory one small body can cost.
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_INPUTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_request_inputs: usize,
-    /// What a request that says nothing about truncation gets: TEI's `--auto-truncate`, which
+    /// What a request that says nothing about truncation gets: TEI's --auto-truncate, which
     /// TEI's HTTP routes follow and its gRPC API ignores (its `truncate` is false when unset).
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = teifleet_crds::TEI_DEFAULT_AUTO_TRUNCATE)]
     pub auto_truncate: bool,
 }
 
 impl Default for HttpSettings {
     fn default() -> Self {
-        Self {
-            payload_limit: DEFAULT_PAYLOAD_LIMIT,
-            max_client_batch_size: DEFAULT_MAX_CLIENT_BATCH_SIZE,
-            max_request_inputs: DEFAULT_MAX_REQUEST_INPUTS,
-            auto_truncate: teifleet_crds::TEI_DEFAULT_AUTO_TRUNCATE,
-        }
+        crate::flags::defaults()
     }
 }
 
@@ -71,7 +73,13 @@ pub struct Shared {
 }
 
 /// Every route of the HTTP front, behind the API-key gate.
-pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: HttpSettings, gate: Arc<Gate>) -> Router {
+pub fn router(
+    forwarder: Arc<Forwarder>,
+    readiness: Arc<Readiness>,
+    settings: HttpSettings,
+    gate: Arc<Gate>,
+    body_timeout: std::time::Duration,
+) -> Router {
     let limit = settings.payload_limit;
     Router::new()
         .route("/", post(routes::dispatch).get(routes::health))
@@ -90,6 +98,8 @@ pub fn router(forwarder: Arc<Forwarder>, readiness: Arc<Readiness>, settings: Ht
         .route("/v1/embeddings", post(routes::openai))
         .route("/embeddings", post(routes::openai))
         .layer(DefaultBodyLimit::max(limit))
+        // A body trickled in a byte at a time holds its connection and buffer no longer than this.
+        .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(body_timeout))
         .layer(middleware::from_fn_with_state(gate, require_key))
         .with_state(Shared { forwarder, readiness, settings, info: Arc::default() })
 }

@@ -37,7 +37,7 @@ macro_rules! handler {
         pub async fn $name(State(shared): State<Shared>, headers: HeaderMap, body: Body) -> Response {
             let answer = match HttpCall::route(&shared, row($rpc), &headers) {
                 Ok(mut call) => {
-                    let result = match read(body, shared.settings.payload_limit) {
+                    let result = match read(&shared, body) {
                         Ok(body) => $inner(&mut call, &body).await,
                         Err(error) => Err(error),
                     };
@@ -61,11 +61,22 @@ handler!(decode, decode_route, DECODE, Flavor::Tei);
 handler!(openai, openai_route, EMBED, Flavor::OpenAi);
 handler!(dispatch, dispatch_route, EMBED, Flavor::Tei);
 
-fn read(body: Body, limit: usize) -> Result<Bytes, HttpError> {
-    body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => HttpError::PayloadTooLarge { limit },
-        _ => HttpError::Body(rejection.body_text()),
+fn read(shared: &Shared, body: Body) -> Result<Bytes, HttpError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            HttpError::PayloadTooLarge { limit: shared.settings.payload_limit }
+        } else if timed_out(&rejection) {
+            shared.forwarder.metrics.refused_input("http", "body_timeout");
+            HttpError::BodyTimeout
+        } else {
+            HttpError::Body(rejection.body_text())
+        }
     })
+}
+
+/// Whether the body stopped because it outlasted the body deadline (`http::router`).
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source()).any(|e| e.is::<tower_http::timeout::TimeoutError>())
 }
 
 /// The route's JSON, refused as TEI's axum refuses it: 400 for what is not JSON at all, 422 for

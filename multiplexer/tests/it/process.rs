@@ -13,7 +13,7 @@ use teifleet_testkit::process::ChildGuard;
 fn an_idle_multiplexer_stops_promptly_and_logs_values() {
     let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
     command
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-in-flight", "4"])
+        .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-in-flight", "4"])
         .args(["--upstream", "http://127.0.0.1:9", "--drain-delay", "10m", "--log-format", "json"])
         .stderr(Stdio::piped());
     let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
@@ -48,7 +48,7 @@ async fn a_request_at_the_input_cap_stays_within_a_stated_memory_bound() {
     let http_port = teifleet_testkit::net::free_port().expect("a free port");
     let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
     command
-        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-in-flight", "64"])
+        .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-in-flight", "64"])
         .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--log-format", "json"])
         .args(["--upstream", &format!("http://{}", sim.addr())])
         .stderr(Stdio::piped());

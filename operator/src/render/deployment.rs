@@ -358,6 +358,8 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
         name: "multiplexer".into(),
         image: Some(config.multiplexer_image.clone()),
         args: Some(vec![
+            // Pool, namespace and pod name come from the environment below.
+            "kubernetes".into(),
             format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
             format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
             format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),

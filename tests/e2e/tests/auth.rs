@@ -156,6 +156,7 @@ async fn a_pools_sidecar_checks_keys_from_its_one_secret_and_takes_rotations_liv
         .env("TEIFLEET_NAMESPACE", &ns.name)
         .env("TEIFLEET_POD_NAME", "keyed-0")
         .args([
+            "kubernetes".into(),
             format!("--listen=127.0.0.1:{grpc}"),
             format!("--http-listen=127.0.0.1:{http}"),
             format!("--admin-listen=127.0.0.1:{admin}"),

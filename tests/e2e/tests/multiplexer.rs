@@ -51,6 +51,7 @@ async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
         .env("TEIFLEET_NAMESPACE", &ns.name)
         .env("TEIFLEET_POD_NAME", "live-0")
         .args([
+            "kubernetes".into(),
             format!("--listen=127.0.0.1:{grpc}"),
             format!("--admin-listen=127.0.0.1:{admin}"),
             format!("--upstream=http://{}", sim.addr()),

@@ -218,8 +218,9 @@ fn client_pod(name: &str, image: &str, upstream: &str) -> Pod {
                 "name": "client",
                 "image": image,
                 "args": [
+                    "static".to_owned(),
                     format!("--upstream={upstream}"),
-                    "--max-in-flight=4",
+                    "--max-in-flight=4".to_owned(),
                     format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
                     format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
                 ],

@@ -42,7 +42,7 @@ pub(crate) fn router(state: Shared) -> Router {
 }
 
 pub(crate) async fn serve(listener: TcpListener, state: Shared, shutdown: CancellationToken) {
-    if let Err(error) = admin::serve(listener, router(state), shutdown.cancelled_owned()).await {
+    if let Err(error) = admin::serve(listener, router(state), |_reason| {}, shutdown.cancelled_owned()).await {
         tracing::error!(%error, "admin server failed");
     }
 }
