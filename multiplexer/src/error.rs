@@ -27,6 +27,10 @@ pub enum Error {
     #[error("invalid {header} metadata: {reason}")]
     InvalidMetadata { header: &'static str, reason: String },
 
+    /// A unary call's request message did not arrive within the message deadline.
+    #[error("the request message did not arrive within {within:?} of the call's admission")]
+    SlowMessage { within: std::time::Duration },
+
     #[error("no pool named {requested:?} here; known pools: {known}")]
     UnknownPool { requested: String, known: String },
 
@@ -115,7 +119,9 @@ impl Error {
                 AdmissionError::QueueTimeout { .. } => ErrorKind::QueueTimedOut,
                 AdmissionError::DeadlineExpired { .. } => ErrorKind::ExpiredInQueue,
             },
-            Self::InvalidPriority(_) | Self::InvalidMetadata { .. } => ErrorKind::InvalidRequest,
+            Self::InvalidPriority(_) | Self::InvalidMetadata { .. } | Self::SlowMessage { .. } => {
+                ErrorKind::InvalidRequest
+            }
             Self::UnknownPool { .. } | Self::UnknownModel { .. } => ErrorKind::NotFound,
             Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,
             Self::PoolNotReady(_) | Self::Draining => ErrorKind::Unavailable,

@@ -67,8 +67,9 @@ pub struct InputBounds {
     /// Time to send a request's head, and the longest an HTTP/1.1 keep-alive connection may idle.
     #[arg(long, default_value = "10s", value_parser = duration::parse_flag)]
     pub header_read_timeout: Duration,
-    /// Time to send a whole HTTP request body (408 beyond): a body trickled a byte at a time
-    /// holds its connection and buffer no longer than this.
+    /// Time to send a whole HTTP request body (408 beyond), or a unary gRPC call's request
+    /// message once the call is admitted (INVALID_ARGUMENT beyond): a body trickled a byte at a
+    /// time holds its connection, its buffer and any permit no longer than this.
     #[arg(long, default_value = "30s", value_parser = duration::parse_flag)]
     pub body_timeout: Duration,
     /// Bytes of one request's headers (HTTP/2's header list, HTTP/1.1's head).
@@ -189,7 +190,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let mut routes =
         tonic::service::Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
     for rpc in &RPCS {
-        let service = RpcService::new(rpc, forwarder.clone(), settings.auth.clone());
+        let service = RpcService::new(rpc, forwarder.clone(), settings.auth.clone(), settings.bounds.body_timeout);
         *routes.axum_router_mut() = std::mem::take(routes.axum_router_mut()).route_service(rpc.path, service);
     }
 

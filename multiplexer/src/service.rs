@@ -5,19 +5,24 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use http_body_util::BodyExt as _;
 use teifleet_proto::BytesCodec;
 use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, StreamingService, UnaryService};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status, Streaming};
+use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
 
 use crate::auth::Gate;
 use crate::call::{Call, Protocol};
 use crate::charge::cost_before_body;
+use crate::error::ErrorKind;
 use crate::forward::{Forwarder, ResponseStream, Routed};
+use crate::metrics::Metrics;
 use crate::rpc::{Admit, Rpc, Shape};
 use crate::{Error, status};
 
@@ -27,11 +32,13 @@ pub struct RpcService {
     rpc: &'static Rpc,
     forwarder: Arc<Forwarder>,
     gate: Arc<Gate>,
+    /// How long a unary call's request message may take to arrive once the call is admitted.
+    message_timeout: Duration,
 }
 
 impl RpcService {
-    pub fn new(rpc: &'static Rpc, forwarder: Arc<Forwarder>, gate: Arc<Gate>) -> Self {
-        Self { rpc, forwarder, gate }
+    pub fn new(rpc: &'static Rpc, forwarder: Arc<Forwarder>, gate: Arc<Gate>, message_timeout: Duration) -> Self {
+        Self { rpc, forwarder, gate, message_timeout }
     }
 }
 
@@ -59,7 +66,8 @@ where
         let call = self.forwarder.call(self.rpc, Protocol::Grpc);
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);
         // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
-        serve(call, self.forwarder.clone(), request, span.clone()).map(Ok).instrument(span).boxed()
+        let message_timeout = self.message_timeout;
+        serve(call, self.forwarder.clone(), request, message_timeout, span.clone()).map(Ok).instrument(span).boxed()
     }
 }
 
@@ -69,6 +77,7 @@ async fn serve<B>(
     mut call: Call,
     forwarder: Arc<Forwarder>,
     request: http::Request<B>,
+    message_timeout: Duration,
     span: tracing::Span,
 ) -> http::Response<tonic::body::Body>
 where
@@ -98,19 +107,86 @@ where
     };
     let limit = Some(forwarder.max_message_bytes());
     let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
-    let routed = Once(Some(Routed { forwarder, call, meta, pool, permit }));
+    let metrics = forwarder.metrics.clone();
+    let mut routed = Once(Some(Routed { forwarder, call, meta, pool, permit }));
     // Boxed: tonic's futures are large, and a call waiting for its permit above should not carry
-    // their room while it waits.
+    // their room while it waits. Each gives back the call tonic never handed over: tonic refused
+    // its request message (too large, compressed, cut short, too slow).
     let exchange: BoxFuture<'static, _> = match (rpc.shape, coalescer) {
-        (Shape::Unary, Some(coalescer)) => {
-            Box::pin(async move { grpc.unary(Coalesced(routed, coalescer), request).await })
+        (Shape::Unary, Some(coalescer)) => Box::pin(async move {
+            let request = within(message_timeout, request, metrics);
+            let mut coalesced = Coalesced(routed, coalescer);
+            let response = grpc.unary(&mut coalesced, request).await;
+            (response, coalesced.0)
+        }),
+        (Shape::Unary, None) => Box::pin(async move {
+            let response = grpc.unary(&mut routed, within(message_timeout, request, metrics)).await;
+            (response, routed)
+        }),
+        (Shape::ServerStream, _) => Box::pin(async move {
+            let response = grpc.server_streaming(&mut routed, within(message_timeout, request, metrics)).await;
+            (response, routed)
+        }),
+        // A stream's messages come as the caller sends them; tonic hands the stream over at once.
+        (Shape::ClientStream, _) => {
+            Box::pin(async move { (grpc.client_streaming(&mut routed, request).await, routed) })
         }
-        (Shape::Unary, None) => Box::pin(async move { grpc.unary(routed, request).await }),
-        (Shape::ServerStream, _) => Box::pin(async move { grpc.server_streaming(routed, request).await }),
-        (Shape::ClientStream, _) => Box::pin(async move { grpc.client_streaming(routed, request).await }),
-        (Shape::Bidi, _) => Box::pin(async move { grpc.streaming(routed, request).await }),
+        (Shape::Bidi, _) => Box::pin(async move { (grpc.streaming(&mut routed, request).await, routed) }),
     };
-    exchange.await
+    let (response, unread) = exchange.await;
+    if let Some(mut routed) = unread.0 {
+        count_refused_message(&mut routed, &response);
+    }
+    response
+}
+
+/// The request body, cut off `timeout` from now: a caller that trickles its message holds its
+/// stream, and possibly a permit, no longer than that.
+fn within<B>(
+    timeout: Duration,
+    request: http::Request<B>,
+    metrics: Metrics,
+) -> http::Request<impl http_body::Body<Data = B::Data, Error = tonic::codegen::StdError> + Send + 'static>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    request.map(|body| {
+        DeadlineBody::new(timeout, body).map_err(move |error| {
+            if error.is::<tower_http::timeout::TimeoutError>() {
+                metrics.refused_input(PORT, REFUSED_SLOW_MESSAGE);
+                // tonic answers a Status found in a body error as it is.
+                Box::new(Status::from(Error::SlowMessage { within: timeout })) as tonic::codegen::StdError
+            } else {
+                error
+            }
+        })
+    })
+}
+
+/// The `port` label of the gRPC port's refusals.
+const PORT: &str = "grpc";
+const REFUSED_SLOW_MESSAGE: &str = "message_timeout";
+
+/// Counts a call whose request message tonic refused before the call could be forwarded, by the
+/// status tonic answered (its own words reach the caller unchanged).
+fn count_refused_message(routed: &mut Routed, response: &http::Response<tonic::body::Body>) {
+    let Some(status) = Status::from_header_map(response.headers()) else { return };
+    let (kind, reason) = match status.code() {
+        // The caller left or broke its connection: counted as cancelled when the call drops.
+        Code::Cancelled | Code::Unknown | Code::Ok => return,
+        Code::OutOfRange => (ErrorKind::TooLarge, Some("message_too_large")),
+        // Our own message deadline, counted where it fired.
+        Code::InvalidArgument => (ErrorKind::InvalidRequest, None),
+        // A `grpc-encoding` the multiplexer does not take: nothing is ever decompressed here.
+        Code::Unimplemented => (ErrorKind::InvalidRequest, Some("compressed_message")),
+        _ => (ErrorKind::InvalidRequest, Some("malformed_message")),
+    };
+    if let Some(reason) = reason {
+        routed.forwarder.metrics.refused_input(PORT, reason);
+    }
+    routed.call.refuse(kind);
 }
 
 /// A routed call, handed to tonic once its body has been read.
@@ -126,7 +202,7 @@ struct Coalesced(Once, Arc<crate::coalesce::Coalescer>);
 
 type Answer<T> = BoxFuture<'static, Result<Response<T>, Status>>;
 
-impl UnaryService<Bytes> for Once {
+impl UnaryService<Bytes> for &mut Once {
     type Response = Bytes;
     type Future = Answer<Bytes>;
 
@@ -135,7 +211,7 @@ impl UnaryService<Bytes> for Once {
     }
 }
 
-impl UnaryService<Bytes> for Coalesced {
+impl UnaryService<Bytes> for &mut Coalesced {
     type Response = Bytes;
     type Future = Answer<Bytes>;
 
@@ -144,7 +220,7 @@ impl UnaryService<Bytes> for Coalesced {
     }
 }
 
-impl ServerStreamingService<Bytes> for Once {
+impl ServerStreamingService<Bytes> for &mut Once {
     type Response = Bytes;
     type ResponseStream = ResponseStream;
     type Future = Answer<ResponseStream>;
@@ -154,7 +230,7 @@ impl ServerStreamingService<Bytes> for Once {
     }
 }
 
-impl ClientStreamingService<Bytes> for Once {
+impl ClientStreamingService<Bytes> for &mut Once {
     type Response = Bytes;
     type Future = Answer<Bytes>;
 
@@ -163,7 +239,7 @@ impl ClientStreamingService<Bytes> for Once {
     }
 }
 
-impl StreamingService<Bytes> for Once {
+impl StreamingService<Bytes> for &mut Once {
     type Response = Bytes;
     type ResponseStream = ResponseStream;
     type Future = Answer<ResponseStream>;
