@@ -7,7 +7,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -18,6 +18,10 @@ use teifleet_wire::sidecar_admin::ADMISSION_PATH;
 
 /// How long one sidecar may take to answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
+
+/// The largest report read from a sidecar: a real one is a few hundred bytes, and a pod that
+/// answers with more cannot make the operator buffer it.
+const MAX_REPORT_BYTES: usize = 64 * 1024;
 
 /// How often an adaptive pool's summary is refreshed when nothing else triggers a reconcile.
 pub const REFRESH: Duration = Duration::from_secs(30);
@@ -50,7 +54,8 @@ async fn ask(client: &Client<HttpConnector, Empty<Bytes>>, address: SocketAddr) 
         if !response.status().is_success() {
             return Err(format!("answered {}", response.status()));
         }
-        let body = response.into_body().collect().await.map_err(|error| error.to_string())?.to_bytes();
+        let body = Limited::new(response.into_body(), MAX_REPORT_BYTES);
+        let body = body.collect().await.map_err(|error| error.to_string())?.to_bytes();
         serde_json::from_slice::<SidecarAdmission>(&body).map_err(|error| error.to_string())
     };
     let outcome = tokio::time::timeout(ANSWER_WITHIN, exchange)
@@ -112,10 +117,12 @@ mod tests {
         let good = server(http("200 OK", &serde_json::to_string(&report).unwrap())).await;
         let unknown = server(http("503 Service Unavailable", "pool configuration not known yet")).await;
         let garbled = server(http("200 OK", "{\"effectiveInFlight\": \"many\"}")).await;
+        let padded = format!("{}{}", serde_json::to_string(&report).unwrap(), " ".repeat(MAX_REPORT_BYTES));
+        let oversized = server(http("200 OK", &padded)).await;
         let silent = server(None).await;
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         let started = tokio::time::Instant::now();
-        let reports = ask_all(&[good, unknown, garbled, silent, closed]).await;
+        let reports = ask_all(&[good, unknown, garbled, oversized, silent, closed]).await;
         assert_eq!(reports, vec![report]);
         assert!(started.elapsed() < Duration::from_secs(3), "asked at once, each within a second");
         assert!(ask_all(&[]).await.is_empty());
