@@ -1,31 +1,40 @@
 //! A cap on the connections the gRPC port keeps open: one past the cap is closed as soon as it
 //! is accepted, and counted, so a flood of idle connections costs a bounded amount of memory and
-//! the callers already connected keep being served. (The HTTP and admin ports get the same cap
-//! from `teifleet_runtime::http_server`.)
+//! the callers already connected keep being served; and one that has not sent HTTP/2's preface
+//! within the header timeout is closed, so silent connections cannot fill the cap for good. (The
+//! HTTP and admin ports get the same bounds from `teifleet_runtime::http_server`.)
 
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt as _};
-use teifleet_runtime::http_server::REFUSED_CONNECTION_LIMIT;
+use teifleet_runtime::http_server::{ProtocolDeadline, REFUSED_CONNECTION_LIMIT};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::transport::server::Connected;
 
 type Refused = Box<dyn Fn(&'static str) + Send + Sync>;
 
-/// Accepted connections, at most `max` open at once.
+/// Accepted connections, at most `max` open at once, each given `preface_within` to send HTTP/2's
+/// preface.
 pub struct Capped<S> {
     accepted: S,
     open: Arc<Semaphore>,
+    preface_within: Duration,
     refused: Refused,
 }
 
 impl<S> Capped<S> {
-    pub fn new(accepted: S, max: usize, refused: impl Fn(&'static str) + Send + Sync + 'static) -> Self {
-        Self { accepted, open: Arc::new(Semaphore::new(max)), refused: Box::new(refused) }
+    pub fn new(
+        accepted: S,
+        max: usize,
+        preface_within: Duration,
+        refused: impl Fn(&'static str) + Send + Sync + 'static,
+    ) -> Self {
+        Self { accepted, open: Arc::new(Semaphore::new(max)), preface_within, refused: Box::new(refused) }
     }
 }
 
@@ -43,7 +52,10 @@ where
                 None => return Poll::Ready(None),
             };
             match self.open.clone().try_acquire_owned() {
-                Ok(permit) => return Poll::Ready(Some(Ok(Counted { io, _open: permit }))),
+                Ok(permit) => {
+                    let io = ProtocolDeadline::new(io, self.preface_within);
+                    return Poll::Ready(Some(Ok(Counted { io, _open: permit })));
+                }
                 Err(_) => {
                     (self.refused)(REFUSED_CONNECTION_LIMIT);
                     drop(io);
@@ -55,7 +67,7 @@ where
 
 /// A connection that holds its place under the cap until it closes.
 pub struct Counted<Io> {
-    io: Io,
+    io: ProtocolDeadline<Io>,
     _open: OwnedSemaphorePermit,
 }
 
@@ -63,7 +75,7 @@ impl<Io: Connected> Connected for Counted<Io> {
     type ConnectInfo = Io::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        self.io.get_ref().connect_info()
     }
 }
 

@@ -64,7 +64,8 @@ pub struct InputBounds {
     /// Connections open at once on each of the gRPC and HTTP ports; one more is closed at once.
     #[arg(long, default_value_t = 1024)]
     pub max_connections: usize,
-    /// Time to send a request's head, and the longest an HTTP/1.1 keep-alive connection may idle.
+    /// Time to send a request's head (on the gRPC port, a new connection's HTTP/2 preface), and
+    /// the longest an HTTP/1.1 keep-alive connection may idle.
     #[arg(long, default_value = "10s", value_parser = duration::parse_flag)]
     pub header_read_timeout: Duration,
     /// Time to send a whole HTTP request body (408 beyond), or a unary gRPC call's request
@@ -212,8 +213,13 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // The server's own tcp_nodelay applies only to listeners it binds; set it on ours too, or
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let incoming =
-        crate::connections::Capped::new(incoming, settings.bounds.max_connections, metrics.refusal_counter("grpc"));
+    let bounds = &settings.bounds;
+    let incoming = crate::connections::Capped::new(
+        incoming,
+        bounds.max_connections,
+        bounds.header_read_timeout,
+        metrics.refusal_counter("grpc"),
+    );
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.

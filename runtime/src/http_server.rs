@@ -6,7 +6,10 @@
 //! byte a minute kept its connection forever.
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,16 +17,18 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::time::Sleep;
 
 /// What one client may make a server hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerBounds {
     /// Connections open at once; one more is closed as soon as it is accepted.
     pub max_connections: usize,
-    /// Time to send a whole request head, and the longest an HTTP/1.1 keep-alive connection may
-    /// sit idle between requests.
+    /// Time to send a whole request head (on a new connection, counted from its accept), and the
+    /// longest an HTTP/1.1 keep-alive connection may sit idle between requests.
     pub header_read_timeout: Duration,
     /// Headers in one HTTP/1.1 request (431 beyond).
     pub max_headers: usize,
@@ -82,6 +87,7 @@ pub async fn serve(
         };
         let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
+        let stream = ProtocolDeadline::new(stream, bounds.header_read_timeout);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
@@ -112,4 +118,113 @@ fn builder(bounds: &ServerBounds) -> Builder<TokioExecutor> {
         .keep_alive_interval(Some(Duration::from_secs(30)))
         .keep_alive_timeout(Duration::from_secs(10));
     builder
+}
+
+/// HTTP/2's connection preface, which hyper looks for in a connection's first bytes.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// A connection whose client must show which protocol it speaks within a deadline: a first byte
+/// that is not HTTP/2's, or the whole preface. hyper reads those bytes with no timer of its own
+/// (its header timeout starts once HTTP/1.1 is known; HTTP/2 has none), so a client that sent
+/// nothing, or half the preface, kept its connection, and its place under the cap, forever.
+pub struct ProtocolDeadline<Io> {
+    io: Io,
+    /// Bytes of the preface received so far, while the protocol is not known.
+    matched: usize,
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl<Io> ProtocolDeadline<Io> {
+    pub fn new(io: Io, within: Duration) -> Self {
+        Self { io, matched: 0, deadline: Some(Box::pin(tokio::time::sleep(within))) }
+    }
+
+    pub fn get_ref(&self) -> &Io {
+        &self.io
+    }
+}
+
+impl<Io: AsyncRead + Unpin> AsyncRead for ProtocolDeadline<Io> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if let Some(deadline) = &mut self.deadline
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "no protocol within the header timeout")));
+        }
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut self.io).poll_read(cx, buf))?;
+        if self.deadline.is_some() {
+            let this = &mut *self;
+            for &byte in &buf.filled()[before..] {
+                if H2_PREFACE.get(this.matched) != Some(&byte) {
+                    this.deadline = None;
+                    break;
+                }
+                this.matched += 1;
+            }
+            if this.matched == H2_PREFACE.len() {
+                this.deadline = None;
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<Io: AsyncWrite + Unpin> AsyncWrite for ProtocolDeadline<Io> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    use super::*;
+
+    const WITHIN: Duration = Duration::from_millis(50);
+
+    /// Sends `first`, reads it through a [`ProtocolDeadline`], and reads again past the deadline.
+    async fn read_past_the_deadline(first: &[u8]) -> io::Result<usize> {
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut server = ProtocolDeadline::new(server, WITHIN);
+        let mut buffer = [0; 64];
+        client.write_all(first).await?;
+        assert_eq!(server.read(&mut buffer).await?, first.len());
+        tokio::time::sleep(WITHIN * 2).await;
+        client.write_all(b"x").await?;
+        server.read(&mut buffer).await
+    }
+
+    #[tokio::test]
+    async fn a_client_has_until_the_deadline_to_show_its_protocol() {
+        // HTTP/1.1 is known at the first byte off HTTP/2's preface ("PO"), HTTP/2 at its last.
+        assert_eq!(read_past_the_deadline(b"POST /embed").await.unwrap(), 1);
+        assert_eq!(read_past_the_deadline(H2_PREFACE).await.unwrap(), 1);
+        let undecided = read_past_the_deadline(&H2_PREFACE[..16]).await.unwrap_err();
+        assert_eq!(undecided.kind(), io::ErrorKind::TimedOut);
+        let (_client, server) = tokio::io::duplex(64);
+        let silent = ProtocolDeadline::new(server, WITHIN).read(&mut [0; 64]).await.unwrap_err();
+        assert_eq!(silent.kind(), io::ErrorKind::TimedOut);
+    }
 }

@@ -46,7 +46,7 @@ async fn oversized_messages_invalid_metadata_and_the_server_stays_up() {
     assert_eq!(sim.stats().requests_received, 0, "none of them reached TEI");
     let rejected = metric_sum(&metrics_text(&mux), "teifleet_requests_total", &[("outcome", "rejected")]);
     assert_eq!(rejected, 9.0, "each refusal counted once as the caller's");
-    assert_eq!(refused(&mux, "message_too_large"), 1.0);
+    assert_eq!(refused(&mux, "grpc", "message_too_large"), 1.0);
 
     // The longest timeout gRPC can say (eight digits of hours) is a deadline like any other.
     let absurd = with_meta(embed_request("patient"), &[("grpc-timeout", "99999999H")]);
@@ -80,9 +80,9 @@ async fn request_messages_framed_wrongly_or_compressed_are_refused_in_tonics_wor
     assert_eq!(sim.stats().requests_received, 0);
     let text = metrics_text(&mux);
     assert_eq!(metric_sum(&text, "teifleet_requests_total", &[("outcome", "rejected")]), 4.0, "{text}");
-    assert_eq!(refused(&mux, "compressed_message"), 1.0);
-    assert_eq!(refused(&mux, "malformed_message"), 2.0);
-    assert_eq!(refused(&mux, "message_too_large"), 1.0);
+    assert_eq!(refused(&mux, "grpc", "compressed_message"), 1.0);
+    assert_eq!(refused(&mux, "grpc", "malformed_message"), 2.0);
+    assert_eq!(refused(&mux, "grpc", "message_too_large"), 1.0);
     embed_client(mux.grpc_addr).await.embed(embed_request("still serving")).await.expect("the server stays up");
 }
 
@@ -115,14 +115,10 @@ async fn a_trickled_message_gives_its_permit_back_at_the_message_deadline() {
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("did not arrive within 300ms"), "{}", status.message());
     drop(sender);
-    assert_eq!(refused(&mux, "message_timeout"), 1.0);
+    assert_eq!(refused(&mux, "grpc", "message_timeout"), 1.0);
     let text = metrics_text(&mux);
     assert_eq!(metric_sum(&text, "teifleet_requests_total", &[("outcome", "rejected")]), 1.0, "{text}");
     assert_eq!(sim.stats().requests_received, 1, "only the whole call reached TEI");
-}
-
-fn refused(mux: &teifleet_multiplexer::server::Running, reason: &str) -> f64 {
-    metric_sum(&metrics_text(mux), "teifleet_refused_input_total", &[("port", "grpc"), ("reason", reason)])
 }
 
 fn u32_len(message: &[u8]) -> u32 {

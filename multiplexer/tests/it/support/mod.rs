@@ -93,3 +93,8 @@ pub fn with_meta<T>(message: T, pairs: &[(&'static str, &str)]) -> tonic::Reques
 pub fn metrics_text(running: &Running) -> String {
     teifleet_runtime::metrics::render(&running.metrics.registry).expect("metrics encode")
 }
+
+/// How often the multiplexer turned input away at a bound, on `port` for `reason`.
+pub fn refused(running: &Running, port: &str, reason: &str) -> f64 {
+    metric_sum(&metrics_text(running), "teifleet_refused_input_total", &[("port", port), ("reason", reason)])
+}
