@@ -128,10 +128,15 @@ fn answer_margin(timeout: Duration) -> Duration {
 pub fn parse_grpc_timeout(value: &str) -> Result<Duration, Error> {
     let invalid =
         || Error::InvalidMetadata { header: TIMEOUT_HEADER, reason: format!("{value:?} is not <digits><H|M|S|m|u|n>") };
-    if value.len() < 2 || value.len() > 9 {
+    // ASCII only, so the unit is the last byte (a split inside a character would panic).
+    if value.len() < 2 || value.len() > 9 || !value.is_ascii() {
         return Err(invalid());
     }
     let (digits, unit) = value.split_at(value.len() - 1);
+    // Digits only: `u64::from_str` also takes a leading `+`.
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid());
+    }
     let amount: u64 = digits.parse().map_err(|_| invalid())?;
     Ok(match unit {
         "H" => Duration::from_secs(amount * 3600),

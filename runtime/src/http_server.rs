@@ -19,7 +19,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
 
 /// What one client may make a server hold.
@@ -64,7 +64,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let builder = builder(bounds);
-    let open = Arc::new(Semaphore::new(bounds.max_connections));
+    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout);
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -80,21 +80,16 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
-        let Ok(permit) = open.clone().try_acquire_owned() else {
+        let _ = stream.set_nodelay(true);
+        let Some(stream) = cap.admit(stream) else {
             refused(REFUSED_CONNECTION_LIMIT);
-            drop(stream);
             continue;
         };
-        let _ = stream.set_nodelay(true);
         let service = TowerToHyperService::new(router.clone());
-        let stream = ProtocolDeadline::new(stream, bounds.header_read_timeout);
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
-        tokio::spawn(async move {
-            // A client that resets or breaks its connection is its own business.
-            let _ = connection.await;
-            drop(permit);
-        });
+        // A client that resets or breaks its connection is its own business.
+        tokio::spawn(async move { drop(connection.await) });
     }
     graceful.shutdown().await;
     Ok(())
@@ -123,28 +118,50 @@ fn builder(bounds: &ServerBounds) -> Builder<TokioExecutor> {
 /// HTTP/2's connection preface, which hyper looks for in a connection's first bytes.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// A connection whose client must show which protocol it speaks within a deadline: a first byte
-/// that is not HTTP/2's, or the whole preface. hyper reads those bytes with no timer of its own
-/// (its header timeout starts once HTTP/1.1 is known; HTTP/2 has none), so a client that sent
-/// nothing, or half the preface, kept its connection, and its place under the cap, forever.
-pub struct ProtocolDeadline<Io> {
+/// A port's cap on open connections, and the time a new one has to show its protocol.
+#[derive(Clone, Debug)]
+pub struct ConnectionCap {
+    open: Arc<Semaphore>,
+    protocol_within: Duration,
+}
+
+impl ConnectionCap {
+    pub fn new(max_connections: usize, protocol_within: Duration) -> Self {
+        Self { open: Arc::new(Semaphore::new(max_connections)), protocol_within }
+    }
+
+    /// The connection, holding its place under the cap until it closes; `None` (and the
+    /// connection dropped, so closed) when the cap is reached.
+    pub fn admit<Io>(&self, io: Io) -> Option<Accepted<Io>> {
+        let place = self.open.clone().try_acquire_owned().ok()?;
+        let deadline = Some(Box::pin(tokio::time::sleep(self.protocol_within)));
+        Some(Accepted { io, matched: 0, deadline, _place: place })
+    }
+}
+
+/// A connection under a port's bounds: it holds a place under the cap while open, and its client
+/// must show which protocol it speaks within a deadline: a first byte that is not HTTP/2's, or
+/// the whole preface. hyper and tonic read those bytes with no timer of their own (hyper's header
+/// timeout starts once HTTP/1.1 is known; HTTP/2 has none), so a client that sent nothing, or
+/// half the preface, kept its connection, and its place under the cap, forever.
+pub struct Accepted<Io> {
     io: Io,
     /// Bytes of the preface received so far, while the protocol is not known.
     matched: usize,
     deadline: Option<Pin<Box<Sleep>>>,
+    _place: OwnedSemaphorePermit,
 }
 
-impl<Io> ProtocolDeadline<Io> {
-    pub fn new(io: Io, within: Duration) -> Self {
-        Self { io, matched: 0, deadline: Some(Box::pin(tokio::time::sleep(within))) }
-    }
+#[cfg(feature = "tonic")]
+impl<Io: tonic::transport::server::Connected> tonic::transport::server::Connected for Accepted<Io> {
+    type ConnectInfo = Io::ConnectInfo;
 
-    pub fn get_ref(&self) -> &Io {
-        &self.io
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
     }
 }
 
-impl<Io: AsyncRead + Unpin> AsyncRead for ProtocolDeadline<Io> {
+impl<Io: AsyncRead + Unpin> AsyncRead for Accepted<Io> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         if let Some(deadline) = &mut self.deadline
             && deadline.as_mut().poll(cx).is_ready()
@@ -170,7 +187,7 @@ impl<Io: AsyncRead + Unpin> AsyncRead for ProtocolDeadline<Io> {
     }
 }
 
-impl<Io: AsyncWrite + Unpin> AsyncWrite for ProtocolDeadline<Io> {
+impl<Io: AsyncWrite + Unpin> AsyncWrite for Accepted<Io> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.io).poll_write(cx, buf)
     }
@@ -204,10 +221,15 @@ mod tests {
 
     const WITHIN: Duration = Duration::from_millis(50);
 
-    /// Sends `first`, reads it through a [`ProtocolDeadline`], and reads again past the deadline.
+    fn accepted<Io>(io: Io) -> Accepted<Io> {
+        ConnectionCap::new(1, WITHIN).admit(io).expect("a place under the cap")
+    }
+
+    /// Sends `first`, reads it through an [`Accepted`] connection, and reads again past the
+    /// deadline.
     async fn read_past_the_deadline(first: &[u8]) -> io::Result<usize> {
         let (mut client, server) = tokio::io::duplex(64);
-        let mut server = ProtocolDeadline::new(server, WITHIN);
+        let mut server = accepted(server);
         let mut buffer = [0; 64];
         client.write_all(first).await?;
         assert_eq!(server.read(&mut buffer).await?, first.len());
@@ -224,7 +246,18 @@ mod tests {
         let undecided = read_past_the_deadline(&H2_PREFACE[..16]).await.unwrap_err();
         assert_eq!(undecided.kind(), io::ErrorKind::TimedOut);
         let (_client, server) = tokio::io::duplex(64);
-        let silent = ProtocolDeadline::new(server, WITHIN).read(&mut [0; 64]).await.unwrap_err();
+        let silent = accepted(server).read(&mut [0; 64]).await.unwrap_err();
         assert_eq!(silent.kind(), io::ErrorKind::TimedOut);
+    }
+
+    #[test]
+    fn a_connection_holds_its_place_under_the_cap_until_it_closes() {
+        let cap = ConnectionCap::new(1, WITHIN);
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let _guard = runtime.enter();
+        let first = cap.admit(()).expect("room for one");
+        assert!(cap.admit(()).is_none(), "the cap is reached");
+        drop(first);
+        assert!(cap.admit(()).is_some(), "its place is free again");
     }
 }
