@@ -38,6 +38,10 @@ lint: ## cargo fmt --check and clippy -D warnings
 unit: ## Unit and golden tests (no cluster)
 	cargo test --workspace --locked --exclude teifleet-e2e
 
+.PHONY: fuzz
+fuzz: ## Property fuzzing of the wire reader, HTTP parsers and request metadata, long: PROPTEST_CASES=200000 (about 7 min)
+	PROPTEST_CASES=$${PROPTEST_CASES:-200000} cargo test --locked -p teifleet-multiplexer --test it fuzz:: -- --test-threads=2
+
 .PHONY: test-clients
 test-clients: ## Real HTTP clients from PyPI (openai, huggingface_hub, requests) against the multiplexer's HTTP front and tei-sim
 	tests/clients/run.sh

@@ -6,6 +6,8 @@ mod auth;
 mod bad_input;
 mod drain;
 mod faults;
+mod fuzz;
+mod hostile_http;
 mod http_front;
 mod interop;
 mod live_limits;
