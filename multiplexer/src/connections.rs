@@ -8,20 +8,17 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use futures::{Stream, StreamExt as _};
-use teifleet_runtime::http_server::{Accepted, ConnectionCap, REFUSED_CONNECTION_LIMIT};
-
-type Refused = Box<dyn Fn(&'static str) + Send + Sync>;
+use teifleet_runtime::http_server::{Accepted, ConnectionCap};
 
 /// Accepted connections, within `cap`.
 pub struct Capped<S> {
     accepted: S,
     cap: ConnectionCap,
-    refused: Refused,
 }
 
 impl<S> Capped<S> {
-    pub fn new(accepted: S, cap: ConnectionCap, refused: impl Fn(&'static str) + Send + Sync + 'static) -> Self {
-        Self { accepted, cap, refused: Box::new(refused) }
+    pub fn new(accepted: S, cap: ConnectionCap) -> Self {
+        Self { accepted, cap }
     }
 }
 
@@ -38,9 +35,8 @@ where
                 Some(Err(error)) => return Poll::Ready(Some(Err(error))),
                 None => return Poll::Ready(None),
             };
-            match self.cap.admit(io) {
-                Some(accepted) => return Poll::Ready(Some(Ok(accepted))),
-                None => (self.refused)(REFUSED_CONNECTION_LIMIT),
+            if let Some(accepted) = self.cap.admit(io) {
+                return Poll::Ready(Some(Ok(accepted)));
             }
         }
     }

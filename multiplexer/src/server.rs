@@ -214,8 +214,12 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let bounds = &settings.bounds;
-    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout);
-    let incoming = crate::connections::Capped::new(incoming, cap, metrics.refusal_counter("grpc"));
+    let cap = ConnectionCap::new(
+        bounds.max_connections,
+        bounds.header_read_timeout,
+        Arc::new(metrics.refusal_counter("grpc")),
+    );
+    let incoming = crate::connections::Capped::new(incoming, cap);
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.

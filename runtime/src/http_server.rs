@@ -52,6 +52,11 @@ impl ServerBounds {
 /// Why a server refused a client before any request was read: the `reason` label of the
 /// refusal counters.
 pub const REFUSED_CONNECTION_LIMIT: &str = "connection_limit";
+/// A connection closed because its client did not show its protocol within the header timeout.
+pub const REFUSED_NO_PROTOCOL: &str = "no_protocol";
+
+/// Told each time a bound turns a client away, with the bound's reason.
+pub type Refused = Arc<dyn Fn(&'static str) + Send + Sync>;
 
 /// Serves `router` on `listener` within `bounds` until `shutdown` resolves, then lets open
 /// requests finish. `refused` is told each time a bound turns a client away here (the bounds
@@ -64,7 +69,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let builder = builder(bounds);
-    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout);
+    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, Arc::new(refused));
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -81,10 +86,7 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let Some(stream) = cap.admit(stream) else {
-            refused(REFUSED_CONNECTION_LIMIT);
-            continue;
-        };
+        let Some(stream) = cap.admit(stream) else { continue };
         let service = TowerToHyperService::new(router.clone());
         let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
@@ -118,24 +120,29 @@ fn builder(bounds: &ServerBounds) -> Builder<TokioExecutor> {
 /// HTTP/2's connection preface, which hyper looks for in a connection's first bytes.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// A port's cap on open connections, and the time a new one has to show its protocol.
-#[derive(Clone, Debug)]
+/// A port's cap on open connections, and the time a new one has to show its protocol; each
+/// connection it turns away or closes is counted through `refused`.
+#[derive(Clone)]
 pub struct ConnectionCap {
     open: Arc<Semaphore>,
     protocol_within: Duration,
+    refused: Refused,
 }
 
 impl ConnectionCap {
-    pub fn new(max_connections: usize, protocol_within: Duration) -> Self {
-        Self { open: Arc::new(Semaphore::new(max_connections)), protocol_within }
+    pub fn new(max_connections: usize, protocol_within: Duration, refused: Refused) -> Self {
+        Self { open: Arc::new(Semaphore::new(max_connections)), protocol_within, refused }
     }
 
     /// The connection, holding its place under the cap until it closes; `None` (and the
     /// connection dropped, so closed) when the cap is reached.
     pub fn admit<Io>(&self, io: Io) -> Option<Accepted<Io>> {
-        let place = self.open.clone().try_acquire_owned().ok()?;
+        let Ok(place) = self.open.clone().try_acquire_owned() else {
+            (self.refused)(REFUSED_CONNECTION_LIMIT);
+            return None;
+        };
         let deadline = Some(Box::pin(tokio::time::sleep(self.protocol_within)));
-        Some(Accepted { io, matched: 0, deadline, _place: place })
+        Some(Accepted { io, matched: 0, deadline, timed_out: false, _place: place, refused: self.refused.clone() })
     }
 }
 
@@ -149,7 +156,10 @@ pub struct Accepted<Io> {
     /// Bytes of the preface received so far, while the protocol is not known.
     matched: usize,
     deadline: Option<Pin<Box<Sleep>>>,
+    /// The deadline passed (counted once, however often the server reads again).
+    timed_out: bool,
     _place: OwnedSemaphorePermit,
+    refused: Refused,
 }
 
 #[cfg(feature = "tonic")]
@@ -166,6 +176,10 @@ impl<Io: AsyncRead + Unpin> AsyncRead for Accepted<Io> {
         if let Some(deadline) = &mut self.deadline
             && deadline.as_mut().poll(cx).is_ready()
         {
+            if !self.timed_out {
+                self.timed_out = true;
+                (self.refused)(REFUSED_NO_PROTOCOL);
+            }
             return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "no protocol within the header timeout")));
         }
         let before = buf.filled().len();
@@ -222,7 +236,7 @@ mod tests {
     const WITHIN: Duration = Duration::from_millis(50);
 
     fn accepted<Io>(io: Io) -> Accepted<Io> {
-        ConnectionCap::new(1, WITHIN).admit(io).expect("a place under the cap")
+        ConnectionCap::new(1, WITHIN, Arc::new(|_| {})).admit(io).expect("a place under the cap")
     }
 
     /// Sends `first`, reads it through an [`Accepted`] connection, and reads again past the
@@ -252,12 +266,15 @@ mod tests {
 
     #[test]
     fn a_connection_holds_its_place_under_the_cap_until_it_closes() {
-        let cap = ConnectionCap::new(1, WITHIN);
+        let turned_away = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let counted = turned_away.clone();
+        let cap = ConnectionCap::new(1, WITHIN, Arc::new(move |reason| counted.lock().unwrap().push(reason)));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let _guard = runtime.enter();
         let first = cap.admit(()).expect("room for one");
         assert!(cap.admit(()).is_none(), "the cap is reached");
         drop(first);
         assert!(cap.admit(()).is_some(), "its place is free again");
+        assert_eq!(*turned_away.lock().unwrap(), [REFUSED_CONNECTION_LIMIT]);
     }
 }

@@ -264,6 +264,9 @@ async fn a_request_head_sent_too_slowly_is_cut_off_at_the_header_timeout() {
         until_closed(what, stream, HEADER_TIMEOUT + SLACK).await;
         assert!(started.elapsed() >= HEADER_TIMEOUT, "{what}: closed by the timeout, not before it");
     }
+    // Those that never showed a protocol are counted; half an HTTP/1.1 head is hyper's to close.
+    assert_eq!(refused(&mux, "http", "no_protocol"), 2.0);
+    assert_eq!(refused(&mux, "grpc", "no_protocol"), 2.0);
     http_served(http).await;
     grpc_served(mux.grpc_addr).await;
     mux.shutdown().await.unwrap();
