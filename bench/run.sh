@@ -8,7 +8,10 @@
 # `all` to use every CPU): the targets were set on 2 cores, and the shed-storm scenario is about
 # the client, the multiplexer and a CPU-bound backend sharing them.
 #
-# Usage: bench/run.sh full|quick [teifleet-bench flags...]
+# `--only LIST` runs some scenarios (by number or name); without 6 (live-limits) in it, no control
+# plane is started.
+#
+# Usage: bench/run.sh full|quick [teifleet-bench flags...], e.g. bench/run.sh quick --only 15
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,11 +31,32 @@ case "$MODE" in
   *) echo "usage: bench/run.sh full|quick [teifleet-bench flags...]" >&2; exit 2 ;;
 esac
 
+# Only scenario 6 needs the control plane: `--only` without it (e.g. `--only 15`) starts none.
+needs_cluster=1
+prev=""
+for arg in "$@"; do
+  only=""
+  case "$arg" in
+    --only=*) only="${arg#--only=}" ;;
+    *) [[ "$prev" == --only ]] && only="$arg" ;;
+  esac
+  if [[ -n "$only" ]]; then
+    needs_cluster=0
+    IFS=, read -ra wanted <<<"$only"
+    for w in "${wanted[@]}"; do
+      [[ "$w" == 6 || "$w" == live-limits ]] && needs_cluster=1
+    done
+  fi
+  prev="$arg"
+done
+
 mkdir -p target/bench-logs
 # Read before the control plane boots, whose own start-up would count as other work.
 TEIFLEET_BENCH_LOAD_BEFORE="$(cut -d' ' -f1 /proc/loadavg)"
 export TEIFLEET_BENCH_LOAD_BEFORE
-if tests/cluster/up.sh >target/bench-logs/cluster-up.log 2>&1; then
+if (( ! needs_cluster )); then
+  :
+elif tests/cluster/up.sh >target/bench-logs/cluster-up.log 2>&1; then
   trap 'tests/cluster/down.sh >/dev/null 2>&1 || true' EXIT
   args+=(--kubeconfig "$TEIFLEET_CLUSTER_DIR/kubeconfig")
 else

@@ -13,6 +13,16 @@ pub struct SimStats {
     /// Calls and stream messages answered successfully.
     pub completed: u64,
     pub batches_run: u64,
+    /// Requests holding one of TEI's slots now.
+    #[serde(default)]
+    pub in_flight: u64,
+    /// The most requests that held a slot at once since the last reset.
+    #[serde(default)]
+    pub max_in_flight_observed: u64,
+    /// Time the device spent running batches since the last reset, µs (0 from a simulator that
+    /// does not count it).
+    #[serde(default)]
+    pub device_busy_us: u64,
 }
 
 /// Resets the simulator's counters, so the next [`sim_stats`] counts one run.
@@ -22,6 +32,22 @@ pub async fn reset_sim_stats(admin: SocketAddr) -> Option<()> {
 
 pub async fn sim_stats(admin: SocketAddr) -> Option<SimStats> {
     serde_json::from_str(&http::get(admin, "/stats").await?).ok()
+}
+
+/// Sets the simulator's fault (`none`, `fail`, `stall`): `stall` holds every inference request,
+/// and its slot, until the fault is cleared.
+pub async fn set_sim_fault(admin: SocketAddr, fault: &str) -> Option<()> {
+    let path = match fault {
+        "none" => "/fault/clear".to_owned(),
+        other => format!("/fault/{other}"),
+    };
+    http::post(admin, &path).await.map(|_| ())
+}
+
+/// The sum of metric `name` over the series carrying every one of `labels`.
+pub async fn metric_sum_matching(admin: SocketAddr, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    let text = http::get(admin, "/metrics").await?;
+    Some(prom::sum_matching(&text, name, labels))
 }
 
 /// The sum of metric `name` over its labels at `admin`'s `/metrics`; `None` when the metrics
@@ -45,6 +71,13 @@ mod tests {
         let body = r#"{"requests_received":9,"requests_admitted":7,"requests_refused_overloaded":2,"in_flight":0,
                        "max_in_flight_observed":4,"completed":7,"batches_run":3}"#;
         let stats: SimStats = serde_json::from_str(body).unwrap();
-        assert_eq!(stats, SimStats { requests_admitted: 7, completed: 7, batches_run: 3 });
+        let expected = SimStats {
+            requests_admitted: 7,
+            completed: 7,
+            batches_run: 3,
+            max_in_flight_observed: 4,
+            ..SimStats::default()
+        };
+        assert_eq!(stats, expected);
     }
 }

@@ -120,7 +120,7 @@ impl Proc {
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.grpc)
+        url_of(self.grpc)
     }
 
     pub fn admin_addr(&self) -> SocketAddr {
@@ -268,7 +268,30 @@ pub async fn start_mux_with(
     limits: &MuxLimits,
     extra: &[String],
 ) -> Result<Proc> {
-    let (grpc, admin) = (free_port()?, free_port()?);
+    start_mux_on(bins, name, free_port()?, upstream, limits, extra).await
+}
+
+/// A free loopback port for a process started later: replicas of one pool name each other's
+/// multiplexer (`--sibling URL`), so every one's gRPC port is picked before any of them starts.
+pub fn pick_port() -> Result<u16> {
+    Ok(free_port()?)
+}
+
+/// The gRPC URL a process started on `port` will have.
+pub fn url_of(port: u16) -> String {
+    format!("http://127.0.0.1:{port}")
+}
+
+/// [`start_mux_with`] on a gRPC port picked beforehand ([`pick_port`]).
+pub async fn start_mux_on(
+    bins: &Bins,
+    name: &str,
+    grpc: u16,
+    upstream: &Proc,
+    limits: &MuxLimits,
+    extra: &[String],
+) -> Result<Proc> {
+    let admin = free_port()?;
     let mut args = mux_args(grpc, admin, upstream, limits);
     args.extend(extra.iter().cloned());
     let launch = Launch { name, program: bins.path("teifleet-multiplexer"), args, env: vec![] };

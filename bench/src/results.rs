@@ -12,7 +12,7 @@ use crate::scenarios::{
     overload::Overload, shed_storm::ShedStorm, slo::Slo, streams::Streams,
 };
 use crate::scenarios::{adaptive::AdaptiveLimit, fairness::Fairness, pushback::Pushback};
-use crate::scenarios::{http_overhead::HttpOverhead, http_overload::HttpOverload};
+use crate::scenarios::{http_overhead::HttpOverhead, http_overload::HttpOverload, spillover::Spillover};
 use crate::targets::Target;
 use crate::{Error, Result};
 
@@ -34,6 +34,7 @@ pub enum Outcome {
     Pushback(Box<Pushback>),
     HttpOverhead(Box<HttpOverhead>),
     HttpOverload(Box<HttpOverload>),
+    Spillover(Box<Spillover>),
 }
 
 impl Outcome {
@@ -53,6 +54,7 @@ impl Outcome {
             Self::Pushback(r) => r.targets(),
             Self::HttpOverhead(r) => r.targets(),
             Self::HttpOverload(r) => r.targets(),
+            Self::Spillover(r) => r.targets(),
         }
     }
 }

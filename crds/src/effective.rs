@@ -1,12 +1,12 @@
-//! The in-flight limits the sidecars enforce right now: what each reports on its admin port, and
-//! the pool-wide summary the operator writes into status for adaptive pools (where the limit in
-//! force differs from the share the operator publishes).
+//! What each sidecar reports on its admin port, and the pool-wide summaries the operator writes
+//! into status from those reports: the in-flight limits in force for adaptive pools (where they
+//! differ from the shares the operator publishes), and every pool's demand.
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// One sidecar's admission state, as its admin port reports it (`teifleet_wire::sidecar_admin::ADMISSION_PATH`).
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct SidecarAdmission {
     /// The pool the sidecar serves.
@@ -21,6 +21,14 @@ pub struct SidecarAdmission {
     pub queued: u32,
     /// The queue stands: newcomers that would wait longer than the target are refused.
     pub standing_queue: bool,
+    /// Calls of the pool refused for capacity (shed, or expired in the queue), per second over
+    /// the last minute. Defaulted, like every field added later, so an operator still reads a
+    /// sidecar of the release before.
+    #[serde(default)]
+    pub refused_per_second: f64,
+    /// Calls of the pool handed to a sibling replica, per second over the last minute.
+    #[serde(default)]
+    pub spilled_per_second: f64,
 }
 
 /// The pool's in-flight limits in force, summed over the sidecars that answered.
@@ -36,6 +44,30 @@ pub struct EffectiveLimits {
     pub max_in_flight: i32,
     /// Sidecars whose queue stands (overloaded; they refuse what they cannot serve soon).
     pub standing_queues: i32,
+}
+
+/// What the pool is asked to do, summed over the sidecars that answered: for a person reading
+/// `kubectl get epool` and for an autoscaler. Rates are rounded to two significant digits so that
+/// a steady load does not rewrite the status at every check.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct PoolDemand {
+    /// Sidecars that reported at the last check; the other fields cover these only.
+    pub replicas_reporting: i32,
+    /// Inputs in flight to TEI.
+    pub in_flight: i32,
+    /// Inputs waiting in the sidecars' queues.
+    pub queued: i32,
+    /// `inFlight` as a percentage of the in-flight limits in force at the same sidecars (their
+    /// shares, or their adaptive limits): how full the pool is now. The limits of the sidecars
+    /// that answered, not `spec.concurrency.maxInFlight`, so a sidecar that did not answer leaves
+    /// both sides of the ratio, and an adaptive pool held below its budget by a slow TEI shows
+    /// full. Above 100 for a moment when an adaptive limit drops under what is in flight.
+    pub utilization_percent: i32,
+    /// Calls refused for capacity (shed, or expired in a queue), per second over the last minute.
+    pub refused_per_second: f64,
+    /// Calls a sidecar handed to a sibling replica, per second over the last minute.
+    pub spilled_per_second: f64,
 }
 
 /// The summary of `reports`; `None` when no sidecar answered.
@@ -64,6 +96,8 @@ mod tests {
             in_flight: 0,
             queued: 0,
             standing_queue: standing,
+            refused_per_second: 0.0,
+            spilled_per_second: 0.0,
         }
     }
 
@@ -88,5 +122,17 @@ mod tests {
         let json = serde_json::to_value(report(8, false)).unwrap();
         assert_eq!(json["effectiveInFlight"], 8);
         assert_eq!(json["standingQueue"], false);
+        assert_eq!(json["refusedPerSecond"], 0.0);
+    }
+
+    #[test]
+    fn a_report_without_the_rates_still_parses() {
+        // What a sidecar of the release before answers.
+        let older = serde_json::json!({
+            "pool": "bge", "effectiveInFlight": 8, "maxInFlight": 64, "adaptive": false,
+            "inFlight": 3, "queued": 1, "standingQueue": false,
+        });
+        let report: SidecarAdmission = serde_json::from_value(older).unwrap();
+        assert_eq!((report.in_flight, report.refused_per_second, report.spilled_per_second), (3, 0.0, 0.0));
     }
 }

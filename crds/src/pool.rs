@@ -46,7 +46,20 @@ use crate::gpu::GpuType;
         json_path = ".spec.concurrency.maxInFlight",
         description = "pool-wide budget of requests in flight to TEI"
     ),
+    printcolumn(
+        name = "Utilization%",
+        type_ = "integer",
+        json_path = ".status.demand.utilizationPercent",
+        description = "percent of the in-flight limits in force that is in use, as the sidecars last reported"
+    ),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    printcolumn(
+        name = "Queued",
+        type_ = "integer",
+        json_path = ".status.demand.queued",
+        description = "inputs waiting in the sidecars' queues, as they last reported",
+        priority = "1"
+    ),
     printcolumn(
         name = "gRPC",
         type_ = "string",
@@ -597,6 +610,12 @@ pub struct EmbeddingPoolStatus {
     /// Each replica's share of the pool budget, applied live by the multiplexer sidecars.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionStatus>,
+
+    /// What the pool is asked to do, as its ready sidecars reported it at the operator's last
+    /// check (every 30 s): in flight, queued, utilization, refusals and spills. Absent while no
+    /// sidecar answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub demand: Option<crate::PoolDemand>,
 
     /// Where clients call the pool, through its Service (`kubectl get epool -o wide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -89,13 +89,14 @@ fn with_causes(status: &tonic::Status) -> String {
     text
 }
 
-/// The own pool's admission state, for the operator's status summary; `None` until the pool and
-/// its limits are known.
-pub fn own_admission(pools: &PoolTable) -> Option<SidecarAdmission> {
+/// The own pool's admission state and last minute's refusals and spills, for the operator's
+/// status summary; `None` until the pool and its limits are known.
+pub fn own_admission(pools: &PoolTable, metrics: &Metrics) -> Option<SidecarAdmission> {
     let pool = pools.get(pools.own_name())?;
     pool.spec.limits?;
     let snapshot = pool.admission.snapshot();
     let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    let (refused_per_second, spilled_per_second) = metrics.recent_rates(&pool.spec.name);
     Some(SidecarAdmission {
         pool: pool.spec.name.clone(),
         effective_in_flight: count(snapshot.effective_limit),
@@ -104,6 +105,8 @@ pub fn own_admission(pools: &PoolTable) -> Option<SidecarAdmission> {
         in_flight: count(snapshot.in_flight),
         queued: count(snapshot.queued_total()),
         standing_queue: snapshot.standing_queue,
+        refused_per_second,
+        spilled_per_second,
     })
 }
 
@@ -138,11 +141,11 @@ async fn relay_tei_metrics(client: Client<HttpConnector, Empty<Bytes>>, url: htt
 /// `/metrics`, `/healthz`, `/readyz`, [`tei_health::PATH`], [`ADMISSION_PATH`], and, with
 /// `tei_metrics`, TEI's own metrics on [`tei_health::METRICS_PATH`].
 pub fn router(metrics: &Metrics, readiness: Arc<Readiness>, tei_metrics: Option<http::Uri>) -> Router {
-    let admission_pools = readiness.pools.clone();
+    let (admission_pools, admission_metrics) = (readiness.pools.clone(), metrics.clone());
     let admission = get(move || {
-        let pools = admission_pools.clone();
+        let (pools, metrics) = (admission_pools.clone(), admission_metrics.clone());
         async move {
-            match own_admission(&pools) {
+            match own_admission(&pools, &metrics) {
                 Some(report) => crate::http::json(&report),
                 None => (StatusCode::SERVICE_UNAVAILABLE, "pool configuration not known yet\n").into_response(),
             }
@@ -189,7 +192,10 @@ mod tests {
     use teifleet_testkit::http::{Response, request};
 
     use super::*;
+    use crate::admission::Priority;
+    use crate::call::Protocol;
     use crate::pools::PoolSpec;
+    use crate::status::Outcome;
 
     /// An admin port whose own pool `own` has its TEI at `upstream`, or no pool at all.
     async fn admin(upstream: Option<String>) -> (SocketAddr, CancellationToken) {
@@ -287,7 +293,8 @@ mod tests {
     }
     #[tokio::test]
     async fn reports_the_own_pools_limit_in_force_once_known() {
-        let pools = PoolTable::new("own", Metrics::new());
+        let metrics = Metrics::new();
+        let pools = PoolTable::new("own", metrics.clone());
         let spec = |limits| PoolSpec {
             name: "own".into(),
             model: None,
@@ -298,15 +305,32 @@ mod tests {
             tenants: BTreeMap::new(),
         };
         pools.sync(vec![spec(None)]).unwrap();
-        assert_eq!(own_admission(&pools), None, "no limits yet");
+        assert_eq!(own_admission(&pools, &metrics), None, "no limits yet");
         let adaptive = crate::admission::Limits {
             adaptive: true,
             ..crate::admission::Limits::new(64, 128, Duration::from_secs(2))
         };
         pools.sync(vec![spec(Some(adaptive))]).unwrap();
-        let report = own_admission(&pools).unwrap();
+        let report = own_admission(&pools, &metrics).unwrap();
         assert_eq!((report.pool.as_str(), report.max_in_flight, report.adaptive), ("own", 64, true));
         assert_eq!(report.effective_in_flight, 16, "an adaptive limit starts at a quarter of its ceiling");
+        assert_eq!((report.refused_per_second, report.spilled_per_second), (0.0, 0.0));
+
+        // Refusals counted where every call's outcome is, and spills, each pool its own.
+        for outcome in [Outcome::ShedQueueFull, Outcome::ExpiredInQueue, Outcome::Ok, Outcome::Rejected] {
+            metrics.request_done("own", Priority::Standard, Protocol::Grpc, "Embed", tonic::Code::Ok, outcome);
+        }
+        metrics.request_done(
+            "other",
+            Priority::Standard,
+            Protocol::Grpc,
+            "Embed",
+            tonic::Code::Ok,
+            Outcome::ShedDeadline,
+        );
+        metrics.spilled("own", "served");
+        let report = own_admission(&pools, &metrics).unwrap();
+        assert_eq!((report.refused_per_second, report.spilled_per_second), (2.0 / 60.0, 1.0 / 60.0));
     }
     #[tokio::test]
     async fn relays_teis_own_metrics_unchanged_and_says_why_when_it_cannot() {

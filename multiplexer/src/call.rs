@@ -71,6 +71,8 @@ pub struct Call {
     pub arrived: Instant,
     timings: Timings,
     finished: bool,
+    /// A sibling replica spilled this call here: the sibling counts it as its client's call.
+    spilled_in: bool,
 }
 
 impl Call {
@@ -90,7 +92,14 @@ impl Call {
             arrived,
             timings: Timings::default(),
             finished: false,
+            spilled_in: false,
         }
+    }
+
+    /// The call was spilled here by a sibling replica, which counts it as its client's call: it
+    /// is counted here only as spilled in, so the pool counts every call once.
+    pub fn spilled_in(&mut self) {
+        self.spilled_in = true;
     }
 
     /// The call waited in the multiplexer's queue until now.
@@ -147,6 +156,10 @@ impl Call {
             return;
         }
         self.finished = true;
+        if self.spilled_in {
+            self.metrics.spilled_in(&self.pool, outcome);
+            return;
+        }
         self.metrics.request_done(&self.pool, self.priority, self.protocol, self.rpc.label, code, outcome);
         self.metrics.tenant_done(&self.pool, &self.tenant, outcome);
         self.timings.total = self.arrived.elapsed();

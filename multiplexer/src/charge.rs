@@ -1,18 +1,93 @@
 //! What a call is charged and what it pays back: its cost in the pool's units (inputs, estimated
-//! tokens), the wait for its permit, and TEI's timing of its answer fed to the pool's estimates
-//! through that permit. Every path (unary, coalesced, stream messages, HTTP batches) uses these.
+//! tokens), the wait for its permit (here, or room at a sibling replica), and TEI's timing of its
+//! answer fed to the pool's estimates through that permit. Every path (unary, coalesced, stream
+//! messages, HTTP batches) uses these.
 
 use crate::admission::{Ask, Cost, Observation, Permit};
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
 use crate::rpc::{Inputs, Rpc};
+use crate::siblings::Lease;
 use crate::wire::{self, TeiTiming};
 use crate::{Error, Result};
 
-/// Waits in `pool`'s queue for room for `cost`.
+/// Where an admitted unary call goes: this replica's TEI under a permit, or a sibling replica of
+/// the pool that had room.
+pub enum Grant {
+    Local(Permit),
+    Sibling(Lease),
+}
+
+impl Grant {
+    /// The local permit, if the call stays here.
+    pub fn permit(&self) -> Option<&Permit> {
+        match self {
+            Self::Local(permit) => Some(permit),
+            Self::Sibling(_) => None,
+        }
+    }
+}
+
+/// Waits in `pool`'s queue for room for `cost` here, on this replica's TEI. A call a sibling
+/// spilled here waits at most [`spilled_patience`], in line with this replica's own callers, or is
+/// refused (for any reason: full, standing, too slow), so the sibling serves it itself.
 pub async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Permit> {
     let ask = Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost);
-    pool.admission.acquire(ask).await.map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source })
+    let Some(from) = &meta.spilled_from else {
+        return pool
+            .admission
+            .acquire(ask)
+            .await
+            .map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source });
+    };
+    match tokio::time::timeout(spilled_patience(pool), pool.admission.acquire(ask)).await {
+        Ok(Ok(permit)) => Ok(permit),
+        Ok(Err(_)) | Err(_) => Err(Error::SpillRefused { pool: pool.spec.name.clone(), from: from.clone() }),
+    }
+}
+
+/// How long a spilled call may wait here: about two calls' service time, enough for the few a
+/// sibling keeps waiting here (`siblings::window_cap`) to be taken in turn, never long enough to
+/// matter to this replica's own callers, who it waits in line with.
+fn spilled_patience(pool: &Pool) -> std::time::Duration {
+    use std::time::Duration;
+    let service = pool.admission.mean_service_time().unwrap_or(Duration::from_millis(100));
+    (service * 2).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+/// Room for a unary call's `cost` in the pool: here when there is some, else at a sibling replica
+/// with room, else a turn in this replica's queue, taken by whichever of the two frees first.
+pub async fn admit(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Grant> {
+    let siblings = match &pool.siblings {
+        Some(siblings) if meta.spilled_from.is_none() => siblings,
+        _ => return acquire(pool, meta, cost).await.map(Grant::Local),
+    };
+    // The queue here drains through the siblings too: its expected waits and hints count them.
+    pool.admission.set_spill_slots(siblings.slots());
+    if siblings.count() == 0 {
+        return acquire(pool, meta, cost).await.map(Grant::Local);
+    }
+    if let Some(permit) = pool.admission.try_acquire(cost) {
+        return Ok(Grant::Local(permit));
+    }
+    let (inputs, share) = (cost.inputs as usize, pool.admission.snapshot().limits.max_in_flight);
+    let room = siblings.room();
+    if let Some(lease) = siblings.try_lease(inputs, share) {
+        return Ok(Grant::Sibling(lease));
+    }
+    let here = acquire(pool, meta, cost);
+    tokio::pin!(here, room);
+    loop {
+        tokio::select! {
+            permit = &mut here => return permit.map(Grant::Local),
+            () = &mut room => {
+                room.set(siblings.room());
+                if let Some(lease) = siblings.try_lease(inputs, share) {
+                    return Ok(Grant::Sibling(lease));
+                }
+            }
+        }
+    }
 }
 
 /// The cost of a call known from its RPC alone, before its body is read: one input, when the pool

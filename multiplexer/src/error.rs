@@ -21,6 +21,10 @@ pub enum Error {
     #[error("pool {pool}: {source}")]
     Admission { pool: String, source: AdmissionError },
 
+    /// A call a sibling replica spilled here found no room at once; the sibling serves it itself.
+    #[error("pool {pool}: no room for a call spilled from {from}")]
+    SpillRefused { pool: String, from: String },
+
     #[error(transparent)]
     InvalidPriority(#[from] UnknownPriority),
 
@@ -119,6 +123,7 @@ impl Error {
                 AdmissionError::QueueTimeout { .. } => ErrorKind::QueueTimedOut,
                 AdmissionError::DeadlineExpired { .. } => ErrorKind::ExpiredInQueue,
             },
+            Self::SpillRefused { .. } => ErrorKind::Shed(Shed::QueueFull),
             Self::InvalidPriority(_) | Self::InvalidMetadata { .. } | Self::SlowMessage { .. } => {
                 ErrorKind::InvalidRequest
             }

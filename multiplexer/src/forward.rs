@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures::{FutureExt as _, Stream};
 use http::uri::PathAndQuery;
 use teifleet_proto::BytesCodec;
-use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT};
+use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT, SPILL_REFUSED as SPILL_REFUSED_HEADER, SPILLED_FROM};
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -27,12 +27,13 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::admission::{AdmissionError, Cost, Permit};
 use crate::call::{Activity, Call, Protocol};
-use crate::charge::{self, cost_of, observe, timing};
+use crate::charge::{self, Grant, cost_of, observe, timing};
 use crate::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
 use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
 use crate::rpc::{Admit, Rpc};
+use crate::siblings::{Ended, Lease};
 use crate::streams::{Admitted, Answers, Held};
 use crate::wire::TeiTiming;
 use crate::{Error, Result};
@@ -56,7 +57,8 @@ pub struct Routed {
     pub call: Call,
     pub meta: RequestMeta,
     pub pool: Arc<Pool>,
-    pub permit: Option<Permit>,
+    /// Where the call was admitted, when it was before its body was read.
+    pub grant: Option<Grant>,
 }
 
 impl Forwarder {
@@ -95,7 +97,16 @@ impl Forwarder {
         }
         let meta = request_meta::parse(headers, call.arrived)?;
         call.priority = meta.priority;
+        if meta.spilled_from.is_some() {
+            call.spilled_in();
+        }
         let pool = self.pools.resolve(&meta.target, meta.forwarded_by.as_deref())?;
+        // A spilled call is served by this replica's TEI or not at all: never passed on again.
+        if let Some(from) = &meta.spilled_from
+            && pool.spec.remote
+        {
+            return Err(Error::ForwardingLoop { by: from.clone() });
+        }
         call.pool.clone_from(&pool.spec.name);
         if meta.tenant.is_some() {
             call.tenant = pool.admission.tenant_label(meta.tenant.as_deref()).into();
@@ -103,8 +114,24 @@ impl Forwarder {
         Ok((meta, pool))
     }
 
-    /// Waits for the call's permit, if its RPC needs one.
-    pub async fn admit(&self, call: &mut Call, pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Option<Permit>> {
+    /// Waits for room for a unary call, if its RPC needs a permit: here, or at a sibling replica.
+    pub async fn admit(&self, call: &mut Call, pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Option<Grant>> {
+        if call.rpc.admit == Admit::Free {
+            return Ok(None);
+        }
+        let grant = charge::admit(pool, meta, cost).await?;
+        call.admitted();
+        Ok(Some(grant))
+    }
+
+    /// Waits for the call's permit here, if its RPC needs one (streams stay where they start).
+    pub async fn admit_here(
+        &self,
+        call: &mut Call,
+        pool: &Pool,
+        meta: &RequestMeta,
+        cost: Cost,
+    ) -> Result<Option<Permit>> {
         if call.rpc.admit == Admit::Free {
             return Ok(None);
         }
@@ -132,7 +159,11 @@ impl Forwarder {
 
     /// A client for the pool's upstream that accepts answers as large as clients may send.
     async fn client(&self, pool: &Pool) -> Result<tonic::client::Grpc<Channel>> {
-        let mut client = tonic::client::Grpc::new(pool.upstream.channel())
+        self.client_of(pool, pool.upstream.channel()).await
+    }
+
+    async fn client_of(&self, pool: &Pool, channel: Channel) -> Result<tonic::client::Grpc<Channel>> {
+        let mut client = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(self.max_message_bytes)
             .max_encoding_message_size(self.max_message_bytes);
         client.ready().await.map_err(|e| Error::Unreachable { pool: pool.spec.name.clone(), reason: e.to_string() })?;
@@ -152,18 +183,39 @@ impl Forwarder {
         }
     }
 
-    /// One unary call upstream.
-    pub async fn upstream_unary(&self, pool: &Pool, rpc: &Rpc, request: Request<Bytes>) -> Result<Response<Bytes>> {
+    /// One unary call on `channel` (the pool's upstream, or a sibling replica's sidecar).
+    async fn unary_on(
+        &self,
+        pool: &Pool,
+        channel: Channel,
+        rpc: &Rpc,
+        request: Request<Bytes>,
+    ) -> Result<Response<Bytes>> {
         let upstream = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
-        let mut client = self.client(pool).await?;
+        let mut client = self.client_of(pool, channel).await?;
         client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(upstream)
     }
 
-    /// One admitted unary exchange with the pool's upstream, as every unary path makes it (a gRPC
-    /// call, the call identical callers share, each call of an HTTP batch): the request goes out
-    /// with the caller's metadata and remaining deadline; a deadline that passes while TEI works
-    /// on it is DEADLINE_EXCEEDED; TEI's timing of the answer feeds the pool through `permit`.
+    /// One admitted unary exchange, as every unary path makes it (a gRPC call, the call
+    /// identical callers share, each call of an HTTP batch): the request goes out with the
+    /// caller's metadata and remaining deadline, to the pool's upstream or, under a sibling's
+    /// lease, to that replica; a deadline that passes meanwhile is DEADLINE_EXCEEDED; TEI's
+    /// timing of the answer feeds the pool through a local permit.
     pub async fn exchange(
+        &self,
+        pool: &Pool,
+        rpc: &Rpc,
+        meta: &RequestMeta,
+        request: Request<Bytes>,
+        grant: Option<&Grant>,
+    ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
+        if let Some(Grant::Sibling(lease)) = grant {
+            return self.spill(pool, rpc, meta, request, lease).await;
+        }
+        self.exchange_here(pool, rpc, meta, request, grant.and_then(Grant::permit)).await
+    }
+
+    async fn exchange_here(
         &self,
         pool: &Pool,
         rpc: &Rpc,
@@ -172,13 +224,64 @@ impl Forwarder {
         permit: Option<&Permit>,
     ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
         let sent = Instant::now();
-        let upstream = self.upstream_unary(pool, rpc, self.outgoing(request, meta, pool));
+        let upstream = self.unary_on(pool, pool.upstream.channel(), rpc, self.outgoing(request, meta, pool));
         let response = within_deadline(pool, meta, sent, upstream).await?;
         let timing = timing(rpc, response.get_ref());
         observe(permit, timing);
         Ok((response, timing))
     }
+
+    /// Sends the call to the sibling the lease names. The sibling's answers pass through as
+    /// they came; if it had no room after all (its own callers took it), is going away or cannot
+    /// be reached, the call is served here instead, so the caller never hears of it.
+    async fn spill(
+        &self,
+        pool: &Pool,
+        rpc: &Rpc,
+        meta: &RequestMeta,
+        request: Request<Bytes>,
+        lease: &Lease,
+    ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
+        let mut outgoing = self.outgoing(
+            Request::from_parts(request.metadata().clone(), tonic::Extensions::default(), request.get_ref().clone()),
+            meta,
+            pool,
+        );
+        // Always marked, so the sibling neither queues nor spills it again.
+        let marker = self.hop_marker.clone().unwrap_or_else(|| MetadataValue::from_static("teifleet-multiplexer"));
+        outgoing.metadata_mut().insert(SPILLED_FROM, marker);
+        let sent = Instant::now();
+        let upstream = self.unary_on(pool, lease.upstream().channel(), rpc, outgoing);
+        let (failed, ended) = match within_deadline(pool, meta, sent, upstream).await {
+            Ok(response) => {
+                self.metrics.spilled(&pool.spec.name, SPILL_SERVED);
+                let timing = timing(rpc, response.get_ref());
+                return Ok((response, timing));
+            }
+            Err(Error::Upstream { status, .. }) if status.metadata().contains_key(SPILL_REFUSED_HEADER) => {
+                (SPILL_REFUSED, Ended::Busy)
+            }
+            Err(Error::Upstream { status, .. }) if crate::status::is_spill_refusal(&status) => {
+                (SPILL_REFUSED, Ended::Gone)
+            }
+            Err(Error::Upstream { status, .. }) if crate::error::is_transport_failure(&status) => {
+                (SPILL_UNREACHABLE, Ended::Gone)
+            }
+            Err(Error::Unreachable { .. }) => (SPILL_UNREACHABLE, Ended::Gone),
+            Err(error) => return Err(error),
+        };
+        lease.refused(ended);
+        self.metrics.spilled(&pool.spec.name, failed);
+        tracing::debug!(pool = %pool.spec.name, sibling = lease.url(), why = failed, "spill refused: served here");
+        let permit = charge::acquire(pool, meta, cost_of(pool, rpc, request.get_ref())).await?;
+        self.exchange_here(pool, rpc, meta, request, Some(&permit)).await
+    }
 }
+
+/// How a spilled call ended, the `result` label of `teifleet_spills_total`.
+const SPILL_SERVED: &str = "served";
+const SPILL_REFUSED: &str = "refused";
+const SPILL_UNREACHABLE: &str = "unreachable";
 
 /// Runs `upstream` within the caller's deadline: a deadline that passes while TEI works on the
 /// call is DEADLINE_EXCEEDED, counted as a deadline, not as TEI's error or a cancellation.
@@ -199,16 +302,16 @@ async fn within_deadline<T>(
 impl Routed {
     /// Forwards a unary call; the permit is held until the answer is back.
     pub async fn unary(mut self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
-        if self.permit.is_none() && self.call.rpc.admit == Admit::Permit {
+        if self.grant.is_none() && self.call.rpc.admit == Admit::Permit {
             let cost = cost_of(&self.pool, self.call.rpc, request.get_ref());
             match self.forwarder.admit(&mut self.call, &self.pool, &self.meta, cost).await {
-                Ok(permit) => self.permit = permit,
+                Ok(grant) => self.grant = grant,
                 Err(error) => return Err(self.call.fail(error).into()),
             }
         }
-        let permit = self.permit.take();
-        let result = self.forwarder.exchange(&self.pool, self.call.rpc, &self.meta, request, permit.as_ref()).await;
-        drop(permit);
+        let grant = self.grant.take();
+        let result = self.forwarder.exchange(&self.pool, self.call.rpc, &self.meta, request, grant.as_ref()).await;
+        drop(grant);
         match result {
             Ok((response, timing)) => {
                 self.call.observe(timing);
@@ -221,11 +324,18 @@ impl Routed {
 
     /// Forwards one request whose answers stream back; the permit is held until the stream ends.
     pub async fn server_stream(self, request: Request<Bytes>) -> Result<Response<ResponseStream>, Status> {
-        let Self { forwarder, mut call, meta, pool, mut permit } = self;
+        let Self { forwarder, mut call, meta, pool, grant } = self;
+        // A stream stays on this replica: admitted here before its body was read, or now.
+        let mut permit = match grant {
+            Some(Grant::Local(permit)) => Some(permit),
+            Some(Grant::Sibling(_)) | None => None,
+        };
         if permit.is_none() && call.rpc.admit == Admit::Permit {
             let cost = cost_of(&pool, call.rpc, request.get_ref());
-            permit =
-                forwarder.admit(&mut call, &pool, &meta, cost).await.map_err(|error| Status::from(call.fail(error)))?;
+            permit = forwarder
+                .admit_here(&mut call, &pool, &meta, cost)
+                .await
+                .map_err(|error| Status::from(call.fail(error)))?;
         }
         let outgoing =
             forwarder.outgoing(request.map(|message| futures::stream::once(async { message })), &meta, &pool);
@@ -300,10 +410,10 @@ impl Routed {
                     (self.forwarder.clone(), self.pool.clone(), self.meta.clone(), self.call.rpc);
                 let request = Request::from_parts(metadata.clone(), tonic::Extensions::default(), message.clone());
                 async move {
-                    let permit = charge::acquire(&pool, &meta, cost_of(&pool, rpc, request.get_ref())).await?;
+                    let grant = charge::admit(&pool, &meta, cost_of(&pool, rpc, request.get_ref())).await?;
                     let admitted = Instant::now();
-                    let (response, _) = forwarder.exchange(&pool, rpc, &meta, request, Some(&permit)).await?;
-                    drop(permit);
+                    let (response, _) = forwarder.exchange(&pool, rpc, &meta, request, Some(&grant)).await?;
+                    drop(grant);
                     let (metadata, message, _) = response.into_parts();
                     Ok(Arc::new(Answer { metadata, message, admitted }))
                 }

@@ -5,11 +5,14 @@
 //! both fronts), `service` (the one generic service serving every row), `forward` (unary and
 //! streaming forwarding of message bytes under admission), `streams` (the two halves of a
 //! forwarded stream, admitted message by message), `coalesce` (identical calls in flight share
-//! one upstream call), `call` (one call's accounting), `wire` (the few protobuf fields read
+//! one upstream call), `siblings` (the own pool's other replicas, where calls spill), `orca`
+//! (load reports for balancing clients), `rates` (refusals and spills over the last minute),
+//! `call` (one call's accounting), `wire` (the few protobuf fields read
 //! without decoding), `admission` (permits and the priority queue), `request_meta` (what a
 //! request asks for, from its headers), `pools` (routing table of pools and their upstreams),
 //! `error` (request errors, typed where raised and classified once), `status` (their gRPC
-//! status and counted outcome), `http` (TEI's HTTP API and
+//! status and counted outcome), `orca` (the load report every answer carries, for clients that
+//! balance by load), `http` (TEI's HTTP API and
 //! OpenAI's embeddings route, translated to `tei.v1` calls on the same path), `sources` (where
 //! pool limits and API keys come from: files or Kubernetes), `server`, `admin` and `metrics`.
 #![deny(warnings, rust_2018_idioms)]
@@ -27,11 +30,14 @@ pub mod flags;
 pub mod forward;
 pub mod http;
 pub mod metrics;
+pub mod orca;
 pub mod pools;
+pub mod rates;
 pub mod request_meta;
 pub mod rpc;
 pub mod server;
 pub mod service;
+pub mod siblings;
 pub mod sources;
 pub mod status;
 pub mod streams;

@@ -108,6 +108,11 @@ struct StaticPool {
     /// A tenant's weight, as NAME=WEIGHT (repeat for several); others weigh 1.
     #[arg(long = "tenant", value_parser = parse_tenant)]
     tenants: Vec<TenantWeight>,
+    /// Another replica of this pool, as its multiplexer's gRPC URL (repeat for several): calls
+    /// spill there when this replica's budget is full and it has room. Each replica runs with the
+    /// same flags, so the pool's budget is each replica's times the replicas.
+    #[arg(long = "sibling")]
+    siblings: Vec<String>,
 }
 
 impl StaticPool {
@@ -250,6 +255,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
                 coalesce: pool.coalesce,
                 tenants: budget::tenants(&concurrency),
             }])?;
+            table.siblings().sync(&pool.siblings)?;
             (table, gate, serve)
         }
         Source::Kubernetes { pool, namespace, upstream, serve } => {
@@ -257,6 +263,15 @@ async fn run(source: Source) -> anyhow::Result<()> {
             // Calls wait for the pool's spec.auth to be known: it may name keys.
             let gate = gate_for(&pool, Policy::Waiting)?;
             let table = Arc::new(PoolTable::new(&pool, metrics.clone()));
+            let siblings = sources::siblings::watch(
+                client.clone(),
+                namespace.clone(),
+                pool.clone(),
+                serve.identity.clone(),
+                table.siblings().clone(),
+                helpers.clone(),
+            );
+            tokio::spawn(siblings);
             tokio::spawn(sources::kubernetes::watch(
                 client,
                 namespace,

@@ -9,6 +9,7 @@ use tonic::Code;
 
 use crate::admission::{Admission, Limits, Priority, Snapshot};
 use crate::call::Protocol;
+use crate::rates::{self, RecentRates};
 use crate::status::Outcome;
 
 /// Buckets from 0.5 ms to 30 s: TEI inference is milliseconds, queueing under overload seconds.
@@ -20,6 +21,8 @@ const BUCKETS: [f64; 16] =
 pub struct Metrics {
     pub registry: Registry,
     families: Arc<Families>,
+    /// The last minute's refusals and spills per pool, for the report the operator reads.
+    recent: Arc<RecentRates>,
 }
 
 struct Families {
@@ -41,6 +44,8 @@ struct Families {
     tei_inference: HistogramVec,
     total: HistogramVec,
     refused_input: IntCounterVec,
+    spills: IntCounterVec,
+    spilled_in: IntCounterVec,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -136,6 +141,24 @@ impl Metrics {
                 &["pool", "priority", "protocol"],
             ),
             refused_input: teifleet_runtime::metrics::refused_input(),
+            spills: IntCounterVec::new(
+                Opts::new(
+                    "teifleet_spills_total",
+                    "Calls handed to a sibling replica of the pool with room, by result: served there, \
+                     refused (no room after all) or unreachable; the last two were served here.",
+                ),
+                &["pool", "result"],
+            )
+            .expect("valid counter"),
+            spilled_in: IntCounterVec::new(
+                Opts::new(
+                    "teifleet_spilled_in_total",
+                    "Calls sibling replicas spilled here, by outcome (not in teifleet_requests_total: \
+                     the replica that took the call from its client counts it).",
+                ),
+                &["pool", "outcome"],
+            )
+            .expect("valid counter"),
         };
         let registry = Registry::new();
         let f = &families;
@@ -160,10 +183,12 @@ impl Metrics {
                 &f.tei_inference,
                 &f.total,
                 &f.refused_input,
+                &f.spills,
+                &f.spilled_in,
             ],
         )
         .expect("unique metric names");
-        Self { registry, families: Arc::new(families) }
+        Self { registry, families: Arc::new(families), recent: Arc::new(RecentRates::new()) }
     }
 
     /// An admission state whose every change is mirrored into this pool's gauges. The gauges are
@@ -214,6 +239,18 @@ impl Metrics {
         })
     }
 
+    /// Counts a call handed to a sibling replica, by how that went (every hand-off counts in the
+    /// last minute's spill rate: a refused one was still demand this replica could not take).
+    pub fn spilled(&self, pool: &str, result: &'static str) {
+        self.families.spills.with_label_values(&[pool, result]).inc();
+        self.recent.record_spilled(pool);
+    }
+
+    /// Counts a call a sibling replica spilled here, once it ended.
+    pub fn spilled_in(&self, pool: &str, outcome: Outcome) {
+        self.families.spilled_in.with_label_values(&[pool, outcome.as_str()]).inc();
+    }
+
     pub fn request_done(
         &self,
         pool: &str,
@@ -225,6 +262,14 @@ impl Metrics {
     ) {
         let labels = [pool, priority.as_str(), protocol.as_str(), rpc, code_label(code), outcome.as_str()];
         self.families.requests.with_label_values(&labels).inc();
+        if rates::refused_for_capacity(outcome) {
+            self.recent.record_refused(pool);
+        }
+    }
+
+    /// Calls of `pool` refused for capacity and spilled, per second over the last minute.
+    pub fn recent_rates(&self, pool: &str) -> (f64, f64) {
+        self.recent.per_second(pool)
     }
 
     pub fn tenant_done(&self, pool: &str, tenant: &str, outcome: Outcome) {

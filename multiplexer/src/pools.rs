@@ -11,6 +11,7 @@ use crate::admission::{Admission, Limits};
 use crate::coalesce::Coalescer;
 use crate::metrics::Metrics;
 use crate::request_meta::Target;
+use crate::siblings::Siblings;
 use crate::upstream::Upstream;
 use crate::{Error, Result, SetupError};
 
@@ -38,21 +39,34 @@ pub struct Pool {
     /// Present when the spec asks for coalescing; kept across updates so calls in flight stay
     /// joinable.
     pub coalescer: Option<Arc<Coalescer>>,
+    /// The other replicas of the own pool, where its calls spill when its budget here is full;
+    /// `None` for every other pool.
+    pub siblings: Option<Arc<Siblings>>,
 }
 
 pub struct PoolTable {
     own: String,
     metrics: Metrics,
     pools: RwLock<BTreeMap<String, Arc<Pool>>>,
+    siblings: Arc<Siblings>,
 }
 
 impl PoolTable {
     pub fn new(own: &str, metrics: Metrics) -> Self {
-        Self { own: own.to_owned(), metrics, pools: RwLock::default() }
+        Self { own: own.to_owned(), metrics, pools: RwLock::default(), siblings: Arc::default() }
     }
 
     pub fn own_name(&self) -> &str {
         &self.own
+    }
+
+    /// The own pool's other replicas; their source (EndpointSlices, or flags) keeps them current.
+    pub fn siblings(&self) -> &Arc<Siblings> {
+        &self.siblings
+    }
+
+    fn siblings_of(&self, spec: &PoolSpec) -> Option<Arc<Siblings>> {
+        (spec.name == self.own && !spec.remote).then(|| self.siblings.clone())
     }
 
     /// Makes the table match `specs`: new pools appear, changed ones update in place, missing
@@ -70,7 +84,8 @@ impl PoolTable {
                     existing.admission.set_tenant_weights(spec.tenants.clone());
                     let coalescer = coalescer_for(&spec, Some(&existing));
                     let (admission, upstream) = (existing.admission.clone(), existing.upstream.clone());
-                    Arc::new(Pool { admission, upstream, coalescer, spec })
+                    let siblings = self.siblings_of(&spec);
+                    Arc::new(Pool { admission, upstream, coalescer, siblings, spec })
                 }
                 existing => {
                     let upstream = Upstream::lazy(&spec.upstream)?;
@@ -83,7 +98,8 @@ impl PoolTable {
                     }
                     admission.set_tenant_weights(spec.tenants.clone());
                     let coalescer = coalescer_for(&spec, existing.as_deref());
-                    Arc::new(Pool { spec, admission, upstream, coalescer })
+                    let siblings = self.siblings_of(&spec);
+                    Arc::new(Pool { spec, admission, upstream, coalescer, siblings })
                 }
             };
             next.insert(pool.spec.name.clone(), pool);

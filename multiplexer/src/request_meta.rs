@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use teifleet_wire::headers::{
     FORWARDED_BY as FORWARDED_BY_HEADER, GRPC_TIMEOUT as TIMEOUT_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER,
-    PRIORITY as PRIORITY_HEADER, TENANT as TENANT_HEADER,
+    PRIORITY as PRIORITY_HEADER, SPILLED_FROM as SPILLED_FROM_HEADER, TENANT as TENANT_HEADER,
 };
 use tokio::time::Instant;
 
@@ -37,6 +37,9 @@ pub struct RequestMeta {
     pub caller_deadline: Option<Instant>,
     /// Who forwarded this request to us, if anyone.
     pub forwarded_by: Option<String>,
+    /// The sibling replica that spilled this call here, if one did: admitted only if there is
+    /// room at once, never spilled again.
+    pub spilled_from: Option<String>,
     /// The tenant the call is accounted to; `None`: the default tenant.
     pub tenant: Option<String>,
 }
@@ -93,6 +96,7 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Erro
         deadline: None,
         caller_deadline: None,
         forwarded_by: text(metadata, FORWARDED_BY_HEADER)?.map(str::to_owned),
+        spilled_from: text(metadata, SPILLED_FROM_HEADER)?.map(str::to_owned),
         tenant: match non_empty(metadata, TENANT_HEADER)? {
             Some(tenant) if tenant.len() > MAX_TENANT_LEN => {
                 return Err(Error::InvalidMetadata {

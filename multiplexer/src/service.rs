@@ -19,10 +19,11 @@ use tracing::Instrument as _;
 
 use crate::auth::Gate;
 use crate::call::{Call, Protocol};
-use crate::charge::cost_before_body;
+use crate::charge::{Grant, cost_before_body};
 use crate::error::ErrorKind;
 use crate::forward::{Forwarder, ResponseStream, Routed};
 use crate::metrics::Metrics;
+use crate::orca;
 use crate::rpc::{Admit, Rpc, Shape};
 use crate::{Error, status};
 
@@ -67,8 +68,21 @@ where
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);
         // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
         let message_timeout = self.message_timeout;
-        serve(call, self.forwarder.clone(), request, message_timeout, span.clone()).map(Ok).instrument(span).boxed()
+        let forwarder = self.forwarder.clone();
+        serve(call, self.forwarder.clone(), request, message_timeout, span.clone())
+            .map(move |response| Ok(orca::with_load_report(response, move || own_load(&forwarder, orca::bin_header))))
+            .instrument(span)
+            .boxed()
     }
+}
+
+/// This replica's load as an ORCA report (`encode` picks the form), when its pool's budget is
+/// known: what a balancing client weighs this endpoint by.
+pub fn own_load(
+    forwarder: &Forwarder,
+    encode: fn(&crate::admission::Admission) -> Option<http::HeaderValue>,
+) -> Option<http::HeaderValue> {
+    encode(&forwarder.pools.get(forwarder.pools.own_name())?.admission)
 }
 
 /// Routes and admits a call from its headers, then lets tonic read the body and hand the message
@@ -96,19 +110,21 @@ where
     // unary calls once their bytes say what they cost, stream messages each as they arrive, and
     // coalesced calls in the call they share.
     let upfront = cost_before_body(&pool, rpc).filter(|_| coalescer.is_none());
-    let permit = match (rpc.shape, upfront) {
-        (Shape::Unary | Shape::ServerStream, Some(cost)) => {
-            match forwarder.admit(&mut call, &pool, &meta, cost).await {
-                Ok(permit) => permit,
-                Err(error) => return Status::from(call.fail(error)).into_http(),
-            }
+    let admitted = match (rpc.shape, upfront) {
+        (Shape::Unary, Some(cost)) => forwarder.admit(&mut call, &pool, &meta, cost).await,
+        (Shape::ServerStream, Some(cost)) => {
+            forwarder.admit_here(&mut call, &pool, &meta, cost).await.map(|permit| permit.map(Grant::Local))
         }
-        _ => None,
+        _ => Ok(None),
+    };
+    let grant = match admitted {
+        Ok(grant) => grant,
+        Err(error) => return Status::from(call.fail(error)).into_http(),
     };
     let limit = Some(forwarder.max_message_bytes());
     let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
     let metrics = forwarder.metrics.clone();
-    let mut routed = Once(Some(Routed { forwarder, call, meta, pool, permit }));
+    let mut routed = Once(Some(Routed { forwarder, call, meta, pool, grant }));
     // Boxed: tonic's futures are large, and a call waiting for its permit above should not carry
     // their room while it waits. Each gives back the call tonic never handed over: tonic refused
     // its request message (too large, compressed, cut short, too slow).

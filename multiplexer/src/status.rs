@@ -6,7 +6,7 @@ use tonic::Status;
 use crate::Error;
 use crate::admission::Retry;
 use crate::error::{ErrorKind, Shed, is_transport_failure};
-use teifleet_wire::headers::RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER;
+use teifleet_wire::headers::{RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER, SPILL_REFUSED as SPILL_REFUSED_HEADER};
 
 /// How a request ended, as counted in `teifleet_requests_total{outcome}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,6 +64,15 @@ impl From<ErrorKind> for Outcome {
     }
 }
 
+/// Whether a sibling's answer to a spilled call says it could not serve it: no room, going away
+/// or its TEI unreachable (UNAVAILABLE), or the call cut off on its side (CANCELLED: the caller
+/// here is still waiting, so it was not the caller's doing). The sender serves the call itself,
+/// and the caller never hears of it.
+pub fn is_spill_refusal(status: &Status) -> bool {
+    status.metadata().contains_key(SPILL_REFUSED_HEADER)
+        || matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
+}
+
 /// The outcome an error is counted as.
 pub fn outcome(error: &Error) -> Outcome {
     error.kind().into()
@@ -78,6 +87,9 @@ pub fn into_status(error: Error) -> Status {
         other => other,
     };
     let mut status = Status::new(error.code(), error.to_string());
+    if let Error::SpillRefused { .. } = &error {
+        status.metadata_mut().insert(SPILL_REFUSED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
+    }
     if let Error::Admission { source, .. } = &error
         && let Some(retry) = source.retry()
     {

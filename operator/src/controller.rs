@@ -41,6 +41,8 @@ pub struct Context {
     /// How often a steady pool is looked at again even without a watch event.
     pub resync: Duration,
     pub status_memo: StatusMemo,
+    /// What each pool's sidecars last reported (their limits and demand), asked in the background.
+    pub reports: Arc<sidecars::Reports>,
 }
 
 /// The last status written per pool. The controller's cache can lag behind our own status write
@@ -107,6 +109,8 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     let name = pool.name_any();
     if pool.meta().deletion_timestamp.is_some() {
         // Owner references hand the children to the garbage collector.
+        ctx.metrics.forget_pool(&namespace, &name);
+        ctx.reports.forget(&format!("{namespace}/{name}"));
         return Ok(Action::await_change());
     }
 
@@ -131,11 +135,9 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let pods = pods.list(&ListParams::default().labels(&labels::pool_selector(&name))).await?.items;
     let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
-    let mut desired = status::compute(&pool, Some(&deployment), &pods, &now);
-    let adaptive = pool.spec.concurrency.adaptive;
-    if adaptive && let Some(admission) = desired.admission.as_mut() {
-        admission.effective = teifleet_crds::effective::summarize(&sidecars::reports(&pods).await);
-    }
+    let reports = ctx.reports.latest(&format!("{namespace}/{name}"), &pods);
+    let desired = status::compute(&pool, Some(&deployment), &pods, &reports, &now);
+    ctx.metrics.pool_demand(&namespace, &name, desired.demand.as_ref());
     if ctx.status_memo.needs_write(&pool, &desired) {
         tracing::debug!(pool = %name, %namespace, old = ?pool.status, new = ?desired, "status changed");
         write_status(&ctx, &pool, &namespace, &desired).await?;
@@ -144,8 +146,9 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     }
 
     ctx.metrics.reconciled(started.elapsed());
-    // An adaptive pool's limits move without any object changing: look again sooner.
-    Ok(Action::requeue(if adaptive { ctx.resync.min(sidecars::REFRESH) } else { ctx.resync }))
+    // A pool's demand (and an adaptive pool's limits) move without any object changing: look
+    // again sooner than the resync.
+    Ok(Action::requeue(ctx.resync.min(sidecars::REFRESH)))
 }
 
 async fn write_status(
@@ -226,6 +229,7 @@ fn managed() -> watcher::Config {
 /// Runs the controller until `shutdown` fires, reporting watch failures to `health`.
 pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationToken) {
     let client = ctx.client.clone();
+    let metrics = ctx.metrics.clone();
     Controller::new(Api::<EmbeddingPool>::all(client.clone()), watcher::Config::default().any_semantic())
         .owns(Api::<Deployment>::all(client.clone()), managed())
         .owns(Api::<Service>::all(client.clone()), managed())
@@ -249,9 +253,50 @@ pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationT
                     tracing::warn!(%error, "watch failed");
                     health.watches.error(Instant::now());
                 }
+                // A pool without finalizers is gone before any reconcile sees it deleted; this is
+                // where the controller next hears of it (its requeue, or its children's removal).
+                Err(kube::runtime::controller::Error::ObjectNotFound(pool)) => {
+                    metrics.forget_pool(pool.namespace.as_deref().unwrap_or_default(), &pool.name);
+                }
                 Err(error) => tracing::debug!(%error, "controller event"),
             }
             futures::future::ready(())
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use teifleet_crds::PoolDemand;
+
+    use super::*;
+
+    fn pool_showing(demand: Option<PoolDemand>) -> EmbeddingPool {
+        let spec = serde_json::from_value(json!({ "model": { "id": "BAAI/bge-small-en-v1.5" } })).unwrap();
+        let mut pool = EmbeddingPool::new("embed", spec);
+        pool.metadata.uid = Some("7d1c0f2e-0000-4000-8000-000000000001".into());
+        pool.status = Some(EmbeddingPoolStatus { demand, ..EmbeddingPoolStatus::default() });
+        pool
+    }
+
+    fn status_with(demand: PoolDemand) -> EmbeddingPoolStatus {
+        EmbeddingPoolStatus { demand: Some(demand), ..EmbeddingPoolStatus::default() }
+    }
+
+    #[test]
+    fn demand_is_written_when_it_changed_and_only_then() {
+        let memo = StatusMemo::default();
+        let busy =
+            PoolDemand { replicas_reporting: 2, in_flight: 40, utilization_percent: 63, ..PoolDemand::default() };
+        let shown = pool_showing(Some(busy));
+        assert!(!memo.needs_write(&shown, &status_with(busy)), "the same demand: no write");
+
+        let busier = PoolDemand { in_flight: 64, utilization_percent: 100, ..busy };
+        assert!(memo.needs_write(&shown, &status_with(busier)));
+        memo.written(&shown, status_with(busier));
+        assert!(!memo.needs_write(&shown, &status_with(busier)), "written, the cache not caught up yet: no repeat");
+
+        let unknown = EmbeddingPoolStatus::default();
+        assert!(memo.needs_write(&pool_showing(Some(busy)), &unknown), "no sidecar answered: the demand goes");
+    }
 }

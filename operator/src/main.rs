@@ -125,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         metrics: metrics.clone(),
         resync: args.resync_interval,
         status_memo: Default::default(),
+        reports: Default::default(),
     });
     tracing::info!("controller running");
     controller::run(ctx, health.clone(), controller_stop).await;

@@ -2,7 +2,10 @@
 
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+use teifleet_crds::PoolDemand;
 use teifleet_runtime::metrics::register;
 
 #[derive(Clone)]
@@ -14,6 +17,60 @@ pub struct Metrics {
     status_writes: IntCounter,
     leader: IntGauge,
     refused_input: IntCounterVec,
+    demand: DemandGauges,
+}
+
+/// Each pool's `status.demand` as gauges, by `namespace` and `pool`, for autoscalers that read
+/// Prometheus (KEDA, an HPA through an adapter).
+#[derive(Clone)]
+struct DemandGauges {
+    in_flight: IntGaugeVec,
+    queued: IntGaugeVec,
+    utilization: GaugeVec,
+    refused: GaugeVec,
+    spilled: GaugeVec,
+}
+
+const POOL_LABELS: [&str; 2] = ["namespace", "pool"];
+
+impl DemandGauges {
+    fn new() -> Self {
+        let int = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &POOL_LABELS).expect("valid metric");
+        let float = |name: &str, help: &str| GaugeVec::new(Opts::new(name, help), &POOL_LABELS).expect("valid metric");
+        Self {
+            in_flight: int("teifleet_pool_in_flight", "Inputs in flight to TEI across the pool's reporting sidecars."),
+            queued: int("teifleet_pool_queued", "Inputs waiting in the pool's reporting sidecars' queues."),
+            utilization: float(
+                "teifleet_pool_utilization",
+                "In flight over the in-flight limits in force at the same sidecars (1 is full).",
+            ),
+            refused: float(
+                "teifleet_pool_refused_per_second",
+                "Calls the pool refused for capacity, per second over the sidecars' last minute.",
+            ),
+            spilled: float(
+                "teifleet_pool_spilled_per_second",
+                "Calls the pool's sidecars handed to a sibling replica, per second over their last minute.",
+            ),
+        }
+    }
+
+    fn set(&self, labels: &[&str; 2], demand: &PoolDemand) {
+        self.in_flight.with_label_values(labels).set(i64::from(demand.in_flight));
+        self.queued.with_label_values(labels).set(i64::from(demand.queued));
+        self.utilization.with_label_values(labels).set(f64::from(demand.utilization_percent) / 100.0);
+        self.refused.with_label_values(labels).set(demand.refused_per_second);
+        self.spilled.with_label_values(labels).set(demand.spilled_per_second);
+    }
+
+    fn remove(&self, labels: &[&str; 2]) {
+        // Absent already is fine: a pool whose sidecars never answered has no series.
+        drop(self.in_flight.remove_label_values(labels));
+        drop(self.queued.remove_label_values(labels));
+        drop(self.utilization.remove_label_values(labels));
+        drop(self.refused.remove_label_values(labels));
+        drop(self.spilled.remove_label_values(labels));
+    }
 }
 
 impl Metrics {
@@ -42,9 +99,40 @@ impl Metrics {
         let leader = IntGauge::new("teifleet_operator_leader", "1 while this replica holds the leader lease.")
             .expect("valid metric");
         let refused_input = teifleet_runtime::metrics::refused_input();
-        register(&registry, &[&reconciliations, &errors, &duration, &status_writes, &leader, &refused_input])
-            .expect("metric names are unique");
-        Self { registry, reconciliations, errors, duration, status_writes, leader, refused_input }
+        let demand = DemandGauges::new();
+        let d = &demand;
+        register(
+            &registry,
+            &[
+                &reconciliations,
+                &errors,
+                &duration,
+                &status_writes,
+                &leader,
+                &refused_input,
+                &d.in_flight,
+                &d.queued,
+                &d.utilization,
+                &d.refused,
+                &d.spilled,
+            ],
+        )
+        .expect("metric names are unique");
+        Self { registry, reconciliations, errors, duration, status_writes, leader, refused_input, demand }
+    }
+
+    /// Shows a pool's demand, the same numbers as its `status.demand`; `None` (no sidecar
+    /// answered) removes its series, since an unknown load is not a zero one.
+    pub fn pool_demand(&self, namespace: &str, pool: &str, demand: Option<&PoolDemand>) {
+        match demand {
+            Some(demand) => self.demand.set(&[namespace, pool], demand),
+            None => self.demand.remove(&[namespace, pool]),
+        }
+    }
+
+    /// Drops the series of a pool that is gone.
+    pub fn forget_pool(&self, namespace: &str, pool: &str) {
+        self.demand.remove(&[namespace, pool]);
     }
 
     pub fn reconciled(&self, took: Duration) {
@@ -75,5 +163,55 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every sample of `name` as (labels, value).
+    fn samples(metrics: &Metrics, name: &str) -> Vec<(Vec<String>, f64)> {
+        let families = metrics.registry.gather();
+        let Some(family) = families.iter().find(|family| family.name() == name) else { return Vec::new() };
+        family
+            .get_metric()
+            .iter()
+            .map(|metric| {
+                let labels = metric.get_label().iter().map(|label| label.value().to_owned()).collect();
+                (labels, metric.get_gauge().get_value())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_pools_demand_is_shown_by_namespace_and_pool_and_removed_when_unknown_or_gone() {
+        let metrics = Metrics::new();
+        let demand = PoolDemand {
+            replicas_reporting: 2,
+            in_flight: 40,
+            queued: 5,
+            utilization_percent: 63,
+            refused_per_second: 0.5,
+            spilled_per_second: 1.2,
+        };
+        metrics.pool_demand("ml", "bge", Some(&demand));
+        metrics.pool_demand("ml", "gte", Some(&PoolDemand::default()));
+        let labels = vec!["ml".to_owned(), "bge".to_owned()];
+        let of_bge = |name| samples(&metrics, name).into_iter().find(|(l, _)| *l == labels).map(|(_, v)| v);
+        assert_eq!(of_bge("teifleet_pool_in_flight"), Some(40.0));
+        assert_eq!(of_bge("teifleet_pool_queued"), Some(5.0));
+        assert_eq!(of_bge("teifleet_pool_utilization"), Some(0.63));
+        assert_eq!(of_bge("teifleet_pool_refused_per_second"), Some(0.5));
+        assert_eq!(of_bge("teifleet_pool_spilled_per_second"), Some(1.2));
+
+        metrics.pool_demand("ml", "bge", None);
+        assert_eq!(of_bge("teifleet_pool_in_flight"), None, "no answer is not zero load");
+        assert_eq!(samples(&metrics, "teifleet_pool_queued").len(), 1, "the other pool stays");
+        metrics.forget_pool("ml", "gte");
+        metrics.forget_pool("ml", "never-reported");
+        for name in ["teifleet_pool_in_flight", "teifleet_pool_utilization", "teifleet_pool_spilled_per_second"] {
+            assert!(samples(&metrics, name).is_empty(), "{name}");
+        }
     }
 }

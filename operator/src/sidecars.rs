@@ -1,9 +1,12 @@
-//! What the pool's sidecars say about the limits they enforce, asked on their admin ports: an
-//! adaptive pool's sidecars each find their own in-flight limit, and the pool's status shows the
-//! sum (`status.admission.effective`). Best effort: a sidecar that does not answer within a second
-//! is left out of the count, and a reconcile never waits longer than that.
+//! What the pool's sidecars say about their admission, asked on their admin ports: what is in
+//! flight and queued and what they refused or spilled (`status.demand`), and, for an adaptive
+//! pool, the in-flight limit each found for itself (`status.admission.effective`). Best effort: a
+//! sidecar that does not answer within a second is left out of the count, and a reconcile never
+//! waits longer than that.
 
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,18 +26,51 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(1);
 /// answers with more cannot make the operator buffer it.
 const MAX_REPORT_BYTES: usize = 64 * 1024;
 
-/// How often an adaptive pool's summary is refreshed when nothing else triggers a reconcile.
+/// How often a pool's demand (and an adaptive pool's limits) is refreshed when nothing else
+/// triggers a reconcile.
 pub const REFRESH: Duration = Duration::from_secs(30);
 
-/// The reports of the ready, running pods among `pods` whose sidecars answered.
-pub async fn reports(pods: &[Pod]) -> Vec<SidecarAdmission> {
-    let addresses: Vec<SocketAddr> = pods
-        .iter()
+/// The admin addresses of the ready, running pods among `pods`.
+fn addresses(pods: &[Pod]) -> Vec<SocketAddr> {
+    pods.iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none() && is_ready(pod))
         .filter_map(|pod| pod.status.as_ref()?.pod_ip.as_deref()?.parse::<IpAddr>().ok())
         .map(|ip| SocketAddr::new(ip, MULTIPLEXER_ADMIN))
-        .collect();
-    ask_all(&addresses).await
+        .collect()
+}
+
+/// The last reports each pool's sidecars gave, asked in the background: a reconcile never waits
+/// for sidecars (a spec edit reaches the shares in status at once, whatever the pods answer),
+/// and reads what the previous ask brought, at most one refresh old.
+#[derive(Default)]
+pub struct Reports {
+    latest: Mutex<HashMap<String, Vec<SidecarAdmission>>>,
+    asking: Mutex<HashSet<String>>,
+}
+
+impl Reports {
+    /// What `pool`'s sidecars last said; starts a new ask of `pods` unless one is under way.
+    pub fn latest(self: &Arc<Self>, pool: &str, pods: &[Pod]) -> Vec<SidecarAdmission> {
+        let latest = lock(&self.latest).get(pool).cloned().unwrap_or_default();
+        if lock(&self.asking).insert(pool.to_owned()) {
+            let (reports, pool, addresses) = (self.clone(), pool.to_owned(), addresses(pods));
+            tokio::spawn(async move {
+                let answers = ask_all(&addresses).await;
+                lock(&reports.latest).insert(pool.clone(), answers);
+                lock(&reports.asking).remove(&pool);
+            });
+        }
+        latest
+    }
+
+    /// Forgets a deleted pool's reports.
+    pub fn forget(&self, pool: &str) {
+        lock(&self.latest).remove(pool);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Asks every admin address at once; returns the answers that came, in no particular order.
@@ -61,7 +97,7 @@ async fn ask(client: &Client<HttpConnector, Empty<Bytes>>, address: SocketAddr) 
     let outcome = tokio::time::timeout(ANSWER_WITHIN, exchange)
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {ANSWER_WITHIN:?}")));
-    outcome.map_err(|reason| tracing::debug!(%address, %reason, "sidecar did not report its limits")).ok()
+    outcome.map_err(|reason| tracing::debug!(%address, %reason, "sidecar did not report its admission")).ok()
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -113,6 +149,8 @@ mod tests {
             in_flight: 3,
             queued: 0,
             standing_queue: false,
+            refused_per_second: 0.5,
+            spilled_per_second: 0.0,
         };
         let good = server(http("200 OK", &serde_json::to_string(&report).unwrap())).await;
         let unknown = server(http("503 Service Unavailable", "pool configuration not known yet")).await;

@@ -1,12 +1,20 @@
-//! What the pool's status should say, computed from what the cluster shows. Pure, so every
-//! condition rule is unit-tested; the controller only decides whether to write the result.
+//! What the pool's status should say, computed from what the cluster shows and what the pool's
+//! sidecars reported. Pure, so every rule is unit-tested; the controller only asks the sidecars
+//! and decides whether to write the result.
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use teifleet_crds::conditions::{self, DEGRADED, Observed, PROGRESSING, READY, reasons};
+use teifleet_crds::effective::summarize;
 use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
-use teifleet_crds::{AdmissionStatus, EmbeddingPool, EmbeddingPoolStatus, Endpoints, labels, split_budget};
+use teifleet_crds::{
+    AdmissionStatus, EmbeddingPool, EmbeddingPoolStatus, Endpoints, SidecarAdmission, labels, split_budget,
+};
+
+mod demand;
+
+pub use demand::demand;
 
 /// Why some of the pool's pods cannot be scheduled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,8 +110,15 @@ fn insufficient_gpu_message(pool: &EmbeddingPool, stuck: &Unschedulable, shortag
     format!("{} pod(s) cannot be scheduled: {why}. Scheduler: {}", stuck.pods, stuck.scheduler_message)
 }
 
-/// Computes the full status. `now` stamps conditions that changed status.
-pub fn compute(pool: &EmbeddingPool, deployment: Option<&Deployment>, pods: &[Pod], now: &Time) -> EmbeddingPoolStatus {
+/// Computes the full status from the pool, its Deployment and pods, and the `reports` of the
+/// sidecars that answered (see `sidecars`). `now` stamps conditions that changed status.
+pub fn compute(
+    pool: &EmbeddingPool,
+    deployment: Option<&Deployment>,
+    pods: &[Pod],
+    reports: &[SidecarAdmission],
+    now: &Time,
+) -> EmbeddingPoolStatus {
     let name = pool.metadata.name.as_deref().unwrap_or_default();
     let dep_status = deployment.and_then(|d| d.status.clone()).unwrap_or_default();
     let desired = pool.spec.replicas.or_else(|| deployment.and_then(|d| d.spec.as_ref()?.replicas)).unwrap_or(1);
@@ -181,9 +196,10 @@ pub fn compute(pool: &EmbeddingPool, deployment: Option<&Deployment>, pods: &[Po
             in_flight_per_replica: shares.in_flight_per_replica,
             queued_per_replica: shares.queued_per_replica,
             split_over_replicas: shares.split_over,
-            // What the sidecars report is asked by the controller (see `sidecars`), not computed.
-            effective: None,
+            // Only an adaptive pool's limits differ from the shares above.
+            effective: if pool.spec.concurrency.adaptive { summarize(reports) } else { None },
         }),
+        demand: demand(reports),
         endpoints: pool.metadata.namespace.as_deref().map(|namespace| Endpoints::of(name, namespace)),
         conditions: conditions::merge(
             previous,

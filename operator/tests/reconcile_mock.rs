@@ -80,6 +80,7 @@ fn context(client: Client) -> Arc<Context> {
         metrics: Metrics::new(),
         resync: Duration::from_secs(300),
         status_memo: Default::default(),
+        reports: Default::default(),
     })
 }
 

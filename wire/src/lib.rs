@@ -56,6 +56,17 @@ pub mod headers {
     pub const TENANT: &str = "x-teifleet-tenant";
     /// Set on a request one multiplexer forwards to another pool's, naming the forwarder.
     pub const FORWARDED_BY: &str = "x-teifleet-forwarded-by";
+    /// Set on a call one sidecar spills to a sibling replica of its own pool, naming the sender:
+    /// the sibling admits it only if it has room at once, and never spills it again.
+    pub const SPILLED_FROM: &str = "x-teifleet-spilled-from";
+    /// In the trailers of a spilled call the sibling had no room for: the sender serves the call
+    /// itself instead (it is not an answer for the caller).
+    pub const SPILL_REFUSED: &str = "x-teifleet-spill-refused";
+    /// ORCA's per-call load report on gRPC answers (gRPC A51): a serialized
+    /// `xds.data.orca.v3.OrcaLoadReport`, in the trailers.
+    pub const ENDPOINT_LOAD_METRICS_BIN: &str = "endpoint-load-metrics-bin";
+    /// The same report on HTTP answers, in Envoy's text form (`TEXT key=value,...`).
+    pub const ENDPOINT_LOAD_METRICS: &str = "endpoint-load-metrics";
     /// gRPC's deadline header.
     pub const GRPC_TIMEOUT: &str = "grpc-timeout";
     /// gRPC's standard retry hint, sent in the trailers of shed requests.

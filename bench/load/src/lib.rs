@@ -18,6 +18,6 @@ pub mod retry;
 pub mod summary;
 pub mod zipf;
 
-pub use driver::{Call, LoadConfig, Mode, Protocol, check_loopback, connect, run};
+pub use driver::{Call, LoadConfig, Mode, Protocol, check_loopback, connect, connect_spread, run};
 pub use error::{Error, Result};
 pub use report::Report;

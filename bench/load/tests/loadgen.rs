@@ -108,6 +108,31 @@ async fn info_calls_and_query_mixes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_spread_over_several_targets_in_turn() {
+    let (a, b) = (sim(|_| {}).await, sim(|_| {}).await);
+    let (ta, tb) = (format!("http://{}", a.addr()), format!("http://{}", b.addr()));
+    // Request i goes out on connection i mod 4, and connection k to target k mod 2: half each.
+    let config = LoadConfig {
+        mode: Mode::Open { rate: 400.0, arrivals: Arrivals::Constant },
+        requests: 40,
+        connections: 4,
+        more_targets: vec![tb.clone()],
+        ..LoadConfig::open(ta.clone(), 400.0, Duration::from_secs(10))
+    };
+    let report = teifleet_load::run(&config).await.unwrap();
+    assert_eq!(report.ok, 40, "{:?}", report.codes);
+    assert_eq!((a.stats().completed, b.stats().completed), (20, 20));
+    assert_eq!(report.info.target, format!("{ta}, {tb}"));
+
+    // Each target needs a connection; HTTP has one client, not per-target connections.
+    let config = LoadConfig { more_targets: vec![tb.clone()], ..LoadConfig::closed(ta.clone(), 1, 1) };
+    assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::InvalidArgument(_))));
+    let config =
+        LoadConfig { protocol: Protocol::Http, connections: 2, more_targets: vec![tb], ..LoadConfig::closed(ta, 1, 1) };
+    assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::InvalidArgument(_))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_calls_are_retried_up_to_the_policy_within_the_deadline() {
     use teifleet_load::retry::{RetryMode, RetryPolicy};
     let sim = sim(|c| c.max_concurrent_requests = 1).await;

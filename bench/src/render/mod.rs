@@ -5,6 +5,7 @@
 mod admission;
 mod http;
 pub mod plots;
+mod pool;
 mod sections;
 
 use std::fmt::Write as _;

@@ -33,6 +33,7 @@ pub fn body(section: &Section) -> String {
         (Some(Outcome::Pushback(r)), _) => super::admission::pushback(r),
         (Some(Outcome::HttpOverhead(r)), _) => super::http::overhead(r),
         (Some(Outcome::HttpOverload(r)), _) => super::http::overload(r),
+        (Some(Outcome::Spillover(r)), _) => super::pool::spillover(r),
         (None, Some(error)) => format!("Not measured: {error}."),
         (None, None) => "Not measured.".into(),
     }

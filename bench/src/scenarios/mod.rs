@@ -16,6 +16,7 @@ pub mod overload;
 pub mod pushback;
 pub mod shed_storm;
 pub mod slo;
+pub mod spillover;
 pub mod streams;
 
 use std::path::PathBuf;
@@ -74,10 +75,11 @@ pub enum Scenario {
     Pushback,
     HttpOverhead,
     HttpOverload,
+    Spillover,
 }
 
 impl Scenario {
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 15] = [
         Self::Overhead,
         Self::Overload,
         Self::Burst,
@@ -92,6 +94,7 @@ impl Scenario {
         Self::Pushback,
         Self::HttpOverhead,
         Self::HttpOverload,
+        Self::Spillover,
     ];
 
     pub fn number(self) -> usize {
@@ -114,6 +117,7 @@ impl Scenario {
             Self::Pushback => "pushback",
             Self::HttpOverhead => "http-overhead",
             Self::HttpOverload => "http-overload",
+            Self::Spillover => "spillover",
         }
     }
 
@@ -138,6 +142,7 @@ impl Scenario {
             Self::Pushback => "Pushback: 300 callers retrying against 2 in flight + 4 queued",
             Self::HttpOverhead => "HTTP overhead: TEI's HTTP API through the sidecar vs gRPC through it vs direct",
             Self::HttpOverload => "HTTP overload: goodput at 2× to 10× capacity over HTTP vs gRPC, one sidecar",
+            Self::Spillover => "Spillover: a client pinned to one replica gets the whole pool",
         };
         format!("{}. {title}", self.number())
     }
@@ -165,6 +170,7 @@ impl Scenario {
             Self::Pushback => pushback::planned_targets(),
             Self::HttpOverhead => http_overhead::planned_targets(),
             Self::HttpOverload => http_overload::planned_targets(),
+            Self::Spillover => spillover::planned_targets(),
         }
     }
 }
@@ -186,6 +192,7 @@ pub async fn run(ctx: &Context, scenario: Scenario) -> Section {
         Scenario::Pushback => pushback::run(ctx).await.map(|r| Outcome::Pushback(Box::new(r))),
         Scenario::HttpOverhead => http_overhead::run(ctx).await.map(|r| Outcome::HttpOverhead(Box::new(r))),
         Scenario::HttpOverload => http_overload::run(ctx).await.map(|r| Outcome::HttpOverload(Box::new(r))),
+        Scenario::Spillover => spillover::run(ctx).await.map(|r| Outcome::Spillover(Box::new(r))),
     };
     match outcome {
         Ok(outcome) => Section::measured(scenario, outcome),
@@ -334,7 +341,9 @@ mod tests {
         assert_eq!(Scenario::parse("pushback"), Some(Scenario::Pushback));
         assert_eq!(Scenario::parse("13"), Some(Scenario::HttpOverhead));
         assert_eq!(Scenario::parse("http-overload"), Some(Scenario::HttpOverload));
-        assert_eq!(Scenario::parse("15"), None);
+        assert_eq!(Scenario::parse("15"), Some(Scenario::Spillover));
+        assert_eq!(Scenario::parse("spillover"), Some(Scenario::Spillover));
+        assert_eq!(Scenario::parse("16"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

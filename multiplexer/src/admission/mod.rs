@@ -75,6 +75,9 @@ struct State {
     adaptive: Option<Adaptive>,
     tokens: TokenEstimate,
     tenants: Tenants,
+    /// Inputs sibling replicas of the pool take from this queue at once (calls spill to them):
+    /// the queue drains that much faster than this replica's own limit says.
+    spill_slots: usize,
 }
 
 /// The right to have one call's inputs in flight to TEI; dropping it frees them.
@@ -135,6 +138,7 @@ impl Admission {
             adaptive: limits.adaptive.then(|| Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
             tokens: TokenEstimate::default(),
             tenants: Tenants::default(),
+            spill_slots: 0,
         };
         let admission = Self { shared: Arc::new(Shared { state: Mutex::new(state), observer }) };
         admission.shared.notify(&admission.shared.lock(), None);
@@ -199,16 +203,37 @@ impl Admission {
         }
     }
 
+    /// Says how many inputs sibling replicas of the pool take from this queue at once (the calls
+    /// that spill there), so the waits this queue expects, and the hints it gives, count them.
+    pub fn set_spill_slots(&self, slots: usize) {
+        self.shared.lock().spill_slots = slots;
+    }
+
+    /// A permit for `cost` if there is room now and nobody waits: what a call spilled here by a
+    /// sibling replica gets, or nothing (it never queues here, so this replica's own callers keep
+    /// their turn).
+    pub fn try_acquire(&self, cost: Cost) -> Option<Permit> {
+        let mut state = self.shared.lock();
+        self.take_if_free(&mut state, cost)
+    }
+
+    fn take_if_free(&self, state: &mut State, cost: Cost) -> Option<Permit> {
+        if !(state.queue.is_empty() && state.fits(cost)) {
+            return None;
+        }
+        state.take(cost);
+        self.shared.notify(state, None);
+        Some(Permit { shared: self.shared.clone(), cost, acquired: Instant::now(), armed: true })
+    }
+
     /// Waits for a permit for `ask.cost`. Dropping the returned future leaves the queue.
     pub async fn acquire(&self, ask: Ask<'_>) -> Result<Permit, AdmissionError> {
         let arrived = Instant::now();
         let (grant, id, patience, queue_timeout) = {
             let mut state = self.shared.lock();
             let cost = ask.cost;
-            if state.queue.is_empty() && state.fits(cost) {
-                state.take(cost);
-                self.shared.notify(&state, None);
-                return Ok(Permit { shared: self.shared.clone(), cost, acquired: arrived, armed: true });
+            if let Some(permit) = self.take_if_free(&mut state, cost) {
+                return Ok(permit);
             }
             let tenant = state.tenants.id_of(ask.tenant);
             let weight = state.tenants.weight(tenant);
@@ -384,7 +409,12 @@ impl State {
 
     /// Expected wait for a newcomer with `ahead` queued inputs before it.
     fn expected_wait(&self, ahead: usize) -> Option<Duration> {
-        self.service_time.wait_for(ahead, self.effective_limit())
+        self.service_time.wait_for(ahead, self.draining_slots())
+    }
+
+    /// Inputs that drain the queue at once: this replica's own limit, and what its siblings take.
+    fn draining_slots(&self) -> usize {
+        self.effective_limit() + self.spill_slots
     }
 
     /// What to tell a caller refused at `position` (inputs ahead of where it would wait), with
@@ -392,7 +422,7 @@ impl State {
     /// `returning`), or, when that turn comes after its deadline, that retrying is futile. A
     /// caller without a deadline is told at most the queue timeout and then not counted in line.
     fn retry_hint(&mut self, position: usize, deadline: Option<Instant>) -> Retry {
-        let slots = self.effective_limit();
+        let slots = self.draining_slots();
         let Some(service) = self.service_time.mean().filter(|service| !service.is_zero()) else {
             return Retry::After(pushback(None, Duration::ZERO));
         };

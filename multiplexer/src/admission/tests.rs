@@ -588,3 +588,31 @@ async fn stress_with_weights_tenants_and_an_adaptive_limit_leaks_nothing() {
     // A call larger than the room left goes alone, so the peak is the ceiling or one call.
     assert!(peak.load(Ordering::Relaxed) <= 8 + 3, "peak {}", peak.load(Ordering::Relaxed));
 }
+
+/// A queue that siblings drain too (calls spill to them) expects shorter waits: a call it would
+/// refuse alone, for a wait past the queue timeout, waits instead, and hints are shorter.
+#[tokio::test(start_paused = true)]
+async fn spill_slots_shorten_the_expected_wait() {
+    let admission = Admission::new(Limits::new(1, 16, Duration::from_millis(300)));
+    let _held = taught_and_full(&admission).await;
+    let mut waiting = Vec::new();
+    for _ in 0..3 {
+        let admission = admission.clone();
+        waiting.push(tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await }));
+    }
+    settle().await;
+    // Alone: three ahead at 100 ms each is past the 300 ms timeout.
+    let alone = admission.acquire(Ask::new(Priority::Standard)).await.unwrap_err();
+    assert!(matches!(alone, AdmissionError::QueueTimeoutUnmeetable { .. }), "{alone:?}");
+    // With three siblings taking calls too, the same queue drains four times as fast.
+    admission.set_spill_slots(3);
+    let helped = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await })
+    };
+    settle().await;
+    assert_eq!(admission.snapshot().queued_total(), 4, "queued, not refused");
+    for waiter in waiting.into_iter().chain([helped]) {
+        waiter.abort();
+    }
+}

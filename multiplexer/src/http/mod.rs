@@ -101,7 +101,17 @@ pub fn router(
         // A body trickled in a byte at a time holds its connection and buffer no longer than this.
         .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(body_timeout))
         .layer(middleware::from_fn_with_state(gate, require_key))
+        .layer(middleware::map_response_with_state(forwarder.clone(), load_report))
         .with_state(Shared { forwarder, readiness, settings, info: Arc::default() })
+}
+
+/// This replica's load on every answer, in the text form of ORCA's header that Envoy reads on
+/// HTTP (`crate::orca`), so a balancing proxy can weigh replicas per request.
+async fn load_report(State(forwarder): State<Arc<Forwarder>>, mut response: Response) -> Response {
+    if let Some(report) = crate::service::own_load(&forwarder, crate::orca::text_header) {
+        response.headers_mut().insert(crate::orca::ENDPOINT_LOAD_METRICS, report);
+    }
+    response
 }
 
 /// The API-key gate, before any route reads the body: every route needs a key when the pool has

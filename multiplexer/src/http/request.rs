@@ -20,7 +20,7 @@ use tonic::metadata::MetadataMap;
 use super::Shared;
 use super::error::HttpError;
 use crate::call::{Call, Protocol};
-use crate::charge::{self, acquire};
+use crate::charge;
 use crate::forward::Forwarder;
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
@@ -61,7 +61,7 @@ impl<'a> HttpCall<'a> {
         });
         match routed {
             Ok((meta, pool)) => {
-                let carried = carried_to(&pool, headers);
+                let carried = carried_to(headers);
                 Ok(Self { shared, call, meta, pool, carried })
             }
             Err(error) => Err(HttpError::Call(call.fail(error))),
@@ -153,19 +153,19 @@ async fn run_chunk<Resp: Message + Default>(
     rpc: &'static Rpc,
     chunk: Vec<Bytes>,
 ) -> Result<Chunk<Resp>> {
-    let permit = match rpc.admit {
+    let grant = match rpc.admit {
         Admit::Permit => {
-            Some(acquire(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?)
+            Some(charge::admit(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?)
         }
         Admit::Free => None,
     };
     let admitted = Instant::now();
     let calls = chunk.into_iter().map(|message| {
         let request = tonic::Request::from_parts(carried.clone(), tonic::Extensions::default(), message);
-        forwarder.exchange(pool, rpc, meta, request, permit.as_ref())
+        forwarder.exchange(pool, rpc, meta, request, grant.as_ref())
     });
     let responses = futures::future::try_join_all(calls).await?;
-    drop(permit);
+    drop(grant);
     let timing = responses.last().and_then(|(_, timing)| *timing);
     let answers = responses
         .into_iter()
@@ -192,15 +192,14 @@ fn timeout(headers: &HeaderMap) -> Result<Option<Duration>> {
     Ok(Some(Duration::from_millis(millis)))
 }
 
-/// The caller's headers that go along when `pool` is another pool's sidecar (its key, priority,
-/// tenant and routing), so that sidecar decides as it would for the caller itself.
-fn carried_to(pool: &Pool, headers: &HeaderMap) -> MetadataMap {
+/// The caller's headers that go along when the call reaches another sidecar (another pool's, or
+/// a sibling replica's it spills to): its key, priority, tenant and routing, so that sidecar
+/// decides as it would for the caller itself. TEI ignores them, as it does gRPC callers' own.
+fn carried_to(headers: &HeaderMap) -> MetadataMap {
     let mut carried = HeaderMap::new();
-    if pool.spec.remote {
-        for name in CARRIED_TO_PEERS {
-            for value in headers.get_all(name) {
-                carried.append(HeaderName::from_static(name), value.clone());
-            }
+    for name in CARRIED_TO_PEERS {
+        for value in headers.get_all(name) {
+            carried.append(HeaderName::from_static(name), value.clone());
         }
     }
     MetadataMap::from_headers(carried)

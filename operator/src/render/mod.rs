@@ -34,7 +34,7 @@ pub struct RenderConfig {
     /// The multiplexer sidecar image.
     pub multiplexer_image: String,
     /// The namespace the operator runs in, whose pods the pools' NetworkPolicies let reach the
-    /// sidecars' admin port: the operator reads adaptive pools' limits there. `None` out of a
+    /// sidecars' admin port: the operator reads each pool's admission there. `None` out of a
     /// cluster, where the operator's calls come from a node, which NetworkPolicies never block.
     pub operator_namespace: Option<String>,
 }

@@ -23,8 +23,8 @@ fn tcp(port: u16) -> NetworkPolicyPort {
 }
 
 /// Who may reach the admin port: every pod of the pool's namespace, of the operator's (it asks
-/// adaptive pools' sidecars for their limits), and of the namespaces the spec selects (where
-/// Prometheus runs).
+/// the sidecars for their admission), and of the namespaces the spec selects (where Prometheus
+/// runs).
 fn admin_peers(pool: &EmbeddingPool, config: &RenderConfig) -> Vec<NetworkPolicyPeer> {
     // A peer with only a pod selector stays within the policy's own namespace.
     let own_namespace =

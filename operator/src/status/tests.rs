@@ -1,3 +1,4 @@
+use super::demand::tests::report;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -56,7 +57,7 @@ fn unschedulable_pod(message: &str) -> Pod {
 
 #[test]
 fn all_ready_pool_is_ready_and_not_progressing() {
-    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&deployment(2, 2, 2)), &[], &now(100));
+    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&deployment(2, 2, 2)), &[], &[], &now(100));
     assert_eq!(status.observed_generation, Some(3));
     assert_eq!((status.replicas, status.ready_replicas), (2, 2));
     assert_eq!(status.selector.as_deref(), Some("teifleet.dev/pool=embed"));
@@ -81,7 +82,7 @@ fn taken_gpus_are_insufficient_gpu_saying_they_are_taken() {
         "0/4 nodes are available: 2 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector. \
          preemption: 0/4 nodes are available: 2 No preemption victims found for incoming pod, 2 Preemption is not helpful for scheduling.",
     )];
-    let status = compute(&pool(3, GpuType::NvidiaH100_80gb), Some(&deployment(3, 2, 3)), &pods, &now(100));
+    let status = compute(&pool(3, GpuType::NvidiaH100_80gb), Some(&deployment(3, 2, 3)), &pods, &[], &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::INSUFFICIENT_GPU));
     assert!(
@@ -106,7 +107,7 @@ fn no_node_of_the_product_is_insufficient_gpu_saying_no_node_carries_it() {
     let pods = [unschedulable_pod("0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.")];
     let mut a100 = pool(1, GpuType::NvidiaA100_80gb);
     a100.spec.gpu.count = 2;
-    let status = compute(&a100, Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let status = compute(&a100, Some(&deployment(1, 0, 1)), &pods, &[], &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", reasons::INSUFFICIENT_GPU));
     assert_eq!(
@@ -125,7 +126,7 @@ fn tainted_nodes_beside_no_node_of_the_product_still_mean_none_carries_it() {
         "0/3 nodes are available: 1 node(s) had untolerated taint {node-role.kubernetes.io/control-plane: }, \
          2 node(s) didn't match Pod's node affinity/selector.",
     )];
-    let status = compute(&pool(1, GpuType::NvidiaL4), Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let status = compute(&pool(1, GpuType::NvidiaL4), Some(&deployment(1, 0, 1)), &pods, &[], &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert_eq!(ready.reason, reasons::INSUFFICIENT_GPU);
     assert!(ready.message.contains("no node carries nvidia.com/gpu.product in [NVIDIA-L4]"), "{}", ready.message);
@@ -136,7 +137,7 @@ fn no_node_of_the_product_names_the_pools_own_node_selection() {
     let pods = [unschedulable_pod("0/4 nodes are available: 4 node(s) didn't match Pod's node affinity/selector.")];
     let mut zoned = pool(1, GpuType::NvidiaL4);
     zoned.spec.template.node_selector.insert("topology.kubernetes.io/zone".into(), "us-east-1a".into());
-    let status = compute(&zoned, Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let status = compute(&zoned, Some(&deployment(1, 0, 1)), &pods, &[], &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert!(
         ready.message.contains(
@@ -168,7 +169,7 @@ fn gpu_nodes_short_of_cpu_are_not_a_gpu_shortage() {
     let pods = [unschedulable_pod(
         "0/4 nodes are available: 1 Insufficient cpu, 3 node(s) didn't match Pod's node affinity/selector.",
     )];
-    let status = compute(&pool(1, GpuType::NvidiaH100_80gb), Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let status = compute(&pool(1, GpuType::NvidiaH100_80gb), Some(&deployment(1, 0, 1)), &pods, &[], &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert_eq!(ready.reason, reasons::REPLICAS_NOT_READY);
     assert!(ready.message.contains("1 Insufficient cpu"), "{}", ready.message);
@@ -178,7 +179,7 @@ fn gpu_nodes_short_of_cpu_are_not_a_gpu_shortage() {
 #[test]
 fn cpu_pool_unschedulable_for_cpu_is_not_a_gpu_problem() {
     let pods = [unschedulable_pod("0/4 nodes are available: 4 Insufficient cpu.")];
-    let status = compute(&pool(1, GpuType::Cpu), Some(&deployment(1, 0, 1)), &pods, &now(100));
+    let status = compute(&pool(1, GpuType::Cpu), Some(&deployment(1, 0, 1)), &pods, &[], &now(100));
     let ready = find(&status.conditions, READY).unwrap();
     assert_eq!(ready.reason, reasons::REPLICAS_NOT_READY);
     assert!(ready.message.contains("Insufficient cpu"));
@@ -187,7 +188,7 @@ fn cpu_pool_unschedulable_for_cpu_is_not_a_gpu_problem() {
 
 #[test]
 fn rollout_in_progress_is_progressing() {
-    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&deployment(2, 1, 1)), &[], &now(100));
+    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&deployment(2, 1, 1)), &[], &[], &now(100));
     let progressing = find(&status.conditions, PROGRESSING).unwrap();
     assert_eq!((progressing.status.as_str(), progressing.reason.as_str()), ("True", reasons::ROLLING_OUT));
     assert_eq!(find(&status.conditions, READY).unwrap().reason, reasons::REPLICAS_NOT_READY);
@@ -202,24 +203,57 @@ fn progress_deadline_exceeded_is_degraded() {
         reason: Some("ProgressDeadlineExceeded".into()),
         ..DeploymentCondition::default()
     }]);
-    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&dep), &[], &now(100));
+    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&dep), &[], &[], &now(100));
     assert_eq!(find(&status.conditions, DEGRADED).unwrap().reason, reasons::PROGRESS_DEADLINE_EXCEEDED);
     assert_eq!(find(&status.conditions, PROGRESSING).unwrap().status, "False");
 }
 
 #[test]
 fn scaled_to_zero_is_ready() {
-    let status = compute(&pool(0, GpuType::NvidiaL4), Some(&deployment(0, 0, 0)), &[], &now(100));
+    let status = compute(&pool(0, GpuType::NvidiaL4), Some(&deployment(0, 0, 0)), &[], &[], &now(100));
     assert_eq!(find(&status.conditions, READY).unwrap().reason, reasons::SCALED_TO_ZERO);
 }
 
 #[test]
 fn recomputing_a_steady_status_is_identical() {
     let mut steady = pool(2, GpuType::NvidiaL4);
-    let first = compute(&steady, Some(&deployment(2, 2, 2)), &[], &now(100));
+    let first = compute(&steady, Some(&deployment(2, 2, 2)), &[], &[], &now(100));
     steady.status = Some(first.clone());
-    let second = compute(&steady, Some(&deployment(2, 2, 2)), &[], &now(500));
+    let second = compute(&steady, Some(&deployment(2, 2, 2)), &[], &[], &now(500));
     assert_eq!(first, second, "a steady pool must not produce a status write");
+}
+
+#[test]
+fn every_pool_shows_its_demand_and_only_an_adaptive_one_its_limits_in_force() {
+    let reports = [report(32, 32, 5, 0.5, 0.0), report(32, 8, 0, 0.0, 0.0)];
+    let status = compute(&pool(2, GpuType::NvidiaL4), Some(&deployment(2, 2, 2)), &[], &reports, &now(100));
+    let demand = status.demand.unwrap();
+    assert_eq!((demand.replicas_reporting, demand.in_flight, demand.queued), (2, 40, 5));
+    assert_eq!((demand.utilization_percent, demand.refused_per_second), (63, 0.5));
+    assert_eq!(status.admission.unwrap().effective, None, "a static pool's limits are its shares");
+
+    let mut adaptive = pool(2, GpuType::NvidiaL4);
+    adaptive.spec.concurrency.adaptive = true;
+    let status = compute(&adaptive, Some(&deployment(2, 2, 2)), &[], &reports, &now(100));
+    assert_eq!(status.admission.unwrap().effective.unwrap().total_in_flight, 64);
+    assert!(status.demand.is_some());
+
+    let silent = compute(&adaptive, Some(&deployment(2, 2, 2)), &[], &[], &now(100));
+    assert_eq!((silent.demand, silent.admission.unwrap().effective), (None, None));
+}
+
+#[test]
+fn a_steady_load_with_jittering_rates_produces_no_status_write() {
+    let mut steady = pool(2, GpuType::NvidiaL4);
+    let first = [report(32, 30, 2, 600.0 / 60.0, 0.0), report(32, 30, 1, 0.0, 0.0)];
+    let status = compute(&steady, Some(&deployment(2, 2, 2)), &[], &first, &now(100));
+    steady.status = Some(status.clone());
+    // A refusal more in the minute: the rounded rate, and so the status, stay as they were.
+    let second = [report(32, 30, 2, 601.0 / 60.0, 0.0), report(32, 30, 1, 0.0, 0.0)];
+    assert_eq!(compute(&steady, Some(&deployment(2, 2, 2)), &[], &second, &now(130)), status);
+    // Twice the refusals is news.
+    let third = [report(32, 30, 2, 20.0, 0.0), report(32, 30, 1, 0.0, 0.0)];
+    assert_ne!(compute(&steady, Some(&deployment(2, 2, 2)), &[], &third, &now(160)), status);
 }
 
 #[test]

@@ -9,7 +9,6 @@
 //! (`make images`, or `make test-cluster`, which builds them from the debug binaries when missing).
 //! Without either the test says it was skipped and passes.
 
-use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -17,160 +16,29 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Node, Pod, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
 use serde_json::json;
 use teifleet_crds::{EmbeddingPool, labels};
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
-use teifleet_e2e::{
-    admin_client, built_image, eventually, eventually_pods, helm, http_get, import_into_real_node, install_crd,
-    test_namespace_with_labels,
+use teifleet_e2e::real::{
+    NODE, START, TAINT, Tally, answering_channel, connect, embed, install_chart, ip_of, is_ready, limit_in_flight,
+    node_of, operator_name, pool_template, prerequisites, requests_total, restarts, restricted_namespace, service_addr,
+    steady_load, wait_ready_pods,
 };
-use teifleet_proto::v1::embed_client::EmbedClient;
+use teifleet_e2e::{admin_client, eventually, eventually_pods, helm, http_get, import_into_real_node, install_crd};
+use teifleet_proto::v1::InfoRequest;
 use teifleet_proto::v1::info_client::InfoClient;
-use teifleet_proto::v1::{EmbedRequest, InfoRequest};
 use teifleet_wire::{ports, tei_health};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tonic::Code;
-use tonic::transport::Channel;
 
-const NODE: &str = "real-0";
-const TAINT: &str = "teifleet.dev/real-node";
 const RELEASE: &str = "tfreal";
-/// The chart's names for release `tfreal`.
-const OPERATOR: &str = "tfreal-teifleet-operator";
 const POOL: &str = "real";
 const MODEL: &str = "BAAI/bge-small-en-v1.5";
-/// Pod start-up on the node takes seconds; this leaves room for a busy machine.
-const START: Duration = Duration::from_secs(120);
-
-/// The images, or `None` (the test is then skipped) when this run has no real node or no images.
-async fn prerequisites(client: &Client) -> Option<BTreeMap<&'static str, (std::path::PathBuf, String)>> {
-    let wanted = std::env::var("TEIFLEET_REAL_NODE").ok();
-    if wanted.as_deref() == Some("0") {
-        eprintln!("skipped: TEIFLEET_REAL_NODE=0 (no real node in this cluster)");
-        return None;
-    }
-    if Api::<Node>::all(client.clone()).get_opt(NODE).await.expect("nodes can be read").is_none() {
-        assert_ne!(wanted.as_deref(), Some("1"), "TEIFLEET_REAL_NODE=1 but node {NODE} is not registered");
-        eprintln!("skipped: no node {NODE} (start the cluster with make cluster-up)");
-        return None;
-    }
-    let mut images = BTreeMap::new();
-    for name in ["operator", "multiplexer", "tei-sim"] {
-        let Some(image) = built_image(name) else {
-            eprintln!("skipped: no target/images/{name}.tar (make images builds it)");
-            return None;
-        };
-        images.insert(name, image);
-    }
-    Some(images)
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-fn restarts(pod: &Pod) -> i32 {
-    let statuses = pod.status.as_ref().and_then(|s| s.container_statuses.clone()).unwrap_or_default();
-    statuses.iter().map(|s| s.restart_count).sum()
-}
-
-fn node_of(pod: &Pod) -> Option<&str> {
-    pod.spec.as_ref().and_then(|s| s.node_name.as_deref())
-}
-
-fn ip_of(pod: &Pod) -> IpAddr {
-    pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()).expect("a running pod has an IP").parse().expect("an IP")
-}
-
-/// Waits until `count` pods match `selector`, all Ready and none being deleted.
-async fn wait_ready_pods(pods: &Api<Pod>, selector: &str, count: usize) -> Vec<Pod> {
-    eventually_pods(pods, &format!("{count} Ready pod(s) {selector}"), START, || async {
-        let list = pods.list(&ListParams::default().labels(selector)).await.ok()?.items;
-        let live: Vec<Pod> = list.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
-        (live.len() == count && live.iter().all(is_ready)).then_some(live)
-    })
-    .await
-}
-
-async fn limit_in_flight(pod_ip: IpAddr) -> Option<f64> {
-    let text = http_get(SocketAddr::new(pod_ip, 9090), "/metrics").await?;
-    teifleet_testkit::prom::value(&text, &format!("teifleet_limit_in_flight{{pool=\"{POOL}\"}}"))
-}
-
-async fn embed(channel: Channel, text: String) -> Result<(), tonic::Status> {
-    let answer = EmbedClient::new(channel).embed(EmbedRequest { inputs: text, ..Default::default() }).await?;
-    assert!(!answer.into_inner().embeddings.is_empty(), "an embedding");
-    Ok(())
-}
-
-/// What one client saw under load.
-#[derive(Default)]
-struct Tally {
-    ok: u32,
-    failed: BTreeMap<String, u32>,
-    retries: u32,
-    /// The most attempts one call needed.
-    most_attempts: u32,
-    /// From the first failed attempt to the last.
-    failing_for: Duration,
-    first_failure: Option<Instant>,
-}
-
-impl std::fmt::Debug for Tally {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} OK, failed {:?}, {} retries, at most {} attempts for one call, failing for {:?}",
-            self.ok, self.failed, self.retries, self.most_attempts, self.failing_for
-        )
-    }
-}
-
-impl Tally {
-    fn failure(&mut self) {
-        let first = *self.first_failure.get_or_insert_with(Instant::now);
-        self.failing_for = first.elapsed();
-    }
-}
-
-/// Calls Embed one after another until `stop`; with `retry`, a call answered UNAVAILABLE is tried
-/// again (100 ms apart, for at most 60 s) and counts as failed only when every attempt was.
-async fn steady_load(channel: Channel, stop: Arc<AtomicBool>, retry: bool) -> Tally {
-    let mut tally = Tally::default();
-    let mut n = 0;
-    while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let mut attempts = 0;
-        let result = loop {
-            attempts += 1;
-            match embed(channel.clone(), format!("steady {n}")).await {
-                Err(status) if retry && status.code() == Code::Unavailable && attempts < 600 => {
-                    tally.failure();
-                    tally.retries += 1;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                result => break result,
-            }
-        };
-        tally.most_attempts = tally.most_attempts.max(attempts);
-        match result {
-            Ok(()) => tally.ok += 1,
-            Err(status) => {
-                tally.failure();
-                *tally.failed.entry(format!("{:?}", status.code())).or_default() += 1;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tally
-}
 
 /// How a TCP connection attempt to `addr` ended: within 5 s, so a dropped SYN reads as `TimedOut`.
 async fn connect_outcome(addr: SocketAddr) -> Result<(), ErrorKind> {
@@ -246,11 +114,6 @@ async fn upstream_health_seen_by(pods: &Api<Pod>, name: &str) -> teifleet_testki
     .await
 }
 
-async fn requests_total(pod_ip: IpAddr) -> Option<f64> {
-    let text = http_get(SocketAddr::new(pod_ip, 9090), "/metrics").await?;
-    Some(teifleet_testkit::prom::sum(&text, "teifleet_requests_total"))
-}
-
 /// Runs `action` while two clients call Embed through the Service, one without retries and one
 /// retrying UNAVAILABLE; returns what each saw.
 async fn under_load(service: SocketAddr, action: impl std::future::Future<Output = ()>) -> (Tally, Tally) {
@@ -262,16 +125,6 @@ async fn under_load(service: SocketAddr, action: impl std::future::Future<Output
     tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
     (plain.await.unwrap(), retrying.await.unwrap())
-}
-
-async fn connect(service: SocketAddr) -> Channel {
-    tonic::transport::Endpoint::from_shared(format!("http://{service}"))
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .timeout(Duration::from_secs(10))
-        .connect()
-        .await
-        .expect("gRPC connects through the ClusterIP")
 }
 
 #[tokio::test]
@@ -288,14 +141,7 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     install_crd(&client).await;
 
     // 1. The chart, in a namespace that enforces the restricted Pod Security Standard.
-    let ns = test_namespace_with_labels(
-        "real-pods",
-        BTreeMap::from([
-            ("pod-security.kubernetes.io/enforce".into(), "restricted".into()),
-            ("pod-security.kubernetes.io/enforce-version".into(), "latest".into()),
-        ]),
-    )
-    .await;
+    let ns = restricted_namespace("real-pods").await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     // The namespace really enforces it: a pod that breaks the standard is refused.
     let loose: Pod = serde_json::from_value(json!({
@@ -306,32 +152,11 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     let refused = pods.create(&PostParams::default(), &loose).await.expect_err("a pod breaking `restricted`");
     assert!(refused.to_string().contains("violates PodSecurity \"restricted"), "{refused}");
 
-    // A run that failed half-way left the release's cluster-wide RBAC behind its deleted
-    // namespace; helm refuses to adopt it into a release in another namespace.
-    let _ = Api::<ClusterRole>::all(client.clone()).delete(OPERATOR, &DeleteParams::default()).await;
-    let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(OPERATOR, &DeleteParams::default()).await;
-    let (ok, output) = helm(&[
-        "install",
-        RELEASE,
-        "charts/teifleet",
-        "-n",
-        &ns.name,
-        "--wait",
-        "--timeout",
-        "120s",
-        "--set-json",
-        &format!(r#"nodeSelector={{"kubernetes.io/hostname":"{NODE}"}}"#),
-        "--set-json",
-        &format!(r#"tolerations=[{{"key":"{TAINT}","operator":"Exists","effect":"NoSchedule"}}]"#),
-        "--set",
-        "leaderElection.leaseDuration=5s",
-    ]);
-    assert!(ok, "helm install failed: {output}");
-    let operator = wait_ready_pods(&pods, &format!("app.kubernetes.io/instance={RELEASE}"), 1).await.remove(0);
+    let operator = install_chart(&client, &ns.name, RELEASE).await;
     let operator_ready = started.elapsed();
     assert_eq!(node_of(&operator), Some(NODE), "the operator runs on the real node");
     let spec = operator.spec.as_ref().unwrap();
-    assert_eq!(spec.service_account_name.as_deref(), Some(OPERATOR), "the chart's ServiceAccount");
+    assert_eq!(spec.service_account_name, Some(operator_name(RELEASE)), "the chart's ServiceAccount");
     assert_eq!(spec.containers[0].image.as_deref(), Some(images["operator"].1.as_str()), "the built image");
     assert_eq!(restarts(&operator), 0);
 
@@ -349,11 +174,7 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
             // Each call holds its permit long enough for a burst to meet the budget.
             "tei": { "image": images["tei-sim"].1, "extraArgs": ["--fixed-latency=100ms"] },
             "concurrency": { "maxInFlight": 2, "maxQueued": 0 },
-            "template": {
-                "nodeSelector": { "kubernetes.io/hostname": NODE },
-                "tolerations": [{ "key": TAINT, "operator": "Exists", "effect": "NoSchedule" }],
-                "resources": { "requests": { "cpu": "100m", "memory": "64Mi" } },
-            },
+            "template": pool_template(),
         }),
     )
     .await;
@@ -375,25 +196,15 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     for pod in &pool_pods {
         let ip = ip_of(pod);
         eventually(&format!("the sidecar on {ip} applying its share"), Duration::from_secs(30), || async {
-            (limit_in_flight(ip).await? == 1.0).then_some(())
+            (limit_in_flight(ip, POOL).await? == 1.0).then_some(())
         })
         .await;
     }
 
     // 3. Stock tei.v1 calls from the host, through the pool's ClusterIP Service and kube-proxy.
-    let service = Api::<Service>::namespaced(client.clone(), &ns.name).get(POOL).await.expect("the pool's Service");
-    let service_ip: IpAddr = service.spec.and_then(|s| s.cluster_ip).expect("a ClusterIP").parse().unwrap();
-    let service = SocketAddr::new(service_ip, 50051);
-    let channel = eventually("the pool's Service answering Info", Duration::from_secs(30), || async {
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{service}"))
-            .ok()?
-            .connect_timeout(Duration::from_secs(2))
-            .connect()
-            .await
-            .ok()?;
-        InfoClient::new(channel.clone()).info(InfoRequest {}).await.ok().map(|_| channel)
-    })
-    .await;
+    let service = service_addr(&client, &ns.name, POOL).await;
+    let service_ip = service.ip();
+    let channel = answering_channel(service).await;
     let info = InfoClient::new(channel.clone()).info(InfoRequest {}).await.expect("tei.v1.Info/Info").into_inner();
     assert_eq!(info.model_id, MODEL);
     embed(channel.clone(), "a real pod".into()).await.expect("tei.v1.Embed/Embed");
@@ -473,7 +284,7 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     for pod in &pool_pods {
         let ip = ip_of(pod);
         eventually(&format!("the new share at the sidecar on {ip}"), Duration::from_secs(30), || async {
-            (limit_in_flight(ip).await? == 6.0).then_some(())
+            (limit_in_flight(ip, POOL).await? == 6.0).then_some(())
         })
         .await;
     }

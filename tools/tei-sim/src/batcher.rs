@@ -216,7 +216,7 @@ async fn device_done(work: Option<&mut DeviceWork>) {
 
 fn finish(done: Running, counters: &Counters) {
     let inference_time = done.started.elapsed();
-    counters.batch_run();
+    counters.batch_run(inference_time);
     for entry in done.batch.entries {
         let queue_time = done.started.saturating_duration_since(entry.enqueued);
         // A caller that left while its batch ran simply gets nothing.

@@ -1,12 +1,18 @@
 //! TEI-named Prometheus metrics, in a registry of their own so several simulators can share a
-//! test process without colliding in the global one.
+//! test process without colliding in the global one; and two of the simulator's own
+//! (`te_sim_*`), read from its counters at each scrape, for tests that can reach a simulator only
+//! through its metrics (in a pod, behind the sidecar's `/upstream/metrics`).
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use prometheus::{Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
+use prometheus::core::{Collector, Desc};
+use prometheus::proto::MetricFamily;
+use prometheus::{Counter, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use teifleet_runtime::metrics::register;
 
 use crate::SimError;
+use crate::stats::Counters;
 
 #[derive(Clone, Debug)]
 pub(crate) struct Metrics {
@@ -59,7 +65,8 @@ fn duration_buckets() -> Vec<f64> {
 }
 
 impl Metrics {
-    pub(crate) fn new() -> Result<Self, SimError> {
+    /// The TEI-named metrics, and the simulator's own read from `counters` at each scrape.
+    pub(crate) fn new(counters: Arc<Counters>) -> Result<Self, SimError> {
         let histogram = |name: &str, help: &str, buckets: Vec<f64>| {
             Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
         };
@@ -108,6 +115,7 @@ impl Metrics {
                 &metrics.input_length,
             ],
         )?;
+        metrics.registry.register(Box::new(SimCounters::new(counters)?))?;
         Ok(metrics)
     }
 
@@ -131,5 +139,91 @@ impl Metrics {
     /// Where every metric is registered, for `/metrics`.
     pub(crate) fn registry(&self) -> &Registry {
         &self.registry
+    }
+}
+
+/// The simulator's own counters as metrics, read at each scrape (like `/stats`, and reset with
+/// it): `te_sim_device_busy_seconds_total`, the time the device spent running batches, and
+/// `te_sim_max_in_flight`, the most requests that held a slot at once.
+#[derive(Clone, Debug)]
+struct SimCounters {
+    counters: Arc<Counters>,
+    device_busy: Counter,
+    max_in_flight: IntGauge,
+    /// One scrape at a time sets the values it reports.
+    scrape: Arc<Mutex<()>>,
+}
+
+impl SimCounters {
+    fn new(counters: Arc<Counters>) -> Result<Self, SimError> {
+        Ok(Self {
+            counters,
+            device_busy: Counter::new(
+                "te_sim_device_busy_seconds_total",
+                "Time the simulated device spent running batches, since start or the last stats reset",
+            )?,
+            max_in_flight: IntGauge::new(
+                "te_sim_max_in_flight",
+                "The most requests holding a slot at once, since start or the last stats reset",
+            )?,
+            scrape: Arc::default(),
+        })
+    }
+}
+
+impl Collector for SimCounters {
+    fn desc(&self) -> Vec<&Desc> {
+        self.device_busy.desc().into_iter().chain(self.max_in_flight.desc()).collect()
+    }
+
+    fn collect(&self) -> Vec<MetricFamily> {
+        let _one_at_a_time = self.scrape.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let stats = self.counters.snapshot();
+        self.device_busy.reset();
+        self.device_busy.inc_by(Duration::from_micros(stats.device_busy_us).as_secs_f64());
+        self.max_in_flight.set(i64::try_from(stats.max_in_flight_observed).unwrap_or(i64::MAX));
+        let mut families = self.device_busy.collect();
+        families.extend(self.max_in_flight.collect());
+        families
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn scrape(metrics: &Metrics) -> String {
+        teifleet_runtime::metrics::render(metrics.registry()).unwrap()
+    }
+
+    #[test]
+    fn device_busy_time_and_the_high_water_mark_follow_the_counters() {
+        let counters = Arc::new(Counters::default());
+        let metrics = Metrics::new(Arc::clone(&counters)).unwrap();
+        let text = scrape(&metrics);
+        assert!(text.contains("# TYPE te_sim_device_busy_seconds_total counter"), "{text}");
+        assert!(text.contains("te_sim_device_busy_seconds_total 0\n"), "{text}");
+        assert!(text.contains("te_sim_max_in_flight 0\n"), "{text}");
+
+        counters.batch_run(Duration::from_millis(1500));
+        counters.batch_run(Duration::from_millis(250));
+        for _ in 0..3 {
+            counters.admitted();
+        }
+        counters.released();
+        counters.released();
+        let text = scrape(&metrics);
+        assert!(text.contains("te_sim_device_busy_seconds_total 1.75\n"), "{text}");
+        assert!(text.contains("te_sim_max_in_flight 3\n"), "{text}");
+        // Scrapes report, they do not add up.
+        assert!(scrape(&metrics).contains("te_sim_device_busy_seconds_total 1.75\n"));
+
+        // A stats reset zeroes the busy time; the high-water mark restarts from what is in flight.
+        counters.reset();
+        let text = scrape(&metrics);
+        assert!(text.contains("te_sim_device_busy_seconds_total 0\n"), "{text}");
+        assert!(text.contains("te_sim_max_in_flight 1\n"), "{text}");
     }
 }

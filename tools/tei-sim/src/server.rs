@@ -49,8 +49,8 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
     };
 
     let shutdown = CancellationToken::new();
-    let metrics = Metrics::new()?;
     let counters = Arc::new(Counters::default());
+    let metrics = Metrics::new(Arc::clone(&counters))?;
     let limits = BatchLimits {
         max_tokens: config.max_batch_tokens,
         max_requests: config.max_batch_requests.unwrap_or(usize::MAX),

@@ -22,6 +22,9 @@ pub struct Stats {
     pub completed: u64,
     /// Batches the simulated device has run.
     pub batches_run: u64,
+    /// Time the simulated device spent running batches, in microseconds: how busy this replica
+    /// was, to compare replicas' shares of a pool's work.
+    pub device_busy_us: u64,
 }
 
 #[derive(Debug, Default)]
@@ -33,6 +36,7 @@ pub(crate) struct Counters {
     max_in_flight: AtomicU64,
     completed: AtomicU64,
     batches_run: AtomicU64,
+    device_busy_us: AtomicU64,
 }
 
 impl Counters {
@@ -48,8 +52,10 @@ impl Counters {
         self.completed.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(crate) fn batch_run(&self) {
+    pub(crate) fn batch_run(&self, took: std::time::Duration) {
         self.batches_run.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.device_busy_us.fetch_add(micros, Ordering::Relaxed);
     }
 
     pub(crate) fn admitted(&self) {
@@ -71,13 +77,22 @@ impl Counters {
             max_in_flight_observed: self.max_in_flight.load(Ordering::SeqCst),
             completed: self.completed.load(Ordering::Relaxed),
             batches_run: self.batches_run.load(Ordering::Relaxed),
+            device_busy_us: self.device_busy_us.load(Ordering::Relaxed),
         }
     }
 
     /// Zeroes the totals; the high-water mark restarts from what is in flight now, since those
     /// requests are still occupying slots.
     pub(crate) fn reset(&self) {
-        for counter in [&self.received, &self.admitted, &self.refused_overloaded, &self.completed, &self.batches_run] {
+        let totals = [
+            &self.received,
+            &self.admitted,
+            &self.refused_overloaded,
+            &self.completed,
+            &self.batches_run,
+            &self.device_busy_us,
+        ];
+        for counter in totals {
             counter.store(0, Ordering::Relaxed);
         }
         self.max_in_flight.store(self.in_flight.load(Ordering::SeqCst), Ordering::SeqCst);

@@ -74,9 +74,12 @@ enum Priority {
 #[derive(Debug, Parser)]
 #[command(name = "teifleet-load", version)]
 struct Args {
-    /// Endpoint, e.g. http://127.0.0.1:50051 (loopback addresses only).
-    #[arg(long, value_name = "URL")]
-    target: String,
+    /// Endpoint, e.g. http://127.0.0.1:50051 (loopback addresses only). gRPC: repeat it to
+    /// spread the connections over several endpoints in turn (connection k to the k-th mod their
+    /// number), as a client balancing over a pool's replicas; --connections 1 with one --target
+    /// pins every request to one connection, as a client behind a ClusterIP Service is.
+    #[arg(long, value_name = "URL", required = true)]
+    target: Vec<String>,
     /// How requests reach the target.
     #[arg(long, value_enum, default_value = "grpc")]
     protocol: Wire,
@@ -97,8 +100,9 @@ struct Args {
     /// Longest time to keep sending (e.g. 10s, 1m).
     #[arg(long, default_value = "60s", value_parser = teifleet_wire::duration::parse, value_name = "DUR")]
     duration: Duration,
-    /// gRPC: HTTP/2 connections, requests spread over them round robin. HTTP: unused (a
-    /// connection per request in flight, kept alive and reused).
+    /// gRPC: HTTP/2 connections, requests spread over them round robin (and the connections over
+    /// the --target endpoints). HTTP: unused (a connection per request in flight, kept alive and
+    /// reused).
     #[arg(long, default_value_t = 1, value_name = "N")]
     connections: usize,
     /// The RPC each request makes.
@@ -197,8 +201,13 @@ fn config(args: &Args) -> LoadConfig {
         max_backoff: args.max_backoff,
         multiplier: args.backoff_multiplier,
     });
+    let (target, more_targets) = match args.target.split_first() {
+        Some((first, rest)) => (first.clone(), rest.to_vec()),
+        None => (String::new(), Vec::new()),
+    };
     LoadConfig {
-        target: args.target.clone(),
+        target,
+        more_targets,
         protocol: match args.protocol {
             Wire::Grpc => Protocol::Grpc,
             Wire::Http => Protocol::Http,

@@ -43,6 +43,18 @@ pub async fn connect(target: &str, count: usize) -> Result<Vec<Channel>> {
     Ok(channels)
 }
 
+/// Opens `count` HTTP/2 connections over `targets` in turn: connection k goes to target
+/// k mod `targets.len()`, so requests spread round robin over the connections spread over the
+/// targets too.
+pub async fn connect_spread(targets: &[&str], count: usize) -> Result<Vec<Channel>> {
+    let mut channels = Vec::with_capacity(count);
+    for k in 0..count {
+        let Some(target) = targets.get(k % targets.len().max(1)) else { break };
+        channels.extend(connect(target, 1).await?);
+    }
+    Ok(channels)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

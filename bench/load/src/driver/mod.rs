@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use call::CallSpec;
-pub use connect::{check_loopback, connect};
+pub use connect::{check_loopback, connect, connect_spread};
 
 use crate::arrivals::Arrivals;
 use crate::inputs::{Inputs, Tokens};
@@ -86,6 +86,10 @@ impl std::fmt::Display for Call {
 #[derive(Clone, Debug)]
 pub struct LoadConfig {
     pub target: String,
+    /// Further targets beside `target` (gRPC only): connection k goes to the k-th of `target` and
+    /// these in turn, so requests spread over several servers round robin, as a client balancing
+    /// over a pool's replicas would. Empty: every connection goes to `target`.
+    pub more_targets: Vec<String>,
     /// gRPC (default) or TEI's HTTP API.
     pub protocol: Protocol,
     pub mode: Mode,
@@ -113,6 +117,7 @@ impl LoadConfig {
     pub fn closed(target: impl Into<String>, concurrency: usize, requests: u64) -> Self {
         Self {
             target: target.into(),
+            more_targets: Vec::new(),
             protocol: Protocol::Grpc,
             mode: Mode::Closed { concurrency },
             requests,
@@ -138,7 +143,9 @@ impl LoadConfig {
 
     pub fn validate(&self) -> Result<()> {
         let bad = |why: String| Err(Error::InvalidArgument(why));
-        check_loopback(&self.target)?;
+        for target in self.targets() {
+            check_loopback(target)?;
+        }
         match self.mode {
             Mode::Open { rate, .. } if !(rate.is_finite() && rate > 0.0) => {
                 return bad(format!("--rate must be a positive number, not {rate}"));
@@ -154,6 +161,16 @@ impl LoadConfig {
         }
         if self.connections == 0 {
             return bad("--connections must be at least 1".into());
+        }
+        if self.connections < self.targets().count() {
+            return bad(format!(
+                "--connections {} cannot reach {} targets: give each target a connection at least",
+                self.connections,
+                self.targets().count()
+            ));
+        }
+        if self.protocol == Protocol::Http && !self.more_targets.is_empty() {
+            return bad("several --target need --protocol grpc: HTTP requests use one client's pool".into());
         }
         if self.call == (Call::EmbedStream { batch: 0 }) {
             return bad("--stream-batch must be at least 1".into());
@@ -177,13 +194,18 @@ impl LoadConfig {
         Ok(())
     }
 
+    /// `target`, then `more_targets`: where connections go, in turn.
+    pub fn targets(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.target.as_str()).chain(self.more_targets.iter().map(String::as_str))
+    }
+
     pub fn info(&self) -> RunInfo {
         let (mode, arrivals, rate, concurrency) = match &self.mode {
             Mode::Open { rate, arrivals } => ("open", Some(format!("{arrivals:?}").to_lowercase()), Some(*rate), None),
             Mode::Closed { concurrency } => ("closed", None, None, Some(*concurrency)),
         };
         RunInfo {
-            target: self.target.clone(),
+            target: self.targets().collect::<Vec<_>>().join(", "),
             protocol: self.protocol.to_string(),
             mode: mode.into(),
             arrivals,
@@ -234,7 +256,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report> {
     config.validate()?;
     let channels: Vec<Connection> = match config.protocol {
         Protocol::Grpc => {
-            connect(&config.target, config.connections).await?.into_iter().map(Connection::Grpc).collect()
+            let targets: Vec<&str> = config.targets().collect();
+            connect_spread(&targets, config.connections).await?.into_iter().map(Connection::Grpc).collect()
         }
         Protocol::Http => {
             // One client: its pool shares the connections among all requests.
