@@ -51,6 +51,21 @@ for arg in "$@"; do
 done
 
 mkdir -p target/bench-logs
+# HAProxy (Debian's package) for scenario 1's and 5's floors beside the bare tonic proxy. Installed
+# here when missing and running as root; when it cannot be, its rows are reported as SKIP with the
+# reason and the run goes on.
+if ! command -v haproxy >/dev/null 2>&1 && [[ ! -x /usr/sbin/haproxy ]]; then
+  if (( EUID == 0 )) && command -v apt-get >/dev/null 2>&1; then
+    echo "[bench] installing haproxy (Debian) for the HAProxy floors" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -qq --no-install-recommends haproxy ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends haproxy; }; } \
+      >target/bench-logs/haproxy-install.log 2>&1 ||
+      echo "[bench] haproxy could not be installed (target/bench-logs/haproxy-install.log): its rows will be SKIP" >&2
+  else
+    echo "[bench] haproxy is not installed and this is not root with apt-get: the HAProxy rows will be SKIP" >&2
+  fi
+fi
 # Read before the control plane boots, whose own start-up would count as other work.
 TEIFLEET_BENCH_LOAD_BEFORE="$(cut -d' ' -f1 /proc/loadavg)"
 export TEIFLEET_BENCH_LOAD_BEFORE

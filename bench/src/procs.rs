@@ -66,6 +66,7 @@ impl Bins {
             sim_spin: sim.contains("--device"),
             mux_coalesce: mux.contains("--coalesce"),
             floor_proxy: self.path(FLOOR).is_file(),
+            haproxy: haproxy_program().is_some(),
             valgrind: Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success()),
         }
     }
@@ -82,7 +83,14 @@ pub struct Features {
     pub floor_proxy: bool,
     /// valgrind is installed (instruction counts).
     pub valgrind: bool,
+    /// HAProxy is installed (the TCP and h2 floors beside the floor proxy).
+    #[serde(default)]
+    pub haproxy: bool,
 }
+
+/// Why the HAProxy rows are missing when it is not installed.
+pub const HAPROXY_MISSING: &str = "haproxy is not installed: bench/run.sh installs Debian's package when run as root \
+                                   (apt-get install haproxy)";
 
 const FLOOR: &str = "teifleet-floor-proxy";
 
@@ -334,6 +342,91 @@ pub async fn start_floor(bins: &Bins, name: &str, upstream: &Proc) -> Result<Pro
     Ok(proc)
 }
 
+/// How HAProxy forwards: the two floors it gives a hop.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HaproxyMode {
+    /// `mode tcp`: bytes spliced between two TCP connections, no HTTP/2 parsed; the least an extra
+    /// hop (two more sockets and wake-ups) costs.
+    Tcp,
+    /// `mode http` with `proto h2` on both sides (h2c): every frame decoded and re-encoded, one
+    /// stream per call; what the best L7 proxy costs.
+    H2,
+}
+
+impl HaproxyMode {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Tcp => "HAProxy TCP",
+            Self::H2 => "HAProxy h2",
+        }
+    }
+}
+
+/// The HAProxy binary: on PATH, or in /usr/sbin (Debian's place, off a user's PATH).
+pub fn haproxy_program() -> Option<PathBuf> {
+    ["haproxy", "/usr/sbin/haproxy"]
+        .into_iter()
+        .map(PathBuf::from)
+        .find(|p| Command::new(p).arg("-v").output().is_ok_and(|o| o.status.success()))
+}
+
+/// The configuration of one HAProxy in front of `upstream_port`. One thread (`nbthread 1`), as
+/// the multiplexer's default `--worker-threads 1` and the floor proxy: the same CPU to work with.
+/// No `log` lines, so nothing is logged; timeouts far beyond any run, so no idle connection is
+/// closed mid-scenario.
+pub fn haproxy_config(mode: HaproxyMode, listen: u16, upstream_port: u16) -> String {
+    let (mode, proto) = match mode {
+        HaproxyMode::Tcp => ("tcp", ""),
+        HaproxyMode::H2 => ("http", " proto h2"),
+    };
+    let mut lines = vec![
+        "global".to_owned(),
+        "    nbthread 1".into(),
+        "    maxconn 4096".into(),
+        "defaults".into(),
+        format!("    mode {mode}"),
+        "    timeout connect 5s".into(),
+        "    timeout client 1h".into(),
+        "    timeout server 1h".into(),
+        "    timeout http-keep-alive 1h".into(),
+        "    timeout tunnel 1h".into(),
+        "frontend fe".into(),
+        format!("    bind 127.0.0.1:{listen}{proto}"),
+        "    default_backend be".into(),
+        "backend be".into(),
+    ];
+    if mode == "http" {
+        // One pooled upstream connection shared by every call, as the floor proxy's channel.
+        lines.push("    http-reuse always".into());
+    }
+    lines.push(format!("    server upstream 127.0.0.1:{upstream_port}{proto}"));
+    lines.join("\n") + "\n"
+}
+
+/// HAProxy in `mode` in front of `upstream`, in the foreground (`-db`: no daemon and no
+/// master-worker, so the process started is the one that forwards and its `/proc` CPU is all of
+/// it), its configuration in a directory of its own under the temp dir.
+pub async fn start_haproxy(bins: &Bins, name: &str, upstream: &Proc, mode: HaproxyMode) -> Result<Proc> {
+    let program = haproxy_program().ok_or_else(|| Error::Process(HAPROXY_MISSING.into()))?;
+    let grpc = free_port()?;
+    // Beside its log, replaced by each run: nothing is left in the system's temp dir.
+    let dir = &bins.logs;
+    std::fs::create_dir_all(dir).map_err(|source| Error::File { what: "creating", path: dir.clone(), source })?;
+    let config = dir.join(format!("{name}.cfg"));
+    std::fs::write(&config, haproxy_config(mode, grpc, upstream.grpc)).map_err(|source| Error::File {
+        what: "writing",
+        path: config.clone(),
+        source,
+    })?;
+    let args = vec!["-db".to_owned(), "-f".to_owned(), config.display().to_string()];
+    let launch = Launch { name, program, args, env: vec![] };
+    let mut proc = Proc::spawn(bins, launch, grpc, 0)?;
+    let ready = || async move { tokio::net::TcpStream::connect(loopback(grpc)).await.is_ok() };
+    proc.guard.wait_ready(Duration::from_secs(10), ready).await?;
+    Ok(proc)
+}
+
 /// The multiplexer in Kubernetes mode: pool and limits from the EmbeddingPool in `namespace`.
 pub async fn start_sidecar(
     bins: &Bins,
@@ -414,5 +507,16 @@ mod tests {
         let json = serde_json::to_value(limits).unwrap();
         assert_eq!(json["queue_timeout"], 500.0);
         assert_eq!(serde_json::from_value::<MuxLimits>(json).unwrap(), limits);
+    }
+
+    #[test]
+    fn haproxy_configs_forward_tcp_or_h2c_on_one_thread() {
+        let tcp = haproxy_config(HaproxyMode::Tcp, 1000, 2000);
+        assert!(tcp.contains("mode tcp") && tcp.contains("nbthread 1"), "{tcp}");
+        assert!(tcp.contains("bind 127.0.0.1:1000\n") && tcp.contains("server upstream 127.0.0.1:2000\n"), "{tcp}");
+        assert!(!tcp.contains("log"), "{tcp}");
+        let h2 = haproxy_config(HaproxyMode::H2, 1000, 2000);
+        assert!(h2.contains("mode http") && h2.contains("http-reuse always"), "{h2}");
+        assert!(h2.contains("bind 127.0.0.1:1000 proto h2") && h2.contains("127.0.0.1:2000 proto h2"), "{h2}");
     }
 }

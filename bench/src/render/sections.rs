@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 
 use teifleet_load::render::codes;
 
-use crate::procs::{Device, MuxLimits, SimModel};
+use crate::procs::{Device, HaproxyMode, MuxLimits, SimModel};
 use crate::results::{Outcome, Section};
 use crate::scenarios::burst::{self, Burst};
 use crate::scenarios::coalescing::{self, CoalesceRun, Coalescing};
@@ -97,14 +97,15 @@ fn overhead(r: &Overhead) -> String {
     );
     let _ = writeln!(
         out,
-        "| case | calls/round | direct p50 | mux p50 | added | floor added | mux ÷ floor | direct p99 | mux p99 | \
-         device p50 |"
+        "| case | calls/round | direct p50 | mux p50 | added | floor added | mux ÷ floor | HAProxy TCP added | \
+         HAProxy h2 added | mux ÷ HAProxy h2 | direct p99 | mux p99 | device p50 |"
     );
-    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ =
+        writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for c in &r.cases {
         let _ = writeln!(
             out,
-            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} ms | {} ms | {} |",
+            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | {} | {} | {} ms | {} ms | {} |",
             c.case.label(),
             c.calls_per_round,
             ms(CaseResult::p50_ms(&c.direct)),
@@ -112,6 +113,9 @@ fn overhead(r: &Overhead) -> String {
             us(c.added_us()),
             c.floor_added_us().map_or("—".into(), us),
             c.vs_floor().map_or("—".into(), |v| format!("{}×", number(v))),
+            c.haproxy_added_us(HaproxyMode::Tcp).map_or("—".into(), us),
+            c.haproxy_added_us(HaproxyMode::H2).map_or("—".into(), us),
+            c.vs_haproxy_h2().map_or("—".into(), |v| format!("{}×", number(v))),
             ms(CaseResult::p99_ms(&c.direct)),
             ms(CaseResult::p99_ms(&c.mux)),
             c.device_ms().map_or("—".into(), |d| format!("{} ms", ms(d)))
@@ -136,6 +140,32 @@ fn overhead(r: &Overhead) -> String {
             })
             .collect();
         let _ = writeln!(out, "\n**The floor this machine allows** for one gRPC hop: {}.", parts.join("; "));
+    }
+    let haproxy_ran = r.cases.iter().any(|c| !c.haproxy_h2.is_empty());
+    if haproxy_ran && !targeted.is_empty() {
+        let parts: Vec<String> = targeted
+            .iter()
+            .map(|c| {
+                format!(
+                    "{}: HAProxy TCP adds {}, HAProxy h2 {}, the multiplexer {} ({}× HAProxy h2)",
+                    c.case.target_name(),
+                    c.haproxy_added_us(HaproxyMode::Tcp).map_or("n/a".into(), us),
+                    c.haproxy_added_us(HaproxyMode::H2).map_or("n/a".into(), us),
+                    us(c.added_us()),
+                    c.vs_haproxy_h2().map_or("n/a".into(), number)
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "\n**HAProxy on the same machine** (one thread, as the multiplexer): in `mode tcp` it splices bytes \
+             between two connections without parsing HTTP/2, the physical floor of one extra hop; as an h2c proxy \
+             (`proto h2` on both sides, one pooled upstream connection) it decodes and re-encodes every frame, \
+             what the best L7 proxy costs here. {}.",
+            parts.join("; ")
+        );
+    } else if let Some(why) = &r.haproxy_missing {
+        let _ = writeln!(out, "\nNo HAProxy columns: {why}.");
     }
     let _ = writeln!(
         out,
@@ -321,6 +351,20 @@ fn cost(r: &Cost) -> String {
         cpu.floor_calls,
         cpu.floor_us_per_call()
     );
+    match (&cpu.haproxy_h2, &cpu.haproxy_missing) {
+        (Some(h), _) => {
+            let _ = writeln!(
+                out,
+                "| HAProxy h2c, one thread (proxied, same load) | {:.3} | {} | {:.1} |",
+                h.cpu_s,
+                h.calls,
+                h.us_per_call()
+            );
+        }
+        (None, why) => {
+            let _ = writeln!(out, "| HAProxy h2c | — | — | not run: {} |", why.as_deref().unwrap_or("unknown"));
+        }
+    }
     let _ = writeln!(
         out,
         "\nRatio multiplexer ÷ simulator: **{}×**; multiplexer ÷ floor proxy: **{}×** (the floor is what one \
@@ -328,6 +372,14 @@ fn cost(r: &Cost) -> String {
         number(cpu.ratio()),
         number(cpu.mux_over_floor())
     );
+    if let Some(h2) = cpu.mux_over_haproxy_h2() {
+        let _ = writeln!(
+            out,
+            "Multiplexer ÷ HAProxy h2c: **{}×** (HAProxy decodes and re-encodes every HTTP/2 frame on one thread: \
+             what the best L7 proxy spends per call on this machine).",
+            number(h2)
+        );
+    }
     let _ = write!(out, "\n**Instructions.**");
     match (&r.instructions, &r.instructions_missing) {
         (Some(i), _) => {

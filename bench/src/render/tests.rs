@@ -22,6 +22,8 @@ fn overhead() -> Section {
         direct: side(direct),
         mux: side(mux),
         floor: side(floor),
+        haproxy_tcp: side(&direct.iter().map(|d| d + 0.010).collect::<Vec<_>>()),
+        haproxy_h2: side(&direct.iter().map(|d| d + 0.020).collect::<Vec<_>>()),
     };
     Section::measured(
         Scenario::Overhead,
@@ -34,6 +36,7 @@ fn overhead() -> Section {
                 case(Case::Single { tokens: 20 }, &[1.0, 1.0], &[1.25, 1.25], &[1.05, 1.05]),
                 case(Case::Single { tokens: 500 }, &[1.5, 1.5], &[1.6, 1.6], &[1.52, 1.52]),
             ],
+            haproxy_missing: None,
         })),
     )
 }
@@ -86,6 +89,11 @@ fn the_overhead_section_shows_the_floor_and_the_ratio() {
     assert!(text.contains("| Info (no device time) | 100 | 0.100 ms | 0.150 ms | +50 µs | +25 µs | 2.00× |"), "{text}");
     assert!(text.contains("**The floor this machine allows**"), "{text}");
     assert!(text.contains("Info: the floor adds +25 µs, the multiplexer +50 µs (2.00× the floor)"), "{text}");
+    assert!(text.contains("| +25 µs | 2.00× | +10 µs | +20 µs | 2.50× |"), "{text}");
+    assert!(
+        text.contains("Info: HAProxy TCP adds +10 µs, HAProxy h2 +20 µs, the multiplexer +50 µs (2.50× HAProxy h2)"),
+        "{text}"
+    );
     assert!(text.contains("![x-overhead.svg](x-overhead.svg)"));
     // Embed 20 tokens adds 250 µs: a FAIL with its fix.
     assert!(text.contains("| 1 overhead | added p50, Embed 20 tokens | 250 µs | ≤ 60.0 µs | **FAIL** |"), "{text}");

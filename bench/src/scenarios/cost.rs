@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use super::{Context, Scenario, fast_model, measure, warm_up};
 use crate::procfs::CpuMeter;
-use crate::procs::{self, MuxLimits, Proc, SimModel};
+use crate::procs::{self, HaproxyMode, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
 use crate::{Error, Result, admin, callgrind, procfs};
 
@@ -52,6 +52,26 @@ pub struct CpuRun {
     /// hop costs on this machine at the least.
     pub floor_calls: u64,
     pub floor_cpu_s: f64,
+    /// The same load through HAProxy as an h2c proxy (one thread): what the best L7 proxy spends;
+    /// absent when HAProxy did not run.
+    #[serde(default)]
+    pub haproxy_h2: Option<ProxyCpu>,
+    /// Why there is no HAProxy figure.
+    #[serde(default)]
+    pub haproxy_missing: Option<String>,
+}
+
+/// One proxy's answered calls and CPU seconds over a run.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ProxyCpu {
+    pub calls: u64,
+    pub cpu_s: f64,
+}
+
+impl ProxyCpu {
+    pub fn us_per_call(&self) -> f64 {
+        ratio(self.cpu_s * 1e6, self.calls as f64)
+    }
 }
 
 impl CpuRun {
@@ -62,6 +82,15 @@ impl CpuRun {
     /// The multiplexer's CPU per call over the floor proxy's.
     pub fn mux_over_floor(&self) -> f64 {
         ratio(self.mux_us_per_call(), self.floor_us_per_call())
+    }
+
+    pub fn haproxy_h2_us_per_call(&self) -> Option<f64> {
+        self.haproxy_h2.map(|h| h.us_per_call())
+    }
+
+    /// The multiplexer's CPU per call over HAProxy h2's.
+    pub fn mux_over_haproxy_h2(&self) -> Option<f64> {
+        self.haproxy_h2_us_per_call().map(|h| ratio(self.mux_us_per_call(), h))
     }
 
     pub fn mux_us_per_call(&self) -> f64 {
@@ -133,6 +162,10 @@ impl Cost {
             self.instructions.as_ref().map(Instructions::per_call),
             "",
         );
+        let haproxy = |target: Target| match (&cpu.haproxy_missing, target.measured) {
+            (Some(why), None) => target.skip_because(why.clone()),
+            _ => target,
+        };
         let instructions = match &self.instructions_missing {
             Some(why) => Target { note: format!("not measured: {why}"), ..instructions },
             None => instructions,
@@ -162,6 +195,8 @@ impl Cost {
             Target::info(&scenario, "simulator CPU per served call", Some(cpu.sim_us_per_call()), "µs"),
             Target::info(&scenario, "floor (bare tonic proxy) CPU per call", Some(cpu.floor_us_per_call()), "µs"),
             Target::info(&scenario, "multiplexer ÷ floor, CPU per call", Some(cpu.mux_over_floor()), "×"),
+            haproxy(Target::info(&scenario, "HAProxy h2 CPU per call", cpu.haproxy_h2_us_per_call(), "µs")),
+            haproxy(Target::info(&scenario, "multiplexer ÷ HAProxy h2, CPU per call", cpu.mux_over_haproxy_h2(), "×")),
             instructions,
             Target::at_most(&scenario, "RSS per queued request", self.memory.per_queued(), RSS_LIMIT_BYTES, "bytes")
                 .note_if_not_passed(
@@ -223,6 +258,10 @@ async fn cpu_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<C
     let stats = admin::sim_stats(sim.admin_addr()).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
     drop(mux);
     let (floor_calls, floor_cpu_s) = floor_cpu(ctx, sim, rate, duration).await?;
+    let (haproxy_h2, haproxy_missing) = match haproxy_h2_cpu(ctx, sim, rate, duration).await {
+        Ok(cpu) => (Some(cpu), None),
+        Err(why) => (None, Some(why)),
+    };
     if report.ok == 0 {
         return Err(Error::Process("no request succeeded through the multiplexer".into()));
     }
@@ -235,7 +274,30 @@ async fn cpu_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<C
         sim_cpu_s: spent[1],
         floor_calls,
         floor_cpu_s,
+        haproxy_h2,
+        haproxy_missing,
     })
+}
+
+/// HAProxy h2's CPU over the same load, or why it did not run (not installed, did not start):
+/// never an error of the scenario.
+async fn haproxy_h2_cpu(ctx: &Context, sim: &Proc, rate: f64, duration: Duration) -> Result<ProxyCpu, String> {
+    if !ctx.features.haproxy {
+        return Err(procs::HAPROXY_MISSING.into());
+    }
+    let run = async {
+        let proxy = procs::start_haproxy(&ctx.bins, "cost-haproxy-h2", sim, HaproxyMode::H2).await?;
+        warm_up(&proxy.url(), 4).await?;
+        let meter = CpuMeter::start(&[proxy.pid()])?;
+        let report = measure(LoadConfig { connections: 4, ..LoadConfig::open(proxy.url(), rate, duration) }).await?;
+        let spent = meter.stop()?;
+        Ok::<_, Error>(ProxyCpu { calls: report.ok, cpu_s: spent[0] })
+    };
+    match run.await {
+        Ok(cpu) if cpu.calls > 0 => Ok(cpu),
+        Ok(_) => Err("no request succeeded through HAProxy h2".into()),
+        Err(e) => Err(format!("HAProxy h2: {e}")),
+    }
 }
 
 /// The floor proxy's CPU over the same load: its answered calls and CPU seconds.
@@ -363,6 +425,8 @@ mod tests {
                 sim_cpu_s: 1.2,
                 floor_calls: 10_000,
                 floor_cpu_s: 1.25,
+                haproxy_h2: Some(ProxyCpu { calls: 10_000, cpu_s: 0.5 }),
+                haproxy_missing: None,
             },
             instructions_missing: instructions.is_none().then(|| "valgrind is not installed".into()),
             instructions,
@@ -389,6 +453,8 @@ mod tests {
         assert!(cpu.note.contains("150 µs") && cpu.note.contains("120 µs"), "{}", cpu.note);
         assert_eq!(find("instructions").verdict, Verdict::Info);
         assert_eq!(find("instructions").measured, Some(200_000.0));
+        assert_eq!(find("HAProxy h2 CPU per call").measured, Some(50.0));
+        assert_eq!(find("multiplexer ÷ HAProxy h2").measured, Some(3.0));
         let rss = find("RSS");
         assert_eq!((rss.measured, rss.verdict), (Some(3000.0), Verdict::Pass));
     }
@@ -399,5 +465,15 @@ mod tests {
         let instructions = targets.iter().find(|t| t.name.starts_with("instructions")).unwrap();
         assert_eq!(instructions.measured, None);
         assert!(instructions.note.contains("valgrind"));
+    }
+
+    #[test]
+    fn without_haproxy_its_cpu_rows_skip_with_the_reason() {
+        let mut c = cost(None);
+        (c.cpu.haproxy_h2, c.cpu.haproxy_missing) = (None, Some("haproxy is not installed".into()));
+        let targets = c.targets();
+        let row = targets.iter().find(|t| t.name == "HAProxy h2 CPU per call").unwrap();
+        assert_eq!(row.verdict, crate::targets::Verdict::Skip);
+        assert!(row.note.contains("not installed"), "{}", row.note);
     }
 }

@@ -1,6 +1,8 @@
 //! Scenario 1, overhead (the tei-manager benchmarks' table, plus a floor): the same closed-loop
 //! calls direct to the backend, through the multiplexer, and through a bare tonic bytes-proxy
-//! (the floor this machine allows for one hop), in interleaved rounds. Info (no device time)
+//! (the floor this machine allows for one tonic hop), and through HAProxy in TCP mode (the
+//! physical floor of one extra hop) and as an h2c proxy (the best L7 proxy here), in interleaved
+//! rounds. Info (no device time)
 //! and single Embeds at 2/20/100/500 tokens on a ~1 ms device, and 5/10/20 concurrent Embeds.
 //! Targets: added p50 ≤ 60 µs on Info and on the ~1 ms Embed.
 
@@ -12,7 +14,7 @@ use super::{
     words,
 };
 use crate::Result;
-use crate::procs::{self, Device, MuxLimits, SimModel};
+use crate::procs::{self, Device, HaproxyMode, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
 
 /// Most a hop may add to a call's p50.
@@ -95,6 +97,12 @@ pub struct CaseResult {
     pub mux: Vec<Sample>,
     /// Empty when the floor proxy was not built.
     pub floor: Vec<Sample>,
+    /// Through HAProxy in `mode tcp`; empty when HAProxy did not run.
+    #[serde(default)]
+    pub haproxy_tcp: Vec<Sample>,
+    /// Through HAProxy as an h2c proxy; empty when HAProxy did not run.
+    #[serde(default)]
+    pub haproxy_h2: Vec<Sample>,
 }
 
 impl CaseResult {
@@ -111,6 +119,20 @@ impl CaseResult {
     /// The multiplexer's added latency over the floor's.
     pub fn vs_floor(&self) -> Option<f64> {
         self.floor_added_us().map(|floor| ratio(self.added_us(), floor))
+    }
+
+    /// What HAProxy in `mode` adds to the p50, µs.
+    pub fn haproxy_added_us(&self, mode: HaproxyMode) -> Option<f64> {
+        let side = match mode {
+            HaproxyMode::Tcp => &self.haproxy_tcp,
+            HaproxyMode::H2 => &self.haproxy_h2,
+        };
+        (!side.is_empty()).then(|| added_p50_us(&self.direct, side))
+    }
+
+    /// The multiplexer's added latency over HAProxy h2's.
+    pub fn vs_haproxy_h2(&self) -> Option<f64> {
+        self.haproxy_added_us(HaproxyMode::H2).map(|h2| ratio(self.added_us(), h2))
     }
 
     pub fn p50_ms(side: &[Sample]) -> f64 {
@@ -133,6 +155,9 @@ pub struct Overhead {
     pub limits: MuxLimits,
     pub rounds: usize,
     pub cases: Vec<CaseResult>,
+    /// Why there are no HAProxy sides (not installed, or it did not start).
+    #[serde(default)]
+    pub haproxy_missing: Option<String>,
 }
 
 impl Overhead {
@@ -154,6 +179,18 @@ impl Overhead {
             targets.push(target.note_if_not_passed(fix_note(added, floor)));
             targets.push(Target::info(&scenario, &format!("floor (bare tonic proxy): added p50, {name}"), floor, "µs"));
             targets.push(Target::info(&scenario, &format!("multiplexer ÷ floor, {name}"), c.vs_floor(), "×"));
+            let haproxy = |name: String, measured: Option<f64>, unit: &str| {
+                let target = Target::info(&scenario, &name, measured, unit);
+                match (&self.haproxy_missing, measured) {
+                    (Some(why), None) => target.skip_because(why.clone()),
+                    _ => target,
+                }
+            };
+            for mode in [HaproxyMode::Tcp, HaproxyMode::H2] {
+                let label = mode.label();
+                targets.push(haproxy(format!("{label}: added p50, {name}"), c.haproxy_added_us(mode), "µs"));
+            }
+            targets.push(haproxy(format!("multiplexer ÷ HAProxy h2, {name}"), c.vs_haproxy_h2(), "×"));
         }
         targets
     }
@@ -192,11 +229,14 @@ pub async fn run(ctx: &Context) -> Result<Overhead> {
         true => Some(procs::start_floor(&ctx.bins, "overhead-floor", &sim).await?),
         false => None,
     };
+    let (haproxy, haproxy_missing) = start_haproxies(ctx, &sim).await;
     let mut targets = vec![sim.url(), mux.url()];
     targets.extend(floor.as_ref().map(procs::Proc::url));
+    targets.extend(haproxy.iter().map(procs::Proc::url));
     for target in &targets {
         warm_up(target, 1).await?;
     }
+    let floor_ran = floor.is_some();
     let rounds = ctx.pick(3, 5);
     let mut cases = Vec::new();
     for case in CASES {
@@ -204,16 +244,40 @@ pub async fn run(ctx: &Context) -> Result<Overhead> {
         let calls = case.calls(ctx.quick);
         let mut sides = interleaved(&targets, rounds, |t| case.config(t, calls)).await?.into_iter();
         let (direct, mux) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
-        let floor = sides.next().unwrap_or_default();
+        // The sides in `targets`' order: the floor's only when it runs, then HAProxy's.
+        let floor = if floor_ran { sides.next().unwrap_or_default() } else { Vec::new() };
+        let (haproxy_tcp, haproxy_h2) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
         cases.push(CaseResult {
             case,
             calls_per_round: calls,
             direct: samples(&direct),
             mux: samples(&mux),
             floor: samples(&floor),
+            haproxy_tcp: samples(&haproxy_tcp),
+            haproxy_h2: samples(&haproxy_h2),
         });
     }
-    Ok(Overhead { backend, limits, rounds, cases })
+    Ok(Overhead { backend, limits, rounds, cases, haproxy_missing })
+}
+
+/// HAProxy in TCP and h2 modes in front of `sim`, or none and why: a machine without HAProxy
+/// reports its rows as SKIP instead of failing the scenario.
+async fn start_haproxies(ctx: &Context, sim: &procs::Proc) -> (Vec<procs::Proc>, Option<String>) {
+    if !ctx.features.haproxy {
+        return (Vec::new(), Some(procs::HAPROXY_MISSING.into()));
+    }
+    let mut started = Vec::new();
+    for (name, mode) in [("overhead-haproxy-tcp", HaproxyMode::Tcp), ("overhead-haproxy-h2", HaproxyMode::H2)] {
+        let proc = match procs::start_haproxy(&ctx.bins, name, sim, mode).await {
+            Ok(proc) => proc,
+            Err(e) => return (Vec::new(), Some(format!("{} did not start: {e}", mode.label()))),
+        };
+        if let Err(e) = warm_up(&proc.url(), 1).await {
+            return (Vec::new(), Some(format!("{} did not forward a call: {e}", mode.label())));
+        }
+        started.push(proc);
+    }
+    (started, None)
 }
 
 #[cfg(test)]
@@ -239,6 +303,8 @@ mod tests {
                     direct: side(&[0.100, 0.110]),
                     mux: side(&[0.140, 0.150]),
                     floor: side(&[0.120, 0.130]),
+                    haproxy_tcp: side(&[0.105, 0.115]),
+                    haproxy_h2: side(&[0.110, 0.120]),
                 },
                 CaseResult {
                     case: Case::Single { tokens: TARGET_TOKENS },
@@ -246,6 +312,8 @@ mod tests {
                     direct: side(&[1.10, 1.12]),
                     mux: side(&[1.20, 1.22]),
                     floor: vec![],
+                    haproxy_tcp: vec![],
+                    haproxy_h2: vec![],
                 },
                 CaseResult {
                     case: Case::Concurrent { clients: 5 },
@@ -253,8 +321,11 @@ mod tests {
                     direct: side(&[2.0, 2.0]),
                     mux: side(&[3.0, 3.0]),
                     floor: vec![],
+                    haproxy_tcp: vec![],
+                    haproxy_h2: vec![],
                 },
             ],
+            haproxy_missing: None,
         }
     }
 
@@ -272,6 +343,11 @@ mod tests {
         let embed = by_name("added p50, Embed 20 tokens");
         assert_eq!(embed.verdict, Verdict::Fail);
         assert!(embed.note.contains("floor proxy was not built"), "{}", embed.note);
+        let tcp = by_name("HAProxy TCP: added p50, Info");
+        assert_eq!(tcp.verdict, Verdict::Info);
+        assert!((tcp.measured.unwrap() - 5.0).abs() < 1e-6);
+        assert!((by_name("HAProxy h2: added p50, Info").measured.unwrap() - 10.0).abs() < 1e-6);
+        assert!((by_name("multiplexer ÷ HAProxy h2, Info").measured.unwrap() - 4.0).abs() < 1e-6);
         // Concurrent rows are reported, not judged.
         assert!(!targets.iter().any(|t| t.name.contains("concurrent")));
     }
@@ -282,5 +358,23 @@ mod tests {
         let verdict = |n: &str| targets.iter().find(|t| t.name == n).map(|t| t.verdict);
         assert_eq!(verdict("added p50, Info"), Some(Verdict::Pass));
         assert_eq!(verdict("added p50, Embed 20 tokens"), Some(Verdict::Skip));
+    }
+
+    #[test]
+    fn without_haproxy_its_rows_skip_with_the_reason() {
+        let mut r = result(SimModel { device: Device::Spin, ..fast_model() });
+        for c in &mut r.cases {
+            (c.haproxy_tcp, c.haproxy_h2) = (vec![], vec![]);
+        }
+        r.haproxy_missing = Some("haproxy is not installed".into());
+        let targets = r.targets();
+        let h2 = targets.iter().find(|t| t.name == "HAProxy h2: added p50, Info").unwrap();
+        assert_eq!((h2.measured, h2.verdict), (None, Verdict::Skip));
+        assert!(h2.note.contains("not installed"), "{}", h2.note);
+        let ratio = targets.iter().find(|t| t.name == "multiplexer ÷ HAProxy h2, Embed 20 tokens").unwrap();
+        assert_eq!(ratio.verdict, Verdict::Skip);
+        // The multiplexer's own targets are unchanged.
+        let info = targets.iter().find(|t| t.name == "added p50, Info").unwrap();
+        assert_eq!(info.verdict, Verdict::Pass);
     }
 }
