@@ -63,8 +63,9 @@ pub async fn admit(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Grant>
         _ => return acquire(pool, meta, cost).await.map(Grant::Local),
     };
     // The queue here drains through the siblings too: its expected waits and hints count them.
-    pool.admission.set_spill_slots(siblings.slots());
-    if siblings.count() == 0 {
+    let slots = siblings.slots();
+    pool.admission.set_spill_slots(slots);
+    if slots == 0 {
         return acquire(pool, meta, cost).await.map(Grant::Local);
     }
     if let Some(permit) = pool.admission.try_acquire(cost) {

@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures::{FutureExt as _, Stream};
 use http::uri::PathAndQuery;
 use teifleet_proto::BytesCodec;
-use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT, SPILL_REFUSED as SPILL_REFUSED_HEADER, SPILLED_FROM};
+use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT, SPILLED_FROM};
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -252,36 +252,21 @@ impl Forwarder {
         outgoing.metadata_mut().insert(SPILLED_FROM, marker);
         let sent = Instant::now();
         let upstream = self.unary_on(pool, lease.upstream().channel(), rpc, outgoing);
-        let (failed, ended) = match within_deadline(pool, meta, sent, upstream).await {
+        let ended = match within_deadline(pool, meta, sent, upstream).await {
             Ok(response) => {
-                self.metrics.spilled(&pool.spec.name, SPILL_SERVED);
+                self.metrics.spilled(&pool.spec.name, Ended::Answered.label());
                 let timing = timing(rpc, response.get_ref());
                 return Ok((response, timing));
             }
-            Err(Error::Upstream { status, .. }) if status.metadata().contains_key(SPILL_REFUSED_HEADER) => {
-                (SPILL_REFUSED, Ended::Busy)
-            }
-            Err(Error::Upstream { status, .. }) if crate::status::is_spill_refusal(&status) => {
-                (SPILL_REFUSED, Ended::Gone)
-            }
-            Err(Error::Upstream { status, .. }) if crate::error::is_transport_failure(&status) => {
-                (SPILL_UNREACHABLE, Ended::Gone)
-            }
-            Err(Error::Unreachable { .. }) => (SPILL_UNREACHABLE, Ended::Gone),
-            Err(error) => return Err(error),
+            Err(error) => crate::status::spill_ended(&error).ok_or(error)?,
         };
         lease.refused(ended);
-        self.metrics.spilled(&pool.spec.name, failed);
-        tracing::debug!(pool = %pool.spec.name, sibling = lease.url(), why = failed, "spill refused: served here");
+        self.metrics.spilled(&pool.spec.name, ended.label());
+        tracing::debug!(pool = %pool.spec.name, sibling = lease.url(), why = ended.label(), "spill not served there: served here");
         let permit = charge::acquire(pool, meta, cost_of(pool, rpc, request.get_ref())).await?;
         self.exchange_here(pool, rpc, meta, request, Some(&permit)).await
     }
 }
-
-/// How a spilled call ended, the `result` label of `teifleet_spills_total`.
-const SPILL_SERVED: &str = "served";
-const SPILL_REFUSED: &str = "refused";
-const SPILL_UNREACHABLE: &str = "unreachable";
 
 /// Runs `upstream` within the caller's deadline: a deadline that passes while TEI works on the
 /// call is DEADLINE_EXCEEDED, counted as a deadline, not as TEI's error or a cancellation.

@@ -88,6 +88,17 @@ pub enum Ended {
     Gone,
 }
 
+impl Ended {
+    /// The `result` label of `teifleet_spills_total`.
+    pub const fn label(self) -> &'static str {
+        match self {
+            Self::Answered => "served",
+            Self::Busy => "refused",
+            Self::Gone => "unreachable",
+        }
+    }
+}
+
 impl Siblings {
     /// Makes the set of siblings `urls` (each one's gRPC URL). A sibling that stays keeps its
     /// window; one that goes finishes the calls it has.
@@ -108,11 +119,6 @@ impl Siblings {
         drop(state);
         self.room.notify_waiters();
         Ok(())
-    }
-
-    /// How many siblings calls may spill to now.
-    pub fn count(&self) -> usize {
-        self.lock().siblings.values().filter(|sibling| !sibling.gone).count()
     }
 
     /// Inputs the siblings take at once as far as their windows say: how much faster than this
@@ -209,10 +215,6 @@ impl Lease {
         &self.url
     }
 
-    pub fn inputs(&self) -> usize {
-        self.inputs
-    }
-
     /// A call under this lease was not served there, for this reason (the worst of several calls
     /// under one lease counts).
     pub fn refused(&self, why: Ended) {
@@ -277,7 +279,7 @@ mod tests {
         let siblings = siblings(&["http://10.0.0.2:50051"]);
         let lease = siblings.try_lease(1, SHARE).unwrap();
         siblings.sync(&[]).unwrap();
-        assert_eq!(siblings.count(), 0);
+        assert_eq!(siblings.slots(), 0);
         assert!(siblings.try_lease(1, SHARE).is_none());
         drop(lease);
         assert!(siblings.lock().siblings.is_empty(), "forgotten once its calls are back");

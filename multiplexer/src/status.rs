@@ -6,6 +6,7 @@ use tonic::Status;
 use crate::Error;
 use crate::admission::Retry;
 use crate::error::{ErrorKind, Shed, is_transport_failure};
+use crate::siblings::Ended;
 use teifleet_wire::headers::{RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER, SPILL_REFUSED as SPILL_REFUSED_HEADER};
 
 /// How a request ended, as counted in `teifleet_requests_total{outcome}`.
@@ -64,13 +65,23 @@ impl From<ErrorKind> for Outcome {
     }
 }
 
-/// Whether a sibling's answer to a spilled call says it could not serve it: no room, going away
-/// or its TEI unreachable (UNAVAILABLE), or the call cut off on its side (CANCELLED: the caller
-/// here is still waiting, so it was not the caller's doing). The sender serves the call itself,
-/// and the caller never hears of it.
-pub fn is_spill_refusal(status: &Status) -> bool {
-    status.metadata().contains_key(SPILL_REFUSED_HEADER)
-        || matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Cancelled)
+/// Whether a spilled call's failure means the sibling could not serve it, and so the sender
+/// serves it itself without the caller hearing of it: refused for room (`Busy`), or going away,
+/// its TEI unreachable (UNAVAILABLE), the call cut off on its side (CANCELLED: the caller here is
+/// still waiting, so not the caller's doing) or the sibling unreachable (`Gone`). `None`: an answer
+/// for the caller (TEI's own error, a deadline), passed on as it came.
+pub fn spill_ended(error: &Error) -> Option<Ended> {
+    match error {
+        Error::Upstream { status, .. } if status.metadata().contains_key(SPILL_REFUSED_HEADER) => Some(Ended::Busy),
+        Error::Upstream { status, .. }
+            if is_transport_failure(status)
+                || matches!(status.code(), tonic::Code::Unavailable | tonic::Code::Cancelled) =>
+        {
+            Some(Ended::Gone)
+        }
+        Error::Unreachable { .. } => Some(Ended::Gone),
+        _ => None,
+    }
 }
 
 /// The outcome an error is counted as.
