@@ -29,6 +29,33 @@ pub struct SidecarAdmission {
     /// Calls of the pool handed to a sibling replica, per second over the last minute.
     #[serde(default)]
     pub spilled_per_second: f64,
+    /// The sidecar's TLS, when the pool asks for it (`spec.tls`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<SidecarTls>,
+}
+
+/// What certificate a sidecar serves, and what went wrong with the one it was last given.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SidecarTls {
+    /// The certificate new handshakes get; none: none loaded yet, every handshake fails.
+    pub serving: Option<CertificateSummary>,
+    /// Mutual TLS: client certificates are checked against a CA bundle.
+    pub client_auth: bool,
+    /// Why the last certificate, key or CA bundle given was not put in force (the one before
+    /// stays); none when the last one given is the one served.
+    pub error: Option<String>,
+}
+
+/// A certificate, as people look one up.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateSummary {
+    /// The serial number in hex, as `openssl x509 -serial` prints it.
+    pub serial: String,
+    pub subject: String,
+    /// RFC 3339.
+    pub not_after: String,
 }
 
 /// The pool's in-flight limits in force, summed over the sidecars that answered.
@@ -98,6 +125,7 @@ mod tests {
             standing_queue: standing,
             refused_per_second: 0.0,
             spilled_per_second: 0.0,
+            tls: None,
         }
     }
 

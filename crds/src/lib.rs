@@ -14,7 +14,7 @@ pub mod labels;
 mod pool;
 
 pub use budget::{Shares, split_budget};
-pub use effective::{EffectiveLimits, PoolDemand, SidecarAdmission};
+pub use effective::{CertificateSummary, EffectiveLimits, PoolDemand, SidecarAdmission, SidecarTls};
 pub use gpu::GpuType;
 pub use pool::*;
 

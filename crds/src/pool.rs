@@ -112,6 +112,13 @@ pub struct EmbeddingPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthSpec>,
 
+    /// TLS on the pool's gRPC and HTTP ports, from a `kubernetes.io/tls` Secret (cert-manager's
+    /// kind). Unset: plain text. The sidecars follow the Secret live: new connections get a
+    /// rotated certificate, open ones keep theirs, and a broken one leaves the last good one in
+    /// force (condition `TLSReady` says why).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSpec>,
+
     /// Optional tuning passed to TEI itself.
     #[serde(default)]
     pub tei: TeiSpec,
@@ -313,6 +320,50 @@ pub struct AuthSpec {
     /// and no other.
     #[x_kube(validation = Rule::new("self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("auth.secretName must name a Secret in the pool's namespace (lowercase letters, digits, '-' and '.')"))]
     pub secret_name: String,
+}
+
+/// The pool's certificate, and who may connect.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsSpec {
+    /// A `kubernetes.io/tls` Secret in the pool's namespace: `tls.crt` (the chain, leaf first)
+    /// and `tls.key`. Its `ca.crt`, when present, is what the sidecars trust when they call each
+    /// other (spillover between replicas, routing to other pools with TLS). The certificate must
+    /// name the pool Service (`<pool>.<namespace>.svc`).
+    #[x_kube(validation = Rule::new("self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("tls.secretName must name a Secret in the pool's namespace (lowercase letters, digits, '-' and '.')"))]
+    pub secret_name: String,
+
+    /// Mutual TLS: clients must present a certificate signed by a CA in this bundle, or the
+    /// handshake fails. The certificate's identity names the call's tenant (its subject's common
+    /// name, else its first DNS name), as an API key does; with `spec.auth` too, the key decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca: Option<ClientCaSpec>,
+}
+
+/// Where the CA bundle of mutual TLS lives: exactly one of a Secret or a ConfigMap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secretName) != has(self.configMapName)").message("tls.clientCA needs exactly one of secretName or configMapName"))]
+pub struct ClientCaSpec {
+    /// A Secret in the pool's namespace holding the bundle.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("tls.clientCA.secretName must name a Secret in the pool's namespace"))]
+    pub secret_name: Option<String>,
+    /// A ConfigMap in the pool's namespace holding the bundle (trust-manager's kind).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self.size() <= 253 && self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("tls.clientCA.configMapName must name a ConfigMap in the pool's namespace"))]
+    pub config_map_name: Option<String>,
+    /// The key holding the PEM bundle.
+    #[serde(default = "default_ca_key")]
+    #[x_kube(validation = Rule::new("self.size() >= 1 && self.size() <= 253").message("tls.clientCA.key must be a data key, 1 to 253 characters"))]
+    pub key: String,
+}
+
+/// The data key of a CA bundle in cert-manager's Secrets and trust-manager's ConfigMaps.
+pub const CA_BUNDLE_KEY: &str = "ca.crt";
+
+fn default_ca_key() -> String {
+    CA_BUNDLE_KEY.to_owned()
 }
 
 /// Tuning passed to TEI.

@@ -107,6 +107,7 @@ pub fn own_admission(pools: &PoolTable, metrics: &Metrics) -> Option<SidecarAdmi
         standing_queue: snapshot.standing_queue,
         refused_per_second,
         spilled_per_second,
+        tls: None,
     })
 }
 

@@ -151,6 +151,7 @@ mod tests {
             standing_queue: false,
             refused_per_second: 0.5,
             spilled_per_second: 0.0,
+            tls: None,
         };
         let good = server(http("200 OK", &serde_json::to_string(&report).unwrap())).await;
         let unknown = server(http("503 Service Unavailable", "pool configuration not known yet")).await;
