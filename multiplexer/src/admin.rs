@@ -17,6 +17,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use teifleet_crds::SidecarAdmission;
+use teifleet_runtime::tls::ServerTls;
 use teifleet_wire::sidecar_admin::ADMISSION_PATH;
 use teifleet_wire::tei_health;
 use tokio::net::TcpListener;
@@ -91,7 +92,7 @@ fn with_causes(status: &tonic::Status) -> String {
 
 /// The own pool's admission state and last minute's refusals and spills, for the operator's
 /// status summary; `None` until the pool and its limits are known.
-pub fn own_admission(pools: &PoolTable, metrics: &Metrics) -> Option<SidecarAdmission> {
+pub fn own_admission(pools: &PoolTable, metrics: &Metrics, tls: &ServerTls) -> Option<SidecarAdmission> {
     let pool = pools.get(pools.own_name())?;
     pool.spec.limits?;
     let snapshot = pool.admission.snapshot();
@@ -107,7 +108,7 @@ pub fn own_admission(pools: &PoolTable, metrics: &Metrics) -> Option<SidecarAdmi
         standing_queue: snapshot.standing_queue,
         refused_per_second,
         spilled_per_second,
-        tls: None,
+        tls: crate::tls::report(tls),
     })
 }
 
@@ -141,12 +142,17 @@ async fn relay_tei_metrics(client: Client<HttpConnector, Empty<Bytes>>, url: htt
 
 /// `/metrics`, `/healthz`, `/readyz`, [`tei_health::PATH`], [`ADMISSION_PATH`], and, with
 /// `tei_metrics`, TEI's own metrics on [`tei_health::METRICS_PATH`].
-pub fn router(metrics: &Metrics, readiness: Arc<Readiness>, tei_metrics: Option<http::Uri>) -> Router {
+pub fn router(
+    metrics: &Metrics,
+    readiness: Arc<Readiness>,
+    tls: Arc<ServerTls>,
+    tei_metrics: Option<http::Uri>,
+) -> Router {
     let (admission_pools, admission_metrics) = (readiness.pools.clone(), metrics.clone());
     let admission = get(move || {
-        let (pools, metrics) = (admission_pools.clone(), admission_metrics.clone());
+        let (pools, metrics, tls) = (admission_pools.clone(), admission_metrics.clone(), tls.clone());
         async move {
-            match own_admission(&pools, &metrics) {
+            match own_admission(&pools, &metrics, &tls) {
                 Some(report) => crate::http::json(&report),
                 None => (StatusCode::SERVICE_UNAVAILABLE, "pool configuration not known yet\n").into_response(),
             }
@@ -228,7 +234,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        let router = router(&metrics, readiness, tei_metrics);
+        let router = router(&metrics, readiness, Arc::new(ServerTls::off()), tei_metrics);
         let serving = stop.clone();
         tokio::spawn(async move { serve(listener, router, &metrics, serving).await });
         (addr, stop)
@@ -306,13 +312,13 @@ mod tests {
             tenants: BTreeMap::new(),
         };
         pools.sync(vec![spec(None)]).unwrap();
-        assert_eq!(own_admission(&pools, &metrics), None, "no limits yet");
+        assert_eq!(own_admission(&pools, &metrics, &ServerTls::off()), None, "no limits yet");
         let adaptive = crate::admission::Limits {
             adaptive: true,
             ..crate::admission::Limits::new(64, 128, Duration::from_secs(2))
         };
         pools.sync(vec![spec(Some(adaptive))]).unwrap();
-        let report = own_admission(&pools, &metrics).unwrap();
+        let report = own_admission(&pools, &metrics, &ServerTls::off()).unwrap();
         assert_eq!((report.pool.as_str(), report.max_in_flight, report.adaptive), ("own", 64, true));
         assert_eq!(report.effective_in_flight, 16, "an adaptive limit starts at a quarter of its ceiling");
         assert_eq!((report.refused_per_second, report.spilled_per_second), (0.0, 0.0));
@@ -330,7 +336,7 @@ mod tests {
             Outcome::ShedDeadline,
         );
         metrics.spilled("own", "served");
-        let report = own_admission(&pools, &metrics).unwrap();
+        let report = own_admission(&pools, &metrics, &ServerTls::off()).unwrap();
         assert_eq!((report.refused_per_second, report.spilled_per_second), (2.0 / 60.0, 1.0 / 60.0));
     }
     #[tokio::test]

@@ -19,6 +19,7 @@ use http::header::AUTHORIZATION;
 use http::{HeaderMap, HeaderValue};
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use subtle::{ConditionallySelectable as _, ConstantTimeEq as _};
+use teifleet_runtime::tls::ClientIdentity;
 
 use crate::SetupError;
 use crate::call::Protocol;
@@ -230,10 +231,22 @@ impl Gate {
     }
 
     /// Lets a call through or says why not. A call let through with a key is stamped with the
-    /// key's tenant, over any tenant it named itself.
-    pub fn admit(&self, headers: &mut HeaderMap, protocol: Protocol) -> Result<(), AuthFailure> {
+    /// key's tenant, over any tenant it named itself; without keys, a call on a connection whose
+    /// client certificate was checked (mutual TLS) is stamped with the certificate's name.
+    pub fn admit(
+        &self,
+        headers: &mut HeaderMap,
+        certified: Option<&ClientIdentity>,
+        protocol: Protocol,
+    ) -> Result<(), AuthFailure> {
         let verdict = match &*self.read() {
-            Policy::Off => return Ok(()),
+            Policy::Off => {
+                // A sibling passing a call on carries the tenant its own gate named.
+                if let Some(client) = certified.filter(|client| !client.sibling) {
+                    name_certified_tenant(headers, client);
+                }
+                return Ok(());
+            }
             Policy::Waiting => Err(AuthFailure::KeysNotLoaded),
             Policy::Keys(ring) => {
                 presented_key(headers).and_then(|key| ring.tenant_of(key).cloned().ok_or(AuthFailure::InvalidKey))
@@ -250,6 +263,26 @@ impl Gate {
             }
         }
     }
+}
+
+/// The tenant a client certificate names. A name that cannot be a tenant leaves the call to the
+/// default tenant, never to the one it named itself: the certificate is who the caller is.
+fn name_certified_tenant(headers: &mut HeaderMap, client: &ClientIdentity) {
+    match HeaderValue::from_str(&client.name) {
+        Ok(tenant) if !client.name.is_empty() && client.name.len() <= request_meta::MAX_TENANT_LEN => {
+            request_meta::name_tenant(headers, tenant)
+        }
+        _ => {
+            tracing::debug!(name = %client.name, "a client certificate's name is no tenant name: the default tenant");
+            headers.remove(teifleet_wire::headers::TENANT);
+        }
+    }
+}
+
+/// Who a connection's client certificate names (mutual TLS), from a request's extensions, where
+/// both fronts' servers put it.
+pub fn certified(extensions: &http::Extensions) -> Option<&ClientIdentity> {
+    extensions.get::<Option<ClientIdentity>>().and_then(Option::as_ref)
 }
 
 /// The key of `authorization: Bearer <key>` (the scheme in any case, as RFC 9110 has it).
@@ -301,10 +334,10 @@ mod tests {
     fn a_key_names_its_tenant_over_the_callers_own() {
         let (gate, _) = gate(&[("search", SEARCH_KEY), ("batch", BATCH_KEY)]);
         let mut call = headers(&[("authorization", &format!("Bearer {SEARCH_KEY}")), (TENANT, "batch")]);
-        assert_eq!(gate.admit(&mut call, Protocol::Grpc), Ok(()));
+        assert_eq!(gate.admit(&mut call, None, Protocol::Grpc), Ok(()));
         assert_eq!(call[TENANT], "search");
         let mut call = headers(&[("authorization", &format!("bearer  {BATCH_KEY} "))]);
-        assert_eq!(gate.admit(&mut call, Protocol::Http), Ok(()));
+        assert_eq!(gate.admit(&mut call, None, Protocol::Http), Ok(()));
         assert_eq!(call[TENANT], "batch", "the scheme in any case, spaces around the key");
     }
 
@@ -323,7 +356,7 @@ mod tests {
         ];
         for (pairs, failure) in cases {
             let mut call = headers(&pairs);
-            assert_eq!(gate.admit(&mut call, Protocol::Grpc), Err(failure), "{pairs:?}");
+            assert_eq!(gate.admit(&mut call, None, Protocol::Grpc), Err(failure), "{pairs:?}");
             assert!(call.get(TENANT).is_none());
         }
         let text = teifleet_runtime::metrics::render(&registry).unwrap();
@@ -339,13 +372,13 @@ mod tests {
     fn without_keys_the_callers_tenant_stands_and_while_waiting_nobody_passes() {
         let gate = Gate::off();
         let mut call = headers(&[(TENANT, "batch")]);
-        assert_eq!(gate.admit(&mut call, Protocol::Grpc), Ok(()));
+        assert_eq!(gate.admit(&mut call, None, Protocol::Grpc), Ok(()));
         assert_eq!(call[TENANT], "batch");
         gate.set(Policy::Waiting);
         let mut call = headers(&[("authorization", &format!("Bearer {SEARCH_KEY}"))]);
-        assert_eq!(gate.admit(&mut call, Protocol::Grpc), Err(AuthFailure::KeysNotLoaded));
+        assert_eq!(gate.admit(&mut call, None, Protocol::Grpc), Err(AuthFailure::KeysNotLoaded));
         gate.set(Policy::Keys(ring(&[("search", SEARCH_KEY)]).0));
-        assert_eq!(gate.admit(&mut call, Protocol::Grpc), Ok(()));
+        assert_eq!(gate.admit(&mut call, None, Protocol::Grpc), Ok(()));
     }
 
     #[test]
@@ -353,7 +386,7 @@ mod tests {
         let (gate, _) = gate(&[("search", &format!("{SEARCH_KEY}\nsearch-key-new-0123456789\n"))]);
         for key in [SEARCH_KEY, "search-key-new-0123456789"] {
             let mut call = headers(&[("authorization", &format!("Bearer {key}"))]);
-            assert_eq!(gate.admit(&mut call, Protocol::Http), Ok(()));
+            assert_eq!(gate.admit(&mut call, None, Protocol::Http), Ok(()));
             assert_eq!(call[TENANT], "search");
         }
     }
@@ -376,6 +409,28 @@ mod tests {
         assert!(!format!("{ring:?}").contains(SEARCH_KEY));
         let mut call = headers(&[("authorization", "Bearer shared-key-0123456789")]);
         let (gate, _) = gate(&[("twice-a", "shared-key-0123456789"), ("twice-b", "shared-key-0123456789")]);
-        assert_eq!(gate.admit(&mut call, Protocol::Grpc), Err(AuthFailure::InvalidKey), "ambiguous: refused");
+        assert_eq!(gate.admit(&mut call, None, Protocol::Grpc), Err(AuthFailure::InvalidKey), "ambiguous: refused");
+    }
+
+    #[test]
+    fn a_client_certificate_names_the_tenant_unless_keys_do_or_a_sibling_passes_a_call_on() {
+        let gate = Gate::off();
+        let certified = |name: &str, sibling| ClientIdentity { name: name.to_owned(), sibling };
+        let tenant = |call: &HeaderMap| call.get(TENANT).map(|v| v.to_str().unwrap().to_owned());
+        let mut call = headers(&[(TENANT, "batch")]);
+        gate.admit(&mut call, Some(&certified("search", false)), Protocol::Grpc).unwrap();
+        assert_eq!(tenant(&call), Some("search".into()), "the certificate over the tenant the call named");
+        let mut passed_on = headers(&[(TENANT, "batch")]);
+        gate.admit(&mut passed_on, Some(&certified("bge.ml.svc", true)), Protocol::Grpc).unwrap();
+        assert_eq!(tenant(&passed_on), Some("batch".into()), "a sibling carries the tenant its gate named");
+        let mut unnamable = headers(&[(TENANT, "batch")]);
+        gate.admit(&mut unnamable, Some(&certified(&"x".repeat(500), false)), Protocol::Http).unwrap();
+        assert_eq!(tenant(&unnamable), None, "a name that cannot be a tenant: the default tenant");
+
+        let keyed = Gate::off();
+        keyed.set(Policy::Keys(ring(&[("search", SEARCH_KEY)]).0));
+        let mut call = headers(&[("authorization", &format!("Bearer {SEARCH_KEY}"))]);
+        keyed.admit(&mut call, Some(&certified("batch", false)), Protocol::Grpc).unwrap();
+        assert_eq!(tenant(&call), Some("search".into()), "with keys, the key decides");
     }
 }

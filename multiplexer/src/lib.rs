@@ -10,6 +10,7 @@
 //! `call` (one call's accounting), `wire` (the few protobuf fields read
 //! without decoding), `admission` (permits and the priority queue), `request_meta` (what a
 //! request asks for, from its headers), `pools` (routing table of pools and their upstreams),
+//! `tls` (the certificate set in force, from its source),
 //! `error` (request errors, typed where raised and classified once), `status` (their gRPC
 //! status and counted outcome), `orca` (the load report every answer carries, for clients that
 //! balance by load), `http` (TEI's HTTP API and
@@ -41,6 +42,7 @@ pub mod siblings;
 pub mod sources;
 pub mod status;
 pub mod streams;
+pub mod tls;
 pub mod upstream;
 pub mod wire;
 

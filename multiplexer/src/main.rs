@@ -21,7 +21,10 @@ use teifleet_multiplexer::http::HttpSettings;
 use teifleet_multiplexer::metrics::Metrics;
 use teifleet_multiplexer::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::server::{self, InputBounds, Settings};
+use teifleet_multiplexer::sources::tls_files::TlsFiles;
 use teifleet_multiplexer::sources::{self, budget};
+use teifleet_multiplexer::tls::Certificates;
+use teifleet_multiplexer::upstream::Dialer;
 use teifleet_runtime::logging::{self, LogFormat};
 use teifleet_runtime::{duration, shutdown};
 use teifleet_wire::ports;
@@ -148,6 +151,9 @@ struct Serve {
     http: HttpSettings,
     #[command(flatten)]
     bounds: InputBounds,
+    /// TLS from files (`static` and `file` modes; in `kubernetes` mode the pool's spec.tls).
+    #[command(flatten)]
+    tls: TlsFiles,
     /// TEI's Prometheus endpoint, relayed on the admin port at /upstream/metrics (TEI serves it on
     /// the pod's loopback only). Default: TEI's --prometheus-port on this pod's loopback; `off`:
     /// not relayed.
@@ -228,13 +234,26 @@ async fn run(source: Source) -> anyhow::Result<()> {
 
     let metrics = Metrics::new();
     let helpers = CancellationToken::new();
+    let certificates = Arc::new(Certificates::new(&metrics.registry)?);
+    let dialer = Dialer::new(certificates.tls().clone());
+    let tls_files = source.serve().tls.clone();
+    if tls_files.enabled() {
+        if matches!(source, Source::Kubernetes { .. }) {
+            anyhow::bail!(
+                "--tls-cert is for the static and file modes: in kubernetes mode the pool's spec.tls sets TLS"
+            );
+        }
+        let loaded = tls_files.load(&certificates)?;
+        let certificates = certificates.clone();
+        tokio::spawn(tls_files.watch(loaded, certificates, Duration::from_secs(1), helpers.clone()));
+    }
     // The API-key gate of the own pool; its keys come from the same source as the pools.
     let gate_for = |pool: &str, policy| Gate::new(pool, &metrics.registry, policy).map(Arc::new);
     let (table, gate, serve) = match source {
         Source::File { config, serve } => {
             let loaded = sources::file::load(&config).context("reading --config")?;
             let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
-            let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
+            let table = Arc::new(PoolTable::with_dialer(&loaded.default, metrics.clone(), dialer));
             table.sync(loaded.pools)?;
             let interval = Duration::from_secs(1);
             tokio::spawn(sources::file::watch(config, table.clone(), gate.clone(), interval, helpers.clone()));
@@ -245,7 +264,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
             let limits =
                 budget::whole(&concurrency).map_err(|reason| anyhow::anyhow!("the pool's budget: {reason}"))?;
             let gate = gate_for(&pool.pool, Policy::Off)?;
-            let table = Arc::new(PoolTable::new(&pool.pool, metrics.clone()));
+            let table = Arc::new(PoolTable::with_dialer(&pool.pool, metrics.clone(), dialer));
             table.sync(vec![PoolSpec {
                 name: pool.pool.clone(),
                 model: pool.model.clone(),
@@ -262,25 +281,30 @@ async fn run(source: Source) -> anyhow::Result<()> {
             let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
             // Calls wait for the pool's spec.auth to be known: it may name keys.
             let gate = gate_for(&pool, Policy::Waiting)?;
-            let table = Arc::new(PoolTable::new(&pool, metrics.clone()));
+            // Nothing is served in plain text before the pool's spec.tls is known.
+            certificates.tls().wait();
+            // Siblings are reached by pod IP and verified as the pool Service their certificate names.
+            dialer.name_ip_peers(Some(format!("{pool}.{namespace}.svc")));
+            let table = Arc::new(PoolTable::with_dialer(&pool, metrics.clone(), dialer));
+            let (serves_tls, pool_serves_tls) = tokio::sync::watch::channel(false);
             let siblings = sources::siblings::watch(
                 client.clone(),
                 namespace.clone(),
                 pool.clone(),
                 serve.identity.clone(),
                 table.siblings().clone(),
+                pool_serves_tls,
                 helpers.clone(),
             );
             tokio::spawn(siblings);
-            tokio::spawn(sources::kubernetes::watch(
-                client,
-                namespace,
-                pool,
-                upstream.upstream,
-                table.clone(),
-                gate.clone(),
-                helpers.clone(),
-            ));
+            let own = sources::kubernetes::OwnPool {
+                name: pool,
+                upstream: upstream.upstream,
+                gate: gate.clone(),
+                certificates: certificates.clone(),
+                serves_tls,
+            };
+            tokio::spawn(sources::kubernetes::watch(client, namespace, own, table.clone(), helpers.clone()));
             (table, gate, serve)
         }
     };
@@ -300,6 +324,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         drain_delay: serve.drain_delay,
         drain_timeout: serve.drain_timeout,
         tei_metrics: tei_metrics_url(serve.tei_metrics.as_deref())?,
+        tls: certificates.tls().clone(),
         ..Settings::default()
     };
     let running = server::start(settings, table, metrics).await?;

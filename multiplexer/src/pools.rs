@@ -12,7 +12,7 @@ use crate::coalesce::Coalescer;
 use crate::metrics::Metrics;
 use crate::request_meta::Target;
 use crate::siblings::Siblings;
-use crate::upstream::Upstream;
+use crate::upstream::{Dialer, Upstream};
 use crate::{Error, Result, SetupError};
 
 /// What a source knows about one pool.
@@ -49,11 +49,23 @@ pub struct PoolTable {
     metrics: Metrics,
     pools: RwLock<BTreeMap<String, Arc<Pool>>>,
     siblings: Arc<Siblings>,
+    dialer: Dialer,
 }
 
 impl PoolTable {
     pub fn new(own: &str, metrics: Metrics) -> Self {
-        Self { own: own.to_owned(), metrics, pools: RwLock::default(), siblings: Arc::default() }
+        Self::with_dialer(own, metrics, Dialer::default())
+    }
+
+    /// A table whose `https://` upstreams (and siblings) are reached through `dialer`.
+    pub fn with_dialer(own: &str, metrics: Metrics, dialer: Dialer) -> Self {
+        let siblings = Arc::new(Siblings::new(dialer.clone()));
+        Self { own: own.to_owned(), metrics, pools: RwLock::default(), siblings, dialer }
+    }
+
+    /// How `https://` upstreams are reached.
+    pub fn dialer(&self) -> &Dialer {
+        &self.dialer
     }
 
     pub fn own_name(&self) -> &str {
@@ -88,7 +100,7 @@ impl PoolTable {
                     Arc::new(Pool { admission, upstream, coalescer, siblings, spec })
                 }
                 existing => {
-                    let upstream = Upstream::lazy(&spec.upstream)?;
+                    let upstream = Upstream::lazy(&spec.upstream, &self.dialer)?;
                     let admission = match &existing {
                         Some(existing) => existing.admission.clone(),
                         None => self.metrics.admission_for(&spec.name, spec.limits.unwrap_or(NOT_READY)),

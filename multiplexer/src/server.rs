@@ -7,7 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use teifleet_runtime::duration;
-use teifleet_runtime::http_server::{self, ConnectionCap, ServerBounds};
+use teifleet_runtime::http_server::{self, ConnectionCap, Refused, ServerBounds};
+use teifleet_runtime::tls::ServerTls;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +56,9 @@ pub struct Settings {
     pub tei_metrics: Option<http::Uri>,
     /// What one client may make the gRPC and HTTP ports hold.
     pub bounds: InputBounds,
+    /// TLS on the gRPC and HTTP ports (plain text while off); a source changes it live. Calls to
+    /// `https://` upstreams use the same certificate set (`PoolTable::dialer`).
+    pub tls: Arc<ServerTls>,
 }
 
 /// Bounds on what one client can make a front hold before admission sees a call. Declared once:
@@ -114,6 +118,7 @@ impl Default for Settings {
             health_interval: Duration::from_secs(2),
             tei_metrics: None,
             bounds: InputBounds::default(),
+            tls: Arc::new(ServerTls::off()),
         }
     }
 }
@@ -174,7 +179,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
 
     let helpers = CancellationToken::new();
     if let Some(listener) = admin_listener {
-        let router = admin::router(&metrics, readiness.clone(), settings.tei_metrics.clone());
+        let router = admin::router(&metrics, readiness.clone(), settings.tls.clone(), settings.tei_metrics.clone());
         let (metrics, helpers) = (metrics.clone(), helpers.clone());
         tokio::spawn(async move { admin::serve(listener, router, &metrics, helpers).await });
     }
@@ -214,12 +219,9 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let bounds = &settings.bounds;
-    let cap = ConnectionCap::new(
-        bounds.max_connections,
-        bounds.header_read_timeout,
-        Arc::new(metrics.refusal_counter("grpc")),
-    );
-    let incoming = crate::connections::Capped::new(incoming, cap);
+    let refused: Refused = Arc::new(metrics.refusal_counter("grpc"));
+    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
+    let incoming = crate::connections::bounded(incoming, cap, bounds.max_connections, settings.tls.clone(), refused);
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.
@@ -233,8 +235,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         );
         let stopped = server_stop.clone().cancelled_owned();
         let bounds = settings.bounds.http_server(settings.max_concurrent_streams);
-        let refused = metrics.refusal_counter("http");
-        tokio::spawn(async move { http_server::serve(listener, app, &bounds, refused, stopped).await })
+        let (refused, tls) = (metrics.refusal_counter("http"), Some(settings.tls.clone()));
+        tokio::spawn(async move { http_server::serve_tls(listener, app, &bounds, tls, refused, stopped).await })
     });
     if let Some(http_addr) = http_addr {
         tracing::info!(%http_addr, "HTTP front serving (TEI's HTTP API, OpenAI embeddings)");

@@ -17,7 +17,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
 
-use crate::auth::Gate;
+use crate::auth::{self, Gate};
 use crate::call::{Call, Protocol};
 use crate::charge::{Grant, cost_before_body};
 use crate::error::ErrorKind;
@@ -60,7 +60,8 @@ where
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         // The key first: a refused call is not routed, queued or counted as a call, only as a
         // refusal (`teifleet_auth_failures_total`), as on the HTTP front.
-        if let Err(failure) = self.gate.admit(request.headers_mut(), Protocol::Grpc) {
+        let certified = auth::certified(request.extensions()).cloned();
+        if let Err(failure) = self.gate.admit(request.headers_mut(), certified.as_ref(), Protocol::Grpc) {
             return futures::future::ready(Ok(status::into_status(Error::Auth(failure)).into_http())).boxed();
         }
         // The call's clock starts now, with tonic's own deadline timer, not at the first poll.

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::SetupError;
-use crate::upstream::Upstream;
+use crate::upstream::{Dialer, Upstream};
 
 /// How long a sibling that refused a spill is left alone before one input is tried again;
 /// doubled for each refusal in a row (a sibling that is gone, or full for long), up to
@@ -45,6 +45,7 @@ pub struct Siblings {
     state: Mutex<State>,
     /// Woken whenever a window opens: calls waiting in the queue try to spill then.
     room: Notify,
+    dialer: Dialer,
 }
 
 #[derive(Default)]
@@ -100,6 +101,11 @@ impl Ended {
 }
 
 impl Siblings {
+    /// No siblings yet, reached through `dialer` once there are.
+    pub fn new(dialer: Dialer) -> Self {
+        Self { dialer, ..Self::default() }
+    }
+
     /// Makes the set of siblings `urls` (each one's gRPC URL). A sibling that stays keeps its
     /// window; one that goes finishes the calls it has.
     pub fn sync(self: &Arc<Self>, urls: &[String]) -> Result<(), SetupError> {
@@ -109,7 +115,7 @@ impl Siblings {
         }
         for url in urls {
             if !state.siblings.contains_key(url) {
-                let upstream = Upstream::lazy_within(url, CONNECT_WITHIN)?;
+                let upstream = Upstream::lazy_within(url, &self.dialer, CONNECT_WITHIN)?;
                 // A whole window, once the first lease says what a share is.
                 let sibling = Sibling { upstream, window: usize::MAX, out: 0, gone: false, refusals: 0 };
                 state.siblings.insert(url.clone(), sibling);

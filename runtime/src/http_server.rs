@@ -21,6 +21,9 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Sleep;
+use tower::ServiceExt as _;
+
+use crate::tls::{self, MaybeTls, ServerTls};
 
 /// What one client may make a server hold.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,8 +71,23 @@ pub async fn serve(
     refused: impl Fn(&'static str) + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let builder = builder(bounds);
-    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, Arc::new(refused));
+    serve_tls(listener, router, bounds, None, refused, shutdown).await
+}
+
+/// [`serve`], in TLS while `tls` says so: each connection shakes hands with the certificate in
+/// force when it arrives, within the header timeout, and its requests carry the client's
+/// identity (`Option<ClientIdentity>`, in their extensions) when it showed a certificate.
+pub async fn serve_tls(
+    listener: TcpListener,
+    router: Router,
+    bounds: &ServerBounds,
+    tls: Option<Arc<ServerTls>>,
+    refused: impl Fn(&'static str) + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let builder = Arc::new(builder(bounds));
+    let refused: Refused = Arc::new(refused);
+    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
     let graceful = GracefulShutdown::new();
     tokio::pin!(shutdown);
     loop {
@@ -86,12 +104,27 @@ pub async fn serve(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let Some(stream) = cap.admit(stream) else { continue };
-        let service = TowerToHyperService::new(router.clone());
-        let connection = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).into_owned();
-        let connection = graceful.watch(connection);
-        // A client that resets or breaks its connection is its own business.
-        tokio::spawn(async move { drop(connection.await) });
+        let Some(place) = cap.place() else { continue };
+        let (router, builder, tls, refused, watcher) =
+            (router.clone(), builder.clone(), tls.clone(), refused.clone(), graceful.watcher());
+        tokio::spawn(async move {
+            let stream = match &tls {
+                None => MaybeTls::Plain(stream),
+                Some(tls) => match tls::accept(tls, stream, place.deadline()).await {
+                    Ok(stream) => stream,
+                    Err(reason) => return refused(reason),
+                },
+            };
+            let client = stream.client().cloned();
+            let router = router.map_request(move |mut request: axum::http::Request<_>| {
+                request.extensions_mut().insert(client.clone());
+                request
+            });
+            let service = TowerToHyperService::new(router);
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(place.hold(stream)), service);
+            // A client that resets or breaks its connection is its own business.
+            drop(watcher.watch(connection.into_owned()).await);
+        });
     }
     graceful.shutdown().await;
     Ok(())
@@ -137,12 +170,39 @@ impl ConnectionCap {
     /// The connection, holding its place under the cap until it closes; `None` (and the
     /// connection dropped, so closed) when the cap is reached.
     pub fn admit<Io>(&self, io: Io) -> Option<Accepted<Io>> {
-        let Ok(place) = self.open.clone().try_acquire_owned() else {
+        Some(self.place()?.hold(io))
+    }
+
+    /// A place under the cap for a connection just accepted, whose protocol deadline starts now;
+    /// `None` when the cap is reached. For connections that shake hands (TLS) before they are
+    /// [held](Place::hold).
+    pub fn place(&self) -> Option<Place> {
+        let Ok(permit) = self.open.clone().try_acquire_owned() else {
             (self.refused)(REFUSED_CONNECTION_LIMIT);
             return None;
         };
-        let deadline = Some(Box::pin(tokio::time::sleep(self.protocol_within)));
-        Some(Accepted { io, matched: 0, deadline, timed_out: false, _place: place, refused: self.refused.clone() })
+        let deadline = tokio::time::Instant::now() + self.protocol_within;
+        Some(Place { permit, deadline, refused: self.refused.clone() })
+    }
+}
+
+/// A connection's place under a port's cap, and the instant by which it must show its protocol.
+pub struct Place {
+    permit: OwnedSemaphorePermit,
+    deadline: tokio::time::Instant,
+    refused: Refused,
+}
+
+impl Place {
+    /// When the client must have shown its protocol (a TLS handshake counts against it too).
+    pub fn deadline(&self) -> tokio::time::Instant {
+        self.deadline
+    }
+
+    /// `io` in this place, under what is left of the protocol deadline.
+    pub fn hold<Io>(self, io: Io) -> Accepted<Io> {
+        let deadline = Some(Box::pin(tokio::time::sleep_until(self.deadline)));
+        Accepted { io, matched: 0, deadline, timed_out: false, _place: self.permit, refused: self.refused }
     }
 }
 

@@ -27,6 +27,7 @@ pub mod http_server;
 pub mod logging;
 pub mod metrics;
 pub mod shutdown;
+pub mod tls;
 
 use std::net::SocketAddr;
 

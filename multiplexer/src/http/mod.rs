@@ -25,7 +25,7 @@ use serde::Serialize;
 
 use self::error::{Flavor, HttpError};
 use crate::admin::Readiness;
-use crate::auth::Gate;
+use crate::auth::{self, Gate};
 use crate::call::Protocol;
 use crate::forward::Forwarder;
 
@@ -124,7 +124,8 @@ async fn require_key(State(gate): State<Arc<Gate>>, mut request: Request, next: 
     }
     // OpenAI's clients read OpenAI's error shape; every other route answers in TEI's.
     let flavor = if matches!(path, "/v1/embeddings" | "/embeddings") { Flavor::OpenAi } else { Flavor::Tei };
-    match gate.admit(request.headers_mut(), Protocol::Http) {
+    let certified = auth::certified(request.extensions()).cloned();
+    match gate.admit(request.headers_mut(), certified.as_ref(), Protocol::Http) {
         Ok(()) => next.run(request).await,
         Err(failure) => HttpError::Call(crate::Error::Auth(failure)).into_response(flavor),
     }

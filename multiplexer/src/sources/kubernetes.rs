@@ -8,13 +8,15 @@ use std::sync::Arc;
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client, ResourceExt};
-use teifleet_crds::{EmbeddingPool, Shares, split_budget};
+use teifleet_crds::{EmbeddingPool, Shares, TlsSpec, split_budget};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::budget;
 use crate::admission::Limits;
 use crate::auth::{Gate, Policy};
 use crate::pools::{PoolSpec, PoolTable};
+use crate::tls::Certificates;
 
 use teifleet_wire::ports::MULTIPLEXER_GRPC as POOL_SERVICE_PORT;
 
@@ -45,7 +47,8 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
                 upstream: if local {
                     own_upstream.to_owned()
                 } else {
-                    format!("http://{name}.{namespace}.svc:{POOL_SERVICE_PORT}")
+                    let scheme = if pool.spec.tls.is_some() { "https" } else { "http" };
+                    format!("{scheme}://{name}.{namespace}.svc:{POOL_SERVICE_PORT}")
                 },
                 model: Some(pool.spec.model.id.clone()),
                 limits: limits_of(pool),
@@ -102,17 +105,77 @@ impl KeysSource {
     }
 }
 
-/// Watches the namespace's EmbeddingPools and keeps `table` and `gate` in step until `stop`.
-pub async fn watch(
+/// The watch of the own pool's certificate set, following the pool's `spec.tls`.
+struct TlsSource {
     client: Client,
     namespace: String,
-    own: String,
-    own_upstream: String,
-    table: Arc<PoolTable>,
-    gate: Arc<Gate>,
+    certificates: Arc<Certificates>,
+    /// Whether the own pool serves TLS, for the siblings' source (their URLs' scheme).
+    serves_tls: watch::Sender<bool>,
     stop: CancellationToken,
-) {
+    /// The spec followed now and the token that ends its watch; none: plain text.
+    watching: Option<(TlsSpec, CancellationToken)>,
+    followed: bool,
+}
+
+impl TlsSource {
+    fn follow(&mut self, spec: Option<TlsSpec>) {
+        if self.followed && self.watching.as_ref().map(|(spec, _)| spec) == spec.as_ref() {
+            return;
+        }
+        self.followed = true;
+        if let Some((_, previous)) = self.watching.take() {
+            previous.cancel();
+        }
+        self.serves_tls.send_replace(spec.is_some());
+        match spec {
+            None => self.certificates.turn_off(),
+            Some(spec) => {
+                tracing::info!(secret = %spec.secret_name, mutual = spec.client_ca.is_some(), "spec.tls: serving TLS");
+                // Never plain text once TLS is asked for; a set in force stays until the new one is read.
+                if self.certificates.tls().in_force().is_ok_and(|loaded| loaded.is_none()) {
+                    self.certificates.tls().wait();
+                }
+                let stop = self.stop.child_token();
+                let (client, namespace) = (self.client.clone(), self.namespace.clone());
+                tokio::spawn(super::tls_secret::watch(
+                    client,
+                    namespace,
+                    spec.clone(),
+                    self.certificates.clone(),
+                    stop.clone(),
+                ));
+                self.watching = Some((spec, stop));
+            }
+        }
+    }
+}
+
+/// What the sidecar serves of the own pool, kept in step with its EmbeddingPool.
+pub struct OwnPool {
+    pub name: String,
+    /// The TEI beside the sidecar.
+    pub upstream: String,
+    pub gate: Arc<Gate>,
+    pub certificates: Arc<Certificates>,
+    /// Told whether the pool serves TLS (`spec.tls`), as it changes.
+    pub serves_tls: watch::Sender<bool>,
+}
+
+/// Watches the namespace's EmbeddingPools and keeps `table` and the own pool's key gate and
+/// certificates in step until `stop`.
+pub async fn watch(client: Client, namespace: String, own: OwnPool, table: Arc<PoolTable>, stop: CancellationToken) {
+    let OwnPool { name: own, upstream: own_upstream, gate, certificates, serves_tls } = own;
     let api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
+    let mut tls = TlsSource {
+        client: client.clone(),
+        namespace: namespace.clone(),
+        certificates,
+        serves_tls,
+        stop: stop.clone(),
+        watching: None,
+        followed: false,
+    };
     let mut keys =
         KeysSource { client, namespace: namespace.clone(), gate, stop: stop.clone(), watching: None, followed: false };
     let (reader, writer) = reflector::store();
@@ -126,6 +189,7 @@ pub async fn watch(
                 // are enforced. A deleted own pool keeps the keys last in force.
                 if let Some(pool) = pools.iter().find(|pool| pool.name_any() == own) {
                     keys.follow(keys_secret_of(pool));
+                    tls.follow(pool.spec.tls.clone());
                 }
                 let specs = specs(&pools, &namespace, &own, &own_upstream);
                 if let Err(error) = table.sync(specs) {
@@ -166,7 +230,7 @@ mod tests {
             watching: None,
             followed: false,
         };
-        let admit = || gate.admit(&mut HeaderMap::new(), Protocol::Grpc);
+        let admit = || gate.admit(&mut HeaderMap::new(), None, Protocol::Grpc);
         assert_eq!(admit(), Err(AuthFailure::KeysNotLoaded), "nothing passes before the pool is seen");
         keys.follow(None);
         assert_eq!(admit(), Ok(()), "a pool without spec.auth opens the gate");

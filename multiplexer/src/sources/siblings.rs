@@ -11,6 +11,7 @@ use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Api, Client};
 use teifleet_crds::labels;
 use teifleet_wire::ports::MULTIPLEXER_GRPC;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::siblings::Siblings;
@@ -18,8 +19,10 @@ use crate::siblings::Siblings;
 /// The label EndpointSlices carry naming their Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 
-/// The gRPC URLs of the ready replicas in `slices`, except the pod `own_pod`.
-pub fn urls(slices: &[Arc<EndpointSlice>], own_pod: &str) -> Vec<String> {
+/// The gRPC URLs of the ready replicas in `slices`, except the pod `own_pod`, in TLS when the
+/// pool serves it.
+pub fn urls(slices: &[Arc<EndpointSlice>], own_pod: &str, tls: bool) -> Vec<String> {
+    let scheme = if tls { "https" } else { "http" };
     let mut urls: Vec<String> = slices
         .iter()
         .flat_map(|slice| slice.endpoints.iter())
@@ -28,8 +31,8 @@ pub fn urls(slices: &[Arc<EndpointSlice>], own_pod: &str) -> Vec<String> {
         })
         .filter_map(|endpoint| endpoint.addresses.first())
         .map(|address| match address.parse::<std::net::IpAddr>() {
-            Ok(std::net::IpAddr::V6(_)) => format!("http://[{address}]:{MULTIPLEXER_GRPC}"),
-            _ => format!("http://{address}:{MULTIPLEXER_GRPC}"),
+            Ok(std::net::IpAddr::V6(_)) => format!("{scheme}://[{address}]:{MULTIPLEXER_GRPC}"),
+            _ => format!("{scheme}://{address}:{MULTIPLEXER_GRPC}"),
         })
         .collect();
     urls.sort();
@@ -42,13 +45,15 @@ fn serving(endpoint: &Endpoint) -> bool {
     conditions.and_then(|c| c.ready) == Some(true) && conditions.and_then(|c| c.terminating) != Some(true)
 }
 
-/// Keeps `siblings` in step with the pool's ready replicas until `stop`.
+/// Keeps `siblings` in step with the pool's ready replicas, in TLS while `serves_tls` says the
+/// pool serves it, until `stop`.
 pub async fn watch(
     client: Client,
     namespace: String,
     pool: String,
     own_pod: String,
     siblings: Arc<Siblings>,
+    mut serves_tls: watch::Receiver<bool>,
     stop: CancellationToken,
 ) {
     let api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
@@ -56,16 +61,29 @@ pub async fn watch(
     let (reader, writer) = reflector::store();
     let events = reflector(writer, watcher(api, watcher::Config::default().labels(&selector))).default_backoff();
     let mut events = std::pin::pin!(events.take_until(stop.cancelled_owned()));
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone) => {
-                let urls = urls(&reader.state(), &own_pod);
-                if let Err(error) = siblings.sync(&urls) {
-                    tracing::warn!(%error, "could not follow the pool's replicas");
+    let mut listed = false;
+    loop {
+        tokio::select! {
+            event = events.next() => match event {
+                None => return,
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitDone)) => listed = true,
+                Some(Ok(_)) => continue,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "EndpointSlice watch failed; retrying");
+                    continue;
+                }
+            },
+            changed = serves_tls.changed() => {
+                if changed.is_err() {
+                    return;
                 }
             }
-            Ok(_) => {}
-            Err(error) => tracing::warn!(%error, "EndpointSlice watch failed; retrying"),
+        }
+        if listed {
+            let urls = urls(&reader.state(), &own_pod, *serves_tls.borrow());
+            if let Err(error) = siblings.sync(&urls) {
+                tracing::warn!(%error, "could not follow the pool's replicas");
+            }
         }
     }
 }
@@ -103,6 +121,7 @@ mod tests {
                 endpoint("10.0.0.6", "bge-e", true, false)
             ])),
         ];
-        assert_eq!(urls(&slices, "bge-a"), ["http://10.0.0.3:50051", "http://10.0.0.6:50051"]);
+        assert_eq!(urls(&slices, "bge-a", false), ["http://10.0.0.3:50051", "http://10.0.0.6:50051"]);
+        assert_eq!(urls(&slices, "bge-a", true), ["https://10.0.0.3:50051", "https://10.0.0.6:50051"]);
     }
 }

@@ -19,4 +19,5 @@ mod routing;
 mod spill;
 mod support;
 mod tei_parity;
+mod tls;
 mod units_and_tenants;

@@ -1,7 +1,7 @@
 //! Helpers the tests (and the benchmarks) share, written once: polling until a condition holds,
 //! child processes that go away with their guard, free loopback ports, plain HTTP requests to admin
 //! ports, lookups in Prometheus text and, with the `kube` feature, CRD install and throwaway
-//! namespaces on a cluster.
+//! namespaces on a cluster, and, with the `certs` feature, certificates for TLS tests.
 //!
 //! Polling panics on timeout, as a test wants ([`poll::eventually`], [`poll::until`]);
 //! [`poll::try_eventually`] returns the timeout as an [`Error`] for programs that must not panic.
@@ -9,6 +9,8 @@
 //! missing (an HTTP answer, a metric) are `Option`s.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "certs")]
+pub mod certs;
 pub mod http;
 #[cfg(feature = "kube")]
 pub mod kube;

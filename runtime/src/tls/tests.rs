@@ -1,0 +1,147 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::{ClientConfig, RootCertStore};
+use teifleet_testkit::certs::{Authority, Issued};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio_rustls::TlsConnector;
+
+use super::*;
+
+fn material(ca: &Authority, issued: &Issued) -> Material {
+    Material {
+        chain: issued.chain_pem.clone().into(),
+        key: issued.key_pem.clone().into(),
+        ca: Some(ca.pem.clone().into()),
+        client_ca: None,
+    }
+}
+
+fn client_config(trusted: &Authority, certificate: Option<&Issued>) -> Arc<ClientConfig> {
+    let mut roots = RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_slice(trusted.pem.as_bytes()).unwrap()).unwrap();
+    let builder = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    Arc::new(match certificate {
+        None => builder.with_no_client_auth(),
+        Some(issued) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(issued.chain_pem.as_bytes()).collect::<Result<_, _>>().unwrap(),
+                PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+    })
+}
+
+/// Shakes hands over an in-memory pipe: the server's outcome, and the serial the client saw
+/// (none when the client's side failed).
+async fn handshake(
+    tls: &ServerTls,
+    client: Arc<ClientConfig>,
+) -> (Result<Option<String>, &'static str>, Option<String>) {
+    let (client_io, server_io) = tokio::io::duplex(64 * 1024);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let server = async {
+        let mut stream = accept(tls, server_io, deadline).await?;
+        let identity = stream.client().map(|c| c.name.clone());
+        // Read the client's byte so the handshake's last flight is in.
+        let _ = stream.read(&mut [0; 1]).await;
+        Ok(identity)
+    };
+    let client = async {
+        let name = ServerName::try_from("pool.ml.svc").unwrap();
+        let mut stream = TlsConnector::from(client).connect(name, client_io).await.ok()?;
+        stream.write_all(b"x").await.ok()?;
+        stream.flush().await.ok()?;
+        let leaf = stream.get_ref().1.peer_certificates()?.first()?.clone();
+        let (_, parsed) =
+            <x509_parser::prelude::X509Certificate<'_> as x509_parser::prelude::FromDer<'_, _>>::from_der(&leaf)
+                .ok()?;
+        // Kept open until the server is done: it writes its session tickets after the handshake.
+        Some((stream, parsed.raw_serial().iter().map(|b| format!("{b:02X}")).collect::<String>()))
+    };
+    let (server, client) = tokio::join!(server, client);
+    (server, client.map(|(_open, serial)| serial))
+}
+
+#[tokio::test]
+async fn new_handshakes_get_the_certificate_in_force() {
+    let ca = Authority::new("test CA");
+    let (first, second) = (ca.server(&["pool.ml.svc"]), ca.server(&["pool.ml.svc"]));
+    let tls = ServerTls::off();
+    assert_eq!(tls.report(), None, "plain text reports nothing");
+    assert_eq!(tls.offer(&material(&ca, &first)).unwrap().serial, first.serial);
+    let (server, seen) = handshake(&tls, client_config(&ca, None)).await;
+    assert_eq!((server, seen.as_deref()), (Ok(None), Some(first.serial.as_str())));
+
+    tls.offer(&material(&ca, &second)).unwrap();
+    let (_, seen) = handshake(&tls, client_config(&ca, None)).await;
+    assert_eq!(seen.as_deref(), Some(second.serial.as_str()), "rotated");
+}
+
+#[tokio::test]
+async fn a_broken_set_leaves_the_one_in_force_and_says_why() {
+    let ca = Authority::new("test CA");
+    let good = ca.server(&["pool.ml.svc"]);
+    let other = ca.server(&["pool.ml.svc"]);
+    let tls = ServerTls::off();
+    tls.offer(&material(&ca, &good)).unwrap();
+
+    let mismatched = Material { key: other.key_pem.clone().into(), ..material(&ca, &good) };
+    assert!(matches!(tls.offer(&mismatched), Err(TlsError::KeyMismatch)));
+    let garbage = Material { chain: b"-----BEGIN CERTIFICATE-----\nnot base64\n".to_vec(), ..material(&ca, &good) };
+    assert!(matches!(tls.offer(&garbage), Err(TlsError::Certificate(_) | TlsError::NoCertificate)));
+    let expired = material(&ca, &ca.expired_server(&["pool.ml.svc"]));
+    let error = tls.offer(&expired).unwrap_err();
+    assert!(matches!(error, TlsError::NotValidNow { .. }), "{error}");
+
+    let report = tls.report().unwrap();
+    assert_eq!(report.serving.map(|s| s.serial), Some(good.serial.clone()), "the good one stays");
+    assert_eq!(report.error, Some(error.to_string()));
+    let (_, seen) = handshake(&tls, client_config(&ca, None)).await;
+    assert_eq!(seen, Some(good.serial), "still served");
+    tls.offer(&material(&ca, &other)).unwrap();
+    assert_eq!(tls.report().unwrap().error, None, "a good set clears the error");
+}
+
+#[tokio::test]
+async fn waiting_closes_connections_and_a_failed_first_set_keeps_waiting() {
+    let ca = Authority::new("test CA");
+    let tls = ServerTls::waiting();
+    let (server, seen) = handshake(&tls, client_config(&ca, None)).await;
+    assert_eq!((server, seen), (Err(REFUSED_TLS_NOT_LOADED), None));
+    let off = ServerTls::off();
+    let broken = Material { key: b"nonsense".to_vec(), ..material(&ca, &ca.server(&["pool.ml.svc"])) };
+    assert!(off.offer(&broken).is_err());
+    assert!(off.in_force().is_err(), "TLS was asked for: never plain text after a broken first set");
+}
+
+#[tokio::test]
+async fn clients_must_trust_the_ca() {
+    let (ca, stranger) = (Authority::new("test CA"), Authority::new("someone else"));
+    let tls = ServerTls::off();
+    tls.offer(&material(&ca, &ca.server(&["pool.ml.svc"]))).unwrap();
+    let (server, seen) = handshake(&tls, client_config(&stranger, None)).await;
+    assert_eq!((server, seen), (Err(REFUSED_TLS_HANDSHAKE), None));
+}
+
+#[tokio::test]
+async fn mutual_tls_refuses_clients_without_a_certificate_from_the_client_ca_and_names_the_others() {
+    let (ca, clients, stranger) = (Authority::new("test CA"), Authority::new("client CA"), Authority::new("other"));
+    let tls = ServerTls::off();
+    let with_clients =
+        Material { client_ca: Some(clients.pem.clone().into()), ..material(&ca, &ca.server(&["pool.ml.svc"])) };
+    tls.offer(&with_clients).unwrap();
+    assert!(tls.report().unwrap().client_auth);
+
+    let (server, _) = handshake(&tls, client_config(&ca, None)).await;
+    assert_eq!(server, Err(REFUSED_TLS_HANDSHAKE), "no certificate");
+    let (server, _) = handshake(&tls, client_config(&ca, Some(&stranger.client("search")))).await;
+    assert_eq!(server, Err(REFUSED_TLS_HANDSHAKE), "a certificate from another CA");
+    let (server, _) = handshake(&tls, client_config(&ca, Some(&clients.client("search")))).await;
+    assert_eq!(server, Ok(Some("search".to_owned())));
+}
