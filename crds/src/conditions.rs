@@ -8,9 +8,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 pub const READY: &str = "Ready";
 pub const PROGRESSING: &str = "Progressing";
 pub const DEGRADED: &str = "Degraded";
+/// Only on pools with `spec.tls`: whether the sidecars serve the pool's certificate.
+pub const TLS_READY: &str = "TLSReady";
 
 /// Fixed order conditions appear in.
-const ORDER: [&str; 3] = [READY, PROGRESSING, DEGRADED];
+const ORDER: [&str; 4] = [READY, PROGRESSING, DEGRADED, TLS_READY];
 
 /// Reasons used in conditions and events.
 pub mod reasons {
@@ -22,25 +24,56 @@ pub mod reasons {
     pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
     pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
     pub const AS_EXPECTED: &str = "AsExpected";
+    pub const CERTIFICATE_SERVED: &str = "CertificateServed";
+    pub const CERTIFICATE_INVALID: &str = "CertificateInvalid";
+    pub const CERTIFICATE_MISSING: &str = "CertificateMissing";
+    pub const CLIENT_CA_MISSING: &str = "ClientCAMissing";
+    pub const NO_REPORTS: &str = "NoReports";
+}
+
+/// A condition's status. `Unknown` is for what the operator cannot tell yet, such as what
+/// sidecars serve before any has reported.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    True,
+    False,
+    Unknown,
+}
+
+impl Status {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::True => "True",
+            Self::False => "False",
+            Self::Unknown => "Unknown",
+        }
+    }
+}
+
+impl From<bool> for Status {
+    fn from(status: bool) -> Self {
+        if status { Self::True } else { Self::False }
+    }
 }
 
 /// A condition as computed, before `lastTransitionTime` is decided.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Observed {
     pub type_: &'static str,
-    pub status: bool,
+    pub status: Status,
     pub reason: &'static str,
     pub message: String,
 }
 
 impl Observed {
     pub fn new(type_: &'static str, status: bool, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { type_, status, reason, message: message.into() }
+        Self { type_, status: status.into(), reason, message: message.into() }
     }
-}
 
-fn status_str(status: bool) -> &'static str {
-    if status { "True" } else { "False" }
+    /// A condition whose status the operator cannot tell yet.
+    pub fn unknown(type_: &'static str, reason: &'static str, message: impl Into<String>) -> Self {
+        Self { type_, status: Status::Unknown, reason, message: message.into() }
+    }
 }
 
 /// Merges freshly observed conditions into the previous ones: a condition whose status did not
@@ -49,7 +82,7 @@ pub fn merge(previous: &[Condition], observed: Vec<Observed>, generation: Option
     let mut merged: Vec<Condition> = observed
         .into_iter()
         .map(|o| {
-            let status = status_str(o.status).to_owned();
+            let status = o.status.as_str().to_owned();
             let last_transition_time = previous
                 .iter()
                 .find(|p| p.type_ == o.type_ && p.status == status)
@@ -107,10 +140,20 @@ mod tests {
     }
 
     #[test]
+    fn unknown_is_a_status_of_its_own() {
+        let first = merge(&[], vec![Observed::unknown(TLS_READY, reasons::NO_REPORTS, "")], Some(1), &at(10));
+        assert_eq!(first[0].status, "Unknown");
+        let second =
+            merge(&first, vec![Observed::new(TLS_READY, true, reasons::CERTIFICATE_SERVED, "")], Some(1), &at(20));
+        assert_eq!((second[0].status.as_str(), &second[0].last_transition_time), ("True", &at(20)));
+    }
+
+    #[test]
     fn order_is_fixed_whatever_the_input_order() {
         let merged = merge(
             &[],
             vec![
+                Observed::new(TLS_READY, true, reasons::CERTIFICATE_SERVED, ""),
                 Observed::new(DEGRADED, false, reasons::AS_EXPECTED, ""),
                 Observed::new(READY, true, reasons::ALL_REPLICAS_READY, ""),
                 Observed::new(PROGRESSING, false, reasons::ROLLOUT_COMPLETE, ""),
@@ -119,7 +162,7 @@ mod tests {
             &at(1),
         );
         let types: Vec<_> = merged.iter().map(|c| c.type_.as_str()).collect();
-        assert_eq!(types, [READY, PROGRESSING, DEGRADED]);
+        assert_eq!(types, [READY, PROGRESSING, DEGRADED, TLS_READY]);
         assert!(is_true(&merged, READY));
         assert!(!is_true(&merged, DEGRADED));
     }

@@ -336,7 +336,8 @@ pub struct TlsSpec {
     /// Mutual TLS: clients must present a certificate signed by a CA in this bundle, or the
     /// handshake fails. The certificate's identity names the call's tenant (its subject's common
     /// name, else its first DNS name), as an API key does; with `spec.auth` too, the key decides.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // `clientCA`, as Kubernetes spells initialisms (camelCase would make it `clientCa`).
+    #[serde(default, rename = "clientCA", skip_serializing_if = "Option::is_none")]
     pub client_ca: Option<ClientCaSpec>,
 }
 
@@ -672,7 +673,8 @@ pub struct EmbeddingPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Endpoints>,
 
-    /// `Ready`, `Progressing` and `Degraded`, each with the generation it was computed for.
+    /// `Ready`, `Progressing` and `Degraded`, and `TLSReady` for a pool with `spec.tls`, each with
+    /// the generation it was computed for.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -682,19 +684,27 @@ pub struct EmbeddingPoolStatus {
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
 pub struct Endpoints {
-    /// gRPC (`tei.v1`, h2c): `<pool>.<namespace>.svc:50051`.
+    /// gRPC (`tei.v1`): `<pool>.<namespace>.svc:50051`, the target gRPC clients take; h2c, or
+    /// HTTP/2 over TLS when `tls` is true.
     pub grpc: String,
-    /// TEI's HTTP API and OpenAI's embeddings route: `http://<pool>.<namespace>.svc:8000`.
+    /// TEI's HTTP API and OpenAI's embeddings route: `http://<pool>.<namespace>.svc:8000`, or
+    /// `https://` with TLS.
     pub http: String,
+    /// Both ports speak TLS (`spec.tls`): clients must connect with TLS and trust the pool's
+    /// certificate, which names `<pool>.<namespace>.svc`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tls: bool,
 }
 
 impl Endpoints {
-    /// The addresses of the Service `pool` in `namespace`.
-    pub fn of(pool: &str, namespace: &str) -> Self {
+    /// The addresses of the Service `pool` in `namespace`, whose ports speak TLS when `tls`.
+    pub fn of(pool: &str, namespace: &str, tls: bool) -> Self {
         use teifleet_wire::ports::{MULTIPLEXER_GRPC, MULTIPLEXER_HTTP};
+        let scheme = if tls { "https" } else { "http" };
         Self {
             grpc: format!("{pool}.{namespace}.svc:{MULTIPLEXER_GRPC}"),
-            http: format!("http://{pool}.{namespace}.svc:{MULTIPLEXER_HTTP}"),
+            http: format!("{scheme}://{pool}.{namespace}.svc:{MULTIPLEXER_HTTP}"),
+            tls,
         }
     }
 }

@@ -23,7 +23,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
-use teifleet_crds::conditions::{self, DEGRADED, READY};
+use teifleet_crds::conditions::{self, DEGRADED, READY, TLS_READY};
 use teifleet_crds::{EmbeddingPool, EmbeddingPoolStatus, labels};
 use tokio_util::sync::CancellationToken;
 
@@ -177,8 +177,12 @@ async fn announce_changes(ctx: &Context, pool: &EmbeddingPool, new: &EmbeddingPo
         if before.is_some_and(|b| b.status == condition.status && b.reason == condition.reason) {
             continue;
         }
+        // Unknown is the operator not knowing yet (TLSReady before any sidecar reported), not news.
+        if condition.status == "Unknown" {
+            continue;
+        }
         let healthy = match condition.type_.as_str() {
-            READY => condition.status == "True",
+            READY | TLS_READY => condition.status == "True",
             DEGRADED => condition.status == "False",
             _ => true,
         };

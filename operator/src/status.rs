@@ -13,8 +13,10 @@ use teifleet_crds::{
 };
 
 mod demand;
+mod tls;
 
 pub use demand::demand;
+pub use tls::tls_ready;
 
 /// Why some of the pool's pods cannot be scheduled.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -200,10 +202,17 @@ pub fn compute(
             effective: if pool.spec.concurrency.adaptive { summarize(reports) } else { None },
         }),
         demand: demand(reports),
-        endpoints: pool.metadata.namespace.as_deref().map(|namespace| Endpoints::of(name, namespace)),
+        endpoints: pool
+            .metadata
+            .namespace
+            .as_deref()
+            .map(|namespace| Endpoints::of(name, namespace, pool.spec.tls.is_some())),
         conditions: conditions::merge(
             previous,
-            vec![ready_condition, progressing_condition, degraded_condition],
+            [ready_condition, progressing_condition, degraded_condition]
+                .into_iter()
+                .chain(tls_ready(pool, reports))
+                .collect(),
             generation,
             now,
         ),

@@ -203,6 +203,40 @@ fn sidecar_role_reads_the_api_key_secret_and_no_other() {
     assert_eq!(rendered.deployment, children(BASE).deployment);
 }
 
+fn with_tls(yaml: &str) -> EmbeddingPool {
+    let mut pool = pool(BASE);
+    pool.spec.tls = Some(serde_yaml::from_str(yaml).unwrap());
+    pool
+}
+
+#[test]
+fn sidecar_role_reads_the_certificate_and_client_ca_by_name() {
+    let mut pool = with_tls("{ secretName: bge-small-tls, clientCA: { configMapName: bge-small-clients } }");
+    pool.spec.auth = Some(serde_yaml::from_str("secretName: bge-small-keys").unwrap());
+    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    check("role-tls.yaml", &rendered.role);
+    // The sidecars follow the Secret and the ConfigMap themselves: a rotated certificate restarts
+    // no pod, and neither does turning TLS on.
+    assert_eq!(rendered.deployment, children(BASE).deployment);
+
+    // A certificate Secret whose ca.crt is also the client CA bundle: one name, and no ConfigMaps.
+    let same = with_tls("{ secretName: bge-small-tls, clientCA: { secretName: bge-small-tls } }");
+    let rules = render(&same, &RenderConfig::default()).unwrap().role.rules.unwrap();
+    let named: Vec<_> = rules
+        .iter()
+        .filter_map(|rule| Some((rule.resources.as_ref()?[0].as_str(), rule.resource_names.clone()?)))
+        .collect();
+    assert_eq!(named, [("secrets", vec!["bge-small-tls".to_owned()])]);
+}
+
+#[test]
+fn services_under_tls_claim_https_not_cleartext_http2() {
+    let rendered = render(&with_tls("secretName: bge-small-tls"), &RenderConfig::default()).unwrap();
+    check("service-tls.yaml", &rendered.service);
+    let peers = rendered.peers_service.spec.unwrap().ports.unwrap();
+    assert_eq!(peers[0].app_protocol.as_deref(), Some("https"));
+}
+
 #[test]
 fn network_policy_admits_only_the_sidecar_ports_and_can_be_turned_off() {
     check("networkpolicy.yaml", &children(BASE).network_policy.expect("on by default"));

@@ -1,6 +1,9 @@
 //! The sidecars' identity: they may read EmbeddingPools (their own budget, and peers for routing)
-//! and the Services and EndpointSlices routing needs, and, for a pool with `spec.auth`, the one
-//! Secret holding its API keys. Nothing more.
+//! and the Services and EndpointSlices routing needs, and, by name, the Secrets and ConfigMap the
+//! pool names for them to read: its API keys (`spec.auth`), its certificate (`spec.tls`) and the
+//! CA bundle of mutual TLS (`spec.tls.clientCA`). Nothing more.
+
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
@@ -29,12 +32,33 @@ pub(super) fn role(owner: &Owner, pool: &EmbeddingPool) -> Role {
         read_rule("", "services"),
         read_rule("discovery.k8s.io", "endpointslices"),
     ];
-    // The sidecar lists and watches the Secret with a field selector on its name, which the API
+    // The sidecar lists and watches each object with a field selector on its name, which the API
     // server authorizes as a request for that one name, so resourceNames holds for list and watch too.
-    if let Some(auth) = &pool.spec.auth {
-        rules.push(PolicyRule { resource_names: Some(vec![auth.secret_name.clone()]), ..read_rule("", "secrets") });
+    let (secrets, config_maps) = named_reads(pool);
+    for (resource, names) in [("secrets", secrets), ("configmaps", config_maps)] {
+        if !names.is_empty() {
+            rules.push(PolicyRule { resource_names: Some(names.into_iter().collect()), ..read_rule("", resource) });
+        }
     }
     Role { metadata: owner.meta(labels::sidecar_account_name(&owner.name)), rules: Some(rules) }
+}
+
+/// The Secrets and the ConfigMaps the sidecars read by name, each set sorted, so one Secret named
+/// twice (a certificate whose `ca.crt` is also the client CA bundle) is one name in the rule.
+fn named_reads(pool: &EmbeddingPool) -> (BTreeSet<String>, BTreeSet<String>) {
+    let spec = &pool.spec;
+    let client_ca = spec.tls.as_ref().and_then(|tls| tls.client_ca.as_ref());
+    let secrets = spec
+        .auth
+        .as_ref()
+        .map(|auth| &auth.secret_name)
+        .into_iter()
+        .chain(spec.tls.as_ref().map(|tls| &tls.secret_name))
+        .chain(client_ca.and_then(|ca| ca.secret_name.as_ref()))
+        .cloned()
+        .collect();
+    let config_maps = client_ca.and_then(|ca| ca.config_map_name.clone()).into_iter().collect();
+    (secrets, config_maps)
 }
 
 pub(super) fn role_binding(owner: &Owner) -> RoleBinding {

@@ -3,8 +3,8 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentCondition, DeploymentSpec
 use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use teifleet_crds::conditions::{DEGRADED, PROGRESSING, READY, find, reasons};
-use teifleet_crds::{EmbeddingPool, EmbeddingPoolSpec, GpuType};
+use teifleet_crds::conditions::{DEGRADED, PROGRESSING, READY, TLS_READY, find, reasons};
+use teifleet_crds::{CertificateSummary, EmbeddingPool, EmbeddingPoolSpec, GpuType, SidecarTls};
 
 use super::*;
 
@@ -74,6 +74,72 @@ fn all_ready_pool_is_ready_and_not_progressing() {
     let endpoints = status.endpoints.unwrap();
     assert_eq!(endpoints.grpc, "embed.ml.svc:50051");
     assert_eq!(endpoints.http, "http://embed.ml.svc:8000");
+    assert!(!endpoints.tls);
+    assert_eq!(find(&status.conditions, TLS_READY), None, "no spec.tls, no TLSReady");
+}
+
+fn with_tls(mut pool: EmbeddingPool) -> EmbeddingPool {
+    pool.spec.tls = Some(serde_json::from_value(serde_json::json!({ "secretName": "embed-tls" })).unwrap());
+    pool
+}
+
+fn serving(serial: &str, error: Option<&str>) -> SidecarAdmission {
+    let serving = CertificateSummary {
+        serial: serial.into(),
+        subject: "CN=embed.ml.svc".into(),
+        not_after: "2027-01-01T00:00:00Z".into(),
+    };
+    let tls = SidecarTls { serving: Some(serving), client_auth: false, error: error.map(Into::into) };
+    SidecarAdmission { tls: Some(tls), ..report(32, 0, 0, 0.0, 0.0) }
+}
+
+#[test]
+fn a_tls_pool_shows_https_and_tells_tools_its_ports_speak_tls() {
+    let status = compute(&with_tls(pool(2, GpuType::NvidiaL4)), Some(&deployment(2, 2, 2)), &[], &[], &now(100));
+    let endpoints = status.endpoints.unwrap();
+    assert_eq!(endpoints.grpc, "embed.ml.svc:50051", "the target gRPC clients take, TLS or not");
+    assert_eq!(endpoints.http, "https://embed.ml.svc:8000");
+    assert!(endpoints.tls);
+    let plain = serde_json::to_value(Endpoints::of("embed", "ml", false)).unwrap();
+    assert_eq!(plain.get("tls"), None, "a plain pool's endpoints read as before");
+}
+
+#[test]
+fn tls_ready_follows_the_sidecars_and_leaves_with_spec_tls() {
+    let mut tls_pool = with_tls(pool(2, GpuType::NvidiaL4));
+    let ready = deployment(2, 2, 2);
+    let unknown = compute(&tls_pool, Some(&ready), &[], &[], &now(100));
+    let condition = find(&unknown.conditions, TLS_READY).unwrap();
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("Unknown", reasons::NO_REPORTS));
+    assert_eq!(condition.observed_generation, Some(3));
+    assert_eq!(unknown.conditions.last(), Some(condition), "after Ready, Progressing and Degraded");
+
+    tls_pool.status = Some(unknown);
+    let served = [serving("0A", None), serving("0A", None)];
+    let first = compute(&tls_pool, Some(&ready), &[], &served, &now(200));
+    let condition = find(&first.conditions, TLS_READY).unwrap();
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("True", reasons::CERTIFICATE_SERVED));
+    assert_eq!(condition.last_transition_time, now(200));
+
+    // The next certificate arrives: the message says so, the transition time stays.
+    tls_pool.status = Some(first);
+    let rotating = compute(&tls_pool, Some(&ready), &[], &[serving("0B", None), serving("0A", None)], &now(300));
+    let condition = find(&rotating.conditions, TLS_READY).unwrap();
+    assert!(condition.message.starts_with("rotating: "), "{}", condition.message);
+    assert_eq!(condition.last_transition_time, now(200));
+
+    tls_pool.status = Some(rotating);
+    let broken = [serving("0B", Some("tls.key does not match tls.crt")), serving("0B", None)];
+    let invalid = compute(&tls_pool, Some(&ready), &[], &broken, &now(400));
+    let condition = find(&invalid.conditions, TLS_READY).unwrap();
+    assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", reasons::CERTIFICATE_INVALID));
+    assert_eq!(condition.last_transition_time, now(400));
+    assert_eq!(find(&invalid.conditions, READY).unwrap().status, "True", "the last good certificate serves");
+
+    tls_pool.status = Some(invalid);
+    tls_pool.spec.tls = None;
+    let plain = compute(&tls_pool, Some(&ready), &[], &broken, &now(500));
+    assert_eq!(find(&plain.conditions, TLS_READY), None);
 }
 
 #[test]

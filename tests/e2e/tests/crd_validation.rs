@@ -38,6 +38,7 @@ async fn invalid_specs_are_refused_with_readable_messages() {
                          "maxInFlightTokens": 16384, "adaptive": true, "tenants": [{ "name": "search", "weight": 3 }] },
         "tei": { "maxClientBatchSize": 64, "autoTruncate": false, "extraArgs": ["--tokenization-workers=2"] },
         "http": { "payloadLimit": 4000000, "maxRequestInputs": 1000 },
+        "tls": { "secretName": "bge-small-tls", "clientCA": { "configMapName": "clients-ca" } },
     });
 
     let cases = [
@@ -76,6 +77,37 @@ async fn invalid_specs_are_refused_with_readable_messages() {
             json!([{ "name": "a", "weight": 0 }]),
             "concurrency.tenants[].weight must be between 1 and 1000",
         ),
+        ("/tls", json!({}), "spec.tls.secretName: Required value"),
+        (
+            "/tls",
+            json!({ "secretName": "Pool_TLS" }),
+            "tls.secretName must name a Secret in the pool's namespace (lowercase letters, digits, '-' and '.')",
+        ),
+        (
+            "/tls/clientCA",
+            json!({ "secretName": "clients-ca", "configMapName": "clients-ca" }),
+            "tls.clientCA needs exactly one of secretName or configMapName",
+        ),
+        (
+            "/tls/clientCA",
+            json!({ "key": "bundle.pem" }),
+            "tls.clientCA needs exactly one of secretName or configMapName",
+        ),
+        (
+            "/tls/clientCA",
+            json!({ "secretName": "Clients CA" }),
+            "tls.clientCA.secretName must name a Secret in the pool's namespace",
+        ),
+        (
+            "/tls/clientCA",
+            json!({ "configMapName": "clients/ca" }),
+            "tls.clientCA.configMapName must name a ConfigMap in the pool's namespace",
+        ),
+        (
+            "/tls/clientCA",
+            json!({ "configMapName": "clients-ca", "key": "" }),
+            "tls.clientCA.key must be a data key, 1 to 253 characters",
+        ),
     ];
     for (index, (pointer, value, message)) in cases.into_iter().enumerate() {
         let name = format!("invalid-{index}");
@@ -90,7 +122,13 @@ async fn invalid_specs_are_refused_with_readable_messages() {
 
     // The same base spec is accepted, and so is a CPU pool with no GPUs: the rules are not
     // refusing everything.
-    api.create(&PostParams::default(), &pool("valid", valid.clone())).await.expect("valid spec accepted");
+    let accepted =
+        api.create(&PostParams::default(), &pool("valid", valid.clone())).await.expect("valid spec accepted");
+    assert_eq!(
+        accepted.data["spec"]["tls"]["clientCA"],
+        json!({ "configMapName": "clients-ca", "key": "ca.crt" }),
+        "the CA bundle's key defaults to cert-manager's and trust-manager's"
+    );
     let cpu = with(with(valid, "/gpu/type", json!("cpu")), "/gpu/count", json!(0));
     api.create(&PostParams::default(), &pool("valid-cpu", cpu)).await.expect("cpu pool without GPUs accepted");
 
@@ -122,5 +160,5 @@ async fn shipped_samples_are_accepted_by_the_api_server() {
     let samples = teifleet_e2e::repo_root().join("deploy/samples");
     let (ok, output) = kubectl(&["apply", "--dry-run=server", "-n", &ns.name, "-f", samples.to_str().unwrap()]);
     assert!(ok, "{output}");
-    assert_eq!(output.matches("created (server dry run)").count(), 3, "{output}");
+    assert_eq!(output.matches("created (server dry run)").count(), 4, "{output}");
 }
