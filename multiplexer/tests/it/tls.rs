@@ -49,17 +49,7 @@ async fn served_serial(addr: SocketAddr, ca: &Authority) -> String {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("127.0.0.1").unwrap();
     let stream = tokio_rustls::TlsConnector::from(client).connect(name, tcp).await.expect("handshake");
-    x509_serial(&stream.get_ref().1.peer_certificates().unwrap()[0])
-}
-
-fn x509_serial(der: &[u8]) -> String {
-    // DER: SEQUENCE { SEQUENCE (tbs) { [0] version, INTEGER serial, ... } }; the serial is the
-    // first INTEGER after the explicit version tag.
-    let version = der.windows(5).position(|w| w == [0xa0, 0x03, 0x02, 0x01, 0x02]).expect("a v3 certificate");
-    let at = version + 5;
-    assert_eq!(der[at], 0x02, "the serial's INTEGER");
-    let len = der[at + 1] as usize;
-    der[at + 2..at + 2 + len].iter().map(|b| format!("{b:02X}")).collect()
+    teifleet_testkit::certs::serial_of(&stream.get_ref().1.peer_certificates().unwrap()[0])
 }
 
 async fn tls_mux(sim: SocketAddr, tls: Arc<ServerTls>, tenants: &[(&str, u32)]) -> Running {
