@@ -17,7 +17,7 @@ mod material;
 use std::sync::{Arc, PoisonError, RwLock};
 
 pub use io::{ClientIdentity, MaybeTls, accept, certificate_name};
-pub use material::{CertificateInfo, Loaded, Material, TlsError};
+pub use material::{CertificateInfo, Loaded, Material, TlsError, openssl_serial, serial_of};
 use rustls::ClientConfig;
 
 /// Why a connection was closed before its first request: the `reason` label of the refusal

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Real client libraries from PyPI (the openai SDK, huggingface_hub, requests) against the
-# multiplexer's HTTP front in front of the TEI simulator, both the debug binaries, on loopback.
+# Real client libraries from PyPI (the openai SDK, huggingface_hub, requests, grpcio) against the
+# multiplexer's fronts in front of the TEI simulator, both the debug binaries, on loopback: in
+# plain text, with API keys, and over TLS and mutual TLS with certificates made here every run.
 # The venv lives in target/py-venv and is rebuilt only when requirements.txt changes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,6 +28,9 @@ logs=$(mktemp -d)
 free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 sim_port=$(free_port) sim_admin=$(free_port) grpc=$(free_port) admin=$(free_port) http=$(free_port)
 keyed_grpc=$(free_port) keyed_admin=$(free_port) keyed_http=$(free_port)
+tls_grpc=$(free_port) tls_admin=$(free_port) tls_http=$(free_port)
+mtls_grpc=$(free_port) mtls_admin=$(free_port) mtls_http=$(free_port)
+rot_grpc=$(free_port) rot_admin=$(free_port) rot_http=$(free_port)
 
 pids=()
 cleanup() {
@@ -55,17 +59,81 @@ printf '%s\n' "auth: {keysFile: keys.yaml}" "pools:" \
     --http-listen "127.0.0.1:$keyed_http" --drain-delay 0s >"$logs/mux-keyed.log" 2>&1 &
 pids+=($!)
 
+# Certificates for test_tls.py, new every run: a CA and two server certificates from it (for
+# localhost and 127.0.0.1), a third with a serial whose first byte has its top bit set (DER pads
+# it with a zero byte that `openssl x509 -serial` does not print), a client CA with a client
+# certificate for the tenant `search`, and a client certificate of the same name from a CA
+# nobody trusts.
+tls=$logs/tls
+mkdir -p "$tls/rotating"
+ossl() { openssl "$@" 2>>"$logs/openssl.log" || { cat "$logs/openssl.log" >&2; return 1; }; }
+new_ca() { # NAME CN
+    ossl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=$2" \
+        -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign \
+        -keyout "$tls/$1.key" -out "$tls/$1.crt"
+}
+new_leaf() { # NAME CA CN EXTENDED-KEY-USAGE SUBJECT-ALT-NAMES [openssl x509 options]
+    local name=$1 ca=$2 cn=$3 usage=$4 names=$5
+    shift 5
+    ossl req -new -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=$cn" \
+        -keyout "$tls/$name.key" -out "$tls/$name.csr"
+    printf '%s\n' basicConstraints=critical,CA:FALSE keyUsage=critical,digitalSignature \
+        "extendedKeyUsage=$usage" "subjectAltName=$names" >"$tls/$name.ext"
+    ossl x509 -req -in "$tls/$name.csr" -CA "$tls/$ca.crt" -CAkey "$tls/$ca.key" -days 2 \
+        -extfile "$tls/$name.ext" -out "$tls/$name.crt" "$@"
+}
+server_names=DNS:localhost,IP:127.0.0.1
+new_ca ca "teifleet test CA"
+new_leaf server ca localhost serverAuth "$server_names" -CAcreateserial
+new_leaf server2 ca localhost serverAuth "$server_names" -CAcreateserial
+new_leaf server-high-serial ca localhost serverAuth "$server_names" -set_serial 0xC0FFEE
+new_ca client-ca "teifleet test client CA"
+new_leaf client client-ca search clientAuth DNS:search -CAcreateserial
+new_ca stranger-ca "a CA the multiplexer does not trust"
+new_leaf stranger stranger-ca search clientAuth DNS:search -CAcreateserial
+cp "$tls/server.crt" "$tls/rotating/tls.crt"
+cp "$tls/server.key" "$tls/rotating/tls.key"
+
+# A multiplexer serving TLS on both fronts; one with mutual TLS, whose client certificate names
+# the tenant (listed by name, so its metric says `search`, not `other`); and one whose
+# certificate files the tests replace (rotation, broken files).
+serve() { # LOG GRPC ADMIN HTTP [flags]
+    local log=$1 grpc=$2 admin=$3 http=$4
+    shift 4
+    "$bin/teifleet-multiplexer" static --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
+        --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
+        --http-listen "127.0.0.1:$http" --drain-delay 0s "$@" >"$logs/$log" 2>&1 &
+    pids+=($!)
+}
+serve mux-tls.log "$tls_grpc" "$tls_admin" "$tls_http" --tls-cert "$tls/server.crt" --tls-key "$tls/server.key"
+serve mux-mtls.log "$mtls_grpc" "$mtls_admin" "$mtls_http" --tls-cert "$tls/server.crt" \
+    --tls-key "$tls/server.key" --tls-client-ca "$tls/client-ca.crt" --tenant search=2
+serve mux-rotating.log "$rot_grpc" "$rot_admin" "$rot_http" --tls-cert "$tls/rotating/tls.crt" \
+    --tls-key "$tls/rotating/tls.key"
+
 export TEIFLEET_HTTP="http://127.0.0.1:$http" TEIFLEET_HTTP_KEYED="http://127.0.0.1:$keyed_http"
 export TEIFLEET_API_KEY="$api_key"
-for base in "$TEIFLEET_HTTP" "$TEIFLEET_HTTP_KEYED"; do
+export TEIFLEET_TLS_DIR="$tls"
+export TEIFLEET_TLS_HTTP="https://127.0.0.1:$tls_http" TEIFLEET_TLS_GRPC="127.0.0.1:$tls_grpc"
+export TEIFLEET_TLS_ADMIN="http://127.0.0.1:$tls_admin"
+export TEIFLEET_MTLS_HTTP="https://127.0.0.1:$mtls_http" TEIFLEET_MTLS_GRPC="127.0.0.1:$mtls_grpc"
+export TEIFLEET_MTLS_ADMIN="http://127.0.0.1:$mtls_admin"
+export TEIFLEET_ROTATING_HTTP="https://127.0.0.1:$rot_http" TEIFLEET_ROTATING_ADMIN="http://127.0.0.1:$rot_admin"
+export TEIFLEET_ROTATING_DIR="$tls/rotating"
+# Plain-text fronts answer /health; the TLS ones are ready when their (plain-text) admin port says so.
+for url in "$TEIFLEET_HTTP/health" "$TEIFLEET_HTTP_KEYED/health" \
+    "$TEIFLEET_TLS_ADMIN/readyz" "$TEIFLEET_MTLS_ADMIN/readyz" "$TEIFLEET_ROTATING_ADMIN/readyz"; do
     for _ in $(seq 100); do
-        curl -sf "$base/health" >/dev/null 2>&1 && break
+        curl -sf "$url" >/dev/null 2>&1 && break
         sleep 0.1
     done
 done
 if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/clients" "$@"; then
     echo "--- multiplexer log" >&2; tail -50 "$logs/mux.log" >&2
     echo "--- multiplexer with API keys, log" >&2; tail -20 "$logs/mux-keyed.log" >&2
+    echo "--- multiplexer with TLS, log" >&2; tail -20 "$logs/mux-tls.log" >&2
+    echo "--- multiplexer with mutual TLS, log" >&2; tail -20 "$logs/mux-mtls.log" >&2
+    echo "--- multiplexer with rotating certificates, log" >&2; tail -30 "$logs/mux-rotating.log" >&2
     echo "--- simulator log" >&2; tail -20 "$logs/sim.log" >&2
     exit 1
 fi

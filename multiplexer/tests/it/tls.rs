@@ -49,7 +49,7 @@ async fn served_serial(addr: SocketAddr, ca: &Authority) -> String {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let name = ServerName::try_from("127.0.0.1").unwrap();
     let stream = tokio_rustls::TlsConnector::from(client).connect(name, tcp).await.expect("handshake");
-    teifleet_testkit::certs::serial_of(&stream.get_ref().1.peer_certificates().unwrap()[0])
+    teifleet_runtime::tls::serial_of(&stream.get_ref().1.peer_certificates().unwrap()[0]).unwrap()
 }
 
 async fn tls_mux(sim: SocketAddr, tls: Arc<ServerTls>, tenants: &[(&str, u32)]) -> Running {

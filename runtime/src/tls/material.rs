@@ -106,10 +106,26 @@ fn system_roots() -> Arc<RootCertStore> {
     Arc::new(store)
 }
 
+/// A DER INTEGER's content as `openssl x509 -serial` prints it: without the zero byte DER puts
+/// before a first byte with its top bit set (00C0FFEE is printed C0FFEE).
+pub fn openssl_serial(der_integer: &[u8]) -> String {
+    let significant = match der_integer {
+        [0, rest @ ..] if !rest.is_empty() => rest,
+        all => all,
+    };
+    significant.iter().map(|byte| format!("{byte:02X}")).collect()
+}
+
+/// The serial of a DER certificate, as `openssl x509 -serial` prints it.
+pub fn serial_of(certificate: &[u8]) -> Option<String> {
+    let (_, parsed) = X509Certificate::from_der(certificate).ok()?;
+    Some(openssl_serial(parsed.raw_serial()))
+}
+
 fn describe(leaf: &CertificateDer<'_>) -> Result<CertificateInfo, TlsError> {
     let (_, parsed) = X509Certificate::from_der(leaf).map_err(|e| TlsError::Certificate(e.to_string()))?;
     let validity = parsed.validity();
-    let serial = parsed.raw_serial().iter().map(|byte| format!("{byte:02X}")).collect::<String>();
+    let serial = openssl_serial(parsed.raw_serial());
     let info = CertificateInfo {
         serial,
         subject: parsed.subject().to_string(),

@@ -62,7 +62,7 @@ async fn handshake(
             <x509_parser::prelude::X509Certificate<'_> as x509_parser::prelude::FromDer<'_, _>>::from_der(&leaf)
                 .ok()?;
         // Kept open until the server is done: it writes its session tickets after the handshake.
-        Some((stream, parsed.raw_serial().iter().map(|b| format!("{b:02X}")).collect::<String>()))
+        Some((stream, serial_of(&leaf)?))
     };
     let (server, client) = tokio::join!(server, client);
     (server, client.map(|(_open, serial)| serial))
@@ -144,4 +144,13 @@ async fn mutual_tls_refuses_clients_without_a_certificate_from_the_client_ca_and
     assert_eq!(server, Err(REFUSED_TLS_HANDSHAKE), "a certificate from another CA");
     let (server, _) = handshake(&tls, client_config(&ca, Some(&clients.client("search")))).await;
     assert_eq!(server, Ok(Some("search".to_owned())));
+}
+
+#[test]
+fn serials_read_as_openssl_prints_them() {
+    assert_eq!(openssl_serial(&[0x00, 0xC0, 0xFF, 0xEE]), "C0FFEE", "DER's sign byte dropped");
+    assert_eq!(openssl_serial(&[0x6B, 0x05]), "6B05");
+    assert_eq!(openssl_serial(&[0x00]), "00");
+    let issued = Authority::new("test CA").server(&["localhost"]);
+    assert_eq!(serial_of(&issued.der), Some(issued.serial));
 }

@@ -31,8 +31,9 @@ use teifleet_e2e::{admin_client, eventually, helm, import_into_real_node, instal
 use teifleet_multiplexer::upstream::{Dialer, Upstream};
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_proto::v1::{EmbedRequest, InfoRequest, embed_client::EmbedClient};
+use teifleet_runtime::tls::serial_of;
 use teifleet_runtime::tls::{Material, ServerTls};
-use teifleet_testkit::certs::{Authority, Issued, serial_of};
+use teifleet_testkit::certs::{Authority, Issued};
 use teifleet_testkit::prom;
 use tonic::transport::Channel;
 
@@ -93,7 +94,7 @@ impl Clients {
         let tcp = tokio::net::TcpStream::connect(self.service).await.ok()?;
         let name = rustls::pki_types::ServerName::try_from(self.name.clone()).ok()?;
         let stream = tokio_rustls::TlsConnector::from(config).connect(name, tcp).await.ok()?;
-        Some(serial_of(stream.get_ref().1.peer_certificates()?.first()?))
+        serial_of(stream.get_ref().1.peer_certificates()?.first()?)
     }
 }
 
@@ -183,7 +184,9 @@ async fn a_pool_with_tls_serves_rotates_and_survives_a_corrupt_certificate_on_re
         .map(|i| {
             let channel = pinned.clone();
             tokio::spawn(async move {
-                EmbedClient::new(channel).embed(EmbedRequest { inputs: format!("pinned {i}"), ..Default::default() }).await
+                EmbedClient::new(channel)
+                    .embed(EmbedRequest { inputs: format!("pinned {i}"), ..Default::default() })
+                    .await
             })
         })
         .collect();

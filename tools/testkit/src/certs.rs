@@ -89,23 +89,3 @@ impl Authority {
         self.issue(params, &[ExtendedKeyUsagePurpose::ClientAuth])
     }
 }
-
-/// The serial of a DER certificate, in hex as `openssl x509 -serial` prints it: the first
-/// INTEGER of the to-be-signed part, after its explicit version tag (every v3 certificate has one).
-pub fn serial_of(der: &[u8]) -> String {
-    let version = der.windows(5).position(|w| w == [0xa0, 0x03, 0x02, 0x01, 0x02]).expect("a v3 certificate");
-    let at = version + 5;
-    assert_eq!(der[at], 0x02, "the serial is an INTEGER");
-    let len = usize::from(der[at + 1]);
-    der[at + 2..at + 2 + len].iter().map(|b| format!("{b:02X}")).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_serial_read_back_is_the_one_issued() {
-        let ca = super::Authority::new("test CA");
-        let issued = ca.server(&["localhost"]);
-        assert_eq!(super::serial_of(&issued.der), issued.serial);
-    }
-}
