@@ -29,6 +29,10 @@ pub struct SidecarAdmission {
     /// Calls of the pool handed to a sibling replica, per second over the last minute.
     #[serde(default)]
     pub spilled_per_second: f64,
+    /// Seconds since a call last arrived at this sidecar (its own clients' or a sibling's), or
+    /// since it started: what scaling to zero counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_seconds: Option<f64>,
     /// The sidecar's TLS, when the pool asks for it (`spec.tls`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<SidecarTls>,
@@ -125,6 +129,7 @@ mod tests {
             standing_queue: standing,
             refused_per_second: 0.0,
             spilled_per_second: 0.0,
+            idle_seconds: None,
             tls: None,
         }
     }
@@ -163,4 +168,23 @@ mod tests {
         let report: SidecarAdmission = serde_json::from_value(older).unwrap();
         assert_eq!((report.in_flight, report.refused_per_second, report.spilled_per_second), (3, 0.0, 0.0));
     }
+}
+
+/// What a namespace's activator reports on its admin port: the calls it holds for pools with no
+/// ready replica, which is how the operator learns that a pool scaled to zero is called.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ActivatorReport {
+    pub pools: Vec<HeldCalls>,
+}
+
+/// One pool's calls at the activator.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HeldCalls {
+    pub pool: String,
+    /// Calls waiting now for a replica of the pool to be ready.
+    pub held: u32,
+    /// Seconds since a call for the pool last arrived here.
+    pub idle_seconds: f64,
 }

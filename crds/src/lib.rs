@@ -5,6 +5,7 @@
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
+pub mod autoscaling;
 pub mod budget;
 pub mod conditions;
 pub mod duration;
@@ -13,8 +14,9 @@ pub mod gpu;
 pub mod labels;
 mod pool;
 
+pub use autoscaling::{AutoscalingSpec, AutoscalingStatus};
 pub use budget::{Shares, split_budget};
-pub use effective::{CertificateSummary, EffectiveLimits, PoolDemand, SidecarAdmission, SidecarTls};
+pub use effective::{ActivatorReport, CertificateSummary, HeldCalls, EffectiveLimits, PoolDemand, SidecarAdmission, SidecarTls};
 pub use gpu::GpuType;
 pub use pool::*;
 

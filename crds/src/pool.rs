@@ -76,6 +76,8 @@ use crate::gpu::GpuType;
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.autoscaling) || !has(self.replicas)").message("spec.autoscaling owns this pool's replicas: remove spec.replicas (kubectl scale and HorizontalPodAutoscalers included), or remove spec.autoscaling to size the pool by hand"))]
+#[x_kube(validation = Rule::new("!has(self.autoscaling) || has(self.concurrency.maxInFlightPerReplica)").message("spec.autoscaling needs concurrency.maxInFlightPerReplica: what one replica lets in, so capacity grows with the pool"))]
 pub struct EmbeddingPoolSpec {
     /// The model every replica serves.
     pub model: ModelSpec,
@@ -87,10 +89,17 @@ pub struct EmbeddingPoolSpec {
 
     /// Number of TEI pods. Exposed through the scale subresource, so `kubectl scale` and a
     /// HorizontalPodAutoscaler targeting the EmbeddingPool both work. Leave it unset to let an
-    /// autoscaler that targets the Deployment own the replica count instead.
+    /// autoscaler that targets the Deployment own the replica count instead, or with
+    /// `autoscaling`, which then owns it (the two are refused together).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0").message("replicas must be 0 or more"))]
     pub replicas: Option<i32>,
+
+    /// The operator sizes the pool from what its sidecars report (docs/operating.md). Each
+    /// replica then lets `concurrency.maxInFlightPerReplica` in (required), so capacity grows
+    /// with the pool, and `concurrency.maxInFlight` caps the pool as a whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<crate::AutoscalingSpec>,
 
     /// The pool-wide admission budget enforced by the multiplexer sidecars. The operator splits it
     /// over ready replicas and publishes each replica's share in `status.admission`; sidecars apply
@@ -668,6 +677,10 @@ pub struct EmbeddingPoolStatus {
     /// sidecar answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub demand: Option<crate::PoolDemand>,
+
+    /// What the autoscaler decided last and why (`spec.autoscaling`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<crate::AutoscalingStatus>,
 
     /// Where clients call the pool, through its Service (`kubectl get epool -o wide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 
+use crate::call::Activity;
 use crate::metrics::Metrics;
 use crate::pools::PoolTable;
 
@@ -92,7 +93,12 @@ fn with_causes(status: &tonic::Status) -> String {
 
 /// The own pool's admission state and last minute's refusals and spills, for the operator's
 /// status summary; `None` until the pool and its limits are known.
-pub fn own_admission(pools: &PoolTable, metrics: &Metrics, tls: &ServerTls) -> Option<SidecarAdmission> {
+pub fn own_admission(
+    pools: &PoolTable,
+    metrics: &Metrics,
+    tls: &ServerTls,
+    activity: &Activity,
+) -> Option<SidecarAdmission> {
     let pool = pools.get(pools.own_name())?;
     pool.spec.limits?;
     let snapshot = pool.admission.snapshot();
@@ -108,6 +114,7 @@ pub fn own_admission(pools: &PoolTable, metrics: &Metrics, tls: &ServerTls) -> O
         standing_queue: snapshot.standing_queue,
         refused_per_second,
         spilled_per_second,
+        idle_seconds: Some(activity.idle_for().as_secs_f64()),
         tls: crate::tls::report(tls),
     })
 }
@@ -146,13 +153,15 @@ pub fn router(
     metrics: &Metrics,
     readiness: Arc<Readiness>,
     tls: Arc<ServerTls>,
+    activity: Arc<Activity>,
     tei_metrics: Option<http::Uri>,
 ) -> Router {
     let (admission_pools, admission_metrics) = (readiness.pools.clone(), metrics.clone());
     let admission = get(move || {
-        let (pools, metrics, tls) = (admission_pools.clone(), admission_metrics.clone(), tls.clone());
+        let (pools, metrics, tls, activity) =
+            (admission_pools.clone(), admission_metrics.clone(), tls.clone(), activity.clone());
         async move {
-            match own_admission(&pools, &metrics, &tls) {
+            match own_admission(&pools, &metrics, &tls, &activity) {
                 Some(report) => crate::http::json(&report),
                 None => (StatusCode::SERVICE_UNAVAILABLE, "pool configuration not known yet\n").into_response(),
             }
@@ -234,7 +243,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        let router = router(&metrics, readiness, Arc::new(ServerTls::off()), tei_metrics);
+        let router = router(&metrics, readiness, Arc::new(ServerTls::off()), Arc::default(), tei_metrics);
         let serving = stop.clone();
         tokio::spawn(async move { serve(listener, router, &metrics, serving).await });
         (addr, stop)
@@ -312,13 +321,13 @@ mod tests {
             tenants: BTreeMap::new(),
         };
         pools.sync(vec![spec(None)]).unwrap();
-        assert_eq!(own_admission(&pools, &metrics, &ServerTls::off()), None, "no limits yet");
+        assert_eq!(own_admission(&pools, &metrics, &ServerTls::off(), &Activity::default()), None, "no limits yet");
         let adaptive = crate::admission::Limits {
             adaptive: true,
             ..crate::admission::Limits::new(64, 128, Duration::from_secs(2))
         };
         pools.sync(vec![spec(Some(adaptive))]).unwrap();
-        let report = own_admission(&pools, &metrics, &ServerTls::off()).unwrap();
+        let report = own_admission(&pools, &metrics, &ServerTls::off(), &Activity::default()).unwrap();
         assert_eq!((report.pool.as_str(), report.max_in_flight, report.adaptive), ("own", 64, true));
         assert_eq!(report.effective_in_flight, 16, "an adaptive limit starts at a quarter of its ceiling");
         assert_eq!((report.refused_per_second, report.spilled_per_second), (0.0, 0.0));
@@ -336,7 +345,7 @@ mod tests {
             Outcome::ShedDeadline,
         );
         metrics.spilled("own", "served");
-        let report = own_admission(&pools, &metrics, &ServerTls::off()).unwrap();
+        let report = own_admission(&pools, &metrics, &ServerTls::off(), &Activity::default()).unwrap();
         assert_eq!((report.refused_per_second, report.spilled_per_second), (2.0 / 60.0, 1.0 / 60.0));
     }
     #[tokio::test]

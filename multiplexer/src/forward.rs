@@ -73,7 +73,7 @@ impl Forwarder {
         Call::new(self.metrics.clone(), self.activity.clone(), rpc, protocol, self.pools.own_name())
     }
 
-    pub fn activity(&self) -> &Activity {
+    pub fn activity(&self) -> &Arc<Activity> {
         &self.activity
     }
 

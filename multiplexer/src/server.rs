@@ -179,7 +179,13 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
 
     let helpers = CancellationToken::new();
     if let Some(listener) = admin_listener {
-        let router = admin::router(&metrics, readiness.clone(), settings.tls.clone(), settings.tei_metrics.clone());
+        let router = admin::router(
+            &metrics,
+            readiness.clone(),
+            settings.tls.clone(),
+            forwarder.activity().clone(),
+            settings.tei_metrics.clone(),
+        );
         let (metrics, helpers) = (metrics.clone(), helpers.clone());
         tokio::spawn(async move { admin::serve(listener, router, &metrics, helpers).await });
     }

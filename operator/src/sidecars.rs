@@ -151,6 +151,7 @@ mod tests {
             standing_queue: false,
             refused_per_second: 0.5,
             spilled_per_second: 0.0,
+            idle_seconds: None,
             tls: None,
         };
         let good = server(http("200 OK", &serde_json::to_string(&report).unwrap())).await;

@@ -202,6 +202,7 @@ pub fn compute(
             effective: if pool.spec.concurrency.adaptive { summarize(reports) } else { None },
         }),
         demand: demand(reports),
+        autoscaling: pool.status.as_ref().and_then(|s| s.autoscaling.clone()),
         endpoints: pool
             .metadata
             .namespace

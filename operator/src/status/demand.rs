@@ -73,6 +73,7 @@ pub(super) mod tests {
             standing_queue: false,
             refused_per_second: refused,
             spilled_per_second: spilled,
+            idle_seconds: None,
             tls: None,
         }
     }
