@@ -15,9 +15,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use k8s_openapi::api::core::v1::Pod;
-use teifleet_crds::SidecarAdmission;
+use serde::de::DeserializeOwned;
+use teifleet_crds::{ActivatorReport, HeldCalls, SidecarAdmission};
 use teifleet_wire::ports::MULTIPLEXER_ADMIN;
-use teifleet_wire::sidecar_admin::ADMISSION_PATH;
+use teifleet_wire::sidecar_admin::{ACTIVATIONS_PATH, ADMISSION_PATH};
 
 /// How long one sidecar may take to answer.
 const ANSWER_WITHIN: Duration = Duration::from_secs(1);
@@ -46,6 +47,8 @@ fn addresses(pods: &[Pod]) -> Vec<SocketAddr> {
 pub struct Reports {
     latest: Mutex<HashMap<String, Vec<SidecarAdmission>>>,
     asking: Mutex<HashSet<String>>,
+    /// Per namespace, what its activator pods last said.
+    activators: Mutex<HashMap<String, Vec<ActivatorReport>>>,
 }
 
 impl Reports {
@@ -55,12 +58,39 @@ impl Reports {
         if lock(&self.asking).insert(pool.to_owned()) {
             let (reports, pool, addresses) = (self.clone(), pool.to_owned(), addresses(pods));
             tokio::spawn(async move {
-                let answers = ask_all(&addresses).await;
+                let answers = ask_all(&addresses, ADMISSION_PATH).await;
                 lock(&reports.latest).insert(pool.clone(), answers);
                 lock(&reports.asking).remove(&pool);
             });
         }
         latest
+    }
+
+    /// What the activator pods of `namespace` (`pods`) last said about `pool`'s calls, all pods
+    /// together; starts a new ask unless one is under way.
+    pub fn held_calls(self: &Arc<Self>, namespace: &str, pool: &str, pods: &[Pod]) -> Option<HeldCalls> {
+        let latest = lock(&self.activators).get(namespace).cloned().unwrap_or_default();
+        // Beside the pools' "namespace/pool" keys; no pool name holds a space.
+        let key = format!("{namespace}/ activators");
+        if lock(&self.asking).insert(key.clone()) {
+            let (reports, namespace, addresses) = (self.clone(), namespace.to_owned(), addresses(pods));
+            tokio::spawn(async move {
+                let answers = ask_all(&addresses, ACTIVATIONS_PATH).await;
+                lock(&reports.activators).insert(namespace, answers);
+                lock(&reports.asking).remove(&key);
+            });
+        }
+        let mine = latest.iter().flat_map(|report| report.pools.iter()).filter(|held| held.pool == pool);
+        mine.fold(None, |sum: Option<HeldCalls>, held| {
+            Some(match sum {
+                None => held.clone(),
+                Some(sum) => HeldCalls {
+                    pool: sum.pool,
+                    held: sum.held.saturating_add(held.held),
+                    idle_seconds: sum.idle_seconds.min(held.idle_seconds),
+                },
+            })
+        })
     }
 
     /// Forgets a deleted pool's reports.
@@ -73,18 +103,23 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Asks every admin address at once; returns the answers that came, in no particular order.
-pub async fn ask_all(addresses: &[SocketAddr]) -> Vec<SidecarAdmission> {
+/// Asks every admin address at once for its report on `path`; returns the answers that came, in
+/// no particular order.
+pub async fn ask_all<T: DeserializeOwned>(addresses: &[SocketAddr], path: &str) -> Vec<T> {
     if addresses.is_empty() {
         return Vec::new();
     }
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
-    let asks = addresses.iter().map(|address| ask(&client, *address));
+    let asks = addresses.iter().map(|address| ask(&client, *address, path));
     futures::future::join_all(asks).await.into_iter().flatten().collect()
 }
 
-async fn ask(client: &Client<HttpConnector, Empty<Bytes>>, address: SocketAddr) -> Option<SidecarAdmission> {
-    let uri = format!("http://{address}{ADMISSION_PATH}").parse().ok()?;
+async fn ask<T: DeserializeOwned>(
+    client: &Client<HttpConnector, Empty<Bytes>>,
+    address: SocketAddr,
+    path: &str,
+) -> Option<T> {
+    let uri = format!("http://{address}{path}").parse().ok()?;
     let exchange = async {
         let response = client.get(uri).await.map_err(|error| error.to_string())?;
         if !response.status().is_success() {
@@ -92,12 +127,12 @@ async fn ask(client: &Client<HttpConnector, Empty<Bytes>>, address: SocketAddr) 
         }
         let body = Limited::new(response.into_body(), MAX_REPORT_BYTES);
         let body = body.collect().await.map_err(|error| error.to_string())?.to_bytes();
-        serde_json::from_slice::<SidecarAdmission>(&body).map_err(|error| error.to_string())
+        serde_json::from_slice::<T>(&body).map_err(|error| error.to_string())
     };
     let outcome = tokio::time::timeout(ANSWER_WITHIN, exchange)
         .await
         .unwrap_or_else(|_| Err(format!("no answer within {ANSWER_WITHIN:?}")));
-    outcome.map_err(|reason| tracing::debug!(%address, %reason, "sidecar did not report its admission")).ok()
+    outcome.map_err(|reason| tracing::debug!(%address, path, %reason, "no report")).ok()
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -162,9 +197,10 @@ mod tests {
         let silent = server(None).await;
         let closed = TcpListener::bind("127.0.0.1:0").await.unwrap().local_addr().unwrap();
         let started = tokio::time::Instant::now();
-        let reports = ask_all(&[good, unknown, garbled, oversized, silent, closed]).await;
+        let reports =
+            ask_all::<SidecarAdmission>(&[good, unknown, garbled, oversized, silent, closed], ADMISSION_PATH).await;
         assert_eq!(reports, vec![report]);
         assert!(started.elapsed() < Duration::from_secs(3), "asked at once, each within a second");
-        assert!(ask_all(&[]).await.is_empty());
+        assert!(ask_all::<SidecarAdmission>(&[], ADMISSION_PATH).await.is_empty());
     }
 }

@@ -27,6 +27,9 @@ pub mod sidecar_admin {
     /// (`teifleet_crds::SidecarAdmission`): the limit in force, the ceiling, what is in flight and
     /// queued. The operator sums the answers into an adaptive pool's status.
     pub const ADMISSION_PATH: &str = "/admission";
+    /// The activator's admin route answering the calls it holds per pool as JSON
+    /// (`teifleet_crds::ActivatorReport`): how the operator learns that a pool at zero is called.
+    pub const ACTIVATIONS_PATH: &str = "/activations";
 }
 
 /// How the kubelet learns TEI's health. TEI listens on the pod's loopback only (so nothing can call
