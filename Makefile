@@ -139,7 +139,7 @@ demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the relay it recor
 	tests/cluster/down.sh
 
 .PHONY: bench
-bench: ## Benchmarks 1–15, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 21 min)
+bench: ## Benchmarks 1–16, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 21 min)
 	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
 	bench/run.sh full
 

@@ -65,6 +65,7 @@ impl Bins {
         Features {
             sim_spin: sim.contains("--device"),
             mux_coalesce: mux.contains("--coalesce"),
+            mux_tls: mux.contains("--tls-cert"),
             floor_proxy: self.path(FLOOR).is_file(),
             haproxy: haproxy_program().is_some(),
             valgrind: Command::new("valgrind").arg("--version").output().is_ok_and(|o| o.status.success()),
@@ -79,6 +80,9 @@ pub struct Features {
     pub sim_spin: bool,
     /// `teifleet-multiplexer --coalesce`: identical in-flight unary calls share one upstream call.
     pub mux_coalesce: bool,
+    /// `teifleet-multiplexer --tls-cert/--tls-key`: its gRPC and HTTP ports serve TLS.
+    #[serde(default)]
+    pub mux_tls: bool,
     /// `teifleet-floor-proxy` is built.
     pub floor_proxy: bool,
     /// valgrind is installed (instruction counts).
@@ -108,6 +112,8 @@ pub struct Proc {
     guard: ChildGuard,
     pub grpc: u16,
     pub admin: u16,
+    /// Its gRPC port serves TLS ([`start_mux_tls`]).
+    tls: bool,
 }
 
 impl Proc {
@@ -120,15 +126,19 @@ impl Proc {
         for (key, value) in launch.env {
             command.env(key, value);
         }
-        Ok(Self { guard: ChildGuard::spawn_logged(launch.name, command, log)?, grpc, admin })
+        Ok(Self { guard: ChildGuard::spawn_logged(launch.name, command, log)?, grpc, admin, tls: false })
     }
 
     pub fn pid(&self) -> u32 {
         self.guard.id()
     }
 
+    /// `http://127.0.0.1:PORT`, or `https://` for a process serving TLS.
     pub fn url(&self) -> String {
-        url_of(self.grpc)
+        match self.tls {
+            true => format!("https://127.0.0.1:{}", self.grpc),
+            false => url_of(self.grpc),
+        }
     }
 
     pub fn admin_addr(&self) -> SocketAddr {
@@ -305,6 +315,58 @@ pub async fn start_mux_on(
     let launch = Launch { name, program: bins.path("teifleet-multiplexer"), args, env: vec![] };
     let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
     proc.ready_at("/readyz", Duration::from_secs(15)).await?;
+    Ok(proc)
+}
+
+/// A test CA's certificate and a server certificate it signed for 127.0.0.1 and localhost, as the
+/// PEM files the multiplexer's `--tls-cert`/`--tls-key` and a client's CA bundle read.
+#[derive(Clone, Debug)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The CA bundle clients trust.
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// A fresh CA and server certificate, written beside the logs as `<name>-{ca,cert,key}.pem`
+    /// (replaced by each run: nothing is left in the system's temp dir).
+    pub fn write(bins: &Bins, name: &str) -> Result<Self> {
+        let authority = teifleet_testkit::certs::Authority::new("teifleet bench CA");
+        let issued = authority.server(&["127.0.0.1", "localhost"]);
+        let dir = &bins.logs;
+        std::fs::create_dir_all(dir).map_err(|source| Error::File { what: "creating", path: dir.clone(), source })?;
+        let files = Self {
+            cert: dir.join(format!("{name}-cert.pem")),
+            key: dir.join(format!("{name}-key.pem")),
+            ca: dir.join(format!("{name}-ca.pem")),
+        };
+        for (path, pem) in
+            [(&files.cert, &issued.chain_pem), (&files.key, &issued.key_pem), (&files.ca, &authority.pem)]
+        {
+            std::fs::write(path, pem).map_err(|source| Error::File { what: "writing", path: path.clone(), source })?;
+        }
+        Ok(files)
+    }
+
+    /// The multiplexer's flags serving TLS with these files.
+    pub fn mux_args(&self) -> Vec<String> {
+        vec![format!("--tls-cert={}", self.cert.display()), format!("--tls-key={}", self.key.display())]
+    }
+}
+
+/// The multiplexer of [`start_mux`] with its gRPC port serving TLS (`--tls-cert`, `--tls-key`:
+/// rustls, ALPN h2/http1.1, TLS 1.3 tickets and a session cache); its [`Proc::url`] is
+/// `https://`. Every other flag is the same, so a plaintext one beside it differs only in TLS.
+pub async fn start_mux_tls(
+    bins: &Bins,
+    name: &str,
+    upstream: &Proc,
+    limits: &MuxLimits,
+    files: &TlsFiles,
+) -> Result<Proc> {
+    let mut proc = start_mux_with(bins, name, upstream, limits, &files.mux_args()).await?;
+    proc.tls = true;
     Ok(proc)
 }
 
@@ -507,6 +569,20 @@ mod tests {
         let json = serde_json::to_value(limits).unwrap();
         assert_eq!(json["queue_timeout"], 500.0);
         assert_eq!(serde_json::from_value::<MuxLimits>(json).unwrap(), limits);
+    }
+
+    #[test]
+    fn tls_files_are_written_beside_the_logs_and_named_in_the_flags() {
+        let logs = std::env::temp_dir().join(format!("teifleet-bench-tls-{}", std::process::id()));
+        let bins = Bins { dir: logs.clone(), logs: logs.clone() };
+        let files = TlsFiles::write(&bins, "t").unwrap();
+        let read = |p: &PathBuf| std::fs::read_to_string(p).unwrap();
+        assert!(read(&files.cert).contains("BEGIN CERTIFICATE") && read(&files.ca).contains("BEGIN CERTIFICATE"));
+        assert!(read(&files.key).contains("PRIVATE KEY"));
+        let args = files.mux_args();
+        assert_eq!(args[0], format!("--tls-cert={}", logs.join("t-cert.pem").display()));
+        assert_eq!(args[1], format!("--tls-key={}", logs.join("t-key.pem").display()));
+        std::fs::remove_dir_all(logs).unwrap();
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::scenarios::{
     overload::Overload, shed_storm::ShedStorm, slo::Slo, streams::Streams,
 };
 use crate::scenarios::{adaptive::AdaptiveLimit, fairness::Fairness, pushback::Pushback};
-use crate::scenarios::{http_overhead::HttpOverhead, http_overload::HttpOverload, spillover::Spillover};
+use crate::scenarios::{http_overhead::HttpOverhead, http_overload::HttpOverload, spillover::Spillover, tls::TlsCost};
 use crate::targets::Target;
 use crate::{Error, Result};
 
@@ -35,6 +35,7 @@ pub enum Outcome {
     HttpOverhead(Box<HttpOverhead>),
     HttpOverload(Box<HttpOverload>),
     Spillover(Box<Spillover>),
+    Tls(Box<TlsCost>),
 }
 
 impl Outcome {
@@ -55,6 +56,7 @@ impl Outcome {
             Self::HttpOverhead(r) => r.targets(),
             Self::HttpOverload(r) => r.targets(),
             Self::Spillover(r) => r.targets(),
+            Self::Tls(r) => r.targets(),
         }
     }
 }

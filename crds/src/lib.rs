@@ -16,7 +16,9 @@ mod pool;
 
 pub use autoscaling::{AutoscalingSpec, AutoscalingStatus};
 pub use budget::{Shares, split_budget};
-pub use effective::{ActivatorReport, CertificateSummary, HeldCalls, EffectiveLimits, PoolDemand, SidecarAdmission, SidecarTls};
+pub use effective::{
+    ActivatorReport, CertificateSummary, EffectiveLimits, HeldCalls, PoolDemand, SidecarAdmission, SidecarTls,
+};
 pub use gpu::GpuType;
 pub use pool::*;
 

@@ -16,8 +16,9 @@ pub mod render;
 pub mod report;
 pub mod retry;
 pub mod summary;
+pub mod tls;
 pub mod zipf;
 
-pub use driver::{Call, LoadConfig, Mode, Protocol, check_loopback, connect, connect_spread, run};
+pub use driver::{Call, Dialer, LoadConfig, Mode, Protocol, check_loopback, connect, connect_spread, is_tls, run};
 pub use error::{Error, Result};
 pub use report::Report;

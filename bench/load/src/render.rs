@@ -15,6 +15,8 @@ fn describe(info: &RunInfo) -> String {
     };
     if info.protocol == "http" {
         s.push_str(", HTTP/1.1 (TEI's HTTP API)");
+    } else if info.connection_per_call {
+        s.push_str(", a new connection per call");
     } else {
         let _ = write!(s, ", {} connection{}", info.connections, if info.connections == 1 { "" } else { "s" });
     }
@@ -48,6 +50,12 @@ fn retry_line(report: &Report) -> Option<String> {
         " · no hints".into()
     };
     Some(format!("attempts {} · OK at attempt {by}{hints}", r.attempts))
+}
+
+/// `handshakes 101: 1 full, 100 resumed`, for runs in TLS.
+fn tls_line(report: &Report) -> Option<String> {
+    let h = report.tls?;
+    Some(format!("handshakes {}: {} full, {} resumed", h.full + h.resumed, h.full, h.resumed))
 }
 
 /// Codes, most frequent first (`OK 412 · RESOURCE_EXHAUSTED 588`).
@@ -96,6 +104,9 @@ pub fn human(report: &Report) -> String {
     if let Some(line) = retry_line(report) {
         let _ = writeln!(out, "retries     {line}");
     }
+    if let Some(line) = tls_line(report) {
+        let _ = writeln!(out, "TLS         {line}");
+    }
     let _ = writeln!(
         out,
         "\n{:<16}{:>10}{:>10}{:>10}{:>10}{:>10}{:>10}{:>9}",
@@ -131,6 +142,9 @@ pub fn markdown(report: &Report) -> String {
     if let Some(line) = retry_line(report) {
         let _ = writeln!(out, "Retries: {line}.\n");
     }
+    if let Some(line) = tls_line(report) {
+        let _ = writeln!(out, "TLS: {line}.\n");
+    }
     let _ = writeln!(out, "| latency (ms) | p50 | p90 | p99 | p99.9 | max | mean | count |");
     let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for (name, s) in rows(report) {
@@ -163,6 +177,12 @@ mod tests {
         assert!(markdown(&report).contains("| TEI queue |"));
         assert_eq!(codes(&Report::default()), "none");
         assert!(!text.contains("retries"));
+        assert!(!text.contains("TLS"));
+        report.info.connection_per_call = true;
+        report.tls = Some(crate::report::Handshakes { full: 1, resumed: 99 });
+        let text = human(&report);
+        assert!(text.contains("closed loop, concurrency 4, a new connection per call"), "{text}");
+        assert!(text.contains("TLS         handshakes 100: 1 full, 99 resumed"), "{text}");
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub struct RunInfo {
     /// Closed loop: requests kept in flight.
     pub concurrency: Option<usize>,
     pub connections: usize,
+    /// Every call opened a connection of its own (and closed it).
+    #[serde(default)]
+    pub connection_per_call: bool,
     /// The RPC: `Embed`, `EmbedStream of N` (a request is then the whole call) or `Info`.
     pub call: String,
     /// What the requests embed, e.g. `tokens 16` or a Zipf query mix.
@@ -158,6 +161,7 @@ impl Recorder {
             tei_queue: (!self.tei_queue.is_empty()).then(|| self.tei_queue.summary()),
             tei_inference: (!self.tei_inference.is_empty()).then(|| self.tei_inference.summary()),
             retries,
+            tls: None,
         }
     }
 }
@@ -220,6 +224,16 @@ pub struct Report {
     /// With a retry policy: attempts, OK answers by attempt, and the hints received.
     #[serde(default)]
     pub retries: Option<Retries>,
+    /// `https://` targets: the run's TLS handshakes (connections made before it included).
+    #[serde(default)]
+    pub tls: Option<Handshakes>,
+}
+
+/// TLS handshakes of a run: full ones, and ones that resumed an earlier connection's session.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Handshakes {
+    pub full: u64,
+    pub resumed: u64,
 }
 
 impl Report {

@@ -7,6 +7,7 @@ mod http;
 pub mod plots;
 mod pool;
 mod sections;
+mod tls;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};

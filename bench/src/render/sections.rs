@@ -34,6 +34,7 @@ pub fn body(section: &Section) -> String {
         (Some(Outcome::HttpOverhead(r)), _) => super::http::overhead(r),
         (Some(Outcome::HttpOverload(r)), _) => super::http::overload(r),
         (Some(Outcome::Spillover(r)), _) => super::pool::spillover(r),
+        (Some(Outcome::Tls(r)), _) => super::tls::section(r),
         (None, Some(error)) => format!("Not measured: {error}."),
         (None, None) => "Not measured.".into(),
     }

@@ -18,6 +18,7 @@ pub mod shed_storm;
 pub mod slo;
 pub mod spillover;
 pub mod streams;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -76,10 +77,11 @@ pub enum Scenario {
     HttpOverhead,
     HttpOverload,
     Spillover,
+    Tls,
 }
 
 impl Scenario {
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::Overhead,
         Self::Overload,
         Self::Burst,
@@ -95,6 +97,7 @@ impl Scenario {
         Self::HttpOverhead,
         Self::HttpOverload,
         Self::Spillover,
+        Self::Tls,
     ];
 
     pub fn number(self) -> usize {
@@ -118,6 +121,7 @@ impl Scenario {
             Self::HttpOverhead => "http-overhead",
             Self::HttpOverload => "http-overload",
             Self::Spillover => "spillover",
+            Self::Tls => "tls",
         }
     }
 
@@ -143,6 +147,7 @@ impl Scenario {
             Self::HttpOverhead => "HTTP overhead: TEI's HTTP API through the sidecar vs gRPC through it vs direct",
             Self::HttpOverload => "HTTP overload: goodput at 2× to 10× capacity over HTTP vs gRPC, one sidecar",
             Self::Spillover => "Spillover: a client pinned to one replica gets the whole pool",
+            Self::Tls => "TLS cost: a call through the multiplexer in TLS vs in plaintext",
         };
         format!("{}. {title}", self.number())
     }
@@ -171,6 +176,7 @@ impl Scenario {
             Self::HttpOverhead => http_overhead::planned_targets(),
             Self::HttpOverload => http_overload::planned_targets(),
             Self::Spillover => spillover::planned_targets(),
+            Self::Tls => tls::planned_targets(),
         }
     }
 }
@@ -193,6 +199,7 @@ pub async fn run(ctx: &Context, scenario: Scenario) -> Section {
         Scenario::HttpOverhead => http_overhead::run(ctx).await.map(|r| Outcome::HttpOverhead(Box::new(r))),
         Scenario::HttpOverload => http_overload::run(ctx).await.map(|r| Outcome::HttpOverload(Box::new(r))),
         Scenario::Spillover => spillover::run(ctx).await.map(|r| Outcome::Spillover(Box::new(r))),
+        Scenario::Tls => tls::run(ctx).await.map(|r| Outcome::Tls(Box::new(r))),
     };
     match outcome {
         Ok(outcome) => Section::measured(scenario, outcome),
@@ -343,7 +350,10 @@ mod tests {
         assert_eq!(Scenario::parse("http-overload"), Some(Scenario::HttpOverload));
         assert_eq!(Scenario::parse("15"), Some(Scenario::Spillover));
         assert_eq!(Scenario::parse("spillover"), Some(Scenario::Spillover));
-        assert_eq!(Scenario::parse("16"), None);
+        assert_eq!(Scenario::parse("16"), Some(Scenario::Tls));
+        assert_eq!(Scenario::parse("tls"), Some(Scenario::Tls));
+        assert_eq!(Scenario::Tls.label(), "16 tls");
+        assert_eq!(Scenario::parse("17"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

@@ -74,7 +74,8 @@ enum Priority {
 #[derive(Debug, Parser)]
 #[command(name = "teifleet-load", version)]
 struct Args {
-    /// Endpoint, e.g. http://127.0.0.1:50051 (loopback addresses only). gRPC: repeat it to
+    /// Endpoint, e.g. http://127.0.0.1:50051, or https://127.0.0.1:50051 for gRPC in TLS (with
+    /// --ca-cert; loopback addresses only). gRPC: repeat it to
     /// spread the connections over several endpoints in turn (connection k to the k-th mod their
     /// number), as a client balancing over a pool's replicas; --connections 1 with one --target
     /// pins every request to one connection, as a client behind a ClusterIP Service is.
@@ -83,6 +84,16 @@ struct Args {
     /// How requests reach the target.
     #[arg(long, value_enum, default_value = "grpc")]
     protocol: Wire,
+    /// PEM CA bundle to trust for https:// targets (a sidecar started with --tls-cert): the only
+    /// roots trusted. One TLS client configuration serves the whole run, so new connections
+    /// resume earlier sessions.
+    #[arg(long, value_name = "FILE")]
+    ca_cert: Option<PathBuf>,
+    /// gRPC: open a new connection for every call (its TCP and TLS handshakes in its latency) and
+    /// close it after; TLS connections resume the run's sessions. --connections then only
+    /// spreads calls over the --target endpoints.
+    #[arg(long)]
+    connection_per_call: bool,
     #[arg(long, value_enum, default_value = "open")]
     mode: LoopMode,
     /// Open loop: requests per second.
@@ -212,6 +223,8 @@ fn config(args: &Args) -> LoadConfig {
             Wire::Grpc => Protocol::Grpc,
             Wire::Http => Protocol::Http,
         },
+        ca_cert: args.ca_cert.clone(),
+        connection_per_call: args.connection_per_call,
         mode,
         requests: args.requests,
         duration: args.duration,

@@ -155,6 +155,11 @@ impl CallSpec {
             sent.attempts += 1;
             let attempt = match connection {
                 Connection::Grpc(channel) => self.grpc(channel, index, left).await,
+                // The channel, and with it the connection, is dropped once the call is over.
+                Connection::PerCall(dialer) => match dialer.connect().await {
+                    Ok(channel) => self.grpc(&channel, index, left).await,
+                    Err(_) => Attempt::refused(Code::Unavailable, Hint::Absent),
+                },
                 Connection::Http(client) => self.http(client, index, left).await,
             };
             sent.code = attempt.code;

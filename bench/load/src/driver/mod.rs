@@ -6,6 +6,7 @@ mod connect;
 mod open;
 mod tei_http;
 
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,13 +15,14 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use call::CallSpec;
-pub use connect::{check_loopback, connect, connect_spread};
+pub use connect::{Dialer, check_loopback, connect, connect_spread, is_tls};
 
 use crate::arrivals::Arrivals;
 use crate::inputs::{Inputs, Tokens};
 use crate::progress::Progress;
 use crate::report::{Answer, Recorder, Report, RunInfo};
 use crate::retry::RetryPolicy;
+use crate::tls::TlsClient;
 use crate::{Error, Result};
 
 /// How requests are issued.
@@ -52,11 +54,13 @@ impl std::fmt::Display for Protocol {
     }
 }
 
-/// One connection a request can go out on: an HTTP/2 channel, or the HTTP/1.1 client whose pool
-/// opens a connection per request in flight (shared: its pool is the point).
+/// One connection a request can go out on: an HTTP/2 channel, a new HTTP/2 connection per call
+/// (made when the call starts, closed when it ends), or the HTTP/1.1 client whose pool opens a
+/// connection per request in flight (shared: its pool is the point).
 #[derive(Clone, Debug)]
 pub(crate) enum Connection {
     Grpc(Channel),
+    PerCall(std::sync::Arc<Dialer>),
     Http(std::sync::Arc<tei_http::HttpClient>),
 }
 
@@ -92,6 +96,13 @@ pub struct LoadConfig {
     pub more_targets: Vec<String>,
     /// gRPC (default) or TEI's HTTP API.
     pub protocol: Protocol,
+    /// PEM CA bundle trusted for `https://` targets (gRPC in TLS); required by them, refused
+    /// without one.
+    pub ca_cert: Option<PathBuf>,
+    /// gRPC: every call opens a connection of its own when it starts and closes it when it ends,
+    /// so its latency holds the TCP (and TLS) handshakes; TLS connections resume the run's
+    /// sessions. Off: `connections` long-lived connections carry every call.
+    pub connection_per_call: bool,
     pub mode: Mode,
     pub requests: u64,
     pub duration: Duration,
@@ -119,6 +130,8 @@ impl LoadConfig {
             target: target.into(),
             more_targets: Vec::new(),
             protocol: Protocol::Grpc,
+            ca_cert: None,
+            connection_per_call: false,
             mode: Mode::Closed { concurrency },
             requests,
             duration: Duration::from_secs(300),
@@ -169,6 +182,19 @@ impl LoadConfig {
                 self.targets().count()
             ));
         }
+        let tls_targets = self.targets().filter(|t| is_tls(t)).count();
+        if tls_targets > 0 && self.ca_cert.is_none() {
+            return bad("https:// targets need --ca-cert: the CA bundle to trust".into());
+        }
+        if tls_targets == 0 && self.ca_cert.is_some() {
+            return bad("--ca-cert is for https:// targets".into());
+        }
+        if self.protocol == Protocol::Http && tls_targets > 0 {
+            return bad("https:// targets need --protocol grpc: the HTTP client speaks plaintext only".into());
+        }
+        if self.protocol == Protocol::Http && self.connection_per_call {
+            return bad("--connection-per-call needs --protocol grpc".into());
+        }
         if self.protocol == Protocol::Http && !self.more_targets.is_empty() {
             return bad("several --target need --protocol grpc: HTTP requests use one client's pool".into());
         }
@@ -212,6 +238,7 @@ impl LoadConfig {
             rate,
             concurrency,
             connections: self.connections,
+            connection_per_call: self.connection_per_call,
             call: self.call.to_string(),
             inputs: match self.call {
                 Call::Info => "none".into(),
@@ -254,10 +281,18 @@ impl Sink {
 /// or the configuration is unusable; failed requests are part of the report.
 pub async fn run(config: &LoadConfig) -> Result<Report> {
     config.validate()?;
+    // One client configuration for the whole run: its session store is what later connections
+    // resume from.
+    let tls = config.ca_cert.as_deref().map(TlsClient::from_file).transpose()?;
     let channels: Vec<Connection> = match config.protocol {
+        Protocol::Grpc if config.connection_per_call => per_call(config, tls.as_ref()).await?,
         Protocol::Grpc => {
             let targets: Vec<&str> = config.targets().collect();
-            connect_spread(&targets, config.connections).await?.into_iter().map(Connection::Grpc).collect()
+            connect_spread(&targets, config.connections, tls.as_ref())
+                .await?
+                .into_iter()
+                .map(Connection::Grpc)
+                .collect()
         }
         Protocol::Http => {
             // One client: its pool shares the connections among all requests.
@@ -287,7 +322,20 @@ pub async fn run(config: &LoadConfig) -> Result<Report> {
     let (mut recorder, last) = sink.into_parts();
     recorder.unfinished(outcome.unfinished);
     let elapsed = last.map_or(Duration::ZERO, |last| last.saturating_duration_since(outcome.first_due));
-    Ok(recorder.finish(config.info(), sent, elapsed, outcome.schedule_span))
+    let mut report = recorder.finish(config.info(), sent, elapsed, outcome.schedule_span);
+    report.tls = tls.map(|tls| tls.handshakes());
+    Ok(report)
+}
+
+/// A dialer per connection slot, over the targets in turn; each target is reached once first, so
+/// one that cannot be is an error of the run rather than a failure of every call (and a TLS
+/// target's first session is in the store before the first call).
+async fn per_call(config: &LoadConfig, tls: Option<&TlsClient>) -> Result<Vec<Connection>> {
+    let dialers = config.targets().map(|t| Dialer::new(t, tls).map(std::sync::Arc::new)).collect::<Result<Vec<_>>>()?;
+    for dialer in &dialers {
+        drop(dialer.connect().await?);
+    }
+    Ok((0..config.connections).map(|k| Connection::PerCall(dialers[k % dialers.len()].clone())).collect())
 }
 
 /// What a loop tells [`run`] besides the answers.
