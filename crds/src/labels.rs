@@ -16,9 +16,12 @@ pub const ENV_POOL: &str = "TEIFLEET_POOL";
 pub const ENV_NAMESPACE: &str = "TEIFLEET_NAMESPACE";
 pub const ENV_POD_NAME: &str = "TEIFLEET_POD_NAME";
 
+/// What a pool's name takes to name its headless Service.
+pub const PEERS_SUFFIX: &str = "-peers";
+
 /// Name of the headless Service used for peer discovery and client-side balancing.
 pub fn peers_service_name(pool: &str) -> String {
-    format!("{pool}-peers")
+    format!("{pool}{PEERS_SUFFIX}")
 }
 
 /// Name of the ServiceAccount (and Role, RoleBinding) the pool's sidecars run as.

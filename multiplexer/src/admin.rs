@@ -18,7 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use teifleet_crds::SidecarAdmission;
 use teifleet_runtime::tls::ServerTls;
-use teifleet_wire::sidecar_admin::ADMISSION_PATH;
+use teifleet_wire::sidecar_admin::{ACTIVATIONS_PATH, ADMISSION_PATH};
 use teifleet_wire::tei_health;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -43,6 +43,10 @@ impl Readiness {
     pub fn ready(&self) -> Result<(), &'static str> {
         if !self.accepting.load(Ordering::Relaxed) {
             return Err("draining");
+        }
+        // The activator fronts no TEI: it is ready once it knows the pools.
+        if self.pools.activations().is_some() {
+            return if self.pools.synced() { Ok(()) } else { Err("pools not known yet") };
         }
         match self.pools.get(self.pools.own_name()) {
             Some(pool) if pool.spec.limits.is_some() => {}
@@ -177,11 +181,19 @@ pub fn router(
             }
         }
     });
-    let router = teifleet_runtime::admin::routes(metrics.registry.clone())
+    let activations = readiness.pools.activations().cloned();
+    let mut router = teifleet_runtime::admin::routes(metrics.registry.clone())
         .readyz(move || readiness.ready())
         .into_router()
         .route(tei_health::PATH, tei)
         .route(ADMISSION_PATH, admission);
+    if let Some(activations) = activations {
+        let report = get(move || {
+            let activations = activations.clone();
+            async move { crate::http::json(&activations.report()) }
+        });
+        router = router.route(ACTIVATIONS_PATH, report);
+    }
     match tei_metrics {
         Some(url) => {
             let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();

@@ -50,6 +50,11 @@ pub enum Error {
     #[error("the multiplexer is shutting down")]
     Draining,
 
+    /// The pool has no ready replica (it scaled to zero) and none became ready while the call
+    /// was held at the activator.
+    #[error("pool {pool} has no ready replica yet (it is starting from zero); held {waited:?}, retry shortly")]
+    ColdStart { pool: String, waited: std::time::Duration },
+
     /// The upstream answered with this status: it reaches the client as the upstream sent it.
     #[error("upstream {pool}: {status}")]
     Upstream { pool: String, status: tonic::Status },
@@ -62,6 +67,10 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// When a call held for a pool starting from zero is told to come back: soon, since the pool's
+/// first replica is on its way.
+pub const COLD_START_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What kind of failure a request met: the one classification every front and the metrics map
 /// from.
@@ -129,7 +138,7 @@ impl Error {
             }
             Self::UnknownPool { .. } | Self::UnknownModel { .. } => ErrorKind::NotFound,
             Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,
-            Self::PoolNotReady(_) | Self::Draining => ErrorKind::Unavailable,
+            Self::PoolNotReady(_) | Self::Draining | Self::ColdStart { .. } => ErrorKind::Unavailable,
             Self::Unreachable { .. } => ErrorKind::Unreachable,
             Self::DeadlineAtUpstream { .. } => ErrorKind::ExpiredAtUpstream,
             Self::Upstream { status, .. } if is_transport_failure(status) => ErrorKind::Unreachable,

@@ -163,6 +163,13 @@ impl Forwarder {
     }
 
     async fn client_of(&self, pool: &Pool, channel: Channel) -> Result<tonic::client::Grpc<Channel>> {
+        // The activator holds a call until its pool has a ready replica (the caller's deadline
+        // still runs, outside).
+        if let Some(activations) = self.pools.activations()
+            && let Some(ready) = activations.wait_for_replica(&pool.spec.name).await
+        {
+            ready?;
+        }
         let mut client = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(self.max_message_bytes)
             .max_encoding_message_size(self.max_message_bytes);

@@ -1,7 +1,7 @@
 //! teifleet's gRPC multiplexer: the sidecar in every TEI pod (and, same binary, a standalone
 //! gateway) that speaks `tei.v1`, holds each pool's admission queue and routes by metadata.
 //!
-//! Layout: `rpc` (every tei.v1 RPC as a row of one table), `auth` (API keys, checked first on
+//! Layout: `activator` (the role that holds calls for pools scaled to zero), `rpc` (every tei.v1 RPC as a row of one table), `auth` (API keys, checked first on
 //! both fronts), `service` (the one generic service serving every row), `forward` (unary and
 //! streaming forwarding of message bytes under admission), `streams` (the two halves of a
 //! forwarded stream, admitted message by message), `coalesce` (identical calls in flight share
@@ -19,6 +19,7 @@
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
+pub mod activator;
 pub mod admin;
 pub mod admission;
 pub mod auth;

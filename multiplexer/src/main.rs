@@ -4,7 +4,9 @@
 //! - `kubernetes` (the sidecar the operator renders): the pool and namespace from
 //!   `TEIFLEET_POOL` and `TEIFLEET_NAMESPACE`, limits from the watched EmbeddingPools;
 //! - `static` (tests, demos, gateways): one pool whose budget the flags give;
-//! - `file --config FILE`: several pools from a YAML file, re-read when it changes.
+//! - `file --config FILE`: several pools from a YAML file, re-read when it changes;
+//! - `activator` (the operator runs it beside pools that scale to zero): holds calls for pools
+//!   with no ready replica until one is, then passes them on.
 //!
 //! Every mode takes the same serving flags after it.
 
@@ -60,6 +62,15 @@ enum Source {
         pool: StaticPool,
         #[command(flatten)]
         upstream: Upstream,
+        #[command(flatten)]
+        serve: Serve,
+    },
+    /// The namespace's activator (the operator runs it beside pools that scale to zero): holds
+    /// a call for a pool with no ready replica until one is, then passes it on to one.
+    Activator {
+        /// Namespace of the EmbeddingPools to hold calls for.
+        #[arg(long, env = labels::ENV_NAMESPACE)]
+        namespace: String,
         #[command(flatten)]
         serve: Serve,
     },
@@ -211,7 +222,10 @@ fn parse_tenant(text: &str) -> Result<TenantWeight, String> {
 impl Source {
     fn serve(&self) -> &Serve {
         match self {
-            Self::Kubernetes { serve, .. } | Self::Static { serve, .. } | Self::File { serve, .. } => serve,
+            Self::Kubernetes { serve, .. }
+            | Self::Static { serve, .. }
+            | Self::File { serve, .. }
+            | Self::Activator { serve, .. } => serve,
         }
     }
 }
@@ -238,9 +252,9 @@ async fn run(source: Source) -> anyhow::Result<()> {
     let dialer = Dialer::new(certificates.tls().clone());
     let tls_files = source.serve().tls.clone();
     if tls_files.enabled() {
-        if matches!(source, Source::Kubernetes { .. }) {
+        if matches!(source, Source::Kubernetes { .. } | Source::Activator { .. }) {
             anyhow::bail!(
-                "--tls-cert is for the static and file modes: in kubernetes mode the pool's spec.tls sets TLS"
+                "--tls-cert is for the static and file modes: in kubernetes mode the pool's spec.tls sets TLS, and the activator serves none"
             );
         }
         let loaded = tls_files.load(&certificates)?;
@@ -249,7 +263,17 @@ async fn run(source: Source) -> anyhow::Result<()> {
     }
     // The API-key gate of the own pool; its keys come from the same source as the pools.
     let gate_for = |pool: &str, policy| Gate::new(pool, &metrics.registry, policy).map(Arc::new);
+    let mut pool_from_authority = None;
     let (table, gate, serve) = match source {
+        Source::Activator { namespace, serve } => {
+            let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
+            let activations = Arc::new(teifleet_multiplexer::activator::Activations::default());
+            let table = Arc::new(PoolTable::activator(metrics.clone(), activations));
+            tokio::spawn(sources::activator::watch(client, namespace.clone(), table.clone(), helpers.clone()));
+            pool_from_authority = Some(namespace);
+            // Keys are the pools' sidecars' to check: a call carries its key to them.
+            (table, Arc::new(Gate::off()), serve)
+        }
         Source::File { config, serve } => {
             let loaded = sources::file::load(&config).context("reading --config")?;
             let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
@@ -325,6 +349,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         drain_timeout: serve.drain_timeout,
         tei_metrics: tei_metrics_url(serve.tei_metrics.as_deref())?,
         tls: certificates.tls().clone(),
+        pool_from_authority,
         ..Settings::default()
     };
     let running = server::start(settings, table, metrics).await?;

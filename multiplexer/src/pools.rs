@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
+use crate::activator::Activations;
 use crate::admission::{Admission, Limits};
 use crate::coalesce::Coalescer;
 use crate::metrics::Metrics;
@@ -50,6 +51,11 @@ pub struct PoolTable {
     pools: RwLock<BTreeMap<String, Arc<Pool>>>,
     siblings: Arc<Siblings>,
     dialer: Dialer,
+    /// In the activator role, the pools whose calls are held until a replica is ready (their
+    /// upstreams balance over those replicas); `None` in a sidecar.
+    activations: Option<Arc<Activations>>,
+    /// A source has described the pools at least once.
+    synced: std::sync::atomic::AtomicBool,
 }
 
 impl PoolTable {
@@ -60,7 +66,24 @@ impl PoolTable {
     /// A table whose `https://` upstreams (and siblings) are reached through `dialer`.
     pub fn with_dialer(own: &str, metrics: Metrics, dialer: Dialer) -> Self {
         let siblings = Arc::new(Siblings::new(dialer.clone()));
-        Self { own: own.to_owned(), metrics, pools: RwLock::default(), siblings, dialer }
+        let synced = false.into();
+        Self { own: own.to_owned(), metrics, pools: RwLock::default(), siblings, dialer, activations: None, synced }
+    }
+
+    /// The activator's table: no own pool; every pool's upstream is the balancer `activations`
+    /// keeps over its ready replicas.
+    pub fn activator(metrics: Metrics, activations: Arc<Activations>) -> Self {
+        Self { activations: Some(activations), ..Self::with_dialer("", metrics, Dialer::default()) }
+    }
+
+    /// The pools whose calls wait for a ready replica (the activator role).
+    pub fn activations(&self) -> Option<&Arc<Activations>> {
+        self.activations.as_ref()
+    }
+
+    /// Whether a source has described the pools yet.
+    pub fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How `https://` upstreams are reached.
@@ -100,7 +123,10 @@ impl PoolTable {
                     Arc::new(Pool { admission, upstream, coalescer, siblings, spec })
                 }
                 existing => {
-                    let upstream = Upstream::lazy(&spec.upstream, &self.dialer)?;
+                    let upstream = match self.activations.as_ref().and_then(|a| a.channel(&spec.name)) {
+                        Some(balanced) => Upstream::from_channel(&spec.upstream, balanced),
+                        None => Upstream::lazy(&spec.upstream, &self.dialer)?,
+                    };
                     let admission = match &existing {
                         Some(existing) => existing.admission.clone(),
                         None => self.metrics.admission_for(&spec.name, spec.limits.unwrap_or(NOT_READY)),
@@ -120,6 +146,7 @@ impl PoolTable {
             tracing::info!(pool = %gone, "pool removed");
         }
         *pools = next;
+        self.synced.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
     }
 

@@ -59,6 +59,9 @@ pub struct Settings {
     /// TLS on the gRPC and HTTP ports (plain text while off); a source changes it live. Calls to
     /// `https://` upstreams use the same certificate set (`PoolTable::dialer`).
     pub tls: Arc<ServerTls>,
+    /// The activator role, in this namespace: a call that names no pool is for the pool whose
+    /// name its client dialled (`crate::activator`).
+    pub pool_from_authority: Option<String>,
 }
 
 /// Bounds on what one client can make a front hold before admission sees a call. Declared once:
@@ -119,6 +122,7 @@ impl Default for Settings {
             tei_metrics: None,
             bounds: InputBounds::default(),
             tls: Arc::new(ServerTls::off()),
+            pool_from_authority: None,
         }
     }
 }
@@ -218,6 +222,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         // every other call on it. Bounded still, against rapid-reset floods.
         .http2_max_pending_accept_reset_streams(Some(settings.max_concurrent_streams as usize))
         .http2_max_header_list_size(u32::try_from(settings.bounds.max_header_bytes).unwrap_or(u32::MAX))
+        .layer(tower::util::option_layer(settings.pool_from_authority.clone().map(name_pool_from_authority)))
         .add_routes(routes.prepare());
 
     let server_stop = CancellationToken::new();
@@ -232,13 +237,16 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.
     let http_server = http_listener.map(|listener| {
-        let app = crate::http::router(
+        let mut app = crate::http::router(
             forwarder.clone(),
             readiness.clone(),
             settings.http.clone(),
             settings.auth.clone(),
             settings.bounds.body_timeout,
         );
+        if let Some(namespace) = settings.pool_from_authority.clone() {
+            app = app.layer(name_pool_from_authority(namespace));
+        }
         let stopped = server_stop.clone().cancelled_owned();
         let bounds = settings.bounds.http_server(settings.max_concurrent_streams);
         let (refused, tls) = (metrics.refusal_counter("http"), Some(settings.tls.clone()));
@@ -289,6 +297,17 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         })
     };
     Ok(Running { grpc_addr, admin_addr, http_addr, forwarder, readiness, metrics, stop, task })
+}
+
+/// The activator's layer naming each call's pool from the name its client dialled.
+fn name_pool_from_authority<B>(
+    namespace: String,
+) -> tower::util::MapRequestLayer<impl Fn(http::Request<B>) -> http::Request<B> + Clone> {
+    tower::util::MapRequestLayer::new(move |mut request: http::Request<B>| {
+        let uri = request.uri().clone();
+        crate::activator::name_pool_from_authority(request.headers_mut(), &uri, &namespace);
+        request
+    })
 }
 
 /// Keeps serving through the drain delay while endpoints stop routing here; a multiplexer that

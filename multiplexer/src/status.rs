@@ -98,6 +98,12 @@ pub fn into_status(error: Error) -> Status {
         other => other,
     };
     let mut status = Status::new(error.code(), error.to_string());
+    if let Error::ColdStart { .. } = &error {
+        let millis = crate::error::COLD_START_RETRY.as_millis().to_string();
+        if let Ok(value) = millis.parse() {
+            status.metadata_mut().insert(RETRY_PUSHBACK_HEADER, value);
+        }
+    }
     if let Error::SpillRefused { .. } = &error {
         status.metadata_mut().insert(SPILL_REFUSED_HEADER, tonic::metadata::MetadataValue::from_static("1"));
     }

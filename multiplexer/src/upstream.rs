@@ -107,6 +107,12 @@ impl Upstream {
         Ok(Self { url: url.to_owned(), channel })
     }
 
+    /// An upstream over a channel made elsewhere (the activator's balancer over a pool's ready
+    /// replicas); `url` names it in logs.
+    pub fn from_channel(url: &str, channel: Channel) -> Self {
+        Self { url: url.to_owned(), channel }
+    }
+
     pub fn url(&self) -> &str {
         &self.url
     }

@@ -184,6 +184,7 @@ fn call_answer(error: &Error) -> Answer<'_> {
     };
     let retry_after = match error {
         Error::Admission { source, .. } => source.retry_after(),
+        Error::ColdStart { .. } => Some(crate::error::COLD_START_RETRY),
         _ => None,
     };
     Answer { status, error_type, message, retry_after }

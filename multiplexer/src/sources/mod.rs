@@ -4,6 +4,7 @@
 //! pool's other replicas, where its calls spill (flags, or its EndpointSlices); and the certificate
 //! set of TLS (files, or the Secret `spec.tls` names).
 
+pub mod activator;
 pub mod budget;
 pub mod file;
 pub mod kubernetes;

@@ -1,6 +1,7 @@
 //! The multiplexer's integration tests, one binary (one link, one process start) for every area:
 //! each module drives the real gRPC and HTTP fronts on loopback against the TEI simulator.
 
+mod activator;
 mod admission;
 mod auth;
 mod bad_input;

@@ -1,0 +1,152 @@
+//! The activator role in Kubernetes: the namespace's EmbeddingPools, each a pool whose calls are
+//! held until one of its replicas is ready (for as long as its `autoscaling.coldStartHold`), and
+//! each pool's ready replicas, from the EndpointSlices of its headless `<pool>-peers` Service.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+use kube::{Api, Client, ResourceExt as _};
+use teifleet_crds::EmbeddingPool;
+use teifleet_crds::duration::parse_duration;
+use tokio_util::sync::CancellationToken;
+
+use crate::admission::Limits;
+use crate::pools::{PoolSpec, PoolTable};
+
+/// The hold of a pool without `spec.autoscaling` (the CRD's default `coldStartHold`).
+const DEFAULT_HOLD: Duration = Duration::from_secs(60);
+
+/// The label EndpointSlices carry naming their Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// What the activator makes of a pool: its calls pass through here uncounted by any budget (the
+/// pool's own sidecars admit them), to the balancer over its ready replicas.
+fn activated(pool: &EmbeddingPool) -> (PoolSpec, Duration) {
+    let name = pool.name_any();
+    let hold = pool
+        .spec
+        .autoscaling
+        .as_ref()
+        .and_then(|autoscaling| parse_duration(&autoscaling.cold_start_hold).ok())
+        .unwrap_or(DEFAULT_HOLD);
+    let spec = PoolSpec {
+        upstream: format!("activated://{name}"),
+        model: Some(pool.spec.model.id.clone()),
+        // Admission is the replicas' business; here a call only waits for one to be ready.
+        limits: Some(Limits::new(usize::MAX >> 1, usize::MAX >> 1, hold)),
+        remote: true,
+        coalesce: false,
+        tenants: BTreeMap::new(),
+        name,
+    };
+    (spec, hold)
+}
+
+/// The pool a `<pool>-peers` EndpointSlice belongs to.
+fn pool_of(slice: &EndpointSlice) -> Option<&str> {
+    slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?.strip_suffix(teifleet_crds::labels::PEERS_SUFFIX)
+}
+
+/// Keeps `table` and `activations` in step with the namespace's pools and their ready replicas
+/// until `stop`.
+pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, stop: CancellationToken) {
+    let Some(activations) = table.activations().cloned() else { return };
+    let pools_api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
+    let slices_api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
+    let (pools, pools_writer) = reflector::store();
+    let (slices, slices_writer) = reflector::store();
+    let pool_events = reflector(pools_writer, watcher(pools_api, watcher::Config::default())).default_backoff();
+    let slice_config = watcher::Config::default().labels(SERVICE_NAME_LABEL);
+    let slice_events = reflector(slices_writer, watcher(slices_api, slice_config)).default_backoff();
+    let mut pool_events = std::pin::pin!(pool_events.take_until(stop.clone().cancelled_owned()));
+    let mut slice_events = std::pin::pin!(slice_events.take_until(stop.cancelled_owned()));
+    let (mut pools_listed, mut slices_listed) = (false, false);
+    loop {
+        tokio::select! {
+            event = pool_events.next() => match event {
+                None => return,
+                Some(Ok(watcher::Event::InitDone)) => pools_listed = true,
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {}
+                Some(Ok(_)) => continue,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "EmbeddingPool watch failed; retrying");
+                    continue;
+                }
+            },
+            event = slice_events.next() => match event {
+                None => return,
+                Some(Ok(watcher::Event::InitDone)) => slices_listed = true,
+                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {}
+                Some(Ok(_)) => continue,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "EndpointSlice watch failed; retrying");
+                    continue;
+                }
+            },
+        }
+        if !(pools_listed && slices_listed) {
+            continue;
+        }
+        let live: Vec<Arc<EmbeddingPool>> =
+            pools.state().into_iter().filter(|pool| pool.metadata.deletion_timestamp.is_none()).collect();
+        let (specs, holds): (Vec<PoolSpec>, Vec<(String, Duration)>) = live
+            .iter()
+            .map(|pool| {
+                let (spec, hold) = activated(pool);
+                let name = spec.name.clone();
+                (spec, (name, hold))
+            })
+            .unzip();
+        // Balancers first, so the table's new pools find theirs.
+        activations.sync(&holds);
+        let slices = slices.state();
+        for (pool, _) in &holds {
+            let own: Vec<Arc<EndpointSlice>> = slices.iter().filter(|s| pool_of(s) == Some(pool)).cloned().collect();
+            let tls = live.iter().any(|p| p.name_any() == *pool && p.spec.tls.is_some());
+            if tls {
+                // The activator serves no certificate of the pool's and calls its replicas in
+                // plain text: a pool with TLS cannot be held here (docs/operating.md).
+                continue;
+            }
+            let urls = super::siblings::urls(&own, "", false);
+            if let Err(error) = activations.set_peers(pool, &urls) {
+                tracing::warn!(pool, %error, "could not follow the pool's replicas");
+            }
+        }
+        if let Err(error) = table.sync(specs) {
+            tracing::warn!(%error, "could not apply the namespace's pools");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_pool_is_held_for_its_cold_start_hold_and_admitted_by_its_replicas() {
+        let pool: EmbeddingPool = serde_json::from_value(json!({
+            "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+            "metadata": { "name": "bge", "namespace": "ml" },
+            "spec": { "model": { "id": "org/bge" },
+                      "concurrency": { "maxInFlight": 8, "maxInFlightPerReplica": 4 },
+                      "autoscaling": { "minReplicas": 0, "maxReplicas": 4, "coldStartHold": "90s" } },
+        }))
+        .unwrap();
+        let (spec, hold) = activated(&pool);
+        assert_eq!((spec.name.as_str(), spec.remote, hold), ("bge", true, Duration::from_secs(90)));
+        assert!(spec.limits.unwrap().max_in_flight > 1_000_000, "no budget here");
+        let slice: EndpointSlice = serde_json::from_value(json!({
+            "metadata": { "name": "bge-peers-x", "labels": { SERVICE_NAME_LABEL: "bge-peers" } },
+            "addressType": "IPv4", "endpoints": [],
+        }))
+        .unwrap();
+        assert_eq!(pool_of(&slice), Some("bge"));
+    }
+}

@@ -1,0 +1,121 @@
+//! The activator role: calls for a pool with no ready replica (gRPC unary and streams, HTTP) are
+//! held, counted for the operator, and served once a replica is ready; a call whose deadline is
+//! shorter than the wait gets DEADLINE_EXCEEDED at its deadline; one whose hold runs out gets
+//! UNAVAILABLE with a retry hint. The pool is the name the client dialled.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use teifleet_multiplexer::activator::Activations;
+use teifleet_multiplexer::metrics::Metrics;
+use teifleet_multiplexer::pools::{PoolSpec, PoolTable};
+use teifleet_multiplexer::server::{self, Running, Settings};
+use teifleet_proto::v1::embed_client::EmbedClient;
+use teifleet_wire::headers::POOL as POOL_HEADER;
+use tonic::transport::Channel;
+
+use crate::http_front::request;
+use crate::support::*;
+
+/// An activator for pool `bge` of namespace `ml`, holding calls up to `hold`.
+async fn activator(hold: Duration) -> (Running, Arc<Activations>) {
+    let activations = Arc::new(Activations::default());
+    activations.sync(&[("bge".into(), hold)]);
+    let metrics = Metrics::new();
+    let table = Arc::new(PoolTable::activator(metrics.clone(), activations.clone()));
+    table
+        .sync(vec![PoolSpec {
+            name: "bge".into(),
+            model: Some(MODEL.into()),
+            upstream: "activated://bge".into(),
+            limits: Some(limits(1 << 20, 1 << 20)),
+            remote: true,
+            coalesce: false,
+            tenants: BTreeMap::new(),
+        }])
+        .unwrap();
+    let settings = Settings {
+        http_listen: Some("127.0.0.1:0".parse().unwrap()),
+        pool_from_authority: Some("ml".into()),
+        ..Settings::default()
+    };
+    (server::start(settings, table, metrics).await.expect("the activator starts"), activations)
+}
+
+/// A client of the activator that dialled the pool Service by name, as clients of the pool do.
+fn dialling_the_pool(activator: &Running) -> EmbedClient<Channel> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", activator.grpc_addr)).unwrap();
+    EmbedClient::new(endpoint.origin("http://bge.ml.svc:50051".parse().unwrap()).connect_lazy())
+}
+
+fn held(activations: &Activations) -> u32 {
+    activations.report().pools.iter().map(|pool| pool.held).sum()
+}
+
+#[tokio::test]
+async fn calls_at_zero_are_held_until_a_replica_is_ready_then_served() {
+    let (activator, activations) = activator(Duration::from_secs(30)).await;
+    let client = dialling_the_pool(&activator);
+    let unary = spawn_embed(&client, embed_request("first call at zero"));
+    let stream = tokio::spawn({
+        let mut client = client.clone();
+        async move {
+            let messages = tokio_stream::iter([embed_request("stream 1"), embed_request("stream 2")]);
+            let mut answers = client.embed_stream(messages).await?.into_inner();
+            let mut count = 0;
+            while answers.message().await?.is_some() {
+                count += 1;
+            }
+            Ok::<_, tonic::Status>(count)
+        }
+    });
+    let http_addr = activator.http_addr.unwrap();
+    let http = tokio::spawn(async move {
+        request(http_addr, "POST", "/embed", &[(POOL_HEADER, "bge")], br#"{"inputs":"over HTTP"}"#).await
+    });
+    until("three calls held", Duration::from_secs(10), || held(&activations) == 3).await;
+
+    // The pool's first replica becomes ready: a sidecar in front of TEI.
+    let sim = sim(|_| {}).await;
+    let (replica, _) = mux_with(vec![spec("bge", sim.addr(), limits(8, 64))], Settings::default()).await;
+    activations.set_peers("bge", &[format!("http://{}", replica.grpc_addr)]).unwrap();
+
+    unary.await.unwrap().expect("the held unary call is served");
+    assert_eq!(stream.await.unwrap().expect("the held stream is served"), 2);
+    assert_eq!(http.await.unwrap().status, 200);
+    assert_eq!(held(&activations), 0);
+    let served = metric_sum(&metrics_text(&replica), "teifleet_requests_total", &[("outcome", "ok")]);
+    assert_eq!(served, 3.0, "the replica's sidecar admitted and counted them");
+    let report = activations.report();
+    assert!(report.pools[0].idle_seconds < 30.0, "{report:?}");
+}
+
+#[tokio::test]
+async fn a_deadline_shorter_than_the_cold_start_ends_at_the_deadline_and_a_hold_that_runs_out_is_unavailable() {
+    let (activator, activations) = activator(Duration::from_millis(300)).await;
+    let client = dialling_the_pool(&activator);
+    let mut short = tonic::Request::new(embed_request("in a hurry"));
+    short.set_timeout(Duration::from_millis(100));
+    let expired = client.clone().embed(short).await.unwrap_err();
+    assert_eq!(expired.code(), tonic::Code::DeadlineExceeded, "{expired:?}");
+
+    let refused = client.clone().embed(embed_request("patient")).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(refused.message().contains("no ready replica"), "{refused:?}");
+    assert_eq!(refused.metadata().get("grpc-retry-pushback-ms").unwrap(), "1000");
+    let http =
+        request(activator.http_addr.unwrap(), "POST", "/embed", &[(POOL_HEADER, "bge")], br#"{"inputs":"x"}"#).await;
+    assert_eq!(http.status, 503);
+    assert_eq!(held(&activations), 0, "nothing stays counted");
+}
+
+#[tokio::test]
+async fn a_call_for_another_namespace_or_an_unknown_pool_is_not_held() {
+    let (activator, activations) = activator(Duration::from_secs(30)).await;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", activator.grpc_addr)).unwrap();
+    let elsewhere = EmbedClient::new(endpoint.origin("http://gte.ml.svc:50051".parse().unwrap()).connect_lazy());
+    let status = elsewhere.clone().embed(embed_request("who")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
+    assert_eq!(held(&activations), 0);
+}
