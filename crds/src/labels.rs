@@ -33,3 +33,15 @@ pub fn sidecar_account_name(pool: &str) -> String {
 pub fn pool_selector(pool: &str) -> String {
     format!("{POOL_LABEL}={pool}")
 }
+
+/// `app.kubernetes.io/part-of` value on everything teifleet runs.
+pub const PART_OF: &str = "teifleet";
+
+/// `app.kubernetes.io/component` value of a namespace's activator pods: they hold calls for pools
+/// scaled to zero while a replica starts, and report them to the operator.
+pub const ACTIVATOR_COMPONENT: &str = "activator";
+
+/// Label selector string selecting the activator pods of a namespace.
+pub fn activator_selector() -> String {
+    format!("{COMPONENT_LABEL}={ACTIVATOR_COMPONENT},{PART_OF_LABEL}={PART_OF}")
+}

@@ -3,6 +3,7 @@
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
+pub mod activator;
 pub mod admin;
 pub mod controller;
 pub mod leader;

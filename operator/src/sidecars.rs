@@ -135,7 +135,7 @@ async fn ask<T: DeserializeOwned>(
     outcome.map_err(|reason| tracing::debug!(%address, path, %reason, "no report")).ok()
 }
 
-fn is_ready(pod: &Pod) -> bool {
+pub(crate) fn is_ready(pod: &Pod) -> bool {
     let conditions = pod.status.as_ref().and_then(|status| status.conditions.as_ref());
     conditions.is_some_and(|conditions| conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }

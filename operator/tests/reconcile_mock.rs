@@ -24,7 +24,8 @@ struct Seen {
 }
 
 /// Answers like an API server that accepts every apply: a PATCH echoes the object back with a
-/// Deployment status showing every replica ready; LISTs are empty; DELETEs find nothing.
+/// Deployment status showing every replica ready; LISTs are empty; GETs and DELETEs of one object
+/// find nothing.
 fn mock_api() -> (Client, Arc<Mutex<Vec<Seen>>>) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -57,6 +58,11 @@ fn mock_api() -> (Client, Arc<Mutex<Vec<Seen>>>) {
                     }
                     (StatusCode::OK, object)
                 }
+                // One object (`.../namespaces/<ns>/<resource>/<name>`): not there.
+                "GET" if path.split("/namespaces/").nth(1).is_some_and(|rest| rest.split('/').count() == 3) => (
+                    StatusCode::NOT_FOUND,
+                    json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "metadata": {} }),
+                ),
                 "GET" => (StatusCode::OK, json!({ "apiVersion": "v1", "kind": "List", "metadata": {}, "items": [] })),
                 "DELETE" => (
                     StatusCode::NOT_FOUND,

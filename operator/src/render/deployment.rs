@@ -28,7 +28,7 @@ use super::{Owner, RenderConfig};
 /// budgets.
 const TEI_DEFAULT_MAX_CONCURRENT: i32 = 2048;
 /// Unprivileged uid/gid the pods run as (the restricted Pod Security Standard forbids root).
-const RUN_AS: i64 = 1000;
+pub(super) const RUN_AS: i64 = 1000;
 /// The volume TEI's Hugging Face cache lives on, mounted at [`MODEL_CACHE_PATH`].
 const MODEL_CACHE_VOLUME: &str = "model-cache";
 const MODEL_CACHE_PATH: &str = "/data";
@@ -176,7 +176,7 @@ fn tolerations(pool: &EmbeddingPool) -> Vec<Toleration> {
     tolerations
 }
 
-fn container_security_context() -> SecurityContext {
+pub(super) fn container_security_context() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Capabilities::default() }),
@@ -187,7 +187,7 @@ fn container_security_context() -> SecurityContext {
     }
 }
 
-fn runtime_default_seccomp() -> SeccompProfile {
+pub(super) fn runtime_default_seccomp() -> SeccompProfile {
     SeccompProfile { type_: "RuntimeDefault".into(), ..SeccompProfile::default() }
 }
 
@@ -213,7 +213,7 @@ fn tei_health_probe(period: i32, failures: i32) -> Probe {
     }
 }
 
-fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
+pub(super) fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -226,7 +226,7 @@ fn http_probe(path: &str, period: i32, failures: i32) -> Probe {
     }
 }
 
-fn tcp_port(name: &str, port: u16) -> ContainerPort {
+pub(super) fn tcp_port(name: &str, port: u16) -> ContainerPort {
     ContainerPort {
         name: Some(name.into()),
         container_port: i32::from(port),
@@ -240,7 +240,7 @@ fn env_value(name: &str, value: impl Into<String>) -> EnvVar {
 }
 
 /// An env var filled in by the kubelet from the pod's own metadata (downward API).
-fn env_field(name: &str, field_path: &str) -> EnvVar {
+pub(super) fn env_field(name: &str, field_path: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {
@@ -297,7 +297,7 @@ fn model_cache_volume(owner: &Owner, cache: Option<&ModelCacheSpec>) -> Volume {
     }
 }
 
-fn quantities<const N: usize>(entries: [(&str, &str); N]) -> BTreeMap<String, Quantity> {
+pub(super) fn quantities<const N: usize>(entries: [(&str, &str); N]) -> BTreeMap<String, Quantity> {
     entries.into_iter().map(|(resource, amount)| (resource.into(), Quantity(amount.into()))).collect()
 }
 

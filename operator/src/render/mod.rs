@@ -3,6 +3,7 @@
 //! Nothing here talks to the API server: every child is a value computed from the pool and the
 //! operator's configuration, so each one is covered by golden tests without a cluster.
 
+pub mod activator;
 mod deployment;
 mod network_policy;
 mod pdb;

@@ -17,7 +17,7 @@ pub(super) fn service_account(owner: &Owner) -> ServiceAccount {
     ServiceAccount { metadata: owner.meta(labels::sidecar_account_name(&owner.name)), ..ServiceAccount::default() }
 }
 
-fn read_rule(group: &str, resource: &str) -> PolicyRule {
+pub(super) fn read_rule(group: &str, resource: &str) -> PolicyRule {
     PolicyRule {
         api_groups: Some(vec![group.into()]),
         resources: Some(vec![resource.into()]),

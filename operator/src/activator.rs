@@ -1,0 +1,128 @@
+//! Keeps a namespace's activator (`render::activator`) in step with its pools, and a pool that
+//! may scale to zero routed to it while it has no ready replica: the activator's pods are added to
+//! the pool's Service (an EndpointSlice of the operator's) before the pool's last replica goes,
+//! and taken out once a replica is ready again.
+
+use std::net::IpAddr;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use kube::api::ListParams;
+use kube::{Api, ResourceExt as _};
+use teifleet_crds::EmbeddingPool;
+
+use crate::Result;
+use crate::controller::{Context, apply, delete_if_present};
+use crate::render::activator::{self, NAME, scales_to_zero};
+
+/// Brings the namespace's activator and `pool`'s route to it to what they should be; returns
+/// the activator's pods (empty when the namespace has none), whose held calls tell the
+/// autoscaler a pool at zero is wanted.
+pub async fn reconcile(
+    ctx: &Context,
+    pool: &EmbeddingPool,
+    namespace: &str,
+    deployment: &Deployment,
+) -> Result<Vec<Pod>> {
+    let client = &ctx.client;
+    let pools = Api::<EmbeddingPool>::namespaced(client.clone(), namespace).list(&ListParams::default()).await?;
+    let mut owners: Vec<&EmbeddingPool> =
+        pools.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && scales_to_zero(p)).collect();
+    owners.sort_by_key(|p| p.name_any());
+    let (pods, had_activator) = match activator::render(namespace, &owners, &ctx.render) {
+        Some(objects) => {
+            apply(client, namespace, &objects.service_account).await?;
+            apply(client, namespace, &objects.role).await?;
+            apply(client, namespace, &objects.role_binding).await?;
+            apply(client, namespace, &objects.deployment).await?;
+            let pods = Api::<Pod>::namespaced(client.clone(), namespace);
+            (pods.list(&ListParams::default().labels(&teifleet_crds::labels::activator_selector())).await?.items, true)
+        }
+        None => (Vec::new(), remove(ctx, namespace).await?),
+    };
+    // Without an activator in the namespace no pool's Service can be routed to one: nothing to
+    // take down, and no request spent finding that out.
+    if had_activator {
+        route(ctx, pool, namespace, deployment, &pods).await?;
+    }
+    Ok(pods)
+}
+
+/// Removes the namespace's activator, if it has one, once no pool there scales to zero; says
+/// whether it had one.
+async fn remove(ctx: &Context, namespace: &str) -> Result<bool> {
+    let client = &ctx.client;
+    if Api::<Deployment>::namespaced(client.clone(), namespace).get_opt(NAME).await?.is_none() {
+        return Ok(false);
+    }
+    tracing::info!(%namespace, "no pool scales to zero here any more: removing the activator");
+    delete_if_present::<Deployment>(client, namespace, NAME).await?;
+    delete_if_present::<RoleBinding>(client, namespace, NAME).await?;
+    delete_if_present::<Role>(client, namespace, NAME).await?;
+    delete_if_present::<ServiceAccount>(client, namespace, NAME).await?;
+    Ok(true)
+}
+
+/// Whether `pool`'s Service needs the activator: it may scale to zero, and has no ready
+/// replica, or is about to have none.
+fn needs_activator(pool: &EmbeddingPool, deployment: &Deployment) -> bool {
+    let desired = deployment.spec.as_ref().and_then(|spec| spec.replicas).unwrap_or(1);
+    let ready = deployment.status.as_ref().and_then(|status| status.ready_replicas).unwrap_or(0);
+    scales_to_zero(pool) && (desired == 0 || ready == 0)
+}
+
+fn ready_addresses(pods: &[Pod]) -> Vec<IpAddr> {
+    pods.iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none() && crate::sidecars::is_ready(pod))
+        .filter_map(|pod| pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok())
+        .collect()
+}
+
+async fn route(
+    ctx: &Context,
+    pool: &EmbeddingPool,
+    namespace: &str,
+    deployment: &Deployment,
+    pods: &[Pod],
+) -> Result<()> {
+    let name = pool.name_any();
+    if !needs_activator(pool, deployment) {
+        return delete_if_present::<EndpointSlice>(&ctx.client, namespace, &activator::slice_name(&name)).await;
+    }
+    match activator::slice(pool, &ready_addresses(pods)) {
+        Some(slice) => apply(&ctx.client, namespace, &slice).await.map(drop),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_pool_at_zero_or_going_there_is_routed_to_the_activator() {
+        let pool: EmbeddingPool = serde_json::from_value(json!({
+            "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+            "metadata": { "name": "bge", "namespace": "ml" },
+            "spec": { "model": { "id": "org/m" }, "concurrency": { "maxInFlight": 8, "maxInFlightPerReplica": 4 },
+                      "autoscaling": { "minReplicas": 0, "maxReplicas": 2 } },
+        }))
+        .unwrap();
+        let deployment = |replicas: i32, ready: i32| -> Deployment {
+            serde_json::from_value(json!({ "spec": { "replicas": replicas, "selector": {}, "template": {} },
+                                           "status": { "readyReplicas": ready } }))
+            .unwrap()
+        };
+        assert!(needs_activator(&pool, &deployment(0, 0)), "at zero");
+        assert!(needs_activator(&pool, &deployment(0, 1)), "its last replica is going");
+        assert!(needs_activator(&pool, &deployment(1, 0)), "starting from zero");
+        assert!(!needs_activator(&pool, &deployment(1, 1)), "a replica is ready");
+        let mut fixed = pool.clone();
+        fixed.spec.autoscaling.as_mut().unwrap().min_replicas = 1;
+        assert!(!needs_activator(&fixed, &deployment(1, 0)), "never at zero: no activator");
+    }
+}

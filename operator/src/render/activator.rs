@@ -1,0 +1,245 @@
+//! The namespace's activator, rendered while any of its pools may scale to zero
+//! (`autoscaling.minReplicas: 0`): a Deployment of the multiplexer in its `activator` role, with an
+//! identity that may read EmbeddingPools and EndpointSlices in the namespace and nothing more;
+//! and, for each such pool while it has no ready replica, an EndpointSlice that adds the
+//! activator's pods to the pool's Service, so calls reach the activator instead of nothing.
+//!
+//! Every pool that may scale to zero owns the activator (owner references, none a controller),
+//! so it goes with the last of them.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{
+    Container, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, ServiceAccount,
+};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use kube::Resource as _;
+use teifleet_crds::{EmbeddingPool, GROUP, labels};
+use teifleet_wire::ports;
+
+use super::RenderConfig;
+use super::deployment::{
+    RUN_AS, container_security_context, env_field, http_probe, quantities, runtime_default_seccomp, tcp_port,
+};
+use super::rbac::read_rule;
+
+/// The activator's name: its Deployment, ServiceAccount, Role and RoleBinding.
+pub const NAME: &str = "teifleet-activator";
+/// What the EndpointSlices the operator writes say manages them (the EndpointSlice controller
+/// leaves slices of other managers alone).
+const SLICE_MANAGER_LABEL: &str = "endpointslice.kubernetes.io/managed-by";
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The activator holds calls and forwards bytes; it runs no model.
+const REQUESTS: [(&str, &str); 2] = [("cpu", "50m"), ("memory", "64Mi")];
+const LIMITS: [(&str, &str); 1] = [("memory", "256Mi")];
+
+/// Whether `pool` may scale to zero, and so needs the activator.
+pub fn scales_to_zero(pool: &EmbeddingPool) -> bool {
+    pool.spec.autoscaling.as_ref().is_some_and(|autoscaling| autoscaling.min_replicas == 0)
+}
+
+/// The activator's objects.
+pub struct Activator {
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub deployment: Deployment,
+}
+
+fn pod_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::NAME_LABEL.into(), "teifleet-multiplexer".into()),
+        (labels::COMPONENT_LABEL.into(), labels::ACTIVATOR_COMPONENT.into()),
+        (labels::PART_OF_LABEL.into(), labels::PART_OF.into()),
+        (labels::MANAGED_BY_LABEL.into(), labels::MANAGER.into()),
+    ])
+}
+
+fn meta(namespace: &str, owners: &[&EmbeddingPool]) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(NAME.into()),
+        namespace: Some(namespace.into()),
+        labels: Some(pod_labels()),
+        owner_references: Some(owners.iter().filter_map(|pool| pool.owner_ref(&())).collect()),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The activator of `namespace`, owned by `owners` (the pools that may scale to zero, by name);
+/// `None` when there are none. It is placed where the first of them may run (its node selector
+/// and tolerations), without its GPUs.
+pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig) -> Option<Activator> {
+    let placement = &owners.first()?.spec.template;
+    let meta = meta(namespace, owners);
+    let container = Container {
+        name: "activator".into(),
+        image: Some(config.multiplexer_image.clone()),
+        args: Some(vec![
+            "activator".into(),
+            format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
+            format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
+            format!("--http-listen=0.0.0.0:{}", ports::MULTIPLEXER_HTTP),
+        ]),
+        env: Some(vec![
+            env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
+            env_field(labels::ENV_POD_NAME, "metadata.name"),
+        ]),
+        ports: Some(vec![
+            tcp_port("grpc", ports::MULTIPLEXER_GRPC),
+            tcp_port("http", ports::MULTIPLEXER_HTTP),
+            tcp_port("admin", ports::MULTIPLEXER_ADMIN),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(REQUESTS)),
+            limits: Some(quantities(LIMITS)),
+            ..ResourceRequirements::default()
+        }),
+        readiness_probe: Some(http_probe("/readyz", 2, 2)),
+        liveness_probe: Some(http_probe("/healthz", 10, 3)),
+        security_context: Some(container_security_context()),
+        ..Container::default()
+    };
+    let pod = PodSpec {
+        service_account_name: Some(NAME.into()),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS),
+            run_as_group: Some(RUN_AS),
+            seccomp_profile: Some(runtime_default_seccomp()),
+            ..PodSecurityContext::default()
+        }),
+        containers: vec![container],
+        tolerations: Some(placement.tolerations.clone()).filter(|t| !t.is_empty()),
+        node_selector: Some(placement.node_selector.clone()).filter(|s| !s.is_empty()),
+        image_pull_secrets: Some(placement.image_pull_secrets.clone()).filter(|s| !s.is_empty()),
+        ..PodSpec::default()
+    };
+    let selector: BTreeMap<String, String> = BTreeMap::from([
+        (labels::COMPONENT_LABEL.into(), labels::ACTIVATOR_COMPONENT.into()),
+        (labels::PART_OF_LABEL.into(), labels::PART_OF.into()),
+    ]);
+    let deployment = Deployment {
+        metadata: meta.clone(),
+        spec: Some(DeploymentSpec {
+            replicas: Some(1),
+            selector: LabelSelector { match_labels: Some(selector), ..LabelSelector::default() },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(pod_labels()), ..ObjectMeta::default() }),
+                spec: Some(pod),
+            },
+            ..DeploymentSpec::default()
+        }),
+        ..Deployment::default()
+    };
+    let role = Role {
+        metadata: meta.clone(),
+        rules: Some(vec![read_rule(GROUP, "embeddingpools"), read_rule("discovery.k8s.io", "endpointslices")]),
+    };
+    let role_binding = RoleBinding {
+        metadata: meta.clone(),
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: NAME.into() },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: NAME.into(),
+            namespace: Some(namespace.into()),
+            ..Subject::default()
+        }]),
+    };
+    let service_account = ServiceAccount { metadata: meta, ..ServiceAccount::default() };
+    Some(Activator { service_account, role, role_binding, deployment })
+}
+
+/// The name of the EndpointSlice that sends `pool`'s Service to the activator.
+pub fn slice_name(pool: &str) -> String {
+    format!("{pool}-{}", labels::ACTIVATOR_COMPONENT)
+}
+
+/// The EndpointSlice adding the activator's ready pods (`addresses`) to `pool`'s Service, on the
+/// Service's port names, owned by the pool.
+pub fn slice(pool: &EmbeddingPool, addresses: &[IpAddr]) -> Option<EndpointSlice> {
+    let name = pool.metadata.name.clone()?;
+    let port = |port_name: &str, number: u16| EndpointPort {
+        name: Some(port_name.into()),
+        port: Some(i32::from(number)),
+        protocol: Some("TCP".into()),
+        ..EndpointPort::default()
+    };
+    Some(EndpointSlice {
+        metadata: ObjectMeta {
+            name: Some(slice_name(&name)),
+            namespace: pool.metadata.namespace.clone(),
+            labels: Some(BTreeMap::from([
+                (SERVICE_NAME_LABEL.into(), name.clone()),
+                (SLICE_MANAGER_LABEL.into(), labels::MANAGER.into()),
+                (labels::POOL_LABEL.into(), name),
+            ])),
+            owner_references: Some(vec![pool.controller_owner_ref(&())?]),
+            ..ObjectMeta::default()
+        },
+        address_type: if addresses.iter().any(IpAddr::is_ipv6) { "IPv6".into() } else { "IPv4".into() },
+        endpoints: addresses
+            .iter()
+            .map(|address| Endpoint {
+                addresses: vec![address.to_string()],
+                conditions: Some(EndpointConditions { ready: Some(true), ..EndpointConditions::default() }),
+                ..Endpoint::default()
+            })
+            .collect(),
+        ports: Some(vec![port("grpc", ports::MULTIPLEXER_GRPC), port("http", ports::MULTIPLEXER_HTTP)]),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn pool(name: &str, min_replicas: i32) -> EmbeddingPool {
+        serde_json::from_value(json!({
+            "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+            "metadata": { "name": name, "namespace": "ml", "uid": format!("uid-{name}") },
+            "spec": { "model": { "id": "org/m" },
+                      "concurrency": { "maxInFlight": 8, "maxInFlightPerReplica": 4 },
+                      "autoscaling": { "minReplicas": min_replicas, "maxReplicas": 2 },
+                      "template": { "nodeSelector": { "pool": "cpu" } } },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_activator_is_owned_by_every_pool_that_scales_to_zero_and_reads_only_pools_and_slices() {
+        let (a, b) = (pool("a", 0), pool("b", 0));
+        assert!(scales_to_zero(&a) && !scales_to_zero(&pool("c", 1)));
+        assert!(render("ml", &[], &RenderConfig::default()).is_none(), "no such pool: no activator");
+        let activator = render("ml", &[&a, &b], &RenderConfig::default()).unwrap();
+        let owners = activator.deployment.metadata.owner_references.unwrap();
+        assert_eq!(owners.iter().map(|o| o.name.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        assert!(owners.iter().all(|o| o.controller.is_none()), "no pool controls it alone");
+        let rules = activator.role.rules.unwrap();
+        let resources: Vec<String> = rules.iter().flat_map(|r| r.resources.clone().unwrap()).collect();
+        assert_eq!(resources, ["embeddingpools", "endpointslices"]);
+        assert!(rules.iter().all(|r| r.verbs == ["get", "list", "watch"]));
+        let pod = activator.deployment.spec.unwrap().template.spec.unwrap();
+        assert_eq!(pod.node_selector.unwrap()["pool"], "cpu", "placed where the pool may run");
+        assert_eq!(pod.containers[0].args.as_ref().unwrap()[0], "activator");
+        assert!(pod.containers[0].resources.as_ref().unwrap().limits.as_ref().unwrap().get("nvidia.com/gpu").is_none());
+    }
+
+    #[test]
+    fn the_slice_adds_the_activators_pods_to_the_pools_service_on_its_port_names() {
+        let slice = slice(&pool("a", 0), &["10.0.0.9".parse().unwrap()]).unwrap();
+        let labels = slice.metadata.labels.unwrap();
+        assert_eq!(labels[SERVICE_NAME_LABEL], "a");
+        assert_eq!(labels[SLICE_MANAGER_LABEL], labels::MANAGER);
+        assert_eq!(slice.endpoints[0].addresses, ["10.0.0.9"]);
+        let ports: Vec<_> = slice.ports.unwrap().into_iter().map(|p| (p.name.unwrap(), p.port.unwrap())).collect();
+        assert_eq!(ports, [("grpc".to_owned(), 50051), ("http".to_owned(), 8000)]);
+    }
+}
