@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Health;
 use crate::metrics::Metrics;
 use crate::render::{self, RenderConfig};
-use crate::{Error, Result, sidecars, status};
+use crate::{Error, Result, activator, sidecars, status};
 
 /// Shared state of every reconciliation.
 pub struct Context {
@@ -76,7 +76,7 @@ fn apply_params() -> PatchParams {
 }
 
 /// Server-side applies `object` under the operator's single field manager.
-async fn apply<K>(client: &Client, namespace: &str, object: &K) -> Result<K>
+pub(crate) async fn apply<K>(client: &Client, namespace: &str, object: &K) -> Result<K>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -90,7 +90,7 @@ where
 }
 
 /// Deletes an object the pool no longer needs; one that is already gone is fine.
-async fn delete_if_present<K>(client: &Client, namespace: &str, name: &str) -> Result<()>
+pub(crate) async fn delete_if_present<K>(client: &Client, namespace: &str, name: &str) -> Result<()>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()> + Clone + std::fmt::Debug + DeserializeOwned,
 {
@@ -127,6 +127,7 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
         None => delete_if_present::<NetworkPolicy>(client, &namespace, &name).await?,
     }
     let deployment = apply(client, &namespace, &children.deployment).await?;
+    let _activator_pods = activator::reconcile(&ctx, &pool, &namespace, &deployment).await?;
     match &children.pdb {
         Some(pdb) => drop(apply(client, &namespace, pdb).await?),
         None => delete_if_present::<PodDisruptionBudget>(client, &namespace, &name).await?,
