@@ -77,6 +77,7 @@ use crate::gpu::GpuType;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.autoscaling) || !has(self.replicas)").message("spec.autoscaling owns this pool's replicas: remove spec.replicas (kubectl scale and HorizontalPodAutoscalers included), or remove spec.autoscaling to size the pool by hand"))]
+#[x_kube(validation = Rule::new("!has(self.autoscaling) || self.autoscaling.minReplicas > 0 || !has(self.tls)").message("autoscaling.minReplicas: 0 is not available with spec.tls yet: the activator that holds calls while the pool is at zero serves no pool's certificate"))]
 #[x_kube(validation = Rule::new("!has(self.autoscaling) || has(self.concurrency.maxInFlightPerReplica)").message("spec.autoscaling needs concurrency.maxInFlightPerReplica: what one replica lets in, so capacity grows with the pool"))]
 pub struct EmbeddingPoolSpec {
     /// The model every replica serves.
