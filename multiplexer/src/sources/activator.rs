@@ -51,6 +51,30 @@ fn pool_of(slice: &EndpointSlice) -> Option<&str> {
     slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?.strip_suffix(teifleet_crds::labels::PEERS_SUFFIX)
 }
 
+/// What one watch event asks of the loop.
+enum Step {
+    Stop,
+    Nothing,
+    Changed,
+}
+
+/// Reads one event of the watch of `what`; `listed` turns true once its first list is complete.
+fn step<K>(event: Option<Result<watcher::Event<K>, watcher::Error>>, what: &str, listed: &mut bool) -> Step {
+    match event {
+        None => Step::Stop,
+        Some(Ok(watcher::Event::InitDone)) => {
+            *listed = true;
+            Step::Changed
+        }
+        Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => Step::Changed,
+        Some(Ok(_)) => Step::Nothing,
+        Some(Err(error)) => {
+            tracing::warn!(%error, "{what} watch failed; retrying");
+            Step::Nothing
+        }
+    }
+}
+
 /// Keeps `table` and `activations` in step with the namespace's pools and their ready replicas
 /// until `stop`.
 pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, stop: CancellationToken) {
@@ -66,27 +90,14 @@ pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, sto
     let mut slice_events = std::pin::pin!(slice_events.take_until(stop.cancelled_owned()));
     let (mut pools_listed, mut slices_listed) = (false, false);
     loop {
-        tokio::select! {
-            event = pool_events.next() => match event {
-                None => return,
-                Some(Ok(watcher::Event::InitDone)) => pools_listed = true,
-                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {}
-                Some(Ok(_)) => continue,
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "EmbeddingPool watch failed; retrying");
-                    continue;
-                }
-            },
-            event = slice_events.next() => match event {
-                None => return,
-                Some(Ok(watcher::Event::InitDone)) => slices_listed = true,
-                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {}
-                Some(Ok(_)) => continue,
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "EndpointSlice watch failed; retrying");
-                    continue;
-                }
-            },
+        let step = tokio::select! {
+            event = pool_events.next() => step(event, "EmbeddingPool", &mut pools_listed),
+            event = slice_events.next() => step(event, "EndpointSlice", &mut slices_listed),
+        };
+        match step {
+            Step::Stop => return,
+            Step::Nothing => continue,
+            Step::Changed => {}
         }
         if !(pools_listed && slices_listed) {
             continue;

@@ -22,9 +22,7 @@ use teifleet_crds::{EmbeddingPool, GROUP, labels};
 use teifleet_wire::ports;
 
 use super::RenderConfig;
-use super::deployment::{
-    RUN_AS, container_security_context, env_field, http_probe, quantities, runtime_default_seccomp, tcp_port,
-};
+use super::deployment::{RUN_AS, env_field, multiplexer_in_role, quantities, runtime_default_seccomp};
 use super::rbac::read_rule;
 
 /// The activator's name: its Deployment, ServiceAccount, Role and RoleBinding.
@@ -76,33 +74,17 @@ fn meta(namespace: &str, owners: &[&EmbeddingPool]) -> ObjectMeta {
 pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig) -> Option<Activator> {
     let placement = &owners.first()?.spec.template;
     let meta = meta(namespace, owners);
+    let resources = ResourceRequirements {
+        requests: Some(quantities(REQUESTS)),
+        limits: Some(quantities(LIMITS)),
+        ..ResourceRequirements::default()
+    };
     let container = Container {
-        name: "activator".into(),
-        image: Some(config.multiplexer_image.clone()),
-        args: Some(vec![
-            "activator".into(),
-            format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
-            format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
-            format!("--http-listen=0.0.0.0:{}", ports::MULTIPLEXER_HTTP),
-        ]),
         env: Some(vec![
             env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
             env_field(labels::ENV_POD_NAME, "metadata.name"),
         ]),
-        ports: Some(vec![
-            tcp_port("grpc", ports::MULTIPLEXER_GRPC),
-            tcp_port("http", ports::MULTIPLEXER_HTTP),
-            tcp_port("admin", ports::MULTIPLEXER_ADMIN),
-        ]),
-        resources: Some(ResourceRequirements {
-            requests: Some(quantities(REQUESTS)),
-            limits: Some(quantities(LIMITS)),
-            ..ResourceRequirements::default()
-        }),
-        readiness_probe: Some(http_probe("/readyz", 2, 2)),
-        liveness_probe: Some(http_probe("/healthz", 10, 3)),
-        security_context: Some(container_security_context()),
-        ..Container::default()
+        ..multiplexer_in_role("activator", "activator", Vec::new(), config, resources)
     };
     let pod = PodSpec {
         service_account_name: Some(NAME.into()),

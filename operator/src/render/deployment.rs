@@ -353,44 +353,62 @@ fn tei_container(pool: &EmbeddingPool, config: &RenderConfig) -> Container {
     }
 }
 
-fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Container {
+/// A container of the multiplexer image in `role` (`kubernetes` in the pool's pods, `activator`
+/// beside them), serving its three ports and probed on its admin port; `args` follow the role and
+/// the ports' own flags.
+pub(super) fn multiplexer_in_role(
+    name: &str,
+    role: &str,
+    args: Vec<String>,
+    config: &RenderConfig,
+    resources: ResourceRequirements,
+) -> Container {
+    let ports_args = [
+        format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
+        format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
+        format!("--http-listen=0.0.0.0:{}", ports::MULTIPLEXER_HTTP),
+    ];
     Container {
-        name: "multiplexer".into(),
+        name: name.into(),
         image: Some(config.multiplexer_image.clone()),
-        args: Some(vec![
-            // Pool, namespace and pod name come from the environment below.
-            "kubernetes".into(),
-            format!("--listen=0.0.0.0:{}", ports::MULTIPLEXER_GRPC),
-            format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
-            format!("--admin-listen=0.0.0.0:{}", ports::MULTIPLEXER_ADMIN),
-            format!("--http-listen=0.0.0.0:{}", ports::MULTIPLEXER_HTTP),
-            // The HTTP front's limits from the spec; TEI gets the same batch size (its default is
-            // the same 32 when the spec leaves it out), so no call the sidecar sends is too large.
-            format!("--payload-limit={}", pool.spec.payload_limit()),
-            format!("--max-client-batch-size={}", pool.spec.max_client_batch_size()),
-            format!("--max-request-inputs={}", pool.spec.max_request_inputs()),
-            format!("--auto-truncate={}", pool.spec.auto_truncate()),
-            format!("--drain-delay={DRAIN_DELAY_SECONDS}s"),
-        ]),
-        env: Some(vec![
-            env_value(labels::ENV_POOL, owner.name.clone()),
-            env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
-            env_field(labels::ENV_POD_NAME, "metadata.name"),
-        ]),
+        args: Some(std::iter::once(role.to_owned()).chain(ports_args).chain(args).collect()),
         ports: Some(vec![
             tcp_port("grpc", ports::MULTIPLEXER_GRPC),
             tcp_port("http", ports::MULTIPLEXER_HTTP),
             tcp_port("admin", ports::MULTIPLEXER_ADMIN),
         ]),
-        resources: Some(with_defaults(
-            pool.spec.template.multiplexer_resources.as_ref(),
-            quantities(MULTIPLEXER_REQUESTS),
-            quantities(MULTIPLEXER_LIMITS),
-        )),
+        resources: Some(resources),
         readiness_probe: Some(http_probe("/readyz", 2, 2)),
         liveness_probe: Some(http_probe("/healthz", 10, 3)),
         security_context: Some(container_security_context()),
         ..Container::default()
+    }
+}
+
+fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Container {
+    let args = vec![
+        format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
+        // The HTTP front's limits from the spec; TEI gets the same batch size (its default is
+        // the same 32 when the spec leaves it out), so no call the sidecar sends is too large.
+        format!("--payload-limit={}", pool.spec.payload_limit()),
+        format!("--max-client-batch-size={}", pool.spec.max_client_batch_size()),
+        format!("--max-request-inputs={}", pool.spec.max_request_inputs()),
+        format!("--auto-truncate={}", pool.spec.auto_truncate()),
+        format!("--drain-delay={DRAIN_DELAY_SECONDS}s"),
+    ];
+    let resources = with_defaults(
+        pool.spec.template.multiplexer_resources.as_ref(),
+        quantities(MULTIPLEXER_REQUESTS),
+        quantities(MULTIPLEXER_LIMITS),
+    );
+    // Pool, namespace and pod name come from the environment.
+    Container {
+        env: Some(vec![
+            env_value(labels::ENV_POOL, owner.name.clone()),
+            env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
+            env_field(labels::ENV_POD_NAME, "metadata.name"),
+        ]),
+        ..multiplexer_in_role("multiplexer", "kubernetes", args, config, resources)
     }
 }
 
