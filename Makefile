@@ -124,7 +124,7 @@ test-images: ## images-check on the debug binaries test-cluster built (no releas
 	images/check.sh --bin-dir target/debug
 
 .PHONY: demo
-demo: ## The whole story as shipped (root): images on a real node, chart, a pool Running, gRPC/HTTP via its Service, bursts, live limits, GPU shortage
+demo: ## The whole story as shipped (root): images on a real node, chart, a pool Running, gRPC/HTTP via its Service, bursts, live limits, GPU shortage, autoscaling from zero and back
 	tests/demo.sh
 
 .PHONY: demo-down

@@ -4,7 +4,8 @@
 # GPUs), the images built here, the Helm chart with the operator running as a pod on the chart's
 # ServiceAccount, a sample EmbeddingPool whose TEI is the simulator's image, its pods Running on the
 # real node, stock gRPC and HTTP calls through the pool's ClusterIP Service, a burst that overflows
-# the budget, a live budget raise without restarts, and a GPU shortage.
+# the budget, a live budget raise without restarts, a GPU shortage, and a pool that scales itself
+# from zero under a burst and back.
 #
 # Needs root (the real node: containerd, iptables, a veth). Cleans up when done; DEMO_KEEP=1 leaves
 # everything running (then `make demo-down`, which stops only the processes this script recorded,
@@ -147,7 +148,7 @@ pool_conditions() {
   kubectl get epool "$POOL" -n "$NS" -o jsonpath='{range .status.conditions[*]}  {.type}={.status} ({.reason}): {.message}{"\n"}{end}'
 }
 
-heading "1/9  Building: the images (make images) and the demo's tools" \
+heading "1/10  Building: the images (make images) and the demo's tools" \
   "sizes and digests of the operator, multiplexer and tei-sim images, built without a Docker engine"
 mkdir -p "$RUN"
 # Before minutes of building: what would stop the real node from starting (up.sh checks again).
@@ -172,7 +173,7 @@ tests/cluster/prereqs.sh
 make --no-print-directory images
 cargo build --locked -p teifleet-load -p teifleet-fake-gpu-plugin --bins
 
-heading "2/9  A real control plane, fake GPU nodes, and one real node" \
+heading "2/10  A real control plane, fake GPU nodes, and one real node" \
   "kwok's L4 and H100 nodes advertise nvidia.com/gpu; $REAL_NODE_NAME is a real kubelet with $REAL_NODE_GPUS fake L4 GPUs"
 tests/cluster/down.sh >/dev/null 2>&1 || true
 TEIFLEET_FAKE_GPU_PLUGIN_BIN="$BIN/teifleet-fake-gpu-plugin" tests/cluster/up.sh
@@ -182,7 +183,7 @@ while read -r name _; do image_archives+=("$IMAGES/$name.tar"); done <"$IMAGES/i
 tests/cluster/import-images.sh "${image_archives[@]}"
 image_ref() { awk -v name="$1" '$1 == name {print $2}' "$IMAGES/images.txt"; }
 
-heading "3/9  helm install teifleet: the operator as a pod on $REAL_NODE_NAME" \
+heading "3/10  helm install teifleet: the operator as a pod on $REAL_NODE_NAME" \
   "the chart's image and ServiceAccount, in a namespace enforcing the restricted Pod Security Standard"
 on_real_node=(--set-json "nodeSelector={\"kubernetes.io/hostname\":\"$REAL_NODE_NAME\"}"
   --set-json "tolerations=[{\"key\":\"$REAL_NODE_TAINT_KEY\",\"operator\":\"Exists\",\"effect\":\"NoSchedule\"}]")
@@ -194,7 +195,7 @@ show helm install teifleet charts/teifleet -n "$SYSTEM_NS" "${on_real_node[@]}" 
 show kubectl get pods -n "$SYSTEM_NS" -o wide
 kubectl get pods -n "$SYSTEM_NS" -o jsonpath='{range .items[*]}  {.metadata.name}: image {.spec.containers[0].image}, serviceAccount {.spec.serviceAccountName}{"\n"}{end}'
 
-heading "4/9  kubectl apply $SAMPLE, with TEI swapped for the simulator's image" \
+heading "4/10  kubectl apply $SAMPLE, with TEI swapped for the simulator's image" \
   "its L4 replicas on $REAL_NODE_NAME's GPUs; the pool's budget split into per-replica shares"
 # What the demo changes in the sample: TEI's image, pods pinned to the real node, requests small
 # enough for this machine (the L4 default asks 2 CPUs per pod).
@@ -219,7 +220,7 @@ while read -r pod ip port; do
   echo "  $pod: its sidecar enforces the share it read with its own ServiceAccount: $(sidecar_limit "$ip" "$port") in flight"
 done < <(sidecars)
 
-heading "5/9  Stock tei.v1 gRPC calls through the pool's ClusterIP Service (kube-proxy)" \
+heading "5/10  Stock tei.v1 gRPC calls through the pool's ClusterIP Service (kube-proxy)" \
   "teifleet-load, the project's gRPC load generator, through a loopback relay to the ClusterIP"
 show kubectl get service "$POOL" -n "$NS"
 CLUSTER_IP="$(kubectl get service "$POOL" -n "$NS" -o jsonpath='{.spec.clusterIP}')"
@@ -231,7 +232,7 @@ TARGET="http://127.0.0.1:$RELAY_PORT"
 show "$BIN/teifleet-load" --target "$TARGET" --rpc info --requests 1
 show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency 4 --requests 40 --connections 4
 
-heading "6/9  TEI's HTTP API and OpenAI's embeddings route, on the Service's http port" \
+heading "6/10  TEI's HTTP API and OpenAI's embeddings route, on the Service's http port" \
   "curl to $CLUSTER_IP:$HTTP_PORT: the sidecar translates to tei.v1 under the same admission"
 show curl -sS --fail-with-body "http://$CLUSTER_IP:$HTTP_PORT/embed" -H 'content-type: application/json' \
   -d '{"inputs": ["teifleet puts the queue where it belongs", "and answers overload at once"]}' -o "$RUN/embed.json"
@@ -241,12 +242,12 @@ show curl -sS --fail-with-body "http://$CLUSTER_IP:$HTTP_PORT/v1/embeddings" -H 
 "$PYTHON" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("  /v1/embeddings:", r["object"], "of", len(r["data"]), "embedding of", len(r["data"][0]["embedding"]), "floats; model", r["model"], "; usage", r["usage"])' "$RUN/openai.json"
 
 budget() { kubectl get epool "$POOL" -n "$NS" -o jsonpath="{.spec.concurrency.maxInFlight} in flight + {.spec.concurrency.maxQueued} queued"; }
-heading "7/9  A burst of $BURST concurrent calls: more than the pool's budget ($(budget))" \
+heading "7/10  A burst of $BURST concurrent calls: more than the pool's budget ($(budget))" \
   "RESOURCE_EXHAUSTED answered at once for the overflow, the rest served; TEI never flooded"
 show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency "$BURST" --requests "$BURST" --tokens 16 --connections 4
 sidecar_report
 
-heading "8/9  kubectl patch spec.concurrency up ($RAISED_IN_FLIGHT in flight / $RAISED_QUEUED queued), live" \
+heading "8/10  kubectl patch spec.concurrency up ($RAISED_IN_FLIGHT in flight / $RAISED_QUEUED queued), live" \
   "each sidecar's limit changes within a second, restartCount stays 0; the same burst is now admitted"
 restarts_before="$(restarts)"
 start_ms=$(date +%s%3N)
@@ -267,7 +268,7 @@ else
   echo "  pods changed after the patch!" >&2; echo "$restarts_before" >&2; restarts >&2; exit 1
 fi
 
-heading "9/9  Over-asking for GPUs: $((REAL_NODE_GPUS + 1)) replicas on $REAL_NODE_NAME's $REAL_NODE_GPUS GPUs" \
+heading "9/10  Over-asking for GPUs: $((REAL_NODE_GPUS + 1)) replicas on $REAL_NODE_NAME's $REAL_NODE_GPUS GPUs" \
   "Ready=False, reason InsufficientGPU, naming the GPU type; the running replicas keep serving"
 show kubectl scale epool "$POOL" -n "$NS" --replicas=$((REAL_NODE_GPUS + 1))
 kubectl wait -n "$NS" --for=jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'=InsufficientGPU \
@@ -278,6 +279,53 @@ pool_conditions
 kubectl get events -n "$NS" --field-selector involvedObject.kind=EmbeddingPool | tail -n 4
 show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency 4 --requests 40 --connections 4
 
+SCALED=elastic
+SCALED_RELAY_PORT="${DEMO_SCALED_RELAY_PORT:-50052}"
+require_free_port "$SCALED_RELAY_PORT" "the relay to the autoscaled pool"
+scaled_state() {
+  kubectl get epool "$SCALED" -n "$NS" -o jsonpath='{.status.autoscaling.desiredReplicas} desired, {.status.readyReplicas} ready: {.status.autoscaling.message}'
+}
+heading "10/10  A pool that sizes itself: spec.autoscaling from zero, up under a burst, back to zero" \
+  "the activator holds the first call while a replica starts; 200 ms batches of 4 make each replica serve ~20 calls/s"
+cat <<YAML | tee "$RUN/$SCALED.yaml"
+apiVersion: teifleet.dev/v1alpha1
+kind: EmbeddingPool
+metadata: {name: $SCALED}
+spec:
+  model: {id: BAAI/bge-small-en-v1.5}
+  gpu: {type: cpu}
+  tei: {image: "$(image_ref tei-sim)", extraArgs: ["--fixed-latency=200ms"]}
+  concurrency: {maxInFlight: 16, maxInFlightPerReplica: 4, maxQueued: 64}
+  autoscaling: {minReplicas: 0, maxReplicas: 4, scaleDownStabilization: 20s, scaleToZeroAfter: 20s, coldStartHold: 120s}
+  template:
+    nodeSelector: {kubernetes.io/hostname: $REAL_NODE_NAME}
+    tolerations: [{key: $REAL_NODE_TAINT_KEY, operator: Exists, effect: NoSchedule}]
+    resources: {requests: {cpu: 50m, memory: 32Mi}}
+YAML
+kubectl apply -n "$NS" -f "$RUN/$SCALED.yaml" >/dev/null
+kubectl wait -n "$NS" --for=jsonpath='{.status.autoscaling.desiredReplicas}'=0 "embeddingpool/$SCALED" --timeout=120s >/dev/null
+kubectl wait -n "$NS" --for=condition=Available deployment/teifleet-activator --timeout=120s >/dev/null
+show kubectl get epool "$SCALED" -n "$NS"
+show kubectl get pods -n "$NS" -l app.kubernetes.io/component=activator -o wide
+SCALED_IP="$(kubectl get service "$SCALED" -n "$NS" -o jsonpath='{.spec.clusterIP}')"
+start relay-scaled "$PYTHON" -c "$RELAY_PY" "$SCALED_RELAY_PORT" "$SCALED_IP" "$GRPC_PORT"
+for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$SCALED_RELAY_PORT") 2>/dev/null && break; sleep 0.1; done
+SCALED_TARGET="http://127.0.0.1:$SCALED_RELAY_PORT"
+echo "  the first call, at zero replicas (the relay dials by address, so it names its pool):"
+show "$BIN/teifleet-load" --target "$SCALED_TARGET" --pool "$SCALED" --rpc info --requests 1 --deadline 120s
+echo "  a burst of 60 calls/s for 50 s, about 3 replicas' worth; the autoscaler's view every 5 s:"
+start burst "$BIN/teifleet-load" --target "$SCALED_TARGET" --pool "$SCALED" --rate 60 --duration 50s --requests 100000 --tokens 16 --connections 8
+burst_pid=${pids[-1]}
+for _ in $(seq 10); do sleep 5; echo "  $(date +%T)  $(scaled_state)"; done
+wait "$burst_pid" || true
+tail -n 14 "$RUN/burst.log"
+echo "  load gone; back to zero after scaleDownStabilization and scaleToZeroAfter (20 s each):"
+for _ in $(seq 40); do
+  sleep 5; echo "  $(date +%T)  $(scaled_state)"
+  [[ "$(kubectl get epool "$SCALED" -n "$NS" -o jsonpath='{.status.autoscaling.desiredReplicas}/{.status.readyReplicas}')" == "0/0" ]] && break
+done
+kubectl get events -n "$NS" --field-selector "involvedObject.name=$SCALED" --sort-by=.lastTimestamp | tail -n 8
+
 heading "Summary"
 cat <<SUMMARY
   - make images built the three images; they ran from $REAL_NODE_NAME's containerd
@@ -287,5 +335,7 @@ cat <<SUMMARY
   - a burst beyond the budget was shed at once with RESOURCE_EXHAUSTED instead of queueing in TEI
   - a live spec.concurrency edit reached every sidecar in under a second; no container restarted
   - asking for more GPUs than the node has reported InsufficientGPU, and the pool kept serving
+  - an autoscaled pool started at zero, held its first call while a replica started, grew under a
+    burst and went back to zero when the burst ended
   logs: $RUN/
 SUMMARY

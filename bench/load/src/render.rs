@@ -33,6 +33,9 @@ fn describe(info: &RunInfo) -> String {
     if let Some(t) = &info.tenant {
         let _ = write!(s, ", tenant {t}");
     }
+    if let Some(p) = &info.pool {
+        let _ = write!(s, ", pool {p}");
+    }
     if let Some(r) = &info.retry {
         let _ = write!(s, ", {r}");
     }

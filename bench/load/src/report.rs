@@ -36,6 +36,9 @@ pub struct RunInfo {
     /// `x-teifleet-tenant` of every request.
     #[serde(default)]
     pub tenant: Option<String>,
+    /// `x-teifleet-pool` of every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool: Option<String>,
     /// The retry policy, described (`pushback retry, 5 attempts, ...`).
     #[serde(default)]
     pub retry: Option<String>,

@@ -140,6 +140,10 @@ struct Args {
     /// x-teifleet-tenant header of each request: the tenant whose fair share it is counted in.
     #[arg(long, value_name = "NAME")]
     tenant: Option<String>,
+    /// x-teifleet-pool header of each request: the pool it is for (routing in a multiplexer that
+    /// fronts several, or through an activator reached by address).
+    #[arg(long, value_name = "NAME")]
+    pool: Option<String>,
     /// Retry refused calls (RESOURCE_EXHAUSTED, UNAVAILABLE) within the call's deadline.
     #[arg(long, value_enum)]
     retry: Option<Retry>,
@@ -234,6 +238,7 @@ fn config(args: &Args) -> LoadConfig {
         deadline: args.deadline,
         priority: priority.map(str::to_owned),
         tenant: args.tenant.clone(),
+        pool: args.pool.clone(),
         retry,
         seed: args.seed,
         grace: args.grace,

@@ -35,6 +35,7 @@ pub struct CallSpec {
     texts: Texts,
     priority: Option<AsciiMetadataValue>,
     tenant: Option<AsciiMetadataValue>,
+    pool: Option<AsciiMetadataValue>,
     pub(crate) deadline: Option<Duration>,
     call: Call,
     retry: Option<RetryPolicy>,
@@ -96,6 +97,7 @@ impl CallSpec {
             texts: Texts::new(&config.inputs, config.seed)?,
             priority: header("--priority", &config.priority)?,
             tenant: header("--tenant", &config.tenant)?,
+            pool: header("--pool", &config.pool)?,
             deadline: config.deadline,
             call: config.call,
             retry: config.retry,
@@ -118,6 +120,9 @@ impl CallSpec {
         }
         if let Some(t) = &self.tenant {
             request.metadata_mut().insert(headers::TENANT, t.clone());
+        }
+        if let Some(p) = &self.pool {
+            request.metadata_mut().insert(headers::POOL, p.clone());
         }
         if let Some(d) = timeout {
             request.set_timeout(d);
@@ -191,8 +196,12 @@ impl CallSpec {
         fn text(value: Option<&AsciiMetadataValue>) -> Option<&str> {
             value.and_then(|v| v.to_str().ok())
         }
-        let headers =
-            tei_http::Headers { priority: text(self.priority.as_ref()), tenant: text(self.tenant.as_ref()), timeout };
+        let headers = tei_http::Headers {
+            priority: text(self.priority.as_ref()),
+            tenant: text(self.tenant.as_ref()),
+            pool: text(self.pool.as_ref()),
+            timeout,
+        };
         match self.call {
             Call::Embed => tei_http::embed(client, routes, self.texts.get(index), headers).await,
             Call::Info => tei_http::info(client, routes, headers).await,

@@ -113,6 +113,9 @@ pub struct LoadConfig {
     pub priority: Option<String>,
     /// `x-teifleet-tenant` of every request: whose share of the queue it is counted in.
     pub tenant: Option<String>,
+    /// `x-teifleet-pool` of every request: the pool it is for (needed through an activator
+    /// reached by address, which cannot tell the pool from the name dialled).
+    pub pool: Option<String>,
     /// Retries of refused calls; without it, a refusal is the call's answer.
     pub retry: Option<RetryPolicy>,
     /// Seeds the Poisson schedule and the draws of a query mix.
@@ -141,6 +144,7 @@ impl LoadConfig {
             deadline: None,
             priority: None,
             tenant: None,
+            pool: None,
             retry: None,
             seed: 1,
             grace: Duration::from_secs(30),
@@ -214,6 +218,11 @@ impl LoadConfig {
         {
             return bad(format!("--tenant must be a non-empty name of visible ASCII characters, not {t:?}"));
         }
+        if let Some(p) = &self.pool
+            && (p.is_empty() || !p.bytes().all(|b| b.is_ascii_graphic()))
+        {
+            return bad(format!("--pool must be a non-empty name of visible ASCII characters, not {p:?}"));
+        }
         if let Some(retry) = &self.retry {
             retry.validate()?;
         }
@@ -247,6 +256,7 @@ impl LoadConfig {
             deadline_ms: self.deadline.map(|d| d.as_secs_f64() * 1e3),
             priority: self.priority.clone(),
             tenant: self.tenant.clone(),
+            pool: self.pool.clone(),
             retry: self.retry.map(|r| r.to_string()),
         }
     }

@@ -71,6 +71,7 @@ fn unreachable(routes: &Routes, reason: impl std::fmt::Display) -> Error {
 pub struct Headers<'a> {
     pub priority: Option<&'a str>,
     pub tenant: Option<&'a str>,
+    pub pool: Option<&'a str>,
     /// What is left of the call's deadline.
     pub timeout: Option<Duration>,
 }
@@ -93,6 +94,9 @@ async fn send(client: &HttpClient, method: Method, uri: &Uri, body: Full<Bytes>,
     }
     if let Some(t) = headers.tenant {
         request = request.header(headers::TENANT, t);
+    }
+    if let Some(p) = headers.pool {
+        request = request.header(headers::POOL, p);
     }
     if let Some(left) = headers.timeout {
         // Whole milliseconds, rounded up so the server never gets less than the client waits.
