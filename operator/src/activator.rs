@@ -17,37 +17,37 @@ use crate::Result;
 use crate::controller::{Context, apply, delete_if_present};
 use crate::render::activator::{self, NAME, scales_to_zero};
 
-/// Brings the namespace's activator and `pool`'s route to it to what they should be; returns
-/// the activator's pods (empty when the namespace has none), whose held calls tell the
-/// autoscaler a pool at zero is wanted.
+/// Brings the namespace's activator and `pool`'s route to it to what they should be: the
+/// activator's ready pods (`activator_pods`, listed when `pool` may scale to zero) behind the
+/// pool's Service while it needs them.
 pub async fn reconcile(
     ctx: &Context,
     pool: &EmbeddingPool,
     namespace: &str,
     deployment: &Deployment,
-) -> Result<Vec<Pod>> {
+    activator_pods: &[Pod],
+) -> Result<()> {
     let client = &ctx.client;
     let pools = Api::<EmbeddingPool>::namespaced(client.clone(), namespace).list(&ListParams::default()).await?;
     let mut owners: Vec<&EmbeddingPool> =
         pools.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && scales_to_zero(p)).collect();
     owners.sort_by_key(|p| p.name_any());
-    let (pods, had_activator) = match activator::render(namespace, &owners, &ctx.render) {
+    let had_activator = match activator::render(namespace, &owners, &ctx.render) {
         Some(objects) => {
             apply(client, namespace, &objects.service_account).await?;
             apply(client, namespace, &objects.role).await?;
             apply(client, namespace, &objects.role_binding).await?;
             apply(client, namespace, &objects.deployment).await?;
-            let pods = Api::<Pod>::namespaced(client.clone(), namespace);
-            (pods.list(&ListParams::default().labels(&teifleet_crds::labels::activator_selector())).await?.items, true)
+            true
         }
-        None => (Vec::new(), remove(ctx, namespace).await?),
+        None => remove(ctx, namespace).await?,
     };
     // Without an activator in the namespace no pool's Service can be routed to one: nothing to
     // take down, and no request spent finding that out.
     if had_activator {
-        route(ctx, pool, namespace, deployment, &pods).await?;
+        route(ctx, pool, namespace, deployment, activator_pods).await?;
     }
-    Ok(pods)
+    Ok(())
 }
 
 /// Removes the namespace's activator, if it has one, once no pool there scales to zero; says

@@ -24,10 +24,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use teifleet_crds::conditions::{self, DEGRADED, READY, TLS_READY};
-use teifleet_crds::{EmbeddingPool, EmbeddingPoolStatus, labels};
+use teifleet_crds::{EmbeddingPool, EmbeddingPoolStatus, SidecarAdmission, labels};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::Health;
+use crate::autoscale::{self, Autoscaler, Decision};
 use crate::metrics::Metrics;
 use crate::render::{self, RenderConfig};
 use crate::{Error, Result, activator, sidecars, status};
@@ -43,6 +44,8 @@ pub struct Context {
     pub status_memo: StatusMemo,
     /// What each pool's sidecars last reported (their limits and demand), asked in the background.
     pub reports: Arc<sidecars::Reports>,
+    /// The recent history of each pool with `spec.autoscaling`.
+    pub autoscaler: Autoscaler,
 }
 
 /// The last status written per pool. The controller's cache can lag behind our own status write
@@ -107,15 +110,33 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
     let started = Instant::now();
     let namespace = pool.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let name = pool.name_any();
+    let key = format!("{namespace}/{name}");
     if pool.meta().deletion_timestamp.is_some() {
         // Owner references hand the children to the garbage collector.
         ctx.metrics.forget_pool(&namespace, &name);
-        ctx.reports.forget(&format!("{namespace}/{name}"));
+        ctx.reports.forget(&key);
+        ctx.autoscaler.forget(&pool.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
 
-    let children = render::render(&pool, &ctx.render)?;
     let client = &ctx.client;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let pods = pods.list(&ListParams::default().labels(&labels::pool_selector(&name))).await?.items;
+    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
+    let reports = ctx.reports.latest(&key, &pods);
+    // Only a pool that may scale to zero has the namespace's activator holding its calls.
+    let activator_pods = match render::activator::scales_to_zero(&pool) {
+        true => {
+            Api::<Pod>::namespaced(client.clone(), &namespace)
+                .list(&ListParams::default().labels(&labels::activator_selector()))
+                .await?
+                .items
+        }
+        false => Vec::new(),
+    };
+    let scaling = autoscale(&ctx, &pool, &namespace, &pods, &reports, &activator_pods, now).await?;
+
+    let children = render::render(&pool, &ctx.render, scaling.as_ref().map(|decision| decision.desired))?;
     apply(client, &namespace, &children.service_account).await?;
     apply(client, &namespace, &children.role).await?;
     apply(client, &namespace, &children.role_binding).await?;
@@ -127,18 +148,17 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
         None => delete_if_present::<NetworkPolicy>(client, &namespace, &name).await?,
     }
     let deployment = apply(client, &namespace, &children.deployment).await?;
-    let _activator_pods = activator::reconcile(&ctx, &pool, &namespace, &deployment).await?;
+    activator::reconcile(&ctx, &pool, &namespace, &deployment, &activator_pods).await?;
     match &children.pdb {
         Some(pdb) => drop(apply(client, &namespace, pdb).await?),
         None => delete_if_present::<PodDisruptionBudget>(client, &namespace, &name).await?,
     }
 
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let pods = pods.list(&ListParams::default().labels(&labels::pool_selector(&name))).await?.items;
-    let now = Time(Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now()));
-    let reports = ctx.reports.latest(&format!("{namespace}/{name}"), &pods);
-    let desired = status::compute(&pool, Some(&deployment), &pods, &reports, &now);
+    let mut desired = status::compute(&pool, Some(&deployment), &pods, &reports, &Time(now));
+    let autoscaled = scaling.is_some();
+    desired.autoscaling = scaling.map(|decision| decision.status);
     ctx.metrics.pool_demand(&namespace, &name, desired.demand.as_ref());
+    ctx.metrics.pool_autoscaling(&namespace, &name, desired.autoscaling.as_ref());
     if ctx.status_memo.needs_write(&pool, &desired) {
         tracing::debug!(pool = %name, %namespace, old = ?pool.status, new = ?desired, "status changed");
         write_status(&ctx, &pool, &namespace, &desired).await?;
@@ -148,8 +168,35 @@ pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Ac
 
     ctx.metrics.reconciled(started.elapsed());
     // A pool's demand (and an adaptive pool's limits) move without any object changing: look
-    // again sooner than the resync.
-    Ok(Action::requeue(ctx.resync.min(sidecars::REFRESH)))
+    // again sooner than the resync, and an autoscaled pool sooner still.
+    let again = if autoscaled { autoscale::INTERVAL } else { sidecars::REFRESH };
+    Ok(Action::requeue(ctx.resync.min(again)))
+}
+
+/// The autoscaler's decision for a pool with `spec.autoscaling`, its Events published; `None`
+/// for a pool sized by hand.
+async fn autoscale(
+    ctx: &Context,
+    pool: &EmbeddingPool,
+    namespace: &str,
+    pods: &[Pod],
+    reports: &[SidecarAdmission],
+    activator_pods: &[Pod],
+    now: Timestamp,
+) -> Result<Option<Decision>> {
+    let uid = pool.uid().unwrap_or_default();
+    let Some(policy) = autoscale::Policy::of(pool) else {
+        ctx.autoscaler.forget(&uid);
+        return Ok(None);
+    };
+    let held = match policy.min {
+        0 => ctx.reports.held_calls(namespace, &pool.name_any(), activator_pods),
+        _ => None,
+    };
+    let seen = autoscale::Observed::new(pool, pods, reports, held.as_ref());
+    let decision = ctx.autoscaler.decide(&uid, &policy, &seen, now);
+    publish(ctx, pool, decision.events()).await;
+    Ok(Some(decision))
 }
 
 async fn write_status(
@@ -212,6 +259,10 @@ async fn announce_changes(ctx: &Context, pool: &EmbeddingPool, new: &EmbeddingPo
             secondary: None,
         });
     }
+    publish(ctx, pool, events).await;
+}
+
+async fn publish(ctx: &Context, pool: &EmbeddingPool, events: Vec<Event>) {
     let reference = pool.object_ref(&());
     for event in events {
         if let Err(error) = ctx.recorder.publish(&event, &reference).await {

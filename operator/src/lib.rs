@@ -5,6 +5,7 @@
 
 pub mod activator;
 pub mod admin;
+pub mod autoscale;
 pub mod controller;
 pub mod leader;
 pub mod metrics;

@@ -126,6 +126,7 @@ async fn main() -> anyhow::Result<()> {
         resync: args.resync_interval,
         status_memo: Default::default(),
         reports: Default::default(),
+        autoscaler: Default::default(),
     });
     tracing::info!("controller running");
     controller::run(ctx, health.clone(), controller_stop).await;

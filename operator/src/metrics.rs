@@ -5,7 +5,7 @@ use std::time::Duration;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
-use teifleet_crds::PoolDemand;
+use teifleet_crds::{AutoscalingStatus, PoolDemand};
 use teifleet_runtime::metrics::register;
 
 #[derive(Clone)]
@@ -18,6 +18,7 @@ pub struct Metrics {
     leader: IntGauge,
     refused_input: IntCounterVec,
     demand: DemandGauges,
+    autoscaling: AutoscalingGauges,
 }
 
 /// Each pool's `status.demand` as gauges, by `namespace` and `pool`, for autoscalers that read
@@ -73,6 +74,31 @@ impl DemandGauges {
     }
 }
 
+/// Each autoscaled pool's `status.autoscaling` counts, by `namespace` and `pool`.
+#[derive(Clone)]
+struct AutoscalingGauges {
+    desired: IntGaugeVec,
+    recommended: IntGaugeVec,
+}
+
+impl AutoscalingGauges {
+    fn new() -> Self {
+        let int = |name: &str, help: &str| IntGaugeVec::new(Opts::new(name, help), &POOL_LABELS).expect("valid metric");
+        Self {
+            desired: int("teifleet_pool_desired_replicas", "The replicas the autoscaler set for the pool."),
+            recommended: int(
+                "teifleet_pool_recommended_replicas",
+                "The replicas the pool's load asked for, before stabilization and bounds.",
+            ),
+        }
+    }
+
+    fn remove(&self, labels: &[&str; 2]) {
+        drop(self.desired.remove_label_values(labels));
+        drop(self.recommended.remove_label_values(labels));
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
@@ -100,6 +126,7 @@ impl Metrics {
             .expect("valid metric");
         let refused_input = teifleet_runtime::metrics::refused_input();
         let demand = DemandGauges::new();
+        let autoscaling = AutoscalingGauges::new();
         let d = &demand;
         register(
             &registry,
@@ -115,10 +142,12 @@ impl Metrics {
                 &d.utilization,
                 &d.refused,
                 &d.spilled,
+                &autoscaling.desired,
+                &autoscaling.recommended,
             ],
         )
         .expect("metric names are unique");
-        Self { registry, reconciliations, errors, duration, status_writes, leader, refused_input, demand }
+        Self { registry, reconciliations, errors, duration, status_writes, leader, refused_input, demand, autoscaling }
     }
 
     /// Shows a pool's demand, the same numbers as its `status.demand`; `None` (no sidecar
@@ -130,9 +159,23 @@ impl Metrics {
         }
     }
 
+    /// Shows what the autoscaler decided for a pool (`status.autoscaling`); `None` (a pool sized
+    /// by hand) removes its series.
+    pub fn pool_autoscaling(&self, namespace: &str, pool: &str, autoscaling: Option<&AutoscalingStatus>) {
+        let labels = [namespace, pool];
+        match autoscaling {
+            Some(status) => {
+                self.autoscaling.desired.with_label_values(&labels).set(i64::from(status.desired_replicas));
+                self.autoscaling.recommended.with_label_values(&labels).set(i64::from(status.recommended_replicas));
+            }
+            None => self.autoscaling.remove(&labels),
+        }
+    }
+
     /// Drops the series of a pool that is gone.
     pub fn forget_pool(&self, namespace: &str, pool: &str) {
         self.demand.remove(&[namespace, pool]);
+        self.autoscaling.remove(&[namespace, pool]);
     }
 
     pub fn reconciled(&self, took: Duration) {
@@ -213,5 +256,20 @@ mod tests {
         for name in ["teifleet_pool_in_flight", "teifleet_pool_utilization", "teifleet_pool_spilled_per_second"] {
             assert!(samples(&metrics, name).is_empty(), "{name}");
         }
+    }
+
+    #[test]
+    fn an_autoscaled_pools_counts_are_shown_and_removed_when_it_is_sized_by_hand_or_gone() {
+        let metrics = Metrics::new();
+        let decided =
+            AutoscalingStatus { desired_replicas: 4, recommended_replicas: 6, ..AutoscalingStatus::default() };
+        metrics.pool_autoscaling("ml", "bge", Some(&decided));
+        metrics.pool_autoscaling("ml", "gte", Some(&decided));
+        assert_eq!(samples(&metrics, "teifleet_pool_desired_replicas")[0], (vec!["ml".into(), "bge".into()], 4.0));
+        assert_eq!(samples(&metrics, "teifleet_pool_recommended_replicas")[0].1, 6.0);
+        metrics.pool_autoscaling("ml", "bge", None);
+        assert_eq!(samples(&metrics, "teifleet_pool_desired_replicas").len(), 1, "bge is sized by hand now");
+        metrics.forget_pool("ml", "gte");
+        assert!(samples(&metrics, "teifleet_pool_recommended_replicas").is_empty());
     }
 }

@@ -202,7 +202,8 @@ pub fn compute(
             effective: if pool.spec.concurrency.adaptive { summarize(reports) } else { None },
         }),
         demand: demand(reports),
-        autoscaling: pool.status.as_ref().and_then(|s| s.autoscaling.clone()),
+        // The autoscaler's decision (`autoscale::Decision`), which the controller sets.
+        autoscaling: None,
         endpoints: pool
             .metadata
             .namespace

@@ -112,7 +112,7 @@ fn check<T: Serialize>(file: &str, value: &T) {
 }
 
 fn children(yaml: &str) -> Children {
-    render(&pool(yaml), &RenderConfig::default()).expect("renders")
+    render(&pool(yaml), &RenderConfig::default(), None).expect("renders")
 }
 
 #[test]
@@ -120,7 +120,7 @@ fn deployment_for_every_gpu_type() {
     for gpu in GpuType::ALL {
         let mut pool = pool(BASE);
         pool.spec.gpu.type_ = gpu;
-        let rendered = render(&pool, &RenderConfig::default()).expect("renders");
+        let rendered = render(&pool, &RenderConfig::default(), None).expect("renders");
         check(&format!("deployment-{gpu}.yaml"), &rendered.deployment);
     }
 }
@@ -135,7 +135,7 @@ fn ephemeral_model_cache_is_a_generic_ephemeral_volume() {
     let mut pool = pool(BASE);
     pool.spec.model_cache =
         Some(serde_yaml::from_str("ephemeral: { size: 20Gi, storageClassName: fast-ssd }").unwrap());
-    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     let pod = rendered.deployment.spec.unwrap().template.spec.unwrap();
     check("volumes-ephemeral-model-cache.yaml", &pod.volumes);
     assert_eq!(pod.containers[0].volume_mounts.as_ref().unwrap()[0].mount_path, "/data");
@@ -149,7 +149,7 @@ fn named_resources_replace_their_defaults_and_others_keep_them() {
     // may sit beside it (a larger one would be refused).
     pool.spec.template.resources = Some(serde_yaml::from_str("limits: { memory: 16Gi }").unwrap());
     pool.spec.template.multiplexer_resources = Some(serde_yaml::from_str("requests: { memory: 1Gi }").unwrap());
-    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     let containers = rendered.deployment.spec.unwrap().template.spec.unwrap().containers;
     let tei = containers[0].resources.clone().unwrap();
     assert_eq!(
@@ -170,7 +170,7 @@ fn named_resources_replace_their_defaults_and_others_keep_them() {
 fn explicit_tei_image_wins_over_the_gpu_variant() {
     let mut pool = pool(BASE);
     pool.spec.tei.image = Some("registry.example/tei:custom-grpc".into());
-    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     let containers = &rendered.deployment.spec.unwrap().template.spec.unwrap().containers;
     assert_eq!(containers[0].image.as_deref(), Some("registry.example/tei:custom-grpc"));
 }
@@ -194,7 +194,7 @@ fn sidecar_rbac() {
 fn sidecar_role_reads_the_api_key_secret_and_no_other() {
     let mut pool = pool(BASE);
     pool.spec.auth = Some(serde_yaml::from_str("secretName: bge-small-keys").unwrap());
-    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     check("role-auth.yaml", &rendered.role);
     let without = children(BASE).role.rules.unwrap();
     let with = rendered.role.rules.unwrap();
@@ -213,7 +213,7 @@ fn with_tls(yaml: &str) -> EmbeddingPool {
 fn sidecar_role_reads_the_certificate_and_client_ca_by_name() {
     let mut pool = with_tls("{ secretName: bge-small-tls, clientCA: { configMapName: bge-small-clients } }");
     pool.spec.auth = Some(serde_yaml::from_str("secretName: bge-small-keys").unwrap());
-    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     check("role-tls.yaml", &rendered.role);
     // The sidecars follow the Secret and the ConfigMap themselves: a rotated certificate restarts
     // no pod, and neither does turning TLS on.
@@ -221,7 +221,7 @@ fn sidecar_role_reads_the_certificate_and_client_ca_by_name() {
 
     // A certificate Secret whose ca.crt is also the client CA bundle: one name, and no ConfigMaps.
     let same = with_tls("{ secretName: bge-small-tls, clientCA: { secretName: bge-small-tls } }");
-    let rules = render(&same, &RenderConfig::default()).unwrap().role.rules.unwrap();
+    let rules = render(&same, &RenderConfig::default(), None).unwrap().role.rules.unwrap();
     let named: Vec<_> = rules
         .iter()
         .filter_map(|rule| Some((rule.resources.as_ref()?[0].as_str(), rule.resource_names.clone()?)))
@@ -231,7 +231,7 @@ fn sidecar_role_reads_the_certificate_and_client_ca_by_name() {
 
 #[test]
 fn services_under_tls_claim_https_not_cleartext_http2() {
-    let rendered = render(&with_tls("secretName: bge-small-tls"), &RenderConfig::default()).unwrap();
+    let rendered = render(&with_tls("secretName: bge-small-tls"), &RenderConfig::default(), None).unwrap();
     check("service-tls.yaml", &rendered.service);
     let peers = rendered.peers_service.spec.unwrap().ports.unwrap();
     assert_eq!(peers[0].app_protocol.as_deref(), Some("https"));
@@ -246,10 +246,10 @@ fn network_policy_admits_only_the_sidecar_ports_and_can_be_turned_off() {
             .unwrap();
     // In a cluster the operator's own namespace is let in too: it reads adaptive pools' limits.
     let in_cluster = RenderConfig { operator_namespace: Some("teifleet-system".into()), ..RenderConfig::default() };
-    let rendered = render(&pool, &in_cluster).unwrap();
+    let rendered = render(&pool, &in_cluster, None).unwrap();
     check("networkpolicy-metrics-namespaces.yaml", &rendered.network_policy.expect("still on"));
     pool.spec.network_policy.enabled = false;
-    assert_eq!(render(&pool, &RenderConfig::default()).unwrap().network_policy, None);
+    assert_eq!(render(&pool, &RenderConfig::default(), None).unwrap().network_policy, None);
 }
 
 #[test]
@@ -262,9 +262,31 @@ fn pdb_only_with_more_than_one_replica() {
 fn unset_replicas_leave_the_count_to_an_autoscaler() {
     let mut pool = pool(BASE);
     pool.spec.replicas = None;
-    let rendered = render(&pool, &RenderConfig::default()).unwrap();
+    let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     assert_eq!(rendered.deployment.spec.unwrap().replicas, None);
     assert!(rendered.pdb.is_some());
+}
+
+#[test]
+fn an_autoscaled_pool_gets_the_autoscalers_count() {
+    let mut pool = pool(BASE);
+    pool.spec.replicas = None;
+    pool.spec.autoscaling =
+        Some(serde_json::from_value(serde_json::json!({ "minReplicas": 2, "maxReplicas": 6 })).expect("autoscaling"));
+    let replicas =
+        |autoscaled| render(&pool, &RenderConfig::default(), autoscaled).unwrap().deployment.spec.unwrap().replicas;
+    assert_eq!(replicas(Some(5)), Some(5), "the decision the controller passes in");
+    assert_eq!(replicas(Some(0)), Some(0), "scaled to zero");
+    assert_eq!(replicas(None), Some(2), "before any decision: minReplicas, never unset");
+    assert!(render(&pool, &RenderConfig::default(), Some(1)).unwrap().pdb.is_some(), "it may grow: a budget");
+    // Nothing else differs from the pool sized by hand.
+    let mut by_hand = pool.clone();
+    by_hand.spec.autoscaling = None;
+    by_hand.spec.replicas = Some(5);
+    assert_eq!(
+        render(&pool, &RenderConfig::default(), Some(5)).unwrap().deployment,
+        render(&by_hand, &RenderConfig::default(), None).unwrap().deployment
+    );
 }
 
 #[test]
@@ -278,5 +300,5 @@ fn budget_edits_do_not_change_the_deployment() {
     large.spec.concurrency.max_queued = 100_000;
     large.spec.concurrency.queue_timeout = "30s".into();
     let config = RenderConfig::default();
-    assert_eq!(render(&small, &config).unwrap().deployment, render(&large, &config).unwrap().deployment);
+    assert_eq!(render(&small, &config, None).unwrap().deployment, render(&large, &config, None).unwrap().deployment);
 }

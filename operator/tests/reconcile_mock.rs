@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use kube::client::Body;
+use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::{Client, Resource};
 use serde_json::{Value, json};
@@ -87,6 +88,7 @@ fn context(client: Client) -> Arc<Context> {
         resync: Duration::from_secs(300),
         status_memo: Default::default(),
         reports: Default::default(),
+        autoscaler: Default::default(),
     })
 }
 
@@ -196,4 +198,71 @@ async fn a_pool_without_a_network_policy_has_it_removed() {
     let path =
         format!("/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies/{}", pool.meta().name.as_ref().unwrap());
     assert!(seen.iter().any(|s| s.method == "DELETE" && s.path == path), "deleted: {seen:?}");
+}
+
+fn autoscaled_pool(min_replicas: i32) -> EmbeddingPool {
+    serde_json::from_value(json!({
+        "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+        "metadata": { "name": "elastic", "namespace": "ml", "uid": "5f0c7a7e-0000-4000-8000-000000000002", "generation": 1 },
+        "spec": {
+            "model": { "id": "BAAI/bge-small-en-v1.5" },
+            "concurrency": { "maxInFlight": 64, "maxInFlightPerReplica": 16 },
+            "autoscaling": { "minReplicas": min_replicas, "maxReplicas": 5 },
+        },
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn an_autoscaled_pool_gets_the_autoscalers_count_its_status_and_a_shorter_requeue() {
+    let (client, seen) = mock_api();
+    let ctx = context(client);
+    let mut pool = autoscaled_pool(2);
+    let action = reconcile(Arc::new(pool.clone()), ctx.clone()).await.unwrap();
+    assert_eq!(action, Action::requeue(teifleet_operator::autoscale::INTERVAL), "autoscaled pools are looked at often");
+
+    let requests = seen.lock().unwrap().clone();
+    let deployment = requests.iter().find(|s| s.method == "PATCH" && s.path.contains("/deployments/")).unwrap();
+    assert_eq!(deployment.body["spec"]["replicas"], json!(2), "a new pool starts at minReplicas");
+    let status = status_patches(&requests)[0].body["status"].clone();
+    assert_eq!(status["autoscaling"]["desiredReplicas"], json!(2));
+    assert_eq!(status["autoscaling"]["recommendedReplicas"], json!(2));
+    assert_eq!(status["autoscaling"]["message"], json!("no replica ready yet"));
+    assert!(
+        !requests.iter().any(|s| s.query.contains("activator")),
+        "minReplicas 2 never reaches zero: the activator is not asked"
+    );
+
+    // The next look, with the status it wrote: nothing changed, nothing written.
+    pool.status = Some(serde_json::from_value(status).unwrap());
+    seen.lock().unwrap().clear();
+    reconcile(Arc::new(pool.clone()), ctx.clone()).await.unwrap();
+    assert!(status_patches(&seen.lock().unwrap()).is_empty(), "a steady autoscaled pool must not be written");
+
+    // Sized by hand again: the Deployment gets spec.replicas, the autoscaler's status goes.
+    pool.spec.autoscaling = None;
+    pool.spec.replicas = Some(3);
+    seen.lock().unwrap().clear();
+    let action = reconcile(Arc::new(pool), ctx).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(30)));
+    let requests = seen.lock().unwrap().clone();
+    let deployment = requests.iter().find(|s| s.method == "PATCH" && s.path.contains("/deployments/")).unwrap();
+    assert_eq!(deployment.body["spec"]["replicas"], json!(3));
+    assert_eq!(status_patches(&requests)[0].body["status"].get("autoscaling"), None);
+}
+
+#[tokio::test]
+async fn a_pool_that_may_scale_to_zero_asks_the_namespaces_activator() {
+    let (client, seen) = mock_api();
+    reconcile(Arc::new(autoscaled_pool(0)), context(client)).await.unwrap();
+    let requests = seen.lock().unwrap().clone();
+    let selector = "labelSelector=app.kubernetes.io%2Fcomponent%3Dactivator%2Capp.kubernetes.io%2Fpart-of%3Dteifleet";
+    assert!(
+        requests
+            .iter()
+            .any(|s| s.method == "GET" && s.path == "/api/v1/namespaces/ml/pods" && s.query.contains(selector)),
+        "{requests:?}"
+    );
+    let deployment = requests.iter().find(|s| s.method == "PATCH" && s.path.ends_with("/deployments/elastic")).unwrap();
+    assert_eq!(deployment.body["spec"]["replicas"], json!(0), "a new pool that may scale to zero starts at zero");
 }

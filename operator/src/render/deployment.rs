@@ -37,9 +37,20 @@ const MODEL_CACHE_PATH: &str = "/data";
 const MULTIPLEXER_REQUESTS: [(&str, &str); 2] = [("cpu", "100m"), ("memory", "64Mi")];
 const MULTIPLEXER_LIMITS: [(&str, &str); 1] = [("memory", "256Mi")];
 
-/// The replica count the operator applies, or `None` when an autoscaler owns it.
+/// The replica count `spec.replicas` sets, or `None` when an autoscaler owns it (teifleet's own
+/// with `spec.autoscaling`, or one that targets the Deployment).
 pub fn desired_replicas(pool: &EmbeddingPool) -> Option<i32> {
     pool.spec.replicas
+}
+
+/// The Deployment's replicas: `spec.replicas`; under `spec.autoscaling` the autoscaler's decision
+/// (`autoscaled`, computed by the controller: rendering reads no clock), or `minReplicas` before
+/// it decided; `None` leaves them to an autoscaler that targets the Deployment.
+pub fn deployment_replicas(pool: &EmbeddingPool, autoscaled: Option<i32>) -> Option<i32> {
+    match &pool.spec.autoscaling {
+        Some(autoscaling) => Some(autoscaled.unwrap_or(autoscaling.min_replicas)),
+        None => desired_replicas(pool),
+    }
 }
 
 /// The TEI image for the pool: `spec.tei.image`, else the gRPC build for the GPU architecture.
@@ -452,7 +463,12 @@ fn pod_spec(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> PodSp
     }
 }
 
-pub(super) fn deployment(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Deployment {
+pub(super) fn deployment(
+    owner: &Owner,
+    pool: &EmbeddingPool,
+    config: &RenderConfig,
+    autoscaled: Option<i32>,
+) -> Deployment {
     let overrides = &pool.spec.template;
     let mut pod_labels = overrides.labels.clone();
     pod_labels.extend(owner.labels());
@@ -460,7 +476,7 @@ pub(super) fn deployment(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
     Deployment {
         metadata: owner.meta(owner.name.clone()),
         spec: Some(DeploymentSpec {
-            replicas: desired_replicas(pool),
+            replicas: deployment_replicas(pool, autoscaled),
             selector: LabelSelector { match_labels: Some(owner.selector()), ..LabelSelector::default() },
             strategy: Some(strategy(pool)),
             // Model downloads are slow; the startup probe already allows 30 minutes.

@@ -21,7 +21,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use kube::Resource;
 use teifleet_crds::{EmbeddingPool, labels};
 
-pub use deployment::{desired_replicas, tei_image, tei_max_concurrent_requests};
+pub use deployment::{deployment_replicas, desired_replicas, tei_image, tei_max_concurrent_requests};
 
 use crate::{Error, Result};
 
@@ -66,9 +66,11 @@ pub struct Children {
     pub network_policy: Option<NetworkPolicy>,
 }
 
-/// Renders every child of `pool`. Fails only for a pool without the name, namespace or uid the
-/// children's metadata and owner reference are built from; the API server always sets them.
-pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
+/// Renders every child of `pool`; `autoscaled` is the autoscaler's replica count for a pool with
+/// `spec.autoscaling` (see [`deployment_replicas`]). Fails only for a pool without the name,
+/// namespace or uid the children's metadata and owner reference are built from; the API server
+/// always sets them.
+pub fn render(pool: &EmbeddingPool, config: &RenderConfig, autoscaled: Option<i32>) -> Result<Children> {
     let owner = Owner::of(pool)?;
     Ok(Children {
         service_account: rbac::service_account(&owner),
@@ -76,7 +78,7 @@ pub fn render(pool: &EmbeddingPool, config: &RenderConfig) -> Result<Children> {
         role_binding: rbac::role_binding(&owner),
         service: services::service(&owner, pool),
         peers_service: services::peers_service(&owner, pool),
-        deployment: deployment::deployment(&owner, pool, config),
+        deployment: deployment::deployment(&owner, pool, config, autoscaled),
         pdb: pdb::pdb(&owner, pool),
         network_policy: network_policy::network_policy(&owner, pool, config),
     })

@@ -33,7 +33,7 @@ async fn rendered_pods_for_every_gpu_type_pass_a_restricted_dry_run() {
         }))
         .unwrap();
         pool.spec.gpu.type_ = gpu;
-        let children = render(&pool, &RenderConfig::default()).unwrap();
+        let children = render(&pool, &RenderConfig::default(), None).unwrap();
         // The ServiceAccount must exist for admission to accept the pod.
         let mut account = children.service_account.clone();
         account.metadata.owner_references = None;
