@@ -105,8 +105,17 @@ where
     }
 }
 
-/// Brings the pool's children to their rendered state and reports status.
+/// Brings the pool's children to their rendered state and reports status. A pool whose
+/// namespace is being deleted is going away with it: the API server's refusal to create
+/// anything there is not a failure.
 pub async fn reconcile(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Action> {
+    match reconcile_pool(pool, ctx).await {
+        Err(error) if error.is_namespace_terminating() => Ok(Action::await_change()),
+        outcome => outcome,
+    }
+}
+
+async fn reconcile_pool(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
     let namespace = pool.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
     let name = pool.name_any();

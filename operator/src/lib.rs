@@ -28,6 +28,13 @@ pub enum Error {
 }
 
 impl Error {
+    /// The API server refused a write because the namespace is being deleted.
+    pub fn is_namespace_terminating(&self) -> bool {
+        let Self::Kube(kube::Error::Api(status)) = self else { return false };
+        let causes = status.details.as_ref().map(|details| details.causes.as_slice()).unwrap_or_default();
+        status.code == 403 && causes.iter().any(|cause| cause.reason == "NamespaceTerminating")
+    }
+
     /// A short, bounded label for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -41,3 +48,26 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use kube::core::Status;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn a_write_refused_in_a_terminating_namespace_is_told_apart() {
+        let refused = |reason: &str| {
+            let status: Status = serde_json::from_value(json!({
+                "status": "Failure", "code": 403, "reason": "Forbidden", "message": "refused",
+                "details": { "name": "x", "kind": "serviceaccounts", "causes": [{ "reason": reason }] },
+            }))
+            .unwrap();
+            Error::Kube(kube::Error::Api(Box::new(status)))
+        };
+        assert!(refused("NamespaceTerminating").is_namespace_terminating());
+        assert!(!refused("FieldValueInvalid").is_namespace_terminating());
+        assert!(!Error::MissingField("x").is_namespace_terminating());
+    }
+}

@@ -51,6 +51,8 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
 
     let operator = Operator::start_with("chart", &kubeconfig, RELEASE_NAMESPACE, &["--lease-name=teifleet-operator"]);
     let ns = test_namespace("chart").await;
+    // The operator watches every namespace: earlier tests' pools must be gone with theirs.
+    teifleet_e2e::wait_for_other_test_namespaces_gone(&client, &ns.name).await;
     create_pool(&client, &ns.name, "rbac", json!({ "gpu": { "type": "nvidia-l4" }, "replicas": 2 })).await;
     wait_until_ready(&client, &ns.name, "rbac").await;
 
