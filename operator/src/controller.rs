@@ -274,8 +274,13 @@ async fn announce_changes(ctx: &Context, pool: &EmbeddingPool, new: &EmbeddingPo
 async fn publish(ctx: &Context, pool: &EmbeddingPool, events: Vec<Event>) {
     let reference = pool.object_ref(&());
     for event in events {
-        if let Err(error) = ctx.recorder.publish(&event, &reference).await {
-            tracing::warn!(%error, reason = %event.reason, "publishing an event failed");
+        match ctx.recorder.publish(&event, &reference).await {
+            Ok(()) => {}
+            // The pool goes with its namespace; its news with it.
+            Err(error) if crate::namespace_terminating(&error) => {
+                tracing::debug!(%error, reason = %event.reason, "no event: the namespace is being deleted")
+            }
+            Err(error) => tracing::warn!(%error, reason = %event.reason, "publishing an event failed"),
         }
     }
 }

@@ -30,9 +30,7 @@ pub enum Error {
 impl Error {
     /// The API server refused a write because the namespace is being deleted.
     pub fn is_namespace_terminating(&self) -> bool {
-        let Self::Kube(kube::Error::Api(status)) = self else { return false };
-        let causes = status.details.as_ref().map(|details| details.causes.as_slice()).unwrap_or_default();
-        status.code == 403 && causes.iter().any(|cause| cause.reason == "NamespaceTerminating")
+        matches!(self, Self::Kube(error) if namespace_terminating(error))
     }
 
     /// A short, bounded label for metrics.
@@ -48,6 +46,13 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Whether the API server refused a write because the namespace is being deleted.
+pub fn namespace_terminating(error: &kube::Error) -> bool {
+    let kube::Error::Api(status) = error else { return false };
+    let causes = status.details.as_ref().map(|details| details.causes.as_slice()).unwrap_or_default();
+    status.code == 403 && causes.iter().any(|cause| cause.reason == "NamespaceTerminating")
+}
 
 #[cfg(test)]
 mod tests {

@@ -49,10 +49,11 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
     let (ok, output) = (can_i.status.success(), String::from_utf8_lossy(&can_i.stdout));
     assert!(!ok && output.trim() == "no", "the chart must not grant Secrets: {output}");
 
-    let operator = Operator::start_with("chart", &kubeconfig, RELEASE_NAMESPACE, &["--lease-name=teifleet-operator"]);
     let ns = test_namespace("chart").await;
-    // The operator watches every namespace: earlier tests' pools must be gone with theirs.
+    // The operator watches every namespace: earlier tests' pools must be gone with theirs before
+    // it starts, or their teardown shows in its log.
     teifleet_e2e::wait_for_other_test_namespaces_gone(&client, &ns.name).await;
+    let operator = Operator::start_with("chart", &kubeconfig, RELEASE_NAMESPACE, &["--lease-name=teifleet-operator"]);
     create_pool(&client, &ns.name, "rbac", json!({ "gpu": { "type": "nvidia-l4" }, "replicas": 2 })).await;
     wait_until_ready(&client, &ns.name, "rbac").await;
 
