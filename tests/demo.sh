@@ -286,7 +286,7 @@ scaled_state() {
   kubectl get epool "$SCALED" -n "$NS" -o jsonpath='{.status.autoscaling.desiredReplicas} desired, {.status.readyReplicas} ready: {.status.autoscaling.message}'
 }
 heading "10/10  A pool that sizes itself: spec.autoscaling from zero, up under a burst, back to zero" \
-  "the activator holds the first call while a replica starts; 200 ms batches of 4 make each replica serve ~20 calls/s"
+  "the activator holds the first call while a replica starts; 200 ms batches of 4 make each replica serve ~10 calls/s"
 cat <<YAML | tee "$RUN/$SCALED.yaml"
 apiVersion: teifleet.dev/v1alpha1
 kind: EmbeddingPool
@@ -308,13 +308,15 @@ kubectl wait -n "$NS" --for=condition=Available deployment/teifleet-activator --
 show kubectl get epool "$SCALED" -n "$NS"
 show kubectl get pods -n "$NS" -l app.kubernetes.io/component=activator -o wide
 SCALED_IP="$(kubectl get service "$SCALED" -n "$NS" -o jsonpath='{.spec.clusterIP}')"
+# A new pool's activator is seconds old: wait until kube-proxy sends its Service somewhere.
+for _ in $(seq 300); do (exec 3<>"/dev/tcp/$SCALED_IP/$GRPC_PORT") 2>/dev/null && break; sleep 0.2; done
 start relay-scaled "$PYTHON" -c "$RELAY_PY" "$SCALED_RELAY_PORT" "$SCALED_IP" "$GRPC_PORT"
 for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$SCALED_RELAY_PORT") 2>/dev/null && break; sleep 0.1; done
 SCALED_TARGET="http://127.0.0.1:$SCALED_RELAY_PORT"
 echo "  the first call, at zero replicas (the relay dials by address, so it names its pool):"
 show "$BIN/teifleet-load" --target "$SCALED_TARGET" --pool "$SCALED" --rpc info --requests 1 --deadline 120s
-echo "  a burst of 60 calls/s for 50 s, about 3 replicas' worth; the autoscaler's view every 5 s:"
-start burst "$BIN/teifleet-load" --target "$SCALED_TARGET" --pool "$SCALED" --rate 60 --duration 50s --requests 100000 --tokens 16 --connections 8
+echo "  a burst of 30 calls/s for 50 s, about 3 replicas' worth; the autoscaler's view every 5 s:"
+start burst "$BIN/teifleet-load" --target "$SCALED_TARGET" --pool "$SCALED" --rate 30 --duration 50s --requests 100000 --tokens 16 --connections 8
 burst_pid=${pids[-1]}
 for _ in $(seq 10); do sleep 5; echo "  $(date +%T)  $(scaled_state)"; done
 wait "$burst_pid" || true
