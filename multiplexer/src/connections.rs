@@ -8,22 +8,29 @@
 
 use std::future::ready;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt as _};
 use teifleet_runtime::http_server::{Accepted, ConnectionCap, Refused};
-use teifleet_runtime::tls::{self, MaybeTls, ServerTls};
+use teifleet_runtime::tls::{self, ClientIdentity, MaybeTls, ServerTls};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tonic::transport::server::Connected;
 
-/// Connections from `accepted`, within `cap`, in TLS while `tls` says so; each turned away is
-/// told to `refused` with its reason.
+use crate::door::{Door, Doors};
+
+/// Connections from `accepted`, within `cap`, in TLS while `tls` says so, each with its own door
+/// (`crate::door`); each turned away is told to `refused` with its reason.
 pub fn bounded<S>(
     accepted: S,
     cap: ConnectionCap,
     max_connections: usize,
     tls: Arc<ServerTls>,
+    doors: Arc<Doors>,
     refused: Refused,
-) -> impl Stream<Item = Result<Accepted<MaybeTls<TcpStream>>, io::Error>>
+) -> impl Stream<Item = Result<Connection, io::Error>>
 where
     S: Stream<Item = Result<TcpStream, io::Error>>,
 {
@@ -40,10 +47,10 @@ where
         })
         .filter_map(move |stream| ready(cap.place().map(|place| (place, stream))))
         .map(move |(place, stream)| {
-            let (tls, refused) = (tls.clone(), refused.clone());
+            let (tls, refused, doors) = (tls.clone(), refused.clone(), doors.clone());
             async move {
                 match tls::accept(&tls, stream, place.deadline()).await {
-                    Ok(stream) => Some(Ok(place.hold(stream))),
+                    Ok(stream) => Some(Ok(Connection { io: place.hold(stream), door: doors.door() })),
                     Err(reason) => {
                         refused(reason);
                         None
@@ -54,4 +61,64 @@ where
         // Never full: the cap holds fewer connections than this.
         .buffer_unordered(max_connections.max(1))
         .filter_map(ready)
+}
+
+/// An accepted gRPC connection and its door.
+pub struct Connection {
+    io: Accepted<MaybeTls<TcpStream>>,
+    door: Arc<Door>,
+}
+
+/// What tonic puts in every request of a connection: who the client proved to be (mutual TLS)
+/// and the connection's door.
+#[derive(Clone)]
+pub struct ConnectionInfo {
+    pub client: Option<ClientIdentity>,
+    pub door: Arc<Door>,
+}
+
+impl ConnectionInfo {
+    pub fn of(extensions: &http::Extensions) -> Option<&Self> {
+        extensions.get::<Self>()
+    }
+}
+
+impl Connected for Connection {
+    type ConnectInfo = ConnectionInfo;
+
+    fn connect_info(&self) -> ConnectionInfo {
+        ConnectionInfo { client: self.io.connect_info(), door: self.door.clone() }
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
 }

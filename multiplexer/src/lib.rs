@@ -27,6 +27,7 @@ pub mod call;
 pub mod charge;
 pub mod coalesce;
 pub mod connections;
+pub mod door;
 pub mod error;
 pub mod flags;
 pub mod forward;

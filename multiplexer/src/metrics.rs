@@ -46,6 +46,7 @@ struct Families {
     refused_input: IntCounterVec,
     spills: IntCounterVec,
     spilled_in: IntCounterVec,
+    held_at_door: IntGauge,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -159,6 +160,12 @@ impl Metrics {
                 &["pool", "outcome"],
             )
             .expect("valid counter"),
+            held_at_door: IntGauge::new(
+                "teifleet_held_at_door",
+                "gRPC calls waiting at their connection's door: the connection has its share of the \
+                 budget outstanding (crate docs: `door`).",
+            )
+            .expect("valid gauge"),
         };
         let registry = Registry::new();
         let f = &families;
@@ -185,6 +192,7 @@ impl Metrics {
                 &f.refused_input,
                 &f.spills,
                 &f.spilled_in,
+                &f.held_at_door,
             ],
         )
         .expect("unique metric names");
@@ -285,6 +293,11 @@ impl Metrics {
     pub fn refusal_counter(&self, port: &'static str) -> impl Fn(&'static str) + Send + Sync + 'static {
         let counter = self.families.refused_input.clone();
         move |reason| counter.with_label_values(&[port, reason]).inc()
+    }
+
+    /// A call began (`1`) or stopped (`-1`) waiting at its connection's door.
+    pub fn held_at_door(&self, delta: i64) {
+        self.families.held_at_door.add(delta);
     }
 
     pub fn coalesced(&self, pool: &str, rpc: &str) {

@@ -17,13 +17,17 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
 
-use crate::auth::{self, Gate};
+use crate::auth::Gate;
 use crate::call::{Call, Protocol};
 use crate::charge::{Grant, cost_before_body};
+use crate::connections::ConnectionInfo;
+use crate::door::Door;
 use crate::error::ErrorKind;
 use crate::forward::{Forwarder, ResponseStream, Routed};
 use crate::metrics::Metrics;
 use crate::orca;
+use crate::pools::Pool;
+use crate::request_meta::RequestMeta;
 use crate::rpc::{Admit, Rpc, Shape};
 use crate::{Error, status};
 
@@ -60,7 +64,8 @@ where
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         // The key first: a refused call is not routed, queued or counted as a call, only as a
         // refusal (`teifleet_auth_failures_total`), as on the HTTP front.
-        let certified = auth::certified(request.extensions()).cloned();
+        let connection = ConnectionInfo::of(request.extensions()).cloned();
+        let certified = connection.as_ref().and_then(|connection| connection.client.clone());
         if let Err(failure) = self.gate.admit(request.headers_mut(), certified.as_ref(), Protocol::Grpc) {
             return futures::future::ready(Ok(status::into_status(Error::Auth(failure)).into_http())).boxed();
         }
@@ -70,7 +75,8 @@ where
         // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
         let message_timeout = self.message_timeout;
         let forwarder = self.forwarder.clone();
-        serve(call, self.forwarder.clone(), request, message_timeout, span.clone())
+        let door = connection.map(|connection| connection.door);
+        serve(call, self.forwarder.clone(), request, door, message_timeout, span.clone())
             .map(move |response| Ok(orca::with_load_report(response, move || own_load(&forwarder, orca::bin_header))))
             .instrument(span)
             .boxed()
@@ -92,6 +98,7 @@ async fn serve<B>(
     mut call: Call,
     forwarder: Arc<Forwarder>,
     request: http::Request<B>,
+    door: Option<Arc<Door>>,
     message_timeout: Duration,
     span: tracing::Span,
 ) -> http::Response<tonic::body::Body>
@@ -106,6 +113,21 @@ where
         Err(error) => return Status::from(call.fail(error)).into_http(),
     };
     span.record("pool", pool.spec.name.as_str());
+    // Held until the call is answered: the connection's next call waits at its door till then.
+    let _through = match door.filter(|_| holds_at_door(rpc, &meta, &pool)) {
+        Some(door) => {
+            let (budget, queue_timeout) = pool.admission.capacity();
+            match door.enter(budget, queue_timeout, meta.deadline).await {
+                Ok(pass) => Some(pass),
+                Err(held) => {
+                    let source = held.into_error(&pool.admission, meta.deadline);
+                    let error = Error::Admission { pool: pool.spec.name.clone(), source };
+                    return Status::from(call.fail(error)).into_http();
+                }
+            }
+        }
+        None => None,
+    };
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
     // A unary call whose cost its RPC tells waits for its permit before its body is read; other
     // unary calls once their bytes say what they cost, stream messages each as they arrive, and
@@ -155,6 +177,16 @@ where
         count_refused_message(&mut routed, &response);
     }
     response
+}
+
+/// Unary calls for a budget kept here wait at their connection's door; calls that passed one
+/// already (spilled by a sibling, forwarded by another pool's sidecar) do not.
+fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
+    rpc.shape == Shape::Unary
+        && rpc.admit == Admit::Permit
+        && !pool.spec.remote
+        && meta.spilled_from.is_none()
+        && meta.forwarded_by.is_none()
 }
 
 /// The request body, cut off `timeout` from now: a caller that trickles its message holds its

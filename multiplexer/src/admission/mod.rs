@@ -145,6 +145,14 @@ impl Admission {
         admission
     }
 
+    /// Calls this replica can serve or queue at once (its in-flight limit in force, what its
+    /// siblings take from it, and its queue), and its queue timeout: what a connection's door
+    /// shares out (`crate::door`).
+    pub fn capacity(&self) -> (usize, Duration) {
+        let state = self.shared.lock();
+        (state.draining_slots() + state.limits.max_queued, state.limits.queue_timeout)
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         self.shared.lock().snapshot(None)
     }
@@ -310,7 +318,8 @@ impl Admission {
         }
     }
 
-    fn retry_hint(&self, deadline: Option<Instant>) -> Retry {
+    /// What to tell a caller refused now, with `deadline` (see `State::retry_hint`).
+    pub(crate) fn retry_hint(&self, deadline: Option<Instant>) -> Retry {
         let mut state = self.shared.lock();
         let position = state.queue.inputs();
         state.retry_hint(position, deadline)
