@@ -10,6 +10,7 @@ use std::future::ready;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt as _};
@@ -19,16 +20,18 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tonic::transport::server::Connected;
 
-use crate::door::{Door, Doors};
+use crate::door::ConnectionId;
 
-/// Connections from `accepted`, within `cap`, in TLS while `tls` says so, each with its own door
-/// (`crate::door`); each turned away is told to `refused` with its reason.
+/// Numbers accepted connections, for the lines at pools' doors (`crate::door`).
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(0);
+
+/// Connections from `accepted`, within `cap`, in TLS while `tls` says so, each numbered; each
+/// turned away is told to `refused` with its reason.
 pub fn bounded<S>(
     accepted: S,
     cap: ConnectionCap,
     max_connections: usize,
     tls: Arc<ServerTls>,
-    doors: Arc<Doors>,
     refused: Refused,
 ) -> impl Stream<Item = Result<Connection, io::Error>>
 where
@@ -47,10 +50,13 @@ where
         })
         .filter_map(move |stream| ready(cap.place().map(|place| (place, stream))))
         .map(move |(place, stream)| {
-            let (tls, refused, doors) = (tls.clone(), refused.clone(), doors.clone());
+            let (tls, refused) = (tls.clone(), refused.clone());
             async move {
                 match tls::accept(&tls, stream, place.deadline()).await {
-                    Ok(stream) => Some(Ok(Connection { io: place.hold(stream), door: doors.door() })),
+                    Ok(stream) => {
+                        let id = ConnectionId(NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed));
+                        Some(Ok(Connection { io: place.hold(stream), id }))
+                    }
                     Err(reason) => {
                         refused(reason);
                         None
@@ -63,18 +69,18 @@ where
         .filter_map(ready)
 }
 
-/// An accepted gRPC connection and its door.
+/// An accepted gRPC connection and its number.
 pub struct Connection {
     io: Accepted<MaybeTls<TcpStream>>,
-    door: Arc<Door>,
+    id: ConnectionId,
 }
 
 /// What tonic puts in every request of a connection: who the client proved to be (mutual TLS)
-/// and the connection's door.
+/// and which connection it is.
 #[derive(Clone)]
 pub struct ConnectionInfo {
     pub client: Option<ClientIdentity>,
-    pub door: Arc<Door>,
+    pub id: ConnectionId,
 }
 
 impl ConnectionInfo {
@@ -87,7 +93,7 @@ impl Connected for Connection {
     type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> ConnectionInfo {
-        ConnectionInfo { client: self.io.connect_info(), door: self.door.clone() }
+        ConnectionInfo { client: self.io.connect_info(), id: self.id }
     }
 }
 

@@ -1,22 +1,22 @@
-//! Back-pressure per gRPC connection, before admission: a connection may have only its share of
-//! what the pool can serve or queue here outstanding at once; its further calls wait at its door,
-//! in order, costing a stream and a parked future but no CPU, and pass as its own calls finish.
+//! Back-pressure before admission, per pool: no more of a pool's gRPC calls go on to admission
+//! at once than it can serve or queue here; the others wait at the door, each in its
+//! connection's line, costing a stream and a parked future but no CPU, and go in as calls finish.
 //!
 //! Why not HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`: h2 takes that limit once per connection
-//! and cannot lower it live, and a limit per connection alone bounds nothing once a client opens
-//! many connections. The door's limit is read at every call: the pool's budget here (its in-flight
-//! limit in force, what its siblings take from it, and its queue) divided among the connections
-//! with calls outstanding or waiting, at least one each. So a storm of callers that resend every
+//! and cannot change it live, and a limit per connection bounds nothing once a client opens many
+//! connections. The door's budget is read at every call (the pool's in-flight limit in force,
+//! what its siblings take from it, and its queue), so a storm of callers that resend every
 //! refusal at once meets a queue that is never overrun, instead of tens of thousands of refusals
-//! a second that take the CPU TEI needs; a call is refused only when it cannot be served in time:
+//! a second that take the CPU TEI needs. A call is refused only when it cannot be served in time:
 //! when the pool's queue timeout or the call's own deadline passes at the door.
 //!
-//! Within a connection calls pass in arrival order, as they would from a client's own HTTP/2
-//! queue; priorities and tenants are weighed once a call is through, by admission. Calls a sibling
-//! spilled here or another pool's sidecar forwarded are not held: their first door was there.
+//! Connections take turns (one call each, round robin), so one connection's flood does not hold
+//! up another's calls; within a connection calls go in arrival order, as from a client's own
+//! HTTP/2 queue. Priorities and tenants are weighed once a call is in, by admission. Critical
+//! calls are not held (they may evict from the queue what their line would hold them behind),
+//! nor are calls a sibling spilled here or another pool's sidecar forwarded: their door was there.
 
-use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -26,43 +26,26 @@ use tokio::time::Instant;
 use crate::admission::{Admission, AdmissionError};
 use crate::metrics::Metrics;
 
-/// What every connection's door shares: how many connections have calls outstanding or waiting.
-pub struct Doors {
-    busy: AtomicUsize,
-    /// The budget last read from a pool, for doors letting calls through as others finish.
-    budget: AtomicUsize,
+/// Which accepted connection a call came on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnectionId(pub u64);
+
+/// One pool's door.
+pub struct Door {
+    lobby: Mutex<Lobby>,
     metrics: Metrics,
 }
 
-impl Doors {
-    pub fn new(metrics: Metrics) -> Arc<Self> {
-        Arc::new(Self { busy: AtomicUsize::new(0), budget: AtomicUsize::new(usize::MAX), metrics })
-    }
-
-    /// A door for a newly accepted connection.
-    pub fn door(self: &Arc<Self>) -> Arc<Door> {
-        Arc::new(Door { doors: self.clone(), state: Mutex::new(State::default()) })
-    }
-
-    /// Each busy connection's share of the budget, at least one call.
-    fn share(&self) -> usize {
-        let busy = self.busy.load(Ordering::Relaxed).max(1);
-        (self.budget.load(Ordering::Relaxed) / busy).max(1)
-    }
-}
-
-/// One connection's door.
-pub struct Door {
-    doors: Arc<Doors>,
-    state: Mutex<State>,
-}
-
 #[derive(Default)]
-struct State {
-    /// Calls through the door and not yet finished.
-    through: usize,
-    waiting: VecDeque<Waiter>,
-    next_id: u64,
+struct Lobby {
+    /// The budget last read from the pool.
+    budget: usize,
+    /// Calls in and not yet answered.
+    inside: usize,
+    lines: HashMap<ConnectionId, VecDeque<Waiter>>,
+    /// Connections with calls waiting, in the order of their turns.
+    turns: VecDeque<ConnectionId>,
+    next_waiter: u64,
 }
 
 struct Waiter {
@@ -70,13 +53,7 @@ struct Waiter {
     grant: oneshot::Sender<Pass>,
 }
 
-impl State {
-    fn idle(&self) -> bool {
-        self.through == 0 && self.waiting.is_empty()
-    }
-}
-
-/// Why a call left the door without passing it.
+/// Why a call left the door without going in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Held {
     /// The pool's queue timeout passed at the door.
@@ -97,129 +74,136 @@ impl Held {
     }
 }
 
-/// A call through its connection's door; dropping it lets the next waiting call through.
+/// A call through the door; dropping it lets the next waiting call in.
 pub struct Pass {
     door: Arc<Door>,
 }
 
 impl Door {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub fn new(metrics: Metrics) -> Arc<Self> {
+        Arc::new(Self { lobby: Mutex::new(Lobby::default()), metrics })
     }
 
-    /// Waits until the call may go on to admission: at once while this connection has fewer
-    /// than its share of `budget` calls outstanding and none waiting; otherwise in line, for at
-    /// most `queue_timeout`, or until `deadline`.
+    fn lock(&self) -> MutexGuard<'_, Lobby> {
+        self.lobby.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until the call may go on to admission: at once while fewer than `budget` calls are
+    /// in and nobody waits; otherwise in `connection`'s line, for at most `queue_timeout`, or
+    /// until `deadline`.
     pub async fn enter(
         self: &Arc<Self>,
+        connection: ConnectionId,
         budget: usize,
         queue_timeout: Duration,
         deadline: Option<Instant>,
     ) -> Result<Pass, Held> {
         let arrived = Instant::now();
-        let doors = &self.doors;
-        doors.budget.store(budget, Ordering::Relaxed);
-        let (id, receiver) = {
-            let mut state = self.lock();
-            if state.idle() {
-                doors.busy.fetch_add(1, Ordering::Relaxed);
-            }
-            if state.waiting.is_empty() && state.through < doors.share() {
-                state.through += 1;
+        let (id, receiver, let_go) = {
+            let mut lobby = self.lock();
+            lobby.budget = budget;
+            if lobby.turns.is_empty() && lobby.inside < budget {
+                lobby.inside += 1;
                 return Ok(Pass { door: self.clone() });
             }
             let (grant, receiver) = oneshot::channel();
-            let id = state.next_id;
-            state.next_id += 1;
-            state.waiting.push_back(Waiter { id, grant });
-            (id, receiver)
+            let id = lobby.next_waiter;
+            lobby.next_waiter += 1;
+            let line = lobby.lines.entry(connection).or_default();
+            line.push_back(Waiter { id, grant });
+            if line.len() == 1 {
+                lobby.turns.push_back(connection);
+            }
+            self.metrics.held_at_door(1);
+            // The budget may have grown since the last call went in.
+            let let_go = self.let_in(&mut lobby);
+            (id, receiver, let_go)
         };
-        doors.metrics.held_at_door(1);
-        let mut waiting = Waiting { door: self.clone(), id: Some(id) };
+        drop(let_go);
+        let mut waiting = Waiting { door: self.clone(), connection, id: Some(id) };
         let patience = match deadline {
             Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
             None => queue_timeout,
         };
         let outcome = tokio::time::timeout(patience, receiver).await;
+        let waited = arrived.elapsed();
         match outcome {
             Ok(Ok(pass)) => {
                 waiting.id = None;
                 Ok(pass)
             }
-            // The door let it through and then dropped it: only when the door itself went away.
-            Ok(Err(_)) => Err(Held::QueueTimeout { waited: arrived.elapsed() }),
+            // Never: a waiter leaves its line only with a pass or by its own hand.
+            Ok(Err(_)) => Err(Held::QueueTimeout { waited }),
             Err(_elapsed) => {
-                if let Some(pass) = waiting.give_up() {
-                    // Let through in the instant between the timeout and taking the lock.
-                    return Ok(pass);
-                }
-                let waited = arrived.elapsed();
+                // Let in in the instant between the timeout and taking the lock: the pass was
+                // dropped with the channel and went back, so this call is refused all the same.
+                waiting.leave();
                 Err(if patience < queue_timeout { Held::Deadline { waited } } else { Held::QueueTimeout { waited } })
             }
         }
     }
 
-    /// Lets waiting calls through while this connection is under its share; notes when it goes idle.
-    fn let_through(self: &Arc<Self>, mut state: MutexGuard<'_, State>) {
-        let share = self.doors.share();
-        let mut refused = Vec::new();
-        while state.through < share
-            && let Some(waiter) = state.waiting.pop_front()
+    /// Lets waiting calls in while there is room, one per connection in turn. Returns the passes
+    /// of callers that left meanwhile, to be dropped once the lock is released.
+    fn let_in(self: &Arc<Self>, lobby: &mut Lobby) -> Vec<Pass> {
+        let mut unclaimed = Vec::new();
+        while lobby.inside < lobby.budget
+            && let Some(connection) = lobby.turns.pop_front()
         {
-            state.through += 1;
-            self.doors.metrics.held_at_door(-1);
+            let line = lobby.lines.get_mut(&connection).expect("a connection with a turn has a line");
+            let waiter = line.pop_front().expect("a line with a turn is not empty");
+            if line.is_empty() {
+                lobby.lines.remove(&connection);
+            } else {
+                lobby.turns.push_back(connection);
+            }
+            lobby.inside += 1;
+            self.metrics.held_at_door(-1);
             if let Err(pass) = waiter.grant.send(Pass { door: self.clone() }) {
-                // Its caller left in the meantime: the pass goes back below, outside the lock.
-                refused.push(pass);
+                unclaimed.push(pass);
             }
         }
-        if state.idle() {
-            self.doors.busy.fetch_sub(1, Ordering::Relaxed);
-        }
-        drop(state);
-        drop(refused);
+        unclaimed
     }
 }
 
 impl Drop for Pass {
     fn drop(&mut self) {
-        let mut state = self.door.lock();
-        state.through -= 1;
-        self.door.let_through(state);
+        let unclaimed = {
+            let mut lobby = self.door.lock();
+            lobby.inside -= 1;
+            self.door.let_in(&mut lobby)
+        };
+        drop(unclaimed);
     }
 }
 
-/// A call in line at a door; leaves the line if its future is dropped (the caller went away).
+/// A call in its connection's line; leaves the line if its future is dropped (the caller went away).
 struct Waiting {
     door: Arc<Door>,
-    /// `None` once the call is through or out of line.
+    connection: ConnectionId,
+    /// `None` once the call is in or out of line.
     id: Option<u64>,
 }
 
 impl Waiting {
-    /// Leaves the line after a timeout; the pass, if the door let the call through meanwhile.
-    fn give_up(&mut self) -> Option<Pass> {
-        let id = self.id.take()?;
-        let mut state = self.door.lock();
-        match state.waiting.iter().position(|waiter| waiter.id == id) {
-            Some(position) => {
-                state.waiting.remove(position);
-                self.door.doors.metrics.held_at_door(-1);
-                if state.idle() {
-                    self.door.doors.busy.fetch_sub(1, Ordering::Relaxed);
-                }
-                None
-            }
-            // Already let through: its pass is in the channel, which the caller no longer reads,
-            // so it was dropped there and went back. Nothing to return.
-            None => None,
+    fn leave(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let mut lobby = self.door.lock();
+        let Some(line) = lobby.lines.get_mut(&self.connection) else { return };
+        let Some(position) = line.iter().position(|waiter| waiter.id == id) else { return };
+        line.remove(position);
+        self.door.metrics.held_at_door(-1);
+        if line.is_empty() {
+            lobby.lines.remove(&self.connection);
+            lobby.turns.retain(|connection| *connection != self.connection);
         }
     }
 }
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        self.give_up();
+        self.leave();
     }
 }
 

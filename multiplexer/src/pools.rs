@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use crate::activator::Activations;
 use crate::admission::{Admission, Limits};
 use crate::coalesce::Coalescer;
+use crate::door::Door;
 use crate::metrics::Metrics;
 use crate::request_meta::Target;
 use crate::siblings::Siblings;
@@ -43,6 +44,8 @@ pub struct Pool {
     /// The other replicas of the own pool, where its calls spill when its budget here is full;
     /// `None` for every other pool.
     pub siblings: Option<Arc<Siblings>>,
+    /// Where its gRPC calls wait beyond what it can serve or queue; kept across updates.
+    pub door: Arc<Door>,
 }
 
 pub struct PoolTable {
@@ -120,7 +123,8 @@ impl PoolTable {
                     let coalescer = coalescer_for(&spec, Some(&existing));
                     let (admission, upstream) = (existing.admission.clone(), existing.upstream.clone());
                     let siblings = self.siblings_of(&spec);
-                    Arc::new(Pool { admission, upstream, coalescer, siblings, spec })
+                    let door = existing.door.clone();
+                    Arc::new(Pool { admission, upstream, coalescer, siblings, door, spec })
                 }
                 existing => {
                     let upstream = match self.activations.as_ref().and_then(|a| a.channel(&spec.name)) {
@@ -137,7 +141,11 @@ impl PoolTable {
                     admission.set_tenant_weights(spec.tenants.clone());
                     let coalescer = coalescer_for(&spec, existing.as_deref());
                     let siblings = self.siblings_of(&spec);
-                    Arc::new(Pool { spec, admission, upstream, coalescer, siblings })
+                    let door = match &existing {
+                        Some(existing) => existing.door.clone(),
+                        None => Door::new(self.metrics.clone()),
+                    };
+                    Arc::new(Pool { spec, admission, upstream, coalescer, siblings, door })
                 }
             };
             next.insert(pool.spec.name.clone(), pool);

@@ -232,9 +232,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let bounds = &settings.bounds;
     let refused: Refused = Arc::new(metrics.refusal_counter("grpc"));
     let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
-    let doors = crate::door::Doors::new(metrics.clone());
-    let incoming =
-        crate::connections::bounded(incoming, cap, bounds.max_connections, settings.tls.clone(), doors, refused);
+    let incoming = crate::connections::bounded(incoming, cap, bounds.max_connections, settings.tls.clone(), refused);
     let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.

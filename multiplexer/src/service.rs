@@ -17,11 +17,12 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
 
+use crate::admission::Priority;
 use crate::auth::Gate;
 use crate::call::{Call, Protocol};
 use crate::charge::{Grant, cost_before_body};
 use crate::connections::ConnectionInfo;
-use crate::door::Door;
+use crate::door::ConnectionId;
 use crate::error::ErrorKind;
 use crate::forward::{Forwarder, ResponseStream, Routed};
 use crate::metrics::Metrics;
@@ -75,8 +76,8 @@ where
         // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
         let message_timeout = self.message_timeout;
         let forwarder = self.forwarder.clone();
-        let door = connection.map(|connection| connection.door);
-        serve(call, self.forwarder.clone(), request, door, message_timeout, span.clone())
+        let connection = connection.map(|connection| connection.id);
+        serve(call, self.forwarder.clone(), request, connection, message_timeout, span.clone())
             .map(move |response| Ok(orca::with_load_report(response, move || own_load(&forwarder, orca::bin_header))))
             .instrument(span)
             .boxed()
@@ -98,7 +99,7 @@ async fn serve<B>(
     mut call: Call,
     forwarder: Arc<Forwarder>,
     request: http::Request<B>,
-    door: Option<Arc<Door>>,
+    connection: Option<ConnectionId>,
     message_timeout: Duration,
     span: tracing::Span,
 ) -> http::Response<tonic::body::Body>
@@ -113,11 +114,11 @@ where
         Err(error) => return Status::from(call.fail(error)).into_http(),
     };
     span.record("pool", pool.spec.name.as_str());
-    // Held until the call is answered: the connection's next call waits at its door till then.
-    let _through = match door.filter(|_| holds_at_door(rpc, &meta, &pool)) {
-        Some(door) => {
+    // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
+    let _inside = match connection.filter(|_| holds_at_door(rpc, &meta, &pool)) {
+        Some(connection) => {
             let (budget, queue_timeout) = pool.admission.capacity();
-            match door.enter(budget, queue_timeout, meta.deadline).await {
+            match pool.door.enter(connection, budget, queue_timeout, meta.deadline).await {
                 Ok(pass) => Some(pass),
                 Err(held) => {
                     let source = held.into_error(&pool.admission, meta.deadline);
@@ -180,10 +181,13 @@ where
 }
 
 /// Unary calls for a budget kept here wait at their connection's door; calls that passed one
-/// already (spilled by a sibling, forwarded by another pool's sidecar) do not.
+/// already (spilled by a sibling, forwarded by another pool's sidecar) do not, nor do critical
+/// calls: a connection's line is in arrival order, and a critical call must not wait behind
+/// the lower-priority calls it may evict from the queue.
 fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
     rpc.shape == Shape::Unary
         && rpc.admit == Admit::Permit
+        && meta.priority != Priority::Critical
         && !pool.spec.remote
         && meta.spilled_from.is_none()
         && meta.forwarded_by.is_none()

@@ -468,16 +468,19 @@ fn shed_storm(r: &ShedStorm) -> String {
     let _ = writeln!(
         out,
         "Backend: {}, on the same 2 cores as the client and the multiplexer. Multiplexer: {}. Closed loops over \
-         16 connections, 16-token Embeds, {:.0} s each, no deadline: {} clients direct (the capacity: the device \
+         {} connections, 16-token Embeds, {:.0} s each, no deadline: {} clients direct (the capacity: the device \
          always has its next batch), {} through the multiplexer (its CPU per served call, nothing shed), then {} \
-         through the multiplexer, each resending the moment it is refused, then direct again; the capacity is the \
-         mean of the two direct runs. CPU from `/proc/<pid>/stat`; the client is this benchmark's own process.\n",
+         through the multiplexer, each resending the moment it is refused, the same over {} connections, then \
+         direct again; the capacity is the mean of the two direct runs. CPU from `/proc/<pid>/stat`; the client \
+         is this benchmark's own process.\n",
         backend(&r.backend),
         limits(&r.limits),
+        shed_storm::CONNECTIONS,
         r.seconds,
         shed_storm::CAPACITY_CLIENTS,
         shed_storm::CAPACITY_CLIENTS,
-        shed_storm::STORM_CLIENTS
+        shed_storm::STORM_CLIENTS,
+        shed_storm::FEWER_CONNECTIONS
     );
     let _ = writeln!(
         out,
@@ -488,6 +491,10 @@ fn shed_storm(r: &ShedStorm) -> String {
     storm_row(&mut out, "direct (capacity)", shed_storm::CAPACITY_CLIENTS, &r.capacity, capacity);
     storm_row(&mut out, "multiplexer", shed_storm::CAPACITY_CLIENTS, &r.served, capacity);
     storm_row(&mut out, "multiplexer, storm", shed_storm::STORM_CLIENTS, &r.storm, capacity);
+    if let Some(fewer) = &r.storm_fewer_connections {
+        let label = format!("multiplexer, storm on {} connections", shed_storm::FEWER_CONNECTIONS);
+        storm_row(&mut out, &label, shed_storm::STORM_CLIENTS, fewer, capacity);
+    }
     if let Some(after) = &r.capacity_after {
         storm_row(&mut out, "direct (capacity, again)", shed_storm::CAPACITY_CLIENTS, after, capacity);
     }

@@ -56,6 +56,7 @@ fn storm() -> Section {
             capacity_after: None,
             served: run(3000, 3000, 300.0, 0.6),
             storm: run(2000, 102_000, 200.0, 5.4),
+            storm_fewer_connections: None,
         })),
     )
 }
@@ -105,7 +106,7 @@ fn the_storm_section_puts_shed_cost_next_to_served_cost() {
     let text = markdown(&results(vec![storm()]), &[vec![]]);
     assert!(text.contains("**200 µs per served call, 50 µs per shed**"), "{text}");
     assert!(text.contains("| multiplexer, storm | 512 | 200.0 | 0.667 |"), "{text}");
-    assert!(text.contains("| 7 shed storm | goodput at c=512, resending ÷ capacity | 0.667 × capacity | ≥ 0.900 × capacity | **FAIL** |"), "{text}");
+    assert!(text.contains("| 7 shed storm | goodput at c=512 on 16 connections, resending ÷ capacity | 0.667 × capacity | ≥ 0.900 × capacity | **FAIL** |"), "{text}");
 }
 
 #[test]

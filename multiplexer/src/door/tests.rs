@@ -1,4 +1,3 @@
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::FutureExt as _;
@@ -7,111 +6,112 @@ use tokio::time::Instant;
 use super::*;
 
 const TIMEOUT: Duration = Duration::from_secs(1);
+const A: ConnectionId = ConnectionId(1);
+const B: ConnectionId = ConnectionId(2);
 
-fn doors() -> Arc<Doors> {
-    Doors::new(Metrics::new())
+fn door() -> Arc<Door> {
+    Door::new(Metrics::new())
 }
 
-async fn through(door: &Arc<Door>, budget: usize) -> Pass {
-    door.enter(budget, TIMEOUT, None).now_or_never().expect("through at once").expect("not held")
+fn pass_now(door: &Arc<Door>, connection: ConnectionId, budget: usize) -> Pass {
+    door.enter(connection, budget, TIMEOUT, None).now_or_never().expect("in at once").expect("not held")
 }
 
-fn busy(doors: &Doors) -> usize {
-    doors.busy.load(Ordering::Relaxed)
+/// A call entering in the background: the instant it went in, or why not.
+fn entering(
+    door: &Arc<Door>,
+    connection: ConnectionId,
+    budget: usize,
+) -> tokio::task::JoinHandle<Result<Instant, Held>> {
+    let door = door.clone();
+    tokio::spawn(async move {
+        let pass = door.enter(connection, budget, TIMEOUT, None).await?;
+        let now = Instant::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(pass);
+        Ok(now)
+    })
+}
+
+fn waiting(door: &Door) -> usize {
+    door.lock().lines.values().map(VecDeque::len).sum()
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_lone_connection_gets_the_whole_budget_and_its_next_calls_wait_in_order() {
-    let doors = doors();
-    let door = doors.door();
-    let passes: Vec<Pass> = futures::future::join_all((0..3).map(|_| through(&door, 3))).await;
-    let first = tokio::spawn({
-        let door = door.clone();
-        async move { door.enter(3, TIMEOUT, None).await.map(|_| Instant::now()) }
-    });
+async fn calls_beyond_the_budget_wait_and_go_in_as_calls_finish() {
+    let door = door();
+    let inside: Vec<Pass> = (0..3).map(|_| pass_now(&door, A, 3)).collect();
+    let first = entering(&door, A, 3);
     tokio::time::sleep(Duration::from_millis(1)).await;
-    let second = tokio::spawn({
-        let door = door.clone();
-        async move { door.enter(3, TIMEOUT, None).await.map(|_| Instant::now()) }
-    });
+    let second = entering(&door, A, 3);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!first.is_finished() && !second.is_finished(), "the fourth and fifth calls wait");
-    assert_eq!(door.lock().waiting.len(), 2);
-    let text = prometheus::TextEncoder::new().encode_to_string(&doors.metrics.registry.gather()).unwrap();
+    assert_eq!(waiting(&door), 2);
+    let text = prometheus::TextEncoder::new().encode_to_string(&door.metrics.registry.gather()).unwrap();
     assert!(text.contains("\nteifleet_held_at_door 2\n"), "{text}");
-    drop(passes);
-    let (first, second) = (first.await.unwrap().expect("through"), second.await.unwrap().expect("through"));
+    drop(inside);
+    let (first, second) = (first.await.unwrap().expect("in"), second.await.unwrap().expect("in"));
     assert!(first <= second, "in arrival order");
+    assert_eq!(door.lock().inside, 0);
 }
 
 #[tokio::test(start_paused = true)]
-async fn busy_connections_share_the_budget_and_idle_ones_count_for_nothing() {
-    let doors = doors();
-    let (a, b, idle) = (doors.door(), doors.door(), doors.door());
-    let _a = (through(&a, 4).await, through(&a, 4).await);
-    let _b = through(&b, 4).await;
-    assert_eq!(busy(&doors), 2, "the idle connection is not counted");
-    assert!(a.enter(4, TIMEOUT, None).now_or_never().is_none(), "a third call on `a` is over its half");
-    let _b2 = through(&b, 4).await;
-    assert!(b.enter(4, TIMEOUT, None).now_or_never().is_none(), "and so is a third on `b`");
-    drop(idle);
+async fn connections_take_turns() {
+    let door = door();
+    let inside = pass_now(&door, A, 1);
+    // A queues three, then B one: B's call goes in second, not fourth.
+    let a: Vec<_> = (0..3).map(|_| entering(&door, A, 1)).collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let b = entering(&door, B, 1);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(inside);
+    let mut a_times = Vec::new();
+    for call in a {
+        a_times.push(call.await.unwrap().expect("in"));
+    }
+    let b_time = b.await.unwrap().expect("in");
+    assert!(a_times[0] < b_time && b_time < a_times[1], "A, B, A, A: {a_times:?} {b_time:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_budget_that_grows_lets_waiting_calls_in() {
+    let door = door();
+    let _inside = pass_now(&door, A, 1);
+    let held = entering(&door, A, 1);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!held.is_finished());
+    // The next call reads a budget of 3: it and the one waiting both go in.
+    let _also = door.enter(B, 3, TIMEOUT, None).await.expect("in");
+    held.await.unwrap().expect("in once the budget grew");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_call_that_waits_past_the_queue_timeout_or_its_deadline_is_refused_and_leaves_the_line() {
-    let doors = doors();
-    let door = doors.door();
-    let pass = through(&door, 1).await;
-    let held = door.enter(1, TIMEOUT, None).await.err().expect("held");
+    let door = door();
+    let inside = pass_now(&door, A, 1);
+    let held = door.enter(A, 1, TIMEOUT, None).await.err().expect("held");
     assert!(matches!(held, Held::QueueTimeout { waited } if waited >= TIMEOUT), "{held:?}");
     let deadline = Instant::now() + Duration::from_millis(200);
-    let held = door.enter(1, TIMEOUT, Some(deadline)).await.err().expect("held");
+    let held = door.enter(B, 1, TIMEOUT, Some(deadline)).await.err().expect("held");
     assert!(matches!(held, Held::Deadline { waited } if waited >= Duration::from_millis(200)), "{held:?}");
-    assert!(door.lock().waiting.is_empty());
-    drop(pass);
-    assert_eq!(busy(&doors), 0, "the connection is idle again");
-    let _next = through(&door, 1).await;
+    assert_eq!(waiting(&door), 0);
+    assert!(door.lock().turns.is_empty());
+    drop(inside);
+    let _next = pass_now(&door, A, 1);
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_caller_that_leaves_the_line_takes_no_pass() {
-    let doors = doors();
-    let door = doors.door();
-    let pass = through(&door, 1).await;
-    let left = tokio::spawn({
-        let door = door.clone();
-        async move { door.enter(1, TIMEOUT, None).await.is_ok() }
-    });
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    left.abort();
-    let _ = left.await;
-    let staying = tokio::spawn({
-        let door = door.clone();
-        async move { door.enter(1, TIMEOUT, None).await.is_ok() }
-    });
-    tokio::time::sleep(Duration::from_millis(10)).await;
-    drop(pass);
-    assert!(staying.await.unwrap(), "the pass went to the caller still waiting");
-    assert_eq!(door.lock().through, 0);
-    assert_eq!(busy(&doors), 0);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_pass_whose_caller_left_goes_to_the_next_in_line() {
-    let doors = doors();
-    let door = doors.door();
-    let pass = through(&door, 1).await;
-    // Two in line; the first's caller is gone by the time the door lets it through.
-    let mut gone = Box::pin(door.enter(1, TIMEOUT, None));
+async fn a_caller_that_leaves_takes_no_pass() {
+    let door = door();
+    let inside = pass_now(&door, A, 1);
+    let mut gone = Box::pin(door.enter(A, 1, TIMEOUT, None));
     assert!((&mut gone).now_or_never().is_none());
-    let next = tokio::spawn({
-        let door = door.clone();
-        async move { door.enter(1, TIMEOUT, None).await.is_ok() }
-    });
+    let staying = entering(&door, B, 1);
     tokio::time::sleep(Duration::from_millis(10)).await;
-    drop(pass);
     drop(gone);
-    assert!(next.await.unwrap());
-    assert_eq!(door.lock().through, 0);
-    assert_eq!(busy(&doors), 0);
+    assert_eq!(waiting(&door), 1, "the caller that left is out of line");
+    drop(inside);
+    staying.await.unwrap().expect("the pass went to the caller still waiting");
+    assert_eq!(door.lock().inside, 0);
+    assert!(door.lock().lines.is_empty() && door.lock().turns.is_empty());
 }

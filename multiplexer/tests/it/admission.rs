@@ -3,6 +3,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
+use teifleet_multiplexer::server::Settings;
 use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{PRIORITY as PRIORITY_HEADER, RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER};
 use tonic::Code;
@@ -30,7 +31,8 @@ async fn never_more_than_the_limit_reaches_tei() {
 async fn a_full_queue_sheds_at_once_with_a_retry_hint() {
     let sim = sim(|_| {}).await;
     sim.set_fault(Fault::Stall);
-    let (mux, table) = mux(sim.addr(), limits(1, 2)).await;
+    let settings = Settings { http_listen: Some("127.0.0.1:0".parse().unwrap()), ..Settings::default() };
+    let (mux, table) = mux_with(vec![spec("pool-a", sim.addr(), limits(1, 2))], settings).await;
     let client = embed_client(mux.grpc_addr).await;
     let held: Vec<_> = (0..3).map(|i| spawn_embed(&client, embed_request(&format!("held {i}")))).collect();
     let admission = table.get("pool-a").unwrap().admission.clone();
@@ -40,22 +42,34 @@ async fn a_full_queue_sheds_at_once_with_a_retry_hint() {
     })
     .await;
 
+    // A gRPC call beyond the budget waits at the pool's door (`door.rs`), on any connection.
+    let other = embed_client(mux.grpc_addr).await;
+    let waiting = spawn_embed(&other, embed_request("at the door"));
+    until("a call held at the door", Duration::from_secs(5), || {
+        metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]) == 1.0
+    })
+    .await;
+
+    // TEI's HTTP API has no door: a request finding the queue full gets 429 at once, with a hint.
     let started = tokio::time::Instant::now();
-    let status = client.clone().embed(embed_request("one too many")).await.unwrap_err();
+    let body = br#"{"inputs":"one too many"}"#;
+    let answer = crate::http_front::request(mux.http_addr.unwrap(), "POST", "/embed", &[], body).await;
     assert!(started.elapsed() < Duration::from_secs(1), "refused at once");
-    assert_eq!(status.code(), Code::ResourceExhausted);
-    assert!(status.message().contains("queue is full"), "{}", status.message());
-    let pushback: u64 =
-        status.metadata().get(RETRY_PUSHBACK_HEADER).expect("pushback trailer").to_str().unwrap().parse().unwrap();
-    assert!(pushback >= 10);
+    assert_eq!(answer.status, 429);
+    assert!(answer.body.to_string().contains("queue is full"), "{}", answer.body);
+    assert!(answer.header("retry-after").is_some(), "a retry hint");
     assert_eq!(sim.stats().requests_received, 1, "only the admitted request reached TEI");
 
     sim.set_fault(Fault::None);
     for call in held {
         call.await.unwrap().expect("queued requests are served once TEI moves");
     }
-    let s = admission.snapshot();
-    assert_eq!((s.in_flight, s.queued_total()), (0, 0));
+    waiting.await.unwrap().expect("the call at the door is served after them");
+    until("all answered", Duration::from_secs(5), || {
+        let s = admission.snapshot();
+        (s.in_flight, s.queued_total()) == (0, 0)
+    })
+    .await;
 }
 
 #[tokio::test]

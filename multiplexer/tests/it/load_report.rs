@@ -6,8 +6,10 @@ use std::time::Duration;
 
 use prost::Message as _;
 use serde_json::json;
+use teifleet_multiplexer::admission::Limits;
 use teifleet_multiplexer::orca::OrcaLoadReport;
 use teifleet_multiplexer::server::Settings;
+use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{ENDPOINT_LOAD_METRICS, ENDPOINT_LOAD_METRICS_BIN};
 use tonic::Code;
 
@@ -21,16 +23,19 @@ fn report(metadata: &tonic::metadata::MetadataMap) -> OrcaLoadReport {
 
 #[tokio::test]
 async fn answers_and_refusals_carry_the_replicas_load() {
-    let sim = sim(|config| config.fixed_latency = Duration::from_millis(50)).await;
+    let sim = sim(|_| {}).await;
     let settings = Settings { http_listen: Some("127.0.0.1:0".parse().unwrap()), ..Settings::default() };
-    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), limits(2, 0))], settings).await;
+    let full = Limits::new(2, 0, Duration::from_millis(200));
+    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), full)], settings).await;
     let client = embed_client(mux.grpc_addr).await;
 
     let answer = client.clone().embed(embed_request("warm")).await.expect("served");
     let load = report(answer.metadata());
     assert_eq!(load.named_metrics.get("limit"), Some(&2.0), "{load:?}");
 
-    // Two in flight, no queue: a third is refused, and its refusal says the replica is full.
+    // Two in flight, no queue, TEI stalled: a third waits at the pool's door until the queue
+    // timeout and is refused, and its refusal says the replica is full.
+    sim.set_fault(Fault::Stall);
     let held: Vec<_> = (0..2).map(|i| spawn_embed(&client, embed_request(&format!("held {i}")))).collect();
     until("both permits held", Duration::from_secs(5), || {
         metric_sum(&metrics_text(&mux), "teifleet_in_flight", &[]) == 2.0
@@ -42,6 +47,7 @@ async fn answers_and_refusals_carry_the_replicas_load() {
     let full = report(refused.metadata());
     assert!(full.application_utilization >= 1.0, "{full:?}");
     assert_eq!(full.named_metrics.get("in_flight"), Some(&2.0), "{full:?}");
+    sim.set_fault(Fault::None);
     for call in held {
         call.await.unwrap().expect("served");
     }

@@ -3,6 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use teifleet_multiplexer::admission::Limits;
 use teifleet_multiplexer::server::Settings;
 use teifleet_proto::v1::{self, rerank_client::RerankClient};
 use teifleet_tei_sim::Fault;
@@ -80,7 +81,9 @@ async fn a_deadline_passing_at_tei_is_deadline_exceeded() {
 async fn pushback_hints_are_spread() {
     let sim = sim(|_| {}).await;
     sim.set_fault(Fault::Stall);
-    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), limits(1, 0))], Settings::default()).await;
+    // Each refused call waits out the queue timeout at the pool's door first.
+    let full = Limits::new(1, 0, Duration::from_millis(20));
+    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), full)], Settings::default()).await;
     let client = embed_client(mux.grpc_addr).await;
     let _held = spawn_embed(&client, embed_request("held"));
     tokio::time::sleep(Duration::from_millis(100)).await;
