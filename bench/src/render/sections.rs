@@ -421,6 +421,24 @@ fn cost(r: &Cost) -> String {
         m.queued,
         m.per_queued()
     );
+    if let Some(held) = &r.memory_held {
+        let _ = writeln!(
+            out,
+            "\nThe same with no queue ({}): every call beyond the in-flight limit waits at the pool's door \
+             (`teifleet_held_at_door`) instead.\n",
+            limits(&held.limits)
+        );
+        let _ = writeln!(out, "| RSS idle | RSS loaded | held (from /metrics) | bytes per held request |");
+        let _ = writeln!(out, "| ---: | ---: | ---: | ---: |");
+        let _ = writeln!(
+            out,
+            "| {:.1} MiB | {:.1} MiB | {} | {:.0} |",
+            held.idle_bytes as f64 / 1_048_576.0,
+            held.loaded_bytes as f64 / 1_048_576.0,
+            held.queued,
+            held.per_queued()
+        );
+    }
     out
 }
 

@@ -1,8 +1,9 @@
 //! Scenario 5, cost: CPU the multiplexer spends per proxied call against what the simulator (a
 //! tonic gRPC server doing the serving) spends per served call, both from `/proc/<pid>/stat` in
 //! the same run; instructions per call from callgrind (a count that does not move with the
-//! machine's load, kept so regressions show); and resident memory per queued call with 10,000
-//! waiting (from `/proc/<pid>/status`), the backend stalled so they stay queued.
+//! machine's load, kept so regressions show); and resident memory per waiting call with 10,000
+//! waiting (from `/proc/<pid>/status`), the backend stalled so they stay: once in the queue, and
+//! once at the pool's door (no queue: every call beyond the in-flight limit waits there).
 
 use std::path::Path;
 use std::time::Duration;
@@ -131,7 +132,7 @@ pub struct Memory {
     pub clients: usize,
     pub idle_bytes: u64,
     pub loaded_bytes: u64,
-    /// Queued calls, from the multiplexer's `/metrics`.
+    /// Waiting calls (queued, or held at the door), from the multiplexer's `/metrics`.
     pub queued: u64,
 }
 
@@ -150,6 +151,9 @@ pub struct Cost {
     /// Why there is no instruction count.
     pub instructions_missing: Option<String>,
     pub memory: Memory,
+    /// The same with the calls waiting at the pool's door instead of in its queue.
+    #[serde(default)]
+    pub memory_held: Option<Memory>,
 }
 
 impl Cost {
@@ -170,7 +174,7 @@ impl Cost {
             Some(why) => Target { note: format!("not measured: {why}"), ..instructions },
             None => instructions,
         };
-        vec![
+        let mut targets = vec![
             Target::at_most(
                 &scenario,
                 "CPU per proxied call ÷ simulator's per served call",
@@ -206,7 +210,17 @@ impl Cost {
                      tonic: h2's stream store and receive buffers about 1.3 KB, the header map 0.6 KB, hyper's \
                      per-stream task 0.5 KB, tonic's per-request service future 0.5 KB and connection info 0.2 KB",
                 ),
-        ]
+        ];
+        if let Some(held) = &self.memory_held {
+            targets.push(Target::at_most(
+                &scenario,
+                "RSS per request held at the door",
+                held.per_queued(),
+                RSS_LIMIT_BYTES,
+                "bytes",
+            ));
+        }
+        targets
     }
 }
 
@@ -222,6 +236,7 @@ pub fn planned_targets() -> Vec<Target> {
             "×",
         ),
         Target::new(&scenario, "RSS per queued request", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
+        Target::new(&scenario, "RSS per request held at the door", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
     ]
 }
 
@@ -239,8 +254,9 @@ pub async fn run(ctx: &Context) -> Result<Cost> {
         (None, Some("valgrind is not installed".to_owned()))
     };
     drop(sim);
-    let memory = rss_per_queued(ctx).await?;
-    Ok(Cost { backend, limits, cpu, instructions, instructions_missing, memory })
+    let memory = rss_per_waiting(ctx, Waiting::Queued).await?;
+    let memory_held = Some(rss_per_waiting(ctx, Waiting::AtTheDoor).await?);
+    Ok(Cost { backend, limits, cpu, instructions, instructions_missing, memory, memory_held })
 }
 
 async fn cpu_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<CpuRun> {
@@ -358,11 +374,37 @@ async fn callgrind_run(ctx: &Context, sim: &Proc, limits: &MuxLimits, out: &Path
     Ok((callgrind::read_total(out)?, seconds))
 }
 
-async fn rss_per_queued(ctx: &Context) -> Result<Memory> {
+/// Where the calls of the memory measurement wait.
+#[derive(Clone, Copy)]
+enum Waiting {
+    Queued,
+    AtTheDoor,
+}
+
+impl Waiting {
+    fn metric(self) -> &'static str {
+        match self {
+            Self::Queued => "teifleet_queued",
+            Self::AtTheDoor => "teifleet_held_at_door",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Queued => "queued requests",
+            Self::AtTheDoor => "requests held at the door",
+        }
+    }
+}
+
+async fn rss_per_waiting(ctx: &Context, waiting: Waiting) -> Result<Memory> {
     let sim = procs::start_sim(&ctx.bins, "rss-sim", &fast_model()).await?;
     let limits = MuxLimits {
         max_in_flight: 4,
-        max_queued: QUEUED + 100,
+        max_queued: match waiting {
+            Waiting::Queued => QUEUED + 100,
+            Waiting::AtTheDoor => 0,
+        },
         queue_timeout: Duration::from_secs(120),
         max_concurrent_streams: 1024,
         coalesce: false,
@@ -375,7 +417,7 @@ async fn rss_per_queued(ctx: &Context) -> Result<Memory> {
         .await
         .ok_or_else(|| Error::Process("could not stall the simulator".into()))?;
 
-    ctx.say(&format!("cost: RSS of the multiplexer with {QUEUED} queued requests"));
+    ctx.say(&format!("cost: RSS of the multiplexer with {QUEUED} {}", waiting.label()));
     let clients = QUEUED + limits.max_in_flight;
     let config = LoadConfig {
         connections: 16,
@@ -387,7 +429,7 @@ async fn rss_per_queued(ctx: &Context) -> Result<Memory> {
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut queued = 0.0;
     while Instant::now() < deadline {
-        queued = admin::metric_sum(mux.admin_addr(), "teifleet_queued").await.unwrap_or(queued);
+        queued = admin::metric_sum(mux.admin_addr(), waiting.metric()).await.unwrap_or(queued);
         if queued >= QUEUED as f64 {
             break;
         }
@@ -400,7 +442,8 @@ async fn rss_per_queued(ctx: &Context) -> Result<Memory> {
     let report = load.await.map_err(|e| Error::Process(format!("load task: {e}")))??;
     if queued < 1.0 {
         return Err(Error::Process(format!(
-            "nothing queued at the multiplexer (codes: {})",
+            "no {} at the multiplexer (codes: {})",
+            waiting.label(),
             teifleet_load::render::codes(&report)
         )));
     }
@@ -437,6 +480,13 @@ mod tests {
                 loaded_bytes: 40_000_000,
                 queued: 10_000,
             },
+            memory_held: Some(Memory {
+                limits: limits(),
+                clients: 10,
+                idle_bytes: 10_000_000,
+                loaded_bytes: 30_000_000,
+                queued: 10_000,
+            }),
         }
     }
 
@@ -455,6 +505,8 @@ mod tests {
         assert_eq!(find("instructions").measured, Some(200_000.0));
         assert_eq!(find("HAProxy h2 CPU per call").measured, Some(50.0));
         assert_eq!(find("multiplexer ÷ HAProxy h2").measured, Some(3.0));
+        let held = find("RSS per request held");
+        assert_eq!((held.measured, held.verdict), (Some(2000.0), Verdict::Pass));
         let rss = find("RSS");
         assert_eq!((rss.measured, rss.verdict), (Some(3000.0), Verdict::Pass));
     }

@@ -209,7 +209,9 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     assert_eq!(info.model_id, MODEL);
     embed(channel.clone(), "a real pod".into()).await.expect("tei.v1.Embed/Embed");
 
-    // A burst beyond the budget (2 in flight, no queue): the rest are refused at once.
+    // A burst beyond the budget (2 in flight, no queue) on one connection: the calls beyond it wait
+    // at the pool's door and go in as calls finish, instead of most being refused at once (before
+    // the door, 22 of 24 were); one still waiting when the queue timeout passes is refused.
     let burst: Vec<_> = (0..24).map(|i| tokio::spawn(embed(channel.clone(), format!("burst {i}")))).collect();
     let (mut ok, mut exhausted) = (0, 0);
     for call in burst {
@@ -220,7 +222,7 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
         }
     }
     println!("burst of 24 over a budget of 2: {ok} OK, {exhausted} RESOURCE_EXHAUSTED");
-    assert!(ok >= 1 && exhausted >= 1, "{ok} OK, {exhausted} RESOURCE_EXHAUSTED");
+    assert!(ok > exhausted, "{ok} OK, {exhausted} RESOURCE_EXHAUSTED");
 
     // TEI's HTTP API through the same Service, on its `http` port.
     let http = SocketAddr::new(service_ip, ports::MULTIPLEXER_HTTP);
