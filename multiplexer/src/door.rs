@@ -1,24 +1,29 @@
 //! Back-pressure before admission, per pool: no more of a pool's gRPC calls go on to admission
 //! at once than it can serve or queue here; the others wait at the door, each in its
 //! connection's line, costing a stream and a parked future but no CPU, and go in as calls finish.
+//! It is what `SETTINGS_MAX_CONCURRENT_STREAMS` would do in the client's HTTP/2 layer, with a
+//! limit that follows the pool's budget live and holds across every connection.
 //!
-//! Why not HTTP/2's `SETTINGS_MAX_CONCURRENT_STREAMS`: h2 takes that limit once per connection
-//! and cannot change it live, and a limit per connection bounds nothing once a client opens many
-//! connections. The door's budget is read at every call (the pool's in-flight limit in force,
-//! what its siblings take from it, and its queue), so a storm of callers that resend every
-//! refusal at once meets a queue that is never overrun, instead of tens of thousands of refusals
-//! a second that take the CPU TEI needs. A call is refused only when it cannot be served in time:
-//! when the pool's queue timeout or the call's own deadline passes at the door.
+//! Why not that setting itself: h2 takes it once per connection and cannot change it live, and a
+//! limit per connection bounds nothing once a client opens many connections. The door's budget is
+//! read at every call (the pool's in-flight limit in force, what its siblings take from it, and
+//! its queue), so callers that resend every refusal at once meet a queue that is never overrun,
+//! instead of tens of thousands of refusals a second that take the CPU TEI needs.
+//!
+//! How long a call waits here is its own to say, as in its client's HTTP/2 queue: a call with a
+//! deadline is refused at once when the line ahead of it and the queue together would outlast its
+//! deadline or the pool's queue timeout (given the service times observed), and when either
+//! passes while it waits; a call without a deadline waits for its turn. The queue timeout bounds
+//! the wait in the queue, once a call is in.
 //!
 //! Connections take turns (one call each, round robin), so one connection's flood does not hold
-//! up another's calls; within a connection calls go in arrival order, as from a client's own
-//! HTTP/2 queue. Priorities and tenants are weighed once a call is in, by admission. Critical
-//! calls are not held (they may evict from the queue what their line would hold them behind),
-//! nor are calls a sibling spilled here or another pool's sidecar forwarded: their door was there.
+//! up another's calls; within a connection calls go in arrival order. Priorities and tenants are
+//! weighed once a call is in, by admission. Critical calls are not held (they may evict from the
+//! queue what their line would hold them behind), nor are calls a sibling spilled here or another
+//! pool's sidecar forwarded: their door was there.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -40,6 +45,8 @@ pub struct Door {
 struct Lobby {
     /// The budget last read from the pool.
     budget: usize,
+    /// Calls waiting, in every line.
+    waiting: usize,
     /// Calls in and not yet answered.
     inside: usize,
     lines: HashMap<ConnectionId, VecDeque<Waiter>>,
@@ -51,27 +58,6 @@ struct Lobby {
 struct Waiter {
     id: u64,
     grant: oneshot::Sender<Pass>,
-}
-
-/// Why a call left the door without going in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Held {
-    /// The pool's queue timeout passed at the door.
-    QueueTimeout { waited: Duration },
-    /// The call's own deadline passed at the door.
-    Deadline { waited: Duration },
-}
-
-impl Held {
-    /// The answer, as if the call had waited that long in the pool's queue.
-    pub fn into_error(self, admission: &Admission, deadline: Option<Instant>) -> AdmissionError {
-        match self {
-            Self::QueueTimeout { waited } => {
-                AdmissionError::QueueTimeout { waited, retry_after: admission.retry_hint(deadline) }
-            }
-            Self::Deadline { waited } => AdmissionError::DeadlineExpired { waited },
-        }
-    }
 }
 
 /// A call through the door; dropping it lets the next waiting call in.
@@ -88,57 +74,75 @@ impl Door {
         self.lobby.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Waits until the call may go on to admission: at once while fewer than `budget` calls are
-    /// in and nobody waits; otherwise in `connection`'s line, for at most `queue_timeout`, or
-    /// until `deadline`.
+    /// Waits until the call may go on to `admission`: at once while fewer calls are in than the
+    /// pool can serve or queue and nobody waits; otherwise in `connection`'s line (see the module
+    /// docs for how long).
     pub async fn enter(
         self: &Arc<Self>,
+        admission: &Admission,
         connection: ConnectionId,
-        budget: usize,
-        queue_timeout: Duration,
         deadline: Option<Instant>,
-    ) -> Result<Pass, Held> {
+    ) -> Result<Pass, AdmissionError> {
         let arrived = Instant::now();
-        let (id, receiver, let_go) = {
+        let (budget, queue_timeout) = admission.capacity();
+        let waiting_ahead = {
             let mut lobby = self.lock();
             lobby.budget = budget;
             if lobby.turns.is_empty() && lobby.inside < budget {
                 lobby.inside += 1;
                 return Ok(Pass { door: self.clone() });
             }
+            lobby.waiting
+        };
+        // Told now rather than after waiting in vain (outside the lock: admission takes its own).
+        let patience = match deadline {
+            Some(deadline) => {
+                if let Some(refusal) = admission.unmeetable_behind(waiting_ahead, arrived, deadline) {
+                    return Err(refusal);
+                }
+                Some(queue_timeout.min(deadline.saturating_duration_since(arrived)))
+            }
+            None => None,
+        };
+        let (id, receiver, unclaimed) = {
+            let mut lobby = self.lock();
             let (grant, receiver) = oneshot::channel();
             let id = lobby.next_waiter;
             lobby.next_waiter += 1;
+            lobby.waiting += 1;
             let line = lobby.lines.entry(connection).or_default();
             line.push_back(Waiter { id, grant });
             if line.len() == 1 {
                 lobby.turns.push_back(connection);
             }
             self.metrics.held_at_door(1);
-            // The budget may have grown since the last call went in.
-            let let_go = self.let_in(&mut lobby);
-            (id, receiver, let_go)
+            // Room may have come, or the budget grown, since the look above.
+            let unclaimed = self.let_in(&mut lobby);
+            (id, receiver, unclaimed)
         };
-        drop(let_go);
+        drop(unclaimed);
         let mut waiting = Waiting { door: self.clone(), connection, id: Some(id) };
-        let patience = match deadline {
-            Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
-            None => queue_timeout,
+        let outcome = match patience {
+            Some(patience) => tokio::time::timeout(patience, receiver).await.ok(),
+            None => Some(receiver.await),
         };
-        let outcome = tokio::time::timeout(patience, receiver).await;
         let waited = arrived.elapsed();
         match outcome {
-            Ok(Ok(pass)) => {
+            Some(Ok(pass)) => {
                 waiting.id = None;
                 Ok(pass)
             }
             // Never: a waiter leaves its line only with a pass or by its own hand.
-            Ok(Err(_)) => Err(Held::QueueTimeout { waited }),
-            Err(_elapsed) => {
+            Some(Err(_)) => Err(AdmissionError::QueueTimeout { waited, retry_after: admission.retry_hint(deadline) }),
+            None => {
                 // Let in in the instant between the timeout and taking the lock: the pass was
                 // dropped with the channel and went back, so this call is refused all the same.
                 waiting.leave();
-                Err(if patience < queue_timeout { Held::Deadline { waited } } else { Held::QueueTimeout { waited } })
+                Err(if patience.is_some_and(|patience| patience < queue_timeout) {
+                    AdmissionError::DeadlineExpired { waited }
+                } else {
+                    AdmissionError::QueueTimeout { waited, retry_after: admission.retry_hint(deadline) }
+                })
             }
         }
     }
@@ -158,6 +162,7 @@ impl Door {
                 lobby.turns.push_back(connection);
             }
             lobby.inside += 1;
+            lobby.waiting -= 1;
             self.metrics.held_at_door(-1);
             if let Err(pass) = waiter.grant.send(Pass { door: self.clone() }) {
                 unclaimed.push(pass);
@@ -193,8 +198,10 @@ impl Waiting {
         let Some(line) = lobby.lines.get_mut(&self.connection) else { return };
         let Some(position) = line.iter().position(|waiter| waiter.id == id) else { return };
         line.remove(position);
+        let emptied = line.is_empty();
+        lobby.waiting -= 1;
         self.door.metrics.held_at_door(-1);
-        if line.is_empty() {
+        if emptied {
             lobby.lines.remove(&self.connection);
             lobby.turns.retain(|connection| *connection != self.connection);
         }

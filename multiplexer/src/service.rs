@@ -116,17 +116,13 @@ where
     span.record("pool", pool.spec.name.as_str());
     // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
     let _inside = match connection.filter(|_| holds_at_door(rpc, &meta, &pool)) {
-        Some(connection) => {
-            let (budget, queue_timeout) = pool.admission.capacity();
-            match pool.door.enter(connection, budget, queue_timeout, meta.deadline).await {
-                Ok(pass) => Some(pass),
-                Err(held) => {
-                    let source = held.into_error(&pool.admission, meta.deadline);
-                    let error = Error::Admission { pool: pool.spec.name.clone(), source };
-                    return Status::from(call.fail(error)).into_http();
-                }
+        Some(connection) => match pool.door.enter(&pool.admission, connection, meta.deadline).await {
+            Ok(pass) => Some(pass),
+            Err(source) => {
+                let error = Error::Admission { pool: pool.spec.name.clone(), source };
+                return Status::from(call.fail(error)).into_http();
             }
-        }
+        },
         None => None,
     };
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);

@@ -153,6 +153,30 @@ impl Admission {
         (state.draining_slots() + state.limits.max_queued, state.limits.queue_timeout)
     }
 
+    /// For a call with `deadline` about to wait behind `waiting_ahead` calls at the pool's door
+    /// (`crate::door`): the refusal it gets at once when the queue and that line together would
+    /// outlast its deadline or the queue timeout, given the service times observed.
+    pub fn unmeetable_behind(
+        &self,
+        waiting_ahead: usize,
+        arrived: Instant,
+        deadline: Instant,
+    ) -> Option<AdmissionError> {
+        let mut state = self.shared.lock();
+        let ahead = state.queue.inputs() + waiting_ahead;
+        let wait = state.expected_wait(ahead)?;
+        let queue_timeout = state.limits.queue_timeout;
+        if arrived + wait > deadline {
+            let retry_after = state.retry_hint(ahead, Some(deadline));
+            Some(AdmissionError::DeadlineUnmeetable { expected_wait: wait, retry_after })
+        } else if wait > queue_timeout {
+            let retry_after = state.retry_hint(ahead, Some(deadline));
+            Some(AdmissionError::QueueTimeoutUnmeetable { expected_wait: wait, queue_timeout, retry_after })
+        } else {
+            None
+        }
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         self.shared.lock().snapshot(None)
     }

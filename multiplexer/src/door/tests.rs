@@ -4,28 +4,31 @@ use futures::FutureExt as _;
 use tokio::time::Instant;
 
 use super::*;
+use crate::admission::{Cost, Limits};
 
 const TIMEOUT: Duration = Duration::from_secs(1);
 const A: ConnectionId = ConnectionId(1);
 const B: ConnectionId = ConnectionId(2);
 
-fn door() -> Arc<Door> {
-    Door::new(Metrics::new())
+/// A door and a pool that can serve or queue `budget` calls.
+fn door(budget: usize) -> (Arc<Door>, Admission) {
+    (Door::new(Metrics::new()), Admission::new(Limits::new(budget, 0, TIMEOUT)))
 }
 
-fn pass_now(door: &Arc<Door>, connection: ConnectionId, budget: usize) -> Pass {
-    door.enter(connection, budget, TIMEOUT, None).now_or_never().expect("in at once").expect("not held")
+fn pass_now(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> Pass {
+    door.enter(admission, connection, None).now_or_never().expect("in at once").expect("not refused")
 }
 
-/// A call entering in the background: the instant it went in, or why not.
+/// A call entering in the background, holding its pass 10 ms: the instant it went in, or why not.
 fn entering(
     door: &Arc<Door>,
+    admission: &Admission,
     connection: ConnectionId,
-    budget: usize,
-) -> tokio::task::JoinHandle<Result<Instant, Held>> {
-    let door = door.clone();
+    deadline: Option<Instant>,
+) -> tokio::task::JoinHandle<Result<Instant, AdmissionError>> {
+    let (door, admission) = (door.clone(), admission.clone());
     tokio::spawn(async move {
-        let pass = door.enter(connection, budget, TIMEOUT, None).await?;
+        let pass = door.enter(&admission, connection, deadline).await?;
         let now = Instant::now();
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(pass);
@@ -34,17 +37,21 @@ fn entering(
 }
 
 fn waiting(door: &Door) -> usize {
-    door.lock().lines.values().map(VecDeque::len).sum()
+    let lobby = door.lock();
+    let waiting = lobby.lines.values().map(VecDeque::len).sum();
+    assert_eq!(lobby.waiting, waiting, "the count follows the lines");
+    waiting
 }
 
 #[tokio::test(start_paused = true)]
 async fn calls_beyond_the_budget_wait_and_go_in_as_calls_finish() {
-    let door = door();
-    let inside: Vec<Pass> = (0..3).map(|_| pass_now(&door, A, 3)).collect();
-    let first = entering(&door, A, 3);
+    let (door, admission) = door(3);
+    let inside: Vec<Pass> = (0..3).map(|_| pass_now(&door, &admission, A)).collect();
+    let first = entering(&door, &admission, A, None);
     tokio::time::sleep(Duration::from_millis(1)).await;
-    let second = entering(&door, A, 3);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = entering(&door, &admission, A, None);
+    // Without a deadline a call waits its turn, past the queue timeout.
+    tokio::time::sleep(TIMEOUT * 3).await;
     assert!(!first.is_finished() && !second.is_finished(), "the fourth and fifth calls wait");
     assert_eq!(waiting(&door), 2);
     let text = prometheus::TextEncoder::new().encode_to_string(&door.metrics.registry.gather()).unwrap();
@@ -57,12 +64,12 @@ async fn calls_beyond_the_budget_wait_and_go_in_as_calls_finish() {
 
 #[tokio::test(start_paused = true)]
 async fn connections_take_turns() {
-    let door = door();
-    let inside = pass_now(&door, A, 1);
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
     // A queues three, then B one: B's call goes in second, not fourth.
-    let a: Vec<_> = (0..3).map(|_| entering(&door, A, 1)).collect();
+    let a: Vec<_> = (0..3).map(|_| entering(&door, &admission, A, None)).collect();
     tokio::time::sleep(Duration::from_millis(1)).await;
-    let b = entering(&door, B, 1);
+    let b = entering(&door, &admission, B, None);
     tokio::time::sleep(Duration::from_millis(1)).await;
     drop(inside);
     let mut a_times = Vec::new();
@@ -75,38 +82,61 @@ async fn connections_take_turns() {
 
 #[tokio::test(start_paused = true)]
 async fn a_budget_that_grows_lets_waiting_calls_in() {
-    let door = door();
-    let _inside = pass_now(&door, A, 1);
-    let held = entering(&door, A, 1);
+    let (door, admission) = door(1);
+    let _inside = pass_now(&door, &admission, A);
+    let held = entering(&door, &admission, A, None);
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(!held.is_finished());
     // The next call reads a budget of 3: it and the one waiting both go in.
-    let _also = door.enter(B, 3, TIMEOUT, None).await.expect("in");
+    admission.set_limits(Limits::new(3, 0, TIMEOUT));
+    let _also = door.enter(&admission, B, None).await.expect("in");
     held.await.unwrap().expect("in once the budget grew");
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_call_that_waits_past_the_queue_timeout_or_its_deadline_is_refused_and_leaves_the_line() {
-    let door = door();
-    let inside = pass_now(&door, A, 1);
-    let held = door.enter(A, 1, TIMEOUT, None).await.err().expect("held");
-    assert!(matches!(held, Held::QueueTimeout { waited } if waited >= TIMEOUT), "{held:?}");
-    let deadline = Instant::now() + Duration::from_millis(200);
-    let held = door.enter(B, 1, TIMEOUT, Some(deadline)).await.err().expect("held");
-    assert!(matches!(held, Held::Deadline { waited } if waited >= Duration::from_millis(200)), "{held:?}");
+async fn a_call_with_a_deadline_waits_no_longer_than_it_or_the_queue_timeout() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let soon = Instant::now() + Duration::from_millis(200);
+    let refused = door.enter(&admission, A, Some(soon)).await.err().expect("refused");
+    assert!(matches!(refused, AdmissionError::DeadlineExpired { waited } if waited >= Duration::from_millis(200)));
+    let later = Instant::now() + TIMEOUT * 5;
+    let refused = door.enter(&admission, B, Some(later)).await.err().expect("refused");
+    assert!(matches!(refused, AdmissionError::QueueTimeout { waited, .. } if waited >= TIMEOUT), "{refused:?}");
     assert_eq!(waiting(&door), 0);
     assert!(door.lock().turns.is_empty());
     drop(inside);
-    let _next = pass_now(&door, A, 1);
+    let _next = pass_now(&door, &admission, A);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_whose_deadline_the_line_would_outlast_is_refused_at_once() {
+    let (door, admission) = door(1);
+    // Teach the pool that a call takes 100 ms.
+    let permit = admission.try_acquire(Cost::ONE).expect("room");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(permit);
+    let inside = pass_now(&door, &admission, A);
+    let _waiting: Vec<_> = (0..5).map(|_| entering(&door, &admission, A, None)).collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // Five ahead at 100 ms each: a 300 ms deadline cannot be met, and it is said at once.
+    let started = Instant::now();
+    let deadline = started + Duration::from_millis(300);
+    let refused = door.enter(&admission, B, Some(deadline)).await.err().expect("refused");
+    assert_eq!(started.elapsed(), Duration::ZERO, "at once");
+    assert!(matches!(refused, AdmissionError::DeadlineUnmeetable { .. }), "{refused:?}");
+    assert!(refused.retry().is_some(), "with a retry hint");
+    assert_eq!(waiting(&door), 5, "and it never stood in line");
+    drop(inside);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_caller_that_leaves_takes_no_pass() {
-    let door = door();
-    let inside = pass_now(&door, A, 1);
-    let mut gone = Box::pin(door.enter(A, 1, TIMEOUT, None));
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let mut gone = Box::pin(door.enter(&admission, A, None));
     assert!((&mut gone).now_or_never().is_none());
-    let staying = entering(&door, B, 1);
+    let staying = entering(&door, &admission, B, None);
     tokio::time::sleep(Duration::from_millis(10)).await;
     drop(gone);
     assert_eq!(waiting(&door), 1, "the caller that left is out of line");

@@ -50,31 +50,60 @@ async fn busy_connections_share_the_budget_and_nothing_is_refused() {
 }
 
 #[tokio::test]
-async fn a_call_held_past_the_queue_timeout_or_its_deadline_is_refused_without_reaching_tei() {
+async fn a_call_waits_at_the_door_as_long_as_its_deadline_allows_and_never_reaches_tei_if_refused() {
     let sim = sim(|_| {}).await;
     sim.set_fault(Fault::Stall);
-    let (mux, table) = mux(sim.addr(), Limits::new(1, 1, Duration::from_millis(300))).await;
+    let queue_timeout = Duration::from_millis(300);
+    let (mux, table) = mux(sim.addr(), Limits::new(1, 0, queue_timeout)).await;
     let admission = table.get("pool-a").unwrap().admission.clone();
     let client = embed_client(mux.grpc_addr).await;
-    let _in_flight = spawn_embed(&client, embed_request("in flight"));
-    let _queued = spawn_embed(&client, embed_request("queued"));
-    until("one in flight, one queued", Duration::from_secs(5), || {
-        let s = admission.snapshot();
-        (s.in_flight, s.queued_total()) == (1, 1)
-    })
-    .await;
+    let in_flight = spawn_embed(&client, embed_request("in flight"));
+    until("one in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
 
-    let status = client.clone().embed(embed_request("held")).await.unwrap_err();
-    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    assert!(status.message().contains("queue timeout"), "{}", status.message());
-    assert!(status.metadata().get(RETRY_PUSHBACK_MS).is_some(), "a retry hint");
+    // Without a deadline, a call waits its turn, past the queue timeout, as it would in its
+    // client's own HTTP/2 queue.
+    let patient = spawn_embed(&client, embed_request("patient"));
+    tokio::time::sleep(queue_timeout * 2).await;
+    assert!(!patient.is_finished(), "still waiting at the door");
 
+    // With a deadline, no longer than it or the queue timeout, whichever comes first.
     let mut hurried = tonic::Request::new(embed_request("hurried"));
     hurried.set_timeout(Duration::from_millis(150));
     let status = client.clone().embed(hurried).await.unwrap_err();
     assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
+    let mut unhurried = tonic::Request::new(embed_request("unhurried"));
+    unhurried.set_timeout(Duration::from_secs(10));
+    let status = client.clone().embed(unhurried).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("queue timeout"), "{}", status.message());
+    assert!(status.metadata().get(RETRY_PUSHBACK_MS).is_some(), "a retry hint");
 
     assert_eq!(sim.stats().requests_received, 1, "only the call in flight reached TEI");
-    assert_eq!(metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]), 0.0, "nobody left at the door");
+    assert_eq!(metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]), 1.0, "the patient call");
     sim.set_fault(Fault::None);
+    for call in [in_flight, patient] {
+        call.await.unwrap().expect("served once TEI moves");
+    }
+}
+
+#[tokio::test]
+async fn a_call_whose_deadline_the_line_would_outlast_is_refused_at_once() {
+    let sim = sim(|config| config.fixed_latency = Duration::from_millis(100)).await;
+    let (mux, _) = mux(sim.addr(), limits(1, 0)).await;
+    let client = embed_client(mux.grpc_addr).await;
+    client.clone().embed(embed_request("teaches the service time")).await.expect("served");
+    let line: Vec<_> = (0..6).map(|i| spawn_embed(&client, embed_request(&format!("line {i}")))).collect();
+    until("five waiting at the door", Duration::from_secs(5), || {
+        metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]) == 5.0
+    })
+    .await;
+    let mut hurried = tonic::Request::new(embed_request("hurried"));
+    hurried.set_timeout(Duration::from_millis(250));
+    let status = client.clone().embed(hurried).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(status.message().contains("deadline cannot be met"), "{}", status.message());
+    assert!(status.metadata().get(RETRY_PUSHBACK_MS).is_some(), "a retry hint");
+    for call in line {
+        call.await.unwrap().expect("the line is served");
+    }
 }

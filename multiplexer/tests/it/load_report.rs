@@ -6,11 +6,10 @@ use std::time::Duration;
 
 use prost::Message as _;
 use serde_json::json;
-use teifleet_multiplexer::admission::Limits;
 use teifleet_multiplexer::orca::OrcaLoadReport;
 use teifleet_multiplexer::server::Settings;
 use teifleet_tei_sim::Fault;
-use teifleet_wire::headers::{ENDPOINT_LOAD_METRICS, ENDPOINT_LOAD_METRICS_BIN};
+use teifleet_wire::headers::{ENDPOINT_LOAD_METRICS, ENDPOINT_LOAD_METRICS_BIN, PRIORITY};
 use tonic::Code;
 
 use crate::http_front::request;
@@ -25,23 +24,23 @@ fn report(metadata: &tonic::metadata::MetadataMap) -> OrcaLoadReport {
 async fn answers_and_refusals_carry_the_replicas_load() {
     let sim = sim(|_| {}).await;
     let settings = Settings { http_listen: Some("127.0.0.1:0".parse().unwrap()), ..Settings::default() };
-    let full = Limits::new(2, 0, Duration::from_millis(200));
-    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), full)], settings).await;
+    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), limits(2, 0))], settings).await;
     let client = embed_client(mux.grpc_addr).await;
 
     let answer = client.clone().embed(embed_request("warm")).await.expect("served");
     let load = report(answer.metadata());
     assert_eq!(load.named_metrics.get("limit"), Some(&2.0), "{load:?}");
 
-    // Two in flight, no queue, TEI stalled: a third waits at the pool's door until the queue
-    // timeout and is refused, and its refusal says the replica is full.
+    // Two in flight, no queue, TEI stalled: a third is refused (a critical one: it does not wait
+    // at the pool's door), and its refusal says the replica is full.
     sim.set_fault(Fault::Stall);
     let held: Vec<_> = (0..2).map(|i| spawn_embed(&client, embed_request(&format!("held {i}")))).collect();
     until("both permits held", Duration::from_secs(5), || {
         metric_sum(&metrics_text(&mux), "teifleet_in_flight", &[]) == 2.0
     })
     .await;
-    let refused = client.clone().embed(embed_request("third")).await.unwrap_err();
+    let third = with_meta(embed_request("third"), &[(PRIORITY, "critical")]);
+    let refused = client.clone().embed(third).await.unwrap_err();
     assert_eq!(refused.code(), Code::ResourceExhausted);
     assert!(refused.metadata().get("grpc-retry-pushback-ms").is_some(), "the hint stays");
     let full = report(refused.metadata());

@@ -3,11 +3,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use teifleet_multiplexer::admission::Limits;
 use teifleet_multiplexer::server::Settings;
 use teifleet_proto::v1::{self, rerank_client::RerankClient};
 use teifleet_tei_sim::Fault;
-use teifleet_wire::headers::{RETRY_PUSHBACK_MS, TENANT};
+use teifleet_wire::headers::{PRIORITY, RETRY_PUSHBACK_MS, TENANT};
 use tonic::Code;
 
 use crate::support::*;
@@ -81,15 +80,15 @@ async fn a_deadline_passing_at_tei_is_deadline_exceeded() {
 async fn pushback_hints_are_spread() {
     let sim = sim(|_| {}).await;
     sim.set_fault(Fault::Stall);
-    // Each refused call waits out the queue timeout at the pool's door first.
-    let full = Limits::new(1, 0, Duration::from_millis(20));
-    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), full)], Settings::default()).await;
+    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), limits(1, 0))], Settings::default()).await;
     let client = embed_client(mux.grpc_addr).await;
     let _held = spawn_embed(&client, embed_request("held"));
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut hints = BTreeSet::new();
     for i in 0..30 {
-        let status = client.clone().embed(embed_request(&format!("refused {i}"))).await.unwrap_err();
+        // Critical: refused at once by the full pool rather than waiting at its door.
+        let call = with_meta(embed_request(&format!("refused {i}")), &[(PRIORITY, "critical")]);
+        let status = client.clone().embed(call).await.unwrap_err();
         assert_eq!(status.code(), Code::ResourceExhausted);
         let hint: u64 = status.metadata().get(RETRY_PUSHBACK_MS).unwrap().to_str().unwrap().parse().unwrap();
         hints.insert(hint);
