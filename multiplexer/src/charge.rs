@@ -28,11 +28,16 @@ impl Grant {
     }
 }
 
+/// What a call with `meta` asks of admission for `cost`.
+pub fn ask(meta: &RequestMeta, cost: Cost) -> Ask<'_> {
+    Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost)
+}
+
 /// Waits in `pool`'s queue for room for `cost` here, on this replica's TEI. A call a sibling
 /// spilled here waits at most [`spilled_patience`], in line with this replica's own callers, or is
 /// refused (for any reason: full, standing, too slow), so the sibling serves it itself.
 pub async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Permit> {
-    let ask = Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost);
+    let ask = ask(meta, cost);
     let Some(from) = &meta.spilled_from else {
         return pool
             .admission

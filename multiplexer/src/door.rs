@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use crate::admission::{Admission, AdmissionError};
+use crate::admission::{Admission, AdmissionError, Ask};
 use crate::metrics::Metrics;
 
 /// Which accepted connection a call came on.
@@ -53,6 +53,17 @@ struct Lobby {
     /// Connections with calls waiting, in the order of their turns.
     turns: VecDeque<ConnectionId>,
     next_waiter: u64,
+}
+
+impl Lobby {
+    /// Calls that go in before a newcomer on `connection`, connections taking turns: its own line,
+    /// and from every other line as many as get a turn before its own comes.
+    fn ahead_of(&self, connection: ConnectionId) -> usize {
+        let own = self.lines.get(&connection).map_or(0, VecDeque::len);
+        let others: usize =
+            self.lines.iter().filter(|(other, _)| **other != connection).map(|(_, line)| line.len().min(own + 1)).sum();
+        own + others
+    }
 }
 
 struct Waiter {
@@ -80,10 +91,11 @@ impl Door {
     pub async fn enter(
         self: &Arc<Self>,
         admission: &Admission,
+        ask: Ask<'_>,
         connection: ConnectionId,
-        deadline: Option<Instant>,
     ) -> Result<Pass, AdmissionError> {
         let arrived = Instant::now();
+        let deadline = ask.deadline;
         let (budget, queue_timeout) = admission.capacity();
         let waiting_ahead = {
             let mut lobby = self.lock();
@@ -92,18 +104,13 @@ impl Door {
                 lobby.inside += 1;
                 return Ok(Pass { door: self.clone() });
             }
-            lobby.waiting
+            lobby.ahead_of(connection)
         };
         // Told now rather than after waiting in vain (outside the lock: admission takes its own).
-        let patience = match deadline {
-            Some(deadline) => {
-                if let Some(refusal) = admission.unmeetable_behind(waiting_ahead, arrived, deadline) {
-                    return Err(refusal);
-                }
-                Some(queue_timeout.min(deadline.saturating_duration_since(arrived)))
-            }
-            None => None,
-        };
+        if let Some(refusal) = admission.unmeetable_behind(ask, waiting_ahead, arrived) {
+            return Err(refusal);
+        }
+        let patience = deadline.map(|deadline| queue_timeout.min(deadline.saturating_duration_since(arrived)));
         let (id, receiver, unclaimed) = {
             let mut lobby = self.lock();
             let (grant, receiver) = oneshot::channel();

@@ -17,10 +17,10 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
 
-use crate::admission::Priority;
+use crate::admission::{Cost, Priority};
 use crate::auth::Gate;
 use crate::call::{Call, Protocol};
-use crate::charge::{Grant, cost_before_body};
+use crate::charge::{self, Grant, cost_before_body};
 use crate::connections::ConnectionInfo;
 use crate::door::ConnectionId;
 use crate::error::ErrorKind;
@@ -116,7 +116,7 @@ where
     span.record("pool", pool.spec.name.as_str());
     // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
     let _inside = match connection.filter(|_| holds_at_door(rpc, &meta, &pool)) {
-        Some(connection) => match pool.door.enter(&pool.admission, connection, meta.deadline).await {
+        Some(connection) => match pool.door.enter(&pool.admission, charge::ask(&meta, Cost::ONE), connection).await {
             Ok(pass) => Some(pass),
             Err(source) => {
                 let error = Error::Admission { pool: pool.spec.name.clone(), source };

@@ -143,7 +143,13 @@ impl ShedStorm {
         let mut targets = vec![goodput];
         targets.extend(fewer);
         targets.extend([
-            Target::info(&scenario, "multiplexer CPU per shed", Some(self.mux_us_per_shed()), "µs"),
+            // No refusal at all: nothing to divide.
+            Target::info(
+                &scenario,
+                "multiplexer CPU per shed",
+                Some(self.mux_us_per_shed()).filter(|us| us.is_finite()),
+                "µs",
+            ),
             Target::info(&scenario, "multiplexer CPU per served call", Some(self.mux_us_per_served()), "µs"),
             Target::info(&scenario, "client CPU per answer in the storm", Some(self.client_us_per_answer()), "µs"),
         ]);

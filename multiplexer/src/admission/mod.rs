@@ -153,17 +153,15 @@ impl Admission {
         (state.draining_slots() + state.limits.max_queued, state.limits.queue_timeout)
     }
 
-    /// For a call with `deadline` about to wait behind `waiting_ahead` calls at the pool's door
-    /// (`crate::door`): the refusal it gets at once when the queue and that line together would
+    /// For a call about to wait behind `waiting_ahead` calls at the pool's door (`crate::door`):
+    /// the refusal it gets at once when that line and its place in the queue together would
     /// outlast its deadline or the queue timeout, given the service times observed.
-    pub fn unmeetable_behind(
-        &self,
-        waiting_ahead: usize,
-        arrived: Instant,
-        deadline: Instant,
-    ) -> Option<AdmissionError> {
+    pub fn unmeetable_behind(&self, ask: Ask<'_>, waiting_ahead: usize, arrived: Instant) -> Option<AdmissionError> {
+        let deadline = ask.deadline?;
         let mut state = self.shared.lock();
-        let ahead = state.queue.inputs() + waiting_ahead;
+        let tenant = state.tenants.id_of(ask.tenant);
+        let weight = state.tenants.weight(tenant);
+        let ahead = state.queue.ahead_of(ask.priority, tenant, weight, ask.cost) + waiting_ahead;
         let wait = state.expected_wait(ahead)?;
         let queue_timeout = state.limits.queue_timeout;
         if arrived + wait > deadline {

@@ -4,7 +4,7 @@ use futures::FutureExt as _;
 use tokio::time::Instant;
 
 use super::*;
-use crate::admission::{Cost, Limits};
+use crate::admission::{Cost, Limits, Priority};
 
 const TIMEOUT: Duration = Duration::from_secs(1);
 const A: ConnectionId = ConnectionId(1);
@@ -15,8 +15,12 @@ fn door(budget: usize) -> (Arc<Door>, Admission) {
     (Door::new(Metrics::new()), Admission::new(Limits::new(budget, 0, TIMEOUT)))
 }
 
+fn ask(deadline: Option<Instant>) -> Ask<'static> {
+    Ask::new(Priority::Standard).deadline(deadline)
+}
+
 fn pass_now(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> Pass {
-    door.enter(admission, connection, None).now_or_never().expect("in at once").expect("not refused")
+    door.enter(admission, ask(None), connection).now_or_never().expect("in at once").expect("not refused")
 }
 
 /// A call entering in the background, holding its pass 10 ms: the instant it went in, or why not.
@@ -28,7 +32,7 @@ fn entering(
 ) -> tokio::task::JoinHandle<Result<Instant, AdmissionError>> {
     let (door, admission) = (door.clone(), admission.clone());
     tokio::spawn(async move {
-        let pass = door.enter(&admission, connection, deadline).await?;
+        let pass = door.enter(&admission, ask(deadline), connection).await?;
         let now = Instant::now();
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(pass);
@@ -89,7 +93,7 @@ async fn a_budget_that_grows_lets_waiting_calls_in() {
     assert!(!held.is_finished());
     // The next call reads a budget of 3: it and the one waiting both go in.
     admission.set_limits(Limits::new(3, 0, TIMEOUT));
-    let _also = door.enter(&admission, B, None).await.expect("in");
+    let _also = door.enter(&admission, ask(None), B).await.expect("in");
     held.await.unwrap().expect("in once the budget grew");
 }
 
@@ -98,10 +102,10 @@ async fn a_call_with_a_deadline_waits_no_longer_than_it_or_the_queue_timeout() {
     let (door, admission) = door(1);
     let inside = pass_now(&door, &admission, A);
     let soon = Instant::now() + Duration::from_millis(200);
-    let refused = door.enter(&admission, A, Some(soon)).await.err().expect("refused");
+    let refused = door.enter(&admission, ask(Some(soon)), A).await.err().expect("refused");
     assert!(matches!(refused, AdmissionError::DeadlineExpired { waited } if waited >= Duration::from_millis(200)));
     let later = Instant::now() + TIMEOUT * 5;
-    let refused = door.enter(&admission, B, Some(later)).await.err().expect("refused");
+    let refused = door.enter(&admission, ask(Some(later)), B).await.err().expect("refused");
     assert!(matches!(refused, AdmissionError::QueueTimeout { waited, .. } if waited >= TIMEOUT), "{refused:?}");
     assert_eq!(waiting(&door), 0);
     assert!(door.lock().turns.is_empty());
@@ -119,10 +123,11 @@ async fn a_call_whose_deadline_the_line_would_outlast_is_refused_at_once() {
     let inside = pass_now(&door, &admission, A);
     let _waiting: Vec<_> = (0..5).map(|_| entering(&door, &admission, A, None)).collect();
     tokio::time::sleep(Duration::from_millis(1)).await;
-    // Five ahead at 100 ms each: a 300 ms deadline cannot be met, and it is said at once.
+    // Five ahead on its connection at 100 ms each: a 300 ms deadline cannot be met, and it is
+    // said at once. (On another connection it would be one turn behind, and wait.)
     let started = Instant::now();
     let deadline = started + Duration::from_millis(300);
-    let refused = door.enter(&admission, B, Some(deadline)).await.err().expect("refused");
+    let refused = door.enter(&admission, ask(Some(deadline)), A).await.err().expect("refused");
     assert_eq!(started.elapsed(), Duration::ZERO, "at once");
     assert!(matches!(refused, AdmissionError::DeadlineUnmeetable { .. }), "{refused:?}");
     assert!(refused.retry().is_some(), "with a retry hint");
@@ -134,7 +139,7 @@ async fn a_call_whose_deadline_the_line_would_outlast_is_refused_at_once() {
 async fn a_caller_that_leaves_takes_no_pass() {
     let (door, admission) = door(1);
     let inside = pass_now(&door, &admission, A);
-    let mut gone = Box::pin(door.enter(&admission, A, None));
+    let mut gone = Box::pin(door.enter(&admission, ask(None), A));
     assert!((&mut gone).now_or_never().is_none());
     let staying = entering(&door, &admission, B, None);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -144,4 +149,16 @@ async fn a_caller_that_leaves_takes_no_pass() {
     staying.await.unwrap().expect("the pass went to the caller still waiting");
     assert_eq!(door.lock().inside, 0);
     assert!(door.lock().lines.is_empty() && door.lock().turns.is_empty());
+}
+
+#[test]
+fn a_newcomer_is_behind_its_own_line_and_one_turn_of_each_other_line_per_call_of_its_own() {
+    let door = Door::new(Metrics::new());
+    let mut lobby = door.lock();
+    let line = |n: usize| (0..n).map(|id| Waiter { id: id as u64, grant: oneshot::channel().0 }).collect();
+    lobby.lines.insert(A, line(10));
+    lobby.lines.insert(ConnectionId(3), line(1));
+    assert_eq!(lobby.ahead_of(B), 2, "one turn of A's, C's one");
+    lobby.lines.insert(B, line(2));
+    assert_eq!(lobby.ahead_of(B), 2 + 3 + 1, "its own two, three turns of A's, C's one");
 }
