@@ -10,11 +10,11 @@
 //! its queue), so callers that resend every refusal at once meet a queue that is never overrun,
 //! instead of tens of thousands of refusals a second that take the CPU TEI needs.
 //!
-//! How long a call waits here is its own to say, as in its client's HTTP/2 queue: a call with a
-//! deadline is refused at once when the line ahead of it and the queue together would outlast its
-//! deadline or the pool's queue timeout (given the service times observed), and when either
-//! passes while it waits; a call without a deadline waits for its turn. The queue timeout bounds
-//! the wait in the queue, once a call is in.
+//! Only calls without a deadline wait here. A call without one has said it will wait: it waits
+//! its turn, as it would in its client's HTTP/2 queue, instead of being refused into a resend
+//! loop. A call with a deadline goes straight on to the queue, which tells it at once whether it
+//! can be served in time (deadline-aware shedding with a retry hint), since it has somewhere
+//! better to be. The queue timeout bounds the wait in the queue, once a call is in.
 //!
 //! Connections take turns (one call each, round robin), so one connection's flood does not hold
 //! up another's calls; within a connection calls go in arrival order. Priorities and tenants are
@@ -26,9 +26,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
-use tokio::time::Instant;
 
-use crate::admission::{Admission, AdmissionError, Ask};
+use crate::admission::Admission;
 use crate::metrics::Metrics;
 
 /// Which accepted connection a call came on.
@@ -45,25 +44,12 @@ pub struct Door {
 struct Lobby {
     /// The budget last read from the pool.
     budget: usize,
-    /// Calls waiting, in every line.
-    waiting: usize,
     /// Calls in and not yet answered.
     inside: usize,
     lines: HashMap<ConnectionId, VecDeque<Waiter>>,
     /// Connections with calls waiting, in the order of their turns.
     turns: VecDeque<ConnectionId>,
     next_waiter: u64,
-}
-
-impl Lobby {
-    /// Calls that go in before a newcomer on `connection`, connections taking turns: its own line,
-    /// and from every other line as many as get a turn before its own comes.
-    fn ahead_of(&self, connection: ConnectionId) -> usize {
-        let own = self.lines.get(&connection).map_or(0, VecDeque::len);
-        let others: usize =
-            self.lines.iter().filter(|(other, _)| **other != connection).map(|(_, line)| line.len().min(own + 1)).sum();
-        own + others
-    }
 }
 
 struct Waiter {
@@ -86,72 +72,34 @@ impl Door {
     }
 
     /// Waits until the call may go on to `admission`: at once while fewer calls are in than the
-    /// pool can serve or queue and nobody waits; otherwise in `connection`'s line (see the module
-    /// docs for how long).
-    pub async fn enter(
-        self: &Arc<Self>,
-        admission: &Admission,
-        ask: Ask<'_>,
-        connection: ConnectionId,
-    ) -> Result<Pass, AdmissionError> {
-        let arrived = Instant::now();
-        let deadline = ask.deadline;
-        let (budget, queue_timeout) = admission.capacity();
-        let waiting_ahead = {
+    /// pool can serve or queue and nobody waits; otherwise in `connection`'s line, for its turn.
+    pub async fn enter(self: &Arc<Self>, admission: &Admission, connection: ConnectionId) -> Pass {
+        let budget = admission.capacity();
+        let (id, receiver, unclaimed) = {
             let mut lobby = self.lock();
             lobby.budget = budget;
             if lobby.turns.is_empty() && lobby.inside < budget {
                 lobby.inside += 1;
-                return Ok(Pass { door: self.clone() });
+                return Pass { door: self.clone() };
             }
-            lobby.ahead_of(connection)
-        };
-        // Told now rather than after waiting in vain (outside the lock: admission takes its own).
-        if let Some(refusal) = admission.unmeetable_behind(ask, waiting_ahead, arrived) {
-            return Err(refusal);
-        }
-        let patience = deadline.map(|deadline| queue_timeout.min(deadline.saturating_duration_since(arrived)));
-        let (id, receiver, unclaimed) = {
-            let mut lobby = self.lock();
             let (grant, receiver) = oneshot::channel();
             let id = lobby.next_waiter;
             lobby.next_waiter += 1;
-            lobby.waiting += 1;
             let line = lobby.lines.entry(connection).or_default();
             line.push_back(Waiter { id, grant });
             if line.len() == 1 {
                 lobby.turns.push_back(connection);
             }
             self.metrics.held_at_door(1);
-            // Room may have come, or the budget grown, since the look above.
+            // The budget may have grown since the last call went in.
             let unclaimed = self.let_in(&mut lobby);
             (id, receiver, unclaimed)
         };
         drop(unclaimed);
         let mut waiting = Waiting { door: self.clone(), connection, id: Some(id) };
-        let outcome = match patience {
-            Some(patience) => tokio::time::timeout(patience, receiver).await.ok(),
-            None => Some(receiver.await),
-        };
-        let waited = arrived.elapsed();
-        match outcome {
-            Some(Ok(pass)) => {
-                waiting.id = None;
-                Ok(pass)
-            }
-            // Never: a waiter leaves its line only with a pass or by its own hand.
-            Some(Err(_)) => Err(AdmissionError::QueueTimeout { waited, retry_after: admission.retry_hint(deadline) }),
-            None => {
-                // Let in in the instant between the timeout and taking the lock: the pass was
-                // dropped with the channel and went back, so this call is refused all the same.
-                waiting.leave();
-                Err(if patience.is_some_and(|patience| patience < queue_timeout) {
-                    AdmissionError::DeadlineExpired { waited }
-                } else {
-                    AdmissionError::QueueTimeout { waited, retry_after: admission.retry_hint(deadline) }
-                })
-            }
-        }
+        let pass = receiver.await.expect("a waiter leaves its line only with a pass or by its own hand");
+        waiting.id = None;
+        pass
     }
 
     /// Lets waiting calls in while there is room, one per connection in turn. Returns the passes
@@ -169,7 +117,6 @@ impl Door {
                 lobby.turns.push_back(connection);
             }
             lobby.inside += 1;
-            lobby.waiting -= 1;
             self.metrics.held_at_door(-1);
             if let Err(pass) = waiter.grant.send(Pass { door: self.clone() }) {
                 unclaimed.push(pass);
@@ -206,7 +153,6 @@ impl Waiting {
         let Some(position) = line.iter().position(|waiter| waiter.id == id) else { return };
         line.remove(position);
         let emptied = line.is_empty();
-        lobby.waiting -= 1;
         self.door.metrics.held_at_door(-1);
         if emptied {
             lobby.lines.remove(&self.connection);

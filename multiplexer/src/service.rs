@@ -17,10 +17,10 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
 
-use crate::admission::{Cost, Priority};
+use crate::admission::Priority;
 use crate::auth::Gate;
 use crate::call::{Call, Protocol};
-use crate::charge::{self, Grant, cost_before_body};
+use crate::charge::{Grant, cost_before_body};
 use crate::connections::ConnectionInfo;
 use crate::door::ConnectionId;
 use crate::error::ErrorKind;
@@ -116,13 +116,7 @@ where
     span.record("pool", pool.spec.name.as_str());
     // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
     let _inside = match connection.filter(|_| holds_at_door(rpc, &meta, &pool)) {
-        Some(connection) => match pool.door.enter(&pool.admission, charge::ask(&meta, Cost::ONE), connection).await {
-            Ok(pass) => Some(pass),
-            Err(source) => {
-                let error = Error::Admission { pool: pool.spec.name.clone(), source };
-                return Status::from(call.fail(error)).into_http();
-            }
-        },
+        Some(connection) => Some(pool.door.enter(&pool.admission, connection).await),
         None => None,
     };
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
@@ -176,13 +170,15 @@ where
     response
 }
 
-/// Unary calls for a budget kept here wait at their connection's door; calls that passed one
-/// already (spilled by a sibling, forwarded by another pool's sidecar) do not, nor do critical
-/// calls: a connection's line is in arrival order, and a critical call must not wait behind
-/// the lower-priority calls it may evict from the queue.
+/// Unary calls without a deadline for a budget kept here wait their turn at the pool's door
+/// (`crate::door`); calls with a deadline are told at once by the queue whether they can be
+/// served in time. Calls that passed a door already (spilled by a sibling, forwarded by another
+/// pool's sidecar) do not wait, nor do critical calls: a connection's line is in arrival order,
+/// and a critical call must not wait behind the lower-priority calls it may evict from the queue.
 fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
     rpc.shape == Shape::Unary
         && rpc.admit == Admit::Permit
+        && meta.deadline.is_none()
         && meta.priority != Priority::Critical
         && !pool.spec.remote
         && meta.spilled_from.is_none()

@@ -145,34 +145,11 @@ impl Admission {
         admission
     }
 
-    /// Calls this replica can serve or queue at once (its in-flight limit in force, what its
-    /// siblings take from it, and its queue), and its queue timeout: what a connection's door
-    /// shares out (`crate::door`).
-    pub fn capacity(&self) -> (usize, Duration) {
+    /// Calls this replica can serve or queue at once: its in-flight limit in force, what its
+    /// siblings take from it, and its queue (what the pool's door lets in, `crate::door`).
+    pub fn capacity(&self) -> usize {
         let state = self.shared.lock();
-        (state.draining_slots() + state.limits.max_queued, state.limits.queue_timeout)
-    }
-
-    /// For a call about to wait behind `waiting_ahead` calls at the pool's door (`crate::door`):
-    /// the refusal it gets at once when that line and its place in the queue together would
-    /// outlast its deadline or the queue timeout, given the service times observed.
-    pub fn unmeetable_behind(&self, ask: Ask<'_>, waiting_ahead: usize, arrived: Instant) -> Option<AdmissionError> {
-        let deadline = ask.deadline?;
-        let mut state = self.shared.lock();
-        let tenant = state.tenants.id_of(ask.tenant);
-        let weight = state.tenants.weight(tenant);
-        let ahead = state.queue.ahead_of(ask.priority, tenant, weight, ask.cost) + waiting_ahead;
-        let wait = state.expected_wait(ahead)?;
-        let queue_timeout = state.limits.queue_timeout;
-        if arrived + wait > deadline {
-            let retry_after = state.retry_hint(ahead, Some(deadline));
-            Some(AdmissionError::DeadlineUnmeetable { expected_wait: wait, retry_after })
-        } else if wait > queue_timeout {
-            let retry_after = state.retry_hint(ahead, Some(deadline));
-            Some(AdmissionError::QueueTimeoutUnmeetable { expected_wait: wait, queue_timeout, retry_after })
-        } else {
-            None
-        }
+        state.draining_slots() + state.limits.max_queued
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -340,8 +317,7 @@ impl Admission {
         }
     }
 
-    /// What to tell a caller refused now, with `deadline` (see `State::retry_hint`).
-    pub(crate) fn retry_hint(&self, deadline: Option<Instant>) -> Retry {
+    fn retry_hint(&self, deadline: Option<Instant>) -> Retry {
         let mut state = self.shared.lock();
         let position = state.queue.inputs();
         state.retry_hint(position, deadline)
