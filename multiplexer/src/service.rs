@@ -65,8 +65,9 @@ where
     fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         // The key first: a refused call is not routed, queued or counted as a call, only as a
         // refusal (`teifleet_auth_failures_total`), as on the HTTP front.
-        let connection = ConnectionInfo::of(request.extensions()).cloned();
-        let certified = connection.as_ref().and_then(|connection| connection.client.clone());
+        let connection = request.extensions().get::<ConnectionInfo>();
+        let certified = connection.and_then(|connection| connection.transport.clone());
+        let connection = connection.map(|connection| ConnectionId(connection.number));
         if let Err(failure) = self.gate.admit(request.headers_mut(), certified.as_ref(), Protocol::Grpc) {
             return futures::future::ready(Ok(status::into_status(Error::Auth(failure)).into_http())).boxed();
         }
@@ -76,7 +77,6 @@ where
         // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
         let message_timeout = self.message_timeout;
         let forwarder = self.forwarder.clone();
-        let connection = connection.map(|connection| connection.id);
         serve(call, self.forwarder.clone(), request, connection, message_timeout, span.clone())
             .map(move |response| Ok(orca::with_load_report(response, move || own_load(&forwarder, orca::bin_header))))
             .instrument(span)

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -202,7 +203,8 @@ impl Place {
     /// `io` in this place, under what is left of the protocol deadline.
     pub fn hold<Io>(self, io: Io) -> Accepted<Io> {
         let deadline = Some(Box::pin(tokio::time::sleep_until(self.deadline)));
-        Accepted { io, matched: 0, deadline, timed_out: false, _place: self.permit, refused: self.refused }
+        let number = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
+        Accepted { io, number, matched: 0, deadline, timed_out: false, _place: self.permit, refused: self.refused }
     }
 }
 
@@ -213,6 +215,8 @@ impl Place {
 /// half the preface, kept its connection, and its place under the cap, forever.
 pub struct Accepted<Io> {
     io: Io,
+    /// Unique in this process: per-connection state elsewhere is keyed by it.
+    number: u64,
     /// Bytes of the preface received so far, while the protocol is not known.
     matched: usize,
     deadline: Option<Pin<Box<Sleep>>>,
@@ -222,12 +226,23 @@ pub struct Accepted<Io> {
     refused: Refused,
 }
 
+/// Numbers accepted connections, across every port.
+static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(0);
+
+/// What tonic puts in every request of an accepted connection: the connection's number and what
+/// its transport says (for TLS, the client's proven identity).
+#[derive(Clone, Debug)]
+pub struct ConnectionInfo<T> {
+    pub number: u64,
+    pub transport: T,
+}
+
 #[cfg(feature = "tonic")]
 impl<Io: tonic::transport::server::Connected> tonic::transport::server::Connected for Accepted<Io> {
-    type ConnectInfo = Io::ConnectInfo;
+    type ConnectInfo = ConnectionInfo<Io::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        self.io.connect_info()
+        ConnectionInfo { number: self.number, transport: self.io.connect_info() }
     }
 }
 

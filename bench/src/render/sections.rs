@@ -8,7 +8,7 @@ use crate::procs::{Device, HaproxyMode, MuxLimits, SimModel};
 use crate::results::{Outcome, Section};
 use crate::scenarios::burst::{self, Burst};
 use crate::scenarios::coalescing::{self, CoalesceRun, Coalescing};
-use crate::scenarios::cost::Cost;
+use crate::scenarios::cost::{Cost, Memory};
 use crate::scenarios::live_limits::LiveLimits;
 use crate::scenarios::overhead::{self, CaseResult, Overhead};
 use crate::scenarios::overload::Overload;
@@ -411,7 +411,22 @@ fn cost(r: &Cost) -> String {
         limits(&m.limits),
         m.clients
     );
-    let _ = writeln!(out, "| RSS idle | RSS loaded | queued (from /metrics) | bytes per queued request |");
+    memory_table(&mut out, m, "queued");
+    if let Some(held) = &r.memory_held {
+        let _ = writeln!(
+            out,
+            "\nThe same with no queue ({}): every call beyond the in-flight limit waits at the pool's door \
+             (`teifleet_held_at_door`) instead (the load has no deadlines).\n",
+            limits(&held.limits)
+        );
+        memory_table(&mut out, held, "held");
+    }
+    out
+}
+
+/// One memory measurement as a table; `waiting` says where the calls waited.
+fn memory_table(out: &mut String, m: &Memory, waiting: &str) {
+    let _ = writeln!(out, "| RSS idle | RSS loaded | {waiting} (from /metrics) | bytes per {waiting} request |");
     let _ = writeln!(out, "| ---: | ---: | ---: | ---: |");
     let _ = writeln!(
         out,
@@ -421,25 +436,6 @@ fn cost(r: &Cost) -> String {
         m.queued,
         m.per_queued()
     );
-    if let Some(held) = &r.memory_held {
-        let _ = writeln!(
-            out,
-            "\nThe same with no queue ({}): every call beyond the in-flight limit waits at the pool's door \
-             (`teifleet_held_at_door`) instead.\n",
-            limits(&held.limits)
-        );
-        let _ = writeln!(out, "| RSS idle | RSS loaded | held (from /metrics) | bytes per held request |");
-        let _ = writeln!(out, "| ---: | ---: | ---: | ---: |");
-        let _ = writeln!(
-            out,
-            "| {:.1} MiB | {:.1} MiB | {} | {:.0} |",
-            held.idle_bytes as f64 / 1_048_576.0,
-            held.loaded_bytes as f64 / 1_048_576.0,
-            held.queued,
-            held.per_queued()
-        );
-    }
-    out
 }
 
 fn live_limits(r: &LiveLimits) -> String {
