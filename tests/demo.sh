@@ -242,9 +242,9 @@ show curl -sS --fail-with-body "http://$CLUSTER_IP:$HTTP_PORT/v1/embeddings" -H 
 "$PYTHON" -c 'import json,sys; r=json.load(open(sys.argv[1])); print("  /v1/embeddings:", r["object"], "of", len(r["data"]), "embedding of", len(r["data"][0]["embedding"]), "floats; model", r["model"], "; usage", r["usage"])' "$RUN/openai.json"
 
 budget() { kubectl get epool "$POOL" -n "$NS" -o jsonpath="{.spec.concurrency.maxInFlight} in flight + {.spec.concurrency.maxQueued} queued"; }
-heading "7/10  A burst of $BURST concurrent calls: more than the pool's budget ($(budget))" \
-  "RESOURCE_EXHAUSTED answered at once for the overflow, the rest served; TEI never flooded"
-show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency "$BURST" --requests "$BURST" --tokens 16 --connections 4
+heading "7/10  A burst of $BURST concurrent calls with a 5 s deadline: more than the pool's budget ($(budget))" \
+  "RESOURCE_EXHAUSTED answered at once for the overflow, the rest served; TEI never flooded (calls without a deadline would wait their turn at the pool's door instead)"
+show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency "$BURST" --requests "$BURST" --tokens 16 --connections 4 --deadline 5s
 sidecar_report
 
 heading "8/10  kubectl patch spec.concurrency up ($RAISED_IN_FLIGHT in flight / $RAISED_QUEUED queued), live" \
@@ -259,7 +259,7 @@ while read -r pod ip port; do
   for _ in $(seq 100); do [[ "$(sidecar_limit "$ip" "$port")" == "$raised_share" ]] && break; sleep 0.05; done
   echo "  $pod: in-flight limit $(sidecar_limit "$ip" "$port"), $(( $(date +%s%3N) - start_ms )) ms after the patch"
 done < <(sidecars)
-show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency "$BURST" --requests "$BURST" --tokens 16 --connections 4
+show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency "$BURST" --requests "$BURST" --tokens 16 --connections 4 --deadline 5s
 show kubectl get pods -n "$NS" -o wide
 if [[ "$(restarts)" == "$restarts_before" ]]; then
   echo "  same pods, restart counts unchanged:"
