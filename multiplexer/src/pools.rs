@@ -89,11 +89,6 @@ impl PoolTable {
         self.synced.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// How `https://` upstreams are reached.
-    pub fn dialer(&self) -> &Dialer {
-        &self.dialer
-    }
-
     pub fn own_name(&self) -> &str {
         &self.own
     }

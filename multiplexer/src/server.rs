@@ -57,7 +57,7 @@ pub struct Settings {
     /// What one client may make the gRPC and HTTP ports hold.
     pub bounds: InputBounds,
     /// TLS on the gRPC and HTTP ports (plain text while off); a source changes it live. Calls to
-    /// `https://` upstreams use the same certificate set (`PoolTable::dialer`).
+    /// `https://` upstreams use the same certificate set (`PoolTable::with_dialer`).
     pub tls: Arc<ServerTls>,
     /// The activator role, in this namespace: a call that names no pool is for the pool whose
     /// name its client dialled (`crate::activator`).

@@ -66,26 +66,54 @@ pub fn keys_secret_of(pool: &EmbeddingPool) -> Option<String> {
     pool.spec.auth.as_ref().map(|auth| auth.secret_name.clone())
 }
 
-/// The watch of the own pool's key Secret, following the pool's `spec.auth`.
+/// What a source follows from the own pool's spec (a Secret's name, a TLS spec) and the watch it
+/// started for it.
+struct Following<T> {
+    /// What is followed now and the token that ends its watch; none: nothing to watch.
+    watching: Option<(T, CancellationToken)>,
+    /// Whether the pool has been seen at all.
+    seen: bool,
+}
+
+impl<T: PartialEq> Following<T> {
+    fn new() -> Self {
+        Self { watching: None, seen: false }
+    }
+
+    /// Whether `wanted` is news; if it is, the previous watch has ended.
+    fn changes_to(&mut self, wanted: Option<&T>) -> bool {
+        if self.seen && self.watching.as_ref().map(|(followed, _)| followed) == wanted {
+            return false;
+        }
+        self.seen = true;
+        if let Some((_, previous)) = self.watching.take() {
+            previous.cancel();
+        }
+        true
+    }
+
+    /// A token for the watch of `followed`, ended with `stop` or when the spec moves on.
+    fn watch(&mut self, followed: T, stop: &CancellationToken) -> CancellationToken {
+        let token = stop.child_token();
+        self.watching = Some((followed, token.clone()));
+        token
+    }
+}
+
+/// The watch of the own pool's key Secret, following the pool's `spec.auth`. Until the pool has
+/// been seen the gate refuses every call.
 struct KeysSource {
     client: Client,
     namespace: String,
     gate: Arc<Gate>,
     stop: CancellationToken,
-    /// The Secret watched now and the token that ends its watch; none: keys off.
-    watching: Option<(String, CancellationToken)>,
-    /// Whether the pool's `spec.auth` has been seen: until then the gate refuses every call.
-    followed: bool,
+    following: Following<String>,
 }
 
 impl KeysSource {
     fn follow(&mut self, secret: Option<String>) {
-        if self.followed && self.watching.as_ref().map(|(name, _)| name) == secret.as_ref() {
+        if !self.following.changes_to(secret.as_ref()) {
             return;
-        }
-        self.followed = true;
-        if let Some((_, previous)) = self.watching.take() {
-            previous.cancel();
         }
         match secret {
             None => {
@@ -96,10 +124,9 @@ impl KeysSource {
                 tracing::info!(secret = %name, "spec.auth: calls need an API key from this Secret");
                 // Refuse everything until the Secret is read: never open while it loads.
                 self.gate.set(Policy::Waiting);
-                let stop = self.stop.child_token();
+                let stop = self.following.watch(name.clone(), &self.stop);
                 let (client, namespace, gate) = (self.client.clone(), self.namespace.clone(), self.gate.clone());
-                tokio::spawn(super::secret::watch(client, namespace, name.clone(), gate, stop.clone()));
-                self.watching = Some((name, stop));
+                tokio::spawn(super::secret::watch(client, namespace, name, gate, stop));
             }
         }
     }
@@ -113,19 +140,14 @@ struct TlsSource {
     /// Whether the own pool serves TLS, for the siblings' source (their URLs' scheme).
     serves_tls: watch::Sender<bool>,
     stop: CancellationToken,
-    /// The spec followed now and the token that ends its watch; none: plain text.
-    watching: Option<(TlsSpec, CancellationToken)>,
-    followed: bool,
+    /// None followed: plain text.
+    following: Following<TlsSpec>,
 }
 
 impl TlsSource {
     fn follow(&mut self, spec: Option<TlsSpec>) {
-        if self.followed && self.watching.as_ref().map(|(spec, _)| spec) == spec.as_ref() {
+        if !self.following.changes_to(spec.as_ref()) {
             return;
-        }
-        self.followed = true;
-        if let Some((_, previous)) = self.watching.take() {
-            previous.cancel();
         }
         self.serves_tls.send_replace(spec.is_some());
         match spec {
@@ -136,16 +158,9 @@ impl TlsSource {
                 if self.certificates.tls().in_force().is_ok_and(|loaded| loaded.is_none()) {
                     self.certificates.tls().wait();
                 }
-                let stop = self.stop.child_token();
+                let stop = self.following.watch(spec.clone(), &self.stop);
                 let (client, namespace) = (self.client.clone(), self.namespace.clone());
-                tokio::spawn(super::tls_secret::watch(
-                    client,
-                    namespace,
-                    spec.clone(),
-                    self.certificates.clone(),
-                    stop.clone(),
-                ));
-                self.watching = Some((spec, stop));
+                tokio::spawn(super::tls_secret::watch(client, namespace, spec, self.certificates.clone(), stop));
             }
         }
     }
@@ -173,11 +188,10 @@ pub async fn watch(client: Client, namespace: String, own: OwnPool, table: Arc<P
         certificates,
         serves_tls,
         stop: stop.clone(),
-        watching: None,
-        followed: false,
+        following: Following::new(),
     };
     let mut keys =
-        KeysSource { client, namespace: namespace.clone(), gate, stop: stop.clone(), watching: None, followed: false };
+        KeysSource { client, namespace: namespace.clone(), gate, stop: stop.clone(), following: Following::new() };
     let (reader, writer) = reflector::store();
     let events = reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
     let mut events = std::pin::pin!(events.take_until(stop.cancelled_owned()));
@@ -227,8 +241,7 @@ mod tests {
             namespace: "ml".into(),
             gate: gate.clone(),
             stop: stop.clone(),
-            watching: None,
-            followed: false,
+            following: Following::new(),
         };
         let admit = || gate.admit(&mut HeaderMap::new(), None, Protocol::Grpc);
         assert_eq!(admit(), Err(AuthFailure::KeysNotLoaded), "nothing passes before the pool is seen");
@@ -236,7 +249,7 @@ mod tests {
         assert_eq!(admit(), Ok(()), "a pool without spec.auth opens the gate");
         keys.follow(Some("bge-keys".into()));
         assert_eq!(admit(), Err(AuthFailure::KeysNotLoaded), "keys turned on: closed until the Secret is read");
-        let watch = keys.watching.as_ref().map(|(name, token)| (name.clone(), token.clone())).unwrap();
+        let watch = keys.following.watching.as_ref().map(|(name, token)| (name.clone(), token.clone())).unwrap();
         assert_eq!(watch.0, "bge-keys");
         keys.follow(None);
         assert!(watch.1.is_cancelled(), "the Secret's watch ends with spec.auth");
