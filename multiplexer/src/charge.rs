@@ -30,7 +30,7 @@ impl Grant {
 
 /// What a call with `meta` asks of admission for `cost`.
 pub fn ask(meta: &RequestMeta, cost: Cost) -> Ask<'_> {
-    Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost)
+    Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost).patient(meta.through_door)
 }
 
 /// Waits in `pool`'s queue for room for `cost` here, on this replica's TEI. A call a sibling

@@ -14,7 +14,11 @@
 //! its turn, as it would in its client's HTTP/2 queue, instead of being refused into a resend
 //! loop. A call with a deadline goes straight on to the queue, which tells it at once whether it
 //! can be served in time (deadline-aware shedding with a retry hint), since it has somewhere
-//! better to be. The queue timeout bounds the wait in the queue, once a call is in.
+//! better to be. A call let in goes on to the queue as a patient one (`Ask::patient`): it waits
+//! there for room rather than being refused for a full or slow queue, and is refused only when
+//! the queue timeout passes. The budget counts what the siblings' windows promise, which their
+//! room may not match; an impatient call refused for that would let the next waiting call in,
+//! to be refused in turn, and a whole line would be refused in a moment.
 //!
 //! Connections take turns (one call each, round robin), so one connection's flood does not hold
 //! up another's calls; within a connection calls go in arrival order. Priorities and tenants are

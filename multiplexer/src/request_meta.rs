@@ -42,6 +42,9 @@ pub struct RequestMeta {
     pub spilled_from: Option<String>,
     /// The tenant the call is accounted to; `None`: the default tenant.
     pub tenant: Option<String>,
+    /// The call came in through its pool's door (`crate::door`): it waits in the queue for room
+    /// rather than being refused for a full or slow one.
+    pub through_door: bool,
 }
 
 /// Longest tenant name accepted, as the CRD allows.
@@ -97,6 +100,7 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Erro
         caller_deadline: None,
         forwarded_by: text(metadata, FORWARDED_BY_HEADER)?.map(str::to_owned),
         spilled_from: text(metadata, SPILLED_FROM_HEADER)?.map(str::to_owned),
+        through_door: false,
         tenant: match non_empty(metadata, TENANT_HEADER)? {
             Some(tenant) if tenant.len() > MAX_TENANT_LEN => {
                 return Err(Error::InvalidMetadata {

@@ -109,14 +109,17 @@ where
     B::Error: Into<tonic::codegen::StdError> + Send + 'static,
 {
     let rpc = call.rpc;
-    let (meta, pool) = match forwarder.route(&mut call, request.headers()) {
+    let (mut meta, pool) = match forwarder.route(&mut call, request.headers()) {
         Ok(routed) => routed,
         Err(error) => return Status::from(call.fail(error)).into_http(),
     };
     span.record("pool", pool.spec.name.as_str());
     // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
     let _inside = match connection.filter(|_| holds_at_door(rpc, &meta, &pool)) {
-        Some(connection) => Some(pool.door.enter(&pool.admission, connection).await),
+        Some(connection) => {
+            meta.through_door = true;
+            Some(pool.door.enter(&pool.admission, connection).await)
+        }
         None => None,
     };
     let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);

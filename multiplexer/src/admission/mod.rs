@@ -247,7 +247,7 @@ impl Admission {
             let ahead = state.queue.ahead_of(ask.priority, tenant, weight, cost);
             let expected_wait = state.expected_wait(ahead);
             let queue_timeout = state.limits.queue_timeout;
-            if let Some(wait) = expected_wait {
+            if let Some(wait) = expected_wait.filter(|_| !ask.patient) {
                 // A call whose turn comes after its deadline or the queue timeout would only
                 // leave the queue at that moment, unserved: it is told at once instead. While the
                 // queue stands, so is one that would wait longer than the target.
@@ -271,7 +271,9 @@ impl Admission {
                     });
                 }
             }
-            state.make_room(&ask, tenant, weight)?;
+            if !ask.patient {
+                state.make_room(&ask, tenant, weight)?;
+            }
             let (grant, receiver) = oneshot::channel();
             let units = if state.limits.max_in_flight_tokens.is_some() {
                 u64::from(cost.tokens)

@@ -104,6 +104,40 @@ async fn zero_queue_means_serve_now_or_refuse() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_patient_call_waits_beyond_a_full_or_slow_queue_until_the_queue_timeout() {
+    let admission = Admission::new(Limits { queue_timeout: Duration::from_secs(1), ..limits(1, 0) });
+    let held = taught_and_full(&admission).await;
+    let patient = || Ask::new(Priority::Standard).patient(true);
+    // No queue at all: an impatient call is refused, a patient one waits and gets the slot.
+    assert!(matches!(admission.acquire(Ask::new(Priority::Standard)).await, Err(AdmissionError::QueueFull { .. })));
+    let waiting = tokio::spawn({
+        let admission = admission.clone();
+        async move { admission.acquire(patient()).await.map(drop) }
+    });
+    settle().await;
+    assert_eq!(admission.snapshot().queued_total(), 1, "queued beyond maxQueued");
+    drop(held);
+    waiting.await.unwrap().expect("served once the slot frees");
+    // Behind 20 waiting calls of 100 ms, more than the queue timeout: still not refused at once,
+    // only when the queue timeout passes.
+    let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let line: Vec<_> = (0..20)
+        .map(|_| {
+            let admission = admission.clone();
+            tokio::spawn(async move { admission.acquire(patient()).await.map(drop) })
+        })
+        .collect();
+    settle().await;
+    let started = Instant::now();
+    let late = admission.acquire(patient()).await.unwrap_err();
+    assert!(matches!(late, AdmissionError::QueueTimeout { .. }), "{late:?}");
+    assert_eq!(started.elapsed(), Duration::from_secs(1));
+    for waiter in line {
+        let _ = waiter.await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn queue_timeout_and_deadline_take_waiters_out() {
     let admission = Admission::new(Limits { queue_timeout: Duration::from_millis(300), ..limits(1, 10) });
     let _held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();

@@ -48,11 +48,19 @@ pub struct Ask<'a> {
     pub cost: Cost,
     /// The caller's own deadline (from `grpc-timeout`); the pool's queue timeout applies as well.
     pub deadline: Option<Instant>,
+    /// Waits for room whatever the queue looks like: neither refused for a full queue (it may
+    /// stand beyond `max_queued`) nor for an expected wait, only when the queue timeout passes.
+    /// For calls let in by the pool's door, which bounds how many there are.
+    pub patient: bool,
 }
 
 impl<'a> Ask<'a> {
     pub fn new(priority: Priority) -> Self {
-        Self { priority, tenant: None, cost: Cost::ONE, deadline: None }
+        Self { priority, tenant: None, cost: Cost::ONE, deadline: None, patient: false }
+    }
+
+    pub fn patient(self, patient: bool) -> Self {
+        Self { patient, ..self }
     }
 
     pub fn deadline(self, deadline: Option<Instant>) -> Self {

@@ -170,3 +170,25 @@ async fn http_calls_spill_with_their_key_to_a_sibling_that_checks_it() {
     let spilled = metric_sum(&metrics_text(&replicas[0].mux), "teifleet_spills_total", &[("result", "served")]);
     assert_eq!(spilled, replicas[1].sim.stats().completed as f64);
 }
+
+#[tokio::test]
+async fn a_burst_without_deadlines_on_one_connection_waits_at_the_door_and_spills_instead_of_being_refused() {
+    // The real-pods shape: two replicas, one in flight each, no queue. The door lets in what the
+    // replica and its sibling can take; a call that finds neither free after all (the sibling's
+    // window is larger than its room) waits in the queue rather than being refused, so each
+    // refusal does not let the next waiting call in to be refused in turn.
+    let mut replicas = Vec::new();
+    for _ in 0..2 {
+        let sim = sim(|config| config.fixed_latency = Duration::from_millis(20)).await;
+        let (mux, table) = mux_with(vec![spec("pool-a", sim.addr(), limits(1, 0))], Settings::default()).await;
+        replicas.push(Replica { sim, mux, table });
+    }
+    let addrs: Vec<String> = replicas.iter().map(|r| format!("http://{}", r.mux.grpc_addr)).collect();
+    replicas[0].table.siblings().sync(&addrs[1..]).unwrap();
+    replicas[1].table.siblings().sync(&addrs[..1]).unwrap();
+    let ended = pinned_load(replicas[0].mux.grpc_addr, 24, 24).await;
+    assert_eq!(ended, Ended { ok: 24, exhausted: 0, other: 0 });
+    for replica in &replicas {
+        assert!(replica.sim.stats().max_in_flight_observed <= 1, "{:?}", replica.sim.stats());
+    }
+}
