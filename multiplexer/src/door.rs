@@ -1,14 +1,16 @@
-//! Back-pressure before admission, per pool: no more of a pool's gRPC calls go on to admission
-//! at once than it can serve or queue here; the others wait at the door, each in its
+//! Back-pressure before admission, per pool: no more of the calls that come through the door are
+//! in at once than the pool can serve or queue here; the others wait at the door, each in its
 //! connection's line, costing a stream and a parked future but no CPU, and go in as calls finish.
+//! The door counts only its own calls: calls that do not wait at it (below) take from the same
+//! room without being counted, so beside them the door's calls may queue beyond `max_queued`.
 //! It is what `SETTINGS_MAX_CONCURRENT_STREAMS` would do in the client's HTTP/2 layer, with a
 //! limit that follows the pool's budget live and holds across every connection.
 //!
 //! Why not that setting itself: h2 takes it once per connection and cannot change it live, and a
 //! limit per connection bounds nothing once a client opens many connections. The door's budget is
 //! read at every call (the pool's in-flight limit in force, what its siblings take from it, and
-//! its queue), so callers that resend every refusal at once meet a queue that is never overrun,
-//! instead of tens of thousands of refusals a second that take the CPU TEI needs.
+//! its queue), so callers that resend every refusal at once meet a line instead of tens of
+//! thousands of refusals a second that take the CPU TEI needs.
 //!
 //! Only calls without a deadline wait here. A call without one has said it will wait: it waits
 //! its turn, as it would in its client's HTTP/2 queue, instead of being refused into a resend
