@@ -410,22 +410,29 @@ async fn spill_across(client: &Client, namespace: &str, images: &Images, replica
     assert!(spills_served > 0.0, "teifleet_spills_total{{result=\"served\"}} on the pinned replica: {pinned_seen:?}");
 
     // A sibling deleted under load: the one connection's calls spill to it until it goes.
-    // Half of the callers retry UNAVAILABLE, half do not.
+    // Half of the callers retry UNAVAILABLE, half do not. The victim is a sibling the steady load
+    // spills to: with fewer callers than the burst above, a sidecar's spills can all go to the
+    // one sibling that wins ties on room, so which one is seen, not guessed.
     let pinned_replica = pool_pods[pinned_at].clone();
-    let victim = pool_pods
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != pinned_at)
-        .max_by(|(a, _), (b, _)| pinned_seen[*a].spilled_in.total_cmp(&pinned_seen[*b].spilled_in))
-        .map(|(_, replica)| replica.clone())
-        .expect("a sibling");
+    let siblings: Vec<_> =
+        pool_pods.iter().enumerate().filter(|(i, _)| *i != pinned_at).map(|(_, p)| p.clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let callers: Vec<_> =
         (0..UNDER_DELETION).map(|i| tokio::spawn(steady_load(pinned[0].clone(), stop.clone(), i % 2 == 0))).collect();
-    let victim_before = read(&victim).await;
-    eventually(&format!("calls spilling to {} under the steady load", victim.name), Duration::from_secs(30), || {
-        let (victim, victim_before) = (victim.clone(), victim_before.clone());
-        async move { (read(&victim).await.since(&victim_before).spilled_in > 0.0).then_some(()) }
+    let mut siblings_before = Vec::new();
+    for sibling in &siblings {
+        siblings_before.push(read(sibling).await);
+    }
+    let victim = eventually("calls spilling to a sibling under the steady load", Duration::from_secs(30), || {
+        let (siblings, siblings_before) = (siblings.clone(), siblings_before.clone());
+        async move {
+            for (sibling, before) in siblings.iter().zip(&siblings_before) {
+                if read(sibling).await.since(before).spilled_in > 0.0 {
+                    return Some(sibling.clone());
+                }
+            }
+            None
+        }
     })
     .await;
     let pinned_before = read(&pinned_replica).await;
