@@ -13,6 +13,7 @@ use teifleet_testkit::http;
 use teifleet_testkit::net::{free_port, loopback};
 use teifleet_testkit::process::ChildGuard;
 
+use crate::floor::Stack;
 use crate::{Error, Result};
 
 /// Where the built binaries and the logs are.
@@ -393,9 +394,13 @@ pub async fn start_mux_callgrind(
 }
 
 /// The floor proxy in front of `upstream`.
-pub async fn start_floor(bins: &Bins, name: &str, upstream: &Proc) -> Result<Proc> {
+pub async fn start_floor(bins: &Bins, name: &str, upstream: &Proc, stack: Stack) -> Result<Proc> {
     let grpc = free_port()?;
-    let args = vec![format!("--listen=127.0.0.1:{grpc}"), format!("--upstream={}", upstream.url())];
+    let args = vec![
+        format!("--listen=127.0.0.1:{grpc}"),
+        format!("--upstream={}", upstream.url()),
+        format!("--stack={}", stack.flag()),
+    ];
     let launch = Launch { name, program: bins.path(FLOOR), args, env: vec![] };
     let mut proc = Proc::spawn(bins, launch, grpc, 0)?;
     // It connects upstream before it binds, so accepting a connection means ready.

@@ -1,14 +1,16 @@
-//! `teifleet-floor-proxy`: a bare tonic bytes-proxy (no admission, no routing, no metrics) that
-//! forwards every unary call to one upstream. The overhead scenario measures it beside the
-//! multiplexer as the floor this machine allows for one gRPC hop.
+//! `teifleet-floor-proxy`: a bare proxy (no admission, no routing, no metrics) that forwards every
+//! unary call to one upstream, on tonic (the multiplexer's stack) or on `h2` alone. The overhead
+//! and cost scenarios measure it beside the multiplexer as the floors this machine allows for one
+//! gRPC hop.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 
 use anyhow::Context as _;
 use clap::Parser;
+use teifleet_bench::floor::Stack;
 
-/// Forwards unary gRPC calls of any path to --upstream, as raw message bytes.
+/// Forwards unary gRPC calls of any path to --upstream, as they came.
 #[derive(Debug, Parser)]
 #[command(name = "teifleet-floor-proxy", version)]
 struct Args {
@@ -16,6 +18,9 @@ struct Args {
     listen: SocketAddr,
     #[arg(long, default_value = "http://127.0.0.1:8080", value_name = "URL")]
     upstream: String,
+    /// What it is built on.
+    #[arg(long, value_enum, default_value = "tonic")]
+    stack: Stack,
 }
 
 // One thread, as the multiplexer's default, so the floor has the same runtime shape without the
@@ -25,6 +30,6 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-    teifleet_bench::floor::serve(listener, &args.upstream).await?;
+    teifleet_bench::floor::serve(args.stack, listener, &args.upstream).await?;
     Ok(())
 }

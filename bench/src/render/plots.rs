@@ -33,6 +33,9 @@ pub fn for_section(section: &Section, dir: &Path, stem: &str) -> Result<Vec<Stri
             if singles.iter().all(|c| !c.floor.is_empty()) {
                 series.push(line("floor (bare tonic proxy)", |c| &c.floor));
             }
+            if singles.iter().all(|c| !c.floor_h2.is_empty()) {
+                series.push(line("floor (bare h2 proxy)", |c| &c.floor_h2));
+            }
             if singles.iter().all(|c| !c.haproxy_tcp.is_empty() && !c.haproxy_h2.is_empty()) {
                 series.push(line("HAProxy TCP", |c| &c.haproxy_tcp));
                 series.push(line("HAProxy h2", |c| &c.haproxy_h2));

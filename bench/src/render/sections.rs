@@ -85,28 +85,32 @@ fn overhead(r: &Overhead) -> String {
          *added* is the median of each round's difference, so drift on the machine cancels. Backend: {}. \
          Multiplexer: static mode, {} (admission never waits).{}\n",
         r.rounds,
-        if floor_ran { " and through the floor proxy" } else { "" },
+        if floor_ran { " and through the floor proxies" } else { "" },
         backend(&r.backend),
         limits(&r.limits),
         if floor_ran {
-            " Floor: `teifleet-floor-proxy`, a bare tonic server forwarding every unary call's raw message bytes \
-             (`BytesCodec`) on one HTTP/2 channel, with no admission, routing or metrics: the least one hop costs \
-             on this machine."
+            " Floors: `teifleet-floor-proxy`, forwarding every unary call on one upstream HTTP/2 connection with no \
+             admission, routing or metrics, built on tonic (raw message bytes through tonic's server and client, \
+             the multiplexer's stack: *floor*) and on the `h2` crate alone (frames relayed as they come, no hyper \
+             or tonic: *h2 floor*): what one hop costs on this machine before any work of the multiplexer's, on \
+             its stack and on the least of that stack."
         } else {
-            " The floor proxy was not built, so there is no floor column."
+            " The floor proxy was not built, so there are no floor columns."
         }
     );
     let _ = writeln!(
         out,
-        "| case | calls/round | direct p50 | mux p50 | added | floor added | mux ÷ floor | HAProxy TCP added | \
-         HAProxy h2 added | mux ÷ HAProxy h2 | direct p99 | mux p99 | device p50 |"
+        "| case | calls/round | direct p50 | mux p50 | added | floor added | mux ÷ floor | h2 floor added | \
+         HAProxy TCP added | HAProxy h2 added | mux ÷ HAProxy h2 | direct p99 | mux p99 | device p50 |"
     );
-    let _ =
-        writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ = writeln!(
+        out,
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for c in &r.cases {
         let _ = writeln!(
             out,
-            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | {} | {} | {} ms | {} ms | {} |",
+            "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | {} | {} | {} | {} ms | {} ms | {} |",
             c.case.label(),
             c.calls_per_round,
             ms(CaseResult::p50_ms(&c.direct)),
@@ -114,6 +118,7 @@ fn overhead(r: &Overhead) -> String {
             us(c.added_us()),
             c.floor_added_us().map_or("—".into(), us),
             c.vs_floor().map_or("—".into(), |v| format!("{}×", number(v))),
+            c.floor_h2_added_us().map_or("—".into(), us),
             c.haproxy_added_us(HaproxyMode::Tcp).map_or("—".into(), us),
             c.haproxy_added_us(HaproxyMode::H2).map_or("—".into(), us),
             c.vs_haproxy_h2().map_or("—".into(), |v| format!("{}×", number(v))),
@@ -132,8 +137,9 @@ fn overhead(r: &Overhead) -> String {
             .iter()
             .map(|c| {
                 format!(
-                    "{}: the floor adds {}, the multiplexer {} ({}× the floor)",
+                    "{}: the h2 floor adds {}, the tonic floor {}, the multiplexer {} ({}× the tonic floor)",
                     c.case.target_name(),
+                    c.floor_h2_added_us().map_or("n/a".into(), us),
                     c.floor_added_us().map_or("n/a".into(), us),
                     us(c.added_us()),
                     c.vs_floor().map_or("n/a".into(), number)
@@ -148,10 +154,13 @@ fn overhead(r: &Overhead) -> String {
             .iter()
             .map(|c| {
                 format!(
-                    "{}: HAProxy TCP adds {}, HAProxy h2 {}, the multiplexer {} ({}× HAProxy h2)",
+                    "{}: HAProxy TCP adds {}, HAProxy h2 {}, the h2 floor {} ({}× HAProxy h2), the multiplexer {} \
+                     ({}× HAProxy h2)",
                     c.case.target_name(),
                     c.haproxy_added_us(HaproxyMode::Tcp).map_or("n/a".into(), us),
                     c.haproxy_added_us(HaproxyMode::H2).map_or("n/a".into(), us),
+                    c.floor_h2_added_us().map_or("n/a".into(), us),
+                    c.floor_h2_added_us().and_then(|h2| c.over_haproxy_h2(h2)).map_or("n/a".into(), number),
                     us(c.added_us()),
                     c.vs_haproxy_h2().map_or("n/a".into(), number)
                 )
@@ -347,11 +356,20 @@ fn cost(r: &Cost) -> String {
     );
     let _ = writeln!(
         out,
-        "| floor proxy (proxied, same load) | {:.3} | {} | {:.1} |",
+        "| floor proxy on tonic (proxied, same load) | {:.3} | {} | {:.1} |",
         cpu.floor_cpu_s,
         cpu.floor_calls,
         cpu.floor_us_per_call()
     );
+    if let Some(h2) = &cpu.floor_h2 {
+        let _ = writeln!(
+            out,
+            "| floor proxy on h2 alone (proxied, same load) | {:.3} | {} | {:.1} |",
+            h2.cpu_s,
+            h2.calls,
+            h2.us_per_call()
+        );
+    }
     match (&cpu.haproxy_h2, &cpu.haproxy_missing) {
         (Some(h), _) => {
             let _ = writeln!(
@@ -374,11 +392,15 @@ fn cost(r: &Cost) -> String {
         number(cpu.mux_over_floor())
     );
     if let Some(h2) = cpu.mux_over_haproxy_h2() {
+        let floor_h2 = cpu.floor_h2_us_per_call().and_then(|us| cpu.over_haproxy_h2(us));
         let _ = writeln!(
             out,
             "Multiplexer ÷ HAProxy h2c: **{}×** (HAProxy decodes and re-encodes every HTTP/2 frame on one thread: \
-             what the best L7 proxy spends per call on this machine).",
-            number(h2)
+             what the best L7 proxy spends per call on this machine); the tonic floor ÷ HAProxy h2c: {}×; the h2 \
+             floor ÷ HAProxy h2c: {}×.",
+            number(h2),
+            cpu.over_haproxy_h2(cpu.floor_us_per_call()).map_or("n/a".into(), number),
+            floor_h2.map_or("n/a".into(), number)
         );
     }
     let _ = write!(out, "\n**Instructions.**");

@@ -22,6 +22,7 @@ fn overhead() -> Section {
         direct: side(direct),
         mux: side(mux),
         floor: side(floor),
+        floor_h2: side(&direct.iter().map(|d| d + 0.015).collect::<Vec<_>>()),
         haproxy_tcp: side(&direct.iter().map(|d| d + 0.010).collect::<Vec<_>>()),
         haproxy_h2: side(&direct.iter().map(|d| d + 0.020).collect::<Vec<_>>()),
     };
@@ -89,10 +90,18 @@ fn the_overhead_section_shows_the_floor_and_the_ratio() {
     assert!(text.contains("## 1. Overhead"), "{text}");
     assert!(text.contains("| Info (no device time) | 100 | 0.100 ms | 0.150 ms | +50 µs | +25 µs | 2.00× |"), "{text}");
     assert!(text.contains("**The floor this machine allows**"), "{text}");
-    assert!(text.contains("Info: the floor adds +25 µs, the multiplexer +50 µs (2.00× the floor)"), "{text}");
-    assert!(text.contains("| +25 µs | 2.00× | +10 µs | +20 µs | 2.50× |"), "{text}");
     assert!(
-        text.contains("Info: HAProxy TCP adds +10 µs, HAProxy h2 +20 µs, the multiplexer +50 µs (2.50× HAProxy h2)"),
+        text.contains(
+            "Info: the h2 floor adds +15 µs, the tonic floor +25 µs, the multiplexer +50 µs (2.00× the tonic floor)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("| +25 µs | 2.00× | +15 µs | +10 µs | +20 µs | 2.50× |"), "{text}");
+    assert!(
+        text.contains(
+            "Info: HAProxy TCP adds +10 µs, HAProxy h2 +20 µs, the h2 floor +15 µs (0.750× HAProxy h2), the \
+             multiplexer +50 µs (2.50× HAProxy h2)"
+        ),
         "{text}"
     );
     assert!(text.contains("![x-overhead.svg](x-overhead.svg)"));

@@ -1,11 +1,9 @@
-//! The floor: the least one gRPC hop costs on this machine. A tonic server that takes every unary
-//! call, whatever its path, as raw message bytes ([`BytesCodec`]) and forwards it on one pooled
-//! HTTP/2 channel, with no admission, no routing and no metrics. The overhead scenario runs it
-//! beside the multiplexer, so the multiplexer's added latency can be read against what any tonic
-//! proxy would add here.
+//! The tonic floor: a tonic server that takes every unary call, whatever its path, as raw message
+//! bytes ([`BytesCodec`]) and forwards it on one pooled HTTP/2 channel, with no admission, no
+//! routing and no metrics: what any proxy on the multiplexer's stack (tonic's server and client,
+//! hyper, h2) adds here before doing any work of its own.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -91,18 +89,4 @@ pub async fn serve(listener: tokio::net::TcpListener, upstream: &str) -> Result<
         .serve_with_incoming(incoming)
         .await
         .map_err(|e| Error::Process(format!("floor proxy: {e}")))
-}
-
-/// Binds `addr` (port 0 for any) and serves in the background; returns the bound address.
-pub async fn spawn(addr: SocketAddr, upstream: &str) -> Result<SocketAddr> {
-    let listener =
-        tokio::net::TcpListener::bind(addr).await.map_err(|e| Error::Process(format!("binding {addr}: {e}")))?;
-    let bound = listener.local_addr().map_err(|e| Error::Process(format!("bound address: {e}")))?;
-    let upstream = upstream.to_owned();
-    tokio::spawn(async move {
-        if let Err(e) = serve(listener, &upstream).await {
-            eprintln!("teifleet-floor-proxy: {e}");
-        }
-    });
-    Ok(bound)
 }
