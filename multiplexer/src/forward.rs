@@ -35,6 +35,7 @@ use crate::request_meta::{self, RequestMeta};
 use crate::rpc::{Admit, Rpc};
 use crate::siblings::{Ended, Lease};
 use crate::streams::{Admitted, Answers, Held};
+use crate::upstream::Upstream;
 use crate::wire::TeiTiming;
 use crate::{Error, Result};
 
@@ -162,14 +163,19 @@ impl Forwarder {
         self.client_of(pool, pool.upstream.channel()).await
     }
 
-    async fn client_of(&self, pool: &Pool, channel: Channel) -> Result<tonic::client::Grpc<Channel>> {
-        // The activator holds a call until its pool has a ready replica (the caller's deadline
-        // still runs, outside).
+    /// The activator holds a call until its pool has a ready replica (the caller's deadline still
+    /// runs, outside).
+    async fn activated(&self, pool: &Pool) -> Result<()> {
         if let Some(activations) = self.pools.activations()
             && let Some(ready) = activations.wait_for_replica(&pool.spec.name).await
         {
             ready?;
         }
+        Ok(())
+    }
+
+    async fn client_of(&self, pool: &Pool, channel: Channel) -> Result<tonic::client::Grpc<Channel>> {
+        self.activated(pool).await?;
         let mut client = tonic::client::Grpc::new(channel)
             .max_decoding_message_size(self.max_message_bytes)
             .max_encoding_message_size(self.max_message_bytes);
@@ -190,17 +196,22 @@ impl Forwarder {
         }
     }
 
-    /// One unary call on `channel` (the pool's upstream, or a sibling replica's sidecar).
+    /// One unary call to `upstream` (the pool's, or a sibling replica's sidecar): on its direct
+    /// connection, or on its channel when it has none.
     async fn unary_on(
         &self,
         pool: &Pool,
-        channel: Channel,
+        upstream: &Upstream,
         rpc: &Rpc,
         request: Request<Bytes>,
     ) -> Result<Response<Bytes>> {
-        let upstream = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
-        let mut client = self.client_of(pool, channel).await?;
-        client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(upstream)
+        if let Some(direct) = upstream.direct() {
+            self.activated(pool).await?;
+            return direct.unary(&pool.spec.name, rpc.path, request, self.max_message_bytes).await;
+        }
+        let answer = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
+        let mut client = self.client_of(pool, upstream.channel()).await?;
+        client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(answer)
     }
 
     /// One admitted unary exchange, as every unary path makes it (a gRPC call, the call
@@ -231,7 +242,7 @@ impl Forwarder {
         permit: Option<&Permit>,
     ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
         let sent = Instant::now();
-        let upstream = self.unary_on(pool, pool.upstream.channel(), rpc, self.outgoing(request, meta, pool));
+        let upstream = self.unary_on(pool, &pool.upstream, rpc, self.outgoing(request, meta, pool));
         let response = within_deadline(pool, meta, sent, upstream).await?;
         let timing = timing(rpc, response.get_ref());
         observe(permit, timing);
@@ -258,7 +269,7 @@ impl Forwarder {
         let marker = self.hop_marker.clone().unwrap_or_else(|| MetadataValue::from_static("teifleet-multiplexer"));
         outgoing.metadata_mut().insert(SPILLED_FROM, marker);
         let sent = Instant::now();
-        let upstream = self.unary_on(pool, lease.upstream().channel(), rpc, outgoing);
+        let upstream = self.unary_on(pool, lease.upstream(), rpc, outgoing);
         let ended = match within_deadline(pool, meta, sent, upstream).await {
             Ok(response) => {
                 self.metrics.spilled(&pool.spec.name, Ended::Answered.label());

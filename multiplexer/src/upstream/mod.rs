@@ -1,5 +1,7 @@
 //! Channels to TEI (or to another pool's multiplexer): one pooled HTTP/2 connection per upstream,
-//! multiplexing every request, reconnecting on its own after failures.
+//! multiplexing every request, reconnecting on its own after failures. Unary calls go on a
+//! connection of their own made on `h2` directly ([`Direct`]); streams and health checks on
+//! tonic's channel.
 //!
 //! An `https://` upstream (a sidecar of a pool with `spec.tls`) is reached in TLS with this
 //! sidecar's own certificate set ([`Dialer`]): it trusts the set's CA bundle and shows its own
@@ -10,6 +12,7 @@ use std::net::IpAddr;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use http::uri::Authority;
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use teifleet_runtime::tls::ServerTls;
@@ -17,7 +20,10 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint, Uri};
 
+pub use self::direct::Direct;
 use crate::SetupError;
+
+mod direct;
 
 /// How this sidecar reaches `https://` upstreams.
 #[derive(Clone, Debug, Default)]
@@ -50,15 +56,15 @@ impl Dialer {
         ServerName::try_from(name.clone()).map_err(|e| format!("{name:?} is not a server name: {e}"))
     }
 
-    async fn dial(
-        self,
-        uri: Uri,
+    /// A TLS connection to `authority` (port 443 unless it names one).
+    pub(crate) async fn dial_tls(
+        &self,
+        authority: &Authority,
         within: Duration,
-    ) -> Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, String> {
-        let host = uri.host().ok_or_else(|| format!("{uri} names no host"))?;
-        let port = uri.port_u16().unwrap_or(443);
+    ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
+        let (host, port) = (authority.host(), authority.port_u16().unwrap_or(443));
         let config = self.tls.client().ok_or_else(|| {
-            format!("{uri} serves TLS, and this sidecar has no certificate set in force to trust it with")
+            format!("{authority} serves TLS, and this sidecar has no certificate set in force to trust it with")
         })?;
         let name = self.server_name(host)?;
         let connect = async {
@@ -67,10 +73,19 @@ impl Dialer {
             TlsConnector::from(config).connect(name, tcp).await
         };
         match tokio::time::timeout(within, connect).await {
-            Ok(Ok(stream)) => Ok(TokioIo::new(stream)),
-            Ok(Err(error)) => Err(format!("{uri}: {error}")),
-            Err(_) => Err(format!("{uri}: no TLS connection within {within:?}")),
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(error)) => Err(format!("{authority}: {error}")),
+            Err(_) => Err(format!("{authority}: no TLS connection within {within:?}")),
         }
+    }
+
+    async fn dial(
+        self,
+        uri: Uri,
+        within: Duration,
+    ) -> Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, String> {
+        let authority = uri.authority().ok_or_else(|| format!("{uri} names no host"))?;
+        self.dial_tls(authority, within).await.map(TokioIo::new)
     }
 }
 
@@ -78,6 +93,8 @@ impl Dialer {
 pub struct Upstream {
     url: String,
     channel: Channel,
+    /// Unary calls' connection; none for a channel made elsewhere (the activator's balancer).
+    direct: Option<Arc<Direct>>,
 }
 
 impl Upstream {
@@ -96,6 +113,7 @@ impl Upstream {
             .http2_keep_alive_interval(Duration::from_secs(20))
             .keep_alive_timeout(Duration::from_secs(10))
             .keep_alive_while_idle(true);
+        let direct = Direct::new(endpoint.uri(), dialer, connect_timeout).map(Arc::new);
         let channel = if endpoint.uri().scheme_str() == Some("https") {
             let dialer = dialer.clone();
             endpoint.connect_with_connector_lazy(tower::service_fn(move |uri: Uri| {
@@ -104,17 +122,22 @@ impl Upstream {
         } else {
             endpoint.connect_lazy()
         };
-        Ok(Self { url: url.to_owned(), channel })
+        Ok(Self { url: url.to_owned(), channel, direct })
     }
 
     /// An upstream over a channel made elsewhere (the activator's balancer over a pool's ready
     /// replicas); `url` names it in logs.
     pub fn from_channel(url: &str, channel: Channel) -> Self {
-        Self { url: url.to_owned(), channel }
+        Self { url: url.to_owned(), channel, direct: None }
     }
 
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// Where unary calls go, when not on [`Self::channel`].
+    pub fn direct(&self) -> Option<&Direct> {
+        self.direct.as_deref()
     }
 
     pub fn channel(&self) -> Channel {

@@ -1,0 +1,348 @@
+//! Unary calls to an upstream on the `h2` crate directly: the request's headers and its one
+//! message go out from the calling task on one shared HTTP/2 connection, and the answer's
+//! headers, message and trailers come back to it. No tower buffer, no hyper dispatch task and no
+//! body task sit between the call and the connection: the bench's h2 floor showed those layers
+//! cost about as much CPU per call as the whole of HAProxy's hop (docs/benchmarks.md).
+//!
+//! What tonic's client did for these calls is done here the same way: the caller's metadata goes
+//! up minus the headers gRPC reserves, the answer's headers and trailers come back as its
+//! metadata, TEI's status (with its message, details and metadata) is passed on as it came, and an
+//! answer larger than `--max-message-bytes` is OUT_OF_RANGE. A connection that cannot be made or
+//! breaks is `Error::Unreachable`. Streams and health checks stay on tonic's channel.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use h2::client::SendRequest;
+use http::header::{CONTENT_TYPE, HOST, TE};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status};
+
+use super::Dialer;
+use crate::{Error, Result};
+
+/// How often an idle or busy connection is checked with a PING, and how long its PONG may take:
+/// a peer that vanished without closing (its node gone) fails calls within this instead of never.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// hyper's client windows, which tonic's channel used: large answers (a batch's embeddings) flow
+/// without waiting on window updates.
+const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
+/// A gRPC message's prefix: the compressed flag and the length.
+const PREFIX: usize = 5;
+/// Request headers not passed up: the ones gRPC sets itself and those HTTP/2 forbids.
+const NOT_PASSED: [&str; 10] = [
+    "te",
+    "content-type",
+    "content-length",
+    "grpc-status",
+    "grpc-message",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// One upstream's HTTP/2 connection for unary calls, made at the first call and again after it
+/// breaks.
+#[derive(Debug)]
+pub struct Direct {
+    url: String,
+    scheme: Scheme,
+    authority: Authority,
+    dialer: Dialer,
+    connect_timeout: Duration,
+    open: Mutex<Option<Open>>,
+    /// One connection attempt at a time: callers arriving meanwhile wait for it.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone, Debug)]
+struct Open {
+    send: SendRequest<Bytes>,
+    closed: Arc<AtomicBool>,
+}
+
+impl Direct {
+    pub fn new(uri: &Uri, dialer: &Dialer, connect_timeout: Duration) -> Option<Self> {
+        let scheme = uri.scheme().cloned()?;
+        let authority = uri.authority().cloned()?;
+        Some(Self {
+            url: uri.to_string(),
+            scheme,
+            authority,
+            dialer: dialer.clone(),
+            connect_timeout,
+            open: Mutex::default(),
+            connecting: tokio::sync::Mutex::default(),
+        })
+    }
+
+    /// Sends one unary call of `path` and waits for its answer; an answer's message is at most
+    /// `max_message` bytes.
+    pub async fn unary(
+        &self,
+        pool: &str,
+        path: &'static str,
+        request: Request<Bytes>,
+        max_message: usize,
+    ) -> Result<Response<Bytes>> {
+        let unreachable = |reason: String| Error::Unreachable { pool: pool.to_owned(), reason };
+        let failed = |error: h2::Error| match stream_status(&error) {
+            Some(status) => Error::Upstream { pool: pool.to_owned(), status },
+            None => unreachable(format!("{}: {error}", self.url)),
+        };
+        let open = self.open().await.map_err(unreachable)?;
+        let mut send = match open.send.clone().ready().await {
+            Ok(send) => send,
+            Err(error) => {
+                open.closed.store(true, Ordering::Release);
+                return Err(failed(error));
+            }
+        };
+        let (metadata, _, message) = request.into_parts();
+        let head = self.head(path, metadata.into_headers()).map_err(|e| unreachable(e.to_string()))?;
+        let (answer, mut body) = send.send_request(head, false).map_err(failed)?;
+        body.send_data(framed(&message), true).map_err(failed)?;
+        let response = answer.await.map_err(failed)?;
+        read_answer(response, max_message).await.map_err(|error| match error {
+            Answer::Status(status) => Error::Upstream { pool: pool.to_owned(), status },
+            Answer::Broken(error) => failed(error),
+        })
+    }
+
+    fn head(&self, path: &'static str, mut headers: HeaderMap) -> http::Result<http::Request<()>> {
+        for name in NOT_PASSED {
+            headers.remove(name);
+        }
+        headers.remove(HOST);
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        headers.insert(TE, HeaderValue::from_static("trailers"));
+        let uri = Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(PathAndQuery::from_static(path))
+            .build()?;
+        let mut head = http::Request::builder().method(Method::POST).uri(uri).body(())?;
+        *head.headers_mut() = headers;
+        Ok(head)
+    }
+
+    /// The open connection, or a new one.
+    async fn open(&self) -> Result<Open, String> {
+        if let Some(open) = self.current() {
+            return Ok(open);
+        }
+        let _one_at_a_time = self.connecting.lock().await;
+        if let Some(open) = self.current() {
+            return Ok(open);
+        }
+        let open = tokio::time::timeout(self.connect_timeout, self.connect())
+            .await
+            .unwrap_or_else(|_| Err(format!("{}: no connection within {:?}", self.url, self.connect_timeout)))?;
+        *self.open.lock().unwrap_or_else(PoisonError::into_inner) = Some(open.clone());
+        Ok(open)
+    }
+
+    fn current(&self) -> Option<Open> {
+        let open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        open.as_ref().filter(|open| !open.closed.load(Ordering::Acquire)).cloned()
+    }
+
+    async fn connect(&self) -> Result<Open, String> {
+        if self.scheme == Scheme::HTTPS {
+            let tls = self.dialer.dial_tls(&self.authority, self.connect_timeout).await?;
+            return handshake(tls).await.map_err(|e| format!("{}: {e}", self.url));
+        }
+        let tcp = TcpStream::connect(self.authority.as_str()).await.map_err(|e| format!("{}: {e}", self.url))?;
+        tcp.set_nodelay(true).map_err(|e| format!("{}: {e}", self.url))?;
+        handshake(tcp).await.map_err(|e| format!("{}: {e}", self.url))
+    }
+}
+
+/// Opens HTTP/2 on `io` and drives the connection in a task of its own, which PINGs it and ends
+/// (marking it closed) when it breaks, goes unanswered or is no longer used.
+async fn handshake<T>(io: T) -> Result<Open, h2::Error>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, mut connection) = h2::client::Builder::new()
+        .initial_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .enable_push(false)
+        .handshake::<T, Bytes>(io)
+        .await?;
+    let closed = Arc::new(AtomicBool::new(false));
+    let pings = connection.ping_pong();
+    let marks = closed.clone();
+    tokio::spawn(async move {
+        let keepalive = async move {
+            let Some(mut pings) = pings else { return std::future::pending().await };
+            loop {
+                tokio::time::sleep(KEEPALIVE_INTERVAL).await;
+                match tokio::time::timeout(KEEPALIVE_TIMEOUT, pings.ping(h2::Ping::opaque())).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(_)) | Err(_) => return,
+                }
+            }
+        };
+        tokio::select! {
+            _ = connection => {}
+            () = keepalive => tracing::debug!("upstream connection unanswered for {KEEPALIVE_TIMEOUT:?}: closed"),
+        }
+        marks.store(true, Ordering::Release);
+    });
+    Ok(Open { send, closed })
+}
+
+/// The message with its gRPC prefix (uncompressed).
+fn framed(message: &Bytes) -> Bytes {
+    let mut frame = BytesMut::with_capacity(PREFIX + message.len());
+    frame.put_u8(0);
+    frame.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
+    frame.extend_from_slice(message);
+    frame.freeze()
+}
+
+/// Why an answer did not come back whole.
+enum Answer {
+    /// gRPC's own answer: the upstream's status, or the answer was not one gRPC message.
+    Status(Status),
+    /// The stream or connection broke while the answer was read.
+    Broken(h2::Error),
+}
+
+impl From<h2::Error> for Answer {
+    fn from(error: h2::Error) -> Self {
+        Self::Broken(error)
+    }
+}
+
+/// The answer's one message, with its headers and trailers as metadata; or the upstream's status.
+async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usize) -> Result<Response<Bytes>, Answer> {
+    let (parts, mut body) = response.into_parts();
+    // Trailers-only: the status is in the headers and there is no message.
+    if let Some(status) = Status::from_header_map(&parts.headers) {
+        return Err(Answer::Status(match status.code() {
+            Code::Ok => Status::internal("Missing response message."),
+            _ => status,
+        }));
+    }
+    if parts.status != StatusCode::OK {
+        return Err(Answer::Status(from_http_status(parts.status, parts.headers)));
+    }
+    let mut frame = Frame::default();
+    while let Some(data) = body.data().await {
+        let data = data?;
+        let _ = body.flow_control().release_capacity(data.len());
+        frame.push(data, max_message).map_err(Answer::Status)?;
+    }
+    let mut headers = parts.headers;
+    if let Some(trailers) = body.trailers().await? {
+        match Status::from_header_map(&trailers) {
+            Some(status) if status.code() != Code::Ok => return Err(Answer::Status(status)),
+            _ => headers.extend(trailers),
+        }
+    }
+    let message = frame.message().map_err(Answer::Status)?;
+    Ok(Response::from_parts(MetadataMap::from_headers(headers), message, tonic::Extensions::default()))
+}
+
+/// The answer's bytes as they arrive: usually one data frame holds the whole message, which is
+/// then passed on without a copy.
+#[derive(Default)]
+struct Frame {
+    first: Option<Bytes>,
+    more: BytesMut,
+}
+
+impl Frame {
+    fn push(&mut self, data: Bytes, max_message: usize) -> Result<(), Status> {
+        match self.first.take() {
+            None if self.more.is_empty() => self.first = Some(data),
+            Some(first) => {
+                self.more.extend_from_slice(&first);
+                self.more.extend_from_slice(&data);
+            }
+            None => self.more.extend_from_slice(&data),
+        }
+        // Refused as soon as the prefix tells the length, before the rest is buffered.
+        match self.prefix() {
+            Some((_, len)) if len > max_message => Err(Status::out_of_range(format!(
+                "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        self.first.as_deref().unwrap_or(&self.more)
+    }
+
+    fn prefix(&self) -> Option<(u8, usize)> {
+        let mut bytes = self.bytes().get(..PREFIX)?;
+        let compressed = bytes.get_u8();
+        Some((compressed, bytes.get_u32() as usize))
+    }
+
+    fn message(self) -> Result<Bytes, Status> {
+        let Some((compressed, len)) = self.prefix() else {
+            return Err(Status::internal("Missing response message."));
+        };
+        if compressed != 0 {
+            return Err(Status::internal(
+                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
+            ));
+        }
+        let whole = self.first.unwrap_or_else(|| self.more.freeze());
+        if whole.len() < PREFIX + len {
+            return Err(Status::internal("protocol error: the answer ended inside its message"));
+        }
+        Ok(whole.slice(PREFIX..PREFIX + len))
+    }
+}
+
+/// An answer that is not gRPC's (a proxy's error page): the code gRPC maps its HTTP status to.
+fn from_http_status(status: StatusCode, headers: HeaderMap) -> Status {
+    let code = match status {
+        StatusCode::BAD_REQUEST => Code::Internal,
+        StatusCode::UNAUTHORIZED => Code::Unauthenticated,
+        StatusCode::FORBIDDEN => Code::PermissionDenied,
+        StatusCode::NOT_FOUND => Code::Unimplemented,
+        StatusCode::TOO_MANY_REQUESTS
+        | StatusCode::BAD_GATEWAY
+        | StatusCode::SERVICE_UNAVAILABLE
+        | StatusCode::GATEWAY_TIMEOUT => Code::Unavailable,
+        _ => Code::Unknown,
+    };
+    let message = format!("grpc-status header missing, mapped from HTTP status code {}", status.as_u16());
+    Status::with_metadata(code, message, MetadataMap::from_headers(headers))
+}
+
+/// The status a stream reset by the upstream stands for (REFUSED_STREAM is UNAVAILABLE, CANCEL
+/// is CANCELLED, ...), as tonic maps it; `None` when the connection itself failed.
+fn stream_status(error: &h2::Error) -> Option<Status> {
+    if !error.is_reset() || error.is_go_away() || error.is_io() {
+        return None;
+    }
+    let reason = error.reason()?;
+    let code = match reason {
+        h2::Reason::REFUSED_STREAM => Code::Unavailable,
+        h2::Reason::CANCEL => Code::Cancelled,
+        h2::Reason::ENHANCE_YOUR_CALM => Code::ResourceExhausted,
+        h2::Reason::INADEQUATE_SECURITY => Code::PermissionDenied,
+        _ => Code::Internal,
+    };
+    Some(Status::new(code, format!("h2 protocol error: {error}")))
+}
+
+#[cfg(test)]
+mod tests;
