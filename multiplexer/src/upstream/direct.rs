@@ -101,16 +101,16 @@ impl Direct {
             None => unreachable(format!("{}: {error}", self.url)),
         };
         let open = self.open().await.map_err(unreachable)?;
-        let mut send = match open.send.clone().ready().await {
-            Ok(send) => send,
-            Err(error) => {
-                open.closed.store(true, Ordering::Release);
-                return Err(failed(error));
-            }
+        // A connection that cannot open a stream (gone, or going away) is made again at the next
+        // call; this one fails as unreachable, as it did on tonic's channel.
+        let closing = |error: h2::Error| {
+            open.closed.store(true, Ordering::Release);
+            failed(error)
         };
+        let mut send = open.send.clone().ready().await.map_err(closing)?;
         let (metadata, _, message) = request.into_parts();
         let head = self.head(path, metadata.into_headers()).map_err(|e| unreachable(e.to_string()))?;
-        let (answer, mut body) = send.send_request(head, false).map_err(failed)?;
+        let (answer, mut body) = send.send_request(head, false).map_err(closing)?;
         body.send_data(framed(&message), true).map_err(failed)?;
         let response = answer.await.map_err(failed)?;
         read_answer(response, max_message).await.map_err(|error| match error {
