@@ -203,8 +203,9 @@ impl Cost {
                  and computes the embedding, spends {:.0} µs; a bare tonic bytes-proxy (a server and a client, the \
                  two HTTP/2 sides any hop has) spends {:.0} µs under the same load, {:.2}× the simulator, so the \
                  limit is below what one tonic hop costs on this machine; the multiplexer's own work (admission, \
-                 routing, metrics) is the {:.0} µs above the floor. Going lower means leaving tonic's server and \
-                 client stacks for a hand-built HTTP/2 path",
+                 routing, metrics) is at least the {:.0} µs above the floor (its unary calls leave on h2 directly, \
+                 cheaper than the floor's tonic client). Going lower means moving its server side onto h2 too: see \
+                 the h2 floor's row",
                 cpu.mux_us_per_call(),
                 cpu.sim_us_per_call(),
                 cpu.floor_us_per_call(),
@@ -375,9 +376,9 @@ fn vs_haproxy_note(cpu: &CpuRun) -> String {
     format!(
         "the multiplexer spends {:.0} µs per call; under the same load a bare tonic proxy spends {:.0} µs ({} \
          HAProxy h2's) and a bare proxy on the h2 crate alone {} ({}): tonic's and hyper's layers above h2 \
-         cost about as much as the whole of HAProxy's hop, and the multiplexer's own work is the {:.0} µs \
-         above the tonic floor. Reaching HAProxy means a unary data path written on h2 directly (server and \
-         client): the h2 floor's ratio is the least such a path could reach here",
+         cost about as much as the whole of HAProxy's hop, and the multiplexer's own work is at least the \
+         {:.0} µs above the tonic floor. Its unary calls already leave on h2 directly; its server side \
+         (tonic's over hyper) is what is left to move, and the h2 floor's ratio is the least that could reach",
         cpu.mux_us_per_call(),
         cpu.floor_us_per_call(),
         ratio_to_haproxy(Some(cpu.floor_us_per_call())),

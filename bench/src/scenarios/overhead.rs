@@ -240,9 +240,9 @@ fn vs_haproxy_note(c: &CaseResult) -> String {
     };
     format!(
         "the multiplexer adds {:.0} µs; in the same rounds a bare tonic proxy adds {} and a bare proxy on the h2 \
-         crate alone {}: the layers above h2 (hyper's and tonic's server and client) are most of the gap. \
-         Reaching HAProxy means a unary data path written on h2 directly, server and client; the h2 floor's \
-         ratio is the least such a path could reach here",
+         crate alone {}: the layers above h2 are most of the gap. The multiplexer's unary calls already leave \
+         on h2 directly; its server side (tonic's over hyper) is what is left to move, and the h2 floor's ratio \
+         is the least a data path on h2 could reach here",
         c.added_us(),
         floor(c.floor_added_us()),
         floor(c.floor_h2_added_us()),
@@ -252,7 +252,8 @@ fn vs_haproxy_note(c: &CaseResult) -> String {
 fn fix_note(added: f64, floor: Option<f64>) -> String {
     let floor = match floor {
         Some(f) => format!(
-            "a bare tonic bytes-proxy adds {f:.0} µs on this machine, so {:.0} µs are the multiplexer's own work",
+            "a bare tonic bytes-proxy adds {f:.0} µs on this machine, so at least {:.0} µs are the multiplexer's own \
+             work (its unary calls leave on h2 directly, which costs less than the floor's tonic client)",
             added - f
         ),
         None => "the floor proxy was not built, so how much of it any tonic hop costs here is unknown".into(),
