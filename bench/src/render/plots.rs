@@ -5,6 +5,7 @@ use std::path::Path;
 
 use plotters::prelude::*;
 
+use crate::floor::Stack;
 use crate::results::{Outcome, Section};
 use crate::scenarios::overhead::{Case, CaseResult};
 use crate::{Error, Result};
@@ -31,10 +32,10 @@ pub fn for_section(section: &Section, dir: &Path, stem: &str) -> Result<Vec<Stri
             };
             let mut series = vec![line("direct", |c| &c.direct), line("multiplexer", |c| &c.mux)];
             if singles.iter().all(|c| !c.floor.is_empty()) {
-                series.push(line("floor (bare tonic proxy)", |c| &c.floor));
+                series.push(line(Stack::Tonic.label(), |c| &c.floor));
             }
             if singles.iter().all(|c| !c.floor_h2.is_empty()) {
-                series.push(line("floor (bare h2 proxy)", |c| &c.floor_h2));
+                series.push(line(Stack::H2.label(), |c| &c.floor_h2));
             }
             if singles.iter().all(|c| !c.haproxy_tcp.is_empty() && !c.haproxy_h2.is_empty()) {
                 series.push(line("HAProxy TCP", |c| &c.haproxy_tcp));

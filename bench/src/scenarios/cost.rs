@@ -214,9 +214,14 @@ impl Cost {
             )),
             Target::info(&scenario, "multiplexer CPU per call", Some(cpu.mux_us_per_call()), "µs"),
             Target::info(&scenario, "simulator CPU per served call", Some(cpu.sim_us_per_call()), "µs"),
-            Target::info(&scenario, "floor (bare tonic proxy) CPU per call", Some(cpu.floor_us_per_call()), "µs"),
+            Target::info(
+                &scenario,
+                &format!("{} CPU per call", Stack::Tonic.label()),
+                Some(cpu.floor_us_per_call()),
+                "µs",
+            ),
             Target::info(&scenario, "multiplexer ÷ floor, CPU per call", Some(cpu.mux_over_floor()), "×"),
-            Target::info(&scenario, "floor (bare h2 proxy) CPU per call", cpu.floor_h2_us_per_call(), "µs"),
+            Target::info(&scenario, &format!("{} CPU per call", Stack::H2.label()), cpu.floor_h2_us_per_call(), "µs"),
             haproxy(Target::info(&scenario, "HAProxy h2 CPU per call", cpu.haproxy_h2_us_per_call(), "µs")),
             haproxy(
                 Target::new(
@@ -231,13 +236,13 @@ impl Cost {
             ),
             haproxy(Target::info(
                 &scenario,
-                "floor (bare tonic proxy) ÷ HAProxy h2, CPU per call",
+                &format!("{} ÷ HAProxy h2, CPU per call", Stack::Tonic.label()),
                 cpu.over_haproxy_h2(cpu.floor_us_per_call()),
                 "×",
             )),
             haproxy(Target::info(
                 &scenario,
-                "floor (bare h2 proxy) ÷ HAProxy h2, CPU per call",
+                &format!("{} ÷ HAProxy h2, CPU per call", Stack::H2.label()),
                 cpu.floor_h2_us_per_call().and_then(|h2| cpu.over_haproxy_h2(h2)),
                 "×",
             )),

@@ -190,10 +190,10 @@ impl Overhead {
                 target = target.skip_because(SLEEPING_DEVICE);
             }
             targets.push(target.note_if_not_passed(fix_note(added, floor)));
-            targets.push(Target::info(&scenario, &format!("floor (bare tonic proxy): added p50, {name}"), floor, "µs"));
+            targets.push(Target::info(&scenario, &format!("{}: added p50, {name}", Stack::Tonic.label()), floor, "µs"));
             targets.push(Target::info(&scenario, &format!("multiplexer ÷ floor, {name}"), c.vs_floor(), "×"));
             let floor_h2 = c.floor_h2_added_us();
-            targets.push(Target::info(&scenario, &format!("floor (bare h2 proxy): added p50, {name}"), floor_h2, "µs"));
+            targets.push(Target::info(&scenario, &format!("{}: added p50, {name}", Stack::H2.label()), floor_h2, "µs"));
             let haproxy = |name: String, measured: Option<f64>, unit: &str| {
                 let target = Target::info(&scenario, &name, measured, unit);
                 match (&self.haproxy_missing, measured) {
@@ -219,7 +219,7 @@ impl Overhead {
                 _ => vs_haproxy.note_if_not_passed(vs_haproxy_note(c)),
             });
             targets.push(haproxy(
-                format!("floor (bare h2 proxy) ÷ HAProxy h2, {name}"),
+                format!("{} ÷ HAProxy h2, {name}", Stack::H2.label()),
                 floor_h2.and_then(|us| c.over_haproxy_h2(us)),
                 "×",
             ));

@@ -24,13 +24,9 @@ use tokio::net::TcpStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
-use super::Dialer;
+use super::{Dialer, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use crate::{Error, Result};
 
-/// How often an idle or busy connection is checked with a PING, and how long its PONG may take:
-/// a peer that vanished without closing (its node gone) fails calls within this instead of never.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 /// hyper's client windows, which tonic's channel used: large answers (a batch's embeddings) flow
 /// without waiting on window updates.
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;

@@ -25,6 +25,12 @@ use crate::SetupError;
 
 mod direct;
 
+/// How often an upstream connection, idle or busy, is checked with a PING, and how long its PONG
+/// may take: a peer that vanished without closing (its node gone) fails calls within this
+/// instead of never. Both the direct connection and the tonic channel use them.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How this sidecar reaches `https://` upstreams.
 #[derive(Clone, Debug, Default)]
 pub struct Dialer {
@@ -110,8 +116,8 @@ impl Upstream {
             .map_err(|e| SetupError::InvalidUpstream { url: url.to_owned(), reason: e.to_string() })?
             .tcp_nodelay(true)
             .connect_timeout(connect_timeout)
-            .http2_keep_alive_interval(Duration::from_secs(20))
-            .keep_alive_timeout(Duration::from_secs(10))
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
         let direct = Direct::new(endpoint.uri(), dialer, connect_timeout).map(Arc::new);
         let channel = if endpoint.uri().scheme_str() == Some("https") {
