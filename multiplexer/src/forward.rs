@@ -19,7 +19,7 @@ use bytes::Bytes;
 use futures::{FutureExt as _, Stream};
 use http::uri::PathAndQuery;
 use teifleet_proto::BytesCodec;
-use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT, SPILLED_FROM};
+use teifleet_wire::headers::{FORWARDED_BY, SPILLED_FROM};
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -144,8 +144,10 @@ impl Forwarder {
     /// The request as it goes upstream: the caller's metadata (minus its timeout), the time left
     /// on the caller's clock, and the hop marker when the upstream is another multiplexer.
     pub fn outgoing<T>(&self, request: Request<T>, meta: &RequestMeta, pool: &Pool) -> Request<T> {
-        let (mut metadata, _, message) = request.into_parts();
-        metadata.remove(GRPC_TIMEOUT);
+        let (metadata, _, message) = request.into_parts();
+        let mut headers = metadata.into_headers();
+        headers.remove(&request_meta::GRPC_TIMEOUT);
+        let metadata = tonic::metadata::MetadataMap::from_headers(headers);
         let mut request = Request::from_parts(metadata, tonic::Extensions::default(), message);
         if let Some(deadline) = meta.caller_deadline {
             request.set_timeout(deadline.saturating_duration_since(Instant::now()));

@@ -87,27 +87,7 @@ impl OrcaLoadReport {
     /// weighs; its last weight stands until the balancer's expiry period. `None` while the pool
     /// has no budget (not known yet): there is no load to speak of.
     pub fn from_snapshot(snapshot: &Snapshot, mean_service_time: Option<Duration>) -> Option<Self> {
-        if snapshot.effective_limit == 0 {
-            return None;
-        }
-        let limit = snapshot.effective_limit as f64;
-        let in_flight = snapshot.in_flight as f64;
-        let queued = snapshot.queued_total() as f64;
-        let rps_fractional = match mean_service_time {
-            Some(mean) if !mean.is_zero() => in_flight / mean.as_secs_f64(),
-            _ => 0.0,
-        };
-        Some(Self {
-            application_utilization: (in_flight + queued) / limit,
-            rps_fractional,
-            utilization: BTreeMap::from([(BUDGET.to_owned(), (in_flight / limit).min(1.0))]),
-            named_metrics: BTreeMap::from([
-                (IN_FLIGHT.to_owned(), in_flight),
-                (QUEUED.to_owned(), queued),
-                (LIMIT.to_owned(), limit),
-            ]),
-            ..Self::default()
-        })
+        Figures::from_snapshot(snapshot, mean_service_time).map(|figures| figures.report())
     }
 
     /// The value of `endpoint-load-metrics-bin`: the message in base64, padded. gRPC receivers
@@ -115,7 +95,7 @@ impl OrcaLoadReport {
     /// until a recent runtime guard (`orca_accept_unpadded_base64`), and tonic's binary
     /// metadata writes unpadded.
     pub fn to_bin_header(&self) -> Option<HeaderValue> {
-        HeaderValue::try_from(base64::engine::general_purpose::STANDARD.encode(self.encode_to_vec())).ok()
+        bin_value(&self.encode_to_vec())
     }
 
     /// The value of `endpoint-load-metrics` in Envoy's text form: `TEXT key=value,...`. The
@@ -134,9 +114,96 @@ impl OrcaLoadReport {
     }
 }
 
+fn bin_value(message: &[u8]) -> Option<HeaderValue> {
+    HeaderValue::try_from(base64::engine::general_purpose::STANDARD.encode(message)).ok()
+}
+
+/// What a report says about a pool's budget: the figures the message is made of.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Figures {
+    application_utilization: f64,
+    rps_fractional: f64,
+    /// `utilization[BUDGET]`.
+    budget: f64,
+    in_flight: f64,
+    queued: f64,
+    limit: f64,
+}
+
+impl Figures {
+    /// See [`OrcaLoadReport::from_snapshot`].
+    fn from_snapshot(snapshot: &Snapshot, mean_service_time: Option<Duration>) -> Option<Self> {
+        if snapshot.effective_limit == 0 {
+            return None;
+        }
+        let limit = snapshot.effective_limit as f64;
+        let in_flight = snapshot.in_flight as f64;
+        let queued = snapshot.queued_total() as f64;
+        let rps_fractional = match mean_service_time {
+            Some(mean) if !mean.is_zero() => in_flight / mean.as_secs_f64(),
+            _ => 0.0,
+        };
+        Some(Self {
+            application_utilization: (in_flight + queued) / limit,
+            rps_fractional,
+            budget: (in_flight / limit).min(1.0),
+            in_flight,
+            queued,
+            limit,
+        })
+    }
+
+    fn report(&self) -> OrcaLoadReport {
+        OrcaLoadReport {
+            application_utilization: self.application_utilization,
+            rps_fractional: self.rps_fractional,
+            utilization: BTreeMap::from([(BUDGET.to_owned(), self.budget)]),
+            named_metrics: BTreeMap::from([
+                (IN_FLIGHT.to_owned(), self.in_flight),
+                (QUEUED.to_owned(), self.queued),
+                (LIMIT.to_owned(), self.limit),
+            ]),
+            ..OrcaLoadReport::default()
+        }
+    }
+
+    /// [`Self::report`]'s wire form, byte for byte what prost writes for it, written without
+    /// building its maps and their keys: every gRPC answer carries one.
+    fn encode(&self, buf: &mut Vec<u8>) {
+        use prost::encoding::{WireType, double, encode_key, encode_varint, encoded_len_varint, key_len};
+        // A map entry as prost writes one: the key (field 1) and, unless zero, the value (2).
+        let entry = |tag: u32, key: &str, value: f64, buf: &mut Vec<u8>| {
+            let key_field = key_len(1) + encoded_len_varint(key.len() as u64) + key.len();
+            let value_field = if value == 0.0 { 0 } else { double::encoded_len(2, &value) };
+            encode_key(tag, WireType::LengthDelimited, buf);
+            encode_varint((key_field + value_field) as u64, buf);
+            encode_key(1, WireType::LengthDelimited, buf);
+            encode_varint(key.len() as u64, buf);
+            buf.extend_from_slice(key.as_bytes());
+            if value != 0.0 {
+                double::encode(2, &value, buf);
+            }
+        };
+        entry(5, BUDGET, self.budget, buf);
+        if self.rps_fractional != 0.0 {
+            double::encode(6, &self.rps_fractional, buf);
+        }
+        // In the map's (sorted) order.
+        for (key, value) in [(IN_FLIGHT, self.in_flight), (LIMIT, self.limit), (QUEUED, self.queued)] {
+            entry(8, key, value, buf);
+        }
+        if self.application_utilization != 0.0 {
+            double::encode(9, &self.application_utilization, buf);
+        }
+    }
+}
+
 /// `endpoint-load-metrics-bin` for a gRPC answer: `admission`'s load now.
 pub fn bin_header(admission: &Admission) -> Option<HeaderValue> {
-    OrcaLoadReport::of(admission)?.to_bin_header()
+    let figures = Figures::from_snapshot(&admission.snapshot(), admission.mean_service_time())?;
+    let mut message = Vec::with_capacity(128);
+    figures.encode(&mut message);
+    bin_value(&message)
 }
 
 /// `endpoint-load-metrics` for an HTTP answer: `admission`'s load now.
@@ -321,6 +388,23 @@ mod tests {
         assert!((report.rps_fractional - 20.0).abs() < 1e-9, "{}", report.rps_fractional);
         let decoded = decode_bin(&bin_header(&admission).unwrap());
         assert_eq!(decoded, report);
+    }
+
+    #[test]
+    fn the_hand_written_encoding_is_prosts() {
+        let mean = |ms| Some(Duration::from_millis(ms));
+        for (snapshot, mean) in [
+            (snapshot(8, 4, [1, 2, 0]), mean(100)),
+            (snapshot(8, 0, [0; 3]), mean(100)),
+            (snapshot(8, 8, [0, 8, 0]), mean(3)),
+            (snapshot(200, 150, [0; 3]), None),
+            (snapshot(1, 1, [400, 0, 0]), mean(0)),
+        ] {
+            let figures = Figures::from_snapshot(&snapshot, mean).unwrap();
+            let mut written = Vec::new();
+            figures.encode(&mut written);
+            assert_eq!(written, figures.report().encode_to_vec(), "{figures:?}");
+        }
     }
 
     fn decode_bin(value: &HeaderValue) -> OrcaLoadReport {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use teifleet_wire::headers::{
     FORWARDED_BY as FORWARDED_BY_HEADER, GRPC_TIMEOUT as TIMEOUT_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER,
     PRIORITY as PRIORITY_HEADER, SPILLED_FROM as SPILLED_FROM_HEADER, TENANT as TENANT_HEADER,
@@ -47,6 +47,16 @@ pub struct RequestMeta {
     pub through_door: bool,
 }
 
+// Looked up as names, not as text: a `&str` key is parsed and validated on every lookup, and
+// these are read on every call.
+static PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_HEADER);
+static POOL: HeaderName = HeaderName::from_static(POOL_HEADER);
+static MODEL: HeaderName = HeaderName::from_static(MODEL_HEADER);
+static TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
+pub static GRPC_TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
+static FORWARDED_BY: HeaderName = HeaderName::from_static(FORWARDED_BY_HEADER);
+static SPILLED_FROM: HeaderName = HeaderName::from_static(SPILLED_FROM_HEADER);
+
 /// Longest tenant name accepted, as the CRD allows.
 pub const MAX_TENANT_LEN: usize = 128;
 
@@ -54,33 +64,33 @@ pub const MAX_TENANT_LEN: usize = 128;
 /// (`crate::auth`) wins over the caller's own `x-teifleet-tenant`, and everything after the gate
 /// (admission fairness, the pool a call is forwarded to) reads the tenant from this one header.
 pub fn name_tenant(metadata: &mut HeaderMap, tenant: http::HeaderValue) {
-    metadata.insert(TENANT_HEADER, tenant);
+    metadata.insert(&TENANT, tenant);
 }
 
-fn text<'a>(metadata: &'a HeaderMap, header: &'static str) -> Result<Option<&'a str>, Error> {
+fn text<'a>(metadata: &'a HeaderMap, header: &'static HeaderName) -> Result<Option<&'a str>, Error> {
     match metadata.get(header) {
         None => Ok(None),
         Some(value) => value
             .to_str()
             .map(|v| Some(v.trim()))
-            .map_err(|_| Error::InvalidMetadata { header, reason: "not printable ASCII".into() }),
+            .map_err(|_| Error::InvalidMetadata { header: header.as_str(), reason: "not printable ASCII".into() }),
     }
 }
 
-fn non_empty<'a>(metadata: &'a HeaderMap, header: &'static str) -> Result<Option<&'a str>, Error> {
+fn non_empty<'a>(metadata: &'a HeaderMap, header: &'static HeaderName) -> Result<Option<&'a str>, Error> {
     match text(metadata, header)? {
-        Some("") => Err(Error::InvalidMetadata { header, reason: "empty value".into() }),
+        Some("") => Err(Error::InvalidMetadata { header: header.as_str(), reason: "empty value".into() }),
         other => Ok(other),
     }
 }
 
 /// Reads priority, routing, deadline and hop marker. `arrived` is when the request came in.
 pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Error> {
-    let priority = match text(metadata, PRIORITY_HEADER)? {
+    let priority = match text(metadata, &PRIORITY)? {
         Some(value) => value.parse()?,
         None => Priority::default(),
     };
-    let target = match (non_empty(metadata, POOL_HEADER)?, non_empty(metadata, MODEL_HEADER)?) {
+    let target = match (non_empty(metadata, &POOL)?, non_empty(metadata, &MODEL)?) {
         (Some(_), Some(_)) => {
             return Err(Error::InvalidMetadata {
                 header: POOL_HEADER,
@@ -91,17 +101,17 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Erro
         (None, Some(model)) => Target::Model(model.to_owned()),
         (None, None) => Target::Own,
     };
-    let timeout = text(metadata, TIMEOUT_HEADER)?.map(parse_grpc_timeout).transpose()?;
+    let timeout = text(metadata, &GRPC_TIMEOUT)?.map(parse_grpc_timeout).transpose()?;
     let mut meta = RequestMeta {
         priority,
         target,
         timeout: None,
         deadline: None,
         caller_deadline: None,
-        forwarded_by: text(metadata, FORWARDED_BY_HEADER)?.map(str::to_owned),
-        spilled_from: text(metadata, SPILLED_FROM_HEADER)?.map(str::to_owned),
+        forwarded_by: text(metadata, &FORWARDED_BY)?.map(str::to_owned),
+        spilled_from: text(metadata, &SPILLED_FROM)?.map(str::to_owned),
         through_door: false,
-        tenant: match non_empty(metadata, TENANT_HEADER)? {
+        tenant: match non_empty(metadata, &TENANT)? {
             Some(tenant) if tenant.len() > MAX_TENANT_LEN => {
                 return Err(Error::InvalidMetadata {
                     header: TENANT_HEADER,

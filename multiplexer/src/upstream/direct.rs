@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use h2::client::SendRequest;
-use http::header::{CONTENT_TYPE, HOST, TE};
+use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 use tonic::metadata::MetadataMap;
@@ -33,18 +33,19 @@ const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 /// A gRPC message's prefix: the compressed flag and the length.
 const PREFIX: usize = 5;
-/// Request headers not passed up: the ones gRPC sets itself and those HTTP/2 forbids.
-const NOT_PASSED: [&str; 10] = [
-    "te",
-    "content-type",
-    "content-length",
-    "grpc-status",
-    "grpc-message",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "transfer-encoding",
-    "upgrade",
+/// Request headers not passed up: the ones gRPC sets itself and those HTTP/2 forbids (`te` and
+/// `content-type` are set anew, replacing the caller's). Names, not text: a `&str` key is parsed
+/// on every lookup, and these are removed from every call.
+static NOT_PASSED: [HeaderName; 9] = [
+    CONTENT_LENGTH,
+    HeaderName::from_static("grpc-status"),
+    HeaderName::from_static("grpc-message"),
+    CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    TRANSFER_ENCODING,
+    UPGRADE,
+    HOST,
 ];
 
 /// One upstream's HTTP/2 connection for unary calls, made at the first call and again after it
@@ -116,10 +117,9 @@ impl Direct {
     }
 
     fn head(&self, path: &'static str, mut headers: HeaderMap) -> http::Result<http::Request<()>> {
-        for name in NOT_PASSED {
+        for name in &NOT_PASSED {
             headers.remove(name);
         }
-        headers.remove(HOST);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(TE, HeaderValue::from_static("trailers"));
         let uri = Uri::builder()
