@@ -45,6 +45,7 @@ pub mod sources;
 pub mod status;
 pub mod streams;
 pub mod tls;
+pub mod unary;
 pub mod upstream;
 pub mod wire;
 

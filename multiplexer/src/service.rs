@@ -1,6 +1,7 @@
 //! The one generic service behind every `tei.v1` path: a row of the RPC table decides the shape,
-//! the permit and the labels. tonic's server machinery does the framing, size limits, status and
-//! trailers over message bytes ([`BytesCodec`]); nothing is decoded.
+//! the permit and the labels. Unary calls are framed by `crate::unary`; tonic's server machinery
+//! does the framing, size limits, status and trailers of streams over message bytes
+//! ([`BytesCodec`]). Nothing is decoded.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use futures::FutureExt as _;
 use futures::future::BoxFuture;
 use http_body_util::BodyExt as _;
 use teifleet_proto::BytesCodec;
-use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, StreamingService, UnaryService};
+use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, StreamingService};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
@@ -30,7 +31,7 @@ use crate::orca;
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
 use crate::rpc::{Admit, Rpc, Shape};
-use crate::{Error, status};
+use crate::{Error, status, unary};
 
 /// Serves one RPC of the table.
 #[derive(Clone)]
@@ -138,23 +139,25 @@ where
         Ok(grant) => grant,
         Err(error) => return Status::from(call.fail(error)).into_http(),
     };
-    let limit = Some(forwarder.max_message_bytes());
-    let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(limit, limit);
+    let max_message = forwarder.max_message_bytes();
+    let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(Some(max_message), Some(max_message));
     let metrics = forwarder.metrics.clone();
     let mut routed = Once(Some(Routed { forwarder, call, meta, pool, grant }));
-    // Boxed: tonic's futures are large, and a call waiting for its permit above should not carry
-    // their room while it waits. Each gives back the call tonic never handed over: tonic refused
-    // its request message (too large, compressed, cut short, too slow).
+    // Boxed: these futures are large, and a call waiting for its permit above should not carry
+    // their room while it waits. Each gives back the call never handed over: its request message
+    // was refused (too large, compressed, cut short, too slow).
     let exchange: BoxFuture<'static, _> = match (rpc.shape, coalescer) {
-        (Shape::Unary, Some(coalescer)) => Box::pin(async move {
-            let request = within(message_timeout, request, metrics);
-            let mut coalesced = Coalesced(routed, coalescer);
-            let response = grpc.unary(&mut coalesced, request).await;
-            (response, coalesced.0)
-        }),
-        (Shape::Unary, None) => Box::pin(async move {
-            let response = grpc.unary(&mut routed, within(message_timeout, request, metrics)).await;
-            (response, routed)
+        // One message each way, framed by `crate::unary` rather than tonic's streaming codec.
+        (Shape::Unary, coalescer) => Box::pin(async move {
+            let request = match unary::read_request(within(message_timeout, request, metrics), max_message).await {
+                Ok(request) => request,
+                Err(status) => return (status.into_http(), routed),
+            };
+            let answer = match coalescer {
+                Some(coalescer) => routed.take().coalesced(coalescer, request).await,
+                None => routed.take().unary(request).await,
+            };
+            (unary::answer(answer, max_message), routed)
         }),
         (Shape::ServerStream, _) => Box::pin(async move {
             let response = grpc.server_streaming(&mut routed, within(message_timeout, request, metrics)).await;
@@ -246,27 +249,7 @@ impl Once {
     }
 }
 
-struct Coalesced(Once, Arc<crate::coalesce::Coalescer>);
-
 type Answer<T> = BoxFuture<'static, Result<Response<T>, Status>>;
-
-impl UnaryService<Bytes> for &mut Once {
-    type Response = Bytes;
-    type Future = Answer<Bytes>;
-
-    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        self.take().unary(request).boxed()
-    }
-}
-
-impl UnaryService<Bytes> for &mut Coalesced {
-    type Response = Bytes;
-    type Future = Answer<Bytes>;
-
-    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        self.0.take().coalesced(self.1.clone(), request).boxed()
-    }
-}
 
 impl ServerStreamingService<Bytes> for &mut Once {
     type Response = Bytes;

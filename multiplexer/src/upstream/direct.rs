@@ -33,12 +33,13 @@ const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 /// A gRPC message's prefix: the compressed flag and the length.
 const PREFIX: usize = 5;
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// Request headers not passed up: the ones gRPC sets itself and those HTTP/2 forbids (`te` and
 /// `content-type` are set anew, replacing the caller's). Names, not text: a `&str` key is parsed
 /// on every lookup, and these are removed from every call.
 static NOT_PASSED: [HeaderName; 9] = [
     CONTENT_LENGTH,
-    HeaderName::from_static("grpc-status"),
+    GRPC_STATUS,
     HeaderName::from_static("grpc-message"),
     CONNECTION,
     HeaderName::from_static("keep-alive"),
@@ -226,11 +227,8 @@ impl From<h2::Error> for Answer {
 async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usize) -> Result<Response<Bytes>, Answer> {
     let (parts, mut body) = response.into_parts();
     // Trailers-only: the status is in the headers and there is no message.
-    if let Some(status) = Status::from_header_map(&parts.headers) {
-        return Err(Answer::Status(match status.code() {
-            Code::Ok => Status::internal("Missing response message."),
-            _ => status,
-        }));
+    if let Some(status) = carried_status(&parts.headers) {
+        return Err(Answer::Status(status.err().unwrap_or_else(|| Status::internal("Missing response message."))));
     }
     if parts.status != StatusCode::OK {
         return Err(Answer::Status(from_http_status(parts.status, parts.headers)));
@@ -243,13 +241,23 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
     }
     let mut headers = parts.headers;
     if let Some(trailers) = body.trailers().await? {
-        match Status::from_header_map(&trailers) {
-            Some(status) if status.code() != Code::Ok => return Err(Answer::Status(status)),
+        match carried_status(&trailers) {
+            Some(Err(status)) => return Err(Answer::Status(status)),
             _ => headers.extend(trailers),
         }
     }
     let message = frame.message().map_err(Answer::Status)?;
     Ok(Response::from_parts(MetadataMap::from_headers(headers), message, tonic::Extensions::default()))
+}
+
+/// The status a header block carries, if any: an OK one is told from its code alone, since
+/// reading a whole `Status` (message, details, the rest as metadata) copies the block, and every
+/// answer ends with one.
+fn carried_status(headers: &HeaderMap) -> Option<std::result::Result<(), Status>> {
+    match headers.get(&GRPC_STATUS)? {
+        code if code == "0" => Some(Ok(())),
+        _ => Status::from_header_map(headers).filter(|status| status.code() != Code::Ok).map(Err).or(Some(Ok(()))),
+    }
 }
 
 /// The answer's bytes as they arrive: usually one data frame holds the whole message, which is
