@@ -12,17 +12,17 @@ use teifleet_runtime::tls::ServerTls;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Server;
 use tonic_health::server::HealthReporter;
 
 use crate::SetupError;
 use crate::admin::{self, Readiness};
 use crate::auth::Gate;
 use crate::forward::Forwarder;
+use crate::grpc_server::{self, Dispatch};
 use crate::http::HttpSettings;
 use crate::metrics::Metrics;
 use crate::pools::PoolTable;
-use crate::rpc::{self, RPCS};
+use crate::rpc;
 use crate::service::RpcService;
 
 type Result<T> = std::result::Result<T, SetupError>;
@@ -203,37 +203,34 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     };
     let reflection_v1 = reflection().build_v1().map_err(|e| SetupError::Reflection(e.to_string()))?;
     let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| SetupError::Reflection(e.to_string()))?;
-    let mut routes =
-        tonic::service::Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
-    for rpc in &RPCS {
-        let service = RpcService::new(rpc, forwarder.clone(), settings.auth.clone(), settings.bounds.body_timeout);
-        *routes.axum_router_mut() = std::mem::take(routes.axum_router_mut()).route_service(rpc.path, service);
-    }
-
-    let router = Server::builder()
-        .tcp_nodelay(true)
-        .max_concurrent_streams(settings.max_concurrent_streams)
-        .max_connection_age(settings.max_connection_age)
-        .max_connection_age_grace(settings.max_connection_age_grace)
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        // Clients cancel freely under overload (that is the point of deadlines); hyper's default
-        // of 20 resets before the server accepts them would close the whole connection, failing
+    let routes = tonic::service::Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
+    let (gate, body_timeout) = (settings.auth.clone(), settings.bounds.body_timeout);
+    let dispatch = Dispatch::new(
+        |rpc| RpcService::new(rpc, forwarder.clone(), gate.clone(), body_timeout),
+        routes,
+        settings.pool_from_authority.clone(),
+    );
+    let h2_bounds = grpc_server::Bounds {
+        max_concurrent_streams: settings.max_concurrent_streams,
+        max_header_list_bytes: u32::try_from(settings.bounds.max_header_bytes).unwrap_or(u32::MAX),
+        // Clients cancel freely under overload (that is the point of deadlines); h2's default of
+        // 20 resets before the server accepts them would close the whole connection, failing
         // every other call on it. Bounded still, against rapid-reset floods.
-        .http2_max_pending_accept_reset_streams(Some(settings.max_concurrent_streams as usize))
-        .http2_max_header_list_size(u32::try_from(settings.bounds.max_header_bytes).unwrap_or(u32::MAX))
-        .layer(tower::util::option_layer(settings.pool_from_authority.clone().map(name_pool_from_authority)))
-        .add_routes(routes.prepare());
+        max_pending_accept_reset_streams: settings.max_concurrent_streams as usize,
+        keepalive_interval: Duration::from_secs(30),
+        keepalive_timeout: Duration::from_secs(10),
+        max_connection_age: settings.max_connection_age,
+        max_connection_age_grace: settings.max_connection_age_grace,
+    };
 
     let server_stop = CancellationToken::new();
-    // The server's own tcp_nodelay applies only to listeners it binds; set it on ours too, or
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let bounds = &settings.bounds;
     let refused: Refused = Arc::new(metrics.refusal_counter("grpc"));
     let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
     let incoming = crate::connections::bounded(incoming, cap, bounds.max_connections, settings.tls.clone(), refused);
-    let server = tokio::spawn(router.serve_with_incoming_shutdown(incoming, server_stop.clone().cancelled_owned()));
+    let server = tokio::spawn(grpc_server::serve(incoming, dispatch, h2_bounds, server_stop.clone()));
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.
     let http_server = http_listener.map(|listener| {
@@ -281,8 +278,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
                 server.await
             };
             let outcome = match tokio::time::timeout(settings.drain_timeout, both).await {
-                Ok(Ok(Ok(()))) => Ok(()),
-                Ok(Ok(Err(e))) => Err(SetupError::Task { task: "the gRPC server", reason: e.to_string() }),
+                Ok(Ok(())) => Ok(()),
                 Ok(Err(e)) => Err(SetupError::Task { task: "the gRPC server", reason: e.to_string() }),
                 Err(_) => {
                     tracing::warn!(

@@ -25,7 +25,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Dialer, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
-use crate::{Error, Result};
+use crate::{Error, Result, keepalive};
 
 /// hyper's client windows, which tonic's channel used: large answers (a batch's embeddings) flow
 /// without waiting on window updates.
@@ -181,16 +181,7 @@ where
     let pings = connection.ping_pong();
     let marks = closed.clone();
     tokio::spawn(async move {
-        let keepalive = async move {
-            let Some(mut pings) = pings else { return std::future::pending().await };
-            loop {
-                tokio::time::sleep(KEEPALIVE_INTERVAL).await;
-                match tokio::time::timeout(KEEPALIVE_TIMEOUT, pings.ping(h2::Ping::opaque())).await {
-                    Ok(Ok(_)) => {}
-                    Ok(Err(_)) | Err(_) => return,
-                }
-            }
-        };
+        let keepalive = keepalive::unanswered(pings, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT);
         tokio::select! {
             _ = connection => {}
             () = keepalive => tracing::debug!("upstream connection unanswered for {KEEPALIVE_TIMEOUT:?}: closed"),
