@@ -97,7 +97,7 @@ where
         tokio::select! {
             accepted = connection.accept() => match accepted {
                 Some(Ok((request, respond))) => {
-                    streams.spawn(stream::serve(request, respond, dispatch.clone(), info.clone()));
+                    streams.spawn(stream::serve(request, respond, &dispatch, &info));
                 }
                 Some(Err(error)) => {
                     tracing::debug!(%error, "HTTP/2 connection failed");

@@ -3,9 +3,7 @@
 //! does the framing, size limits, status and trailers of streams over message bytes
 //! ([`BytesCodec`]). Nothing is decoded.
 
-use std::convert::Infallible;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,37 +47,32 @@ impl RpcService {
     }
 }
 
-impl<B> tower::Service<http::Request<B>> for RpcService
-where
-    B: http_body::Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
-{
-    type Response = http::Response<tonic::body::Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+impl RpcService {
+    /// Serves one call that arrived on `connection`.
+    pub fn call<B>(
+        &self,
+        mut request: http::Request<B>,
+        connection: &ConnectionInfo,
+    ) -> BoxFuture<'static, http::Response<tonic::body::Body>>
+    where
+        B: http_body::Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+    {
         // The key first: a refused call is not routed, queued or counted as a call, only as a
         // refusal (`teifleet_auth_failures_total`), as on the HTTP front.
-        let connection = request.extensions().get::<ConnectionInfo>();
-        let certified = connection.and_then(|connection| connection.transport.clone());
-        let connection = connection.map(|connection| ConnectionId(connection.number));
-        if let Err(failure) = self.gate.admit(request.headers_mut(), certified.as_ref(), Protocol::Grpc) {
-            return futures::future::ready(Ok(status::into_status(Error::Auth(failure)).into_http())).boxed();
+        if let Err(failure) = self.gate.admit(request.headers_mut(), connection.transport.as_ref(), Protocol::Grpc) {
+            return futures::future::ready(status::into_status(Error::Auth(failure)).into_http()).boxed();
         }
-        // The call's clock starts now, with tonic's own deadline timer, not at the first poll.
+        // The call's clock starts now, with the server's `grpc-timeout` backstop, not at the
+        // first poll.
         let call = self.forwarder.call(self.rpc, Protocol::Grpc);
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = tracing::field::Empty);
         // Recorded on a handle of its own: `Span::current()` costs a lookup even when disabled.
-        let message_timeout = self.message_timeout;
+        let (message_timeout, connection) = (self.message_timeout, ConnectionId(connection.number));
         let forwarder = self.forwarder.clone();
-        serve(call, self.forwarder.clone(), request, connection, message_timeout, span.clone())
-            .map(move |response| Ok(orca::with_load_report(response, move || own_load(&forwarder, orca::bin_header))))
+        serve(call, self.forwarder.clone(), request, Some(connection), message_timeout, span.clone())
+            .map(move |response| orca::with_load_report(response, move || own_load(&forwarder, orca::bin_header)))
             .instrument(span)
             .boxed()
     }

@@ -2,7 +2,6 @@
 //! answer written back frame by frame as the service gives it, and the call dropped as soon as
 //! the client resets the stream (so a cancelled call leaves its queue, door or permit at once).
 
-use std::convert::Infallible;
 use std::future::poll_fn;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
@@ -17,7 +16,7 @@ use h2::{Reason, RecvStream, SendStream};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt as _;
 use tonic::Status;
-use tower::{Service as _, ServiceExt as _};
+use tower::ServiceExt as _;
 
 use crate::connections::ConnectionInfo;
 use crate::request_meta::{GRPC_TIMEOUT, parse_grpc_timeout};
@@ -51,30 +50,38 @@ impl Dispatch {
         }
     }
 
-    fn call(&self, mut request: http::Request<RequestBody>) -> BoxFuture<'static, Result<Answer, Infallible>> {
+    fn call(&self, mut request: http::Request<RequestBody>, connection: &ConnectionInfo) -> BoxFuture<'static, Answer> {
         if let Some(namespace) = &self.pool_from_authority {
             let uri = request.uri().clone();
             crate::activator::name_pool_from_authority(request.headers_mut(), &uri, namespace);
         }
         match RPCS.iter().position(|rpc| rpc.path == request.uri().path()) {
-            Some(row) => self.rpcs[row].clone().call(request),
-            None => self.routes.clone().oneshot(request).boxed(),
+            Some(row) => self.rpcs[row].call(request, connection),
+            None => {
+                self.routes.clone().oneshot(request).map(|answer| answer.unwrap_or_else(|never| match never {})).boxed()
+            }
         }
     }
 }
 
-/// Serves one stream to its end; a stream that breaks is the client's business.
-pub async fn serve(
+/// The call of one stream, started on the connection's task (reading its headers, checking its
+/// key, making its future), and what is left to run on a task of its own: waiting for the answer
+/// and writing it back.
+pub fn serve(
     request: http::Request<RecvStream>,
-    mut respond: SendResponse<Bytes>,
-    dispatch: Dispatch,
-    connection: ConnectionInfo,
-) {
-    let (mut parts, body) = request.into_parts();
-    parts.extensions.insert(connection);
+    respond: SendResponse<Bytes>,
+    dispatch: &Dispatch,
+    connection: &ConnectionInfo,
+) -> impl Future<Output = ()> + Send + 'static {
+    let (parts, body) = request.into_parts();
     let timeout = parts.headers.get(&GRPC_TIMEOUT).and_then(|value| parse_grpc_timeout(value.to_str().ok()?).ok());
-    let answer = dispatch.call(http::Request::from_parts(parts, RequestBody { recv: body, data_ended: false }));
-    let answer = within(timeout, answer.map(|answer| answer.unwrap_or_else(|never| match never {})));
+    let answer =
+        dispatch.call(http::Request::from_parts(parts, RequestBody { recv: body, data_ended: false }), connection);
+    answer_stream(within(timeout, answer), respond)
+}
+
+/// Waits for the answer and writes it; a stream that breaks is the client's business.
+async fn answer_stream(answer: impl Future<Output = Answer>, mut respond: SendResponse<Bytes>) {
     // The client may reset the stream while the call waits (its deadline passed, it gave up):
     // dropping the call then is what takes it out of the queue, the door or its permit.
     let answer = tokio::select! {
