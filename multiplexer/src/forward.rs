@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
+use futures::future::Either;
 use futures::{FutureExt as _, Stream};
 use http::uri::PathAndQuery;
 use teifleet_proto::BytesCodec;
@@ -211,9 +212,14 @@ impl Forwarder {
             self.activated(pool).await?;
             return direct.unary(&pool.spec.name, rpc.path, request, self.max_message_bytes).await;
         }
-        let answer = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
-        let mut client = self.client_of(pool, upstream.channel()).await?;
-        client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(answer)
+        // Boxed: tonic's client is the rare path (the activator's balanced channel), and every
+        // call's future would otherwise carry its room.
+        Box::pin(async move {
+            let answer = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
+            let mut client = self.client_of(pool, upstream.channel()).await?;
+            client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(answer)
+        })
+        .await
     }
 
     /// One admitted unary exchange, as every unary path makes it (a gRPC call, the call
@@ -230,7 +236,9 @@ impl Forwarder {
         grant: Option<&Grant>,
     ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
         if let Some(Grant::Sibling(lease)) = grant {
-            return self.spill(pool, rpc, meta, request, lease).await;
+            // Boxed: a spill holds two exchanges and an admission, and every call's future would
+            // otherwise carry (and move) that room.
+            return Box::pin(self.spill(pool, rpc, meta, request, lease)).await;
         }
         self.exchange_here(pool, rpc, meta, request, grant.and_then(Grant::permit)).await
     }
@@ -289,18 +297,22 @@ impl Forwarder {
 }
 
 /// Runs `upstream` within the caller's deadline: a deadline that passes while TEI works on the
-/// call is DEADLINE_EXCEEDED, counted as a deadline, not as TEI's error or a cancellation.
-async fn within_deadline<T>(
-    pool: &Pool,
+/// call is DEADLINE_EXCEEDED, counted as a deadline, not as TEI's error or a cancellation. Not an
+/// `async fn`: that would hold `upstream` twice (as its argument and inside the timer), and the
+/// upstream call's future is the largest part of every call's.
+fn within_deadline<'a, T>(
+    pool: &'a Pool,
     meta: &RequestMeta,
     sent: Instant,
-    upstream: impl std::future::Future<Output = Result<T>>,
-) -> Result<T> {
+    upstream: impl std::future::Future<Output = Result<T>> + 'a,
+) -> impl std::future::Future<Output = Result<T>> + 'a {
     match meta.deadline {
-        Some(deadline) => tokio::time::timeout_at(deadline, upstream).await.unwrap_or_else(|_| {
-            Err(Error::DeadlineAtUpstream { pool: pool.spec.name.clone(), waited: sent.elapsed() })
-        }),
-        None => upstream.await,
+        Some(deadline) => Either::Left(tokio::time::timeout_at(deadline, upstream).map(move |answer| {
+            answer.unwrap_or_else(|_| {
+                Err(Error::DeadlineAtUpstream { pool: pool.spec.name.clone(), waited: sent.elapsed() })
+            })
+        })),
+        None => Either::Right(upstream),
     }
 }
 

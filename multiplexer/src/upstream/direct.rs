@@ -98,7 +98,12 @@ impl Direct {
             Some(status) => Error::Upstream { pool: pool.to_owned(), status },
             None => unreachable(format!("{}: {error}", self.url)),
         };
-        let open = self.open().await.map_err(unreachable)?;
+        let open = match self.current() {
+            Some(open) => open,
+            // Boxed: connecting (TCP, TLS, HTTP/2's handshake) is rare, and every call's future
+            // would otherwise carry its room.
+            None => Box::pin(self.open()).await.map_err(unreachable)?,
+        };
         // A connection that cannot open a stream (gone, or going away) is made again at the next
         // call; this one fails as unreachable, as it did on tonic's channel.
         let closing = |error: h2::Error| {
