@@ -106,9 +106,12 @@ async fn well_formed_calls_are_answered_as_tonic_answers_them() {
     assert_eq!((code(&empty_message), empty_message.1.len()), ("0".to_owned(), PREFIX));
 }
 
+/// A fault's request headers, its body's frames and the gRPC code both servers answer with.
+type Fault = (&'static [(&'static str, &'static str)], fn() -> Frames, &'static str);
+
 #[tokio::test]
 async fn faults_get_tonics_status_and_words() {
-    let cases: [(&[(&'static str, &'static str)], fn() -> Frames, &str); 8] = [
+    let cases: [Fault; 8] = [
         (&[], || vec![framed(0, MAX as u32 + 1, b"")], "11"),
         (&[], || vec![framed(1, 1, b"a")], "13"),
         (&[], || vec![framed(7, 1, b"a")], "13"),
