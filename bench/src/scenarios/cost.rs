@@ -378,18 +378,19 @@ async fn proxy_cpu(ctx: &Context, sim: &Proc, rate: f64, duration: Duration, sta
 fn vs_haproxy_note(cpu: &CpuRun) -> String {
     let ratio_to_haproxy =
         |us: Option<f64>| us.and_then(|us| cpu.over_haproxy_h2(us)).map_or("n/a".into(), |r| format!("{r:.2}×"));
+    let floor_h2 = cpu.floor_h2_us_per_call();
     format!(
         "the multiplexer spends {:.0} µs per call; under the same load a bare tonic proxy spends {:.0} µs ({} \
-         HAProxy h2's) and a bare proxy on the h2 crate alone {} ({}): tonic's and hyper's layers above h2 \
-         cost about as much as the whole of HAProxy's hop, and the multiplexer's own work is at least the \
-         {:.0} µs above the tonic floor. Its unary calls already leave on h2 directly; its server side \
-         (tonic's over hyper) is what is left to move, and the h2 floor's ratio is the least that could reach",
+         HAProxy h2's) and a bare proxy on the h2 crate alone {} ({}). The multiplexer's unary calls are on h2 \
+         directly on both sides, so the {} above the h2 floor are its own work per call (the key check, \
+         routing, admission, metrics, the load report, the call's accounting); the h2 floor's ratio is the \
+         least a data path on h2 could reach here",
         cpu.mux_us_per_call(),
         cpu.floor_us_per_call(),
         ratio_to_haproxy(Some(cpu.floor_us_per_call())),
-        cpu.floor_h2_us_per_call().map_or("n/a".into(), |us| format!("{us:.0} µs")),
-        ratio_to_haproxy(cpu.floor_h2_us_per_call()),
-        cpu.mux_us_per_call() - cpu.floor_us_per_call(),
+        floor_h2.map_or("n/a".into(), |us| format!("{us:.0} µs")),
+        ratio_to_haproxy(floor_h2),
+        floor_h2.map_or("n/a".into(), |us| format!("{:.0} µs", cpu.mux_us_per_call() - us)),
     )
 }
 

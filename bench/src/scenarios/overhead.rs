@@ -189,7 +189,7 @@ impl Overhead {
             if sleeping {
                 target = target.skip_because(SLEEPING_DEVICE);
             }
-            targets.push(target.note_if_not_passed(fix_note(added, floor)));
+            targets.push(target.note_if_not_passed(fix_note(added, c.floor_h2_added_us())));
             targets.push(Target::info(&scenario, &format!("{}: added p50, {name}", Stack::Tonic.label()), floor, "µs"));
             targets.push(Target::info(&scenario, &format!("multiplexer ÷ floor, {name}"), c.vs_floor(), "×"));
             let floor_h2 = c.floor_h2_added_us();
@@ -240,28 +240,29 @@ fn vs_haproxy_note(c: &CaseResult) -> String {
     };
     format!(
         "the multiplexer adds {:.0} µs; in the same rounds a bare tonic proxy adds {} and a bare proxy on the h2 \
-         crate alone {}: the layers above h2 are most of the gap. The multiplexer's unary calls already leave \
-         on h2 directly; its server side (tonic's over hyper) is what is left to move, and the h2 floor's ratio \
-         is the least a data path on h2 could reach here",
+         crate alone {}. The multiplexer's unary calls are on h2 directly on both sides (the gRPC port's server \
+         and the upstream client), so what it adds above the h2 floor is its own work per call: routing, the key \
+         check, admission, metrics, the load report and the call's accounting; the h2 floor's ratio is the least \
+         a data path on h2 could reach here",
         c.added_us(),
         floor(c.floor_added_us()),
         floor(c.floor_h2_added_us()),
     )
 }
 
-fn fix_note(added: f64, floor: Option<f64>) -> String {
-    let floor = match floor {
+fn fix_note(added: f64, floor_h2: Option<f64>) -> String {
+    let floor = match floor_h2 {
         Some(f) => format!(
-            "a bare tonic bytes-proxy adds {f:.0} µs on this machine, so at least {:.0} µs are the multiplexer's own \
-             work (its unary calls leave on h2 directly, which costs less than the floor's tonic client)",
+            "a bare proxy on the h2 crate (the multiplexer's own HTTP/2 stack, both sides) adds {f:.0} µs on this \
+             machine, so {:.0} µs are the multiplexer's own work",
             added - f
         ),
-        None => "the floor proxy was not built, so how much of it any tonic hop costs here is unknown".into(),
+        None => "the h2 floor proxy was not built, so how much of it any hop on h2 costs here is unknown".into(),
     };
     format!(
         "the multiplexer adds {added:.0} µs; {floor}: routing, admission and metrics (messages are forwarded as \
-         bytes). The floor itself is above the limit here: most of a loopback hop is two extra wake-ups and four \
-         extra socket calls, which a faster machine or pinned cores shrink and no proxy code avoids"
+         bytes). The floor itself is near or above the limit here: most of a loopback hop is two extra wake-ups \
+         and four extra socket calls, which a faster machine or pinned cores shrink and no proxy code avoids"
     )
 }
 
