@@ -140,7 +140,7 @@ impl Figures {
         let in_flight = snapshot.in_flight as f64;
         let queued = snapshot.queued_total() as f64;
         let rps_fractional = match mean_service_time {
-            Some(mean) if !mean.is_zero() => in_flight / mean.as_secs_f64(),
+            Some(mean) if !mean.is_zero() => in_flight / two_significant_digits(mean.as_secs_f64()),
             _ => 0.0,
         };
         Some(Self {
@@ -198,12 +198,41 @@ impl Figures {
     }
 }
 
+/// The mean service time a report's rate is computed from, to two significant digits (1.1 ms,
+/// 95 ms): well within the noise of a moving mean, and it makes consecutive reports of a steady
+/// replica the same bytes. Every gRPC answer carries one, and HPACK sends a value it has sent
+/// before as an index of a byte or two; a value new at every call was a literal, Huffman-coded,
+/// that also evicted the connection's other headers from HPACK's table. The rate and the
+/// utilization still move with the same in-flight count, so a replica's weight stays the limit
+/// over the (rounded) service time whatever its momentary load.
+fn two_significant_digits(value: f64) -> f64 {
+    if !value.is_normal() || value < 0.0 {
+        return value;
+    }
+    let scale = 10f64.powi(1 - value.log10().floor() as i32);
+    (value * scale).round() / scale
+}
+
+thread_local! {
+    /// The last report written on this thread: a steady replica's next one is the same.
+    static LAST_BIN: std::cell::RefCell<Option<(Figures, HeaderValue)>> = const { std::cell::RefCell::new(None) };
+}
+
 /// `endpoint-load-metrics-bin` for a gRPC answer: `admission`'s load now.
 pub fn bin_header(admission: &Admission) -> Option<HeaderValue> {
     let figures = Figures::from_snapshot(&admission.snapshot(), admission.mean_service_time())?;
-    let mut message = Vec::with_capacity(128);
-    figures.encode(&mut message);
-    bin_value(&message)
+    LAST_BIN.with_borrow_mut(|last| {
+        if let Some((previous, value)) = last.as_ref()
+            && *previous == figures
+        {
+            return Some(value.clone());
+        }
+        let mut message = Vec::with_capacity(128);
+        figures.encode(&mut message);
+        let value = bin_value(&message)?;
+        *last = Some((figures, value.clone()));
+        Some(value)
+    })
 }
 
 /// `endpoint-load-metrics` for an HTTP answer: `admission`'s load now.
@@ -388,6 +417,27 @@ mod tests {
         assert!((report.rps_fractional - 20.0).abs() < 1e-9, "{}", report.rps_fractional);
         let decoded = decode_bin(&bin_header(&admission).unwrap());
         assert_eq!(decoded, report);
+    }
+
+    #[test]
+    fn the_rate_is_computed_from_the_mean_to_two_significant_digits() {
+        for (mean, rounded) in [(0.001_149, 0.0011), (0.000_951, 0.000_95), (0.0955, 0.096), (12.3, 12.0), (0.1, 0.1)] {
+            assert!(
+                (two_significant_digits(mean) - rounded).abs() < rounded * 1e-9,
+                "{mean}: {}",
+                two_significant_digits(mean)
+            );
+        }
+        // A steady replica's reports are the same bytes, and its weight stays the limit over the
+        // (rounded) service time whatever its momentary load.
+        let (a, b) = (report(8, 2, [0; 3], 1), report(8, 2, [0; 3], 1));
+        assert_eq!(a.encode_to_vec(), b.encode_to_vec());
+        let at = |in_flight, micros| {
+            OrcaLoadReport::from_snapshot(&snapshot(8, in_flight, [0; 3]), Some(Duration::from_micros(micros))).unwrap()
+        };
+        assert_eq!(at(3, 1_149).encode_to_vec(), at(3, 1_101).encode_to_vec(), "both 1.1 ms");
+        assert!((weight(&at(1, 1_149)) - weight(&at(7, 1_149))).abs() < 1e-9);
+        assert!((weight(&at(1, 1_149)) - 8.0 / 0.0011).abs() < 1e-6);
     }
 
     #[test]

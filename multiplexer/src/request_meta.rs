@@ -57,6 +57,16 @@ pub static GRPC_TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
 static FORWARDED_BY: HeaderName = HeaderName::from_static(FORWARDED_BY_HEADER);
 static SPILLED_FROM: HeaderName = HeaderName::from_static(SPILLED_FROM_HEADER);
 
+/// Removes `names` from `headers`. A removal hashes its name whether or not it is there, and a
+/// call carries few headers and few of these: comparing names finds the ones to remove.
+pub fn remove_all(headers: &mut HeaderMap, names: &[HeaderName]) {
+    for name in names {
+        if headers.keys().any(|present| present == name) {
+            headers.remove(name);
+        }
+    }
+}
+
 /// Longest tenant name accepted, as the CRD allows.
 pub const MAX_TENANT_LEN: usize = 128;
 

@@ -83,9 +83,7 @@ pub fn answer(result: Result<Response<Bytes>, Status>, max_message: usize) -> ht
         .into_http();
     }
     let mut headers = metadata.into_headers();
-    for name in &RESERVED {
-        headers.remove(name);
-    }
+    crate::request_meta::remove_all(&mut headers, &RESERVED);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     let mut framed = BytesMut::with_capacity(PREFIX + message.len());
     framed.put_u8(0);

@@ -25,7 +25,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Dialer, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
-use crate::{Error, Result, keepalive};
+use crate::{Error, Result, keepalive, request_meta};
 
 /// hyper's client windows, which tonic's channel used: large answers (a batch's embeddings) flow
 /// without waiting on window updates.
@@ -123,9 +123,7 @@ impl Direct {
     }
 
     fn head(&self, path: &'static str, mut headers: HeaderMap) -> http::Result<http::Request<()>> {
-        for name in &NOT_PASSED {
-            headers.remove(name);
-        }
+        request_meta::remove_all(&mut headers, &NOT_PASSED);
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(TE, HeaderValue::from_static("trailers"));
         let uri = Uri::builder()
