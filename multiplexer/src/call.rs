@@ -42,7 +42,7 @@ impl Activity {
 
 /// Which front a call came in on: the `protocol` label of the request metrics (two values, so
 /// the label never multiplies the series by more than two).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Protocol {
     /// tei.v1 gRPC on the gRPC port.
     Grpc,
@@ -160,10 +160,9 @@ impl Call {
             self.metrics.spilled_in(&self.pool, outcome);
             return;
         }
-        self.metrics.request_done(&self.pool, self.priority, self.protocol, self.rpc.label, code, outcome);
-        self.metrics.tenant_done(&self.pool, &self.tenant, outcome);
         self.timings.total = self.arrived.elapsed();
-        self.metrics.timings(&self.pool, self.priority, self.protocol, &self.timings);
+        let kind = (self.priority, self.protocol, self.rpc.label);
+        self.metrics.call_done(&self.pool, kind, code, outcome, &self.tenant, &self.timings);
     }
 }
 

@@ -23,6 +23,7 @@ pub mod activator;
 pub mod admin;
 pub mod admission;
 pub mod auth;
+pub mod body_deadline;
 pub mod call;
 pub mod charge;
 pub mod coalesce;

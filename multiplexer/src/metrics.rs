@@ -1,10 +1,13 @@
 //! The multiplexer's Prometheus metrics, per pool and priority (names in docs/metrics.md).
 
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use prometheus::{GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use prometheus::{
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
 use tonic::Code;
 
 use crate::admission::{Admission, Limits, Priority, Snapshot};
@@ -23,6 +26,36 @@ pub struct Metrics {
     families: Arc<Families>,
     /// The last minute's refusals and spills per pool, for the report the operator reads.
     recent: Arc<RecentRates>,
+    /// Per pool, the series each kind of call ends in.
+    call_series: Arc<Mutex<HashMap<String, HashMap<CallKind, CallSeries>>>>,
+}
+
+/// A call's priority, front and RPC label: with its pool, what its series are labelled by.
+type CallKind = (Priority, Protocol, &'static str);
+
+/// The series a call of one pool, priority, front and RPC ends in, looked up by their labels
+/// once: a label lookup hashes every label value, and every call ended in five of them.
+struct CallSeries {
+    /// `teifleet_requests_total` with code OK and outcome ok.
+    succeeded: IntCounter,
+    queue_wait: Histogram,
+    tei_queue: Histogram,
+    tei_inference: Histogram,
+    total: Histogram,
+}
+
+impl CallSeries {
+    fn new(families: &Families, pool: &str, (priority, protocol, rpc): CallKind) -> Self {
+        let ok = [pool, priority.as_str(), protocol.as_str(), rpc, code_label(Code::Ok), Outcome::Ok.as_str()];
+        let labels = [pool, priority.as_str()];
+        Self {
+            succeeded: families.requests.with_label_values(&ok),
+            queue_wait: families.queue_wait.with_label_values(&labels),
+            tei_queue: families.tei_queue.with_label_values(&labels),
+            tei_inference: families.tei_inference.with_label_values(&labels),
+            total: families.total.with_label_values(&[pool, priority.as_str(), protocol.as_str()]),
+        }
+    }
 }
 
 struct Families {
@@ -196,7 +229,12 @@ impl Metrics {
             ],
         )
         .expect("unique metric names");
-        Self { registry, families: Arc::new(families), recent: Arc::new(RecentRates::new()) }
+        Self {
+            registry,
+            families: Arc::new(families),
+            recent: Arc::new(RecentRates::new()),
+            call_series: Arc::default(),
+        }
     }
 
     /// An admission state whose every change is mirrored into this pool's gauges. The gauges are
@@ -304,19 +342,41 @@ impl Metrics {
         self.families.coalesced.with_label_values(&[pool, rpc]).inc();
     }
 
-    pub fn timings(&self, pool: &str, priority: Priority, protocol: Protocol, timings: &Timings) {
-        let f = &self.families;
-        let labels = [pool, priority.as_str()];
+    /// A call of `pool` ended: its outcome, its tenant's and its time split.
+    #[allow(clippy::too_many_arguments)]
+    pub fn call_done(
+        &self,
+        pool: &str,
+        (priority, protocol, rpc): CallKind,
+        code: Code,
+        outcome: Outcome,
+        tenant: &str,
+        timings: &Timings,
+    ) {
+        self.tenant_done(pool, tenant, outcome);
+        if outcome != Outcome::Ok || code != Code::Ok {
+            self.request_done(pool, priority, protocol, rpc, code, outcome);
+        }
+        let mut series = self.call_series.lock().unwrap_or_else(PoisonError::into_inner);
+        let pool_series = match series.get_mut(pool) {
+            Some(pool_series) => pool_series,
+            None => series.entry(pool.to_owned()).or_default(),
+        };
+        let kind = (priority, protocol, rpc);
+        let series = pool_series.entry(kind).or_insert_with(|| CallSeries::new(&self.families, pool, kind));
+        if outcome == Outcome::Ok && code == Code::Ok {
+            series.succeeded.inc();
+        }
         if let Some(wait) = timings.queue_wait {
-            f.queue_wait.with_label_values(&labels).observe(wait.as_secs_f64());
+            series.queue_wait.observe(wait.as_secs_f64());
         }
         if let Some(tei) = timings.tei_queue {
-            f.tei_queue.with_label_values(&labels).observe(tei.as_secs_f64());
+            series.tei_queue.observe(tei.as_secs_f64());
         }
         if let Some(tei) = timings.tei_inference {
-            f.tei_inference.with_label_values(&labels).observe(tei.as_secs_f64());
+            series.tei_inference.observe(tei.as_secs_f64());
         }
-        f.total.with_label_values(&[pool, priority.as_str(), protocol.as_str()]).observe(timings.total.as_secs_f64());
+        series.total.observe(timings.total.as_secs_f64());
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName};
 use teifleet_wire::headers::{
     FORWARDED_BY as FORWARDED_BY_HEADER, GRPC_TIMEOUT as TIMEOUT_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER,
-    PRIORITY as PRIORITY_HEADER, SPILLED_FROM as SPILLED_FROM_HEADER, TENANT as TENANT_HEADER,
+    PREFIX as TEIFLEET_PREFIX, PRIORITY as PRIORITY_HEADER, SPILLED_FROM as SPILLED_FROM_HEADER,
+    TENANT as TENANT_HEADER,
 };
 use tokio::time::Instant;
 
@@ -96,6 +97,11 @@ fn non_empty<'a>(metadata: &'a HeaderMap, header: &'static HeaderName) -> Result
 
 /// Reads priority, routing, deadline and hop marker. `arrived` is when the request came in.
 pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Error> {
+    // Most calls carry none of these headers: comparing the few names a call has is cheaper than
+    // hashing each of these names to look it up.
+    let carries_any = metadata.keys().any(|name| name == GRPC_TIMEOUT || name.as_str().starts_with(TEIFLEET_PREFIX));
+    let text = |metadata, header| if carries_any { text(metadata, header) } else { Ok(None) };
+    let non_empty = |metadata, header| if carries_any { non_empty(metadata, header) } else { Ok(None) };
     let priority = match text(metadata, &PRIORITY)? {
         Some(value) => value.parse()?,
         None => Priority::default(),

@@ -9,15 +9,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use http_body_util::BodyExt as _;
 use teifleet_proto::BytesCodec;
 use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, StreamingService};
 use tonic::{Code, Request, Response, Status, Streaming};
-use tower_http::timeout::DeadlineBody;
 use tracing::Instrument as _;
 
 use crate::admission::Priority;
 use crate::auth::Gate;
+use crate::body_deadline::BodyDeadline;
 use crate::call::{Call, Protocol};
 use crate::charge::{Grant, cost_before_body};
 use crate::connections::ConnectionInfo;
@@ -55,7 +54,7 @@ impl RpcService {
         connection: &ConnectionInfo,
     ) -> BoxFuture<'static, http::Response<tonic::body::Body>>
     where
-        B: http_body::Body + Send + 'static,
+        B: http_body::Body + Send + Unpin + 'static,
         B::Data: Send,
         B::Error: Into<tonic::codegen::StdError> + Send + 'static,
     {
@@ -98,7 +97,7 @@ async fn serve<B>(
     span: tracing::Span,
 ) -> http::Response<tonic::body::Body>
 where
-    B: http_body::Body + Send + 'static,
+    B: http_body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<tonic::codegen::StdError> + Send + 'static,
 {
@@ -190,23 +189,19 @@ fn within<B>(
     timeout: Duration,
     request: http::Request<B>,
     metrics: Metrics,
-) -> http::Request<impl http_body::Body<Data = B::Data, Error = tonic::codegen::StdError> + Send + 'static>
+) -> http::Request<impl http_body::Body<Data = B::Data, Error = tonic::codegen::StdError> + Send + Unpin + 'static>
 where
-    B: http_body::Body + Send + 'static,
+    B: http_body::Body + Send + Unpin + 'static,
     B::Data: Send,
     B::Error: Into<tonic::codegen::StdError> + Send + 'static,
 {
-    request.map(|body| {
-        DeadlineBody::new(timeout, body).map_err(move |error| {
-            if error.is::<tower_http::timeout::TimeoutError>() {
-                metrics.refused_input(PORT, REFUSED_SLOW_MESSAGE);
-                // tonic answers a Status found in a body error as it is.
-                Box::new(Status::from(Error::SlowMessage { within: timeout })) as tonic::codegen::StdError
-            } else {
-                error
-            }
-        })
-    })
+    let elapsed = move || {
+        metrics.refused_input(PORT, REFUSED_SLOW_MESSAGE);
+        // tonic answers a Status found in a body error as it is.
+        Box::new(Status::from(Error::SlowMessage { within: timeout })) as tonic::codegen::StdError
+    };
+    let deadline = tokio::time::Instant::now() + timeout;
+    request.map(|body| BodyDeadline::new(body, deadline, elapsed))
 }
 
 /// The `port` label of the gRPC port's refusals.

@@ -49,6 +49,8 @@ pub mod tei_health {
 
 /// Request and response metadata (gRPC metadata, HTTP headers).
 pub mod headers {
+    /// What every teifleet header's name starts with.
+    pub const PREFIX: &str = "x-teifleet-";
     /// `critical`, `standard` (default) or `sheddable`.
     pub const PRIORITY: &str = "x-teifleet-priority";
     /// Route to the pool of this name.
@@ -80,4 +82,16 @@ pub mod headers {
     /// tenant and destination. gRPC calls pass all their metadata on; HTTP requests, which
     /// become gRPC calls, carry these headers.
     pub const CARRIED_TO_PEERS: [&str; 5] = ["authorization", PRIORITY, TENANT, POOL, MODEL];
+}
+
+#[cfg(test)]
+mod tests {
+    use super::headers::*;
+
+    #[test]
+    fn every_teifleet_header_starts_with_the_prefix() {
+        for name in [PRIORITY, POOL, MODEL, TENANT, FORWARDED_BY, SPILLED_FROM, SPILL_REFUSED, TIMEOUT_MS] {
+            assert!(name.starts_with(PREFIX), "{name}");
+        }
+    }
 }
