@@ -343,7 +343,6 @@ impl Metrics {
     }
 
     /// A call of `pool` ended: its outcome, its tenant's and its time split.
-    #[allow(clippy::too_many_arguments)]
     pub fn call_done(
         &self,
         pool: &str,
