@@ -45,7 +45,8 @@ pub async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Perm
             .await
             .map_err(|source| Error::Admission { pool: pool.spec.name.clone(), source });
     };
-    match tokio::time::timeout(spilled_patience(pool), pool.admission.acquire(ask)).await {
+    // Boxed: every waiting call's future would otherwise carry this rare wait's timer.
+    match Box::pin(tokio::time::timeout(spilled_patience(pool), pool.admission.acquire(ask))).await {
         Ok(Ok(permit)) => Ok(permit),
         Ok(Err(_)) | Err(_) => Err(Error::SpillRefused { pool: pool.spec.name.clone(), from: from.clone() }),
     }

@@ -317,25 +317,29 @@ fn within_deadline<'a, T>(
 }
 
 impl Routed {
-    /// Forwards a unary call; the permit is held until the answer is back.
-    pub async fn unary(mut self, request: Request<Bytes>) -> Result<Response<Bytes>, Status> {
-        if self.grant.is_none() && self.call.rpc.admit == Admit::Permit {
-            let cost = cost_of(&self.pool, self.call.rpc, request.get_ref());
-            match self.forwarder.admit(&mut self.call, &self.pool, &self.meta, cost).await {
-                Ok(grant) => self.grant = grant,
-                Err(error) => return Err(self.call.fail(error).into()),
+    /// Forwards a unary call; the permit is held until the answer is back. Not an `async fn`: one
+    /// keeps its arguments twice (rust-lang/rust#62958), and a call and its request are large.
+    #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
+    pub fn unary(mut self, request: Request<Bytes>) -> impl Future<Output = Result<Response<Bytes>, Status>> + Send {
+        async move {
+            if self.grant.is_none() && self.call.rpc.admit == Admit::Permit {
+                let cost = cost_of(&self.pool, self.call.rpc, request.get_ref());
+                match self.forwarder.admit(&mut self.call, &self.pool, &self.meta, cost).await {
+                    Ok(grant) => self.grant = grant,
+                    Err(error) => return Err(self.call.fail(error).into()),
+                }
             }
-        }
-        let grant = self.grant.take();
-        let result = self.forwarder.exchange(&self.pool, self.call.rpc, &self.meta, request, grant.as_ref()).await;
-        drop(grant);
-        match result {
-            Ok((response, timing)) => {
-                self.call.observe(timing);
-                self.call.succeed();
-                Ok(response)
+            let grant = self.grant.take();
+            let result = self.forwarder.exchange(&self.pool, self.call.rpc, &self.meta, request, grant.as_ref()).await;
+            drop(grant);
+            match result {
+                Ok((response, timing)) => {
+                    self.call.observe(timing);
+                    self.call.succeed();
+                    Ok(response)
+                }
+                Err(error) => Err(self.call.fail(error).into()),
             }
-            Err(error) => Err(self.call.fail(error).into()),
         }
     }
 

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tonic::transport::server::Connected as _;
 
-pub use self::stream::Dispatch;
+pub use self::stream::{Dispatch, RequestBody};
 use crate::connections::ConnectionInfo;
 use crate::keepalive;
 
