@@ -80,7 +80,7 @@ pub fn serve(
 }
 
 /// Waits for the answer and writes it; a stream that breaks is the client's business.
-async fn answer_stream(answer: impl Future<Output = Answer>, mut respond: SendResponse<Bytes>) {
+async fn answer_stream(answer: BoxFuture<'static, Answer>, mut respond: SendResponse<Bytes>) {
     // The client may reset the stream while the call waits (its deadline passed, it gave up):
     // dropping the call then is what takes it out of the queue, the door or its permit.
     let answer = tokio::select! {
@@ -96,7 +96,9 @@ async fn answer_stream(answer: impl Future<Output = Answer>, mut respond: SendRe
         Ok(sending) => sending,
         Err(error) => return tracing::trace!(%error, "stream closed before its answer"),
     };
-    if !end_of_stream && let Err(error) = send_body(body, sending).await {
+    // Boxed: a call's task waits above far longer than it writes here, and should hold only what
+    // waiting needs meanwhile.
+    if !end_of_stream && let Err(error) = Box::pin(send_body(body, sending)).await {
         tracing::trace!(%error, "stream broken while answering");
     }
 }
@@ -179,8 +181,9 @@ pub struct RequestBody {
     /// a queued call cost. The bytes are the same either way, and so is the flow-control window
     /// they count against.
     first: Option<Bytes>,
-    /// Why taking the first frame failed, told when the call reads its body.
-    failed: Option<h2::Error>,
+    /// Why taking the first frame failed, told when the call reads its body (boxed: rare, and
+    /// every waiting call holds this).
+    failed: Option<Box<h2::Error>>,
     data_ended: bool,
 }
 
@@ -191,7 +194,7 @@ impl RequestBody {
         let (mut first, mut failed, mut data_ended) = (None, None, false);
         match recv.poll_data(&mut cx) {
             Poll::Ready(Some(Ok(data))) => first = Some(data),
-            Poll::Ready(Some(Err(error))) => failed = Some(error),
+            Poll::Ready(Some(Err(error))) => failed = Some(Box::new(error)),
             Poll::Ready(None) => data_ended = true,
             Poll::Pending => {}
         }
@@ -207,7 +210,7 @@ impl Body for RequestBody {
         let this = self.get_mut();
         let data = match (this.first.take(), this.failed.take()) {
             (Some(data), _) => Some(Ok(data)),
-            (None, Some(error)) => Some(Err(error)),
+            (None, Some(error)) => Some(Err(*error)),
             (None, None) if this.data_ended => None,
             (None, None) => ready!(this.recv.poll_data(cx)),
         };
