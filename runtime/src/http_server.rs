@@ -226,6 +226,13 @@ pub struct Accepted<Io> {
     refused: Refused,
 }
 
+impl<Io> Accepted<Io> {
+    /// The connection's number, unique in this process.
+    pub fn number(&self) -> u64 {
+        self.number
+    }
+}
+
 /// Numbers accepted connections, across every port.
 static NEXT_CONNECTION: AtomicU64 = AtomicU64::new(0);
 
@@ -242,7 +249,7 @@ impl<Io: tonic::transport::server::Connected> tonic::transport::server::Connecte
     type ConnectInfo = ConnectionInfo<Io::ConnectInfo>;
 
     fn connect_info(&self) -> Self::ConnectInfo {
-        ConnectionInfo { number: self.number, transport: self.io.connect_info() }
+        ConnectionInfo { number: self.number(), transport: self.io.connect_info() }
     }
 }
 
