@@ -8,8 +8,8 @@
 //! here, each in one place: the bounds of [`Bounds`] (streams, header list, reset floods,
 //! keepalive, connection age), the connection's number and TLS identity in every request
 //! ([`ConnectionInfo`]), tonic's `grpc-timeout` backstop, and a drain that lets calls in flight
-//! finish. The calls themselves are still served by tower services: [`RpcService`] for the RPC
-//! table, tonic's routes (health, reflection, UNIMPLEMENTED) for the rest.
+//! finish. [`crate::service::RpcService`] serves the RPC table's calls; tonic's routes (health,
+//! reflection, UNIMPLEMENTED) the rest.
 
 mod stream;
 

@@ -26,13 +26,12 @@ use prost::Message as _;
 use teifleet_wire::headers;
 
 use crate::admission::{Admission, Snapshot};
+use crate::status::GRPC_STATUS;
 
 /// gRPC's per-call load report: `xds.data.orca.v3.OrcaLoadReport`, serialized.
 pub const ENDPOINT_LOAD_METRICS_BIN: HeaderName = HeaderName::from_static(headers::ENDPOINT_LOAD_METRICS_BIN);
 /// The same report for HTTP, in a format named by a prefix (`TEXT `).
 pub const ENDPOINT_LOAD_METRICS: HeaderName = HeaderName::from_static(headers::ENDPOINT_LOAD_METRICS);
-
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 
 /// Key of the `utilization` entry: the share of the in-flight budget in use.
 pub const BUDGET: &str = "budget";
@@ -213,26 +212,12 @@ fn two_significant_digits(value: f64) -> f64 {
     (value * scale).round() / scale
 }
 
-thread_local! {
-    /// The last report written on this thread: a steady replica's next one is the same.
-    static LAST_BIN: std::cell::RefCell<Option<(Figures, HeaderValue)>> = const { std::cell::RefCell::new(None) };
-}
-
 /// `endpoint-load-metrics-bin` for a gRPC answer: `admission`'s load now.
 pub fn bin_header(admission: &Admission) -> Option<HeaderValue> {
     let figures = Figures::from_snapshot(&admission.snapshot(), admission.mean_service_time())?;
-    LAST_BIN.with_borrow_mut(|last| {
-        if let Some((previous, value)) = last.as_ref()
-            && *previous == figures
-        {
-            return Some(value.clone());
-        }
-        let mut message = Vec::with_capacity(128);
-        figures.encode(&mut message);
-        let value = bin_value(&message)?;
-        *last = Some((figures, value.clone()));
-        Some(value)
-    })
+    let mut message = Vec::with_capacity(128);
+    figures.encode(&mut message);
+    bin_value(&message)
 }
 
 /// `endpoint-load-metrics` for an HTTP answer: `admission`'s load now.
@@ -430,8 +415,6 @@ mod tests {
         }
         // A steady replica's reports are the same bytes, and its weight stays the limit over the
         // (rounded) service time whatever its momentary load.
-        let (a, b) = (report(8, 2, [0; 3], 1), report(8, 2, [0; 3], 1));
-        assert_eq!(a.encode_to_vec(), b.encode_to_vec());
         let at = |in_flight, micros| {
             OrcaLoadReport::from_snapshot(&snapshot(8, in_flight, [0; 3]), Some(Duration::from_micros(micros))).unwrap()
         };

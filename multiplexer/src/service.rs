@@ -148,8 +148,7 @@ where
                 Err(error) => return Status::from(call.fail(error)).into_http(),
             };
             let Admitting { call, meta, pool, .. } = admitting;
-            let routed = Once(Some(Routed { forwarder, call, meta, pool, grant }));
-            exchange(rpc.shape, routed, request, coalescer, message_timeout)
+            exchange(rpc.shape, Routed { forwarder, call, meta, pool, grant }, request, coalescer, message_timeout)
         };
         let (response, unread) = exchange.await;
         if let Some(mut routed) = unread.0 {
@@ -165,7 +164,7 @@ where
 /// (too large, compressed, cut short, too slow).
 fn exchange<B>(
     shape: Shape,
-    mut routed: Once,
+    routed: Routed,
     request: http::Request<B>,
     coalescer: Option<Arc<crate::coalesce::Coalescer>>,
     message_timeout: Duration,
@@ -175,12 +174,10 @@ where
     B::Data: Send,
     B::Error: Into<tonic::codegen::StdError> + Send + 'static,
 {
-    let Some(forwarder) = routed.0.as_ref().map(|routed| routed.forwarder.clone()) else {
-        unreachable!("a call is routed before its exchange")
-    };
-    let max_message = forwarder.max_message_bytes();
+    let max_message = routed.forwarder.max_message_bytes();
     let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(Some(max_message), Some(max_message));
-    let metrics = forwarder.metrics.clone();
+    let metrics = routed.forwarder.metrics.clone();
+    let mut routed = Once(Some(routed));
     match shape {
         // One message each way, framed by `crate::unary` rather than tonic's streaming codec.
         Shape::Unary => Box::pin(async move {

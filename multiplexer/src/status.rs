@@ -9,6 +9,10 @@ use crate::error::{ErrorKind, Shed, is_transport_failure};
 use crate::siblings::Ended;
 use teifleet_wire::headers::{RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER, SPILL_REFUSED as SPILL_REFUSED_HEADER};
 
+/// gRPC's status trailer (or header, in a trailers-only answer) and its message.
+pub const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+pub const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+
 /// How a request ended, as counted in `teifleet_requests_total{outcome}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {

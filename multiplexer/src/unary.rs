@@ -18,21 +18,16 @@ use http_body_util::BodyExt as _;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 
+use crate::status::{GRPC_MESSAGE, GRPC_STATUS};
+
 /// A gRPC message's prefix: the compressed flag and the length.
 const PREFIX: usize = 5;
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_ACCEPT_ENCODING: &str = "grpc-accept-encoding";
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// The answer's headers gRPC sets itself, dropped from the metadata an answer carries (the
 /// upstream's own, passed on).
-static RESERVED: [HeaderName; 6] = [
-    TE,
-    USER_AGENT,
-    CONTENT_TYPE,
-    GRPC_STATUS,
-    HeaderName::from_static("grpc-message"),
-    HeaderName::from_static("grpc-message-type"),
-];
+static RESERVED: [HeaderName; 6] =
+    [TE, USER_AGENT, CONTENT_TYPE, GRPC_STATUS, GRPC_MESSAGE, HeaderName::from_static("grpc-message-type")];
 
 /// The request's message, with its headers (and any trailers) as metadata. The body is read to
 /// its end: messages after the first are checked and dropped, as tonic does.

@@ -248,7 +248,7 @@ impl Cost {
                      and the multiplexer's call future; heap profiling (valgrind massif, 3,000 queued calls \
                      on 16 connections) put h2's share at about 2.4 KB a call: its receive buffer's slab, \
                      sized at the burst's peak and never shrunk (1.36 KB), its stream store (0.45 KB) and the \
-                     header map (0.62 KB); the multiplexer's call future is about 1.3 KB (it was 2.2 KB while \
+                     header map (0.62 KB); the multiplexer's call future is about 1.3 KB in a debug build (2.2 KB while \
                      async fns held their arguments twice)",
                 ),
         ];

@@ -75,8 +75,9 @@ pub fn serve(
 ) -> impl Future<Output = ()> + Send + 'static {
     let (parts, body) = request.into_parts();
     let timeout = parts.headers.get(&GRPC_TIMEOUT).and_then(|value| parse_grpc_timeout(value.to_str().ok()?).ok());
-    let answer = dispatch.call(http::Request::from_parts(parts, RequestBody::new(body)), connection);
-    answer_stream(within(timeout, answer), respond)
+    let answer =
+        dispatch.call(http::Request::from_parts(parts, RequestBody { recv: body, data_ended: false }), connection);
+    answer_stream(timeout_backstop(timeout, answer), respond)
 }
 
 /// Waits for the answer and writes it; a stream that breaks is the client's business.
@@ -107,7 +108,7 @@ async fn answer_stream(answer: BoxFuture<'static, Answer>, mut respond: SendResp
 /// multiplexer's own deadlines fire before it, so this is a backstop, kept as tonic had it. Its
 /// timer is boxed: every waiting call's task holds this future, most calls have no deadline, and
 /// a timer is the largest part of it.
-fn within(timeout: Option<Duration>, answer: BoxFuture<'static, Answer>) -> BoxFuture<'static, Answer> {
+fn timeout_backstop(timeout: Option<Duration>, answer: BoxFuture<'static, Answer>) -> BoxFuture<'static, Answer> {
     match timeout {
         None => answer,
         Some(timeout) => Box::pin(
@@ -171,35 +172,10 @@ async fn room(to: &mut SendStream<Bytes>, len: usize) -> Result<(), h2::Error> {
 }
 
 /// A request body read from its h2 stream: each data frame's window is given back as the frame
-/// is taken by the call, as hyper does, so a call's body never waits on bytes already read.
+/// is taken, as hyper does, so a call's body never waits on bytes already read.
 pub struct RequestBody {
     recv: RecvStream,
-    /// The first data frame, taken from h2 as the stream was accepted, its window not given back
-    /// until the call takes it. A call waits for its permit before it reads its body, and a
-    /// frame left in h2 meanwhile holds a slot of the connection's receive buffer (a slab of
-    /// every stream's pending frames, each slot sized for a request head): about a third of what
-    /// a queued call cost. The bytes are the same either way, and so is the flow-control window
-    /// they count against.
-    first: Option<Bytes>,
-    /// Why taking the first frame failed, told when the call reads its body (boxed: rare, and
-    /// every waiting call holds this).
-    failed: Option<Box<h2::Error>>,
     data_ended: bool,
-}
-
-impl RequestBody {
-    fn new(mut recv: RecvStream) -> Self {
-        // Nothing is woken by this poll: the call's own task polls again when it reads.
-        let mut cx = Context::from_waker(futures::task::noop_waker_ref());
-        let (mut first, mut failed, mut data_ended) = (None, None, false);
-        match recv.poll_data(&mut cx) {
-            Poll::Ready(Some(Ok(data))) => first = Some(data),
-            Poll::Ready(Some(Err(error))) => failed = Some(Box::new(error)),
-            Poll::Ready(None) => data_ended = true,
-            Poll::Pending => {}
-        }
-        Self { recv, first, failed, data_ended }
-    }
 }
 
 impl Body for RequestBody {
@@ -208,25 +184,21 @@ impl Body for RequestBody {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
         let this = self.get_mut();
-        let data = match (this.first.take(), this.failed.take()) {
-            (Some(data), _) => Some(Ok(data)),
-            (None, Some(error)) => Some(Err(*error)),
-            (None, None) if this.data_ended => None,
-            (None, None) => ready!(this.recv.poll_data(cx)),
-        };
-        match data {
-            Some(Ok(data)) => {
-                // Fails only once the stream is gone, which the next poll reports.
-                let _ = this.recv.flow_control().release_capacity(data.len());
-                return Poll::Ready(Some(Ok(Frame::data(data))));
+        if !this.data_ended {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Fails only once the stream is gone, which the next poll reports.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                None => this.data_ended = true,
             }
-            Some(Err(error)) => return Poll::Ready(Some(Err(error))),
-            None => this.data_ended = true,
         }
         Poll::Ready(ready!(this.recv.poll_trailers(cx)).transpose().map(|trailers| trailers.map(Frame::trailers)))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.failed.is_none() && self.recv.is_end_stream()
+        self.recv.is_end_stream()
     }
 }

@@ -25,6 +25,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Dialer, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use crate::status::{GRPC_MESSAGE, GRPC_STATUS};
 use crate::{Error, Result, keepalive, request_meta};
 
 /// hyper's client windows, which tonic's channel used: large answers (a batch's embeddings) flow
@@ -33,14 +34,13 @@ const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
 /// A gRPC message's prefix: the compressed flag and the length.
 const PREFIX: usize = 5;
-const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// Request headers not passed up: the ones gRPC sets itself and those HTTP/2 forbids (`te` and
 /// `content-type` are set anew, replacing the caller's). Names, not text: a `&str` key is parsed
 /// on every lookup, and these are removed from every call.
 static NOT_PASSED: [HeaderName; 9] = [
     CONTENT_LENGTH,
     GRPC_STATUS,
-    HeaderName::from_static("grpc-message"),
+    GRPC_MESSAGE,
     CONNECTION,
     HeaderName::from_static("keep-alive"),
     HeaderName::from_static("proxy-connection"),
