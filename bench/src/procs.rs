@@ -428,6 +428,14 @@ impl HaproxyMode {
             Self::H2 => "HAProxy h2",
         }
     }
+
+    /// The mode in file and process names.
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Tcp => "tcp",
+            Self::H2 => "h2",
+        }
+    }
 }
 
 /// The HAProxy binary: on PATH, or in /usr/sbin (Debian's place, off a user's PATH).

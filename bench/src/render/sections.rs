@@ -560,28 +560,34 @@ fn streams(r: &Streams) -> String {
     let _ = writeln!(
         out,
         "Closed loop, one HTTP/2 connection, one EmbedStream call at a time carrying N messages of {} tokens, all \
-         sent at once; the call is the request, timed until its last answer. {} interleaved rounds direct and \
-         through the multiplexer ({}, one permit per message); medians over rounds. Backend: {}.\n",
+         sent at once; the call is the request, timed until its last answer. {} interleaved rounds direct, \
+         through the multiplexer ({}, one permit per message) and through scenario 1's floors (the bare h2 proxy, \
+         HAProxy TCP and h2c); medians over rounds. Backend: {}.\n",
         r.tokens,
         r.rounds,
         limits(&r.limits),
         backend(&r.backend)
     );
-    let _ = writeln!(out, "| messages | calls/round | direct p50 | mux p50 | added | added % | direct p99 | mux p99 |");
-    let _ = writeln!(out, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let _ =
+        writeln!(out, "| messages | calls/round | through | direct p50 | p50 | added | added % | direct p99 | p99 |");
+    let _ = writeln!(out, "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for c in &r.cases {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} ms | {} ms | {} | {:+.1}% | {} ms | {} ms |",
-            c.messages,
-            c.calls_per_round,
-            ms(c.direct_p50_ms()),
-            ms(c.mux_p50_ms()),
-            us((c.mux_p50_ms() - c.direct_p50_ms()) * 1e3),
-            c.added_percent(),
-            ms(crate::scenarios::median_of(&c.direct, |s| s.p99_ms)),
-            ms(crate::scenarios::median_of(&c.mux, |s| s.p99_ms))
-        );
+        let direct_p50 = c.direct_p50_ms();
+        for (label, side) in c.proxies() {
+            let p50 = crate::scenarios::median_of(side, |s| s.p50_ms);
+            let _ = writeln!(
+                out,
+                "| {} | {} | {label} | {} ms | {} ms | {} | {:+.1}% | {} ms | {} ms |",
+                c.messages,
+                c.calls_per_round,
+                ms(direct_p50),
+                ms(p50),
+                us((p50 - direct_p50) * 1e3),
+                c.added_percent_by(side).unwrap_or(f64::NAN),
+                ms(crate::scenarios::median_of(&c.direct, |s| s.p99_ms)),
+                ms(crate::scenarios::median_of(side, |s| s.p99_ms))
+            );
+        }
     }
     out
 }

@@ -300,7 +300,7 @@ pub async fn run(ctx: &Context) -> Result<Overhead> {
             floors.push(procs::start_floor(&ctx.bins, &name, &sim, stack).await?);
         }
     }
-    let (haproxy, haproxy_missing) = start_haproxies(ctx, &sim).await;
+    let (haproxy, haproxy_missing) = start_haproxies(ctx, "overhead", &sim).await;
     let mut targets = vec![sim.url(), mux.url()];
     targets.extend(floors.iter().map(procs::Proc::url));
     targets.extend(haproxy.iter().map(procs::Proc::url));
@@ -333,15 +333,20 @@ pub async fn run(ctx: &Context) -> Result<Overhead> {
     Ok(Overhead { backend, limits, rounds, cases, haproxy_missing })
 }
 
-/// HAProxy in TCP and h2 modes in front of `sim`, or none and why: a machine without HAProxy
-/// reports its rows as SKIP instead of failing the scenario.
-async fn start_haproxies(ctx: &Context, sim: &procs::Proc) -> (Vec<procs::Proc>, Option<String>) {
+/// HAProxy in TCP and h2 modes in front of `sim` (named after `scenario`), or none and why: a
+/// machine without HAProxy reports its rows as SKIP instead of failing the scenario.
+pub(crate) async fn start_haproxies(
+    ctx: &Context,
+    scenario: &str,
+    sim: &procs::Proc,
+) -> (Vec<procs::Proc>, Option<String>) {
     if !ctx.features.haproxy {
         return (Vec::new(), Some(procs::HAPROXY_MISSING.into()));
     }
     let mut started = Vec::new();
-    for (name, mode) in [("overhead-haproxy-tcp", HaproxyMode::Tcp), ("overhead-haproxy-h2", HaproxyMode::H2)] {
-        let proc = match procs::start_haproxy(&ctx.bins, name, sim, mode).await {
+    for mode in [HaproxyMode::Tcp, HaproxyMode::H2] {
+        let name = format!("{scenario}-haproxy-{}", mode.flag());
+        let proc = match procs::start_haproxy(&ctx.bins, &name, sim, mode).await {
             Ok(proc) => proc,
             Err(e) => return (Vec::new(), Some(format!("{} did not start: {e}", mode.label()))),
         };
