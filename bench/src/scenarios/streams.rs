@@ -89,7 +89,7 @@ impl Streams {
         self.cases
             .iter()
             .filter(|c| c.messages == TARGET_BATCH)
-            .map(|c| {
+            .flat_map(|c| {
                 let added = c.added_percent();
                 let target = Target::at_most(
                     &scenario,
@@ -133,7 +133,6 @@ impl Streams {
                 }
                 targets
             })
-            .flatten()
             .collect()
     }
 }
