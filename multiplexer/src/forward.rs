@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::future::Either;
-use futures::{FutureExt as _, Stream};
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use http::uri::PathAndQuery;
 use teifleet_proto::BytesCodec;
 use teifleet_wire::headers::{FORWARDED_BY, SPILLED_FROM};
@@ -35,7 +35,7 @@ use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
 use crate::rpc::{Admit, Rpc};
 use crate::siblings::{Ended, Lease};
-use crate::streams::{Admitted, Answers, Held};
+use crate::streams::{Admitted, Answers, Held, Upstreamed};
 use crate::upstream::Upstream;
 use crate::wire::TeiTiming;
 use crate::{Error, Result};
@@ -161,11 +161,6 @@ impl Forwarder {
         request
     }
 
-    /// A client for the pool's upstream that accepts answers as large as clients may send.
-    async fn client(&self, pool: &Pool) -> Result<tonic::client::Grpc<Channel>> {
-        self.client_of(pool, pool.upstream.channel()).await
-    }
-
     /// The activator holds a call until its pool has a ready replica (the caller's deadline still
     /// runs, outside).
     async fn activated(&self, pool: &Pool) -> Result<()> {
@@ -186,16 +181,24 @@ impl Forwarder {
         Ok(client)
     }
 
-    /// Opens a call whose answers stream back (server- or bidirectional streaming).
-    async fn open_stream<S>(&self, pool: &Pool, rpc: &Rpc, request: Request<S>) -> Result<Streaming<Bytes>>
+    /// Opens a streaming call of `rpc` (its messages sent as `request` yields them) on the pool's
+    /// direct connection, or on its channel when it has none.
+    async fn open_stream<S>(&self, pool: &Pool, rpc: &Rpc, request: Request<S>) -> Result<Upstreamed>
     where
-        S: Stream<Item = Bytes> + Send + 'static,
+        S: Stream<Item = Bytes> + Send + Unpin + 'static,
     {
-        let mut client = self.client(pool).await?;
-        let path = PathAndQuery::from_static(rpc.path);
-        match client.streaming(request, path, BytesCodec).await {
-            Ok(response) => Ok(response.into_inner()),
-            Err(status) => Err(Error::Upstream { pool: pool.spec.name.clone(), status }),
+        let name = &pool.spec.name;
+        if let Some(direct) = pool.upstream.direct() {
+            self.activated(pool).await?;
+            return direct.stream(name, rpc.path, request, self.max_message_bytes).await.map(Upstreamed::Direct);
+        }
+        let mut client = self.client_of(pool, pool.upstream.channel()).await?;
+        match client.streaming(request, PathAndQuery::from_static(rpc.path), BytesCodec).await {
+            Ok(response) => {
+                let (metadata, answers, _) = response.into_parts();
+                Ok(Upstreamed::Channel { pool: name.clone(), metadata, answers })
+            }
+            Err(status) => Err(Error::Upstream { pool: name.clone(), status }),
         }
     }
 
@@ -358,12 +361,11 @@ impl Routed {
                 .await
                 .map_err(|error| Status::from(call.fail(error)))?;
         }
-        let outgoing =
-            forwarder.outgoing(request.map(|message| futures::stream::once(async { message })), &meta, &pool);
+        let outgoing = forwarder.outgoing(request.map(|message| futures::stream::iter(Some(message))), &meta, &pool);
         let opened = forwarder.open_stream(&pool, call.rpc, outgoing).await;
         let answers = opened.map_err(|error| Status::from(call.fail(error)))?;
         let held = Held::new(Mutex::new(permit.into_iter().collect::<VecDeque<_>>()));
-        Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, false, None))))
+        Ok(Response::new(Box::pin(Answers::new(answers, call, held, false, None))))
     }
 
     /// Forwards a bidirectional stream message by message.
@@ -374,7 +376,7 @@ impl Routed {
         let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
         let answers =
             forwarder.open_stream(&pool, call.rpc, outgoing).await.map_err(|error| Status::from(call.fail(error)))?;
-        Ok(Response::new(Box::pin(Answers::new(answers, call, pool, held, true, Some(refusal)))))
+        Ok(Response::new(Box::pin(Answers::new(answers, call, held, true, Some(refusal)))))
     }
 
     /// Forwards a client stream that ends in one answer (RerankStream). Every message's permit is
@@ -384,13 +386,15 @@ impl Routed {
         let (metadata, extensions, inbound) = request.into_parts();
         let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
         let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
-        let path = PathAndQuery::from_static(call.rpc.path);
         let upstream = within_deadline(&pool, &meta, call.arrived, async {
-            let mut client = forwarder.client(&pool).await?;
-            client
-                .client_streaming(outgoing, path, BytesCodec)
-                .await
-                .map_err(|status| Error::Upstream { pool: pool.spec.name.clone(), status })
+            let mut answers = forwarder.open_stream(&pool, call.rpc, outgoing).await?;
+            let missing = || Error::Upstream {
+                pool: pool.spec.name.clone(),
+                status: Status::internal("Missing response message."),
+            };
+            let message = answers.next().await.unwrap_or_else(|| Err(missing()))?;
+            let metadata = answers.metadata().await?;
+            Ok(Response::from_parts(metadata, message, tonic::Extensions::default()))
         });
         // A message refused admission must fail the call: ending the upstream stream early would
         // make TEI rank only part of the texts.

@@ -41,6 +41,7 @@ pub mod pools;
 pub mod rates;
 pub mod request_meta;
 pub mod rpc;
+pub mod send_window;
 pub mod server;
 pub mod service;
 pub mod siblings;

@@ -1,11 +1,12 @@
-//! The two halves of a forwarded stream, as streams polled by the HTTP/2 connections themselves:
-//! no task or channel of their own between the client and TEI, so a message costs one permit and
-//! two polls, and backpressure runs straight through.
+//! The two halves of a forwarded stream, as streams polled by the tasks that write them: no
+//! channel of their own between the client and TEI, so a message costs one permit and two
+//! polls, and backpressure runs straight through.
 //!
 //! [`Admitted`] is what goes upstream: each client message waits for its own permit before TEI
 //! sees it. [`Answers`] is what goes back: each answer returns the permit of the message it
 //! answers (TEI answers stream messages in order) and reports TEI's timing; a message refused
-//! admission fails the call.
+//! admission fails the call. [`Upstreamed`] is where the answers come from: the upstream's
+//! direct connection, or tonic's channel when it has none.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -13,18 +14,21 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, ready};
 
 use bytes::Bytes;
-use futures::Stream;
 use futures::future::BoxFuture;
+use futures::{Stream, StreamExt as _};
 use tokio::sync::oneshot;
+use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 
 use crate::Error;
+use crate::Result;
 use crate::admission::Permit;
 use crate::call::Call;
 use crate::charge;
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
 use crate::rpc::{Admit, Rpc};
+use crate::upstream::Exchange;
 
 /// Permits of a stream's messages in flight, oldest first.
 pub type Held = Arc<Mutex<VecDeque<Permit>>>;
@@ -102,11 +106,53 @@ impl Stream for Admitted {
     }
 }
 
+/// A streaming call's answers from upstream, message by message.
+pub enum Upstreamed {
+    Direct(Exchange),
+    /// On tonic's channel: an upstream without a direct connection (the activator's balancer).
+    Channel {
+        pool: String,
+        metadata: MetadataMap,
+        answers: Streaming<Bytes>,
+    },
+}
+
+impl Upstreamed {
+    /// The answer's headers and trailers, once the rest of its messages are read: a status the
+    /// upstream ends with is the call's error.
+    pub async fn metadata(mut self) -> Result<MetadataMap> {
+        while let Some(answer) = self.next().await {
+            answer?;
+        }
+        match self {
+            Self::Direct(exchange) => Ok(exchange.into_metadata()),
+            Self::Channel { pool, metadata, mut answers } => {
+                let trailers = answers.trailers().await.map_err(|status| Error::Upstream { pool, status })?;
+                let mut headers = metadata.into_headers();
+                headers.extend(trailers.map(MetadataMap::into_headers).unwrap_or_default());
+                Ok(MetadataMap::from_headers(headers))
+            }
+        }
+    }
+}
+
+impl Stream for Upstreamed {
+    type Item = Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match &mut *self {
+            Self::Direct(exchange) => Pin::new(exchange).poll_next(cx),
+            Self::Channel { pool, answers, .. } => Pin::new(answers).poll_next(cx).map(|answer| {
+                answer.map(|answer| answer.map_err(|status| Error::Upstream { pool: pool.clone(), status }))
+            }),
+        }
+    }
+}
+
 /// TEI's answers on their way back to the client; the call is counted when they end.
 pub struct Answers {
-    answers: Streaming<Bytes>,
+    answers: Upstreamed,
     call: Call,
-    pool: Arc<Pool>,
     held: Held,
     /// Each answer returns one permit (stream messages); otherwise all return at the end.
     per_message: bool,
@@ -116,14 +162,13 @@ pub struct Answers {
 
 impl Answers {
     pub fn new(
-        answers: Streaming<Bytes>,
+        answers: Upstreamed,
         call: Call,
-        pool: Arc<Pool>,
         held: Held,
         per_message: bool,
         refusal: Option<oneshot::Receiver<Error>>,
     ) -> Self {
-        Self { answers, call, pool, held, per_message, refusal, done: false }
+        Self { answers, call, held, per_message, refusal, done: false }
     }
 }
 
@@ -156,10 +201,9 @@ impl Stream for Answers {
                 this.call.observe(timing);
                 Poll::Ready(Some(Ok(answer)))
             }
-            Some(Err(status)) => {
+            Some(Err(error)) => {
                 this.done = true;
-                let pool = this.pool.spec.name.clone();
-                Poll::Ready(Some(Err(this.call.fail(Error::Upstream { pool, status }).into())))
+                Poll::Ready(Some(Err(this.call.fail(error).into())))
             }
             None => {
                 this.done = true;

@@ -21,6 +21,7 @@ use tower::ServiceExt as _;
 use crate::connections::ConnectionInfo;
 use crate::request_meta::{GRPC_TIMEOUT, parse_grpc_timeout};
 use crate::rpc::RPCS;
+use crate::send_window;
 use crate::service::RpcService;
 
 type Answer = http::Response<tonic::body::Body>;
@@ -118,9 +119,8 @@ fn timeout_backstop(timeout: Option<Duration>, answer: BoxFuture<'static, Answer
     }
 }
 
-/// The answer's frames as the body yields them: data within the client's window (h2 buffers
-/// the rest of a frame once some room is granted, as hyper does), then the trailers or an empty
-/// end of stream. A body that fails resets the stream.
+/// The answer's frames as the body yields them: data within the client's window, then the
+/// trailers or an empty end of stream. A body that fails resets the stream.
 async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result<(), h2::Error> {
     let mut body = pin!(body);
     loop {
@@ -142,7 +142,7 @@ async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result
             Ok(data) => {
                 let end_of_stream = body.is_end_stream();
                 if !data.is_empty() {
-                    room(&mut to, data.len()).await?;
+                    send_window::room(&mut to, data.len()).await?;
                 }
                 to.send_data(data, end_of_stream)?;
                 if end_of_stream {
@@ -156,19 +156,6 @@ async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result
             return to.send_trailers(trailers);
         }
     }
-}
-
-/// Waits until the client's window grants some room for `len` bytes.
-async fn room(to: &mut SendStream<Bytes>, len: usize) -> Result<(), h2::Error> {
-    to.reserve_capacity(len);
-    while to.capacity() == 0 {
-        match poll_fn(|cx| to.poll_capacity(cx)).await {
-            Some(Ok(_)) => {}
-            Some(Err(error)) => return Err(error),
-            None => return Err(h2::Error::from(Reason::CANCEL)),
-        }
-    }
-    Ok(())
 }
 
 /// A request body read from its h2 stream: each data frame's window is given back as the frame

@@ -1,6 +1,6 @@
-//! Unary calls to an upstream on the `h2` crate directly: the request's headers and its one
-//! message go out from the calling task on one shared HTTP/2 connection, and the answer's
-//! headers, message and trailers come back to it. No tower buffer, no hyper dispatch task and no
+//! Calls to an upstream on the `h2` crate directly, on one shared HTTP/2 connection: a unary
+//! call's headers and its one message go out from the calling task, and the answer's headers,
+//! message and trailers come back to it. No tower buffer, no hyper dispatch task and no
 //! body task sit between the call and the connection: the bench's h2 floor showed those layers
 //! cost about as much CPU per call as the whole of HAProxy's hop (docs/benchmarks.md).
 //!
@@ -8,14 +8,16 @@
 //! up minus the headers gRPC reserves, the answer's headers and trailers come back as its
 //! metadata, TEI's status (with its message, details and metadata) is passed on as it came, and an
 //! answer larger than `--max-message-bytes` is OUT_OF_RANGE. A connection that cannot be made or
-//! breaks is `Error::Unreachable`. Streams and health checks stay on tonic's channel.
+//! breaks is `Error::Unreachable`. Streaming calls are in `stream`; health checks stay on tonic's
+//! channel.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
-use h2::client::SendRequest;
+use h2::SendStream;
+use h2::client::{ResponseFuture, SendRequest};
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING, UPGRADE};
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
@@ -93,11 +95,25 @@ impl Direct {
         request: Request<Bytes>,
         max_message: usize,
     ) -> Result<Response<Bytes>> {
+        let (metadata, _, message) = request.into_parts();
+        let (answer, mut body) = self.start(pool, path, metadata).await?;
+        body.send_data(framed(&message), true).map_err(|error| self.failed(pool, error))?;
+        let response = answer.await.map_err(|error| self.failed(pool, error))?;
+        read_answer(response, max_message).await.map_err(|error| match error {
+            Answer::Status(status) => Error::Upstream { pool: pool.to_owned(), status },
+            Answer::Broken(error) => self.failed(pool, error),
+        })
+    }
+
+    /// Opens a call of `path` with the caller's `metadata`: its headers sent, its messages to
+    /// follow on the stream returned.
+    async fn start(
+        &self,
+        pool: &str,
+        path: &'static str,
+        metadata: MetadataMap,
+    ) -> Result<(ResponseFuture, SendStream<Bytes>)> {
         let unreachable = |reason: String| Error::Unreachable { pool: pool.to_owned(), reason };
-        let failed = |error: h2::Error| match stream_status(&error) {
-            Some(status) => Error::Upstream { pool: pool.to_owned(), status },
-            None => unreachable(format!("{}: {error}", self.url)),
-        };
         let open = match self.current() {
             Some(open) => open,
             // Boxed: connecting (TCP, TLS, HTTP/2's handshake) is rare, and every call's future
@@ -108,18 +124,17 @@ impl Direct {
         // call; this one fails as unreachable, as it did on tonic's channel.
         let closing = |error: h2::Error| {
             open.closed.store(true, Ordering::Release);
-            failed(error)
+            self.failed(pool, error)
         };
         let mut send = open.send.clone().ready().await.map_err(closing)?;
-        let (metadata, _, message) = request.into_parts();
         let head = self.head(path, metadata.into_headers()).map_err(|e| unreachable(e.to_string()))?;
-        let (answer, mut body) = send.send_request(head, false).map_err(closing)?;
-        body.send_data(framed(&message), true).map_err(failed)?;
-        let response = answer.await.map_err(failed)?;
-        read_answer(response, max_message).await.map_err(|error| match error {
-            Answer::Status(status) => Error::Upstream { pool: pool.to_owned(), status },
-            Answer::Broken(error) => failed(error),
-        })
+        send.send_request(head, false).map_err(closing)
+    }
+
+    /// What a broken stream or connection means to the call: the status of a stream the upstream
+    /// reset, or an unreachable upstream.
+    fn failed(&self, pool: &str, error: h2::Error) -> Error {
+        broken(pool, &self.url, error)
     }
 
     fn head(&self, path: &'static str, mut headers: HeaderMap) -> http::Result<http::Request<()>> {
@@ -274,9 +289,7 @@ impl Frame {
         }
         // Refused as soon as the prefix tells the length, before the rest is buffered.
         match self.prefix() {
-            Some((_, len)) if len > max_message => Err(Status::out_of_range(format!(
-                "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
-            ))),
+            Some((_, len)) if len > max_message => Err(too_large(len, max_message)),
             _ => Ok(()),
         }
     }
@@ -296,9 +309,7 @@ impl Frame {
             return Err(Status::internal("Missing response message."));
         };
         if compressed != 0 {
-            return Err(Status::internal(
-                "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-            ));
+            return Err(compressed_flag());
         }
         let whole = self.first.unwrap_or_else(|| self.more.freeze());
         if whole.len() < PREFIX + len {
@@ -306,6 +317,18 @@ impl Frame {
         }
         Ok(whole.slice(PREFIX..PREFIX + len))
     }
+}
+
+/// An answer message over the limit, in tonic's words.
+fn too_large(len: usize, max_message: usize) -> Status {
+    Status::out_of_range(format!(
+        "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
+    ))
+}
+
+/// A message marked compressed, which no `grpc-encoding` allows here, in tonic's words.
+fn compressed_flag() -> Status {
+    Status::internal("protocol error: received message with compressed-flag but no grpc-encoding was specified")
 }
 
 /// An answer that is not gRPC's (a proxy's error page): the code gRPC maps its HTTP status to.
@@ -325,6 +348,14 @@ fn from_http_status(status: StatusCode, headers: HeaderMap) -> Status {
     Status::with_metadata(code, message, MetadataMap::from_headers(headers))
 }
 
+/// A broken stream or connection to `url`, as the call's error.
+fn broken(pool: &str, url: &str, error: h2::Error) -> Error {
+    match stream_status(&error) {
+        Some(status) => Error::Upstream { pool: pool.to_owned(), status },
+        None => Error::Unreachable { pool: pool.to_owned(), reason: format!("{url}: {error}") },
+    }
+}
+
 /// The status a stream reset by the upstream stands for (REFUSED_STREAM is UNAVAILABLE, CANCEL
 /// is CANCELLED, ...), as tonic maps it; `None` when the connection itself failed.
 fn stream_status(error: &h2::Error) -> Option<Status> {
@@ -341,6 +372,10 @@ fn stream_status(error: &h2::Error) -> Option<Status> {
     };
     Some(Status::new(code, format!("h2 protocol error: {error}")))
 }
+
+mod stream;
+
+pub use self::stream::Exchange;
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! Channels to TEI (or to another pool's multiplexer): one pooled HTTP/2 connection per upstream,
-//! multiplexing every request, reconnecting on its own after failures. Unary calls go on a
-//! connection of their own made on `h2` directly ([`Direct`]); streams and health checks on
+//! multiplexing every request, reconnecting on its own after failures. The RPC table's calls,
+//! unary and streaming, go on a connection of their own made on `h2` directly ([`Direct`]);
+//! health checks, and every call to a channel made elsewhere (the activator's balancer), on
 //! tonic's channel.
 //!
 //! An `https://` upstream (a sidecar of a pool with `spec.tls`) is reached in TLS with this
@@ -20,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use self::direct::Direct;
+pub use self::direct::{Direct, Exchange};
 use crate::SetupError;
 
 mod direct;
@@ -99,7 +100,8 @@ impl Dialer {
 pub struct Upstream {
     url: String,
     channel: Channel,
-    /// Unary calls' connection; none for a channel made elsewhere (the activator's balancer).
+    /// The RPC table's calls' connection; none for a channel made elsewhere (the activator's
+    /// balancer).
     direct: Option<Arc<Direct>>,
 }
 
@@ -141,7 +143,7 @@ impl Upstream {
         &self.url
     }
 
-    /// Where unary calls go, when not on [`Self::channel`].
+    /// Where the RPC table's calls go, when not on [`Self::channel`].
     pub fn direct(&self) -> Option<&Direct> {
         self.direct.as_deref()
     }

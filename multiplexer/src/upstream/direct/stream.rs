@@ -1,0 +1,214 @@
+//! Streaming calls on the direct connection: the caller's messages go up as its stream yields
+//! them, each within the upstream's window, from a task of their own (as hyper's client pipes a
+//! request body), so a client that reads its answers only after sending everything cannot stall
+//! its own stream; the answer's messages come back to whoever polls [`Exchange`], the client's
+//! stream task, with no task or channel between. What tonic's channel and its streaming decoder
+//! did is done the same way: the upstream's statuses pass on as they came, an answer message
+//! larger than `--max-message-bytes` is OUT_OF_RANGE, and an answer cut off inside a message is
+//! INTERNAL.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf as _, Bytes, BytesMut};
+use futures::{Stream, StreamExt as _};
+use h2::{RecvStream, SendStream};
+use http::{HeaderMap, StatusCode};
+use tokio::task::AbortHandle;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Status};
+
+use super::{Direct, PREFIX, carried_status, compressed_flag, framed, from_http_status, too_large};
+use crate::{Error, Result, send_window};
+
+impl Direct {
+    /// Opens a streaming call of `path`: the request's messages are sent as they come, and the
+    /// answer's come back on the [`Exchange`] once the upstream has answered with its headers.
+    pub async fn stream<S>(
+        &self,
+        pool: &str,
+        path: &'static str,
+        request: Request<S>,
+        max_message: usize,
+    ) -> Result<Exchange>
+    where
+        S: Stream<Item = Bytes> + Send + Unpin + 'static,
+    {
+        let (metadata, _, messages) = request.into_parts();
+        let (answer, to) = self.start(pool, path, metadata).await?;
+        let sending = Sending(tokio::spawn(send(messages, to)).abort_handle());
+        let response = answer.await.map_err(|error| self.failed(pool, error))?;
+        let upstream = Upstream { pool: pool.to_owned(), url: self.url.clone() };
+        let (parts, body) = response.into_parts();
+        // Trailers-only: no message follows, and the status (OK: no answers) is in the headers.
+        let state = match carried_status(&parts.headers) {
+            Some(Ok(())) => State::Done,
+            Some(Err(status)) => return Err(upstream.status(status)),
+            None if parts.status != StatusCode::OK => {
+                return Err(upstream.status(from_http_status(parts.status, parts.headers)));
+            }
+            None => State::Messages(body),
+        };
+        let messages = Messages { buffer: BytesMut::new(), max_message };
+        Ok(Exchange { upstream, state, messages, headers: parts.headers, _sending: sending })
+    }
+}
+
+/// Sends each message once the upstream's window has room for it, then ends the stream. A stream
+/// that breaks ends this; the answer's side tells the call why.
+async fn send<S>(mut messages: S, mut to: SendStream<Bytes>)
+where
+    S: Stream<Item = Bytes> + Unpin,
+{
+    while let Some(message) = messages.next().await {
+        let frame = framed(&message);
+        if send_window::room(&mut to, frame.len()).await.is_err() || to.send_data(frame, false).is_err() {
+            return;
+        }
+    }
+    let _ = to.send_data(Bytes::new(), true);
+}
+
+/// The sending task, stopped when the exchange is dropped: a call that ends (answered, failed,
+/// or its client gone) takes its unsent messages, and their permits, with it.
+struct Sending(AbortHandle);
+
+impl Drop for Sending {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Who answered, for the call's errors.
+struct Upstream {
+    pool: String,
+    url: String,
+}
+
+impl Upstream {
+    fn status(&self, status: Status) -> Error {
+        Error::Upstream { pool: self.pool.clone(), status }
+    }
+
+    fn broken(&self, error: h2::Error) -> Error {
+        super::broken(&self.pool, &self.url, error)
+    }
+}
+
+enum State {
+    Messages(RecvStream),
+    Trailers(RecvStream),
+    Done,
+}
+
+/// A streaming call's answers, message by message; the upstream's failure, or its status, ends
+/// them with an error.
+pub struct Exchange {
+    upstream: Upstream,
+    state: State,
+    messages: Messages,
+    /// The answer's headers, then its trailers too: its metadata.
+    headers: HeaderMap,
+    _sending: Sending,
+}
+
+impl Exchange {
+    /// The answer's headers and trailers, as tonic's client gives a client stream's metadata.
+    pub fn into_metadata(self) -> MetadataMap {
+        MetadataMap::from_headers(self.headers)
+    }
+
+    fn fail(&mut self, error: Error) -> Poll<Option<Result<Bytes>>> {
+        self.state = State::Done;
+        Poll::Ready(Some(Err(error)))
+    }
+}
+
+impl Stream for Exchange {
+    type Item = Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            match &mut this.state {
+                State::Messages(body) => {
+                    match this.messages.next() {
+                        Ok(Some(message)) => return Poll::Ready(Some(Ok(message))),
+                        Ok(None) => {}
+                        Err(status) => {
+                            let error = this.upstream.status(status);
+                            return this.fail(error);
+                        }
+                    }
+                    match ready!(body.poll_data(cx)) {
+                        Some(Ok(data)) => {
+                            // Fails only once the stream is gone, which the next poll reports.
+                            let _ = body.flow_control().release_capacity(data.len());
+                            this.messages.buffer.extend_from_slice(&data);
+                        }
+                        Some(Err(error)) => {
+                            let error = this.upstream.broken(error);
+                            return this.fail(error);
+                        }
+                        None => {
+                            let State::Messages(body) = std::mem::replace(&mut this.state, State::Done) else {
+                                unreachable!("matched above")
+                            };
+                            this.state = State::Trailers(body);
+                        }
+                    }
+                }
+                State::Trailers(body) => {
+                    let trailers = match ready!(body.poll_trailers(cx)) {
+                        Ok(trailers) => trailers,
+                        Err(error) => {
+                            let error = this.upstream.broken(error);
+                            return this.fail(error);
+                        }
+                    };
+                    this.state = State::Done;
+                    if let Some(trailers) = trailers {
+                        if let Some(Err(status)) = carried_status(&trailers) {
+                            return Poll::Ready(Some(Err(this.upstream.status(status))));
+                        }
+                        this.headers.extend(trailers);
+                    }
+                    if this.messages.buffer.has_remaining() {
+                        let cut = Status::internal("Unexpected EOF decoding stream.");
+                        return Poll::Ready(Some(Err(this.upstream.status(cut))));
+                    }
+                }
+                State::Done => return Poll::Ready(None),
+            }
+        }
+    }
+}
+
+/// The answer's bytes as they arrive, cut into its messages.
+struct Messages {
+    buffer: BytesMut,
+    max_message: usize,
+}
+
+impl Messages {
+    /// The next whole message, if the buffer holds one; refused as soon as its prefix is in.
+    fn next(&mut self) -> Result<Option<Bytes>, Status> {
+        let Some(mut prefix) = self.buffer.get(..PREFIX) else { return Ok(None) };
+        let compressed = prefix.get_u8();
+        let len = prefix.get_u32() as usize;
+        if compressed != 0 {
+            return Err(compressed_flag());
+        }
+        if len > self.max_message {
+            return Err(too_large(len, self.max_message));
+        }
+        if self.buffer.len() < PREFIX + len {
+            return Ok(None);
+        }
+        self.buffer.advance(PREFIX);
+        Ok(Some(self.buffer.split_to(len).freeze()))
+    }
+}
+
+#[cfg(test)]
+mod tests;
