@@ -142,17 +142,40 @@ async fn a_dropped_exchange_stops_sending_and_drops_the_callers_stream() {
 
 #[test]
 fn answer_bytes_are_cut_into_messages_whatever_the_frames() {
-    let mut messages = Messages { buffer: Default::default(), max_message: 10 };
-    for chunk in [&[0u8, 0, 0][..], &[0, 2, b'h', b'i', 0, 0], &[0, 0, 1, b'!', 0]] {
-        messages.buffer.extend_from_slice(chunk);
+    let frames: [&[u8]; 4] = [&[0, 0, 0], &[0, 2, b'h', b'i', 0, 0], &[0, 0, 1, b'!', 0, 0, 0, 0, 1], &[b'?']];
+    let mut messages = Messages::new(10);
+    let mut taken = Vec::new();
+    for frame in frames {
+        messages.push(Bytes::from_static(frame));
+        while let Some(message) = messages.next().unwrap() {
+            taken.push(message);
+        }
     }
-    assert_eq!(messages.next().unwrap(), Some(Bytes::from_static(b"hi")));
-    assert_eq!(messages.next().unwrap(), Some(Bytes::from_static(b"!")));
-    assert_eq!(messages.next().unwrap(), None, "a prefix cut short waits for more");
-    assert_eq!(messages.buffer.len(), 1);
+    assert_eq!(taken, [&b"hi"[..], b"!", b"?"]);
+    assert!(!messages.is_cut_short());
 
-    let mut large = Messages { buffer: [0u8, 0, 0, 0, 11][..].into(), max_message: 10 };
+    // Whole messages in one frame are slices of it.
+    let frame = Bytes::from_static(&[0, 0, 0, 0, 2, b'h', b'i', 0, 0, 0, 0, 1, b'!']);
+    let mut whole = Messages::new(10);
+    whole.push(frame.clone());
+    let first = whole.next().unwrap().unwrap();
+    assert_eq!(first.as_ptr(), frame[5..].as_ptr(), "no copy");
+    assert_eq!(whole.next().unwrap(), Some(Bytes::from_static(b"!")));
+
+    let mut cut = Messages::new(10);
+    cut.push(Bytes::from_static(&[0, 0, 0, 0, 9, b'h']));
+    assert_eq!(cut.next().unwrap(), None);
+    assert!(cut.is_cut_short(), "an answer ending here ends inside a message");
+
+    let mut large = Messages::new(10);
+    large.push(Bytes::from_static(&[0, 0, 0, 0, 11]));
     assert_eq!(large.next().unwrap_err().code(), Code::OutOfRange, "refused before its bytes arrive");
-    let mut compressed = Messages { buffer: [1u8, 0, 0, 0, 1, b'x'][..].into(), max_message: 10 };
+    let mut large_later = Messages::new(10);
+    large_later.push(Bytes::from_static(&[0, 0]));
+    assert_eq!(large_later.next().unwrap(), None);
+    large_later.push(Bytes::from_static(&[0, 0, 11]));
+    assert_eq!(large_later.next().unwrap_err().code(), Code::OutOfRange, "its prefix split over frames");
+    let mut compressed = Messages::new(10);
+    compressed.push(Bytes::from_static(&[1, 0, 0, 0, 1, b'x']));
     assert_eq!(compressed.next().unwrap_err().code(), Code::Internal);
 }
