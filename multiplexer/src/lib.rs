@@ -32,6 +32,7 @@ pub mod door;
 pub mod error;
 pub mod flags;
 pub mod forward;
+pub mod framing;
 pub mod grpc_server;
 pub mod http;
 pub mod keepalive;

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 
-use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use bytes::{Buf as _, Bytes};
 use http::header::{CONTENT_TYPE, TE, USER_AGENT};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
@@ -18,10 +18,9 @@ use http_body_util::BodyExt as _;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 
+use crate::framing::{self, Messages, Side, framed};
 use crate::status::{GRPC_MESSAGE, GRPC_STATUS};
 
-/// A gRPC message's prefix: the compressed flag and the length.
-const PREFIX: usize = 5;
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_ACCEPT_ENCODING: &str = "grpc-accept-encoding";
 /// The answer's headers gRPC sets itself, dropped from the metadata an answer carries (the
@@ -39,7 +38,8 @@ where
     refuse_compressed(request.headers())?;
     let (parts, body) = request.into_parts();
     let mut body = pin!(body);
-    let mut reader = Reader { max_message, message: None, pending: BytesMut::new() };
+    let mut messages = Messages::new(max_message, Side::Request);
+    let mut message = None;
     let mut trailers = None;
     while let Some(frame) = body.frame().await {
         let frame = match frame {
@@ -51,11 +51,19 @@ where
             },
         };
         match frame.into_data() {
-            Ok(mut data) => reader.push(data.copy_to_bytes(data.remaining()))?,
+            Ok(mut data) => {
+                messages.push(data.copy_to_bytes(data.remaining()));
+                while let Some(next) = messages.next()? {
+                    message.get_or_insert(next);
+                }
+            }
             Err(frame) => trailers = frame.into_trailers().ok().or(trailers),
         }
     }
-    let message = reader.finish()?;
+    if messages.is_cut_short() {
+        return Err(framing::cut_short());
+    }
+    let message = message.ok_or_else(|| Status::internal("Missing request message."))?;
     let mut headers = parts.headers;
     if let Some(trailers) = trailers {
         headers.extend(trailers);
@@ -80,12 +88,8 @@ pub fn answer(result: Result<Response<Bytes>, Status>, max_message: usize) -> ht
     let mut headers = metadata.into_headers();
     crate::request_meta::remove_all(&mut headers, &RESERVED);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    let mut framed = BytesMut::with_capacity(PREFIX + message.len());
-    framed.put_u8(0);
-    framed.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
-    framed.extend_from_slice(&message);
     let mut response =
-        http::Response::new(tonic::body::Body::new(Answer { message: Some(framed.freeze()), ended: false }));
+        http::Response::new(tonic::body::Body::new(Answer { message: Some(framed(&message)), ended: false }));
     *response.headers_mut() = headers;
     *response.extensions_mut() = extensions;
     response
@@ -104,62 +108,6 @@ fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
     let mut status = Status::unimplemented(format!("Content is compressed with `{encoding}` which isn't supported"));
     status.metadata_mut().insert(GRPC_ACCEPT_ENCODING, MetadataValue::from_static("identity"));
     Err(status)
-}
-
-/// The request body's messages as their bytes arrive: the first is kept, later ones are checked
-/// and dropped. A frame holding whole messages is taken apart without a copy.
-struct Reader {
-    max_message: usize,
-    message: Option<Bytes>,
-    /// A message's bytes so far, when frames split it.
-    pending: BytesMut,
-}
-
-impl Reader {
-    fn push(&mut self, mut data: Bytes) -> Result<(), Status> {
-        if !self.pending.is_empty() {
-            self.pending.extend_from_slice(&data);
-            data = self.pending.split().freeze();
-        }
-        while data.len() >= PREFIX {
-            match data[0] {
-                0 => {}
-                1 => {
-                    return Err(Status::internal(
-                        "protocol error: received message with compressed-flag but no grpc-encoding was specified",
-                    ));
-                }
-                flag => {
-                    return Err(Status::internal(format!(
-                        "protocol error: received message with invalid compression flag: {flag} (valid flags are 0 \
-                         and 1), while sending request"
-                    )));
-                }
-            }
-            let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
-            if len > self.max_message {
-                return Err(Status::out_of_range(format!(
-                    "Error, decoded message length too large: found {len} bytes, the limit is: {} bytes",
-                    self.max_message
-                )));
-            }
-            if data.len() < PREFIX + len {
-                break;
-            }
-            data.advance(PREFIX);
-            let message = data.split_to(len);
-            self.message.get_or_insert(message);
-        }
-        self.pending.extend_from_slice(&data);
-        Ok(())
-    }
-
-    fn finish(self) -> Result<Bytes, Status> {
-        if !self.pending.is_empty() {
-            return Err(Status::internal("Unexpected EOF decoding stream."));
-        }
-        self.message.ok_or_else(|| Status::internal("Missing request message."))
-    }
 }
 
 /// A unary answer's body: its one framed message, then `grpc-status: 0`.

@@ -7,6 +7,7 @@ use teifleet_proto::BytesCodec;
 use tonic::server::{Grpc, UnaryService};
 
 use super::*;
+use crate::framing::PREFIX;
 
 const MAX: usize = 64;
 

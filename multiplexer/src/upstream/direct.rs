@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
+use bytes::Bytes;
 use h2::SendStream;
 use h2::client::{ResponseFuture, SendRequest};
 use http::header::{CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, HOST, TE, TRANSFER_ENCODING, UPGRADE};
@@ -27,6 +27,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Dialer, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use crate::framing::{self, Messages, Side, framed};
 use crate::status::{GRPC_MESSAGE, GRPC_STATUS};
 use crate::{Error, Result, keepalive, request_meta};
 
@@ -34,8 +35,6 @@ use crate::{Error, Result, keepalive, request_meta};
 /// without waiting on window updates.
 const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 5 * 1024 * 1024;
-/// A gRPC message's prefix: the compressed flag and the length.
-const PREFIX: usize = 5;
 /// Request headers not passed up: the ones gRPC sets itself and those HTTP/2 forbids (`te` and
 /// `content-type` are set anew, replacing the caller's). Names, not text: a `&str` key is parsed
 /// on every lookup, and these are removed from every call.
@@ -209,15 +208,6 @@ where
     Ok(Open { send, closed })
 }
 
-/// The message with its gRPC prefix (uncompressed).
-fn framed(message: &Bytes) -> Bytes {
-    let mut frame = BytesMut::with_capacity(PREFIX + message.len());
-    frame.put_u8(0);
-    frame.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
-    frame.extend_from_slice(message);
-    frame.freeze()
-}
-
 /// Why an answer did not come back whole.
 enum Answer {
     /// gRPC's own answer: the upstream's status, or the answer was not one gRPC message.
@@ -242,11 +232,16 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
     if parts.status != StatusCode::OK {
         return Err(Answer::Status(from_http_status(parts.status, parts.headers)));
     }
-    let mut frame = Frame::default();
+    let mut messages = Messages::new(max_message, Side::Answer);
+    let mut message = None;
     while let Some(data) = body.data().await {
         let data = data?;
         let _ = body.flow_control().release_capacity(data.len());
-        frame.push(data, max_message).map_err(Answer::Status)?;
+        messages.push(data);
+        // Messages after the first are checked and dropped, as tonic's client does.
+        while let Some(next) = messages.next().map_err(Answer::Status)? {
+            message.get_or_insert(next);
+        }
     }
     let mut headers = parts.headers;
     if let Some(trailers) = body.trailers().await? {
@@ -255,7 +250,10 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
             _ => headers.extend(trailers),
         }
     }
-    let message = frame.message().map_err(Answer::Status)?;
+    if messages.is_cut_short() {
+        return Err(Answer::Status(framing::cut_short()));
+    }
+    let message = message.ok_or_else(|| Answer::Status(Status::internal("Missing response message.")))?;
     Ok(Response::from_parts(MetadataMap::from_headers(headers), message, tonic::Extensions::default()))
 }
 
@@ -267,68 +265,6 @@ fn carried_status(headers: &HeaderMap) -> Option<std::result::Result<(), Status>
         code if code == "0" => Some(Ok(())),
         _ => Status::from_header_map(headers).filter(|status| status.code() != Code::Ok).map(Err).or(Some(Ok(()))),
     }
-}
-
-/// The answer's bytes as they arrive: usually one data frame holds the whole message, which is
-/// then passed on without a copy.
-#[derive(Default)]
-struct Frame {
-    first: Option<Bytes>,
-    more: BytesMut,
-}
-
-impl Frame {
-    fn push(&mut self, data: Bytes, max_message: usize) -> Result<(), Status> {
-        match self.first.take() {
-            None if self.more.is_empty() => self.first = Some(data),
-            Some(first) => {
-                self.more.extend_from_slice(&first);
-                self.more.extend_from_slice(&data);
-            }
-            None => self.more.extend_from_slice(&data),
-        }
-        // Refused as soon as the prefix tells the length, before the rest is buffered.
-        match self.prefix() {
-            Some((_, len)) if len > max_message => Err(too_large(len, max_message)),
-            _ => Ok(()),
-        }
-    }
-
-    fn bytes(&self) -> &[u8] {
-        self.first.as_deref().unwrap_or(&self.more)
-    }
-
-    fn prefix(&self) -> Option<(u8, usize)> {
-        let mut bytes = self.bytes().get(..PREFIX)?;
-        let compressed = bytes.get_u8();
-        Some((compressed, bytes.get_u32() as usize))
-    }
-
-    fn message(self) -> Result<Bytes, Status> {
-        let Some((compressed, len)) = self.prefix() else {
-            return Err(Status::internal("Missing response message."));
-        };
-        if compressed != 0 {
-            return Err(compressed_flag());
-        }
-        let whole = self.first.unwrap_or_else(|| self.more.freeze());
-        if whole.len() < PREFIX + len {
-            return Err(Status::internal("protocol error: the answer ended inside its message"));
-        }
-        Ok(whole.slice(PREFIX..PREFIX + len))
-    }
-}
-
-/// An answer message over the limit, in tonic's words.
-fn too_large(len: usize, max_message: usize) -> Status {
-    Status::out_of_range(format!(
-        "Error, decoded message length too large: found {len} bytes, the limit is: {max_message} bytes"
-    ))
-}
-
-/// A message marked compressed, which no `grpc-encoding` allows here, in tonic's words.
-fn compressed_flag() -> Status {
-    Status::internal("protocol error: received message with compressed-flag but no grpc-encoding was specified")
 }
 
 /// An answer that is not gRPC's (a proxy's error page): the code gRPC maps its HTTP status to.

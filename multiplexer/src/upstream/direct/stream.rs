@@ -10,7 +10,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf as _, Bytes, BytesMut};
+use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, StatusCode};
@@ -18,7 +18,8 @@ use tokio::task::AbortHandle;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
-use super::{Direct, PREFIX, carried_status, compressed_flag, framed, from_http_status, too_large};
+use super::{Direct, carried_status, from_http_status};
+use crate::framing::{self, Messages, Side, framed};
 use crate::{Error, Result, send_window};
 
 impl Direct {
@@ -49,7 +50,7 @@ impl Direct {
             }
             None => State::Messages(body),
         };
-        let messages = Messages::new(max_message);
+        let messages = Messages::new(max_message, Side::Answer);
         Ok(Exchange { upstream, state, messages, headers: parts.headers, _sending: sending })
     }
 }
@@ -174,89 +175,12 @@ impl Stream for Exchange {
                         this.headers.extend(trailers);
                     }
                     if this.messages.is_cut_short() {
-                        let cut = Status::internal("Unexpected EOF decoding stream.");
-                        return Poll::Ready(Some(Err(this.upstream.status(cut))));
+                        return Poll::Ready(Some(Err(this.upstream.status(framing::cut_short()))));
                     }
                 }
                 State::Done => return Poll::Ready(None),
             }
         }
-    }
-}
-
-/// The answer's bytes as they arrive, cut into its messages. A message that came whole in one
-/// data frame (TEI writes each in one) is passed on as a slice of it, without a copy; only one
-/// split over frames is put back together in `partial`.
-struct Messages {
-    /// The last data frame's bytes not yet taken.
-    frame: Bytes,
-    /// The start of a message whose rest is in frames still to come.
-    partial: BytesMut,
-    max_message: usize,
-}
-
-impl Messages {
-    fn new(max_message: usize) -> Self {
-        Self { frame: Bytes::new(), partial: BytesMut::new(), max_message }
-    }
-
-    /// Takes the next data frame; the last one's bytes must all have been taken.
-    fn push(&mut self, data: Bytes) {
-        debug_assert!(self.frame.is_empty(), "a frame's bytes are taken before the next is read");
-        self.frame = data;
-    }
-
-    /// Whether bytes of a message are still waiting for the rest of it.
-    fn is_cut_short(&self) -> bool {
-        !self.frame.is_empty() || !self.partial.is_empty()
-    }
-
-    /// The next whole message, if the bytes in hold one; refused as soon as its prefix is in.
-    fn next(&mut self) -> Result<Option<Bytes>, Status> {
-        if self.partial.is_empty() {
-            let Some(len) = self.length(&self.frame[..])? else {
-                self.keep_rest();
-                return Ok(None);
-            };
-            if self.frame.len() < PREFIX + len {
-                self.keep_rest();
-                return Ok(None);
-            }
-            let mut message = self.frame.split_to(PREFIX + len);
-            message.advance(PREFIX);
-            return Ok(Some(message));
-        }
-        // The prefix first, then as much of the message as this frame has.
-        let short_of_prefix = PREFIX.saturating_sub(self.partial.len()).min(self.frame.len());
-        self.partial.extend_from_slice(&self.frame.split_to(short_of_prefix));
-        let Some(len) = self.length(&self.partial[..])? else { return Ok(None) };
-        let short = (PREFIX + len - self.partial.len()).min(self.frame.len());
-        self.partial.extend_from_slice(&self.frame.split_to(short));
-        if self.partial.len() < PREFIX + len {
-            return Ok(None);
-        }
-        let mut message = std::mem::take(&mut self.partial);
-        message.advance(PREFIX);
-        Ok(Some(message.freeze()))
-    }
-
-    /// The length of the message `bytes` start with, once its prefix is in.
-    fn length(&self, bytes: &[u8]) -> Result<Option<usize>, Status> {
-        let Some(mut prefix) = bytes.get(..PREFIX) else { return Ok(None) };
-        let compressed = prefix.get_u8();
-        let len = prefix.get_u32() as usize;
-        if compressed != 0 {
-            return Err(compressed_flag());
-        }
-        if len > self.max_message {
-            return Err(too_large(len, self.max_message));
-        }
-        Ok(Some(len))
-    }
-
-    /// The frame's last bytes start a message that continues in the next frame.
-    fn keep_rest(&mut self) {
-        self.partial.extend_from_slice(&std::mem::take(&mut self.frame));
     }
 }
 

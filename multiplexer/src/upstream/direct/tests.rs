@@ -1,5 +1,5 @@
 //! The direct client against the TEI simulator over loopback: answers, TEI's own statuses, the
-//! size limit, a connection that breaks and is made again; and a message reassembled from frames.
+//! size limit, a connection that breaks and is made again.
 
 use bytes::Bytes;
 use prost::Message as _;
@@ -7,7 +7,7 @@ use teifleet_proto::v1::{EmbedRequest, EmbedResponse};
 use teifleet_tei_sim::SimConfig;
 use tonic::{Code, Request};
 
-use super::{Direct, Frame};
+use super::Direct;
 use crate::Error;
 use crate::upstream::Dialer;
 
@@ -72,25 +72,4 @@ async fn a_connection_that_breaks_is_unreachable_then_made_again() {
 
     let _back = teifleet_tei_sim::start(SimConfig { listen: addr, ..SimConfig::default() }).await.unwrap();
     direct.unary("pool", EMBED, embed("four"), LIMIT).await.expect("a new connection to the same address");
-}
-
-#[test]
-fn a_message_split_over_frames_is_put_back_together() {
-    let mut frame = Frame::default();
-    frame.push(Bytes::from_static(&[0, 0, 0]), 10).unwrap();
-    frame.push(Bytes::from_static(&[0, 3, b'a']), 10).unwrap();
-    frame.push(Bytes::from_static(b"bc"), 10).unwrap();
-    assert_eq!(frame.message().unwrap(), Bytes::from_static(b"abc"));
-
-    let mut whole = Frame::default();
-    whole.push(Bytes::from_static(&[0, 0, 0, 0, 2, b'h', b'i']), 10).unwrap();
-    assert_eq!(whole.message().unwrap(), Bytes::from_static(b"hi"));
-
-    let mut cut = Frame::default();
-    cut.push(Bytes::from_static(&[0, 0, 0, 0, 9, b'h']), 10).unwrap();
-    assert_eq!(cut.message().unwrap_err().code(), Code::Internal);
-    assert_eq!(Frame::default().message().unwrap_err().code(), Code::Internal);
-    let mut compressed = Frame::default();
-    compressed.push(Bytes::from_static(&[1, 0, 0, 0, 1, b'x']), 10).unwrap();
-    assert_eq!(compressed.message().unwrap_err().code(), Code::Internal);
 }

@@ -1,5 +1,5 @@
 //! Streaming calls on the direct connection against the TEI simulator over loopback, each beside
-//! what a tonic client gets from the simulator directly; and the answer's bytes cut into messages.
+//! what a tonic client gets from the simulator directly.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,7 +13,6 @@ use teifleet_proto::v1::{EmbedRequest, EmbedResponse};
 use teifleet_tei_sim::SimConfig;
 use tonic::{Code, Request};
 
-use super::Messages;
 use crate::Error;
 use crate::upstream::Dialer;
 use crate::upstream::direct::Direct;
@@ -138,44 +137,4 @@ async fn a_dropped_exchange_stops_sending_and_drops_the_callers_stream() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("the caller's stream outlived its exchange");
-}
-
-#[test]
-fn answer_bytes_are_cut_into_messages_whatever_the_frames() {
-    let frames: [&[u8]; 4] = [&[0, 0, 0], &[0, 2, b'h', b'i', 0, 0], &[0, 0, 1, b'!', 0, 0, 0, 0, 1], &[b'?']];
-    let mut messages = Messages::new(10);
-    let mut taken = Vec::new();
-    for frame in frames {
-        messages.push(Bytes::from_static(frame));
-        while let Some(message) = messages.next().unwrap() {
-            taken.push(message);
-        }
-    }
-    assert_eq!(taken, [&b"hi"[..], b"!", b"?"]);
-    assert!(!messages.is_cut_short());
-
-    // Whole messages in one frame are slices of it.
-    let frame = Bytes::from_static(&[0, 0, 0, 0, 2, b'h', b'i', 0, 0, 0, 0, 1, b'!']);
-    let mut whole = Messages::new(10);
-    whole.push(frame.clone());
-    let first = whole.next().unwrap().unwrap();
-    assert_eq!(first.as_ptr(), frame[5..].as_ptr(), "no copy");
-    assert_eq!(whole.next().unwrap(), Some(Bytes::from_static(b"!")));
-
-    let mut cut = Messages::new(10);
-    cut.push(Bytes::from_static(&[0, 0, 0, 0, 9, b'h']));
-    assert_eq!(cut.next().unwrap(), None);
-    assert!(cut.is_cut_short(), "an answer ending here ends inside a message");
-
-    let mut large = Messages::new(10);
-    large.push(Bytes::from_static(&[0, 0, 0, 0, 11]));
-    assert_eq!(large.next().unwrap_err().code(), Code::OutOfRange, "refused before its bytes arrive");
-    let mut large_later = Messages::new(10);
-    large_later.push(Bytes::from_static(&[0, 0]));
-    assert_eq!(large_later.next().unwrap(), None);
-    large_later.push(Bytes::from_static(&[0, 0, 11]));
-    assert_eq!(large_later.next().unwrap_err().code(), Code::OutOfRange, "its prefix split over frames");
-    let mut compressed = Messages::new(10);
-    compressed.push(Bytes::from_static(&[1, 0, 0, 0, 1, b'x']));
-    assert_eq!(compressed.next().unwrap_err().code(), Code::Internal);
 }
