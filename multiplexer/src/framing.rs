@@ -43,7 +43,7 @@ impl Messages {
         Self { frame: Bytes::new(), partial: BytesMut::new(), max_message, side }
     }
 
-    /// Takes the next data frame, once [`Self::next`] has taken all it could of the last.
+    /// Takes the next data frame, once [`Self::take`] has taken all it could of the last.
     pub fn push(&mut self, data: Bytes) {
         debug_assert!(self.frame.is_empty(), "a frame's bytes are taken before the next is read");
         self.frame = data;
@@ -56,7 +56,7 @@ impl Messages {
     }
 
     /// The next whole message, if the bytes in hold one; refused as soon as its prefix is in.
-    pub fn next(&mut self) -> Result<Option<Bytes>, Status> {
+    pub fn take(&mut self) -> Result<Option<Bytes>, Status> {
         if self.partial.is_empty() {
             let Some(len) = self.length(&self.frame[..])? else {
                 self.keep_rest();
@@ -137,7 +137,7 @@ mod tests {
         let mut taken = Vec::new();
         for frame in frames {
             messages.push(Bytes::from_static(frame));
-            while let Some(message) = messages.next().unwrap() {
+            while let Some(message) = messages.take().unwrap() {
                 taken.push(message);
             }
         }
@@ -148,14 +148,14 @@ mod tests {
         let frame = Bytes::from_static(&[0, 0, 0, 0, 2, b'h', b'i', 0, 0, 0, 0, 1, b'!']);
         let mut whole = Messages::new(10, Side::Answer);
         whole.push(frame.clone());
-        let first = whole.next().unwrap().unwrap();
+        let first = whole.take().unwrap().unwrap();
         assert_eq!(first.as_ptr(), frame[5..].as_ptr(), "no copy");
-        assert_eq!(whole.next().unwrap(), Some(Bytes::from_static(b"!")));
+        assert_eq!(whole.take().unwrap(), Some(Bytes::from_static(b"!")));
         assert_eq!(framed(b"hi").as_ref(), &frame[..7]);
 
         let mut cut = Messages::new(10, Side::Answer);
         cut.push(Bytes::from_static(&[0, 0, 0, 0, 9, b'h']));
-        assert_eq!(cut.next().unwrap(), None);
+        assert_eq!(cut.take().unwrap(), None);
         assert!(cut.is_cut_short(), "a body ending here ends inside a message");
     }
 
@@ -164,9 +164,9 @@ mod tests {
         let refused = |side, bytes: &'static [u8]| {
             let mut messages = Messages::new(10, side);
             messages.push(Bytes::from_static(&bytes[..2]));
-            assert_eq!(messages.next().unwrap(), None);
+            assert_eq!(messages.take().unwrap(), None);
             messages.push(Bytes::from_static(&bytes[2..]));
-            messages.next().unwrap_err()
+            messages.take().unwrap_err()
         };
         let large = refused(Side::Request, &[0, 0, 0, 0, 11]);
         assert_eq!(large.code(), Code::OutOfRange, "refused before its bytes arrive, its prefix split");

@@ -53,7 +53,7 @@ where
         match frame.into_data() {
             Ok(mut data) => {
                 messages.push(data.copy_to_bytes(data.remaining()));
-                while let Some(next) = messages.next()? {
+                while let Some(next) = messages.take()? {
                     message.get_or_insert(next);
                 }
             }

@@ -239,7 +239,7 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
         let _ = body.flow_control().release_capacity(data.len());
         messages.push(data);
         // Messages after the first are checked and dropped, as tonic's client does.
-        while let Some(next) = messages.next().map_err(Answer::Status)? {
+        while let Some(next) = messages.take().map_err(Answer::Status)? {
             message.get_or_insert(next);
         }
     }

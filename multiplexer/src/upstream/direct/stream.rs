@@ -61,7 +61,7 @@ async fn send<S>(mut messages: S, mut to: SendStream<Bytes>)
 where
     S: Stream<Item = Bytes> + Unpin,
 {
-    while let Some(message) = messages.next().await {
+    while let Some(message) = messages.take().await {
         let frame = framed(&message);
         if send_window::room(&mut to, frame.len()).await.is_err() || to.send_data(frame, false).is_err() {
             return;
@@ -133,7 +133,7 @@ impl Stream for Exchange {
         loop {
             match &mut this.state {
                 State::Messages(body) => {
-                    match this.messages.next() {
+                    match this.messages.take() {
                         Ok(Some(message)) => return Poll::Ready(Some(Ok(message))),
                         Ok(None) => {}
                         Err(status) => {
