@@ -61,7 +61,7 @@ async fn send<S>(mut messages: S, mut to: SendStream<Bytes>)
 where
     S: Stream<Item = Bytes> + Unpin,
 {
-    while let Some(message) = messages.take().await {
+    while let Some(message) = messages.next().await {
         let frame = framed(&message);
         if send_window::room(&mut to, frame.len()).await.is_err() || to.send_data(frame, false).is_err() {
             return;
