@@ -32,6 +32,11 @@ pub enum Error {
     InvalidMetadata { header: &'static str, reason: String },
 
     /// A unary call's request message did not arrive within the message deadline.
+    /// A stream's request message that could not be read (over the size limit, marked
+    /// compressed, cut short): the status tonic gives for it, passed to the caller as it is.
+    #[error("a request message was refused: {}", .0.message())]
+    Message(tonic::Status),
+
     #[error("the request message did not arrive within {within:?} of the call's admission")]
     SlowMessage { within: std::time::Duration },
 
@@ -136,6 +141,8 @@ impl Error {
             Self::InvalidPriority(_) | Self::InvalidMetadata { .. } | Self::SlowMessage { .. } => {
                 ErrorKind::InvalidRequest
             }
+            Self::Message(status) if status.code() == Code::OutOfRange => ErrorKind::TooLarge,
+            Self::Message(_) => ErrorKind::InvalidRequest,
             Self::UnknownPool { .. } | Self::UnknownModel { .. } => ErrorKind::NotFound,
             Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,
             Self::PoolNotReady(_) | Self::Draining | Self::ColdStart { .. } => ErrorKind::Unavailable,
@@ -155,6 +162,7 @@ impl Error {
     pub fn code(&self) -> Code {
         match self {
             Self::Upstream { status, .. } if self.kind() != ErrorKind::Unreachable => status.code(),
+            Self::Message(status) => status.code(),
             _ => self.kind().code(),
         }
     }

@@ -11,7 +11,6 @@
 //! permit it held.
 
 use std::collections::VecDeque;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -24,7 +23,7 @@ use teifleet_wire::headers::{FORWARDED_BY, SPILLED_FROM};
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 use crate::admission::{AdmissionError, Cost, Permit};
 use crate::call::{Activity, Call, Protocol};
@@ -35,13 +34,11 @@ use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
 use crate::rpc::{Admit, Rpc};
 use crate::siblings::{Ended, Lease};
+use crate::stream_body::MessageStream;
 use crate::streams::{Admitted, Answers, Held, Upstreamed};
 use crate::upstream::Upstream;
 use crate::wire::TeiTiming;
 use crate::{Error, Result};
-
-/// The stream every streaming RPC answers with.
-pub type ResponseStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send + 'static>>;
 
 pub struct Forwarder {
     pub pools: Arc<PoolTable>,
@@ -347,7 +344,7 @@ impl Routed {
     }
 
     /// Forwards one request whose answers stream back; the permit is held until the stream ends.
-    pub async fn server_stream(self, request: Request<Bytes>) -> Result<Response<ResponseStream>, Status> {
+    pub async fn server_stream(self, request: Request<Bytes>) -> Result<Response<MessageStream>, Status> {
         let Self { forwarder, mut call, meta, pool, grant } = self;
         // A stream stays on this replica: admitted here before its body was read, or now.
         let mut permit = match grant {
@@ -369,7 +366,7 @@ impl Routed {
     }
 
     /// Forwards a bidirectional stream message by message.
-    pub async fn bidi(self, request: Request<Streaming<Bytes>>) -> Result<Response<ResponseStream>, Status> {
+    pub async fn bidi(self, request: Request<MessageStream>) -> Result<Response<MessageStream>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
         let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
@@ -381,7 +378,7 @@ impl Routed {
 
     /// Forwards a client stream that ends in one answer (RerankStream). Every message's permit is
     /// held until the answer arrives.
-    pub async fn client_stream(self, request: Request<Streaming<Bytes>>) -> Result<Response<Bytes>, Status> {
+    pub async fn client_stream(self, request: Request<MessageStream>) -> Result<Response<Bytes>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
         let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);

@@ -48,6 +48,7 @@ pub mod service;
 pub mod siblings;
 pub mod sources;
 pub mod status;
+pub mod stream_body;
 pub mod streams;
 pub mod tls;
 pub mod unary;

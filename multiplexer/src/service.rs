@@ -1,17 +1,13 @@
 //! The one generic service behind every `tei.v1` path: a row of the RPC table decides the shape,
-//! the permit and the labels. Unary calls are framed by `crate::unary`; tonic's server machinery
-//! does the framing, size limits, status and trailers of streams over message bytes
-//! ([`BytesCodec`]). Nothing is decoded.
+//! the permit and the labels. Unary calls are framed by `crate::unary`, streams by
+//! `crate::stream_body`, both with tonic's size limits and statuses. Nothing is decoded.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use teifleet_proto::BytesCodec;
-use tonic::server::{ClientStreamingService, Grpc, ServerStreamingService, StreamingService};
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Code, Status};
 use tracing::Instrument as _;
 
 use crate::admission::Priority;
@@ -22,13 +18,13 @@ use crate::charge::{Grant, cost_before_body};
 use crate::connections::ConnectionInfo;
 use crate::door::ConnectionId;
 use crate::error::ErrorKind;
-use crate::forward::{Forwarder, ResponseStream, Routed};
+use crate::forward::{Forwarder, Routed};
 use crate::metrics::Metrics;
 use crate::orca;
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
 use crate::rpc::{Admit, Rpc, Shape};
-use crate::{Error, status, unary};
+use crate::{Error, status, stream_body, unary};
 
 /// Serves one RPC of the table.
 #[derive(Clone)]
@@ -175,7 +171,6 @@ where
     B::Error: Into<tonic::codegen::StdError> + Send + 'static,
 {
     let max_message = routed.forwarder.max_message_bytes();
-    let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(Some(max_message), Some(max_message));
     let metrics = routed.forwarder.metrics.clone();
     let mut routed = Once(Some(routed));
     match shape {
@@ -192,12 +187,27 @@ where
             (unary::answer(answer, max_message), routed)
         }),
         Shape::ServerStream => Box::pin(async move {
-            let response = grpc.server_streaming(&mut routed, within(message_timeout, request, metrics)).await;
-            (response, routed)
+            let request = match unary::read_request(within(message_timeout, request, metrics), max_message).await {
+                Ok(request) => request,
+                Err(status) => return (status.into_http(), routed),
+            };
+            (stream_body::answer(routed.take().server_stream(request).await), routed)
         }),
-        // A stream's messages come as the caller sends them; tonic hands the stream over at once.
-        Shape::ClientStream => Box::pin(async move { (grpc.client_streaming(&mut routed, request).await, routed) }),
-        Shape::Bidi => Box::pin(async move { (grpc.streaming(&mut routed, request).await, routed) }),
+        // A stream's messages come as the caller sends them: the call starts at once.
+        Shape::ClientStream => Box::pin(async move {
+            let request = match stream_body::incoming(request, max_message) {
+                Ok(request) => request,
+                Err(status) => return (status.into_http(), routed),
+            };
+            (unary::answer(routed.take().client_stream(request).await, max_message), routed)
+        }),
+        Shape::Bidi => Box::pin(async move {
+            let request = match stream_body::incoming(request, max_message) {
+                Ok(request) => request,
+                Err(status) => return (status.into_http(), routed),
+            };
+            (stream_body::answer(routed.take().bidi(request).await), routed)
+        }),
     }
 }
 
@@ -261,43 +271,12 @@ fn count_refused_message(routed: &mut Routed, response: &http::Response<tonic::b
     routed.call.refuse(kind);
 }
 
-/// A routed call, handed to tonic once its body has been read.
+/// A routed call, handed over once its request could be read; kept when it could not.
 struct Once(Option<Routed>);
 
 impl Once {
     fn take(&mut self) -> Routed {
-        self.0.take().expect("tonic calls the service once per request")
-    }
-}
-
-type Answer<T> = BoxFuture<'static, Result<Response<T>, Status>>;
-
-impl ServerStreamingService<Bytes> for &mut Once {
-    type Response = Bytes;
-    type ResponseStream = ResponseStream;
-    type Future = Answer<ResponseStream>;
-
-    fn call(&mut self, request: Request<Bytes>) -> Self::Future {
-        self.take().server_stream(request).boxed()
-    }
-}
-
-impl ClientStreamingService<Bytes> for &mut Once {
-    type Response = Bytes;
-    type Future = Answer<Bytes>;
-
-    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
-        self.take().client_stream(request).boxed()
-    }
-}
-
-impl StreamingService<Bytes> for &mut Once {
-    type Response = Bytes;
-    type ResponseStream = ResponseStream;
-    type Future = Answer<ResponseStream>;
-
-    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
-        self.take().bidi(request).boxed()
+        self.0.take().expect("a call is handed over once")
     }
 }
 
@@ -307,6 +286,8 @@ mod tests {
     use crate::admission::Cost;
     use crate::grpc_server::RequestBody;
     use crate::upstream::Direct;
+    use bytes::Bytes;
+    use tonic::Request;
 
     /// Every call's future is as large as its largest state, and is moved whole at least once:
     /// rare paths (a spill, connecting upstream, tonic's client) are boxed so the common one does

@@ -99,6 +99,7 @@ pub fn outcome(error: &Error) -> Outcome {
 pub fn into_status(error: Error) -> Status {
     let error = match error {
         Error::Upstream { status, .. } if !is_transport_failure(&status) => return status,
+        Error::Message(status) => return status,
         other => other,
     };
     let mut status = Status::new(error.code(), error.to_string());

@@ -28,6 +28,7 @@ use crate::charge;
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
 use crate::rpc::{Admit, Rpc};
+use crate::stream_body::MessageStream;
 use crate::upstream::Exchange;
 
 /// Permits of a stream's messages in flight, oldest first.
@@ -39,7 +40,7 @@ fn lock(held: &Held) -> std::sync::MutexGuard<'_, VecDeque<Permit>> {
 
 /// A client's messages on their way upstream, each admitted on its own.
 pub struct Admitted {
-    inbound: Streaming<Bytes>,
+    inbound: MessageStream,
     pool: Arc<Pool>,
     meta: RequestMeta,
     rpc: &'static Rpc,
@@ -51,7 +52,7 @@ pub struct Admitted {
 impl Admitted {
     /// The stream to send upstream, the permits it takes, and where a refusal is reported.
     pub fn new(
-        inbound: Streaming<Bytes>,
+        inbound: MessageStream,
         pool: Arc<Pool>,
         meta: RequestMeta,
         rpc: &'static Rpc,
@@ -90,10 +91,18 @@ impl Stream for Admitted {
             if this.refused.is_none() {
                 return Poll::Ready(None);
             }
-            // A client stream that breaks ends the upstream stream; tonic reports the client's
-            // error to it directly.
-            let Some(Ok(message)) = ready!(Pin::new(&mut this.inbound).poll_next(cx)) else {
-                return Poll::Ready(None);
+            let message = match ready!(this.inbound.as_mut().poll_next(cx)) {
+                Some(Ok(message)) => message,
+                // A message that cannot be read (too large, cut short) fails the call as a refused
+                // one does: TEI must not answer the rest as if it were the whole stream.
+                Some(Err(status)) => {
+                    if let Some(refused) = this.refused.take() {
+                        let _ = refused.send(Error::Message(status));
+                    }
+                    return Poll::Ready(None);
+                }
+                // The client ended its stream, or went away.
+                None => return Poll::Ready(None),
             };
             if this.rpc.admit == Admit::Free {
                 return Poll::Ready(Some(message));

@@ -96,7 +96,7 @@ pub fn answer(result: Result<Response<Bytes>, Status>, max_message: usize) -> ht
 }
 
 /// Nothing is decompressed here: a compressed request is UNIMPLEMENTED, with the encodings taken.
-fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
+pub(crate) fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
     let Some(encoding) = headers.get(&GRPC_ENCODING) else { return Ok(()) };
     if encoding == "identity" {
         return Ok(());

@@ -1,0 +1,144 @@
+//! A streaming call's messages on the gRPC port, framed here rather than by tonic's server codec
+//! (as unary calls are by `crate::unary`): the client's messages as a stream of their bytes, and
+//! the answers as a body of framed messages that ends with the call's status in its trailers.
+//! Why: tonic's codec boxes both directions, keeps an encoding buffer that reallocates as answers
+//! pass through it, and copies each message in and out of it; a stream's answers are TEI's
+//! messages as they came, so only the 5-byte prefix needs writing.
+
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf as _, Bytes};
+use futures::Stream;
+use http::HeaderValue;
+use http::header::CONTENT_TYPE;
+use http_body::{Body, Frame};
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status};
+
+use crate::framing::{self, Messages, Side, framed};
+use crate::status::GRPC_STATUS;
+
+/// A stream's messages as bytes, either way: a client's as they arrive, or the answers a
+/// streaming call sends back.
+pub type MessageStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send + 'static>>;
+
+/// The request's messages, each at most `max_message` bytes, with its headers as metadata; a
+/// compressed request is refused as a unary one is.
+pub fn incoming<B>(request: http::Request<B>, max_message: usize) -> Result<Request<MessageStream>, Status>
+where
+    B: Body + Send + Unpin + 'static,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    crate::unary::refuse_compressed(request.headers())?;
+    let (parts, body) = request.into_parts();
+    let messages = Incoming { body, messages: Messages::new(max_message, Side::Request), ended: false };
+    Ok(Request::from_parts(MetadataMap::from_headers(parts.headers), parts.extensions, Box::pin(messages)))
+}
+
+struct Incoming<B> {
+    body: B,
+    messages: Messages,
+    ended: bool,
+}
+
+impl<B> Stream for Incoming<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<tonic::codegen::StdError>,
+{
+    type Item = Result<Bytes, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match this.messages.take() {
+                Ok(Some(message)) => return Poll::Ready(Some(Ok(message))),
+                Ok(None) => {}
+                Err(status) => {
+                    this.ended = true;
+                    return Poll::Ready(Some(Err(status)));
+                }
+            }
+            match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                // Trailers a client sends are not passed on, as tonic's server did not.
+                Some(Ok(frame)) => {
+                    if let Ok(mut data) = frame.into_data() {
+                        this.messages.push(data.copy_to_bytes(data.remaining()));
+                    }
+                }
+                Some(Err(error)) => {
+                    this.ended = true;
+                    return match Status::from_error(error.into()) {
+                        // The caller went away: the end of its messages, as tonic reads it.
+                        status if status.code() == Code::Cancelled => Poll::Ready(None),
+                        status => Poll::Ready(Some(Err(status))),
+                    };
+                }
+                None => {
+                    this.ended = true;
+                    if this.messages.is_cut_short() {
+                        return Poll::Ready(Some(Err(framing::cut_short())));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The HTTP answer to a streaming call: its metadata as headers, each answer framed, then
+/// `grpc-status: 0` or the status that ended it in the trailers; or the status alone (a
+/// trailers-only answer) when the call failed before its first answer could be sent.
+pub fn answer(result: Result<Response<MessageStream>, Status>) -> http::Response<tonic::body::Body> {
+    let (metadata, answers, extensions) = match result {
+        Ok(response) => response.into_parts(),
+        Err(status) => return status.into_http(),
+    };
+    let mut headers = metadata.into_headers();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    let mut response = http::Response::new(tonic::body::Body::new(Outgoing { answers, ended: false }));
+    *response.headers_mut() = headers;
+    *response.extensions_mut() = extensions;
+    response
+}
+
+struct Outgoing {
+    answers: MessageStream,
+    ended: bool,
+}
+
+impl Body for Outgoing {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        let ended = match ready!(self.answers.as_mut().poll_next(cx)) {
+            Some(Ok(message)) => return Poll::Ready(Some(Ok(Frame::data(framed(&message))))),
+            Some(Err(status)) => status,
+            None => Status::ok(""),
+        };
+        self.ended = true;
+        // Room for the load report the trailers usually gain (`crate::orca`).
+        let mut trailers = http::HeaderMap::with_capacity(3);
+        if ended.code() == Code::Ok {
+            trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
+        } else if let Err(unwritable) = ended.add_header(&mut trailers) {
+            trailers.clear();
+            unwritable.add_header(&mut trailers).map_err(|_| Status::internal("unwritable status"))?;
+        }
+        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
+}
+
+#[cfg(test)]
+mod tests;
