@@ -55,6 +55,37 @@ async fn oversized_messages_invalid_metadata_and_the_server_stays_up() {
 }
 
 #[tokio::test]
+async fn a_stream_message_over_the_limit_fails_the_stream_in_tonics_words() {
+    let sim = sim(|_| {}).await;
+    let settings = Settings { max_message_bytes: 64 * 1024, ..Settings::default() };
+    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), limits(2, 8))], settings).await;
+    let client = embed_client(mux.grpc_addr).await;
+
+    // TEI must not answer the messages before it as if they were the whole stream.
+    let messages = vec![embed_request("fine"), embed_request(&"x ".repeat(100 * 1024))];
+    let answers = client.clone().embed_stream(futures::stream::iter(messages)).await;
+    let status = match answers {
+        Err(status) => status,
+        Ok(answers) => {
+            let mut answers = answers.into_inner();
+            loop {
+                match answers.message().await {
+                    Ok(Some(_)) => {}
+                    Ok(None) => panic!("the stream ended as if whole"),
+                    Err(status) => break status,
+                }
+            }
+        }
+    };
+    assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert!(status.message().contains("the limit is: 65536 bytes"), "{}", status.message());
+    let text = metrics_text(&mux);
+    assert_eq!(metric_sum(&text, "teifleet_requests_total", &[("outcome", "rejected")]), 1.0, "{text}");
+    let more = client.clone().embed_stream(futures::stream::iter(vec![embed_request("again")])).await;
+    assert_eq!(more.unwrap().into_inner().message().await.unwrap().map(|_| ()), Some(()), "the pool serves on");
+}
+
+#[tokio::test]
 async fn request_messages_framed_wrongly_or_compressed_are_refused_in_tonics_words() {
     let sim = sim(|_| {}).await;
     let (mux, _) = mux(sim.addr(), limits(2, 8)).await;
