@@ -8,7 +8,7 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::{Buf as _, Bytes};
+use bytes::{Buf as _, Bytes, BytesMut};
 use futures::Stream;
 use http::HeaderValue;
 use http::header::CONTENT_TYPE;
@@ -16,7 +16,7 @@ use http_body::{Body, Frame};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
-use crate::framing::{self, Messages, Side, framed};
+use crate::framing::{self, Messages, Side};
 use crate::status::GRPC_STATUS;
 
 /// A stream's messages as bytes, either way: a client's as they arrive, or the answers a
@@ -99,7 +99,7 @@ pub fn answer(result: Result<Response<MessageStream>, Status>) -> http::Response
     };
     let mut headers = metadata.into_headers();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    let mut response = http::Response::new(tonic::body::Body::new(Outgoing { answers, ended: false }));
+    let mut response = http::Response::new(tonic::body::Body::new(Outgoing { answers, ended: None, done: false }));
     *response.headers_mut() = headers;
     *response.extensions_mut() = extensions;
     response
@@ -107,7 +107,9 @@ pub fn answer(result: Result<Response<MessageStream>, Status>) -> http::Response
 
 struct Outgoing {
     answers: MessageStream,
-    ended: bool,
+    /// The status that ended the answers, once they have (trailers still to send).
+    ended: Option<Status>,
+    done: bool,
 }
 
 impl Body for Outgoing {
@@ -115,15 +117,25 @@ impl Body for Outgoing {
     type Error = Status;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        if self.ended {
+        let this = &mut *self;
+        if this.done {
             return Poll::Ready(None);
         }
-        let ended = match ready!(self.answers.as_mut().poll_next(cx)) {
-            Some(Ok(message)) => return Poll::Ready(Some(Ok(Frame::data(framed(&message))))),
-            Some(Err(status)) => status,
-            None => Status::ok(""),
-        };
-        self.ended = true;
+        let mut gathered = BytesMut::new();
+        while this.ended.is_none() && gathered.len() < framing::GATHER_BYTES {
+            match this.answers.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(message))) => framing::frame_into(&mut gathered, &message),
+                Poll::Ready(Some(Err(status))) => this.ended = Some(status),
+                Poll::Ready(None) => this.ended = Some(Status::ok("")),
+                Poll::Pending if gathered.is_empty() => return Poll::Pending,
+                Poll::Pending => break,
+            }
+        }
+        if !gathered.is_empty() {
+            return Poll::Ready(Some(Ok(Frame::data(gathered.freeze()))));
+        }
+        let Some(ended) = this.ended.take() else { return Poll::Pending };
+        this.done = true;
         // Room for the load report the trailers usually gain (`crate::orca`).
         let mut trailers = http::HeaderMap::with_capacity(3);
         if ended.code() == Code::Ok {
@@ -136,7 +148,7 @@ impl Body for Outgoing {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended
+        self.done
     }
 }
 

@@ -6,6 +6,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use http_body_util::{BodyExt as _, StreamBody};
 
 use super::*;
+use crate::framing::framed;
 
 type Frames = Vec<Result<Frame<Bytes>, Status>>;
 
@@ -71,7 +72,8 @@ async fn answers_are_framed_then_the_status_that_ends_them_is_in_the_trailers() 
     let answered = answer(answers(vec![Ok(Bytes::from_static(b"one")), Ok(Bytes::from_static(b"two"))]));
     assert_eq!(answered.headers()[CONTENT_TYPE], "application/grpc");
     let (data, trailers) = frames(answered).await;
-    assert_eq!(data, [framed(b"one"), framed(b"two")]);
+    let gathered: Vec<u8> = [framed(b"one"), framed(b"two")].concat();
+    assert_eq!(data, [gathered], "answers ready together go out together");
     assert_eq!(trailers[&GRPC_STATUS], "0");
 
     let failed = answer(answers(vec![Ok(Bytes::from_static(b"one")), Err(Status::invalid_argument("bad text"))]));

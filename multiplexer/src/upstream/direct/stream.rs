@@ -10,8 +10,8 @@
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-use bytes::Bytes;
-use futures::{Stream, StreamExt as _};
+use bytes::{Bytes, BytesMut};
+use futures::{FutureExt as _, Stream, StreamExt as _};
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, StatusCode};
 use tokio::task::AbortHandle;
@@ -19,7 +19,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
 use super::{Direct, carried_status, from_http_status};
-use crate::framing::{self, Messages, Side, framed};
+use crate::framing::{self, Messages, Side};
 use crate::{Error, Result, send_window};
 
 impl Direct {
@@ -55,15 +55,30 @@ impl Direct {
     }
 }
 
-/// Sends each message once the upstream's window has room for it, then ends the stream. A stream
-/// that breaks ends this; the answer's side tells the call why.
+/// Sends the messages as they come (those ready together in one data frame), each frame once the
+/// upstream's window has room for it, then ends the stream. A stream that breaks ends this; the
+/// answer's side tells the call why.
 async fn send<S>(mut messages: S, mut to: SendStream<Bytes>)
 where
     S: Stream<Item = Bytes> + Unpin,
 {
-    while let Some(message) = messages.next().await {
-        let frame = framed(&message);
-        if send_window::room(&mut to, frame.len()).await.is_err() || to.send_data(frame, false).is_err() {
+    let mut ended = false;
+    while !ended {
+        let Some(message) = messages.next().await else { break };
+        let mut frames = BytesMut::new();
+        framing::frame_into(&mut frames, &message);
+        while frames.len() < framing::GATHER_BYTES {
+            match messages.next().now_or_never() {
+                Some(Some(more)) => framing::frame_into(&mut frames, &more),
+                Some(None) => {
+                    ended = true;
+                    break;
+                }
+                // Nothing more ready now.
+                None => break,
+            }
+        }
+        if send_window::room(&mut to, frames.len()).await.is_err() || to.send_data(frames.freeze(), false).is_err() {
             return;
         }
     }
