@@ -22,8 +22,9 @@ use teifleet_runtime::http_server::Accepted;
 use teifleet_runtime::tls::MaybeTls;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio::sync::mpsc::{self, UnboundedSender};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tonic::transport::server::Connected as _;
 
 pub use self::stream::{Dispatch, RequestBody};
@@ -88,11 +89,12 @@ where
         Err(error) => return tracing::debug!(%error, "HTTP/2 handshake failed"),
     };
     let streams = TaskTracker::new();
-    let keepalive = keepalive::unanswered(connection.ping_pong(), bounds.keepalive_interval, bounds.keepalive_timeout);
-    let mut keepalive = std::pin::pin!(keepalive);
-    let aged = tokio::time::sleep(bounds.max_connection_age);
-    let mut aged = std::pin::pin!(aged);
-    let (mut closing, mut past_age) = (false, false);
+    // The connection's timers run in a task of their own, which tells this one what they call
+    // for: a connection task wakes several times per call, and polling two timers and the stop
+    // token at every wake cost more than reading one channel.
+    let (tell, mut told) = mpsc::unbounded_channel();
+    let _watch = AbortOnDropHandle::new(tokio::spawn(watch(connection.ping_pong(), bounds, stop, tell)));
+    let mut closing = false;
     loop {
         tokio::select! {
             accepted = connection.accept() => match accepted {
@@ -105,27 +107,55 @@ where
                 }
                 None => break,
             },
-            () = &mut keepalive => {
-                tracing::debug!(timeout = ?bounds.keepalive_timeout, "client unanswered PING: connection closed");
-                break;
-            }
-            () = &mut aged => {
-                if std::mem::replace(&mut past_age, true) {
-                    tracing::debug!("connection past its age and grace: closed");
+            Some(event) = told.recv() => match event {
+                Watch::GoAway if !closing => {
+                    closing = true;
+                    connection.graceful_shutdown();
+                }
+                Watch::GoAway => {}
+                Watch::Close(why) => {
+                    tracing::debug!("{why}: connection closed");
                     break;
                 }
-                aged.as_mut().reset(tokio::time::Instant::now() + bounds.max_connection_age_grace);
-                closing = true;
-                connection.graceful_shutdown();
-            }
-            () = stop.cancelled(), if !closing => {
-                closing = true;
-                connection.graceful_shutdown();
-            }
+            },
         }
     }
     drop(connection);
     // Calls still running (their connection closed) end as their clients are gone.
     streams.close();
     streams.wait().await;
+}
+
+/// What a connection's timers call for.
+#[derive(Debug)]
+enum Watch {
+    /// Tell the client GOAWAY and finish the calls in flight: the server is stopping, or the
+    /// connection has reached its age.
+    GoAway,
+    /// Close it now: the client left a PING unanswered, or the connection is past its age and
+    /// grace.
+    Close(&'static str),
+}
+
+/// A connection's timers: keepalive PINGs, its age and grace, and the server's stop.
+async fn watch(pings: Option<h2::PingPong>, bounds: Bounds, stop: CancellationToken, tell: UnboundedSender<Watch>) {
+    let born = tokio::time::Instant::now();
+    let ages = async {
+        tokio::select! {
+            () = tokio::time::sleep_until(born + bounds.max_connection_age) => {}
+            () = stop.cancelled() => {
+                let _ = tell.send(Watch::GoAway);
+                tokio::time::sleep_until(born + bounds.max_connection_age).await;
+            }
+        }
+        let _ = tell.send(Watch::GoAway);
+        tokio::time::sleep(bounds.max_connection_age_grace).await;
+        let _ = tell.send(Watch::Close("connection past its age and grace"));
+    };
+    tokio::select! {
+        () = keepalive::unanswered(pings, bounds.keepalive_interval, bounds.keepalive_timeout) => {
+            let _ = tell.send(Watch::Close("client unanswered PING"));
+        }
+        () = ages => {}
+    }
 }

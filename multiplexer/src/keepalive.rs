@@ -4,6 +4,9 @@
 
 use std::time::Duration;
 
+use tokio::sync::oneshot;
+use tokio_util::task::AbortOnDropHandle;
+
 /// PINGs the peer every `interval`; resolves when one goes unanswered for `timeout`. Never, when
 /// the connection gives no PING handle (it was taken already). The connection must be driven
 /// beside this future, which only sends and waits.
@@ -16,6 +19,22 @@ pub async fn unanswered(pings: Option<h2::PingPong>, interval: Duration, timeout
             Ok(Err(_)) | Err(_) => return,
         }
     }
+}
+
+/// [`unanswered`] in a task of its own, for a connection's task, which wakes several times per
+/// call and would otherwise poll the timer at every wake: the receiver resolves when a PING goes
+/// unanswered, and the task ends when the handle is dropped.
+pub fn watched(
+    pings: Option<h2::PingPong>,
+    interval: Duration,
+    timeout: Duration,
+) -> (AbortOnDropHandle<()>, oneshot::Receiver<()>) {
+    let (tell, told) = oneshot::channel();
+    let watch = tokio::spawn(async move {
+        unanswered(pings, interval, timeout).await;
+        let _ = tell.send(());
+    });
+    (AbortOnDropHandle::new(watch), told)
 }
 
 #[cfg(test)]

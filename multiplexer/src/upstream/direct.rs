@@ -198,10 +198,10 @@ where
     let pings = connection.ping_pong();
     let marks = closed.clone();
     tokio::spawn(async move {
-        let keepalive = keepalive::unanswered(pings, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT);
+        let (_watch, unanswered) = keepalive::watched(pings, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT);
         tokio::select! {
             _ = connection => {}
-            () = keepalive => tracing::debug!("upstream connection unanswered for {KEEPALIVE_TIMEOUT:?}: closed"),
+            Ok(()) = unanswered => tracing::debug!("upstream connection unanswered for {KEEPALIVE_TIMEOUT:?}: closed"),
         }
         marks.store(true, Ordering::Release);
     });

@@ -14,7 +14,7 @@ use bytes::{Bytes, BytesMut};
 use futures::{FutureExt as _, Stream, StreamExt as _};
 use h2::{RecvStream, SendStream};
 use http::{HeaderMap, StatusCode};
-use tokio::task::AbortHandle;
+use tokio_util::task::AbortOnDropHandle;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Status};
 
@@ -37,7 +37,9 @@ impl Direct {
     {
         let (metadata, _, messages) = request.into_parts();
         let (answer, to) = self.start(pool, path, metadata).await?;
-        let sending = Sending(tokio::spawn(send(messages, to)).abort_handle());
+        // Stopped when the exchange is dropped: a call that ends (answered, failed, or its client
+        // gone) takes its unsent messages, and their permits, with it.
+        let sending = AbortOnDropHandle::new(tokio::spawn(send(messages, to)));
         let response = answer.await.map_err(|error| self.failed(pool, error))?;
         let upstream = Upstream { pool: pool.to_owned(), url: self.url.clone() };
         let (parts, body) = response.into_parts();
@@ -85,16 +87,6 @@ where
     let _ = to.send_data(Bytes::new(), true);
 }
 
-/// The sending task, stopped when the exchange is dropped: a call that ends (answered, failed,
-/// or its client gone) takes its unsent messages, and their permits, with it.
-struct Sending(AbortHandle);
-
-impl Drop for Sending {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// Who answered, for the call's errors.
 struct Upstream {
     pool: String,
@@ -125,7 +117,7 @@ pub struct Exchange {
     messages: Messages,
     /// The answer's headers, then its trailers too: its metadata.
     headers: HeaderMap,
-    _sending: Sending,
+    _sending: AbortOnDropHandle<()>,
 }
 
 impl Exchange {
