@@ -42,7 +42,8 @@ fn lock(held: &Held) -> std::sync::MutexGuard<'_, VecDeque<Permit>> {
 pub struct Admitted {
     inbound: MessageStream,
     pool: Arc<Pool>,
-    meta: RequestMeta,
+    /// Shared by each message's admission: a clone per message would copy its strings.
+    meta: Arc<RequestMeta>,
     rpc: &'static Rpc,
     held: Held,
     waiting: Option<(Bytes, BoxFuture<'static, Result<Permit, Error>>)>,
@@ -59,6 +60,7 @@ impl Admitted {
     ) -> (Self, Held, oneshot::Receiver<Error>) {
         let (refused, refusal) = oneshot::channel();
         let held = Held::default();
+        let meta = Arc::new(meta);
         let stream = Self { inbound, pool, meta, rpc, held: held.clone(), waiting: None, refused: Some(refused) };
         (stream, held, refusal)
     }
