@@ -41,9 +41,17 @@ struct Fields<'a> {
     rest: &'a [u8],
 }
 
-/// prost's own reader: unrolled for a slice, and every answer's timing is read with it.
 fn varint(buf: &mut &[u8]) -> Option<u64> {
-    prost::encoding::decode_varint(buf).ok()
+    let mut value = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&byte, rest) = buf.split_first()?;
+        *buf = rest;
+        value |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(value);
+        }
+    }
+    None
 }
 
 impl<'a> Iterator for Fields<'a> {
