@@ -34,12 +34,12 @@ pub fn for_section(section: &Section, dir: &Path, stem: &str) -> Result<Vec<Stri
             if singles.iter().all(|c| !c.floor.is_empty()) {
                 series.push(line(Stack::Tonic.label(), |c| &c.floor));
             }
-            if singles.iter().all(|c| !c.floor_h2.is_empty()) {
-                series.push(line(Stack::H2.label(), |c| &c.floor_h2));
+            if singles.iter().all(|c| !c.floors.floor_h2.is_empty()) {
+                series.push(line(Stack::H2.label(), |c| &c.floors.floor_h2));
             }
-            if singles.iter().all(|c| !c.haproxy_tcp.is_empty() && !c.haproxy_h2.is_empty()) {
-                series.push(line("HAProxy TCP", |c| &c.haproxy_tcp));
-                series.push(line("HAProxy h2", |c| &c.haproxy_h2));
+            if singles.iter().all(|c| !c.floors.haproxy_tcp.is_empty() && !c.floors.haproxy_h2.is_empty()) {
+                series.push(line("HAProxy TCP", |c| &c.floors.haproxy_tcp));
+                series.push(line("HAProxy h2", |c| &c.floors.haproxy_h2));
             }
             let chart = Chart {
                 title: "Single-request p50 latency, ~1 ms backend",

@@ -148,7 +148,7 @@ fn overhead(r: &Overhead) -> String {
             .collect();
         let _ = writeln!(out, "\n**The floor this machine allows** for one gRPC hop: {}.", parts.join("; "));
     }
-    let haproxy_ran = r.cases.iter().any(|c| !c.haproxy_h2.is_empty());
+    let haproxy_ran = r.cases.iter().any(|c| !c.floors.haproxy_h2.is_empty());
     if haproxy_ran && !targeted.is_empty() {
         let parts: Vec<String> = targeted
             .iter()

@@ -22,9 +22,11 @@ fn overhead() -> Section {
         direct: side(direct),
         mux: side(mux),
         floor: side(floor),
-        floor_h2: side(&direct.iter().map(|d| d + 0.015).collect::<Vec<_>>()),
-        haproxy_tcp: side(&direct.iter().map(|d| d + 0.010).collect::<Vec<_>>()),
-        haproxy_h2: side(&direct.iter().map(|d| d + 0.020).collect::<Vec<_>>()),
+        floors: crate::scenarios::FloorSides {
+            floor_h2: side(&direct.iter().map(|d| d + 0.015).collect::<Vec<_>>()),
+            haproxy_tcp: side(&direct.iter().map(|d| d + 0.010).collect::<Vec<_>>()),
+            haproxy_h2: side(&direct.iter().map(|d| d + 0.020).collect::<Vec<_>>()),
+        },
     };
     Section::measured(
         Scenario::Overhead,

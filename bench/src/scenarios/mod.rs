@@ -293,6 +293,21 @@ pub async fn interleaved(
     Ok(out)
 }
 
+/// The floors' sides of a case that runs them (scenarios 1 and 8), each empty when that floor did
+/// not run (or in results written before it was added).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FloorSides {
+    /// Through the bare h2 proxy; empty when the floor proxy was not built.
+    #[serde(default)]
+    pub floor_h2: Vec<Sample>,
+    /// Through HAProxy in `mode tcp`; empty when HAProxy did not run.
+    #[serde(default)]
+    pub haproxy_tcp: Vec<Sample>,
+    /// Through HAProxy as an h2c proxy; empty when HAProxy did not run.
+    #[serde(default)]
+    pub haproxy_h2: Vec<Sample>,
+}
+
 /// The figures of one run that a latency comparison needs (the whole report stays out of the
 /// results file: dozens of them per scenario).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::{Call, LoadConfig};
 
 use super::{
-    Context, Sample, Scenario, added_p50_us, interleaved, median_of, precise_model, samples, unhurried_limits, warm_up,
-    words,
+    Context, FloorSides, Sample, Scenario, added_p50_us, interleaved, median_of, precise_model, samples,
+    unhurried_limits, warm_up, words,
 };
 use crate::Result;
 use crate::floor::Stack;
@@ -100,15 +100,8 @@ pub struct CaseResult {
     pub mux: Vec<Sample>,
     /// Through the bare tonic proxy; empty when the floor proxy was not built.
     pub floor: Vec<Sample>,
-    /// Through the bare h2 proxy; empty when the floor proxy was not built.
-    #[serde(default)]
-    pub floor_h2: Vec<Sample>,
-    /// Through HAProxy in `mode tcp`; empty when HAProxy did not run.
-    #[serde(default)]
-    pub haproxy_tcp: Vec<Sample>,
-    /// Through HAProxy as an h2c proxy; empty when HAProxy did not run.
-    #[serde(default)]
-    pub haproxy_h2: Vec<Sample>,
+    #[serde(flatten)]
+    pub floors: FloorSides,
 }
 
 impl CaseResult {
@@ -124,7 +117,7 @@ impl CaseResult {
 
     /// What the bare h2 proxy adds to the p50, µs.
     pub fn floor_h2_added_us(&self) -> Option<f64> {
-        (!self.floor_h2.is_empty()).then(|| added_p50_us(&self.direct, &self.floor_h2))
+        (!self.floors.floor_h2.is_empty()).then(|| added_p50_us(&self.direct, &self.floors.floor_h2))
     }
 
     /// The multiplexer's added latency over the floor's.
@@ -135,8 +128,8 @@ impl CaseResult {
     /// What HAProxy in `mode` adds to the p50, µs.
     pub fn haproxy_added_us(&self, mode: HaproxyMode) -> Option<f64> {
         let side = match mode {
-            HaproxyMode::Tcp => &self.haproxy_tcp,
-            HaproxyMode::H2 => &self.haproxy_h2,
+            HaproxyMode::Tcp => &self.floors.haproxy_tcp,
+            HaproxyMode::H2 => &self.floors.haproxy_h2,
         };
         (!side.is_empty()).then(|| added_p50_us(&self.direct, side))
     }
@@ -325,9 +318,11 @@ pub async fn run(ctx: &Context) -> Result<Overhead> {
             direct: samples(&direct),
             mux: samples(&mux),
             floor: samples(&floor),
-            floor_h2: samples(&floor_h2),
-            haproxy_tcp: samples(&haproxy_tcp),
-            haproxy_h2: samples(&haproxy_h2),
+            floors: FloorSides {
+                floor_h2: samples(&floor_h2),
+                haproxy_tcp: samples(&haproxy_tcp),
+                haproxy_h2: samples(&haproxy_h2),
+            },
         });
     }
     Ok(Overhead { backend, limits, rounds, cases, haproxy_missing })
@@ -381,9 +376,11 @@ mod tests {
                     direct: side(&[0.100, 0.110]),
                     mux: side(&[0.140, 0.150]),
                     floor: side(&[0.120, 0.130]),
-                    floor_h2: side(&[0.115, 0.125]),
-                    haproxy_tcp: side(&[0.105, 0.115]),
-                    haproxy_h2: side(&[0.110, 0.120]),
+                    floors: FloorSides {
+                        floor_h2: side(&[0.115, 0.125]),
+                        haproxy_tcp: side(&[0.105, 0.115]),
+                        haproxy_h2: side(&[0.110, 0.120]),
+                    },
                 },
                 CaseResult {
                     case: Case::Single { tokens: TARGET_TOKENS },
@@ -391,9 +388,7 @@ mod tests {
                     direct: side(&[1.10, 1.12]),
                     mux: side(&[1.20, 1.22]),
                     floor: vec![],
-                    floor_h2: vec![],
-                    haproxy_tcp: vec![],
-                    haproxy_h2: vec![],
+                    floors: FloorSides::default(),
                 },
                 CaseResult {
                     case: Case::Concurrent { clients: 5 },
@@ -401,9 +396,7 @@ mod tests {
                     direct: side(&[2.0, 2.0]),
                     mux: side(&[3.0, 3.0]),
                     floor: vec![],
-                    floor_h2: vec![],
-                    haproxy_tcp: vec![],
-                    haproxy_h2: vec![],
+                    floors: FloorSides::default(),
                 },
             ],
             haproxy_missing: None,
@@ -454,7 +447,7 @@ mod tests {
     fn without_haproxy_its_rows_skip_with_the_reason() {
         let mut r = result(SimModel { device: Device::Spin, ..fast_model() });
         for c in &mut r.cases {
-            (c.haproxy_tcp, c.haproxy_h2) = (vec![], vec![]);
+            (c.floors.haproxy_tcp, c.floors.haproxy_h2) = (vec![], vec![]);
         }
         r.haproxy_missing = Some("haproxy is not installed".into());
         let targets = r.targets();

@@ -10,7 +10,8 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::{Call, LoadConfig};
 
 use super::{
-    Context, Sample, Scenario, interleaved, median_of, precise_model, samples, unhurried_limits, warm_up, words,
+    Context, FloorSides, Sample, Scenario, interleaved, median_of, precise_model, samples, unhurried_limits, warm_up,
+    words,
 };
 use crate::Result;
 use crate::floor::Stack;
@@ -28,14 +29,8 @@ pub struct StreamCase {
     pub calls_per_round: u64,
     pub direct: Vec<Sample>,
     pub mux: Vec<Sample>,
-    /// Through the bare h2 proxy; empty when it was not built (or in runs before it was added).
-    #[serde(default)]
-    pub floor_h2: Vec<Sample>,
-    /// Through HAProxy; empty when HAProxy is missing.
-    #[serde(default)]
-    pub haproxy_tcp: Vec<Sample>,
-    #[serde(default)]
-    pub haproxy_h2: Vec<Sample>,
+    #[serde(flatten)]
+    pub floors: FloorSides,
 }
 
 impl StreamCase {
@@ -64,9 +59,9 @@ impl StreamCase {
     pub fn proxies(&self) -> Vec<(&'static str, &[Sample])> {
         [
             ("multiplexer", self.mux.as_slice()),
-            (Stack::H2.label(), self.floor_h2.as_slice()),
-            (HaproxyMode::Tcp.label(), self.haproxy_tcp.as_slice()),
-            (HaproxyMode::H2.label(), self.haproxy_h2.as_slice()),
+            (Stack::H2.label(), self.floors.floor_h2.as_slice()),
+            (HaproxyMode::Tcp.label(), self.floors.haproxy_tcp.as_slice()),
+            (HaproxyMode::H2.label(), self.floors.haproxy_h2.as_slice()),
         ]
         .into_iter()
         .filter(|(_, side)| !side.is_empty())
@@ -174,7 +169,8 @@ pub async fn run(ctx: &Context) -> Result<Streams> {
         let (direct, mux) = (next(), next());
         let floor_h2 = if floor.is_some() { next() } else { Vec::new() };
         let (haproxy_tcp, haproxy_h2) = if haproxy.is_empty() { (Vec::new(), Vec::new()) } else { (next(), next()) };
-        cases.push(StreamCase { messages, calls_per_round: calls, direct, mux, floor_h2, haproxy_tcp, haproxy_h2 });
+        let floors = FloorSides { floor_h2, haproxy_tcp, haproxy_h2 };
+        cases.push(StreamCase { messages, calls_per_round: calls, direct, mux, floors });
     }
     Ok(Streams { backend, limits, rounds, tokens: TOKENS, cases })
 }
@@ -191,9 +187,11 @@ mod tests {
         let case = |messages, direct: Vec<Sample>, mux: Vec<Sample>| StreamCase {
             messages,
             calls_per_round: 1,
-            floor_h2: direct.iter().map(|d| s(d.p50_ms * 1.01)).collect(),
-            haproxy_tcp: Vec::new(),
-            haproxy_h2: direct.iter().map(|d| s(d.p50_ms * 1.04)).collect(),
+            floors: FloorSides {
+                floor_h2: direct.iter().map(|d| s(d.p50_ms * 1.01)).collect(),
+                haproxy_tcp: Vec::new(),
+                haproxy_h2: direct.iter().map(|d| s(d.p50_ms * 1.04)).collect(),
+            },
             direct,
             mux,
         };
