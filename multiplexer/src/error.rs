@@ -31,12 +31,12 @@ pub enum Error {
     #[error("invalid {header} metadata: {reason}")]
     InvalidMetadata { header: &'static str, reason: String },
 
-    /// A unary call's request message did not arrive within the message deadline.
     /// A stream's request message that could not be read (over the size limit, marked
     /// compressed, cut short): the status tonic gives for it, passed to the caller as it is.
     #[error("a request message was refused: {}", .0.message())]
     Message(tonic::Status),
 
+    /// A unary call's request message did not arrive within the message deadline.
     #[error("the request message did not arrive within {within:?} of the call's admission")]
     SlowMessage { within: std::time::Duration },
 
@@ -141,8 +141,7 @@ impl Error {
             Self::InvalidPriority(_) | Self::InvalidMetadata { .. } | Self::SlowMessage { .. } => {
                 ErrorKind::InvalidRequest
             }
-            Self::Message(status) if status.code() == Code::OutOfRange => ErrorKind::TooLarge,
-            Self::Message(_) => ErrorKind::InvalidRequest,
+            Self::Message(status) => refused_message(status.code()).map_or(ErrorKind::InvalidRequest, |(kind, _)| kind),
             Self::UnknownPool { .. } | Self::UnknownModel { .. } => ErrorKind::NotFound,
             Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,
             Self::PoolNotReady(_) | Self::Draining | Self::ColdStart { .. } => ErrorKind::Unavailable,
@@ -184,6 +183,21 @@ impl ErrorKind {
             // Only reached for an upstream answer that carries no code of its own.
             Self::Upstream => Code::Unknown,
         }
+    }
+}
+
+/// A request message the gRPC port refused, by the status it was answered with (tonic's words):
+/// its kind, and the reason `teifleet_refused_input_total` counts it under (none for the message
+/// deadline, counted where it fired). `None` for a status that is not the message's fault: the
+/// caller went away, or its connection broke.
+pub fn refused_message(code: Code) -> Option<(ErrorKind, Option<&'static str>)> {
+    match code {
+        Code::Cancelled | Code::Unknown | Code::Ok => None,
+        Code::OutOfRange => Some((ErrorKind::TooLarge, Some("message_too_large"))),
+        Code::InvalidArgument => Some((ErrorKind::InvalidRequest, None)),
+        // A `grpc-encoding` the multiplexer does not take: nothing is ever decompressed here.
+        Code::Unimplemented => Some((ErrorKind::InvalidRequest, Some("compressed_message"))),
+        _ => Some((ErrorKind::InvalidRequest, Some("malformed_message"))),
     }
 }
 

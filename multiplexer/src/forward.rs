@@ -29,6 +29,7 @@ use crate::admission::{AdmissionError, Cost, Permit};
 use crate::call::{Activity, Call, Protocol};
 use crate::charge::{self, Grant, cost_of, observe, timing};
 use crate::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
+use crate::framing::{Side, missing};
 use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
@@ -385,10 +386,7 @@ impl Routed {
         let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
         let upstream = within_deadline(&pool, &meta, call.arrived, async {
             let mut answers = forwarder.open_stream(&pool, call.rpc, outgoing).await?;
-            let missing = || Error::Upstream {
-                pool: pool.spec.name.clone(),
-                status: Status::internal("Missing response message."),
-            };
+            let missing = || Error::Upstream { pool: pool.spec.name.clone(), status: missing(Side::Answer) };
             let message = answers.next().await.unwrap_or_else(|| Err(missing()))?;
             let metadata = answers.metadata().await?;
             Ok(Response::from_parts(metadata, message, tonic::Extensions::default()))

@@ -129,6 +129,14 @@ fn compressed_flag() -> Status {
     Status::internal("protocol error: received message with compressed-flag but no grpc-encoding was specified")
 }
 
+/// A unary body that ended without its one message, in tonic's words.
+pub fn missing(side: Side) -> Status {
+    Status::internal(match side {
+        Side::Request => "Missing request message.",
+        Side::Answer => "Missing response message.",
+    })
+}
+
 /// A body that ended inside a message, in tonic's words.
 pub fn cut_short() -> Status {
     Status::internal("Unexpected EOF decoding stream.")

@@ -17,6 +17,7 @@ use tonic_health::server::HealthReporter;
 use crate::SetupError;
 use crate::admin::{self, Readiness};
 use crate::auth::Gate;
+use crate::call::Protocol;
 use crate::forward::Forwarder;
 use crate::grpc_server::{self, Dispatch};
 use crate::http::HttpSettings;
@@ -227,7 +228,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // Nagle's algorithm meets delayed ACKs and adds ~40 ms to every small answer.
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let bounds = &settings.bounds;
-    let refused: Refused = Arc::new(metrics.refusal_counter("grpc"));
+    let refused: Refused = Arc::new(metrics.refusal_counter(Protocol::Grpc.as_str()));
     let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
     let incoming = crate::connections::bounded(incoming, cap, bounds.max_connections, settings.tls.clone(), refused);
     let server = tokio::spawn(grpc_server::serve(incoming, dispatch, h2_bounds, server_stop.clone()));
@@ -246,7 +247,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         }
         let stopped = server_stop.clone().cancelled_owned();
         let bounds = settings.bounds.http_server(settings.max_concurrent_streams);
-        let (refused, tls) = (metrics.refusal_counter("http"), Some(settings.tls.clone()));
+        let (refused, tls) = (metrics.refusal_counter(Protocol::Http.as_str()), Some(settings.tls.clone()));
         tokio::spawn(async move { http_server::serve_tls(listener, app, &bounds, tls, refused, stopped).await })
     });
     if let Some(http_addr) = http_addr {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use tonic::{Code, Status};
+use tonic::Status;
 use tracing::Instrument as _;
 
 use crate::admission::Priority;
@@ -17,7 +17,7 @@ use crate::call::{Call, Protocol};
 use crate::charge::{Grant, cost_before_body};
 use crate::connections::ConnectionInfo;
 use crate::door::ConnectionId;
-use crate::error::ErrorKind;
+use crate::error::refused_message;
 use crate::forward::{Forwarder, Routed};
 use crate::metrics::Metrics;
 use crate::orca;
@@ -195,14 +195,14 @@ where
         }),
         // A stream's messages come as the caller sends them: the call starts at once.
         Shape::ClientStream => Box::pin(async move {
-            let request = match stream_body::incoming(request, max_message) {
+            let request = match stream_body::incoming(request, max_message, metrics) {
                 Ok(request) => request,
                 Err(status) => return (status.into_http(), routed),
             };
             (unary::answer(routed.take().client_stream(request).await, max_message), routed)
         }),
         Shape::Bidi => Box::pin(async move {
-            let request = match stream_body::incoming(request, max_message) {
+            let request = match stream_body::incoming(request, max_message, metrics) {
                 Ok(request) => request,
                 Err(status) => return (status.into_http(), routed),
             };
@@ -248,23 +248,15 @@ where
 }
 
 /// The `port` label of the gRPC port's refusals.
-const PORT: &str = "grpc";
+const PORT: &str = Protocol::Grpc.as_str();
 const REFUSED_SLOW_MESSAGE: &str = "message_timeout";
 
 /// Counts a call whose request message tonic refused before the call could be forwarded, by the
 /// status tonic answered (its own words reach the caller unchanged).
 fn count_refused_message(routed: &mut Routed, response: &http::Response<tonic::body::Body>) {
     let Some(status) = Status::from_header_map(response.headers()) else { return };
-    let (kind, reason) = match status.code() {
-        // The caller left or broke its connection: counted as cancelled when the call drops.
-        Code::Cancelled | Code::Unknown | Code::Ok => return,
-        Code::OutOfRange => (ErrorKind::TooLarge, Some("message_too_large")),
-        // Our own message deadline, counted where it fired.
-        Code::InvalidArgument => (ErrorKind::InvalidRequest, None),
-        // A `grpc-encoding` the multiplexer does not take: nothing is ever decompressed here.
-        Code::Unimplemented => (ErrorKind::InvalidRequest, Some("compressed_message")),
-        _ => (ErrorKind::InvalidRequest, Some("malformed_message")),
-    };
+    // The caller left or broke its connection: counted as cancelled when the call drops.
+    let Some((kind, reason)) = refused_message(status.code()) else { return };
     if let Some(reason) = reason {
         routed.forwarder.metrics.refused_input(PORT, reason);
     }

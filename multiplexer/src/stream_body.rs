@@ -16,7 +16,10 @@ use http_body::{Body, Frame};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
+use crate::call::Protocol;
+use crate::error::refused_message;
 use crate::framing::{self, Messages, Side};
+use crate::metrics::Metrics;
 use crate::status::GRPC_STATUS;
 
 /// A stream's messages as bytes, either way: a client's as they arrive, or the answers a
@@ -24,22 +27,39 @@ use crate::status::GRPC_STATUS;
 pub type MessageStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send + 'static>>;
 
 /// The request's messages, each at most `max_message` bytes, with its headers as metadata; a
-/// compressed request is refused as a unary one is.
-pub fn incoming<B>(request: http::Request<B>, max_message: usize) -> Result<Request<MessageStream>, Status>
+/// compressed request is refused as a unary one is. A message refused later is counted in
+/// `metrics` as the gRPC port's unary refusals are.
+pub fn incoming<B>(
+    request: http::Request<B>,
+    max_message: usize,
+    metrics: Metrics,
+) -> Result<Request<MessageStream>, Status>
 where
     B: Body + Send + Unpin + 'static,
     B::Error: Into<tonic::codegen::StdError>,
 {
     crate::unary::refuse_compressed(request.headers())?;
     let (parts, body) = request.into_parts();
-    let messages = Incoming { body, messages: Messages::new(max_message, Side::Request), ended: false };
+    let messages = Incoming { body, messages: Messages::new(max_message, Side::Request), metrics, ended: false };
     Ok(Request::from_parts(MetadataMap::from_headers(parts.headers), parts.extensions, Box::pin(messages)))
 }
 
 struct Incoming<B> {
     body: B,
     messages: Messages,
+    metrics: Metrics,
     ended: bool,
+}
+
+impl<B> Incoming<B> {
+    /// Ends the messages with `status`, counted as a refused message when it is one.
+    fn refuse(&mut self, status: Status) -> Poll<Option<Result<Bytes, Status>>> {
+        self.ended = true;
+        if let Some((_, Some(reason))) = refused_message(status.code()) {
+            self.metrics.refused_input(Protocol::Grpc.as_str(), reason);
+        }
+        Poll::Ready(Some(Err(status)))
+    }
 }
 
 impl<B> Stream for Incoming<B>
@@ -58,10 +78,7 @@ where
             match this.messages.take() {
                 Ok(Some(message)) => return Poll::Ready(Some(Ok(message))),
                 Ok(None) => {}
-                Err(status) => {
-                    this.ended = true;
-                    return Poll::Ready(Some(Err(status)));
-                }
+                Err(status) => return this.refuse(status),
             }
             match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
                 // Trailers a client sends are not passed on, as tonic's server did not.
@@ -71,19 +88,17 @@ where
                     }
                 }
                 Some(Err(error)) => {
-                    this.ended = true;
                     return match Status::from_error(error.into()) {
                         // The caller went away: the end of its messages, as tonic reads it.
-                        status if status.code() == Code::Cancelled => Poll::Ready(None),
-                        status => Poll::Ready(Some(Err(status))),
+                        status if status.code() == Code::Cancelled => {
+                            this.ended = true;
+                            Poll::Ready(None)
+                        }
+                        status => this.refuse(status),
                     };
                 }
-                None => {
-                    this.ended = true;
-                    if this.messages.is_cut_short() {
-                        return Poll::Ready(Some(Err(framing::cut_short())));
-                    }
-                }
+                None if this.messages.is_cut_short() => return this.refuse(framing::cut_short()),
+                None => this.ended = true,
             }
         }
     }

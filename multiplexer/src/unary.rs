@@ -63,7 +63,7 @@ where
     if messages.is_cut_short() {
         return Err(framing::cut_short());
     }
-    let message = message.ok_or_else(|| Status::internal("Missing request message."))?;
+    let message = message.ok_or_else(|| framing::missing(Side::Request))?;
     let mut headers = parts.headers;
     if let Some(trailers) = trailers {
         headers.extend(trailers);

@@ -7,6 +7,7 @@ use http_body_util::{BodyExt as _, StreamBody};
 
 use super::*;
 use crate::framing::framed;
+use crate::metrics::Metrics;
 
 type Frames = Vec<Result<Frame<Bytes>, Status>>;
 
@@ -21,7 +22,8 @@ fn data(bytes: &'static [u8]) -> Result<Frame<Bytes>, Status> {
 #[tokio::test]
 async fn a_clients_messages_come_whole_whatever_its_frames() {
     let frames = vec![data(&[0, 0, 0, 0, 2, b'h']), data(&[b'i', 0, 0, 0]), data(&[0, 1, b'!'])];
-    let messages: Vec<Bytes> = incoming(request(frames), 16).unwrap().into_inner().try_collect().await.unwrap();
+    let messages: Vec<Bytes> =
+        incoming(request(frames), 16, Metrics::new()).unwrap().into_inner().try_collect().await.unwrap();
     assert_eq!(messages, [&b"hi"[..], b"!"]);
 }
 
@@ -32,22 +34,39 @@ async fn a_message_that_cannot_be_read_ends_the_messages_with_tonics_status() {
         (vec![data(&[0, 0, 0, 0, 1, b'a', 0, 0, 0, 0, 9, b'x'])], Code::Internal),
         (vec![data(&[0, 0, 0, 0, 1, b'a']), Err(Status::data_loss("broken"))], Code::DataLoss),
     ];
+    let metrics = Metrics::new();
     for (frames, code) in statuses {
-        let mut messages = incoming(request(frames), 16).unwrap().into_inner();
+        let mut messages = incoming(request(frames), 16, metrics.clone()).unwrap().into_inner();
         assert_eq!(messages.next().await.unwrap().unwrap(), Bytes::from_static(b"a"));
         assert_eq!(messages.next().await.unwrap().unwrap_err().code(), code);
         assert!(messages.next().await.is_none(), "nothing after its status");
     }
-    // A caller that went away ends its messages.
+    // Counted as the gRPC port's unary refusals are.
+    assert_eq!(refused(&metrics, "message_too_large"), 1);
+    assert_eq!(refused(&metrics, "malformed_message"), 2, "cut short, and a body that broke");
+    // A caller that went away ends its messages, and is no refusal.
     let gone = vec![data(&[0, 0, 0, 0, 1, b'a']), Err(Status::cancelled("gone"))];
-    assert_eq!(incoming(request(gone), 16).unwrap().into_inner().count().await, 1);
+    assert_eq!(incoming(request(gone), 16, metrics.clone()).unwrap().into_inner().count().await, 1);
+    assert_eq!(refused(&metrics, "malformed_message"), 2);
+}
+
+/// `teifleet_refused_input_total{port="grpc", reason}`.
+fn refused(metrics: &Metrics, reason: &str) -> u64 {
+    let families = metrics.registry.gather();
+    let Some(family) = families.iter().find(|f| f.name() == "teifleet_refused_input_total") else { return 0 };
+    family
+        .get_metric()
+        .iter()
+        .filter(|m| m.get_label().iter().any(|l| l.name() == "reason" && l.value() == reason))
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
 }
 
 #[test]
 fn a_compressed_request_is_refused_as_a_unary_one_is() {
     let mut compressed = request(Vec::new());
     compressed.headers_mut().insert("grpc-encoding", HeaderValue::from_static("gzip"));
-    let status = incoming(compressed, 16).err().unwrap();
+    let status = incoming(compressed, 16, Metrics::new()).err().unwrap();
     assert_eq!(status.code(), Code::Unimplemented);
 }
 

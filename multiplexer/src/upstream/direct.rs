@@ -236,7 +236,7 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
     let (parts, mut body) = response.into_parts();
     // Trailers-only: the status is in the headers and there is no message.
     if let Some(status) = carried_status(&parts.headers) {
-        return Err(Answer::Status(status.err().unwrap_or_else(|| Status::internal("Missing response message."))));
+        return Err(Answer::Status(status.err().unwrap_or_else(|| framing::missing(Side::Answer))));
     }
     if parts.status != StatusCode::OK {
         return Err(Answer::Status(from_http_status(parts.status, parts.headers)));
@@ -262,7 +262,7 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
     if messages.is_cut_short() {
         return Err(Answer::Status(framing::cut_short()));
     }
-    let message = message.ok_or_else(|| Answer::Status(Status::internal("Missing response message.")))?;
+    let message = message.ok_or_else(|| Answer::Status(framing::missing(Side::Answer)))?;
     Ok(Response::from_parts(MetadataMap::from_headers(headers), message, tonic::Extensions::default()))
 }
 

@@ -81,6 +81,7 @@ async fn a_stream_message_over_the_limit_fails_the_stream_in_tonics_words() {
     assert!(status.message().contains("the limit is: 65536 bytes"), "{}", status.message());
     let text = metrics_text(&mux);
     assert_eq!(metric_sum(&text, "teifleet_requests_total", &[("outcome", "rejected")]), 1.0, "{text}");
+    assert_eq!(refused(&mux, "grpc", "message_too_large"), 1.0, "counted as a unary message's is");
     let more = client.clone().embed_stream(futures::stream::iter(vec![embed_request("again")])).await;
     assert_eq!(more.unwrap().into_inner().message().await.unwrap().map(|_| ()), Some(()), "the pool serves on");
 }
