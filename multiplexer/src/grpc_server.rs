@@ -11,8 +11,10 @@
 //! finish. [`crate::service::RpcService`] serves the RPC table's calls; tonic's routes (health,
 //! reflection, UNIMPLEMENTED) the rest.
 
+mod corked;
 mod stream;
 
+use std::future::poll_fn;
 use std::io;
 use std::time::Duration;
 
@@ -76,13 +78,14 @@ async fn serve_connection<Io>(io: Io, info: ConnectionInfo, dispatch: Dispatch, 
 where
     Io: AsyncRead + AsyncWrite + Unpin,
 {
+    let (corked, uncork) = corked::cork(io);
     let handshake = h2::server::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(bounds.max_concurrent_streams)
         .max_header_list_size(bounds.max_header_list_bytes)
         .max_pending_accept_reset_streams(bounds.max_pending_accept_reset_streams)
-        .handshake::<_, Bytes>(io);
+        .handshake::<_, Bytes>(corked);
     // The client's preface is timed by `Accepted` (the header timeout): no timer here.
     let mut connection = match handshake.await {
         Ok(connection) => connection,
@@ -97,7 +100,13 @@ where
     let mut closing = false;
     loop {
         tokio::select! {
-            accepted = connection.accept() => match accepted {
+            accepted = poll_fn(|cx| {
+                let accepted = connection.poll_accept(cx);
+                // What h2 wrote in this wake-up, every stream's frames and its own, leaves in
+                // one write (`corked`).
+                uncork.poll_send(cx);
+                accepted
+            }) => match accepted {
                 Some(Ok((request, respond))) => {
                     streams.spawn(stream::serve(request, respond, &dispatch, &info));
                 }
