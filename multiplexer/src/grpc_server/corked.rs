@@ -6,10 +6,10 @@
 //! own buffer, and flushes before it writes any frame after one. A unary answer (headers and the
 //! message, then `grpc-status` in the trailers) therefore went out in two writes: two system
 //! calls, two wake-ups of the client, and between them, on a busy machine, the time the client
-//! took to run once it was woken (the bench's floors showed the trailers 100 µs and more after
-//! the message). Held here, h2's frames of one wake-up (every stream's, and its own control
-//! frames) leave together, the answer in one TCP segment. Kestrel's HTTP/2 server made the same
-//! change for gRPC (data and trailers in one write).
+//! took to run once it was woken (in a system-call trace of the bench's h2 floor, the trailers
+//! left a median 141 µs after the message). Held here, h2's frames of one wake-up (every
+//! stream's, and its own control frames) leave together, the answer in one TCP segment.
+//! Kestrel's HTTP/2 server made the same change for gRPC (data and trailers in one write).
 //!
 //! h2 is the only writer, [`Uncork`] the only sender, and both run on the connection's task: the
 //! lock is never contended; it is only how two owners share the one socket without `unsafe`.
