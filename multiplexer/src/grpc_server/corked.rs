@@ -31,7 +31,7 @@ const KEPT_CAPACITY: usize = 16 * 1024;
 
 /// `io` as h2's transport, and the handle that sends what h2 wrote to it.
 pub fn cork<Io>(io: Io) -> (Corked<Io>, Uncork<Io>) {
-    let shared = Arc::new(Mutex::new(Shared { io, held: BytesMut::new(), failed: None }));
+    let shared = Arc::new(Mutex::new(Shared { io, held: BytesMut::new(), unflushed: false, failed: None }));
     (Corked { shared: shared.clone() }, Uncork { shared })
 }
 
@@ -49,6 +49,9 @@ pub struct Uncork<Io> {
 struct Shared<Io> {
     io: Io,
     held: BytesMut,
+    /// Written since the socket was last flushed: a TLS stream keeps records its socket would not
+    /// take yet until it is flushed again, after `held` is empty.
+    unflushed: bool,
     /// Why the socket took no more: the first error goes to h2 as it was, later ones as a
     /// broken pipe.
     failed: Option<Option<io::Error>>,
@@ -74,7 +77,9 @@ impl<Io: AsyncWrite + Unpin> Shared<Io> {
         if self.held.capacity() > KEPT_CAPACITY {
             self.held = BytesMut::new();
         }
-        Pin::new(&mut self.io).poll_flush(cx).map_err(|error| self.fail(error))
+        ready!(Pin::new(&mut self.io).poll_flush(cx)).map_err(|error| self.fail(error))?;
+        self.unflushed = false;
+        Poll::Ready(Ok(()))
     }
 
     /// Room for more: sends first when the held bytes are at their limit.
@@ -104,7 +109,7 @@ impl<Io: AsyncWrite + Unpin> Uncork<Io> {
     /// failed keeps the error for h2, which meets it at its next write and closes the connection.
     pub fn poll_send(&self, cx: &mut Context<'_>) {
         let mut shared = lock(&self.shared);
-        if shared.held.is_empty() {
+        if !shared.unflushed {
             return;
         }
         if let Poll::Ready(Err(error)) = shared.poll_send(cx) {
@@ -125,6 +130,7 @@ impl<Io: AsyncWrite + Unpin> AsyncWrite for Corked<Io> {
         let mut shared = lock(&self.shared);
         ready!(shared.poll_room(cx))?;
         shared.held.extend_from_slice(buf);
+        shared.unflushed = true;
         Poll::Ready(Ok(buf.len()))
     }
 
@@ -140,6 +146,7 @@ impl<Io: AsyncWrite + Unpin> AsyncWrite for Corked<Io> {
             shared.held.extend_from_slice(buf);
             written += buf.len();
         }
+        shared.unflushed = true;
         Poll::Ready(Ok(written))
     }
 

@@ -134,6 +134,53 @@ trait Transport: AsyncRead + AsyncWrite + Send {}
 
 impl<T: AsyncRead + AsyncWrite + Send> Transport for T {}
 
+/// A TLS stream in miniature: what it is given waits in its own buffer until a flush, and its
+/// first flush finds the socket full.
+struct FlushesLate {
+    records: Vec<u8>,
+    sent: Vec<u8>,
+    flushes: usize,
+}
+
+impl AsyncWrite for FlushesLate {
+    fn poll_write(mut self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        self.records.extend_from_slice(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.flushes += 1;
+        if self.flushes == 1 {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        let records = std::mem::take(&mut self.records);
+        self.sent.extend(records);
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_flush_the_socket_put_off_is_tried_again_at_the_next_uncork() {
+    let (mut corked, uncork) = cork(FlushesLate { records: Vec::new(), sent: Vec::new(), flushes: 0 });
+    corked.write_all(b"answer").await.unwrap();
+    let uncorked = || {
+        poll_fn(|cx| {
+            uncork.poll_send(cx);
+            Poll::Ready(())
+        })
+    };
+    uncorked().await;
+    assert!(lock(&uncork.shared).io.sent.is_empty(), "the socket was full");
+    // Nothing new was written, and the records still wait: the task, woken, sends them.
+    uncorked().await;
+    assert_eq!(lock(&uncork.shared).io.sent, b"answer");
+}
+
 /// h2's server answering one call with headers, a 4 KB message and trailers; which of the
 /// socket's writes carried the message's DATA frame and which the trailers.
 async fn writes_of_an_answer(corked: bool) -> (usize, usize) {
