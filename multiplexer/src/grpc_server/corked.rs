@@ -127,11 +127,7 @@ impl<Io: AsyncRead + Unpin> AsyncRead for Corked<Io> {
 
 impl<Io: AsyncWrite + Unpin> AsyncWrite for Corked<Io> {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        let mut shared = lock(&self.shared);
-        ready!(shared.poll_room(cx))?;
-        shared.held.extend_from_slice(buf);
-        shared.unflushed = true;
-        Poll::Ready(Ok(buf.len()))
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
     }
 
     fn poll_write_vectored(
