@@ -12,7 +12,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use bytes::Bytes;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared, WeakShared};
 use tokio::time::Instant;
@@ -20,20 +19,21 @@ use tonic::metadata::MetadataMap;
 
 use crate::Error;
 use crate::admission::{AdmissionError, Priority};
+use crate::framing::Framed;
 
 /// What identical calls have in common.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Key {
     pub path: &'static str,
     pub priority: Priority,
-    pub request: Bytes,
+    pub request: Framed,
 }
 
 /// The upstream's answer to a shared call, and when the call was admitted.
 #[derive(Debug)]
 pub struct Answer {
     pub metadata: MetadataMap,
-    pub message: Bytes,
+    pub message: Framed,
     pub admitted: Instant,
 }
 
@@ -140,7 +140,7 @@ mod tests {
     use super::*;
 
     fn key(text: &'static str) -> Key {
-        Key { path: "/tei.v1.Embed/Embed", priority: Priority::Standard, request: Bytes::from_static(text.as_bytes()) }
+        Key { path: "/tei.v1.Embed/Embed", priority: Priority::Standard, request: Framed::new(text.as_bytes()) }
     }
 
     /// A shared call that counts its starts and answers when `go` is notified.
@@ -155,7 +155,7 @@ mod tests {
                 go.notified().await;
                 Ok(Arc::new(Answer {
                     metadata: MetadataMap::new(),
-                    message: Bytes::from_static(b"answer"),
+                    message: Framed::new(b"answer"),
                     admitted: Instant::now(),
                 }))
             }

@@ -29,7 +29,7 @@ use crate::admission::{AdmissionError, Cost, Permit};
 use crate::call::{Activity, Call, Protocol};
 use crate::charge::{self, Grant, cost_of, observe, timing};
 use crate::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
-use crate::framing::{Side, missing};
+use crate::framing::{Framed, Side, missing};
 use crate::metrics::Metrics;
 use crate::pools::{Pool, PoolTable};
 use crate::request_meta::{self, RequestMeta};
@@ -49,6 +49,8 @@ pub struct Forwarder {
     max_message_bytes: usize,
     draining: AtomicBool,
     activity: Arc<Activity>,
+    /// This replica's last load report on the gRPC port, reused by answers close behind it.
+    pub last_report: crate::orca::LastReport,
 }
 
 /// A routed call on its way upstream: everything the body-reading half of the call needs.
@@ -65,7 +67,8 @@ impl Forwarder {
     pub fn new(pools: Arc<PoolTable>, metrics: Metrics, identity: &str, max_message_bytes: usize) -> Self {
         let hop_marker = MetadataValue::try_from(identity).ok();
         let (draining, activity) = (AtomicBool::new(false), Arc::default());
-        Self { pools, metrics, hop_marker, max_message_bytes, draining, activity }
+        let last_report = crate::orca::LastReport::default();
+        Self { pools, metrics, hop_marker, max_message_bytes, draining, activity, last_report }
     }
 
     /// A new call of `rpc` that came in on `protocol`, attributed to the own pool until routed.
@@ -207,8 +210,8 @@ impl Forwarder {
         pool: &Pool,
         upstream: &Upstream,
         rpc: &Rpc,
-        request: Request<Bytes>,
-    ) -> Result<Response<Bytes>> {
+        request: Request<Framed>,
+    ) -> Result<Response<Framed>> {
         if let Some(direct) = upstream.direct() {
             self.activated(pool).await?;
             return direct.unary(&pool.spec.name, rpc.path, request, self.max_message_bytes).await;
@@ -218,7 +221,9 @@ impl Forwarder {
         Box::pin(async move {
             let answer = |status| Error::Upstream { pool: pool.spec.name.clone(), status };
             let mut client = self.client_of(pool, upstream.channel()).await?;
-            client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await.map_err(answer)
+            let request = request.map(Framed::into_message);
+            let response = client.unary(request, PathAndQuery::from_static(rpc.path), BytesCodec).await;
+            response.map(|response| response.map(|message| Framed::new(&message))).map_err(answer)
         })
         .await
     }
@@ -233,9 +238,9 @@ impl Forwarder {
         pool: &Pool,
         rpc: &Rpc,
         meta: &RequestMeta,
-        request: Request<Bytes>,
+        request: Request<Framed>,
         grant: Option<&Grant>,
-    ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
+    ) -> Result<(Response<Framed>, Option<TeiTiming>)> {
         if let Some(Grant::Sibling(lease)) = grant {
             // Boxed: a spill holds two exchanges and an admission, and every call's future would
             // otherwise carry (and move) that room.
@@ -249,9 +254,9 @@ impl Forwarder {
         pool: &Pool,
         rpc: &Rpc,
         meta: &RequestMeta,
-        request: Request<Bytes>,
+        request: Request<Framed>,
         permit: Option<&Permit>,
-    ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
+    ) -> Result<(Response<Framed>, Option<TeiTiming>)> {
         let sent = Instant::now();
         let upstream = self.unary_on(pool, &pool.upstream, rpc, self.outgoing(request, meta, pool));
         let response = within_deadline(pool, meta, sent, upstream).await?;
@@ -268,9 +273,9 @@ impl Forwarder {
         pool: &Pool,
         rpc: &Rpc,
         meta: &RequestMeta,
-        request: Request<Bytes>,
+        request: Request<Framed>,
         lease: &Lease,
-    ) -> Result<(Response<Bytes>, Option<TeiTiming>)> {
+    ) -> Result<(Response<Framed>, Option<TeiTiming>)> {
         let mut outgoing = self.outgoing(
             Request::from_parts(request.metadata().clone(), tonic::Extensions::default(), request.get_ref().clone()),
             meta,
@@ -321,7 +326,7 @@ impl Routed {
     /// Forwards a unary call; the permit is held until the answer is back. Not an `async fn`: one
     /// keeps its arguments twice (rust-lang/rust#62958), and a call and its request are large.
     #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
-    pub fn unary(mut self, request: Request<Bytes>) -> impl Future<Output = Result<Response<Bytes>, Status>> + Send {
+    pub fn unary(mut self, request: Request<Framed>) -> impl Future<Output = Result<Response<Framed>, Status>> + Send {
         async move {
             if self.grant.is_none() && self.call.rpc.admit == Admit::Permit {
                 let cost = cost_of(&self.pool, self.call.rpc, request.get_ref());
@@ -379,7 +384,7 @@ impl Routed {
 
     /// Forwards a client stream that ends in one answer (RerankStream). Every message's permit is
     /// held until the answer arrives.
-    pub async fn client_stream(self, request: Request<MessageStream>) -> Result<Response<Bytes>, Status> {
+    pub async fn client_stream(self, request: Request<MessageStream>) -> Result<Response<Framed>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
         let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
@@ -389,7 +394,7 @@ impl Routed {
             let missing = || Error::Upstream { pool: pool.spec.name.clone(), status: missing(Side::Answer) };
             let message = answers.next().await.unwrap_or_else(|| Err(missing()))?;
             let metadata = answers.metadata().await?;
-            Ok(Response::from_parts(metadata, message, tonic::Extensions::default()))
+            Ok(Response::from_parts(metadata, Framed::new(&message), tonic::Extensions::default()))
         });
         // A message refused admission must fail the call: ending the upstream stream early would
         // make TEI rank only part of the texts.
@@ -419,8 +424,8 @@ impl Routed {
     pub async fn coalesced(
         mut self,
         coalescer: Arc<Coalescer>,
-        request: Request<Bytes>,
-    ) -> Result<Response<Bytes>, Status> {
+        request: Request<Framed>,
+    ) -> Result<Response<Framed>, Status> {
         let (metadata, _, message) = request.into_parts();
         let key = Key { path: self.call.rpc.path, priority: self.meta.priority, request: message.clone() };
         let mut retried = false;

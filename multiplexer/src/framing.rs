@@ -2,6 +2,8 @@
 //! prefix (a compressed flag and its length). Messages are never decoded here; this only takes
 //! the prefix off and puts it back, with the statuses tonic gives for the same faults.
 
+use std::ops::Deref;
+
 use bytes::{Buf as _, BufMut as _, Bytes, BytesMut};
 use tonic::Status;
 
@@ -25,6 +27,56 @@ pub fn frame_into(frames: &mut BytesMut, message: &[u8]) {
     frames.put_u8(0);
     frames.put_u32(u32::try_from(message.len()).unwrap_or(u32::MAX));
     frames.extend_from_slice(message);
+}
+
+/// One message as it goes over gRPC: its bytes with their prefix. A unary call's message is
+/// passed on as it came, prefix and all, and each way (the caller's request, TEI's answer) that
+/// spares a buffer and a copy of the message on every call; it reads as the message's bytes.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Framed {
+    framed: Bytes,
+}
+
+impl Framed {
+    /// `message`'s bytes, framed (a copy).
+    pub fn new(message: &[u8]) -> Self {
+        Self { framed: framed(message) }
+    }
+
+    /// `message` encoded after room for its prefix: framed with no copy.
+    pub fn encode(message: &impl prost::Message) -> Self {
+        let len = message.encoded_len();
+        let mut frame = BytesMut::with_capacity(PREFIX + len);
+        frame.put_u8(0);
+        frame.put_u32(u32::try_from(len).unwrap_or(u32::MAX));
+        message.encode_raw(&mut frame);
+        Self { framed: frame.freeze() }
+    }
+
+    /// The message with its prefix, as it goes on the wire.
+    pub fn into_framed(self) -> Bytes {
+        self.framed
+    }
+
+    /// The message's bytes, without the prefix.
+    pub fn into_message(mut self) -> Bytes {
+        self.framed.advance(PREFIX);
+        self.framed
+    }
+}
+
+impl Deref for Framed {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.framed[PREFIX..]
+    }
+}
+
+impl AsRef<[u8]> for Framed {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
 }
 
 /// Which way the messages go, for the words of a bad flag's status.
@@ -67,6 +119,11 @@ impl Messages {
 
     /// The next whole message, if the bytes in hold one; refused as soon as its prefix is in.
     pub fn take(&mut self) -> Result<Option<Bytes>, Status> {
+        Ok(self.take_framed()?.map(Framed::into_message))
+    }
+
+    /// [`Self::take`], the message kept with its prefix.
+    pub fn take_framed(&mut self) -> Result<Option<Framed>, Status> {
         if self.partial.is_empty() {
             let Some(len) = self.length(&self.frame[..])? else {
                 self.keep_rest();
@@ -76,9 +133,7 @@ impl Messages {
                 self.keep_rest();
                 return Ok(None);
             }
-            let mut message = self.frame.split_to(PREFIX + len);
-            message.advance(PREFIX);
-            return Ok(Some(message));
+            return Ok(Some(Framed { framed: self.frame.split_to(PREFIX + len) }));
         }
         // The prefix first, then as much of the message as this frame has.
         let short_of_prefix = PREFIX.saturating_sub(self.partial.len()).min(self.frame.len());
@@ -89,9 +144,7 @@ impl Messages {
         if self.partial.len() < PREFIX + len {
             return Ok(None);
         }
-        let mut message = std::mem::take(&mut self.partial);
-        message.advance(PREFIX);
-        Ok(Some(message.freeze()))
+        Ok(Some(Framed { framed: std::mem::take(&mut self.partial).freeze() }))
     }
 
     /// The length of the message `bytes` start with, once its prefix is in.
@@ -170,6 +223,19 @@ mod tests {
         assert_eq!(first.as_ptr(), frame[5..].as_ptr(), "no copy");
         assert_eq!(whole.take().unwrap(), Some(Bytes::from_static(b"!")));
         assert_eq!(framed(b"hi").as_ref(), &frame[..7]);
+
+        // Kept with its prefix, the message is the same slice, prefix and all.
+        let mut kept = Messages::new(10, Side::Answer);
+        kept.push(frame.clone());
+        let first = kept.take_framed().unwrap().unwrap();
+        assert_eq!(&first[..], b"hi", "it reads as the message");
+        assert_eq!(first.clone().into_framed().as_ptr(), frame.as_ptr(), "no copy");
+        assert_eq!(first, Framed::new(b"hi"));
+        assert_eq!(first.into_message().as_ptr(), frame[5..].as_ptr());
+        assert_eq!(
+            Framed::encode(&"hi".to_owned()).into_framed(),
+            framed(&prost::Message::encode_to_vec(&"hi".to_owned()))
+        );
 
         let mut cut = Messages::new(10, Side::Answer);
         cut.push(Bytes::from_static(&[0, 0, 0, 0, 9, b'h']));

@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::pin::Pin;
+use std::sync::{Mutex, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use prost::Message as _;
 use teifleet_wire::headers;
+use tokio::time::Instant;
 
 use crate::admission::{Admission, Snapshot};
 use crate::status::GRPC_STATUS;
@@ -212,28 +214,51 @@ fn two_significant_digits(value: f64) -> f64 {
     (value * scale).round() / scale
 }
 
-thread_local! {
-    /// The last report written on this thread, with its figures. A steady replica's figures repeat
-    /// from call to call (see [`two_significant_digits`]), and writing a report (protobuf, then
-    /// base64) cost about 2% of a proxied call's instructions (callgrind, by hand).
-    static LAST_BIN: std::cell::RefCell<Option<(Figures, HeaderValue)>> = const { std::cell::RefCell::new(None) };
+/// How long a gRPC answer's load report is reused before the next answer's is written anew.
+/// Both weighted round robins weigh a replica by its latest report and rebuild their weights at
+/// most every 100 ms (A58's `weight_update_period`: 1 s by default, 100 ms at least; Envoy's
+/// client-side round robin copies it), so reports a few milliseconds apart weigh the same. Writing
+/// one (a snapshot under the pool's lock, protobuf, base64, then an HPACK literal, Huffman-coded,
+/// that evicts the connection's other headers from HPACK's table) was about 4% of a proxied call's
+/// instructions (callgrind), and at 1,000 calls a second the figures moved at nine answers in ten.
+/// Refusals and errors are reported as they happen (see [`with_load_report`]).
+pub const REPORT_REUSED_FOR: Duration = Duration::from_millis(5);
+
+/// The last gRPC load report one replica wrote, with its figures and when: one per replica, as
+/// several replicas may share a process (and its threads) in tests.
+#[derive(Default)]
+pub struct LastReport(Mutex<Option<Written>>);
+
+struct Written {
+    at: Instant,
+    figures: Figures,
+    value: HeaderValue,
 }
 
-/// `endpoint-load-metrics-bin` for a gRPC answer: `admission`'s load now.
-pub fn bin_header(admission: &Admission) -> Option<HeaderValue> {
-    let figures = Figures::from_snapshot(&admission.snapshot(), admission.mean_service_time())?;
-    LAST_BIN.with_borrow_mut(|last| {
-        if let Some((written, value)) = last.as_ref()
-            && *written == figures
+impl LastReport {
+    /// `endpoint-load-metrics-bin` for a gRPC answer: `admission`'s load, as the last report
+    /// written if that is younger than `reuse_for` or says the same, else written now.
+    pub fn bin_header(&self, admission: &Admission, reuse_for: Duration) -> Option<HeaderValue> {
+        let now = Instant::now();
+        let mut last = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(written) = last.as_ref()
+            && now.saturating_duration_since(written.at) < reuse_for
         {
-            return Some(value.clone());
+            return Some(written.value.clone());
+        }
+        let figures = Figures::from_snapshot(&admission.snapshot(), admission.mean_service_time())?;
+        if let Some(written) = last.as_mut()
+            && written.figures == figures
+        {
+            written.at = now;
+            return Some(written.value.clone());
         }
         let mut message = Vec::with_capacity(128);
         figures.encode(&mut message);
         let value = bin_value(&message)?;
-        *last = Some((figures, value.clone()));
+        *last = Some(Written { at: now, figures, value: value.clone() });
         Some(value)
-    })
+    }
 }
 
 /// `endpoint-load-metrics` for an HTTP answer: `admission`'s load now.
@@ -243,21 +268,25 @@ pub fn text_header(admission: &Admission) -> Option<HeaderValue> {
 
 /// `response` with `endpoint-load-metrics-bin` set to what `report` says when the call ends: in
 /// the trailers, or in the headers of a trailers-only answer (a refusal or an error before any
-/// message), which are its trailers. A report already there is replaced: it came from another
-/// replica this call was forwarded or spilled to, and the caller balances over this one.
+/// message), which are its trailers. `report` is told how long a report already written may be
+/// reused: [`REPORT_REUSED_FOR`] for answers, none for trailers-only answers, since a replica
+/// that sheds is the one whose load a balancer most needs to see. A report already there is
+/// replaced: it came from another replica this call was forwarded or spilled to, and the caller
+/// balances over this one.
 pub fn with_load_report<F>(
     mut response: http::Response<tonic::body::Body>,
     report: F,
 ) -> http::Response<tonic::body::Body>
 where
-    F: FnOnce() -> Option<HeaderValue> + Send + Unpin + 'static,
+    F: FnOnce(Duration) -> Option<HeaderValue> + Send + Unpin + 'static,
 {
     if response.headers().contains_key(GRPC_STATUS) {
-        if let Some(value) = report() {
+        if let Some(value) = report(Duration::ZERO) {
             response.headers_mut().insert(ENDPOINT_LOAD_METRICS_BIN, value);
         }
         return response;
     }
+    let report = move || report(REPORT_REUSED_FOR);
     response.map(|body| tonic::body::Body::new(WithTrailer::new(body, ENDPOINT_LOAD_METRICS_BIN, report)))
 }
 
@@ -416,14 +445,38 @@ mod tests {
         let report = OrcaLoadReport::of(&admission).unwrap();
         assert_eq!(report.application_utilization, 0.5);
         assert!((report.rps_fractional - 20.0).abs() < 1e-9, "{}", report.rps_fractional);
-        let decoded = decode_bin(&bin_header(&admission).unwrap());
+        let last = LastReport::default();
+        let decoded = decode_bin(&last.bin_header(&admission, Duration::ZERO).unwrap());
         assert_eq!(decoded, report);
-        assert_eq!(decode_bin(&bin_header(&admission).unwrap()), report, "the same load, the same report");
-        // A load that changed is reported, not the last report written.
-        let _more = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+        assert_eq!(decode_bin(&last.bin_header(&admission, Duration::ZERO).unwrap()), report, "the same load");
+        // A load that changed is reported, not the last report written...
+        let more = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
         let now = OrcaLoadReport::of(&admission).unwrap();
         assert_eq!(now.application_utilization, 0.75);
-        assert_eq!(decode_bin(&bin_header(&admission).unwrap()), now);
+        assert_eq!(decode_bin(&last.bin_header(&admission, Duration::ZERO).unwrap()), now);
+        // ...unless the last was written within the time it may be reused for.
+        let in_flight = |value: HeaderValue| decode_bin(&value).named_metrics[IN_FLIGHT];
+        drop(more);
+        tokio::time::advance(REPORT_REUSED_FOR / 2).await;
+        assert_eq!(in_flight(last.bin_header(&admission, REPORT_REUSED_FOR).unwrap()), 3.0, "reused");
+        assert_eq!(in_flight(last.bin_header(&admission, Duration::ZERO).unwrap()), 2.0, "written now");
+        let _more = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+        assert_eq!(in_flight(last.bin_header(&admission, REPORT_REUSED_FOR).unwrap()), 2.0, "reused");
+        tokio::time::advance(REPORT_REUSED_FOR).await;
+        assert_eq!(in_flight(last.bin_header(&admission, REPORT_REUSED_FOR).unwrap()), 3.0, "too old: written anew");
+    }
+
+    #[test]
+    fn replicas_sharing_a_process_keep_their_own_reports() {
+        let (small, large) = (
+            Admission::new(Limits::new(2, 8, Duration::from_secs(1))),
+            Admission::new(Limits::new(8, 8, Duration::from_secs(1))),
+        );
+        let (small_last, large_last) = (LastReport::default(), LastReport::default());
+        let limit = |value: HeaderValue| decode_bin(&value).named_metrics[LIMIT];
+        assert_eq!(limit(small_last.bin_header(&small, REPORT_REUSED_FOR).unwrap()), 2.0);
+        assert_eq!(limit(large_last.bin_header(&large, REPORT_REUSED_FOR).unwrap()), 8.0);
+        assert_eq!(limit(small_last.bin_header(&small, REPORT_REUSED_FOR).unwrap()), 2.0);
     }
 
     #[test]
@@ -683,19 +736,29 @@ mod tests {
     async fn a_grpc_answer_carries_the_report_in_its_trailers() {
         let own = HeaderMap::from_iter([(GRPC_STATUS, HeaderValue::from_static("0"))]);
         let response = http::Response::new(tonic::body::Body::new(data_then_trailers(Some(own))));
-        let response = with_load_report(response, trailer("report"));
+        let reuse = Arc::new(Mutex::new(None));
+        let told = reuse.clone();
+        let report = move |reuse_for| {
+            *told.lock().unwrap() = Some(reuse_for);
+            Some(HeaderValue::from_static("report"))
+        };
+        let response = with_load_report(response, report);
         assert!(!response.headers().contains_key(ENDPOINT_LOAD_METRICS_BIN));
         let collected = response.into_body().collect().await.unwrap();
         let trailers = collected.trailers().unwrap();
         assert_eq!(trailers[ENDPOINT_LOAD_METRICS_BIN], "report");
         assert_eq!(trailers[GRPC_STATUS], "0");
+        assert_eq!(*reuse.lock().unwrap(), Some(REPORT_REUSED_FOR), "an answer may carry a recent report");
     }
 
     #[tokio::test]
     async fn a_trailers_only_answer_carries_it_in_its_headers_and_stays_trailers_only() {
         let mut status = Status::new(Code::ResourceExhausted, "the queue is full");
         status.metadata_mut().insert("grpc-retry-pushback-ms", "250".parse().unwrap());
-        let response = with_load_report(status.into_http(), trailer("report"));
+        let response = with_load_report(status.into_http(), |reuse_for| {
+            assert_eq!(reuse_for, Duration::ZERO, "a refusal reports the load as it is");
+            Some(HeaderValue::from_static("report"))
+        });
         assert_eq!(response.headers()[ENDPOINT_LOAD_METRICS_BIN], "report");
         assert_eq!(response.headers()["grpc-retry-pushback-ms"], "250", "the pushback stays");
         assert!(response.body().is_end_stream(), "headers with END_STREAM, as before");

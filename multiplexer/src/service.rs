@@ -63,7 +63,11 @@ impl RpcService {
         // first poll.
         let mut call = self.forwarder.call(self.rpc, Protocol::Grpc);
         let forwarder = self.forwarder.clone();
-        let report = move |response| orca::with_load_report(response, move || own_load(&forwarder, orca::bin_header));
+        let report = move |response| {
+            orca::with_load_report(response, move |reuse_for| {
+                own_load(&forwarder, |admission| forwarder.last_report.bin_header(admission, reuse_for))
+            })
+        };
         // Routed here, from the headers alone: a call refused now (an unknown pool, bad metadata)
         // costs no future, and the call's future holds what routing found, not the span.
         let (meta, pool) = match self.forwarder.route(&mut call, request.headers()) {
@@ -72,10 +76,15 @@ impl RpcService {
         };
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = pool.spec.name.as_str());
         let (message_timeout, connection) = (self.message_timeout, ConnectionId(connection.number));
-        serve(Admitting { call, meta, pool, connection }, self.forwarder.clone(), request, message_timeout)
-            .map(report)
-            .instrument(span)
-            .boxed()
+        let served =
+            serve(Admitting { call, meta, pool, connection }, self.forwarder.clone(), request, message_timeout)
+                .map(report);
+        // A span no subscriber takes (debug logs off) would still be entered and left at every
+        // poll of the call.
+        match span.is_disabled() {
+            true => served.boxed(),
+            false => served.instrument(span).boxed(),
+        }
     }
 }
 
@@ -91,7 +100,7 @@ struct Admitting {
 /// known: what a balancing client weighs this endpoint by.
 pub fn own_load(
     forwarder: &Forwarder,
-    encode: fn(&crate::admission::Admission) -> Option<http::HeaderValue>,
+    encode: impl FnOnce(&crate::admission::Admission) -> Option<http::HeaderValue>,
 ) -> Option<http::HeaderValue> {
     encode(&forwarder.pools.get(forwarder.pools.own_name())?.admission)
 }
@@ -191,6 +200,7 @@ where
                 Ok(request) => request,
                 Err(status) => return (status.into_http(), routed),
             };
+            let request = request.map(crate::framing::Framed::into_message);
             (stream_body::answer(routed.take().server_stream(request).await), routed)
         }),
         // A stream's messages come as the caller sends them: the call starts at once.
@@ -276,9 +286,9 @@ impl Once {
 mod tests {
     use super::*;
     use crate::admission::Cost;
+    use crate::framing::Framed;
     use crate::grpc_server::RequestBody;
     use crate::upstream::Direct;
-    use bytes::Bytes;
     use tonic::Request;
 
     /// Every call's future is as large as its largest state, and is moved whole at least once:
@@ -287,7 +297,7 @@ mod tests {
     /// unary call's forwarding, 12.3 KB before the rare paths were boxed).
     #[test]
     fn a_unary_calls_futures_carry_no_rare_paths() {
-        fn unary<Fut>(_: fn(Routed, Request<Bytes>) -> Fut) -> usize {
+        fn unary<Fut>(_: fn(Routed, Request<Framed>) -> Fut) -> usize {
             size_of::<Fut>()
         }
         type Exchange<Fut> = fn(
@@ -295,13 +305,13 @@ mod tests {
             &'static Pool,
             &'static Rpc,
             &'static RequestMeta,
-            Request<Bytes>,
+            Request<Framed>,
             Option<&'static Grant>,
         ) -> Fut;
         fn exchange<Fut>(_: Exchange<Fut>) -> usize {
             size_of::<Fut>()
         }
-        fn direct<Fut>(_: fn(&'static Direct, &'static str, &'static str, Request<Bytes>, usize) -> Fut) -> usize {
+        fn direct<Fut>(_: fn(&'static Direct, &'static str, &'static str, Request<Framed>, usize) -> Fut) -> usize {
             size_of::<Fut>()
         }
         fn admit<Fut>(

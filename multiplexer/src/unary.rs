@@ -18,7 +18,7 @@ use http_body_util::BodyExt as _;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 
-use crate::framing::{self, Messages, Side, framed};
+use crate::framing::{self, Framed, Messages, Side};
 use crate::status::{GRPC_MESSAGE, GRPC_STATUS};
 
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
@@ -28,9 +28,9 @@ const GRPC_ACCEPT_ENCODING: &str = "grpc-accept-encoding";
 static RESERVED: [HeaderName; 6] =
     [TE, USER_AGENT, CONTENT_TYPE, GRPC_STATUS, GRPC_MESSAGE, HeaderName::from_static("grpc-message-type")];
 
-/// The request's message, with its headers (and any trailers) as metadata. The body is read to
-/// its end: messages after the first are checked and dropped, as tonic does.
-pub async fn read_request<B>(request: http::Request<B>, max_message: usize) -> Result<Request<Bytes>, Status>
+/// The request's message, kept framed, with its headers (and any trailers) as metadata. The body
+/// is read to its end: messages after the first are checked and dropped, as tonic does.
+pub async fn read_request<B>(request: http::Request<B>, max_message: usize) -> Result<Request<Framed>, Status>
 where
     B: Body,
     B::Error: Into<tonic::codegen::StdError>,
@@ -53,7 +53,7 @@ where
         match frame.into_data() {
             Ok(mut data) => {
                 messages.push(data.copy_to_bytes(data.remaining()));
-                while let Some(next) = messages.take()? {
+                while let Some(next) = messages.take_framed()? {
                     message.get_or_insert(next);
                 }
             }
@@ -73,7 +73,7 @@ where
 
 /// The HTTP answer to a unary call: the message framed, then `grpc-status: 0` in the trailers;
 /// or the status alone (a trailers-only answer).
-pub fn answer(result: Result<Response<Bytes>, Status>, max_message: usize) -> http::Response<tonic::body::Body> {
+pub fn answer(result: Result<Response<Framed>, Status>, max_message: usize) -> http::Response<tonic::body::Body> {
     let (metadata, message, extensions) = match result {
         Ok(response) => response.into_parts(),
         Err(status) => return status.into_http(),
@@ -89,7 +89,7 @@ pub fn answer(result: Result<Response<Bytes>, Status>, max_message: usize) -> ht
     crate::request_meta::remove_all(&mut headers, &RESERVED);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     let mut response =
-        http::Response::new(tonic::body::Body::new(Answer { message: Some(framed(&message)), ended: false }));
+        http::Response::new(tonic::body::Body::new(Answer { message: Some(message.into_framed()), ended: false }));
     *response.headers_mut() = headers;
     *response.extensions_mut() = extensions;
     response

@@ -8,7 +8,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::{StreamExt as _, TryStreamExt as _};
 use http::{HeaderMap, HeaderName};
 use prost::Message;
@@ -22,6 +21,7 @@ use super::error::HttpError;
 use crate::call::{Call, Protocol};
 use crate::charge;
 use crate::forward::Forwarder;
+use crate::framing::Framed;
 use crate::pools::Pool;
 use crate::request_meta::RequestMeta;
 use crate::rpc::{self, Admit, Rpc};
@@ -97,16 +97,16 @@ impl<'a> HttpCall<'a> {
         per_permit: usize,
     ) -> Result<Vec<Resp>, HttpError> {
         self.call.rpc = rpc;
-        let messages: Vec<Bytes> = requests.iter().map(|r| Bytes::from(r.encode_to_vec())).collect();
+        let messages: Vec<Framed> = requests.iter().map(Framed::encode).collect();
         let limit = self.shared.settings.max_request_inputs;
         let inputs = charge::cost_of_all(&self.pool, rpc, messages.iter().map(|m| m.as_ref())).inputs as usize;
         if inputs > limit {
             return Err(HttpError::TooManyInputs { inputs, limit });
         }
         let (forwarder, pool, meta, carried) = (&*self.shared.forwarder, &*self.pool, &self.meta, &self.carried);
-        // Owned chunks (Bytes clones are cheap): a closure over borrowed slices makes the future
+        // Owned chunks (clones of their bytes are cheap): a closure over borrowed slices makes the future
         // higher-ranked over their lifetime, which axum's handlers cannot prove Send.
-        let chunks = futures::stream::iter(messages.chunks(per_permit.max(1)).map(<[Bytes]>::to_vec))
+        let chunks = futures::stream::iter(messages.chunks(per_permit.max(1)).map(<[Framed]>::to_vec))
             .map(|chunk| run_chunk::<Resp>(forwarder, pool, meta, carried, rpc, chunk))
             .buffered(CHUNKS_AT_ONCE);
         let done: Vec<Chunk<Resp>> = chunks.try_collect().await.map_err(HttpError::Call)?;
@@ -127,7 +127,7 @@ impl<'a> HttpCall<'a> {
             let request = tonic::Request::from_parts(
                 self.carried.clone(),
                 tonic::Extensions::default(),
-                Bytes::from(v1::InfoRequest {}.encode_to_vec()),
+                Framed::encode(&v1::InfoRequest {}),
             );
             let (response, _) = forwarder.exchange(pool, row(super::routes::INFO), &self.meta, request, None).await?;
             v1::InfoResponse::decode(response.get_ref().as_ref()).map_err(|e| undecodable(pool, &e))
@@ -151,7 +151,7 @@ async fn run_chunk<Resp: Message + Default>(
     meta: &RequestMeta,
     carried: &MetadataMap,
     rpc: &'static Rpc,
-    chunk: Vec<Bytes>,
+    chunk: Vec<Framed>,
 ) -> Result<Chunk<Resp>> {
     let grant = match rpc.admit {
         Admit::Permit => {

@@ -7,7 +7,7 @@ use teifleet_proto::BytesCodec;
 use tonic::server::{Grpc, UnaryService};
 
 use super::*;
-use crate::framing::PREFIX;
+use crate::framing::{Framed, PREFIX};
 
 const MAX: usize = 64;
 
@@ -73,7 +73,7 @@ async fn both(
     let mut grpc = Grpc::new(BytesCodec).apply_max_message_size_config(Some(MAX), Some(MAX));
     let tonics = seen(grpc.unary(Echo, request(headers, frames())).await).await;
     let echoed = match read_request(request(headers, frames()), MAX).await {
-        Ok(request) => Echo.call(request).await,
+        Ok(request) => Echo.call(request.map(Framed::into_message)).await.map(|echo| echo.map(|m| Framed::new(&m))),
         Err(status) => Err(status),
     };
     let ours = seen(answer(echoed, MAX)).await;
@@ -130,7 +130,7 @@ async fn faults_get_tonics_status_and_words() {
 
 #[tokio::test]
 async fn an_answer_over_the_limit_is_out_of_range() {
-    let too_large = Response::new(Bytes::from(vec![0; MAX + 1]));
+    let too_large = Response::new(Framed::new(&[0; MAX + 1]));
     let (headers, _, _) = seen(answer(Ok(too_large), MAX)).await;
     assert_eq!(headers.get(&GRPC_STATUS).unwrap(), "11");
 }

@@ -27,7 +27,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Dialer, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
-use crate::framing::{self, Messages, Side, framed};
+use crate::framing::{self, Framed, Messages, Side};
 use crate::rpc::RPCS;
 use crate::status::{GRPC_MESSAGE, GRPC_STATUS};
 use crate::{Error, Result, keepalive, request_meta};
@@ -98,12 +98,12 @@ impl Direct {
         &self,
         pool: &str,
         path: &'static str,
-        request: Request<Bytes>,
+        request: Request<Framed>,
         max_message: usize,
-    ) -> Result<Response<Bytes>> {
+    ) -> Result<Response<Framed>> {
         let (metadata, _, message) = request.into_parts();
         let (answer, mut body) = self.start(pool, path, metadata).await?;
-        body.send_data(framed(&message), true).map_err(|error| self.failed(pool, error))?;
+        body.send_data(message.into_framed(), true).map_err(|error| self.failed(pool, error))?;
         let response = answer.await.map_err(|error| self.failed(pool, error))?;
         read_answer(response, max_message).await.map_err(|error| match error {
             Answer::Status(status) => Error::Upstream { pool: pool.to_owned(), status },
@@ -232,7 +232,7 @@ impl From<h2::Error> for Answer {
 }
 
 /// The answer's one message, with its headers and trailers as metadata; or the upstream's status.
-async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usize) -> Result<Response<Bytes>, Answer> {
+async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usize) -> Result<Response<Framed>, Answer> {
     let (parts, mut body) = response.into_parts();
     // Trailers-only: the status is in the headers and there is no message.
     if let Some(status) = carried_status(&parts.headers) {
@@ -248,7 +248,7 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
         let _ = body.flow_control().release_capacity(data.len());
         messages.push(data);
         // Messages after the first are checked and dropped, as tonic's client does.
-        while let Some(next) = messages.take().map_err(Answer::Status)? {
+        while let Some(next) = messages.take_framed().map_err(Answer::Status)? {
             message.get_or_insert(next);
         }
     }

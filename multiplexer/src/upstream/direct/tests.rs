@@ -1,7 +1,6 @@
 //! The direct client against the TEI simulator over loopback: answers, TEI's own statuses, the
 //! size limit, a connection that breaks and is made again.
 
-use bytes::Bytes;
 use prost::Message as _;
 use teifleet_proto::v1::{EmbedRequest, EmbedResponse};
 use teifleet_tei_sim::SimConfig;
@@ -9,6 +8,7 @@ use tonic::{Code, Request};
 
 use super::Direct;
 use crate::Error;
+use crate::framing::Framed;
 use crate::upstream::Dialer;
 
 const EMBED: &str = "/tei.v1.Embed/Embed";
@@ -19,9 +19,8 @@ fn client(addr: std::net::SocketAddr) -> Direct {
     Direct::new(&uri, &Dialer::default(), std::time::Duration::from_secs(1)).unwrap()
 }
 
-fn embed(inputs: &str) -> Request<Bytes> {
-    let mut request =
-        Request::new(Bytes::from(EmbedRequest { inputs: inputs.into(), ..Default::default() }.encode_to_vec()));
+fn embed(inputs: &str) -> Request<Framed> {
+    let mut request = Request::new(Framed::encode(&EmbedRequest { inputs: inputs.into(), ..Default::default() }));
     request.metadata_mut().insert("x-caller", "kept".parse().unwrap());
     request
 }
@@ -32,7 +31,7 @@ async fn answers_and_tei_statuses_come_back_as_tei_sent_them() {
     let direct = client(sim.addr());
 
     let answer = direct.unary("pool", EMBED, embed("the quick fox"), LIMIT).await.unwrap();
-    let decoded = EmbedResponse::decode(answer.get_ref().clone()).unwrap();
+    let decoded = EmbedResponse::decode(&answer.get_ref()[..]).unwrap();
     assert!(!decoded.embeddings.is_empty());
     assert!(answer.metadata().get("content-type").is_some(), "the answer's headers are its metadata");
 
