@@ -11,7 +11,6 @@
 //! finish. [`crate::service::RpcService`] serves the RPC table's calls; tonic's routes (health,
 //! reflection, UNIMPLEMENTED) the rest.
 
-mod corked;
 mod stream;
 
 use std::future::poll_fn;
@@ -31,6 +30,7 @@ use tonic::transport::server::Connected as _;
 
 pub use self::stream::{Dispatch, RequestBody};
 use crate::connections::ConnectionInfo;
+use crate::corked::{self, Socket};
 use crate::keepalive;
 
 /// Flow-control windows offered to clients: hyper's server defaults, which tonic's `Server` used.
@@ -76,9 +76,9 @@ where
 
 async fn serve_connection<Io>(io: Io, info: ConnectionInfo, dispatch: Dispatch, bounds: Bounds, stop: CancellationToken)
 where
-    Io: AsyncRead + AsyncWrite + Unpin,
+    Io: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
-    let (corked, uncork) = corked::cork(io);
+    let (corked, uncork) = corked::cork(Box::pin(io) as Socket);
     let handshake = h2::server::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)

@@ -28,6 +28,7 @@ pub mod call;
 pub mod charge;
 pub mod coalesce;
 pub mod connections;
+pub mod corked;
 pub mod door;
 pub mod error;
 pub mod flags;

@@ -11,6 +11,8 @@
 //! breaks is `Error::Unreachable`. Streaming calls are in `stream`; health checks stay on tonic's
 //! channel.
 
+use std::future::{Future as _, poll_fn};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -27,6 +29,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Dialer, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
+use crate::corked::{self, Socket};
 use crate::framing::{self, Framed, Messages, Side};
 use crate::rpc::RPCS;
 use crate::status::{GRPC_MESSAGE, GRPC_STATUS};
@@ -197,19 +200,27 @@ async fn handshake<T>(io: T) -> Result<Open, h2::Error>
 where
     T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    // Corked as the gRPC port's connections are, and the same type (`crate::corked`): the
+    // requests of one wake-up leave in one write.
+    let (corked, uncork) = corked::cork(Box::pin(io) as Socket);
     let (send, mut connection) = h2::client::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .enable_push(false)
-        .handshake::<T, Bytes>(io)
+        .handshake::<_, Bytes>(corked)
         .await?;
     let closed = Arc::new(AtomicBool::new(false));
     let pings = connection.ping_pong();
     let marks = closed.clone();
     tokio::spawn(async move {
         let (_watch, unanswered) = keepalive::watched(pings, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT);
+        let driven = poll_fn(|cx| {
+            let done = Pin::new(&mut connection).poll(cx);
+            uncork.poll_send(cx);
+            done
+        });
         tokio::select! {
-            _ = connection => {}
+            _ = driven => {}
             Ok(()) = unanswered => tracing::debug!("upstream connection unanswered for {KEEPALIVE_TIMEOUT:?}: closed"),
         }
         marks.store(true, Ordering::Release);

@@ -13,6 +13,14 @@
 //!
 //! h2 is the only writer, [`Uncork`] the only sender, and both run on the connection's task: the
 //! lock is never contended; it is only how two owners share the one socket without `unsafe`.
+//!
+//! Both of a proxied call's connections run h2 over a corked [`Socket`], the gRPC port's server
+//! side and the upstream's client side alike: a request to TEI leaves in one plain write as an
+//! answer does, and h2's codec is compiled once for the two (a binary 54 KB smaller). Corking the
+//! client side too lowered the CPU time of a proxied call by about 3% (13 alternating runs of
+//! each build, on-CPU time from `/proc`), with the same number of system calls and, in callgrind,
+//! the same instructions and cache misses: the difference is in the kernel's share, and which part
+//! of it was not found.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -28,6 +36,14 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const HELD_LIMIT: usize = 64 * 1024;
 /// A buffer left this large by a burst is let go once sent, so an idle connection holds little.
 const KEPT_CAPACITY: usize = 16 * 1024;
+
+/// A connection's socket, whatever it is underneath (TCP or TLS, accepted or dialled).
+pub type Socket = Pin<Box<dyn SocketIo>>;
+
+/// What a [`Socket`] can be.
+pub trait SocketIo: AsyncRead + AsyncWrite + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Send> SocketIo for T {}
 
 /// `io` as h2's transport, and the handle that sends what h2 wrote to it.
 pub fn cork<Io>(io: Io) -> (Corked<Io>, Uncork<Io>) {
