@@ -88,7 +88,7 @@ async fn answer_stream(answer: BoxFuture<'static, Answer>, mut respond: SendResp
     let answer = tokio::select! {
         biased;
         reset = poll_fn(|cx| respond.poll_reset(cx)) => {
-            return tracing::trace!(?reset, "stream reset before its answer");
+            return tracing::debug!(?reset, "stream reset before its answer");
         }
         answer = answer => answer,
     };
@@ -96,12 +96,12 @@ async fn answer_stream(answer: BoxFuture<'static, Answer>, mut respond: SendResp
     let end_of_stream = body.is_end_stream();
     let sending = match respond.send_response(http::Response::from_parts(parts, ()), end_of_stream) {
         Ok(sending) => sending,
-        Err(error) => return tracing::trace!(%error, "stream closed before its answer"),
+        Err(error) => return tracing::debug!(%error, "stream closed before its answer"),
     };
     // Boxed: a call's task waits above far longer than it writes here, and should hold only what
     // waiting needs meanwhile.
     if !end_of_stream && let Err(error) = Box::pin(send_body(body, sending)).await {
-        tracing::trace!(%error, "stream broken while answering");
+        tracing::debug!(%error, "stream broken while answering");
     }
 }
 
