@@ -10,7 +10,7 @@ use prometheus::{
 };
 use tonic::Code;
 
-use crate::admission::{Admission, Limits, Priority, Snapshot};
+use crate::admission::{Admission, DEFAULT_TENANT, Limits, Priority, Snapshot};
 use crate::call::Protocol;
 use crate::rates::{self, RecentRates};
 use crate::status::Outcome;
@@ -38,6 +38,9 @@ type CallKind = (Priority, Protocol, &'static str);
 struct CallSeries {
     /// `teifleet_requests_total` with code OK and outcome ok.
     succeeded: IntCounter,
+    /// `teifleet_tenant_requests_total` of the default tenant, outcome ok: most calls name no
+    /// tenant, and each would otherwise hash three label values to find it.
+    default_tenant_succeeded: IntCounter,
     queue_wait: Histogram,
     tei_queue: Histogram,
     tei_inference: Histogram,
@@ -50,6 +53,11 @@ impl CallSeries {
         let labels = [pool, priority.as_str()];
         Self {
             succeeded: families.requests.with_label_values(&ok),
+            default_tenant_succeeded: families.tenant_requests.with_label_values(&[
+                pool,
+                DEFAULT_TENANT,
+                Outcome::Ok.as_str(),
+            ]),
             queue_wait: families.queue_wait.with_label_values(&labels),
             tei_queue: families.tei_queue.with_label_values(&labels),
             tei_inference: families.tei_inference.with_label_values(&labels),
@@ -352,8 +360,12 @@ impl Metrics {
         tenant: &str,
         timings: &Timings,
     ) {
-        self.tenant_done(pool, tenant, outcome);
-        if outcome != Outcome::Ok || code != Code::Ok {
+        let succeeded = outcome == Outcome::Ok && code == Code::Ok;
+        let default_tenant = tenant == DEFAULT_TENANT;
+        if !(default_tenant && outcome == Outcome::Ok) {
+            self.tenant_done(pool, tenant, outcome);
+        }
+        if !succeeded {
             self.request_done(pool, priority, protocol, rpc, code, outcome);
         }
         let mut series = self.call_series.lock().unwrap_or_else(PoisonError::into_inner);
@@ -363,8 +375,11 @@ impl Metrics {
         };
         let kind = (priority, protocol, rpc);
         let series = pool_series.entry(kind).or_insert_with(|| CallSeries::new(&self.families, pool, kind));
-        if outcome == Outcome::Ok && code == Code::Ok {
+        if succeeded {
             series.succeeded.inc();
+        }
+        if default_tenant && outcome == Outcome::Ok {
+            series.default_tenant_succeeded.inc();
         }
         if let Some(wait) = timings.queue_wait {
             series.queue_wait.observe(wait.as_secs_f64());
