@@ -59,6 +59,30 @@ async fn tenants_share_the_queue_fairly() {
     assert_eq!(metric(&text, series), Some(11.0), "unlisted tenants are counted together: {text}");
 }
 
+/// Calls naming no tenant count as the default tenant's, answered or failed: the answered ones in
+/// a series the metrics keep at hand, the others by label.
+#[tokio::test]
+async fn calls_naming_no_tenant_count_as_the_default_tenants() {
+    let sim = sim(|_| {}).await;
+    let (mux, _) = mux(sim.addr(), limits(4, 4)).await;
+    let client = embed_client(mux.grpc_addr).await;
+    for i in 0..3 {
+        client.clone().embed(embed_request(&format!("served {i}"))).await.expect("served");
+    }
+    client.clone().embed(with_meta(embed_request("named"), &[(TENANT, "a")])).await.expect("served");
+    sim.set_fault(Fault::Fail);
+    client.clone().embed(embed_request("failed")).await.unwrap_err();
+    let text = metrics_text(&mux);
+    let series = |tenant: &str, outcome: &str| {
+        let series =
+            format!("teifleet_tenant_requests_total{{outcome=\"{outcome}\",pool=\"pool-a\",tenant=\"{tenant}\"}}");
+        metric(&text, &series)
+    };
+    assert_eq!(series("default", "ok"), Some(3.0), "{text}");
+    assert_eq!(series("other", "ok"), Some(1.0), "{text}");
+    assert_eq!(series("default", "upstream_error"), Some(1.0), "{text}");
+}
+
 /// A deadline that passes while TEI works on the call is DEADLINE_EXCEEDED, counted as a
 /// deadline, not as TEI's error or a cancellation.
 #[tokio::test]
