@@ -17,6 +17,9 @@ CHART_TEMPLATE_ARGS := teifleet $(CHART) --namespace teifleet-system --kube-vers
 REGISTRY ?= ghcr.io/teifleet
 CHART_REGISTRY ?= oci://$(REGISTRY)/charts
 IMAGE_CRATES := -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim
+# The release binaries with the multiplexer profile-guided (tools/pgo.sh): what the images ship and
+# `make bench` measures.
+PGO_BIN := target/release-pgo
 
 .PHONY: help
 help: ## List the targets
@@ -102,9 +105,10 @@ test-cluster: ## End-to-end tests on a fresh local control plane with its real n
 	  cargo test --locked -p teifleet-e2e -- --test-threads=1
 
 .PHONY: images
-images: ## Build the operator, multiplexer and tei-sim images into target/images, without Docker; prints sizes and digests
-	cargo build --release --locked $(IMAGE_CRATES) --bins
-	REGISTRY=$(REGISTRY) images/build.sh --bin-dir target/release --out target/images
+images: ## Build the operator, multiplexer (profile-guided: tools/pgo.sh) and tei-sim images into target/images, without Docker; prints sizes and digests
+	cargo build --release --locked $(IMAGE_CRATES) -p teifleet-load --bins
+	tools/pgo.sh --out $(PGO_BIN)
+	REGISTRY=$(REGISTRY) images/build.sh --bin-dir $(PGO_BIN) --out target/images
 
 .PHONY: push
 push: images ## Push the images to REGISTRY with crane (make push REGISTRY=ghcr.io/<you>)
@@ -116,8 +120,9 @@ chart-push: ## Package the chart and push it to CHART_REGISTRY (default oci://$(
 
 .PHONY: images-check
 images-check: ## Release images built twice (same digests), their binaries run, pushed with the chart to a local registry
-	cargo build --release --locked $(IMAGE_CRATES) --bins
-	images/check.sh --bin-dir target/release
+	cargo build --release --locked $(IMAGE_CRATES) -p teifleet-load --bins
+	tools/pgo.sh --out $(PGO_BIN)
+	images/check.sh --bin-dir $(PGO_BIN)
 
 .PHONY: test-images
 test-images: ## images-check on the debug binaries test-cluster built (no release build): what make test runs
@@ -139,11 +144,13 @@ demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the relay it recor
 	tests/cluster/down.sh
 
 .PHONY: bench
-bench: ## Benchmarks 1–16, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 21 min)
+bench: ## Benchmarks 1–16, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 21 min after the builds)
 	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
-	bench/run.sh full
+	tools/pgo.sh --out $(PGO_BIN) --with-floor-proxy
+	TEIFLEET_BENCH_BIN_DIR=$(PGO_BIN) bench/run.sh full
 
 .PHONY: bench-quick
 bench-quick: ## The same benchmarks, shorter (about 7 min after the build); results in target/bench-quick
 	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
-	bench/run.sh quick
+	tools/pgo.sh --out $(PGO_BIN) --with-floor-proxy
+	TEIFLEET_BENCH_BIN_DIR=$(PGO_BIN) bench/run.sh quick

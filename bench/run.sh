@@ -8,6 +8,10 @@
 # `all` to use every CPU): the targets were set on 2 cores, and the shed-storm scenario is about
 # the client, the multiplexer and a CPU-bound backend sharing them.
 #
+# The binaries measured are target/release-pgo's, the profile-guided build `make bench` makes with
+# tools/pgo.sh (the multiplexer as its image ships, and the floor proxy built the same way);
+# TEIFLEET_BENCH_BIN_DIR names another directory, e.g. target/release for a plain release build.
+#
 # `--only LIST` runs some scenarios (by number or name); without 6 (live-limits) in it, no control
 # plane is started.
 #
@@ -50,6 +54,12 @@ for arg in "$@"; do
   prev="$arg"
 done
 
+BIN_DIR="${TEIFLEET_BENCH_BIN_DIR:-target/release-pgo}"
+if [[ ! -x "$BIN_DIR/teifleet-multiplexer" ]]; then
+  echo "[bench] $BIN_DIR has no teifleet-multiplexer (tools/pgo.sh --with-floor-proxy makes it): measuring target/release, a plain release build" >&2
+  BIN_DIR=target/release
+fi
+args+=(--bin-dir "$BIN_DIR")
 mkdir -p target/bench-logs
 # HAProxy (Debian's package) for scenario 1's and 5's floors beside the bare tonic proxy. Installed
 # here when missing and running as root; when it cannot be, its rows are reported as SKIP with the

@@ -145,6 +145,10 @@ pub struct Results {
     /// which makes every timing noisier (the run's own load is not in it yet).
     #[serde(default)]
     pub load_before: Option<f64>,
+    /// How the measured binaries were built: the `BUILD` file `tools/pgo.sh` writes beside them
+    /// (which ones are profile-guided, from which profile), or empty for a plain release build.
+    #[serde(default)]
+    pub build: String,
     pub sections: Vec<Section>,
 }
 

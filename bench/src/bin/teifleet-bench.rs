@@ -85,6 +85,7 @@ async fn main() -> anyhow::Result<()> {
         duration_s: ctx.started.elapsed().as_secs_f64(),
         features: ctx.features,
         load_before,
+        build: std::fs::read_to_string(args.bin_dir.join("BUILD")).unwrap_or_default().trim().replace('\n', "; "),
         sections,
     };
     let written = render::write(&results, &args.out, &date)?;

@@ -28,8 +28,14 @@ struct Args {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // Stopping on SIGTERM returns from `main`, as the multiplexer does: an instrumented build
+    // (tools/pgo.sh) writes its profile only when the process exits normally.
+    let stop = teifleet_runtime::shutdown::signal()?;
     let listener =
         tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("binding {}", args.listen))?;
-    teifleet_bench::floor::serve(args.stack, listener, &args.upstream).await?;
+    tokio::select! {
+        served = teifleet_bench::floor::serve(args.stack, listener, &args.upstream) => served?,
+        _ = stop => {}
+    }
     Ok(())
 }

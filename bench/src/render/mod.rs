@@ -44,6 +44,8 @@ pub fn markdown(results: &Results, plots: &[Vec<String>]) -> String {
     let _ = writeln!(out, "# teifleet benchmarks, {} ({} run)\n", results.date, results.mode);
     let _ = writeln!(out, "Machine: {}.  ", results.machine.describe());
     let _ = writeln!(out, "Commit: `{}`. Run time: {:.0} s.  ", results.commit, results.duration_s);
+    let build = if results.build.is_empty() { "plain release build (not profile-guided)" } else { &results.build };
+    let _ = writeln!(out, "Binaries: {build}.  ");
     if let Some(load) = results.load_before {
         let busy = if load >= BUSY_LOAD {
             " The machine was busy before the run started: other processes competed for the cores, so timings \

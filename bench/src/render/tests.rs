@@ -148,3 +148,11 @@ fn writing_produces_markdown_json_and_plots() {
     assert!(matches!(back.sections[1].outcome, Some(Outcome::ShedStorm(_))));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_header_says_how_the_binaries_were_built() {
+    let plain = markdown(&results(vec![]), &[]);
+    assert!(plain.contains("Binaries: plain release build (not profile-guided)."), "{plain}");
+    let pgo = Results { build: "profile-guided: teifleet-multiplexer (profile p.profdata)".into(), ..results(vec![]) };
+    assert!(markdown(&pgo, &[]).contains("Binaries: profile-guided: teifleet-multiplexer (profile p.profdata)."));
+}
