@@ -55,11 +55,17 @@ for arg in "$@"; do
 done
 
 BIN_DIR="${TEIFLEET_BENCH_BIN_DIR:-target/release-pgo}"
-if [[ ! -x "$BIN_DIR/teifleet-multiplexer" ]]; then
+if [[ " $* " == *" --bin-dir"* ]]; then
+  :  # named on the command line: teifleet-bench takes it from there
+elif [[ ! -x "$BIN_DIR/teifleet-multiplexer" ]]; then
   echo "[bench] $BIN_DIR has no teifleet-multiplexer (tools/pgo.sh --with-floor-proxy makes it): measuring target/release, a plain release build" >&2
-  BIN_DIR=target/release
+  args+=(--bin-dir target/release)
+else
+  if [[ target/release/teifleet-multiplexer -nt "$BIN_DIR/teifleet-multiplexer" ]]; then
+    echo "[bench] $BIN_DIR/teifleet-multiplexer is older than target/release's: rerun tools/pgo.sh --with-floor-proxy to measure the current code" >&2
+  fi
+  args+=(--bin-dir "$BIN_DIR")
 fi
-args+=(--bin-dir "$BIN_DIR")
 mkdir -p target/bench-logs
 # HAProxy (Debian's package) for scenario 1's and 5's floors beside the bare tonic proxy. Installed
 # here when missing and running as root; when it cannot be, its rows are reported as SKIP with the
