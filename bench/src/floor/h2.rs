@@ -71,10 +71,14 @@ async fn exchange(
         .map_err(|_| h2::Reason::PROTOCOL_ERROR)?;
     let mut upstream = upstream.ready().await.map_err(broken)?;
     let (answer, sending) = upstream.send_request(Request::from_parts(parts, ()), false).map_err(broken)?;
-    pipe(body, sending).await?;
-    let (parts, body) = answer.await.map_err(broken)?.into_parts();
-    let sending = respond.send_response(Response::from_parts(parts, ()), false).map_err(broken)?;
-    pipe(body, sending).await
+    // Both directions at once, in this one task: a stream's client may wait for answers before it
+    // sends more, and the multiplexer relays a stream's answers while its requests still come.
+    let answering = async {
+        let (parts, body) = answer.await.map_err(broken)?.into_parts();
+        let sending = respond.send_response(Response::from_parts(parts, ()), false).map_err(broken)?;
+        pipe(body, sending).await
+    };
+    tokio::try_join!(pipe(body, sending), answering).map(|_| ())
 }
 
 /// Data frames as they arrive, then the trailers (or an empty end of stream when the last frame
