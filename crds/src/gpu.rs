@@ -117,6 +117,24 @@ impl GpuType {
     }
 }
 
+impl GpuType {
+    /// The GPU's memory in MiB as `nvidia-smi` reports it (and GFD's `nvidia.com/gpu.memory`
+    /// label), for the smaller board where SXM and PCIe differ. `None` for `cpu`.
+    pub fn memory_mib(self) -> Option<u64> {
+        Some(match self {
+            Self::Cpu => return None,
+            Self::NvidiaT4 => 15_360,
+            Self::NvidiaA10g => 23_028,
+            Self::NvidiaL4 => 23_034,
+            Self::NvidiaL40s => 46_068,
+            Self::NvidiaA100_40gb => 40_960,
+            Self::NvidiaA100_80gb => 81_920,
+            Self::NvidiaH100_80gb => 81_559,
+            Self::NvidiaH200 => 143_771,
+        })
+    }
+}
+
 /// Default requests of the `tei` container, per replica. On a GPU node the host CPU tokenizes and
 /// batches and host memory holds the weights while they load; the sizes leave room on the
 /// smallest common node of each GPU (in the comments) for the sidecar and the node's daemons.

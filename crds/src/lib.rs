@@ -11,8 +11,11 @@ pub mod conditions;
 pub mod duration;
 pub mod effective;
 pub mod gpu;
+pub mod gpu_memory;
 pub mod labels;
 mod pool;
+pub mod sharing;
+mod slice;
 
 pub use autoscaling::{AutoscalingSpec, AutoscalingStatus};
 pub use budget::{Shares, split_budget};
@@ -21,6 +24,7 @@ pub use effective::{
 };
 pub use gpu::GpuType;
 pub use pool::*;
+pub use sharing::{GpuSharing, Share, SharingStrategy};
 
 /// The API group every teifleet resource lives in.
 pub const GROUP: &str = "teifleet.dev";

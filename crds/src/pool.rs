@@ -32,6 +32,12 @@ use crate::gpu::GpuType;
     ),
     printcolumn(name = "Model", type_ = "string", json_path = ".spec.model.id"),
     printcolumn(name = "GPU", type_ = "string", json_path = ".spec.gpu.type"),
+    printcolumn(
+        name = "Share",
+        type_ = "string",
+        json_path = ".status.gpu.share",
+        description = "what each replica takes of a GPU: 1 GPU, 1/4 time-slicing, mig 1g.10gb"
+    ),
     printcolumn(name = "Replicas", type_ = "integer", json_path = ".spec.replicas"),
     printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyReplicas"),
     printcolumn(
@@ -174,6 +180,14 @@ pub struct ModelSpec {
     /// Pooling method; TEI's default comes from the model's configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pooling: Option<Pooling>,
+
+    /// GPU memory one replica of the model needs: its weights plus TEI's batch buffers for
+    /// `tei.maxBatchTokens`, e.g. `3Gi`. Checked against what the GPU share gives; a model that
+    /// does not fit gets no pod and the condition `InsufficientGPUMemory` naming both figures.
+    /// Unset: estimated for well-known models, not checked for others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("isQuantity(string(self)) && quantity(string(self)).isGreaterThan(quantity('0'))").message("model.gpuMemory must be a positive quantity such as 3Gi"))]
+    pub gpu_memory: Option<Quantity>,
 }
 
 /// Numeric precision of the model weights.
@@ -195,18 +209,36 @@ pub enum Pooling {
     LastToken,
 }
 
-/// The accelerator of each replica.
+/// The accelerator of each replica: whole GPUs, or a share of one (`sharing`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.type == 'cpu' || self.count >= 1").message("gpu.count must be at least 1 unless gpu.type is cpu"))]
+#[x_kube(validation = Rule::new("!has(self.sharing) || self.type != 'cpu'").message("gpu.sharing needs a GPU type: a cpu pool has no GPU to share"))]
+#[x_kube(validation = Rule::new("!has(self.sharing) || self.count == 1").message("gpu.sharing gives each replica one share of one GPU: leave gpu.count at 1"))]
+#[x_kube(validation = Rule::new("!has(self.sharing) || self.sharing.strategy != 'mig' || self.type in ['nvidia-a100-40gb', 'nvidia-a100-80gb', 'nvidia-h100-80gb', 'nvidia-h200']").message("gpu.sharing.strategy mig needs a GPU with MIG: nvidia-a100-40gb, nvidia-a100-80gb, nvidia-h100-80gb or nvidia-h200"))]
+#[x_kube(validation = Rule::new("!has(self.sharing) || !has(self.sharing.profile) || self.type != 'nvidia-a100-40gb' || self.sharing.profile in ['1g.5gb', '1g.10gb', '2g.10gb', '3g.20gb', '4g.20gb', '7g.40gb']").message("gpu.sharing.profile must be a MIG profile of nvidia-a100-40gb: 1g.5gb, 1g.10gb, 2g.10gb, 3g.20gb, 4g.20gb or 7g.40gb"))]
+#[x_kube(validation = Rule::new("!has(self.sharing) || !has(self.sharing.profile) || self.type != 'nvidia-a100-80gb' || self.sharing.profile in ['1g.10gb', '1g.20gb', '2g.20gb', '3g.40gb', '4g.40gb', '7g.80gb']").message("gpu.sharing.profile must be a MIG profile of nvidia-a100-80gb: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb or 7g.80gb"))]
+#[x_kube(validation = Rule::new("!has(self.sharing) || !has(self.sharing.profile) || self.type != 'nvidia-h100-80gb' || self.sharing.profile in ['1g.10gb', '1g.20gb', '2g.20gb', '3g.40gb', '4g.40gb', '7g.80gb']").message("gpu.sharing.profile must be a MIG profile of nvidia-h100-80gb: 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb or 7g.80gb"))]
+#[x_kube(validation = Rule::new("!has(self.sharing) || !has(self.sharing.profile) || self.type != 'nvidia-h200' || self.sharing.profile in ['1g.18gb', '1g.35gb', '2g.35gb', '3g.71gb', '4g.71gb', '7g.141gb']").message("gpu.sharing.profile must be a MIG profile of nvidia-h200: 1g.18gb, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb or 7g.141gb"))]
 pub struct GpuSpec {
     /// Well-known GPU type, or `cpu` for CPU-only replicas.
     #[serde(rename = "type", default)]
     pub type_: GpuType,
 
-    /// `nvidia.com/gpu` devices per replica; ignored when `type` is `cpu`.
+    /// Whole `nvidia.com/gpu` devices per replica; ignored when `type` is `cpu`, and 1 with
+    /// `sharing`.
     #[serde(default = "default_gpu_count")]
     pub count: i32,
+
+    /// A share of one GPU per replica instead of whole GPUs, the way the cluster's NVIDIA device
+    /// plugin offers it: `{strategy: time-slicing, replicas: 4}` (or `mps`; `renameByDefault:
+    /// true` when the plugin renames the resource to `nvidia.com/gpu.shared`), or `{strategy:
+    /// mig, profile: 1g.10gb}`. Pods go to nodes whose GPU Feature Discovery labels offer exactly
+    /// that share; the model must fit the share's memory (`model.gpuMemory`), and the defaults
+    /// of `tei.maxBatchTokens`, `concurrency.maxInFlightPerReplica` and the CPU and memory
+    /// requests follow the share. Unset: whole GPUs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<crate::sharing::GpuSharing>,
 }
 
 fn default_gpu_count() -> i32 {
@@ -215,7 +247,7 @@ fn default_gpu_count() -> i32 {
 
 impl Default for GpuSpec {
     fn default() -> Self {
-        Self { type_: GpuType::default(), count: default_gpu_count() }
+        Self { type_: GpuType::default(), count: default_gpu_count(), sharing: None }
     }
 }
 
@@ -683,6 +715,10 @@ pub struct EmbeddingPoolStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<crate::AutoscalingStatus>,
 
+    /// What each replica takes of a GPU and whether the model fits it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<GpuShareStatus>,
+
     /// Where clients call the pool, through its Service (`kubectl get epool -o wide`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Endpoints>,
@@ -692,6 +728,23 @@ pub struct EmbeddingPoolStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// The share of a GPU each replica takes, as the operator resolved `spec.gpu`.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuShareStatus {
+    /// `1 GPU`, `2 GPUs`, `1/4 time-slicing`, `1/7 mps`, `mig 1g.10gb` (the `SHARE` column).
+    pub share: String,
+    /// The extended resource and count each replica requests: `nvidia.com/gpu.shared: 1`.
+    pub resource: String,
+    /// GPU memory the share gives one replica, e.g. `5.6 GiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+    /// GPU memory the model needs and how that was found, e.g. `0.6 GiB (estimated: ...)`;
+    /// absent for a model the catalogue does not know without `spec.model.gpuMemory`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_memory: Option<String>,
 }
 
 /// The pool Service's addresses, one per protocol, inside the cluster.
