@@ -20,6 +20,8 @@ pub mod reasons {
     pub const REPLICAS_NOT_READY: &str = "ReplicasNotReady";
     pub const SCALED_TO_ZERO: &str = "ScaledToZero";
     pub const INSUFFICIENT_GPU: &str = "InsufficientGPU";
+    /// The model needs more GPU memory than the pool's share of a GPU gives: no pod is started.
+    pub const INSUFFICIENT_GPU_MEMORY: &str = "InsufficientGPUMemory";
     pub const ROLLING_OUT: &str = "RollingOut";
     pub const ROLLOUT_COMPLETE: &str = "RolloutComplete";
     pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";

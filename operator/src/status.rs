@@ -7,9 +7,11 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use teifleet_crds::conditions::{self, DEGRADED, Observed, PROGRESSING, READY, reasons};
 use teifleet_crds::effective::summarize;
-use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
+use teifleet_crds::gpu::GPU_RESOURCE;
+use teifleet_crds::gpu_memory::{self, gib};
 use teifleet_crds::{
-    AdmissionStatus, EmbeddingPool, EmbeddingPoolStatus, Endpoints, SidecarAdmission, labels, split_budget,
+    AdmissionStatus, ConcurrencySpec, EmbeddingPool, EmbeddingPoolStatus, Endpoints, GpuShareStatus, Share,
+    SidecarAdmission, labels, split_budget,
 };
 
 mod demand;
@@ -36,20 +38,21 @@ pub enum GpuShortage {
     /// No node carries the product (or none that also matches the pool's own node selection):
     /// the scheduler reports only node-affinity mismatches (and taints).
     NoNodeWithProduct,
-    /// Nodes of the product exist but none has enough free `nvidia.com/gpu`: the scheduler says
-    /// `Insufficient nvidia.com/gpu`.
+    /// Nodes of the product exist but none has enough free of the pool's GPU resource
+    /// (`nvidia.com/gpu`, `nvidia.com/gpu.shared`, `nvidia.com/mig-1g.10gb`): the scheduler says
+    /// `Insufficient <resource>`.
     AllTaken,
 }
 
-/// What one scheduler message says about a GPU pool's GPU.
-fn gpu_shortage(message: &str) -> Option<GpuShortage> {
+/// What one scheduler message says about a GPU pool's GPU, the extended resource `resource`.
+fn gpu_shortage(message: &str, resource: &str) -> Option<GpuShortage> {
     let insufficient: Vec<&str> = message
         .split("Insufficient ")
         .skip(1)
         .filter_map(|rest| rest.split([',', ' ']).next())
         .map(|resource| resource.trim_end_matches('.'))
         .collect();
-    if insufficient.contains(&GPU_RESOURCE) {
+    if insufficient.contains(&resource) {
         Some(GpuShortage::AllTaken)
     } else if insufficient.is_empty() && message.contains("node affinity") {
         Some(GpuShortage::NoNodeWithProduct)
@@ -60,8 +63,9 @@ fn gpu_shortage(message: &str) -> Option<GpuShortage> {
     }
 }
 
-/// Finds pods the scheduler gave up on, and whether a GPU shortage is the reason.
-pub fn unschedulable(pods: &[Pod], gpu_pool: bool) -> Option<Unschedulable> {
+/// Finds pods the scheduler gave up on, and whether a shortage of `gpu_resource` (the pool's GPU
+/// resource, `None` for a CPU pool) is the reason.
+pub fn unschedulable(pods: &[Pod], gpu_resource: Option<&str>) -> Option<Unschedulable> {
     let messages: Vec<&str> = pods
         .iter()
         .filter(|pod| pod.metadata.deletion_timestamp.is_none())
@@ -78,8 +82,10 @@ pub fn unschedulable(pods: &[Pod], gpu_pool: bool) -> Option<Unschedulable> {
     let first = messages.first()?;
     // "Insufficient nvidia.com/gpu" on any pod means the GPUs exist and are taken; only then do
     // node-affinity mismatches mean no node of the product exists.
-    let shortages: Vec<(GpuShortage, &str)> =
-        if gpu_pool { messages.iter().filter_map(|m| Some((gpu_shortage(m)?, *m))).collect() } else { Vec::new() };
+    let shortages: Vec<(GpuShortage, &str)> = match gpu_resource {
+        Some(resource) => messages.iter().filter_map(|m| Some((gpu_shortage(m, resource)?, *m))).collect(),
+        None => Vec::new(),
+    };
     let (gpu_shortage, scheduler_message) = shortages
         .iter()
         .find(|(shortage, _)| *shortage == GpuShortage::AllTaken)
@@ -88,11 +94,18 @@ pub fn unschedulable(pods: &[Pod], gpu_pool: bool) -> Option<Unschedulable> {
     Some(Unschedulable { pods: messages.len(), gpu_shortage, scheduler_message: scheduler_message.to_owned() })
 }
 
-/// The InsufficientGPU message: which GPU, which node products, and whether they are missing or
-/// taken.
+/// The InsufficientGPU message: which GPU or share of one, which node labels offer it, and
+/// whether they are missing or taken.
 fn insufficient_gpu_message(pool: &EmbeddingPool, stuck: &Unschedulable, shortage: GpuShortage) -> String {
     let gpu = pool.spec.gpu.type_;
-    let products = format!("{GPU_PRODUCT_LABEL} in [{}]", gpu.node_products().join(", "));
+    let Some(share) = pool.spec.share() else { return stuck.scheduler_message.clone() };
+    let products = match share {
+        // As it always read: `nvidia.com/gpu.product in [NVIDIA-L4]`.
+        Share::Whole { .. } => {
+            format!("{} in [{}]", teifleet_crds::gpu::GPU_PRODUCT_LABEL, gpu.node_products().join(", "))
+        }
+        _ => share.describe_nodes(gpu),
+    };
     let template = &pool.spec.template;
     let narrowed = !template.node_selector.is_empty()
         || template
@@ -100,16 +113,37 @@ fn insufficient_gpu_message(pool: &EmbeddingPool, stuck: &Unschedulable, shortag
             .as_ref()
             .and_then(|a| a.node_affinity.as_ref())
             .is_some_and(|n| n.required_during_scheduling_ignored_during_execution.is_some());
-    let why = match shortage {
-        GpuShortage::NoNodeWithProduct if narrowed => format!(
+    let resource = share.resource();
+    let why = match (&share, shortage) {
+        (Share::Whole { .. }, GpuShortage::NoNodeWithProduct) if narrowed => format!(
             "no node carries {products} and also matches the pool's template.nodeSelector/affinity (gpu.type {gpu})"
         ),
-        GpuShortage::NoNodeWithProduct => format!("no node carries {products} (gpu.type {gpu})"),
-        GpuShortage::AllTaken => {
-            format!("all {gpu} GPUs are taken: no node with {products} has {} free {GPU_RESOURCE}", pool.spec.gpu.count)
+        (Share::Whole { .. }, GpuShortage::NoNodeWithProduct) => format!("no node carries {products} (gpu.type {gpu})"),
+        (Share::Whole { count }, GpuShortage::AllTaken) => {
+            format!("all {gpu} GPUs are taken: no node with {products} has {count} free {GPU_RESOURCE}")
         }
+        (_, GpuShortage::NoNodeWithProduct) => format!(
+            "no node offers {} ({resource}): none carries {products}{}",
+            share.describe(gpu),
+            if narrowed { " and also matches the pool's template.nodeSelector/affinity" } else { "" }
+        ),
+        (_, GpuShortage::AllTaken) => format!(
+            "every {} is taken: no node with {products} has a free {resource}",
+            share.describe(gpu).trim_start_matches("a ")
+        ),
     };
     format!("{} pod(s) cannot be scheduled: {why}. Scheduler: {}", stuck.pods, stuck.scheduler_message)
+}
+
+/// What each replica takes of a GPU, and the memory it gives against what the model needs.
+fn gpu_share_status(pool: &EmbeddingPool, share: &Share) -> GpuShareStatus {
+    let gpu = pool.spec.gpu.type_;
+    GpuShareStatus {
+        share: share.short(),
+        resource: format!("{}: {}", share.resource(), share.resource_count()),
+        memory: share.memory_mib(gpu).map(gib),
+        model_memory: gpu_memory::need(&pool.spec).map(|need| format!("{} ({})", gib(need.mib()), need.explain())),
+    }
 }
 
 /// Computes the full status from the pool, its Deployment and pods, and the `reports` of the
@@ -127,9 +161,9 @@ pub fn compute(
     let ready = dep_status.ready_replicas.unwrap_or(0);
     let updated = dep_status.updated_replicas.unwrap_or(0);
     let replicas = dep_status.replicas.unwrap_or(0);
-    let gpu = pool.spec.gpu.type_;
-
-    let stuck = unschedulable(pods, gpu.is_gpu());
+    let share = pool.spec.share();
+    let stuck = unschedulable(pods, share.as_ref().map(Share::resource).as_deref());
+    let too_big = gpu_memory::shortfall(&pool.spec);
     let deadline_exceeded = dep_status.conditions.iter().flatten().any(|c| {
         c.type_ == "Progressing" && c.status == "False" && c.reason.as_deref() == Some("ProgressDeadlineExceeded")
     });
@@ -137,7 +171,9 @@ pub fn compute(
 
     let insufficient_gpu = stuck.as_ref().and_then(|s| Some(insufficient_gpu_message(pool, s, s.gpu_shortage?)));
 
-    let ready_condition = if desired == 0 {
+    let ready_condition = if let Some(shortfall) = &too_big {
+        Observed::new(READY, false, reasons::INSUFFICIENT_GPU_MEMORY, shortfall.message.clone())
+    } else if desired == 0 {
         Observed::new(READY, true, reasons::SCALED_TO_ZERO, "the pool is scaled to zero replicas")
     } else if let Some(message) = &insufficient_gpu {
         Observed::new(READY, false, reasons::INSUFFICIENT_GPU, message.clone())
@@ -175,6 +211,12 @@ pub fn compute(
     };
 
     let degraded_condition = match (&insufficient_gpu, deadline_exceeded) {
+        _ if too_big.is_some() => Observed::new(
+            DEGRADED,
+            true,
+            reasons::INSUFFICIENT_GPU_MEMORY,
+            too_big.as_ref().map(|shortfall| shortfall.message.clone()).unwrap_or_default(),
+        ),
         (Some(message), _) => Observed::new(DEGRADED, true, reasons::INSUFFICIENT_GPU, message.clone()),
         (None, true) => Observed::new(
             DEGRADED,
@@ -187,7 +229,13 @@ pub fn compute(
 
     let previous = pool.status.as_ref().map(|s| s.conditions.as_slice()).unwrap_or_default();
     let generation = pool.metadata.generation;
-    let shares = split_budget(&pool.spec.concurrency, ready, desired);
+    // A share of a GPU caps each replica's in-flight share by default (and so the adaptive
+    // limit's ceiling): `EmbeddingPoolSpec::in_flight_per_replica_cap`.
+    let budget = ConcurrencySpec {
+        max_in_flight_per_replica: pool.spec.in_flight_per_replica_cap(),
+        ..pool.spec.concurrency.clone()
+    };
+    let shares = split_budget(&budget, ready, desired);
     EmbeddingPoolStatus {
         observed_generation: generation,
         replicas,
@@ -202,6 +250,7 @@ pub fn compute(
             effective: if pool.spec.concurrency.adaptive { summarize(reports) } else { None },
         }),
         demand: demand(reports),
+        gpu: share.map(|share| gpu_share_status(pool, &share)),
         // The autoscaler's decision (`autoscale::Decision`), which the controller sets.
         autoscaling: None,
         endpoints: pool
@@ -221,5 +270,7 @@ pub fn compute(
     }
 }
 
+#[cfg(test)]
+mod sharing_tests;
 #[cfg(test)]
 mod tests;

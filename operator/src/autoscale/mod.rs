@@ -67,7 +67,8 @@ impl<'a> Observed<'a> {
         let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         let live = || pods.iter().filter(|pod| pod.metadata.deletion_timestamp.is_none());
         let placed = pods.iter().filter(|pod| pod.spec.as_ref().is_some_and(|spec| spec.node_name.is_some()));
-        let stuck = crate::status::unschedulable(pods, pool.spec.gpu.type_.is_gpu());
+        let resource = pool.spec.share().map(|share| share.resource());
+        let stuck = crate::status::unschedulable(pods, resource.as_deref());
         let previous = pool.status.as_ref().and_then(|status| status.autoscaling.as_ref());
         Self {
             recorded: previous.map(|shown| shown.desired_replicas).or(pool.status.as_ref().map(|s| s.replicas)),

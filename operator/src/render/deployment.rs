@@ -16,8 +16,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::Value;
-use teifleet_crds::gpu::{GPU_PRODUCT_LABEL, GPU_RESOURCE};
-use teifleet_crds::{EmbeddingPool, ModelCacheSpec, labels};
+use teifleet_crds::gpu::GPU_RESOURCE;
+use teifleet_crds::{EmbeddingPool, ModelCacheSpec, gpu_memory, labels};
 use teifleet_wire::{ports, tei_health};
 
 use super::{Owner, RenderConfig};
@@ -47,6 +47,11 @@ pub fn desired_replicas(pool: &EmbeddingPool) -> Option<i32> {
 /// (`autoscaled`, computed by the controller: rendering reads no clock), or `minReplicas` before
 /// it decided; `None` leaves them to an autoscaler that targets the Deployment.
 pub fn deployment_replicas(pool: &EmbeddingPool, autoscaled: Option<i32>) -> Option<i32> {
+    // A model that cannot fit its GPU share would only OOM-loop: no pod until the spec changes
+    // (the status says why).
+    if gpu_memory::shortfall(&pool.spec).is_some() {
+        return Some(0);
+    }
     match &pool.spec.autoscaling {
         Some(autoscaling) => Some(autoscaled.unwrap_or(autoscaling.min_replicas)),
         None => desired_replicas(pool),
@@ -67,7 +72,7 @@ pub fn tei_image(pool: &EmbeddingPool, config: &RenderConfig) -> String {
 /// replicas are ready, and only budgets above 1024 per replica raise it (restarting the pods).
 pub fn tei_max_concurrent_requests(pool: &EmbeddingPool) -> i32 {
     let budget = &pool.spec.concurrency;
-    let largest_share = budget.max_in_flight_per_replica.unwrap_or(budget.max_in_flight).min(budget.max_in_flight);
+    let largest_share = pool.spec.in_flight_per_replica_cap().unwrap_or(budget.max_in_flight).min(budget.max_in_flight);
     let configured = pool.spec.tei.max_concurrent_requests.unwrap_or(TEI_DEFAULT_MAX_CONCURRENT);
     configured.max(largest_share.saturating_mul(2))
 }
@@ -93,7 +98,8 @@ fn tei_args(pool: &EmbeddingPool) -> Vec<String> {
     if let Some(pooling) = spec.model.pooling {
         args.push(format!("--pooling={}", enum_name(&pooling)));
     }
-    if let Some(tokens) = spec.tei.max_batch_tokens {
+    // A share of a GPU gets a batch sized to it (`EmbeddingPoolSpec::max_batch_tokens`).
+    if let Some(tokens) = spec.max_batch_tokens() {
         args.push(format!("--max-batch-tokens={tokens}"));
     }
     if let Some(size) = spec.tei.max_client_batch_size {
@@ -130,44 +136,47 @@ fn with_defaults(
     resources
 }
 
-/// The `tei` container's resources: the user's, CPU and memory requests for the GPU type where
-/// the user names neither, and the GPU count.
+/// The `tei` container's resources: the user's, CPU and memory requests for the GPU type (scaled
+/// to a share of one) where the user names neither, and the GPU resource of the share: whole
+/// `nvidia.com/gpu`s, a replica of a shared one, or a MIG instance.
 fn tei_resources(pool: &EmbeddingPool) -> ResourceRequirements {
-    let defaults = pool.spec.gpu.type_.default_tei_requests();
+    let (cpu, memory) = pool.spec.default_tei_requests();
     let mut resources = with_defaults(
         pool.spec.template.resources.as_ref(),
-        quantities([("cpu", defaults.cpu), ("memory", defaults.memory)]),
+        quantities([("cpu", cpu.as_str()), ("memory", memory.as_str())]),
         BTreeMap::new(),
     );
-    if pool.spec.gpu.type_.is_gpu() {
-        let gpus = Quantity(pool.spec.gpu.count.to_string());
+    if let Some(share) = pool.spec.share() {
+        let amount = Quantity(share.resource_count().to_string());
         // Extended resources must have requests equal to limits.
-        resources.limits.get_or_insert_default().insert(GPU_RESOURCE.into(), gpus.clone());
-        resources.requests.get_or_insert_default().insert(GPU_RESOURCE.into(), gpus);
+        resources.limits.get_or_insert_default().insert(share.resource(), amount.clone());
+        resources.requests.get_or_insert_default().insert(share.resource(), amount);
     }
     resources
 }
 
-/// The user's affinity with the GPU product requirement added to every required node term, so
-/// user terms narrow the choice of GPU nodes but can never escape it.
+/// The user's affinity with the GPU product requirement (and, for a share of a GPU, the sharing
+/// or MIG labels that offer it) added to every required node term, so user terms narrow the
+/// choice of GPU nodes but can never escape it.
 fn affinity(pool: &EmbeddingPool) -> Option<Affinity> {
-    let gpu = pool.spec.gpu.type_;
     let mut affinity = pool.spec.template.affinity.clone();
-    if !gpu.is_gpu() {
-        return affinity;
-    }
-    let product = NodeSelectorRequirement {
-        key: GPU_PRODUCT_LABEL.into(),
-        operator: "In".into(),
-        values: Some(gpu.node_products().iter().map(|p| (*p).to_owned()).collect()),
-    };
+    let Some(share) = pool.spec.share() else { return affinity };
+    let requirements: Vec<NodeSelectorRequirement> = share
+        .node_requirements(pool.spec.gpu.type_)
+        .into_iter()
+        .map(|(key, operator, values)| NodeSelectorRequirement {
+            key,
+            operator: operator.into(),
+            values: Some(values).filter(|values| !values.is_empty()),
+        })
+        .collect();
     let node_affinity = affinity.get_or_insert_default().node_affinity.get_or_insert_default();
     let required = node_affinity.required_during_scheduling_ignored_during_execution.get_or_insert_default();
     if required.node_selector_terms.is_empty() {
         required.node_selector_terms.push(NodeSelectorTerm::default());
     }
     for term in &mut required.node_selector_terms {
-        term.match_expressions.get_or_insert_default().push(product.clone());
+        term.match_expressions.get_or_insert_default().extend(requirements.iter().cloned());
     }
     affinity
 }

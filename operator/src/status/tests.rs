@@ -223,7 +223,7 @@ fn any_pod_seeing_taken_gpus_makes_them_taken() {
             "0/5 nodes are available: 1 Insufficient nvidia.com/gpu, 4 node(s) didn't match Pod's node affinity/selector.",
         ),
     ];
-    let stuck = unschedulable(&pods, true).unwrap();
+    let stuck = unschedulable(&pods, Some("nvidia.com/gpu")).unwrap();
     assert_eq!(stuck.pods, 2);
     assert_eq!(stuck.gpu_shortage, Some(GpuShortage::AllTaken));
     assert!(stuck.scheduler_message.starts_with("0/5 nodes"), "{}", stuck.scheduler_message);
@@ -326,5 +326,5 @@ fn a_steady_load_with_jittering_rates_produces_no_status_write() {
 fn unschedulable_ignores_terminating_pods() {
     let mut pod = unschedulable_pod("0/1 nodes are available: 1 Insufficient nvidia.com/gpu.");
     pod.metadata.deletion_timestamp = Some(now(1));
-    assert_eq!(unschedulable(&[pod], true), None);
+    assert_eq!(unschedulable(&[pod], Some("nvidia.com/gpu")), None);
 }
