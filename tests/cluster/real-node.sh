@@ -18,7 +18,8 @@
 #
 # Needs (from up.sh): DIR, PKI, BIN, CACHE, HERE, REPO, API_PORT and the functions log, start,
 # wait_for. Settings: TEIFLEET_REAL_NODE_IP (10.251.0.1), TEIFLEET_REAL_NODE_POD_CIDR (a /24,
-# 10.252.0.0/24), TEIFLEET_REAL_NODE_GPUS (2), TEIFLEET_FAKE_GPU_PLUGIN_BIN (default: cargo build).
+# 10.252.0.0/24), TEIFLEET_REAL_NODE_GPUS (2), TEIFLEET_REAL_NODE_SHARED_REPLICAS (4),
+# TEIFLEET_FAKE_GPU_PLUGIN_BIN (default: cargo build).
 
 REAL_NODE_NAME=real-0
 REAL_NODE_IP="${TEIFLEET_REAL_NODE_IP:-10.251.0.1}"
@@ -26,6 +27,11 @@ REAL_NODE_POD_CIDR="${TEIFLEET_REAL_NODE_POD_CIDR:-10.252.0.0/24}"
 REAL_NODE_POD_GATEWAY="${REAL_NODE_POD_CIDR%.*}.1"
 REAL_NODE_GPUS="${TEIFLEET_REAL_NODE_GPUS:-2}"
 REAL_NODE_GPU_PRODUCT=NVIDIA-L4
+# Beside its whole GPUs the node has one more fake L4 shared by time-slicing, as NVIDIA's plugin
+# offers it with renameByDefault: REAL_NODE_SHARED_REPLICAS of nvidia.com/gpu.shared, and GPU
+# Feature Discovery's sharing labels. Pools asking for whole GPUs never take a replica.
+REAL_NODE_SHARED_REPLICAS="${TEIFLEET_REAL_NODE_SHARED_REPLICAS:-4}"
+REAL_NODE_SHARED_RESOURCE=nvidia.com/gpu.shared
 # Pods of other tests never land here unless they tolerate this taint.
 REAL_NODE_TAINT_KEY=teifleet.dev/real-node
 REAL_NODE_VETH=tfnode0
@@ -268,7 +274,7 @@ EOF
   log "real node: kubelet $REAL_NODE_NAME on $REAL_NODE_IP ($REAL_NODE_GPUS fake $REAL_NODE_GPU_PRODUCT GPUs)"
   start kubelet "$BIN/kubelet" --config "$node/kubelet.yaml" --kubeconfig "$node/kubelet.kubeconfig" \
     --root-dir "$node/kubelet" --cert-dir "$node/kubelet/pki" --hostname-override "$REAL_NODE_NAME" --node-ip "$REAL_NODE_IP" \
-    --node-labels "nvidia.com/gpu.product=$REAL_NODE_GPU_PRODUCT,nvidia.com/gpu.count=$REAL_NODE_GPUS,$REAL_NODE_TAINT_KEY=true"
+    --node-labels "nvidia.com/gpu.product=$REAL_NODE_GPU_PRODUCT,nvidia.com/gpu.count=$REAL_NODE_GPUS,$REAL_NODE_TAINT_KEY=true,nvidia.com/gpu.sharing-strategy=time-slicing,nvidia.com/gpu.replicas=$REAL_NODE_SHARED_REPLICAS"
 
   # kube-proxy stops when its configuration file changes: written once, before it starts.
   cat >"$node/kube-proxy.yaml" <<EOF
@@ -291,11 +297,16 @@ EOF
 
   wait_for "the kubelet's device-plugin socket" 60 test -S "$REAL_NODE_PLUGIN_DIR/kubelet.sock"
   start fake-gpu-plugin "$plugin" --count "$REAL_NODE_GPUS" --plugin-dir "$REAL_NODE_PLUGIN_DIR"
+  start fake-gpu-plugin-shared "$plugin" --resource-name "$REAL_NODE_SHARED_RESOURCE" --count 1 \
+    --replicas "$REAL_NODE_SHARED_REPLICAS" --id-prefix fake-l4-shared --socket-name teifleet-fake-gpu-shared.sock \
+    --plugin-dir "$REAL_NODE_PLUGIN_DIR"
 
   wait_for "node $REAL_NODE_NAME to become Ready" 90 kubectl wait --for=condition=Ready "node/$REAL_NODE_NAME" --timeout=1s
   wait_for "$REAL_NODE_GPUS nvidia.com/gpu on $REAL_NODE_NAME" 60 bash -c \
     "[[ \"\$(kubectl get node $REAL_NODE_NAME -o jsonpath='{.status.allocatable.nvidia\\.com/gpu}')\" == $REAL_NODE_GPUS ]]"
-  log "real node: $REAL_NODE_NAME Ready with $REAL_NODE_GPUS nvidia.com/gpu in $((SECONDS - started)) s"
+  wait_for "$REAL_NODE_SHARED_REPLICAS $REAL_NODE_SHARED_RESOURCE on $REAL_NODE_NAME" 60 bash -c \
+    "[[ \"\$(kubectl get node $REAL_NODE_NAME -o jsonpath='{.status.allocatable.nvidia\\.com/gpu\\.shared}')\" == $REAL_NODE_SHARED_REPLICAS ]]"
+  log "real node: $REAL_NODE_NAME Ready with $REAL_NODE_GPUS nvidia.com/gpu and $REAL_NODE_SHARED_REPLICAS $REAL_NODE_SHARED_RESOURCE in $((SECONDS - started)) s"
 }
 
 # stop_pids NAME...: SIGTERM to each process up.sh started under these names, up to 10 s for all
@@ -331,7 +342,7 @@ real_node_stop() {
       sleep 0.5
     done
   fi
-  stop_pids fake-gpu-plugin kube-proxy kubelet
+  stop_pids fake-gpu-plugin fake-gpu-plugin-shared kube-proxy kubelet
 
   # Whatever still runs: kill the tasks (the shims then exit) and remove the pods' network
   # namespaces, which takes their veths with them.
@@ -399,6 +410,7 @@ real_node_stop() {
   done
   # Left only when /var/lib/kubelet was there before.
   rm -f "$REAL_NODE_PLUGIN_DIR/kubelet.sock" "$REAL_NODE_PLUGIN_DIR/teifleet-fake-gpu.sock" \
+    "$REAL_NODE_PLUGIN_DIR/teifleet-fake-gpu-shared.sock" \
     "$REAL_NODE_PLUGIN_DIR/kubelet_internal_checkpoint"
   [[ -f "$REAL_NODE_LOCK" && "$(cat "$REAL_NODE_LOCK")" == "$DIR" ]] && rm -f "$REAL_NODE_LOCK"
   return 0

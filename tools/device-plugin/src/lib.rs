@@ -42,6 +42,9 @@ pub const DEFAULT_RESOURCE: &str = "nvidia.com/gpu";
 pub const HEALTHY: &str = "Healthy";
 /// The variable NVIDIA's runtime reads to expose GPUs to a container; set by `Allocate`.
 pub const VISIBLE_DEVICES_ENV: &str = "NVIDIA_VISIBLE_DEVICES";
+/// Separates a GPU's ID from its replica number in the IDs of a shared GPU's replicas
+/// (`fake-gpu-0::3`), as NVIDIA's plugin writes them under time-slicing and MPS.
+pub const REPLICA_SEPARATOR: &str = "::";
 
 /// What can stop the plugin.
 #[derive(Debug, thiserror::Error)]
@@ -91,9 +94,30 @@ pub struct Config {
 impl Config {
     /// `count` devices named `<id_prefix>-0`, `<id_prefix>-1`, ...
     pub fn new(resource_name: &str, count: usize, id_prefix: &str, plugin_dir: &Path, socket_name: &str) -> Self {
+        Self::shared(resource_name, count, 1, id_prefix, plugin_dir, socket_name)
+    }
+
+    /// `count` GPUs each advertised as `replicas` devices, as NVIDIA's plugin shares a GPU by
+    /// time-slicing or MPS: `<id_prefix>-0::0` ... `<id_prefix>-0::<replicas-1>`, then the next
+    /// GPU's. `Allocate` tells a container the GPUs behind its replicas, so pods given replicas
+    /// of one GPU see the same device. One replica each is the plain `<id_prefix>-<n>`.
+    pub fn shared(
+        resource_name: &str,
+        count: usize,
+        replicas: usize,
+        id_prefix: &str,
+        plugin_dir: &Path,
+        socket_name: &str,
+    ) -> Self {
+        let gpus = (0..count).map(|gpu| format!("{id_prefix}-{gpu}"));
+        let device_ids = match replicas {
+            0 => Vec::new(),
+            1 => gpus.collect(),
+            _ => gpus.flat_map(|gpu| (0..replicas).map(move |r| format!("{gpu}{REPLICA_SEPARATOR}{r}"))).collect(),
+        };
         Self {
             resource_name: resource_name.to_owned(),
-            device_ids: (0..count).map(|i| format!("{id_prefix}-{i}")).collect(),
+            device_ids,
             plugin_dir: plugin_dir.to_owned(),
             socket_name: socket_name.to_owned(),
             check_interval: Duration::from_secs(1),

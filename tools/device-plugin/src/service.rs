@@ -13,7 +13,7 @@ use crate::api::{
     DevicePluginOptions, Empty, ListAndWatchResponse, PreStartContainerRequest, PreStartContainerResponse,
     PreferredAllocationRequest, PreferredAllocationResponse,
 };
-use crate::{HEALTHY, VISIBLE_DEVICES_ENV};
+use crate::{HEALTHY, REPLICA_SEPARATOR, VISIBLE_DEVICES_ENV};
 
 /// The options the plugin registers with and reports: no PreStartContainer call needed, and a
 /// preferred allocation offered (the lowest-numbered free devices).
@@ -93,7 +93,8 @@ impl DevicePlugin for FakeGpus {
     }
 
     /// Tells each container which GPUs it got, as NVIDIA's plugin does with
-    /// `NVIDIA_VISIBLE_DEVICES`; there are no device files to mount.
+    /// `NVIDIA_VISIBLE_DEVICES`: the GPU behind each replica of a shared one, once, so pods
+    /// sharing a GPU see the same device. There are no device files to mount.
     async fn allocate(&self, request: Request<AllocateRequest>) -> Result<Response<AllocateResponse>, Status> {
         let mut container_responses = Vec::new();
         for container in request.into_inner().container_requests {
@@ -102,8 +103,15 @@ impl DevicePlugin for FakeGpus {
                 return Err(Status::invalid_argument("an allocation needs at least one device"));
             }
             tracing::info!(devices = %container.devices_ids.join(","), "allocated");
+            let mut gpus: Vec<&str> = Vec::new();
+            for id in &container.devices_ids {
+                let gpu = id.split_once(REPLICA_SEPARATOR).map_or(id.as_str(), |(gpu, _)| gpu);
+                if !gpus.contains(&gpu) {
+                    gpus.push(gpu);
+                }
+            }
             container_responses.push(ContainerAllocateResponse {
-                envs: [(VISIBLE_DEVICES_ENV.to_owned(), container.devices_ids.join(","))].into(),
+                envs: [(VISIBLE_DEVICES_ENV.to_owned(), gpus.join(","))].into(),
                 ..Default::default()
             });
         }

@@ -259,3 +259,45 @@ async fn refuses_a_configuration_that_cannot_work() {
         assert!(error.to_string().starts_with("invalid configuration"), "{error}");
     }
 }
+
+#[tokio::test]
+async fn a_shared_gpu_is_advertised_as_its_replicas_and_allocated_as_the_gpu_behind_them() {
+    let scratch = Scratch::new();
+    let (kubelet, mut received) = FakeKubelet::start(&scratch.0, Ok(()));
+    let mut config = Config::shared("nvidia.com/gpu.shared", 2, 3, "fake-l4", &scratch.0, "shared.sock");
+    config.check_interval = Duration::from_millis(50);
+    let socket = config.socket_path();
+    let (stop, stopped) = oneshot::channel::<()>();
+    let plugin = tokio::spawn(run(config, async {
+        let _ = stopped.await;
+    }));
+    assert_eq!(next_registration(&mut received).await.resource_name, "nvidia.com/gpu.shared");
+
+    let mut client = plugin_client(&socket).await;
+    let mut watch = client.list_and_watch(Empty {}).await.expect("ListAndWatch").into_inner();
+    let list = watch.next().await.expect("a device list").expect("no error");
+    let ids: Vec<&str> = list.devices.iter().map(|d| d.id.as_str()).collect();
+    assert_eq!(ids, ["fake-l4-0::0", "fake-l4-0::1", "fake-l4-0::2", "fake-l4-1::0", "fake-l4-1::1", "fake-l4-1::2"]);
+
+    // Two pods given replicas of GPU 0 both see GPU 0; replicas of both GPUs show both, once each.
+    let allocated = client
+        .allocate(AllocateRequest {
+            container_requests: vec![
+                ContainerAllocateRequest { devices_ids: vec!["fake-l4-0::2".into()] },
+                ContainerAllocateRequest { devices_ids: vec!["fake-l4-0::0".into()] },
+                ContainerAllocateRequest {
+                    devices_ids: vec!["fake-l4-1::0".into(), "fake-l4-0::1".into(), "fake-l4-1::1".into()],
+                },
+            ],
+        })
+        .await
+        .expect("Allocate")
+        .into_inner();
+    let visible: Vec<&str> =
+        allocated.container_responses.iter().map(|c| c.envs[VISIBLE_DEVICES_ENV].as_str()).collect();
+    assert_eq!(visible, ["fake-l4-0", "fake-l4-0", "fake-l4-1,fake-l4-0"]);
+
+    stop.send(()).expect("plugin running");
+    tokio::time::timeout(WAIT, plugin).await.expect("the plugin stops in time").expect("no panic").expect("no error");
+    kubelet.stop().await;
+}
