@@ -146,7 +146,7 @@ impl Admission {
     }
 
     /// Calls this replica can serve or queue at once: its in-flight limit in force, what its
-    /// siblings take from it, and its queue (what the pool's door lets in, `crate::door`).
+    /// siblings take from it, and its queue (what the pool's door lets in, `crate::gate::door`).
     pub fn capacity(&self) -> usize {
         let state = self.shared.lock();
         state.draining_slots() + state.limits.max_queued

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use teifleet_multiplexer::server::Settings;
+use teifleet_multiplexer::run::server::Settings;
 use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{PRIORITY as PRIORITY_HEADER, RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER};
 use tonic::Code;

@@ -1,4 +1,4 @@
-//! A pool's door (`teifleet_multiplexer::door`): gRPC calls without a deadline beyond what the
+//! A pool's door (`teifleet_multiplexer::gate::door`): gRPC calls without a deadline beyond what the
 //! pool can serve or queue wait their turn instead of being refused, connections take turns, and
 //! calls with a deadline are told at once by the queue, as before.
 
@@ -12,7 +12,7 @@ use tonic::Code;
 
 use crate::support::*;
 
-fn answered(mux: &teifleet_multiplexer::server::Running, code: &str) -> f64 {
+fn answered(mux: &teifleet_multiplexer::run::server::Running, code: &str) -> f64 {
     metric_sum(&metrics_text(mux), "teifleet_requests_total", &[("code", code)])
 }
 
