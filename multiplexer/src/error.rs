@@ -1,7 +1,7 @@
 //! Why a request was not served, typed where it is raised, and classified once.
 //!
-//! [`Error::kind`] is the one classification: the gRPC status (`status.rs`), the HTTP status and
-//! body (`http/error.rs`) and the outcome a call is counted as are small maps from an
+//! [`Error::kind`] is the one classification: the gRPC status (`report/status.rs`), the HTTP status and
+//! body (`front/http/error.rs`) and the outcome a call is counted as are small maps from an
 //! [`ErrorKind`], with no wildcard arm anywhere, so a new error must be placed on purpose and can
 //! never be counted as the caller's fault by default.
 

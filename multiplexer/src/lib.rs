@@ -21,7 +21,7 @@
 //!
 //! A room imports only from rooms below it: `vocab` < `transport` < `admission` < `gate` <
 //! `error` < `report` < `activator` < `forward` < `front` < `sources` < `run`
-//! (`tools/rooms.sh` checks it).
+//! (`tools/rooms.py --check`, run by `make lint`).
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 

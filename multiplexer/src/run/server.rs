@@ -17,7 +17,7 @@ use tonic_health::server::HealthReporter;
 use crate::forward::Forwarder;
 use crate::forward::pools::PoolTable;
 use crate::front::Readiness;
-use crate::front::grpc::server::{self as grpc_server, Dispatch};
+use crate::front::grpc::server::{self as grpc, Dispatch};
 use crate::front::grpc::service::RpcService;
 use crate::front::http::HttpSettings;
 use crate::gate::auth::Gate;
@@ -212,7 +212,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         routes,
         settings.pool_from_authority.clone(),
     );
-    let h2_bounds = grpc_server::Bounds {
+    let h2_bounds = grpc::Bounds {
         max_concurrent_streams: settings.max_concurrent_streams,
         max_header_list_bytes: u32::try_from(settings.bounds.max_header_bytes).unwrap_or(u32::MAX),
         // Clients cancel freely under overload (that is the point of deadlines); h2's default of
@@ -233,7 +233,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
     let incoming =
         crate::front::grpc::connections::bounded(incoming, cap, bounds.max_connections, settings.tls.clone(), refused);
-    let server = tokio::spawn(grpc_server::serve(incoming, dispatch, h2_bounds, server_stop.clone()));
+    let server = tokio::spawn(grpc::serve(incoming, dispatch, h2_bounds, server_stop.clone()));
     // The HTTP front shares the forwarder, so it drains with gRPC: refused once draining starts,
     // its calls in flight finished within the same drain timeout.
     let http_server = http_listener.map(|listener| {
