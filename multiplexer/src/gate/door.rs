@@ -12,11 +12,16 @@
 //! its queue), so callers that resend every refusal at once meet a line instead of tens of
 //! thousands of refusals a second that take the CPU TEI needs.
 //!
-//! Only calls without a deadline wait here. A call without one has said it will wait: it waits
-//! its turn, as it would in its client's HTTP/2 queue, instead of being refused into a resend
-//! loop. A call with a deadline goes straight on to the queue, which tells it at once whether it
-//! can be served in time (deadline-aware shedding with a retry hint), since it has somewhere
-//! better to be. A call let in goes on to the queue as a patient one (`Ask::patient`): it waits
+//! Patient calls wait here: those without a deadline, and those whose deadline leaves at least
+//! [`PATIENT_DEADLINE_FACTOR`] times the pool's queue timeout ([`is_patient`]). Such a caller has
+//! said it will wait: it waits its turn, as it would in its client's HTTP/2 queue, instead of being
+//! refused into a resend loop (most load tools and retry loops resend at once, whatever the retry
+//! hint says, and most gRPC clients set a deadline). A call with a deadline waits no longer than
+//! it: then it leaves its line and is told its deadline passed. A call with a short deadline goes
+//! straight on to the queue, which tells it at once whether it can be served in time
+//! (deadline-aware shedding with a retry hint), since it has somewhere better to be: a 100 ms
+//! query at a full pool hears so at once, not 100 ms later. A call let in goes on to the queue as
+//! a patient one (`Ask::patient`): it waits
 //! there for room rather than being refused for a full or slow queue, and is refused only when
 //! the queue timeout passes. The budget counts what the siblings' windows promise, which their
 //! room may not match; an impatient call refused for that would let the next waiting call in,
@@ -30,12 +35,26 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use prometheus::IntGauge;
 
 use crate::admission::Admission;
+
+/// A call whose deadline leaves at least this many queue timeouts waits at the door. The queue
+/// makes no call wait longer than its timeout; a caller that gave several times that has said it
+/// would rather wait than be told to come back, while a deadline within a few queue timeouts is
+/// an interactive caller's, owed a prompt answer (`make bench` scenario 2's callers give 2).
+pub const PATIENT_DEADLINE_FACTOR: u32 = 4;
+
+/// Whether a call with `deadline` (none: it waits as long as it takes) waits at the door of a pool
+/// whose queue timeout is `queue_timeout`.
+pub fn is_patient(deadline: Option<Instant>, queue_timeout: Duration, now: Instant) -> bool {
+    deadline.is_none_or(|deadline| deadline.saturating_duration_since(now) >= queue_timeout * PATIENT_DEADLINE_FACTOR)
+}
 
 /// Which accepted connection a call came on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -65,6 +84,10 @@ struct Waiter {
     grant: oneshot::Sender<Pass>,
 }
 
+/// A call whose deadline came while it waited at the door: it left its line unserved.
+#[derive(Debug)]
+pub struct WaitedInVain;
+
 /// A call through the door; dropping it lets the next waiting call in.
 pub struct Pass {
     door: Arc<Door>,
@@ -80,15 +103,21 @@ impl Door {
     }
 
     /// Waits until the call may go on to `admission`: at once while fewer calls are in than the
-    /// pool can serve or queue and nobody waits; otherwise in `connection`'s line, for its turn.
-    pub async fn enter(self: &Arc<Self>, admission: &Admission, connection: ConnectionId) -> Pass {
+    /// pool can serve or queue and nobody waits; otherwise in `connection`'s line, for its turn,
+    /// until `deadline` at the latest (then it has waited in vain, and leaves its line).
+    pub async fn enter(
+        self: &Arc<Self>,
+        admission: &Admission,
+        connection: ConnectionId,
+        deadline: Option<Instant>,
+    ) -> Result<Pass, WaitedInVain> {
         let budget = admission.capacity();
         let (id, receiver, unclaimed) = {
             let mut lobby = self.lock();
             lobby.budget = budget;
             if lobby.turns.is_empty() && lobby.inside < budget {
                 lobby.inside += 1;
-                return Pass { door: self.clone() };
+                return Ok(Pass { door: self.clone() });
             }
             let (grant, receiver) = oneshot::channel();
             let id = lobby.next_waiter;
@@ -105,9 +134,13 @@ impl Door {
         };
         drop(unclaimed);
         let mut waiting = Waiting { door: self.clone(), connection, id: Some(id) };
-        let pass = receiver.await.expect("a waiter leaves its line only with a pass or by its own hand");
+        let granted = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, receiver).await.map_err(|_| WaitedInVain)?,
+            None => receiver.await,
+        };
+        let pass = granted.expect("a waiter leaves its line only with a pass or by its own hand");
         waiting.id = None;
-        pass
+        Ok(pass)
     }
 
     /// Lets waiting calls in while there is room, one per connection in turn. Returns the passes

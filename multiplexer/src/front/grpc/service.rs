@@ -7,10 +7,11 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
+use tokio::time::Instant;
 use tonic::Status;
 use tracing::Instrument as _;
 
-use crate::admission::Priority;
+use crate::admission::{AdmissionError, Priority};
 use crate::error::Error;
 use crate::error::refused_message;
 use crate::forward::charge::{Grant, cost_before_body};
@@ -20,7 +21,7 @@ use crate::front::grpc::body_deadline::BodyDeadline;
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::front::grpc::{stream_body, unary};
 use crate::gate::auth::Gate;
-use crate::gate::door::ConnectionId;
+use crate::gate::door::{self, ConnectionId, WaitedInVain};
 use crate::gate::request_meta::RequestMeta;
 use crate::report::call::Call;
 use crate::report::metrics::Metrics;
@@ -130,10 +131,18 @@ where
         let rpc = call.rpc;
         // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
         let _inside = match holds_at_door(rpc, meta, pool) {
-            true => {
-                meta.through_door = true;
-                Some(pool.door.enter(&pool.admission, *connection).await)
-            }
+            true => match pool.door.enter(&pool.admission, *connection, meta.deadline).await {
+                Ok(pass) => {
+                    meta.through_door = true;
+                    Some(pass)
+                }
+                Err(WaitedInVain) => {
+                    let waited = call.arrived.elapsed();
+                    let source = AdmissionError::DeadlineExpired { waited };
+                    return Status::from(call.fail(Error::Admission { pool: pool.spec.name.clone(), source }))
+                        .into_http();
+                }
+            },
             false => None,
         };
         let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
@@ -224,19 +233,20 @@ where
     }
 }
 
-/// Unary calls without a deadline for a budget kept here wait their turn at the pool's door
-/// (`crate::gate::door`); calls with a deadline are told at once by the queue whether they can be
-/// served in time. Calls that passed a door already (spilled by a sibling, forwarded by another
+/// Patient unary calls for a budget kept here (no deadline, or one of several queue timeouts:
+/// `door::is_patient`) wait their turn at the pool's door (`crate::gate::door`); calls with a
+/// shorter deadline are told at once by the queue whether they can be served in time. Calls that
+/// passed a door already (spilled by a sibling, forwarded by another
 /// pool's sidecar) do not wait, nor do critical calls: a connection's line is in arrival order,
 /// and a critical call must not wait behind the lower-priority calls it may evict from the queue.
 fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
     rpc.shape == Shape::Unary
         && rpc.admit == Admit::Permit
-        && meta.deadline.is_none()
         && meta.priority != Priority::Critical
         && !pool.spec.remote
         && meta.spilled_from.is_none()
         && meta.forwarded_by.is_none()
+        && (meta.deadline.is_none() || door::is_patient(meta.deadline, pool.admission.queue_timeout(), Instant::now()))
 }
 
 /// The request body, cut off `timeout` from now: a caller that trickles its message holds its

@@ -17,14 +17,14 @@ fn door(budget: usize) -> (Arc<Door>, Admission) {
 }
 
 fn pass_now(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> Pass {
-    door.enter(admission, connection).now_or_never().expect("in at once")
+    door.enter(admission, connection, None).now_or_never().expect("in at once").expect("no deadline")
 }
 
 /// A call entering in the background, holding its pass 10 ms: the instant it went in.
 fn entering(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> tokio::task::JoinHandle<Instant> {
     let (door, admission) = (door.clone(), admission.clone());
     tokio::spawn(async move {
-        let pass = door.enter(&admission, connection).await;
+        let pass = door.enter(&admission, connection, None).await;
         let now = Instant::now();
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(pass);
@@ -83,7 +83,7 @@ async fn a_budget_that_grows_lets_waiting_calls_in() {
     assert!(!held.is_finished());
     // The next call reads a budget of 3: it and the one waiting both go in.
     admission.set_limits(Limits::new(3, 0, QUEUE_TIMEOUT));
-    let _also = door.enter(&admission, B).await;
+    let _also = door.enter(&admission, B, None).await;
     held.await.unwrap();
 }
 
@@ -91,7 +91,7 @@ async fn a_budget_that_grows_lets_waiting_calls_in() {
 async fn a_caller_that_leaves_takes_no_pass() {
     let (door, admission) = door(1);
     let inside = pass_now(&door, &admission, A);
-    let mut gone = Box::pin(door.enter(&admission, A));
+    let mut gone = Box::pin(door.enter(&admission, A, None));
     assert!((&mut gone).now_or_never().is_none());
     let staying = entering(&door, &admission, B);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -116,4 +116,49 @@ async fn a_pass_whose_caller_left_goes_to_the_next_in_line() {
     let _ = left.await;
     next.await.unwrap();
     assert_eq!(door.lock().inside, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_waits_at_the_door_until_its_deadline_then_leaves_its_line() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiter = {
+        let (door, admission) = (door.clone(), admission.clone());
+        tokio::spawn(async move { door.enter(&admission, B, Some(deadline)).await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(!waiter.is_finished(), "it waits its turn while its deadline allows");
+    assert_eq!(waiting(&door), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(waiter.await.unwrap().is_err(), "its deadline passed at the door");
+    assert_eq!(waiting(&door), 0, "and it left its line");
+    drop(inside);
+    assert_eq!(door.lock().inside, 0, "no pass was left behind");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_with_a_deadline_goes_in_when_its_turn_comes_first() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiter = {
+        let (door, admission) = (door.clone(), admission.clone());
+        tokio::spawn(async move { door.enter(&admission, B, Some(deadline)).await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(inside);
+    assert!(waiter.await.unwrap().is_ok(), "in once a call finished");
+}
+
+#[test]
+fn a_deadline_of_several_queue_timeouts_is_patient_and_a_short_one_is_not() {
+    let now = Instant::now();
+    let queue_timeout = Duration::from_secs(2);
+    assert!(is_patient(None, queue_timeout, now), "no deadline: it waits as long as it takes");
+    assert!(is_patient(Some(now + Duration::from_secs(30)), queue_timeout, now), "30 s: a patient caller");
+    assert!(is_patient(Some(now + queue_timeout * PATIENT_DEADLINE_FACTOR), queue_timeout, now));
+    assert!(!is_patient(Some(now + Duration::from_secs(1)), queue_timeout, now), "within the queue timeout");
+    assert!(!is_patient(Some(now + Duration::from_millis(100)), queue_timeout, now), "a 100 ms query");
+    assert!(!is_patient(Some(now + Duration::from_millis(7_999)), queue_timeout, now), "just short of four");
 }
