@@ -33,8 +33,9 @@ prereqs: ## Install what builds and tests need (Debian packages, Rust components
 test: prereqs lint unit test-clients check-generated chart-check test-cluster test-images ## Everything CI runs
 
 .PHONY: lint
-lint: ## cargo fmt --check and clippy -D warnings
+lint: ## cargo fmt --check, clippy -D warnings, and the multiplexer's rooms importing only downward
 	cargo fmt --all -- --check
+	tools/rooms.py --check multiplexer/src
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
 .PHONY: unit

@@ -25,7 +25,8 @@ use tokio::time::Instant;
 use tonic::transport::channel::Change;
 use tonic::transport::{Channel, Endpoint};
 
-use crate::{Error, SetupError};
+use crate::error::Error;
+use crate::vocab::SetupError;
 
 /// How many peer changes may wait for the balancer at once; more is a bug, not load.
 const CHANGES_BUFFERED: usize = 1024;

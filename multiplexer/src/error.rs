@@ -1,14 +1,17 @@
 //! Why a request was not served, typed where it is raised, and classified once.
 //!
-//! [`Error::kind`] is the one classification: the gRPC status (`status.rs`), the HTTP status and
-//! body (`http/error.rs`) and the outcome a call is counted as are small maps from an
+//! [`Error::kind`] is the one classification: the gRPC status (`report/status.rs`), the HTTP status and
+//! body (`front/http/error.rs`) and the outcome a call is counted as are small maps from an
 //! [`ErrorKind`], with no wildcard arm anywhere, so a new error must be placed on purpose and can
 //! never be counted as the caller's fault by default.
 
 use tonic::Code;
 
+pub use crate::vocab::outcome::{ErrorKind, Shed};
+
 use crate::admission::{AdmissionError, UnknownPriority};
-use crate::auth::{self, AuthFailure};
+use crate::gate::auth::{self, AuthFailure};
+use crate::gate::request_meta::{InvalidMetadata, MetaError};
 
 /// Why one request was not served as asked. Clone, so calls sharing one upstream call
 /// (`coalesce`) can each be told how it ended.
@@ -28,8 +31,8 @@ pub enum Error {
     #[error(transparent)]
     InvalidPriority(#[from] UnknownPriority),
 
-    #[error("invalid {header} metadata: {reason}")]
-    InvalidMetadata { header: &'static str, reason: String },
+    #[error(transparent)]
+    InvalidMetadata(#[from] InvalidMetadata),
 
     /// A stream's request message that could not be read (over the size limit, marked
     /// compressed, cut short): the status tonic gives for it, passed to the caller as it is.
@@ -77,48 +80,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// first replica is on its way.
 pub const COLD_START_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// What kind of failure a request met: the one classification every front and the metrics map
-/// from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ErrorKind {
-    /// No API key, or a wrong one (here, or at the pool the call was routed to).
-    Unauthenticated,
-    /// The request is malformed: its metadata, its priority, its body.
-    InvalidRequest,
-    /// The request asks for more than one request may carry (inputs, bytes).
-    TooLarge,
-    /// It names a pool or a model that is not served here.
-    NotFound,
-    /// It was forwarded by a multiplexer already.
-    ForwardingLoop,
-    /// Refused at once to protect the pool, with a hint on when to retry.
-    Shed(Shed),
-    /// Waited the pool's whole queue timeout without a permit; may be retried.
-    QueueTimedOut,
-    /// Its deadline passed while it waited in the queue.
-    ExpiredInQueue,
-    /// Its deadline passed while the upstream worked on it.
-    ExpiredAtUpstream,
-    /// The multiplexer cannot take calls right now: draining, or its pool's limits or API keys
-    /// not known yet. Retrying (elsewhere) helps.
-    Unavailable,
-    /// The upstream could not be reached.
-    Unreachable,
-    /// The upstream answered with an error of its own, which passes through as it was sent.
-    Upstream,
-}
-
-/// Why admission refused a call at once.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Shed {
-    /// The queue is full (or the call was evicted from it by one that ranks higher).
-    QueueFull,
-    /// The queue stands: a newcomer would only wait behind a queue that does not drain.
-    StandingQueue,
-    /// The call's deadline comes before its expected turn.
-    Deadline,
-    /// Its expected wait is longer than the pool's queue timeout.
-    QueueTimeout,
+impl From<MetaError> for Error {
+    fn from(error: MetaError) -> Self {
+        match error {
+            MetaError::Metadata(invalid) => Self::InvalidMetadata(invalid),
+            MetaError::Priority(unknown) => Self::InvalidPriority(unknown),
+        }
+    }
 }
 
 impl Error {
@@ -138,9 +106,7 @@ impl Error {
                 AdmissionError::DeadlineExpired { .. } => ErrorKind::ExpiredInQueue,
             },
             Self::SpillRefused { .. } => ErrorKind::Shed(Shed::QueueFull),
-            Self::InvalidPriority(_) | Self::InvalidMetadata { .. } | Self::SlowMessage { .. } => {
-                ErrorKind::InvalidRequest
-            }
+            Self::InvalidPriority(_) | Self::InvalidMetadata(_) | Self::SlowMessage { .. } => ErrorKind::InvalidRequest,
             Self::Message(status) => refused_message(status.code()).map_or(ErrorKind::InvalidRequest, |(kind, _)| kind),
             Self::UnknownPool { .. } | Self::UnknownModel { .. } => ErrorKind::NotFound,
             Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,

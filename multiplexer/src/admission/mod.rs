@@ -146,10 +146,15 @@ impl Admission {
     }
 
     /// Calls this replica can serve or queue at once: its in-flight limit in force, what its
-    /// siblings take from it, and its queue (what the pool's door lets in, `crate::door`).
+    /// siblings take from it, and its queue (what the pool's door lets in, `crate::gate::door`).
     pub fn capacity(&self) -> usize {
         let state = self.shared.lock();
         state.draining_slots() + state.limits.max_queued
+    }
+
+    /// The longest a call waits in the queue.
+    pub fn queue_timeout(&self) -> Duration {
+        self.shared.lock().limits.queue_timeout
     }
 
     pub fn snapshot(&self) -> Snapshot {

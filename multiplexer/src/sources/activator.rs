@@ -15,7 +15,7 @@ use teifleet_crds::duration::parse_duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::admission::Limits;
-use crate::pools::{PoolSpec, PoolTable};
+use crate::forward::pools::{PoolSpec, PoolTable};
 
 /// The hold of a pool without `spec.autoscaling` (the CRD's default `coldStartHold`).
 const DEFAULT_HOLD: Duration = Duration::from_secs(60);

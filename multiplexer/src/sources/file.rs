@@ -3,7 +3,7 @@
 //!
 //! ```yaml
 //! default: bge            # the pool requests without routing metadata go to (default: the first)
-//! auth:                   # optional: every call needs one of these API keys (see `crate::auth`)
+//! auth:                   # optional: every call needs one of these API keys (see `crate::gate::auth`)
 //!   keysFile: keys.yaml   # tenant: key(s), as a Secret's stringData; relative to this file
 //! pools:
 //!   - name: bge
@@ -28,9 +28,9 @@ use teifleet_crds::{ConcurrencySpec, TenantWeight};
 use tokio_util::sync::CancellationToken;
 
 use super::budget;
-use crate::SetupError;
-use crate::auth::{Gate, KeyRing, Policy};
-use crate::pools::{PoolSpec, PoolTable};
+use crate::forward::pools::{PoolSpec, PoolTable};
+use crate::gate::auth::{Gate, KeyRing, Policy};
+use crate::vocab::SetupError;
 
 type Result<T> = std::result::Result<T, SetupError>;
 

@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget;
 use crate::admission::Limits;
-use crate::auth::{Gate, Policy};
-use crate::pools::{PoolSpec, PoolTable};
-use crate::tls::Certificates;
+use crate::forward::pools::{PoolSpec, PoolTable};
+use crate::gate::auth::{Gate, Policy};
+use crate::transport::tls::Certificates;
 
 use teifleet_wire::ports::MULTIPLEXER_GRPC as POOL_SERVICE_PORT;
 
@@ -224,8 +224,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::auth::AuthFailure;
-    use crate::call::Protocol;
+    use crate::gate::auth::AuthFailure;
+    use crate::vocab::Protocol;
 
     /// A client for an address where nothing listens: the watches it starts fail and retry.
     fn unreachable_client() -> Client {

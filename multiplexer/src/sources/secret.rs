@@ -13,7 +13,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{Gate, KeyRing, Policy};
+use crate::gate::auth::{Gate, KeyRing, Policy};
 
 /// The keys a Secret holds: each data key a tenant, its value the tenant's key or keys.
 pub fn keys_of(secret: &Secret) -> (KeyRing, Vec<String>) {

@@ -1,5 +1,5 @@
 //! Kubernetes mode: the own pool's other ready replicas, from the EndpointSlices of its headless
-//! `<pool>-peers` Service, so calls can spill to them (`crate::siblings`). Only ready endpoints
+//! `<pool>-peers` Service, so calls can spill to them (`crate::forward::siblings`). Only ready endpoints
 //! that are not terminating count: a replica that drains fails its readiness at once, and from
 //! then on nothing new spills to it.
 
@@ -14,7 +14,7 @@ use teifleet_wire::ports::MULTIPLEXER_GRPC;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::siblings::Siblings;
+use crate::forward::siblings::Siblings;
 
 /// The label EndpointSlices carry naming their Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

@@ -9,8 +9,8 @@ use std::time::Duration;
 use teifleet_runtime::tls::Material;
 use tokio_util::sync::CancellationToken;
 
-use crate::SetupError;
-use crate::tls::Certificates;
+use crate::transport::tls::Certificates;
+use crate::vocab::SetupError;
 
 /// Where the certificate set's files are; TLS is off without `--tls-cert`.
 #[derive(Clone, Debug, Default, clap::Args)]

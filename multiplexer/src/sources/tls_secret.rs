@@ -19,7 +19,7 @@ use teifleet_crds::{ClientCaSpec, TlsSpec};
 use teifleet_runtime::tls::Material;
 use tokio_util::sync::CancellationToken;
 
-use crate::tls::Certificates;
+use crate::transport::tls::Certificates;
 
 /// What a watch of one named object has shown so far.
 #[derive(Clone, Debug, PartialEq)]

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use teifleet_multiplexer::activator::Activations;
-use teifleet_multiplexer::metrics::Metrics;
-use teifleet_multiplexer::pools::{PoolSpec, PoolTable};
-use teifleet_multiplexer::server::{self, Running, Settings};
+use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
+use teifleet_multiplexer::report::metrics::Metrics;
+use teifleet_multiplexer::run::server::{self, Running, Settings};
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_wire::headers::POOL as POOL_HEADER;
 use tonic::transport::Channel;

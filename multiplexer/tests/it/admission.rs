@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use teifleet_multiplexer::server::Settings;
+use teifleet_multiplexer::run::server::Settings;
 use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{PRIORITY as PRIORITY_HEADER, RETRY_PUSHBACK_MS as RETRY_PUSHBACK_HEADER};
 use tonic::Code;
@@ -42,7 +42,7 @@ async fn a_full_queue_sheds_at_once_with_a_retry_hint() {
     })
     .await;
 
-    // A gRPC call beyond the budget waits at the pool's door (`door.rs`), on any connection.
+    // A gRPC call beyond the budget waits at the pool's door (`gate/door.rs`), on any connection.
     let other = embed_client(mux.grpc_addr).await;
     let waiting = spawn_embed(&other, embed_request("at the door"));
     until("a call held at the door", Duration::from_secs(5), || {

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use prometheus::Registry;
 use serde_json::{Value, json};
-use teifleet_multiplexer::auth::{Gate, KeyRing, Policy};
-use teifleet_multiplexer::metrics::Metrics;
-use teifleet_multiplexer::pools::PoolTable;
-use teifleet_multiplexer::server::{self, Running, Settings};
+use teifleet_multiplexer::forward::pools::PoolTable;
+use teifleet_multiplexer::gate::auth::{Gate, KeyRing, Policy};
+use teifleet_multiplexer::report::metrics::Metrics;
+use teifleet_multiplexer::run::server::{self, Running, Settings};
 use teifleet_multiplexer::sources::file;
 use teifleet_tei_sim::SimHandle;
 use teifleet_testkit::http::send;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::{BufMut as _, Bytes, BytesMut};
 use http_body_util::BodyExt as _;
-use teifleet_multiplexer::server::{InputBounds, Settings};
+use teifleet_multiplexer::run::server::{InputBounds, Settings};
 use teifleet_wire::headers::{MODEL as MODEL_HEADER, POOL as POOL_HEADER, PRIORITY as PRIORITY_HEADER};
 use tonic::Code;
 use tonic::transport::Channel;

@@ -1,6 +1,6 @@
-//! A pool's door (`teifleet_multiplexer::door`): gRPC calls without a deadline beyond what the
-//! pool can serve or queue wait their turn instead of being refused, connections take turns, and
-//! calls with a deadline are told at once by the queue, as before.
+//! A pool's door (`teifleet_multiplexer::gate::door`): patient gRPC calls (no deadline, or one of
+//! several queue timeouts) beyond what the pool can serve or queue wait their turn instead of being
+//! refused, connections take turns, and calls with a short deadline are told at once by the queue.
 
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use tonic::Code;
 
 use crate::support::*;
 
-fn answered(mux: &teifleet_multiplexer::server::Running, code: &str) -> f64 {
+fn answered(mux: &teifleet_multiplexer::run::server::Running, code: &str) -> f64 {
     metric_sum(&metrics_text(mux), "teifleet_requests_total", &[("code", code)])
 }
 
@@ -50,7 +50,7 @@ async fn busy_connections_share_the_budget_and_nothing_is_refused() {
 }
 
 #[tokio::test]
-async fn a_call_without_a_deadline_waits_its_turn_and_one_with_a_deadline_is_told_at_once() {
+async fn patient_calls_wait_their_turn_and_one_with_a_short_deadline_is_told_at_once() {
     let sim = sim(|_| {}).await;
     sim.set_fault(Fault::Stall);
     let queue_timeout = Duration::from_millis(300);
@@ -67,9 +67,23 @@ async fn a_call_without_a_deadline_waits_its_turn_and_one_with_a_deadline_is_tol
     assert!(!patient.is_finished(), "still waiting at the door");
     assert_eq!(metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]), 1.0);
 
-    // With a deadline, the queue says at once that there is no room, with a retry hint.
+    // A deadline of many queue timeouts (30 s, a load tool's or a batch client's) is patient too:
+    // it waits at the door instead of being refused into a resend loop.
+    let mut deadline_30s = tonic::Request::new(embed_request("patient with a deadline"));
+    deadline_30s.set_timeout(Duration::from_secs(30));
+    let patient_with_deadline = tokio::spawn({
+        let mut client = client.clone();
+        async move { client.embed(deadline_30s).await }
+    });
+    until("two held at the door", Duration::from_secs(5), || {
+        metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]) == 2.0
+    })
+    .await;
+
+    // A short deadline (100 ms, within a few queue timeouts): the queue says at once that there
+    // is no room, with a retry hint, instead of holding a query that has somewhere better to be.
     let mut hurried = tonic::Request::new(embed_request("hurried"));
-    hurried.set_timeout(Duration::from_secs(10));
+    hurried.set_timeout(Duration::from_millis(100));
     let status = client.clone().embed(hurried).await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
     assert!(status.message().contains("queue is full"), "{}", status.message());
@@ -80,5 +94,34 @@ async fn a_call_without_a_deadline_waits_its_turn_and_one_with_a_deadline_is_tol
     for call in [in_flight, patient] {
         call.await.unwrap().expect("served once TEI moves");
     }
+    patient_with_deadline.await.unwrap().expect("the patient call with a deadline is served");
     assert_eq!(metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]), 0.0);
+    assert_eq!(answered(&mux, "ResourceExhausted"), 1.0, "only the hurried call was refused");
+}
+
+#[tokio::test]
+async fn a_patient_call_whose_deadline_passes_at_the_door_leaves_it_as_expired() {
+    let sim = sim(|_| {}).await;
+    sim.set_fault(Fault::Stall);
+    let queue_timeout = Duration::from_millis(100);
+    let (mux, table) = mux(sim.addr(), Limits::new(1, 0, queue_timeout)).await;
+    let admission = table.get("pool-a").unwrap().admission.clone();
+    let client = embed_client(mux.grpc_addr).await;
+    let _in_flight = spawn_embed(&client, embed_request("in flight"));
+    until("one in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
+
+    // 1 s is ten queue timeouts: the call waits at the door, and TEI never moves.
+    let mut waiting = tonic::Request::new(embed_request("waits in vain"));
+    waiting.set_timeout(Duration::from_secs(1));
+    let status = client.clone().embed(waiting).await.unwrap_err();
+    // The sidecar answers DEADLINE_EXCEEDED a little before the caller's own clock runs out; a
+    // client whose timer fires first reports its own timeout (tonic: CANCELLED).
+    assert!(matches!(status.code(), Code::DeadlineExceeded | Code::Cancelled), "{status:?}");
+    until("counted as expired in the queue", Duration::from_secs(5), || {
+        metric_sum(&metrics_text(&mux), "teifleet_requests_total", &[("outcome", "expired_in_queue")]) == 1.0
+    })
+    .await;
+    assert_eq!(metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]), 0.0, "out of line");
+    assert_eq!(answered(&mux, "ResourceExhausted"), 0.0, "waited, not refused");
+    assert_eq!(sim.stats().requests_received, 1, "only the call in flight reached TEI");
 }

@@ -3,7 +3,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use teifleet_multiplexer::server::Settings;
+use teifleet_multiplexer::run::server::Settings;
 
 use crate::support::*;
 

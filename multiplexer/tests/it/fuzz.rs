@@ -21,8 +21,8 @@ mod protobuf {
     use proptest::sample::Index;
     use prost::Message as _;
     use prost::encoding::encode_varint;
-    use teifleet_multiplexer::rpc::{self, RPCS};
-    use teifleet_multiplexer::wire::{RequestSize, TeiTiming, request_size, tei_timing};
+    use teifleet_multiplexer::vocab::rpc::{self, RPCS};
+    use teifleet_multiplexer::vocab::wire::{RequestSize, TeiTiming, request_size, tei_timing};
     use teifleet_proto::v1;
 
     /// A field's value as an encoder writes it.
@@ -413,9 +413,9 @@ mod http_bodies {
     use serde::Serialize;
     use serde_json::{Map, Value};
     use teifleet_multiplexer::ErrorKind;
-    use teifleet_multiplexer::http::error::HttpError;
-    use teifleet_multiplexer::http::routes::parse;
-    use teifleet_multiplexer::http::types::{
+    use teifleet_multiplexer::front::http::error::HttpError;
+    use teifleet_multiplexer::front::http::routes::parse;
+    use teifleet_multiplexer::front::http::types::{
         DecodeRequest, EmbedRequest, Ids, Inputs, OpenAiRequest, PredictInputs, PredictRequest, RerankRequest,
         Sequence, SimilarityRequest, TokenizeRequest,
     };
@@ -937,7 +937,7 @@ mod metadata {
     use proptest::prelude::*;
     use teifleet_multiplexer::ErrorKind;
     use teifleet_multiplexer::admission::Priority;
-    use teifleet_multiplexer::request_meta::{MAX_TENANT_LEN, Target, parse, parse_grpc_timeout};
+    use teifleet_multiplexer::gate::request_meta::{MAX_TENANT_LEN, Target, parse, parse_grpc_timeout};
     use teifleet_wire::headers::{FORWARDED_BY, GRPC_TIMEOUT, MODEL, POOL, PRIORITY, TENANT};
     use tokio::time::Instant;
 
@@ -1109,7 +1109,7 @@ mod metadata {
         fn grpc_timeout_is_exactly_the_spec(value in timeout_text()) {
             match (parse_grpc_timeout(&value), spec_timeout(&value)) {
                 (Ok(got), Some(want)) => prop_assert_eq!(got, want),
-                (Err(error), None) => prop_assert_eq!(error.kind(), ErrorKind::InvalidRequest),
+                (Err(error), None) => prop_assert_eq!(teifleet_multiplexer::Error::from(error).kind(), ErrorKind::InvalidRequest),
                 (got, want) => {
                     return Err(TestCaseError::fail(format!("{value:?}: got {got:?}, the spec says {want:?}")));
                 }
@@ -1133,7 +1133,7 @@ mod metadata {
                         prop_assert_eq!(meta.deadline, None);
                     }
                 }
-                (Err(error), None) => prop_assert_eq!(error.kind(), ErrorKind::InvalidRequest),
+                (Err(error), None) => prop_assert_eq!(teifleet_multiplexer::Error::from(error).kind(), ErrorKind::InvalidRequest),
                 (got, want) => return Err(TestCaseError::fail(format!("got {got:?}, expected {want:?}"))),
             }
         }

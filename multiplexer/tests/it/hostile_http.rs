@@ -11,7 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt as _;
 use serde_json::{Value, json};
-use teifleet_multiplexer::server::{InputBounds, Running, Settings};
+use teifleet_multiplexer::run::server::{InputBounds, Running, Settings};
 use teifleet_runtime::http_server::ServerBounds;
 use teifleet_tei_sim::SimHandle;
 use teifleet_testkit::poll::eventually;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use crate::support::*;
 use serde_json::{Value, json};
-use teifleet_multiplexer::http::HttpSettings;
-use teifleet_multiplexer::server::{Running, Settings};
+use teifleet_multiplexer::front::http::HttpSettings;
+use teifleet_multiplexer::run::server::{Running, Settings};
 use teifleet_proto::v1::{self, rerank_client::RerankClient};
 use teifleet_tei_sim::{SimHandle, embedding_for};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

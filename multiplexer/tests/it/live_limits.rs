@@ -4,9 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use teifleet_multiplexer::metrics::Metrics;
-use teifleet_multiplexer::pools::PoolTable;
-use teifleet_multiplexer::server::{self, Settings};
+use teifleet_multiplexer::forward::pools::PoolTable;
+use teifleet_multiplexer::report::metrics::Metrics;
+use teifleet_multiplexer::run::server::{self, Settings};
 use teifleet_multiplexer::sources::file;
 use teifleet_tei_sim::Fault;
 use tokio_util::sync::CancellationToken;
@@ -33,7 +33,7 @@ async fn editing_the_file_raises_the_limit_without_dropping_requests() {
     let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
     table.sync(loaded.pools).unwrap();
     let stop = CancellationToken::new();
-    let gate = Arc::new(teifleet_multiplexer::auth::Gate::off());
+    let gate = Arc::new(teifleet_multiplexer::gate::auth::Gate::off());
     tokio::spawn(file::watch(path.clone(), table.clone(), gate, Duration::from_millis(50), stop.clone()));
     let mux = server::start(Settings::default(), table.clone(), metrics).await.unwrap();
     let client = embed_client(mux.grpc_addr).await;

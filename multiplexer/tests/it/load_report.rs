@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use prost::Message as _;
 use serde_json::json;
-use teifleet_multiplexer::orca::OrcaLoadReport;
-use teifleet_multiplexer::server::Settings;
+use teifleet_multiplexer::report::orca::OrcaLoadReport;
+use teifleet_multiplexer::run::server::Settings;
 use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{ENDPOINT_LOAD_METRICS, ENDPOINT_LOAD_METRICS_BIN, PRIORITY};
 use tonic::Code;

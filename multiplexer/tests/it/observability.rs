@@ -5,7 +5,7 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use futures::future::join_all;
-use teifleet_multiplexer::server::Settings;
+use teifleet_multiplexer::run::server::Settings;
 use teifleet_tei_sim::Fault;
 use tonic::Code;
 use tonic_health::pb::health_check_response::ServingStatus;

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use teifleet_multiplexer::SetupError;
-use teifleet_multiplexer::metrics::Metrics;
-use teifleet_multiplexer::server::{self, Settings};
+use teifleet_multiplexer::report::metrics::Metrics;
+use teifleet_multiplexer::run::server::{self, Settings};
 use teifleet_proto::v1::{self, rerank_client::RerankClient};
 use tonic::Code;
 
@@ -99,7 +99,7 @@ async fn a_busy_port_names_the_address() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = taken.local_addr().unwrap();
     let metrics = Metrics::new();
-    let table = std::sync::Arc::new(teifleet_multiplexer::pools::PoolTable::new("pool-a", metrics.clone()));
+    let table = std::sync::Arc::new(teifleet_multiplexer::forward::pools::PoolTable::new("pool-a", metrics.clone()));
     let settings = Settings { listen: addr, ..Settings::default() };
     let error = server::start(settings, table, metrics).await.err().expect("the port is taken");
     assert!(matches!(error, SetupError::Bind { .. }), "{error}");

@@ -65,7 +65,7 @@ async fn a_request_at_the_input_cap_stays_within_a_stated_memory_bound() {
     let over = serde_json::json!({"inputs": vec!["a"; 60_000]});
     let answer = crate::http_front::post(http, "/embed", over).await;
     assert_eq!(answer.status, 413, "{}", answer.body);
-    let inputs = teifleet_multiplexer::http::DEFAULT_MAX_REQUEST_INPUTS;
+    let inputs = teifleet_multiplexer::front::http::DEFAULT_MAX_REQUEST_INPUTS;
     let texts: Vec<String> = (0..inputs).map(|i| format!("text number {i} of the largest request allowed")).collect();
     let answer = crate::http_front::post(http, "/embed", serde_json::json!({ "inputs": texts })).await;
     assert_eq!(answer.status, 200);

@@ -1,7 +1,7 @@
 //! Routing by metadata across pools, and forwarding loops prevented.
 
-use teifleet_multiplexer::pools::PoolSpec;
-use teifleet_multiplexer::server::Settings;
+use teifleet_multiplexer::forward::pools::PoolSpec;
+use teifleet_multiplexer::run::server::Settings;
 use teifleet_wire::headers::{FORWARDED_BY as FORWARDED_BY_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER};
 use tonic::Code;
 

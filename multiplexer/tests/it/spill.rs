@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use teifleet_multiplexer::auth::{Gate, KeyRing, Policy};
-use teifleet_multiplexer::pools::PoolTable;
-use teifleet_multiplexer::server::{Running, Settings};
+use teifleet_multiplexer::forward::pools::PoolTable;
+use teifleet_multiplexer::gate::auth::{Gate, KeyRing, Policy};
+use teifleet_multiplexer::run::server::{Running, Settings};
 use teifleet_tei_sim::SimHandle;
 
 use crate::http_front::request;

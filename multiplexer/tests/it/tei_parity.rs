@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use teifleet_multiplexer::http::HttpSettings;
+use teifleet_multiplexer::front::http::HttpSettings;
 
 use crate::http_front::{front, post, request};
 use crate::support::*;

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
-use teifleet_multiplexer::pools::PoolSpec;
-use teifleet_multiplexer::server::{InputBounds, Running, Settings};
-use teifleet_multiplexer::upstream::{Dialer, Upstream};
+use teifleet_multiplexer::forward::pools::PoolSpec;
+use teifleet_multiplexer::forward::upstream::{Dialer, Upstream};
+use teifleet_multiplexer::run::server::{InputBounds, Running, Settings};
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_runtime::tls::{Material, ServerTls};
 use teifleet_testkit::certs::{Authority, Issued};
@@ -179,8 +179,8 @@ async fn sidecars_spill_and_route_to_each_other_in_tls_verifying_each_other() {
         let tls = Arc::new(ServerTls::off());
         let set = Material { client_ca: Some(bundle.clone().into()), ..material(&ca, &pool_certificate, None) };
         tls.offer(&set).unwrap();
-        let metrics = teifleet_multiplexer::metrics::Metrics::new();
-        let table = Arc::new(teifleet_multiplexer::pools::PoolTable::with_dialer(
+        let metrics = teifleet_multiplexer::report::metrics::Metrics::new();
+        let table = Arc::new(teifleet_multiplexer::forward::pools::PoolTable::with_dialer(
             "pool-a",
             metrics.clone(),
             Dialer::new(tls.clone()),
@@ -188,7 +188,7 @@ async fn sidecars_spill_and_route_to_each_other_in_tls_verifying_each_other() {
         let tenants: BTreeMap<String, u32> = [("search".to_owned(), 2)].into();
         table.sync(vec![PoolSpec { tenants, ..spec("pool-a", sim.addr(), limits(2, 256)) }]).unwrap();
         let settings = Settings { tls, health_interval: Duration::from_millis(100), ..Settings::default() };
-        let mux = teifleet_multiplexer::server::start(settings, table.clone(), metrics).await.unwrap();
+        let mux = teifleet_multiplexer::run::server::start(settings, table.clone(), metrics).await.unwrap();
         replicas.push((sim, mux, table));
     }
     let (first, second) = (replicas[0].1.grpc_addr, replicas[1].1.grpc_addr);

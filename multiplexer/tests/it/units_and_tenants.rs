@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use teifleet_multiplexer::server::Settings;
+use teifleet_multiplexer::run::server::Settings;
 use teifleet_proto::v1::{self, rerank_client::RerankClient};
 use teifleet_tei_sim::Fault;
 use teifleet_wire::headers::{PRIORITY, RETRY_PUSHBACK_MS, TENANT};

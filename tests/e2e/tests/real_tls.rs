@@ -28,7 +28,7 @@ use teifleet_e2e::real::{
     steady_load, wait_ready_pods,
 };
 use teifleet_e2e::{admin_client, eventually, helm, import_into_real_node, install_crd};
-use teifleet_multiplexer::upstream::{Dialer, Upstream};
+use teifleet_multiplexer::forward::upstream::{Dialer, Upstream};
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_proto::v1::{EmbedRequest, InfoRequest, embed_client::EmbedClient};
 use teifleet_runtime::tls::serial_of;

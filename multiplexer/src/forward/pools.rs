@@ -1,0 +1,274 @@
+//! The pools this multiplexer can route to, each with its own admission state and upstream.
+//!
+//! Sources (a config file, or EmbeddingPools watched in Kubernetes) push complete descriptions
+//! with [`PoolTable::sync`]; requests look pools up with [`PoolTable::resolve`]. A pool that stays
+//! keeps its admission state across updates, so limit changes never drop queued or in-flight work.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use crate::activator::Activations;
+use crate::admission::{Admission, Limits};
+use crate::error::{Error, Result};
+use crate::forward::coalesce::Coalescer;
+use crate::forward::siblings::Siblings;
+use crate::forward::upstream::{Dialer, Upstream};
+use crate::gate::door::Door;
+use crate::gate::request_meta::Target;
+use crate::report::metrics::Metrics;
+use crate::vocab::SetupError;
+
+/// What a source knows about one pool.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolSpec {
+    pub name: String,
+    /// The model the pool serves, for `x-teifleet-model` routing.
+    pub model: Option<String>,
+    pub upstream: String,
+    /// `None` until the pool's budget is known: requests get UNAVAILABLE meanwhile.
+    pub limits: Option<Limits>,
+    /// The upstream is another pool's multiplexer: requests carry the hop marker.
+    pub remote: bool,
+    /// Identical unary inference calls in flight share one upstream call.
+    pub coalesce: bool,
+    /// Tenant weights; tenants not listed weigh 1.
+    pub tenants: BTreeMap<String, u32>,
+}
+
+pub struct Pool {
+    pub spec: PoolSpec,
+    pub admission: Admission,
+    pub upstream: Upstream,
+    /// Present when the spec asks for coalescing; kept across updates so calls in flight stay
+    /// joinable.
+    pub coalescer: Option<Arc<Coalescer>>,
+    /// The other replicas of the own pool, where its calls spill when its budget here is full;
+    /// `None` for every other pool.
+    pub siblings: Option<Arc<Siblings>>,
+    /// Where its gRPC calls wait beyond what it can serve or queue; kept across updates.
+    pub door: Arc<Door>,
+}
+
+pub struct PoolTable {
+    own: String,
+    metrics: Metrics,
+    pools: RwLock<BTreeMap<String, Arc<Pool>>>,
+    siblings: Arc<Siblings>,
+    dialer: Dialer,
+    /// In the activator role, the pools whose calls are held until a replica is ready (their
+    /// upstreams balance over those replicas); `None` in a sidecar.
+    activations: Option<Arc<Activations>>,
+    /// A source has described the pools at least once.
+    synced: std::sync::atomic::AtomicBool,
+}
+
+impl PoolTable {
+    pub fn new(own: &str, metrics: Metrics) -> Self {
+        Self::with_dialer(own, metrics, Dialer::default())
+    }
+
+    /// A table whose `https://` upstreams (and siblings) are reached through `dialer`.
+    pub fn with_dialer(own: &str, metrics: Metrics, dialer: Dialer) -> Self {
+        let siblings = Arc::new(Siblings::new(dialer.clone()));
+        let synced = false.into();
+        Self { own: own.to_owned(), metrics, pools: RwLock::default(), siblings, dialer, activations: None, synced }
+    }
+
+    /// The activator's table: no own pool; every pool's upstream is the balancer `activations`
+    /// keeps over its ready replicas.
+    pub fn activator(metrics: Metrics, activations: Arc<Activations>) -> Self {
+        Self { activations: Some(activations), ..Self::with_dialer("", metrics, Dialer::default()) }
+    }
+
+    /// The pools whose calls wait for a ready replica (the activator role).
+    pub fn activations(&self) -> Option<&Arc<Activations>> {
+        self.activations.as_ref()
+    }
+
+    /// Whether a source has described the pools yet.
+    pub fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn own_name(&self) -> &str {
+        &self.own
+    }
+
+    /// The own pool's other replicas; their source (EndpointSlices, or flags) keeps them current.
+    pub fn siblings(&self) -> &Arc<Siblings> {
+        &self.siblings
+    }
+
+    fn siblings_of(&self, spec: &PoolSpec) -> Option<Arc<Siblings>> {
+        (spec.name == self.own && !spec.remote).then(|| self.siblings.clone())
+    }
+
+    /// Makes the table match `specs`: new pools appear, changed ones update in place, missing
+    /// ones go (requests already holding them finish normally).
+    pub fn sync(&self, specs: Vec<PoolSpec>) -> Result<(), SetupError> {
+        let mut pools = self.pools.write().unwrap_or_else(|p| p.into_inner());
+        let mut next = BTreeMap::new();
+        for spec in specs {
+            let pool = match pools.remove(&spec.name) {
+                Some(existing) if existing.spec == spec => existing,
+                Some(existing) if existing.upstream.url() == spec.upstream => {
+                    if let Some(limits) = spec.limits {
+                        existing.admission.set_limits(limits);
+                    }
+                    existing.admission.set_tenant_weights(spec.tenants.clone());
+                    let coalescer = coalescer_for(&spec, Some(&existing));
+                    let (admission, upstream) = (existing.admission.clone(), existing.upstream.clone());
+                    let siblings = self.siblings_of(&spec);
+                    let door = existing.door.clone();
+                    Arc::new(Pool { admission, upstream, coalescer, siblings, door, spec })
+                }
+                existing => {
+                    let upstream = match self.activations.as_ref().and_then(|a| a.channel(&spec.name)) {
+                        Some(balanced) => Upstream::from_channel(&spec.upstream, balanced),
+                        None => Upstream::lazy(&spec.upstream, &self.dialer)?,
+                    };
+                    let admission = match &existing {
+                        Some(existing) => existing.admission.clone(),
+                        None => self.metrics.admission_for(&spec.name, spec.limits.unwrap_or(NOT_READY)),
+                    };
+                    if let Some(limits) = spec.limits {
+                        admission.set_limits(limits);
+                    }
+                    admission.set_tenant_weights(spec.tenants.clone());
+                    let coalescer = coalescer_for(&spec, existing.as_deref());
+                    let siblings = self.siblings_of(&spec);
+                    let door = match &existing {
+                        Some(existing) => existing.door.clone(),
+                        None => Door::new(self.metrics.held_at_door()),
+                    };
+                    Arc::new(Pool { spec, admission, upstream, coalescer, siblings, door })
+                }
+            };
+            next.insert(pool.spec.name.clone(), pool);
+        }
+        for gone in pools.keys() {
+            tracing::info!(pool = %gone, "pool removed");
+        }
+        *pools = next;
+        self.synced.store(true, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// All pools' names, for error messages.
+    pub fn known(&self) -> String {
+        let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
+        let names: Vec<&str> = pools.keys().map(String::as_str).collect();
+        if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+    }
+
+    pub fn get(&self, name: &str) -> Option<Arc<Pool>> {
+        self.pools.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+    }
+
+    /// Picks the pool for a request. A request some multiplexer already forwarded may only be
+    /// served by a pool whose upstream is its own TEI, never forwarded again.
+    pub fn resolve(&self, target: &Target, forwarded_by: Option<&str>) -> Result<Arc<Pool>> {
+        let pool = match target {
+            Target::Own => self.get(&self.own).ok_or_else(|| Error::PoolNotReady(self.own.clone()))?,
+            Target::Pool(name) => {
+                self.get(name).ok_or_else(|| Error::UnknownPool { requested: name.clone(), known: self.known() })?
+            }
+            Target::Model(model) => {
+                let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
+                // Prefer our own pool when it serves the model: no extra hop.
+                let mut serving = pools.values().filter(|p| p.spec.model.as_deref() == Some(model.as_str()));
+                let first = serving.next().cloned();
+                let own = pools.get(&self.own).filter(|p| p.spec.model.as_deref() == Some(model.as_str())).cloned();
+                drop(pools);
+                own.or(first).ok_or_else(|| Error::UnknownModel { model: model.clone(), known: self.known() })?
+            }
+        };
+        if pool.spec.limits.is_none() {
+            return Err(Error::PoolNotReady(pool.spec.name.clone()));
+        }
+        if let Some(by) = forwarded_by
+            && pool.spec.remote
+        {
+            return Err(Error::ForwardingLoop { by: by.to_owned() });
+        }
+        Ok(pool)
+    }
+}
+
+fn coalescer_for(spec: &PoolSpec, existing: Option<&Pool>) -> Option<Arc<Coalescer>> {
+    spec.coalesce.then(|| existing.and_then(|pool| pool.coalescer.clone()).unwrap_or_default())
+}
+
+/// Limits of a pool whose budget is not known yet; [`PoolTable::resolve`] refuses such pools.
+const NOT_READY: Limits = Limits {
+    max_in_flight: 0,
+    max_queued: 0,
+    queue_timeout: std::time::Duration::ZERO,
+    max_in_flight_tokens: None,
+    adaptive: false,
+};
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn spec(name: &str, model: &str, remote: bool, in_flight: usize) -> PoolSpec {
+        PoolSpec {
+            name: name.into(),
+            model: Some(model.into()),
+            upstream: format!("http://{name}.ml.svc:50051"),
+            limits: Some(Limits::new(in_flight, 4, Duration::from_secs(1))),
+            remote,
+            coalesce: false,
+            tenants: BTreeMap::new(),
+        }
+    }
+
+    fn table() -> PoolTable {
+        let table = PoolTable::new("bge", Metrics::new());
+        table.sync(vec![spec("bge", "BAAI/bge", false, 2), spec("gte", "thenlper/gte", true, 3)]).unwrap();
+        table
+    }
+
+    #[tokio::test]
+    async fn routes_by_pool_model_or_default() {
+        let table = table();
+        assert_eq!(table.resolve(&Target::Own, None).unwrap().spec.name, "bge");
+        assert_eq!(table.resolve(&Target::Pool("gte".into()), None).unwrap().spec.name, "gte");
+        assert_eq!(table.resolve(&Target::Model("thenlper/gte".into()), None).unwrap().spec.name, "gte");
+        let error = table.resolve(&Target::Pool("nope".into()), None).err().unwrap();
+        assert!(error.to_string().contains("known pools: bge, gte"), "{error}");
+        assert!(matches!(table.resolve(&Target::Model("x".into()), None), Err(Error::UnknownModel { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_forwarded_request_is_never_forwarded_again() {
+        let table = table();
+        assert!(table.resolve(&Target::Own, Some("bge-0")).is_ok(), "served locally");
+        let error = table.resolve(&Target::Pool("gte".into()), Some("bge-0")).err().unwrap();
+        assert!(matches!(error, Error::ForwardingLoop { .. }));
+    }
+
+    #[tokio::test]
+    async fn updates_keep_admission_state_and_apply_new_limits() {
+        let table = table();
+        let before = table.get("bge").unwrap();
+        let permit = before.admission.acquire(crate::admission::Ask::new(Default::default())).await.unwrap();
+        table.sync(vec![spec("bge", "BAAI/bge", false, 7)]).unwrap();
+        let after = table.get("bge").unwrap();
+        assert_eq!(after.admission.snapshot().in_flight, 1, "in-flight work carried over");
+        assert_eq!(after.admission.snapshot().limits.max_in_flight, 7);
+        assert!(table.get("gte").is_none(), "removed pools are gone");
+        drop(permit);
+        assert_eq!(after.admission.snapshot().in_flight, 0);
+    }
+
+    #[tokio::test]
+    async fn a_pool_without_limits_is_not_ready() {
+        let table = PoolTable::new("bge", Metrics::new());
+        table.sync(vec![PoolSpec { limits: None, ..spec("bge", "m", false, 1) }]).unwrap();
+        assert!(matches!(table.resolve(&Target::Own, None), Err(Error::PoolNotReady(_))));
+    }
+}

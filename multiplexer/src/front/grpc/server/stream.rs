@@ -1,0 +1,191 @@
+//! One HTTP/2 stream of the gRPC port: its request handed to the service its path names, its
+//! answer written back frame by frame as the service gives it, and the call dropped as soon as
+//! the client resets the stream (so a cancelled call leaves its queue, door or permit at once).
+
+use std::future::poll_fn;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use h2::server::SendResponse;
+use h2::{Reason, RecvStream, SendStream};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt as _;
+use tonic::Status;
+use tower::ServiceExt as _;
+
+use crate::front::grpc::connections::ConnectionInfo;
+use crate::front::grpc::service::RpcService;
+use crate::gate::request_meta::{GRPC_TIMEOUT, parse_grpc_timeout};
+use crate::transport::send_window;
+use crate::vocab::rpc::RPCS;
+
+type Answer = http::Response<tonic::body::Body>;
+
+/// Which service serves a request: the RPC table's own by path, tonic's routes (health,
+/// reflection, UNIMPLEMENTED) for the rest.
+#[derive(Clone)]
+pub struct Dispatch {
+    /// One per row of [`RPCS`], in its order.
+    rpcs: Arc<[RpcService]>,
+    routes: tonic::service::Routes,
+    /// The activator role's namespace: a call naming no pool is for the pool its client dialled.
+    pool_from_authority: Option<Arc<str>>,
+}
+
+impl Dispatch {
+    /// `rpc_service` makes the service of each row of [`RPCS`].
+    pub fn new(
+        rpc_service: impl Fn(&'static crate::vocab::rpc::Rpc) -> RpcService,
+        routes: tonic::service::Routes,
+        pool_from_authority: Option<String>,
+    ) -> Self {
+        Self {
+            rpcs: RPCS.iter().map(rpc_service).collect(),
+            routes: routes.prepare(),
+            pool_from_authority: pool_from_authority.map(Arc::from),
+        }
+    }
+
+    fn call(&self, mut request: http::Request<RequestBody>, connection: &ConnectionInfo) -> BoxFuture<'static, Answer> {
+        if let Some(namespace) = &self.pool_from_authority {
+            let uri = request.uri().clone();
+            crate::activator::name_pool_from_authority(request.headers_mut(), &uri, namespace);
+        }
+        match RPCS.iter().position(|rpc| rpc.path == request.uri().path()) {
+            Some(row) => self.rpcs[row].call(request, connection),
+            None => {
+                self.routes.clone().oneshot(request).map(|answer| answer.unwrap_or_else(|never| match never {})).boxed()
+            }
+        }
+    }
+}
+
+/// The call of one stream, started on the connection's task (reading its headers, checking its
+/// key, making its future), and what is left to run on a task of its own: waiting for the answer
+/// and writing it back.
+pub fn serve(
+    request: http::Request<RecvStream>,
+    respond: SendResponse<Bytes>,
+    dispatch: &Dispatch,
+    connection: &ConnectionInfo,
+) -> impl Future<Output = ()> + Send + 'static {
+    let (parts, body) = request.into_parts();
+    let timeout = parts.headers.get(&GRPC_TIMEOUT).and_then(|value| parse_grpc_timeout(value.to_str().ok()?).ok());
+    let answer =
+        dispatch.call(http::Request::from_parts(parts, RequestBody { recv: body, data_ended: false }), connection);
+    answer_stream(timeout_backstop(timeout, answer), respond)
+}
+
+/// Waits for the answer and writes it; a stream that breaks is the client's business.
+async fn answer_stream(answer: BoxFuture<'static, Answer>, mut respond: SendResponse<Bytes>) {
+    // The client may reset the stream while the call waits (its deadline passed, it gave up):
+    // dropping the call then is what takes it out of the queue, the door or its permit.
+    let answer = tokio::select! {
+        biased;
+        reset = poll_fn(|cx| respond.poll_reset(cx)) => {
+            return tracing::debug!(?reset, "stream reset before its answer");
+        }
+        answer = answer => answer,
+    };
+    let (parts, body) = answer.into_parts();
+    let end_of_stream = body.is_end_stream();
+    let sending = match respond.send_response(http::Response::from_parts(parts, ()), end_of_stream) {
+        Ok(sending) => sending,
+        Err(error) => return tracing::debug!(%error, "stream closed before its answer"),
+    };
+    // Boxed: a call's task waits above far longer than it writes here, and should hold only what
+    // waiting needs meanwhile.
+    if !end_of_stream && let Err(error) = Box::pin(send_body(body, sending)).await {
+        tracing::debug!(%error, "stream broken while answering");
+    }
+}
+
+/// tonic's server answered a call still unanswered at its `grpc-timeout` with CANCELLED; the
+/// multiplexer's own deadlines fire before it, so this is a backstop, kept as tonic had it. Its
+/// timer is boxed: every waiting call's task holds this future, most calls have no deadline, and
+/// a timer is the largest part of it.
+fn timeout_backstop(timeout: Option<Duration>, answer: BoxFuture<'static, Answer>) -> BoxFuture<'static, Answer> {
+    match timeout {
+        None => answer,
+        Some(timeout) => Box::pin(
+            tokio::time::timeout(timeout, answer)
+                .map(|answer| answer.unwrap_or_else(|_| Status::cancelled("Timeout expired").into_http())),
+        ),
+    }
+}
+
+/// The answer's frames as the body yields them: data within the client's window, then the
+/// trailers or an empty end of stream. A body that fails resets the stream.
+async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result<(), h2::Error> {
+    let mut body = pin!(body);
+    loop {
+        let frame = tokio::select! {
+            biased;
+            reset = poll_fn(|cx| to.poll_reset(cx)) => return Err(h2::Error::from(reset?)),
+            frame = body.frame() => frame,
+        };
+        let frame = match frame {
+            None => return to.send_data(Bytes::new(), true),
+            Some(Ok(frame)) => frame,
+            Some(Err(status)) => {
+                tracing::debug!(%status, "answer body failed: stream reset");
+                to.send_reset(Reason::INTERNAL_ERROR);
+                return Ok(());
+            }
+        };
+        let frame = match frame.into_data() {
+            Ok(data) => {
+                let end_of_stream = body.is_end_stream();
+                if !data.is_empty() {
+                    send_window::room(&mut to, data.len()).await?;
+                }
+                to.send_data(data, end_of_stream)?;
+                if end_of_stream {
+                    return Ok(());
+                }
+                continue;
+            }
+            Err(frame) => frame,
+        };
+        if let Ok(trailers) = frame.into_trailers() {
+            return to.send_trailers(trailers);
+        }
+    }
+}
+
+/// A request body read from its h2 stream: each data frame's window is given back as the frame
+/// is taken, as hyper does, so a call's body never waits on bytes already read.
+pub struct RequestBody {
+    recv: RecvStream,
+    data_ended: bool,
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = h2::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+        let this = self.get_mut();
+        if !this.data_ended {
+            match ready!(this.recv.poll_data(cx)) {
+                Some(Ok(data)) => {
+                    // Fails only once the stream is gone, which the next poll reports.
+                    let _ = this.recv.flow_control().release_capacity(data.len());
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                None => this.data_ended = true,
+            }
+        }
+        Poll::Ready(ready!(this.recv.poll_trailers(cx)).transpose().map(|trailers| trailers.map(Frame::trailers)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.recv.is_end_stream()
+    }
+}

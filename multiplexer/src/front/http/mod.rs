@@ -1,0 +1,146 @@
+//! The HTTP front: TEI's HTTP API and OpenAI's embeddings route on a port of their own,
+//! translated to `tei.v1` calls that take the gRPC front's path (routing headers, admission,
+//! deadlines, metrics) through the same `Forwarder`.
+//!
+//! Layout: `routes` (one handler per route), `types` (the JSON of TEI and OpenAI), `request` (one
+//! request: its call, its input cap, its inputs as unary upstream calls admitted per chunk),
+//! `info` (each pool's Info, fetched once) and `error` (the one place failures become status
+//! codes and error bodies).
+
+pub mod error;
+pub mod info;
+pub mod request;
+pub mod routes;
+pub mod types;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use http::{HeaderValue, Method, StatusCode, header};
+use serde::Serialize;
+
+use self::error::{Flavor, HttpError};
+use crate::forward::Forwarder;
+use crate::front::Readiness;
+use crate::gate::auth::{self, Gate};
+use crate::vocab::Protocol;
+
+/// TEI's `--payload-limit` default, as the pool spec defaults it.
+pub const DEFAULT_PAYLOAD_LIMIT: usize = teifleet_crds::TEI_DEFAULT_PAYLOAD_LIMIT as usize;
+/// TEI's `--max-client-batch-size` default, as the pool spec defaults it.
+pub const DEFAULT_MAX_CLIENT_BATCH_SIZE: usize = teifleet_crds::TEI_DEFAULT_MAX_CLIENT_BATCH_SIZE as usize;
+/// Most inputs in one HTTP request, as the pool spec defaults it.
+pub const DEFAULT_MAX_REQUEST_INPUTS: usize = teifleet_crds::DEFAULT_MAX_REQUEST_INPUTS as usize;
+
+/// The HTTP front's limits. Declared once: these are the binary's flags (the operator renders
+/// them from the pool spec), and their defaults are [`Default`]'s.
+#[derive(Clone, Debug, clap::Args)]
+pub struct HttpSettings {
+    /// Largest request body in bytes (TEI's --payload-limit); 413 beyond.
+    #[arg(long, default_value_t = DEFAULT_PAYLOAD_LIMIT)]
+    pub payload_limit: usize,
+    /// Inputs sent upstream under one permit (TEI's --max-client-batch-size, which TEI refuses
+    /// beyond); larger batches are split and put back in order.
+    #[arg(long, default_value_t = DEFAULT_MAX_CLIENT_BATCH_SIZE, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_client_batch_size: usize,
+    /// Most inputs in one request (413 beyond): bounds the upstream calls, the time and the
+    /// memory one small body can cost.
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_INPUTS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_request_inputs: usize,
+    /// What a request that says nothing about truncation gets: TEI's --auto-truncate, which
+    /// TEI's HTTP routes follow and its gRPC API ignores (its `truncate` is false when unset).
+    #[arg(long, action = clap::ArgAction::Set, default_value_t = teifleet_crds::TEI_DEFAULT_AUTO_TRUNCATE)]
+    pub auto_truncate: bool,
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        crate::vocab::flags::defaults()
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct Shared {
+    forwarder: Arc<Forwarder>,
+    readiness: Arc<Readiness>,
+    settings: HttpSettings,
+    info: Arc<info::InfoCache>,
+}
+
+/// Every route of the HTTP front, behind the API-key gate.
+pub fn router(
+    forwarder: Arc<Forwarder>,
+    readiness: Arc<Readiness>,
+    settings: HttpSettings,
+    gate: Arc<Gate>,
+    body_timeout: std::time::Duration,
+) -> Router {
+    let limit = settings.payload_limit;
+    Router::new()
+        .route("/", post(routes::dispatch).get(routes::health))
+        .route("/invocations", post(routes::dispatch))
+        .route("/embed", post(routes::embed))
+        .route("/embed_sparse", post(routes::embed_sparse))
+        .route("/embed_all", post(routes::embed_all))
+        .route("/predict", post(routes::predict))
+        .route("/rerank", post(routes::rerank))
+        .route("/similarity", post(routes::similarity))
+        .route("/tokenize", post(routes::tokenize))
+        .route("/decode", post(routes::decode))
+        .route("/info", get(routes::info))
+        .route("/health", get(routes::health))
+        .route("/ping", get(routes::health))
+        .route("/v1/embeddings", post(routes::openai))
+        .route("/embeddings", post(routes::openai))
+        .layer(DefaultBodyLimit::max(limit))
+        // A body trickled in a byte at a time holds its connection and buffer no longer than this.
+        .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(body_timeout))
+        .layer(middleware::from_fn_with_state(gate, require_key))
+        .layer(middleware::map_response_with_state(forwarder.clone(), load_report))
+        .with_state(Shared { forwarder, readiness, settings, info: Arc::default() })
+}
+
+/// This replica's load on every answer, in the text form of ORCA's header that Envoy reads on
+/// HTTP (`crate::report::orca`), so a balancing proxy can weigh replicas per request.
+async fn load_report(State(forwarder): State<Arc<Forwarder>>, mut response: Response) -> Response {
+    if let Some(report) = crate::front::grpc::service::own_load(&forwarder, crate::report::orca::text_header) {
+        response.headers_mut().insert(crate::report::orca::ENDPOINT_LOAD_METRICS, report);
+    }
+    response
+}
+
+/// The API-key gate, before any route reads the body: every route needs a key when the pool has
+/// keys, except the health checks, which load balancers and probes call without one and which
+/// tell nothing but readiness. Routes not listed here (a new one included) need a key.
+async fn require_key(State(gate): State<Arc<Gate>>, mut request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    if request.method() == Method::GET && matches!(path, "/" | "/health" | "/ping") {
+        return next.run(request).await;
+    }
+    // OpenAI's clients read OpenAI's error shape; every other route answers in TEI's.
+    let flavor = if matches!(path, "/v1/embeddings" | "/embeddings") { Flavor::OpenAi } else { Flavor::Tei };
+    let certified = auth::certified(request.extensions()).cloned();
+    match gate.admit(request.headers_mut(), certified.as_ref(), Protocol::Http) {
+        Ok(()) => next.run(request).await,
+        Err(failure) => HttpError::Call(crate::error::Error::Auth(failure)).into_response(flavor),
+    }
+}
+
+pub(crate) fn json_bytes(status: StatusCode, body: Vec<u8>) -> Response {
+    let mut response = Response::new(axum::body::Body::from(body));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+pub(crate) fn json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => json_bytes(StatusCode::OK, body),
+        Err(error) => error::HttpError::Unencodable(error.to_string()).into_response(error::Flavor::Tei),
+    }
+}

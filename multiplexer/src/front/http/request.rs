@@ -1,0 +1,210 @@
+//! One HTTP request as `tei.v1` unary calls on the gRPC front's own path: routed, deadlined and
+//! counted once as one call from its headers; its inputs capped per request; sent in chunks of at
+//! most TEI's max client batch size, each chunk admitted as a whole (charged its inputs at once)
+//! and its calls in flight together through [`Forwarder::exchange`]; the answers decoded chunk by
+//! chunk and returned in input order. Every chunk shares the request's deadline, and all of them
+//! are dropped (their upstream streams reset) when the client goes away.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt as _, TryStreamExt as _};
+use http::{HeaderMap, HeaderName};
+use prost::Message;
+use teifleet_proto::v1;
+use teifleet_wire::headers::{CARRIED_TO_PEERS, TIMEOUT_MS};
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+
+use super::Shared;
+use super::error::HttpError;
+use crate::error::{Error, Result};
+use crate::forward::Forwarder;
+use crate::forward::charge;
+use crate::forward::pools::Pool;
+use crate::gate::request_meta::{InvalidMetadata, RequestMeta};
+use crate::report::call::Call;
+use crate::vocab::Protocol;
+use crate::vocab::framing::Framed;
+use crate::vocab::rpc::{self, Admit, Rpc};
+
+/// Chunks waiting for or holding a permit at once: the next chunk queues while one runs, so a
+/// long batch keeps TEI busy without flooding the queue it is admitted through.
+const CHUNKS_AT_ONCE: usize = 2;
+
+/// Info's path: `GET /info` is one Info call, and a call's `info()` (the model's limits) is fetched by one.
+pub(super) const INFO: &str = "/tei.v1.Info/Info";
+
+/// The table's row for `path`.
+pub fn row(path: &str) -> &'static Rpc {
+    rpc::find(path).unwrap_or_else(|| panic!("{path} is a row of rpc::RPCS"))
+}
+
+/// One HTTP request on its way upstream.
+pub struct HttpCall<'a> {
+    shared: &'a Shared,
+    /// Counted once, whatever the request becomes.
+    pub call: Call,
+    meta: RequestMeta,
+    pool: Arc<Pool>,
+    /// The caller's headers that go along when the pool is another pool's sidecar.
+    carried: MetadataMap,
+}
+
+impl<'a> HttpCall<'a> {
+    /// Routes a request of `rpc` from its headers; the call is counted from now. A request
+    /// refused here is counted before it is answered.
+    pub fn route(shared: &'a Shared, rpc: &'static Rpc, headers: &HeaderMap) -> Result<Self, HttpError> {
+        let forwarder = &shared.forwarder;
+        let mut call = forwarder.call(rpc, Protocol::Http);
+        let routed = forwarder.route(&mut call, headers).and_then(|(mut meta, pool)| {
+            if let Some(timeout) = timeout(headers)? {
+                meta.set_timeout(timeout, call.arrived);
+            }
+            Ok((meta, pool))
+        });
+        match routed {
+            Ok((meta, pool)) => {
+                let carried = carried_to(headers);
+                Ok(Self { shared, call, meta, pool, carried })
+            }
+            Err(error) => Err(HttpError::Call(call.fail(error))),
+        }
+    }
+
+    pub fn settings(&self) -> &super::HttpSettings {
+        &self.shared.settings
+    }
+
+    /// Counts how the request ended; an error is handed back to be answered.
+    pub fn finish<T>(mut self, result: Result<T, HttpError>) -> Result<T, HttpError> {
+        match result {
+            Ok(answer) => {
+                self.call.succeed();
+                Ok(answer)
+            }
+            Err(HttpError::Call(error)) => Err(HttpError::Call(self.call.fail(error))),
+            Err(error) => {
+                self.call.refuse(error.kind());
+                Err(error)
+            }
+        }
+    }
+
+    /// Sends each request as one unary call of `rpc` and decodes the answers, in order. `per_permit`
+    /// requests share one permit. Refused whole, before anything is sent, when it carries more
+    /// inputs than one request may.
+    pub async fn unary_all<Req: Message, Resp: Message + Default>(
+        &mut self,
+        rpc: &'static Rpc,
+        requests: &[Req],
+        per_permit: usize,
+    ) -> Result<Vec<Resp>, HttpError> {
+        self.call.rpc = rpc;
+        let messages: Vec<Framed> = requests.iter().map(Framed::encode).collect();
+        let limit = self.shared.settings.max_request_inputs;
+        let inputs = charge::cost_of_all(&self.pool, rpc, messages.iter().map(|m| m.as_ref())).inputs as usize;
+        if inputs > limit {
+            return Err(HttpError::TooManyInputs { inputs, limit });
+        }
+        let (forwarder, pool, meta, carried) = (&*self.shared.forwarder, &*self.pool, &self.meta, &self.carried);
+        // Owned chunks (clones of their bytes are cheap): a closure over borrowed slices makes the future
+        // higher-ranked over their lifetime, which axum's handlers cannot prove Send.
+        let chunks = futures::stream::iter(messages.chunks(per_permit.max(1)).map(<[Framed]>::to_vec))
+            .map(|chunk| run_chunk::<Resp>(forwarder, pool, meta, carried, rpc, chunk))
+            .buffered(CHUNKS_AT_ONCE);
+        let done: Vec<Chunk<Resp>> = chunks.try_collect().await.map_err(HttpError::Call)?;
+        if let Some(first) = done.first()
+            && rpc.admit == Admit::Permit
+        {
+            self.call.admitted_at(first.admitted);
+        }
+        self.call.observe(done.last().and_then(|chunk| chunk.timing));
+        Ok(done.into_iter().flat_map(|chunk| chunk.answers).collect())
+    }
+
+    /// The pool's `tei.v1.Info`, from the pool's cache when fresh (one upstream call per pool and
+    /// model, not one per request).
+    pub async fn info(&self) -> Result<Arc<v1::InfoResponse>, HttpError> {
+        let (forwarder, pool) = (&*self.shared.forwarder, &*self.pool);
+        let fetch = async {
+            let request = tonic::Request::from_parts(
+                self.carried.clone(),
+                tonic::Extensions::default(),
+                Framed::encode(&v1::InfoRequest {}),
+            );
+            let (response, _) = forwarder.exchange(pool, row(INFO), &self.meta, request, None).await?;
+            v1::InfoResponse::decode(response.get_ref().as_ref()).map_err(|e| undecodable(pool, &e))
+        };
+        self.shared.info.get_or_fetch(pool, fetch).await.map_err(HttpError::Call)
+    }
+}
+
+/// What one chunk brought back.
+struct Chunk<Resp> {
+    answers: Vec<Resp>,
+    admitted: Instant,
+    timing: Option<crate::vocab::wire::TeiTiming>,
+}
+
+/// One chunk: one permit for all its inputs, its calls in flight together, within the deadline,
+/// decoded as they come so the answer bytes do not outlive their chunk.
+async fn run_chunk<Resp: Message + Default>(
+    forwarder: &Forwarder,
+    pool: &Pool,
+    meta: &RequestMeta,
+    carried: &MetadataMap,
+    rpc: &'static Rpc,
+    chunk: Vec<Framed>,
+) -> Result<Chunk<Resp>> {
+    let grant = match rpc.admit {
+        Admit::Permit => {
+            Some(charge::admit(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?)
+        }
+        Admit::Free => None,
+    };
+    let admitted = Instant::now();
+    let calls = chunk.into_iter().map(|message| {
+        let request = tonic::Request::from_parts(carried.clone(), tonic::Extensions::default(), message);
+        forwarder.exchange(pool, rpc, meta, request, grant.as_ref())
+    });
+    let responses = futures::future::try_join_all(calls).await?;
+    drop(grant);
+    let timing = responses.last().and_then(|(_, timing)| *timing);
+    let answers = responses
+        .into_iter()
+        .map(|(response, _)| Resp::decode(response.get_ref().as_ref()).map_err(|e| undecodable(pool, &e)))
+        .collect::<Result<_>>()?;
+    Ok(Chunk { answers, admitted, timing })
+}
+
+/// TEI answered with bytes that are not the message its API promises: the upstream's fault.
+fn undecodable(pool: &Pool, error: &prost::DecodeError) -> Error {
+    let status = tonic::Status::internal(format!("the upstream answered with an undecodable message: {error}"));
+    Error::Upstream { pool: pool.spec.name.clone(), status }
+}
+
+/// The caller's `x-teifleet-timeout-ms`: HTTP has no `grpc-timeout`.
+fn timeout(headers: &HeaderMap) -> Result<Option<Duration>> {
+    let Some(value) = headers.get(TIMEOUT_MS) else { return Ok(None) };
+    let invalid =
+        || Error::from(InvalidMetadata { header: TIMEOUT_MS, reason: "expected 1 to 99999999 milliseconds".into() });
+    let millis: u64 = value.to_str().ok().and_then(|v| v.trim().parse().ok()).ok_or_else(invalid)?;
+    if millis == 0 || millis > 99_999_999 {
+        return Err(invalid());
+    }
+    Ok(Some(Duration::from_millis(millis)))
+}
+
+/// The caller's headers that go along when the call reaches another sidecar (another pool's, or
+/// a sibling replica's it spills to): its key, priority, tenant and routing, so that sidecar
+/// decides as it would for the caller itself. TEI ignores them, as it does gRPC callers' own.
+fn carried_to(headers: &HeaderMap) -> MetadataMap {
+    let mut carried = HeaderMap::new();
+    for name in CARRIED_TO_PEERS {
+        for value in headers.get_all(name) {
+            carried.append(HeaderName::from_static(name), value.clone());
+        }
+    }
+    MetadataMap::from_headers(carried)
+}

@@ -1,0 +1,431 @@
+//! The routes: each parses TEI's JSON, checks what TEI checks before its queue, and sends the
+//! inputs as `tei.v1` calls through [`batch`](super::batch).
+
+use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
+use axum::response::Response;
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::error::Category;
+use teifleet_proto::v1;
+
+use super::Shared;
+use super::error::{Flavor, HttpError};
+use super::request::{HttpCall, INFO, row};
+use super::types::*;
+use crate::error::Error;
+
+const EMBED: &str = "/tei.v1.Embed/Embed";
+const EMBED_SPARSE: &str = "/tei.v1.Embed/EmbedSparse";
+const EMBED_ALL: &str = "/tei.v1.Embed/EmbedAll";
+const PREDICT: &str = "/tei.v1.Predict/Predict";
+const PREDICT_PAIR: &str = "/tei.v1.Predict/PredictPair";
+const RERANK: &str = "/tei.v1.Rerank/Rerank";
+const TOKENIZE: &str = "/tei.v1.Tokenize/Tokenize";
+const DECODE: &str = "/tei.v1.Tokenize/Decode";
+
+type Body = Result<Bytes, BytesRejection>;
+type Answer = Result<Response, HttpError>;
+
+/// An axum handler around a route: the request routed and counted as one call (of `$rpc` until
+/// the route says otherwise), its body read under the payload limit, the answer or the error in
+/// the route's flavor.
+macro_rules! handler {
+    ($name:ident, $inner:ident, $rpc:expr, $flavor:expr) => {
+        pub async fn $name(State(shared): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+            let answer = match HttpCall::route(&shared, row($rpc), &headers) {
+                Ok(mut call) => {
+                    let result = match read(&shared, body) {
+                        Ok(body) => $inner(&mut call, &body).await,
+                        Err(error) => Err(error),
+                    };
+                    call.finish(result)
+                }
+                Err(error) => Err(error),
+            };
+            answer.unwrap_or_else(|error| error.into_response($flavor))
+        }
+    };
+}
+
+handler!(embed, embed_route, EMBED, Flavor::Tei);
+handler!(embed_sparse, embed_sparse_route, EMBED_SPARSE, Flavor::Tei);
+handler!(embed_all, embed_all_route, EMBED_ALL, Flavor::Tei);
+handler!(predict, predict_route, PREDICT, Flavor::Tei);
+handler!(rerank, rerank_route, RERANK, Flavor::Tei);
+handler!(similarity, similarity_route, EMBED, Flavor::Tei);
+handler!(tokenize, tokenize_route, TOKENIZE, Flavor::Tei);
+handler!(decode, decode_route, DECODE, Flavor::Tei);
+handler!(openai, openai_route, EMBED, Flavor::OpenAi);
+handler!(dispatch, dispatch_route, EMBED, Flavor::Tei);
+
+fn read(shared: &Shared, body: Body) -> Result<Bytes, HttpError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            HttpError::PayloadTooLarge { limit: shared.settings.payload_limit }
+        } else if timed_out(&rejection) {
+            shared.forwarder.metrics.refused_input("http", "body_timeout");
+            HttpError::BodyTimeout
+        } else {
+            HttpError::Body(rejection.body_text())
+        }
+    })
+}
+
+/// Whether the body stopped because it outlasted the body deadline (`http::router`).
+fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source()).any(|e| e.is::<tower_http::timeout::TimeoutError>())
+}
+
+/// The route's JSON, refused as TEI's axum refuses it: 400 for what is not JSON at all, 422 for
+/// JSON that is not what the route takes.
+pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
+    serde_json::from_slice(body).map_err(|error| match error.classify() {
+        Category::Data => HttpError::Body(error.to_string()),
+        Category::Syntax | Category::Eof | Category::Io => HttpError::NotJson(error.to_string()),
+    })
+}
+
+/// TEI refuses an empty batch and an empty text before its queue.
+fn texts(inputs: Inputs) -> Result<Vec<String>, HttpError> {
+    let texts = inputs.into_vec();
+    if texts.is_empty() || texts.iter().any(String::is_empty) { Err(HttpError::Empty("inputs")) } else { Ok(texts) }
+}
+
+/// TEI's gRPC Rerank refuses a model of another type in words of its own ("model is not a
+/// classifier model" for an embedding model); its HTTP `/rerank` says what it means.
+fn as_rerank_refusal(error: HttpError) -> HttpError {
+    match &error {
+        HttpError::Call(Error::Upstream { status, .. })
+            if status.code() == tonic::Code::FailedPrecondition && status.message().starts_with("model is not a") =>
+        {
+            HttpError::WrongModelType("model is not a re-ranker model")
+        }
+        _ => error,
+    }
+}
+
+async fn embed_calls(call: &mut HttpCall<'_>, request: EmbedRequest) -> Result<Vec<v1::EmbedResponse>, HttpError> {
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
+    let messages: Vec<v1::EmbedRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EmbedRequest {
+            inputs,
+            truncate,
+            normalize: Some(request.normalize),
+            truncation_direction: request.truncation_direction.into(),
+            prompt_name: request.prompt_name.clone(),
+            dimensions: request.dimensions,
+        })
+        .collect();
+    let batch = call.settings().max_client_batch_size;
+    call.unary_all(row(EMBED), &messages, batch).await
+}
+
+async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let answers = embed_calls(call, parse(body)?).await?;
+    Ok(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()))
+}
+
+async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let request: EmbedRequest = parse(body)?;
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
+    let messages: Vec<v1::EmbedSparseRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EmbedSparseRequest {
+            inputs,
+            truncate,
+            truncation_direction: request.truncation_direction.into(),
+            prompt_name: request.prompt_name.clone(),
+        })
+        .collect();
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::EmbedSparseResponse> = call.unary_all(row(EMBED_SPARSE), &messages, batch).await?;
+    let sparse: Vec<Vec<SparseValue>> = answers
+        .into_iter()
+        .map(|a| a.sparse_embeddings.into_iter().map(|v| SparseValue { index: v.index, value: v.value }).collect())
+        .collect();
+    Ok(super::json(&sparse))
+}
+
+async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let request: EmbedRequest = parse(body)?;
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
+    let messages: Vec<v1::EmbedAllRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EmbedAllRequest {
+            inputs,
+            truncate,
+            truncation_direction: request.truncation_direction.into(),
+            prompt_name: request.prompt_name.clone(),
+        })
+        .collect();
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::EmbedAllResponse> = call.unary_all(row(EMBED_ALL), &messages, batch).await?;
+    let tokens: Vec<Vec<Vec<f32>>> =
+        answers.into_iter().map(|a| a.token_embeddings.into_iter().map(|t| t.embeddings).collect()).collect();
+    Ok(super::json(&tokens))
+}
+
+async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let request: PredictRequest = parse(body)?;
+    let (sequences, single) = match request.inputs {
+        PredictInputs::Single(sequence) => (vec![sequence], true),
+        PredictInputs::Batch(sequences) => (sequences, false),
+    };
+    let (mut singles, mut pairs) = (Vec::new(), Vec::new());
+    for sequence in sequences {
+        match sequence {
+            Sequence::Single(text) => singles.push(text),
+            Sequence::Pair(a, b) => pairs.push(vec![a, b]),
+        }
+    }
+    if singles.is_empty() == pairs.is_empty() {
+        // Both empty: nothing to classify. Both non-empty: two RPCs for one batch, not supported.
+        return Err(if singles.is_empty() {
+            HttpError::Empty("inputs")
+        } else {
+            HttpError::Invalid("a batch must be all single texts or all pairs".into())
+        });
+    }
+    if singles.iter().chain(pairs.iter().flatten()).any(String::is_empty) {
+        return Err(HttpError::Empty("inputs"));
+    }
+    let (truncate, raw_scores) = (request.truncate.unwrap_or(call.settings().auto_truncate), request.raw_scores);
+    let truncation_direction = request.truncation_direction.into();
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::PredictResponse> = if pairs.is_empty() {
+        let messages: Vec<_> = singles
+            .into_iter()
+            .map(|inputs| v1::PredictRequest { inputs, truncate, raw_scores, truncation_direction })
+            .collect();
+        call.unary_all(row(PREDICT), &messages, batch).await?
+    } else {
+        let messages: Vec<_> = pairs
+            .into_iter()
+            .map(|inputs| v1::PredictPairRequest { inputs, truncate, raw_scores, truncation_direction })
+            .collect();
+        call.unary_all(row(PREDICT_PAIR), &messages, batch).await?
+    };
+    let mut predictions: Vec<Vec<Prediction>> =
+        answers.into_iter().map(|a| a.predictions.into_iter().map(Prediction::from).collect()).collect();
+    if single { Ok(super::json(&predictions.pop().unwrap_or_default())) } else { Ok(super::json(&predictions)) }
+}
+
+async fn rerank_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let request: RerankRequest = parse(body)?;
+    if request.texts.is_empty() || request.texts.iter().any(String::is_empty) {
+        return Err(HttpError::Empty("texts"));
+    }
+    // More texts than TEI takes in one call: one call per slice, each admitted for its texts,
+    // the ranks put back on the caller's indices and sorted together.
+    let size = call.settings().max_client_batch_size.max(1);
+    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
+    let messages: Vec<v1::RerankRequest> = request
+        .texts
+        .chunks(size)
+        .map(|texts| v1::RerankRequest {
+            query: request.query.clone(),
+            texts: texts.to_vec(),
+            truncate,
+            raw_scores: request.raw_scores,
+            return_text: request.return_text,
+            truncation_direction: request.truncation_direction.into(),
+        })
+        .collect();
+    let answers: Vec<v1::RerankResponse> =
+        call.unary_all(row(RERANK), &messages, 1).await.map_err(as_rerank_refusal)?;
+    let mut ranks: Vec<Rank> = answers
+        .into_iter()
+        .enumerate()
+        .flat_map(|(slice, answer)| {
+            let offset = u32::try_from(slice * size).unwrap_or(u32::MAX);
+            answer.ranks.into_iter().map(move |r| Rank { index: r.index + offset, text: r.text, score: r.score })
+        })
+        .collect();
+    ranks.sort_by(|a, b| b.score.total_cmp(&a.score));
+    Ok(super::json(&ranks))
+}
+
+async fn similarity_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    similarity_of(call, parse(body)?).await
+}
+
+/// TEI's `/similarity`: the source sentence and the others embedded as one `/embed` batch (split
+/// and admitted like one), then each other sentence's cosine similarity to the source.
+async fn similarity_of(call: &mut HttpCall<'_>, request: SimilarityRequest) -> Answer {
+    let SimilarityInput { source_sentence, sentences } = request.inputs;
+    if sentences.is_empty() {
+        return Err(HttpError::Empty("inputs.sentences"));
+    }
+    let parameters = request.parameters.unwrap_or_default();
+    let embed = EmbedRequest {
+        inputs: Inputs::Many(std::iter::once(source_sentence).chain(sentences).collect()),
+        // As TEI: cosine does not need unit vectors.
+        normalize: false,
+        truncate: parameters.truncate,
+        truncation_direction: parameters.truncation_direction,
+        prompt_name: parameters.prompt_name,
+        dimensions: None,
+    };
+    let answers = embed_calls(call, embed).await?;
+    let Some((source, others)) = answers.split_first() else {
+        return Err(HttpError::Empty("inputs"));
+    };
+    let scores: Vec<f32> =
+        others.iter().map(|other| cosine_similarity(&source.embeddings, &other.embeddings)).collect();
+    Ok(super::json(&scores))
+}
+
+/// Cosine similarity as TEI computes it (one minus simsimd's cosine distance, accumulated in
+/// f64): two zero vectors are alike (1), a zero vector and another are unrelated (0).
+pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f32 {
+    let (mut dot, mut a2, mut b2) = (0.0f64, 0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        let (x, y) = (f64::from(*x), f64::from(*y));
+        dot += x * y;
+        a2 += x * x;
+        b2 += y * y;
+    }
+    if a2 == 0.0 && b2 == 0.0 {
+        1.0
+    } else if dot == 0.0 {
+        0.0
+    } else {
+        (dot / (a2 * b2).sqrt()) as f32
+    }
+}
+
+async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let request: TokenizeRequest = parse(body)?;
+    let messages: Vec<v1::EncodeRequest> = texts(request.inputs)?
+        .into_iter()
+        .map(|inputs| v1::EncodeRequest {
+            inputs,
+            add_special_tokens: request.add_special_tokens,
+            prompt_name: request.prompt_name.clone(),
+        })
+        .collect();
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::EncodeResponse> = call.unary_all(row(TOKENIZE), &messages, batch).await?;
+    let tokens: Vec<Vec<SimpleToken>> =
+        answers.into_iter().map(|a| a.tokens.into_iter().map(SimpleToken::from).collect()).collect();
+    Ok(super::json(&tokens))
+}
+
+async fn decode_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let request: DecodeRequest = parse(body)?;
+    let ids = match request.ids {
+        Ids::One(ids) => vec![ids],
+        Ids::Many(ids) => ids,
+    };
+    if ids.is_empty() || ids.iter().any(Vec::is_empty) {
+        return Err(HttpError::Empty("ids"));
+    }
+    let skip_special_tokens = request.skip_special_tokens;
+    let messages: Vec<_> = ids.into_iter().map(|ids| v1::DecodeRequest { ids, skip_special_tokens }).collect();
+    let batch = call.settings().max_client_batch_size;
+    let answers: Vec<v1::DecodeResponse> = call.unary_all(row(DECODE), &messages, batch).await?;
+    Ok(super::json(&answers.into_iter().map(|a| a.text).collect::<Vec<_>>()))
+}
+
+/// `GET /info`: the pool's Info, counted as one Info call.
+pub async fn info(State(shared): State<Shared>, headers: HeaderMap) -> Response {
+    let answer = match HttpCall::route(&shared, row(INFO), &headers) {
+        Ok(call) => {
+            let auto_truncate = call.settings().auto_truncate;
+            let info = call.info().await.map(|info| super::json(&Info::new((*info).clone(), auto_truncate)));
+            call.finish(info)
+        }
+        Err(error) => Err(error),
+    };
+    answer.unwrap_or_else(|error| error.into_response(Flavor::Tei))
+}
+
+/// 200 while this multiplexer would take calls for its own pool, as its readiness says.
+pub async fn health(State(shared): State<Shared>) -> Response {
+    match shared.readiness.ready() {
+        Ok(()) => super::json_bytes(StatusCode::OK, Vec::new()),
+        Err(_) => HttpError::Unhealthy.into_response(Flavor::Tei),
+    }
+}
+
+async fn openai_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let request: OpenAiRequest = parse(body)?;
+    let format = request.encoding_format;
+    let model = request.model.clone();
+    let embed = EmbedRequest {
+        inputs: request.input,
+        normalize: true,
+        // TEI's OpenAI route has no `truncate`: it always follows --auto-truncate.
+        truncate: None,
+        truncation_direction: TruncationDirection::Right,
+        prompt_name: None,
+        dimensions: request.dimensions,
+    };
+    let answers = embed_calls(call, embed).await?;
+    let tokens: u64 = answers.iter().filter_map(|a| a.metadata.as_ref()).map(|m| u64::from(m.compute_tokens)).sum();
+    let data = answers
+        .into_iter()
+        .enumerate()
+        .map(|(index, answer)| OpenAiEmbedding {
+            object: "embedding",
+            embedding: match format {
+                EncodingFormat::Float => OpenAiVector::Float(answer.embeddings),
+                EncodingFormat::Base64 => OpenAiVector::Base64(base64_f32(&answer.embeddings)),
+            },
+            index,
+        })
+        .collect();
+    let model = match model {
+        Some(model) if !model.is_empty() => model,
+        _ => call.info().await?.model_id.clone(),
+    };
+    let usage = OpenAiUsage { prompt_tokens: tokens, total_tokens: tokens };
+    Ok(super::json(&OpenAiResponse { object: "list", data, model, usage }))
+}
+
+/// `POST /` and `/invocations`: the route the model's type calls for, as TEI dispatches. For an
+/// embedding model TEI serves either `/embed` or, with `TASK=sentence-similarity`, `/similarity`
+/// there; the sidecar serves both, told apart by the body (`inputs` with a `source_sentence` is
+/// a similarity request, as Hugging Face's `InferenceClient.sentence_similarity` sends it).
+async fn dispatch_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    match call.info().await?.model_type() {
+        v1::ModelType::Embedding => match serde_json::from_slice::<SimilarityRequest>(body) {
+            Ok(similarity) => similarity_of(call, similarity).await,
+            Err(_) => embed_route(call, body).await,
+        },
+        v1::ModelType::Classifier => predict_route(call, body).await,
+        v1::ModelType::Reranker => rerank_route(call, body).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cosine_similarity;
+
+    #[test]
+    fn a_rerank_of_a_model_of_another_type_is_refused_in_teis_http_words() {
+        let refused = |message: &str| {
+            let status = tonic::Status::failed_precondition(message.to_owned());
+            super::as_rerank_refusal(super::HttpError::Call(crate::error::Error::Upstream { pool: "p".into(), status }))
+        };
+        let answer = refused("model is not a classifier model");
+        let answer = answer.answer();
+        assert_eq!((answer.status.as_u16(), &*answer.message), (424, "Backend error: model is not a re-ranker model"));
+        let other = refused("Backend error: Inference failed");
+        assert_eq!(other.answer().message, "Backend error: Inference failed");
+    }
+
+    #[test]
+    fn cosine_similarity_is_scale_free_and_handles_zero_vectors() {
+        assert!((cosine_similarity(&[1.0, 0.0], &[3.0, 0.0]) - 1.0).abs() < 1e-6);
+        assert!(cosine_similarity(&[1.0, 0.0], &[0.0, 2.0]).abs() < 1e-6);
+        assert!((cosine_similarity(&[1.0, 1.0], &[-1.0, -1.0]) + 1.0).abs() < 1e-6);
+        let half = cosine_similarity(&[1.0, 0.0], &[1.0, 3.0_f32.sqrt()]);
+        assert!((half - 0.5).abs() < 1e-6, "{half}");
+        assert_eq!(cosine_similarity(&[0.0, 0.0], &[0.0, 0.0]), 1.0);
+        assert_eq!(cosine_similarity(&[0.0, 0.0], &[1.0, 0.0]), 0.0);
+    }
+}

@@ -1,0 +1,212 @@
+//! Back-pressure before admission, per pool: no more of the calls that come through the door are
+//! in at once than the pool can serve or queue here; the others wait at the door, each in its
+//! connection's line, costing a stream and a parked future but no CPU, and go in as calls finish.
+//! The door counts only its own calls: calls that do not wait at it (below) take from the same
+//! room without being counted, so beside them the door's calls may queue beyond `max_queued`.
+//! It is what `SETTINGS_MAX_CONCURRENT_STREAMS` would do in the client's HTTP/2 layer, with a
+//! limit that follows the pool's budget live and holds across every connection.
+//!
+//! Why not that setting itself: h2 takes it once per connection and cannot change it live, and a
+//! limit per connection bounds nothing once a client opens many connections. The door's budget is
+//! read at every call (the pool's in-flight limit in force, what its siblings take from it, and
+//! its queue), so callers that resend every refusal at once meet a line instead of tens of
+//! thousands of refusals a second that take the CPU TEI needs.
+//!
+//! Patient calls wait here: those without a deadline, and those whose deadline leaves at least
+//! [`PATIENT_DEADLINE_FACTOR`] times the pool's queue timeout ([`is_patient`]). Such a caller has
+//! said it will wait: it waits its turn, as it would in its client's HTTP/2 queue, instead of being
+//! refused into a resend loop (most load tools and retry loops resend at once, whatever the retry
+//! hint says, and most gRPC clients set a deadline). A call with a deadline waits no longer than
+//! it: then it leaves its line and is told its deadline passed. A call with a short deadline goes
+//! straight on to the queue, which tells it at once whether it can be served in time
+//! (deadline-aware shedding with a retry hint), since it has somewhere better to be: a 100 ms
+//! query at a full pool hears so at once, not 100 ms later. A call let in goes on to the queue as
+//! a patient one (`Ask::patient`): it waits
+//! there for room rather than being refused for a full or slow queue, and is refused only when
+//! the queue timeout passes. The budget counts what the siblings' windows promise, which their
+//! room may not match; an impatient call refused for that would let the next waiting call in,
+//! to be refused in turn, and a whole line would be refused in a moment.
+//!
+//! Connections take turns (one call each, round robin), so one connection's flood does not hold
+//! up another's calls; within a connection calls go in arrival order. Priorities and tenants are
+//! weighed once a call is in, by admission. Critical calls are not held (they may evict from the
+//! queue what their line would hold them behind), nor are calls a sibling spilled here or another
+//! pool's sidecar forwarded: their door was there.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use prometheus::IntGauge;
+
+use crate::admission::Admission;
+
+/// A call whose deadline leaves at least this many queue timeouts waits at the door. The queue
+/// makes no call wait longer than its timeout; a caller that gave several times that has said it
+/// would rather wait than be told to come back, while a deadline within a few queue timeouts is
+/// an interactive caller's, owed a prompt answer (`make bench` scenario 2's callers give 2).
+pub const PATIENT_DEADLINE_FACTOR: u32 = 4;
+
+/// Whether a call with `deadline` (none: it waits as long as it takes) waits at the door of a pool
+/// whose queue timeout is `queue_timeout`.
+pub fn is_patient(deadline: Option<Instant>, queue_timeout: Duration, now: Instant) -> bool {
+    deadline.is_none_or(|deadline| deadline.saturating_duration_since(now) >= queue_timeout * PATIENT_DEADLINE_FACTOR)
+}
+
+/// Which accepted connection a call came on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnectionId(pub u64);
+
+/// One pool's door.
+pub struct Door {
+    lobby: Mutex<Lobby>,
+    /// `teifleet_held_at_door`: the calls waiting at every door of the process.
+    held: IntGauge,
+}
+
+#[derive(Default)]
+struct Lobby {
+    /// The budget last read from the pool.
+    budget: usize,
+    /// Calls in and not yet answered.
+    inside: usize,
+    lines: HashMap<ConnectionId, VecDeque<Waiter>>,
+    /// Connections with calls waiting, in the order of their turns.
+    turns: VecDeque<ConnectionId>,
+    next_waiter: u64,
+}
+
+struct Waiter {
+    id: u64,
+    grant: oneshot::Sender<Pass>,
+}
+
+/// A call whose deadline came while it waited at the door: it left its line unserved.
+#[derive(Debug)]
+pub struct WaitedInVain;
+
+/// A call through the door; dropping it lets the next waiting call in.
+pub struct Pass {
+    door: Arc<Door>,
+}
+
+impl Door {
+    pub fn new(held: IntGauge) -> Arc<Self> {
+        Arc::new(Self { lobby: Mutex::new(Lobby::default()), held })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Lobby> {
+        self.lobby.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Waits until the call may go on to `admission`: at once while fewer calls are in than the
+    /// pool can serve or queue and nobody waits; otherwise in `connection`'s line, for its turn,
+    /// until `deadline` at the latest (then it has waited in vain, and leaves its line).
+    pub async fn enter(
+        self: &Arc<Self>,
+        admission: &Admission,
+        connection: ConnectionId,
+        deadline: Option<Instant>,
+    ) -> Result<Pass, WaitedInVain> {
+        let budget = admission.capacity();
+        let (id, receiver, unclaimed) = {
+            let mut lobby = self.lock();
+            lobby.budget = budget;
+            if lobby.turns.is_empty() && lobby.inside < budget {
+                lobby.inside += 1;
+                return Ok(Pass { door: self.clone() });
+            }
+            let (grant, receiver) = oneshot::channel();
+            let id = lobby.next_waiter;
+            lobby.next_waiter += 1;
+            let line = lobby.lines.entry(connection).or_default();
+            line.push_back(Waiter { id, grant });
+            if line.len() == 1 {
+                lobby.turns.push_back(connection);
+            }
+            self.held.inc();
+            // The budget may have grown since the last call went in.
+            let unclaimed = self.let_in(&mut lobby);
+            (id, receiver, unclaimed)
+        };
+        drop(unclaimed);
+        let mut waiting = Waiting { door: self.clone(), connection, id: Some(id) };
+        let granted = match deadline {
+            Some(deadline) => tokio::time::timeout_at(deadline, receiver).await.map_err(|_| WaitedInVain)?,
+            None => receiver.await,
+        };
+        let pass = granted.expect("a waiter leaves its line only with a pass or by its own hand");
+        waiting.id = None;
+        Ok(pass)
+    }
+
+    /// Lets waiting calls in while there is room, one per connection in turn. Returns the passes
+    /// of callers that left meanwhile, to be dropped once the lock is released.
+    fn let_in(self: &Arc<Self>, lobby: &mut Lobby) -> Vec<Pass> {
+        let mut unclaimed = Vec::new();
+        while lobby.inside < lobby.budget
+            && let Some(connection) = lobby.turns.pop_front()
+        {
+            let line = lobby.lines.get_mut(&connection).expect("a connection with a turn has a line");
+            let waiter = line.pop_front().expect("a line with a turn is not empty");
+            if line.is_empty() {
+                lobby.lines.remove(&connection);
+            } else {
+                lobby.turns.push_back(connection);
+            }
+            lobby.inside += 1;
+            self.held.dec();
+            if let Err(pass) = waiter.grant.send(Pass { door: self.clone() }) {
+                unclaimed.push(pass);
+            }
+        }
+        unclaimed
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        let unclaimed = {
+            let mut lobby = self.door.lock();
+            lobby.inside -= 1;
+            self.door.let_in(&mut lobby)
+        };
+        drop(unclaimed);
+    }
+}
+
+/// A call in its connection's line; leaves the line if its future is dropped (the caller went away).
+struct Waiting {
+    door: Arc<Door>,
+    connection: ConnectionId,
+    /// `None` once the call is in or out of line.
+    id: Option<u64>,
+}
+
+impl Waiting {
+    fn leave(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let mut lobby = self.door.lock();
+        let Some(line) = lobby.lines.get_mut(&self.connection) else { return };
+        let Some(position) = line.iter().position(|waiter| waiter.id == id) else { return };
+        line.remove(position);
+        let emptied = line.is_empty();
+        self.door.held.dec();
+        if emptied {
+            lobby.lines.remove(&self.connection);
+            lobby.turns.retain(|connection| *connection != self.connection);
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.leave();
+    }
+}
+
+#[cfg(test)]
+mod tests;

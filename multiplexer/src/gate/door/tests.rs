@@ -1,0 +1,164 @@
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use tokio::time::Instant;
+
+use super::*;
+use crate::admission::Limits;
+use crate::report::metrics::Metrics;
+
+const A: ConnectionId = ConnectionId(1);
+const B: ConnectionId = ConnectionId(2);
+const QUEUE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// A door and a pool that can serve or queue `budget` calls.
+fn door(budget: usize) -> (Arc<Door>, Admission) {
+    (Door::new(Metrics::new().held_at_door()), Admission::new(Limits::new(budget, 0, QUEUE_TIMEOUT)))
+}
+
+fn pass_now(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> Pass {
+    door.enter(admission, connection, None).now_or_never().expect("in at once").expect("no deadline")
+}
+
+/// A call entering in the background, holding its pass 10 ms: the instant it went in.
+fn entering(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> tokio::task::JoinHandle<Instant> {
+    let (door, admission) = (door.clone(), admission.clone());
+    tokio::spawn(async move {
+        let pass = door.enter(&admission, connection, None).await;
+        let now = Instant::now();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(pass);
+        now
+    })
+}
+
+fn waiting(door: &Door) -> usize {
+    door.lock().lines.values().map(VecDeque::len).sum()
+}
+
+#[tokio::test(start_paused = true)]
+async fn calls_beyond_the_budget_wait_their_turn_and_go_in_as_calls_finish() {
+    let metrics = Metrics::new();
+    let (door, admission) = (Door::new(metrics.held_at_door()), Admission::new(Limits::new(3, 0, QUEUE_TIMEOUT)));
+    let inside: Vec<Pass> = (0..3).map(|_| pass_now(&door, &admission, A)).collect();
+    let first = entering(&door, &admission, A);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let second = entering(&door, &admission, A);
+    // A call waits its turn, past the queue timeout: the queue's clock starts once it is in.
+    tokio::time::sleep(QUEUE_TIMEOUT * 3).await;
+    assert!(!first.is_finished() && !second.is_finished(), "the fourth and fifth calls wait");
+    assert_eq!(waiting(&door), 2);
+    let text = prometheus::TextEncoder::new().encode_to_string(&metrics.registry.gather()).unwrap();
+    assert!(text.contains("\nteifleet_held_at_door 2\n"), "{text}");
+    drop(inside);
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert!(first <= second, "in arrival order");
+    assert_eq!(door.lock().inside, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn connections_take_turns() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    // A queues three, then B one: B's call goes in second, not fourth.
+    let a: Vec<_> = (0..3).map(|_| entering(&door, &admission, A)).collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let b = entering(&door, &admission, B);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    drop(inside);
+    let mut a_times = Vec::new();
+    for call in a {
+        a_times.push(call.await.unwrap());
+    }
+    let b_time = b.await.unwrap();
+    assert!(a_times[0] < b_time && b_time < a_times[1], "A, B, A, A: {a_times:?} {b_time:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_budget_that_grows_lets_waiting_calls_in() {
+    let (door, admission) = door(1);
+    let _inside = pass_now(&door, &admission, A);
+    let held = entering(&door, &admission, A);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!held.is_finished());
+    // The next call reads a budget of 3: it and the one waiting both go in.
+    admission.set_limits(Limits::new(3, 0, QUEUE_TIMEOUT));
+    let _also = door.enter(&admission, B, None).await;
+    held.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_that_leaves_takes_no_pass() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let mut gone = Box::pin(door.enter(&admission, A, None));
+    assert!((&mut gone).now_or_never().is_none());
+    let staying = entering(&door, &admission, B);
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    drop(gone);
+    assert_eq!(waiting(&door), 1, "the caller that left is out of line");
+    drop(inside);
+    staying.await.unwrap();
+    assert_eq!(door.lock().inside, 0);
+    assert!(door.lock().lines.is_empty() && door.lock().turns.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_whose_caller_left_goes_to_the_next_in_line() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let left = entering(&door, &admission, A);
+    let next = entering(&door, &admission, B);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    // The first in line is let in just as its caller goes: its pass comes back for the next.
+    left.abort();
+    drop(inside);
+    let _ = left.await;
+    next.await.unwrap();
+    assert_eq!(door.lock().inside, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_waits_at_the_door_until_its_deadline_then_leaves_its_line() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiter = {
+        let (door, admission) = (door.clone(), admission.clone());
+        tokio::spawn(async move { door.enter(&admission, B, Some(deadline)).await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_secs(29)).await;
+    assert!(!waiter.is_finished(), "it waits its turn while its deadline allows");
+    assert_eq!(waiting(&door), 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(waiter.await.unwrap().is_err(), "its deadline passed at the door");
+    assert_eq!(waiting(&door), 0, "and it left its line");
+    drop(inside);
+    assert_eq!(door.lock().inside, 0, "no pass was left behind");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_with_a_deadline_goes_in_when_its_turn_comes_first() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let waiter = {
+        let (door, admission) = (door.clone(), admission.clone());
+        tokio::spawn(async move { door.enter(&admission, B, Some(deadline)).await.map(drop) })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    drop(inside);
+    assert!(waiter.await.unwrap().is_ok(), "in once a call finished");
+}
+
+#[test]
+fn a_deadline_of_several_queue_timeouts_is_patient_and_a_short_one_is_not() {
+    let now = Instant::now();
+    let queue_timeout = Duration::from_secs(2);
+    assert!(is_patient(None, queue_timeout, now), "no deadline: it waits as long as it takes");
+    assert!(is_patient(Some(now + Duration::from_secs(30)), queue_timeout, now), "30 s: a patient caller");
+    assert!(is_patient(Some(now + queue_timeout * PATIENT_DEADLINE_FACTOR), queue_timeout, now));
+    assert!(!is_patient(Some(now + Duration::from_secs(1)), queue_timeout, now), "within the queue timeout");
+    assert!(!is_patient(Some(now + Duration::from_millis(100)), queue_timeout, now), "a 100 ms query");
+    assert!(!is_patient(Some(now + Duration::from_millis(7_999)), queue_timeout, now), "just short of four");
+}
