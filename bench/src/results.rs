@@ -7,59 +7,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::procs::Features;
-use crate::scenarios::{
-    Scenario, burst::Burst, coalescing::Coalescing, cost::Cost, live_limits::LiveLimits, overhead::Overhead,
-    overload::Overload, shed_storm::ShedStorm, slo::Slo, streams::Streams,
-};
-use crate::scenarios::{adaptive::AdaptiveLimit, fairness::Fairness, pushback::Pushback};
-use crate::scenarios::{http_overhead::HttpOverhead, http_overload::HttpOverload, spillover::Spillover, tls::TlsCost};
+pub use crate::scenarios::Outcome;
+use crate::scenarios::{Context, Scenario};
 use crate::targets::Target;
 use crate::{Error, Result};
-
-/// What a scenario measured (boxed: results differ in size by kilobytes).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", content = "result", rename_all = "kebab-case")]
-pub enum Outcome {
-    Overhead(Box<Overhead>),
-    Overload(Box<Overload>),
-    Burst(Box<Burst>),
-    Slo(Box<Slo>),
-    Cost(Box<Cost>),
-    LiveLimits(Box<LiveLimits>),
-    ShedStorm(Box<ShedStorm>),
-    Streams(Box<Streams>),
-    Coalescing(Box<Coalescing>),
-    AdaptiveLimit(Box<AdaptiveLimit>),
-    Fairness(Box<Fairness>),
-    Pushback(Box<Pushback>),
-    HttpOverhead(Box<HttpOverhead>),
-    HttpOverload(Box<HttpOverload>),
-    Spillover(Box<Spillover>),
-    Tls(Box<TlsCost>),
-}
-
-impl Outcome {
-    pub fn targets(&self) -> Vec<Target> {
-        match self {
-            Self::Overhead(r) => r.targets(),
-            Self::Overload(r) => r.targets(),
-            Self::Burst(r) => r.targets(),
-            Self::Slo(_) => vec![],
-            Self::Cost(r) => r.targets(),
-            Self::LiveLimits(r) => r.targets(),
-            Self::ShedStorm(r) => r.targets(),
-            Self::Streams(r) => r.targets(),
-            Self::Coalescing(r) => r.targets(),
-            Self::AdaptiveLimit(r) => r.targets(),
-            Self::Fairness(r) => r.targets(),
-            Self::Pushback(r) => r.targets(),
-            Self::HttpOverhead(r) => r.targets(),
-            Self::HttpOverload(r) => r.targets(),
-            Self::Spillover(r) => r.targets(),
-            Self::Tls(r) => r.targets(),
-        }
-    }
-}
 
 /// One scenario's outcome, or why there is none, and its targets.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,6 +25,17 @@ pub struct Section {
 impl Section {
     pub fn measured(scenario: Scenario, outcome: Outcome) -> Self {
         Self { scenario, targets: outcome.targets(), outcome: Some(outcome), error: None }
+    }
+
+    /// Runs one scenario; a scenario that could not measure still gets a section saying why.
+    pub async fn run(ctx: &Context, scenario: Scenario) -> Self {
+        match scenario.run(ctx).await {
+            Ok(outcome) => Self::measured(scenario, outcome),
+            Err(error) => {
+                ctx.say(&format!("{}: not measured: {error}", scenario.key()));
+                Self::not_measured(scenario, &error.to_string())
+            }
+        }
     }
 
     pub fn not_measured(scenario: Scenario, error: &str) -> Self {

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use teifleet_bench::procs::Bins;
-use teifleet_bench::results::{self, Machine, Results};
-use teifleet_bench::scenarios::{self, Context, Scenario};
+use teifleet_bench::results::{self, Machine, Results, Section};
+use teifleet_bench::scenarios::{Context, Scenario};
 use teifleet_bench::{render, targets};
 use tokio::time::Instant;
 
@@ -67,7 +67,7 @@ async fn main() -> anyhow::Result<()> {
     let mut sections = Vec::new();
     for scenario in Scenario::ALL.into_iter().filter(|s| wanted.is_empty() || wanted.contains(s)) {
         ctx.say(&format!("scenario {}", scenario.title()));
-        sections.push(scenarios::run(&ctx, scenario).await);
+        sections.push(Section::run(&ctx, scenario).await);
     }
 
     let commit = std::process::Command::new("git")

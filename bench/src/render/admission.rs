@@ -2,13 +2,14 @@
 //! pushback), from their typed results.
 
 use std::fmt::Write as _;
-use std::path::Path;
 
 use teifleet_load::Report;
 use teifleet_load::render::codes;
 
-use super::plots::{Chart, Series, line_chart};
-use super::sections::{backend, limits};
+use super::Render;
+use super::plots::{Chart, Plots, Series};
+use super::table::{Table, figure, text};
+use super::words::{backend, limits};
 use crate::Result;
 use crate::scenarios::adaptive::{self, AdaptiveLimit, BackendResult, CapacityChange, Point};
 use crate::scenarios::fairness::{self, Fairness};
@@ -19,23 +20,22 @@ fn point_codes(p: &Point) -> String {
     codes(&Report { codes: p.codes.clone(), ..Report::default() })
 }
 
-fn point_row(out: &mut String, b: &BackendResult, limit: &str, p: &Point) {
+fn point_row(table: &mut Table<'_>, b: &BackendResult, limit: &str, p: &Point) {
     let best = b.best_static().map_or(f64::NAN, |s| s.point.goodput_rps);
-    let _ = writeln!(
-        out,
-        "| {} | {limit} | {:.0} | {:.3} | {:.3} | {} ms | {} ms | {} ms | {} |",
-        b.name,
-        p.goodput_rps,
-        ratio(p.goodput_rps, b.capacity.rps),
-        ratio(p.goodput_rps, best),
-        number(p.ok_p99_ms),
-        number(p.tei_queue_p99_ms),
-        number(p.batch_p50_ms),
-        point_codes(p)
-    );
+    table.row(&[
+        &b.name,
+        &limit,
+        &format!("{:.0}", p.goodput_rps),
+        &format!("{:.3}", ratio(p.goodput_rps, b.capacity.rps)),
+        &format!("{:.3}", ratio(p.goodput_rps, best)),
+        &format!("{} ms", number(p.ok_p99_ms)),
+        &format!("{} ms", number(p.tei_queue_p99_ms)),
+        &format!("{} ms", number(p.batch_p50_ms)),
+        &point_codes(p),
+    ]);
 }
 
-pub fn adaptive(r: &AdaptiveLimit) -> String {
+fn adaptive(r: &AdaptiveLimit) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -61,35 +61,51 @@ pub fn adaptive(r: &AdaptiveLimit) -> String {
         adaptive::SAMPLE_EVERY.as_millis(),
         adaptive::SETTLE_BAND * 100.0
     );
-    let _ = writeln!(
-        out,
-        "| backend | model | capacity | batch p50 | offered/s | best static | adaptive ended near | found after |"
+    let mut table = Table::new(
+        &mut out,
+        &[
+            text("backend"),
+            text("model"),
+            figure("capacity"),
+            figure("batch p50"),
+            figure("offered/s"),
+            figure("best static"),
+            figure("adaptive ended near"),
+            figure("found after"),
+        ],
     );
-    let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for b in &r.backends {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {:.0} req/s | {} ms | {:.0} | {} | {:.0} | {} |",
-            b.name,
-            backend(&b.model),
-            b.capacity.rps,
-            number(b.capacity.batch_ms),
-            b.rate,
-            b.best_static().map_or("—".into(), |s| s.limit.to_string()),
-            b.final_limit(),
-            b.found_after_s().map_or("not within the run".into(), |t| format!("{t:.1} s"))
-        );
+        table.row(&[
+            &b.name,
+            &backend(&b.model),
+            &format!("{:.0} req/s", b.capacity.rps),
+            &format!("{} ms", number(b.capacity.batch_ms)),
+            &format!("{:.0}", b.rate),
+            &b.best_static().map_or("—".into(), |s| s.limit.to_string()),
+            &format!("{:.0}", b.final_limit()),
+            &b.found_after_s().map_or("not within the run".into(), |t| format!("{t:.1} s")),
+        ]);
     }
-    let _ = writeln!(
-        out,
-        "\n| backend | limit | goodput/s | ÷ capacity | ÷ best static | OK p99 | TEI queue p99 | batch p50 | codes |"
+    out.push('\n');
+    let mut table = Table::new(
+        &mut out,
+        &[
+            text("backend"),
+            text("limit"),
+            figure("goodput/s"),
+            figure("÷ capacity"),
+            figure("÷ best static"),
+            figure("OK p99"),
+            figure("TEI queue p99"),
+            figure("batch p50"),
+            text("codes"),
+        ],
     );
-    let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     for b in &r.backends {
         for s in &b.statics {
-            point_row(&mut out, b, &s.limit.to_string(), &s.point);
+            point_row(&mut table, b, &s.limit.to_string(), &s.point);
         }
-        point_row(&mut out, b, &format!("**adaptive** (→ {:.0})", b.final_limit()), &b.adaptive);
+        point_row(&mut table, b, &format!("**adaptive** (→ {:.0})", b.final_limit()), &b.adaptive);
     }
     match (&r.change, &r.change_missing) {
         (Some(c), _) => change(&mut out, c),
@@ -147,7 +163,7 @@ fn change(out: &mut String, c: &CapacityChange) {
     let _ = writeln!(out, "Limit around the change, about once a second: {}.", per_second.join(", "));
 }
 
-pub fn fairness(r: &Fairness) -> String {
+fn fairness(r: &Fairness) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -165,27 +181,40 @@ pub fn fairness(r: &Fairness) -> String {
         fairness::LIGHT_FACTOR,
         r.seconds
     );
-    let _ = writeln!(out, "| run | tenant | offered/s | sent | OK in time | ÷ sent | goodput/s | p50 | p99 | codes |");
-    let _ = writeln!(out, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
-    let row = |out: &mut String, run: &str, tenant: &str, x: &Report| {
-        let _ = writeln!(
-            out,
-            "| {run} | {tenant} | {:.0} | {} | {} | {:.3} | {:.1} | {} ms | {} ms | {} |",
-            x.offered_rps.unwrap_or(f64::NAN),
-            x.sent,
-            x.ok_in_time,
-            ratio(x.ok_in_time as f64, x.sent as f64),
-            x.goodput_rps,
-            number(x.latency.p50_ms),
-            number(x.latency.p99_ms),
-            codes(x)
-        );
+    let mut table = Table::new(
+        &mut out,
+        &[
+            text("run"),
+            text("tenant"),
+            figure("offered/s"),
+            figure("sent"),
+            figure("OK in time"),
+            figure("÷ sent"),
+            figure("goodput/s"),
+            figure("p50"),
+            figure("p99"),
+            text("codes"),
+        ],
+    );
+    let mut row = |run: &str, tenant: &str, x: &Report| {
+        table.row(&[
+            &run,
+            &tenant,
+            &format!("{:.0}", x.offered_rps.unwrap_or(f64::NAN)),
+            &x.sent,
+            &x.ok_in_time,
+            &format!("{:.3}", ratio(x.ok_in_time as f64, x.sent as f64)),
+            &format!("{:.1}", x.goodput_rps),
+            &format!("{} ms", number(x.latency.p50_ms)),
+            &format!("{} ms", number(x.latency.p99_ms)),
+            &codes(x),
+        ]);
     };
-    row(&mut out, "multiplexer, B alone", "B", &r.light_alone);
-    row(&mut out, "multiplexer, together", "A", &r.mux.flood);
-    row(&mut out, "multiplexer, together", "B", &r.mux.light);
-    row(&mut out, "direct to TEI, together", "A", &r.direct.flood);
-    row(&mut out, "direct to TEI, together", "B", &r.direct.light);
+    row("multiplexer, B alone", "B", &r.light_alone);
+    row("multiplexer, together", "A", &r.mux.flood);
+    row("multiplexer, together", "B", &r.mux.light);
+    row("direct to TEI, together", "A", &r.direct.flood);
+    row("direct to TEI, together", "B", &r.direct.light);
     let _ = writeln!(
         out,
         "\nTotal goodput through the multiplexer: {:.1} req/s = {:.3} × capacity (direct: {:.3}). B's p99 beside the \
@@ -198,7 +227,7 @@ pub fn fairness(r: &Fairness) -> String {
     out
 }
 
-pub fn pushback(r: &Pushback) -> String {
+fn pushback(r: &Pushback) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -215,12 +244,20 @@ pub fn pushback(r: &Pushback) -> String {
         r.policy.to_string().replace("pushback retry, ", ""),
         r.rounds.len()
     );
-    let _ = writeln!(
-        out,
-        "| policy | round | succeeded | at the 1st attempt | after a retry | attempts | hints p50 / p99 | last answer | \
-         codes |"
+    let mut table = Table::new(
+        &mut out,
+        &[
+            text("policy"),
+            figure("round"),
+            figure("succeeded"),
+            figure("at the 1st attempt"),
+            figure("after a retry"),
+            figure("attempts"),
+            figure("hints p50 / p99"),
+            figure("last answer"),
+            text("codes"),
+        ],
     );
-    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     for policy in Policy::ALL {
         for (round, x) in r.runs(policy).into_iter().enumerate() {
             let (first, retried, attempts, hints) = match &x.retries {
@@ -236,15 +273,17 @@ pub fn pushback(r: &Pushback) -> String {
                 ),
                 None => (x.ok, "—".into(), x.sent.to_string(), "—".into()),
             };
-            let _ = writeln!(
-                out,
-                "| {} | {} | {} | {first} | {retried} | {attempts} | {hints} | {:.2} s | {} |",
-                policy.label(),
-                round + 1,
-                x.ok_in_time,
-                x.elapsed_s,
-                codes(x)
-            );
+            table.row(&[
+                &policy.label(),
+                &(round + 1),
+                &x.ok_in_time,
+                &first,
+                &retried,
+                &attempts,
+                &hints,
+                &format!("{:.2} s", x.elapsed_s),
+                &codes(x),
+            ]);
         }
     }
     let _ = writeln!(
@@ -272,62 +311,79 @@ fn by_attempt(report: Option<&Report>) -> String {
     }
 }
 
-/// The adaptive limit's plots: the limit over time on each backend, goodput against the static
-/// limit, and the limit around the capacity change.
-pub fn plots(r: &AdaptiveLimit, dir: &Path, stem: &str, files: &mut Vec<String>) -> Result<()> {
-    let mut draw = |name: &str, chart: Chart<'_>, series: Vec<Series>| -> Result<()> {
-        let file = format!("{stem}-{name}.svg");
-        line_chart(&dir.join(&file), &chart, &series)?;
-        files.push(file);
-        Ok(())
-    };
-    let over_time = r
-        .backends
-        .iter()
-        .map(|b| Series {
-            name: format!("{} (best static {})", b.name, b.best_static().map_or(0, |s| s.limit)),
-            points: b.limit.iter().map(|s| (s.t_s, s.limit)).collect(),
-        })
-        .collect();
-    let chart = Chart {
-        title: "Adaptive in-flight limit over time (warm-up, then the measured run)",
-        x_label: "seconds from the start of the load",
-        y_label: "teifleet_limit_in_flight",
-        log_y: true,
-        log_x: false,
-    };
-    draw("adaptive-limit", chart, over_time)?;
-    let goodput = r
-        .backends
-        .iter()
-        .map(|b| Series {
-            name: format!("{} (adaptive: {:.3})", b.name, ratio(b.adaptive.goodput_rps, b.capacity.rps)),
-            points: b.statics.iter().map(|s| (s.limit as f64, ratio(s.point.goodput_rps, b.capacity.rps))).collect(),
-        })
-        .collect();
-    let chart = Chart {
-        title: "Goodput vs static in-flight limit (the adaptive run's in the legend)",
-        x_label: "static --max-in-flight",
-        y_label: "goodput / capacity",
-        log_y: false,
-        log_x: true,
-    };
-    draw("adaptive-goodput", chart, goodput)?;
-    if let Some(c) = &r.change {
-        let series = vec![Series {
-            name: format!("{} backend, device {}× slower from t = 0", c.name, c.slowdown),
-            points: c.samples.iter().map(|s| (s.t_s, s.limit)).collect(),
-        }];
+impl Render for AdaptiveLimit {
+    fn body(&self) -> String {
+        adaptive(self)
+    }
+
+    /// The limit over time on each backend, goodput against the static limit, and the limit
+    /// around the capacity change.
+    fn plots(&self, plots: &mut Plots<'_>) -> Result<()> {
+        let r = self;
+        let over_time = r
+            .backends
+            .iter()
+            .map(|b| Series {
+                name: format!("{} (best static {})", b.name, b.best_static().map_or(0, |s| s.limit)),
+                points: b.limit.iter().map(|s| (s.t_s, s.limit)).collect(),
+            })
+            .collect();
         let chart = Chart {
-            title: "Adaptive limit around a capacity halving",
-            x_label: "seconds from the change",
+            title: "Adaptive in-flight limit over time (warm-up, then the measured run)",
+            x_label: "seconds from the start of the load",
             y_label: "teifleet_limit_in_flight",
-            log_y: false,
+            log_y: true,
             log_x: false,
         };
-        draw("adaptive-change", chart, series)?;
+        plots.draw("adaptive-limit", chart, over_time)?;
+        let goodput = r
+            .backends
+            .iter()
+            .map(|b| Series {
+                name: format!("{} (adaptive: {:.3})", b.name, ratio(b.adaptive.goodput_rps, b.capacity.rps)),
+                points: b
+                    .statics
+                    .iter()
+                    .map(|s| (s.limit as f64, ratio(s.point.goodput_rps, b.capacity.rps)))
+                    .collect(),
+            })
+            .collect();
+        let chart = Chart {
+            title: "Goodput vs static in-flight limit (the adaptive run's in the legend)",
+            x_label: "static --max-in-flight",
+            y_label: "goodput / capacity",
+            log_y: false,
+            log_x: true,
+        };
+        plots.draw("adaptive-goodput", chart, goodput)?;
+        if let Some(c) = &r.change {
+            let series = vec![Series {
+                name: format!("{} backend, device {}× slower from t = 0", c.name, c.slowdown),
+                points: c.samples.iter().map(|s| (s.t_s, s.limit)).collect(),
+            }];
+            let chart = Chart {
+                title: "Adaptive limit around a capacity halving",
+                x_label: "seconds from the change",
+                y_label: "teifleet_limit_in_flight",
+                log_y: false,
+                log_x: false,
+            };
+            plots.draw("adaptive-change", chart, series)?;
+        }
+        Ok(())
     }
-    Ok(())
+}
+
+impl Render for Fairness {
+    fn body(&self) -> String {
+        fairness(self)
+    }
+}
+
+impl Render for Pushback {
+    fn body(&self) -> String {
+        pushback(self)
+    }
 }
 
 #[cfg(test)]
@@ -456,7 +512,7 @@ mod tests {
     fn the_adaptive_section_draws_its_three_plots() {
         let dir = std::env::temp_dir().join(format!("teifleet-bench-admission-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let files = crate::render::plots::for_section(&adaptive_section(), &dir, "x").unwrap();
+        let files = crate::render::plots_of(&adaptive_section(), &dir, "x").unwrap();
         assert_eq!(files, vec!["x-adaptive-limit.svg", "x-adaptive-goodput.svg", "x-adaptive-change.svg"]);
         assert!(std::fs::read_to_string(dir.join(&files[0])).unwrap().contains("best static 8"));
         std::fs::remove_dir_all(&dir).unwrap();

@@ -5,18 +5,16 @@ use std::fmt::Write as _;
 
 use teifleet_load::render::codes;
 
-use super::sections::{backend, limits};
+use super::Render;
+use super::table::{Table, figure, text};
+use super::words::{backend, limits, us};
 use crate::procs::Device;
-use crate::scenarios::http_overhead::{CaseResult, HttpOverhead};
+use crate::scenarios::http_overhead::{self, CaseResult, HttpOverhead};
 use crate::scenarios::http_overload::{self, HttpOverload};
 use crate::scenarios::overload::DEADLINE;
 use crate::targets::number;
 
-fn us(v: f64) -> String {
-    if v.is_nan() { "n/a".into() } else { format!("{v:+.0} µs") }
-}
-
-pub fn overhead(r: &HttpOverhead) -> String {
+fn overhead(r: &HttpOverhead) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -34,27 +32,34 @@ pub fn overhead(r: &HttpOverhead) -> String {
         backend(&r.backend),
         limits(&r.limits)
     );
-    let _ = writeln!(
-        out,
-        "| case | calls/round | direct p50 | gRPC p50 | HTTP p50 | gRPC added | HTTP added | HTTP ÷ gRPC | \
-         gRPC p99 | HTTP p99 |"
+    let mut table = Table::new(
+        &mut out,
+        &[
+            text("case"),
+            figure("calls/round"),
+            figure("direct p50"),
+            figure("gRPC p50"),
+            figure("HTTP p50"),
+            figure("gRPC added"),
+            figure("HTTP added"),
+            figure("HTTP ÷ gRPC"),
+            figure("gRPC p99"),
+            figure("HTTP p99"),
+        ],
     );
-    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for c in &r.cases {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} ms | {} ms | {} ms | {} | {} | {}× | {} ms | {} ms |",
-            crate::scenarios::http_overhead::label(c.case),
-            c.calls_per_round,
-            number(CaseResult::p50_ms(&c.direct)),
-            number(CaseResult::p50_ms(&c.grpc)),
-            number(CaseResult::p50_ms(&c.http)),
-            us(c.grpc_added_us()),
-            us(c.http_added_us()),
-            number(c.http_vs_grpc()),
-            number(CaseResult::p99_ms(&c.grpc)),
-            number(CaseResult::p99_ms(&c.http))
-        );
+        table.row(&[
+            &http_overhead::label(c.case),
+            &c.calls_per_round,
+            &format!("{} ms", number(CaseResult::p50_ms(&c.direct))),
+            &format!("{} ms", number(CaseResult::p50_ms(&c.grpc))),
+            &format!("{} ms", number(CaseResult::p50_ms(&c.http))),
+            &us(c.grpc_added_us()),
+            &us(c.http_added_us()),
+            &format!("{}×", number(c.http_vs_grpc())),
+            &format!("{} ms", number(CaseResult::p99_ms(&c.grpc))),
+            &format!("{} ms", number(CaseResult::p99_ms(&c.http))),
+        ]);
     }
     if r.backend.device == Device::Sleep {
         let _ = writeln!(
@@ -66,7 +71,7 @@ pub fn overhead(r: &HttpOverhead) -> String {
     out
 }
 
-pub fn overload(r: &HttpOverload) -> String {
+fn overload(r: &HttpOverload) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -87,30 +92,51 @@ pub fn overload(r: &HttpOverload) -> String {
         DEADLINE.as_secs(),
         http_overload::admitted_limit_ms(r)
     );
-    let _ = writeln!(
-        out,
-        "| load | protocol | offered/s | goodput/capacity | HTTP ÷ gRPC goodput | OK p50 | OK p99 | shed | \
-         shed p99 (sent→) | codes |"
+    let mut table = Table::new(
+        &mut out,
+        &[
+            figure("load"),
+            text("protocol"),
+            figure("offered/s"),
+            figure("goodput/capacity"),
+            figure("HTTP ÷ gRPC goodput"),
+            figure("OK p50"),
+            figure("OK p99"),
+            figure("shed"),
+            figure("shed p99 (sent→)"),
+            text("codes"),
+        ],
     );
-    let _ = writeln!(out, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     for row in &r.rows {
         for (name, x) in [("gRPC", &row.grpc), ("HTTP", &row.http)] {
             let versus = if name == "HTTP" { format!("{}×", number(row.http_vs_grpc())) } else { "—".into() };
-            let _ = writeln!(
-                out,
-                "| {}× | {name} | {:.0} | {:.3} | {versus} | {} ms | {} ms | {:.1}% | {} ms | {} |",
-                row.factor,
-                x.offered_rps.unwrap_or(0.0),
-                x.goodput_rps / r.capacity.rps,
-                number(x.latency_ok.p50_ms),
-                number(x.latency_ok.p99_ms),
-                x.failed_fraction() * 100.0,
-                number(x.response_failed.p99_ms),
-                codes(x)
-            );
+            table.row(&[
+                &format!("{}×", row.factor),
+                &name,
+                &format!("{:.0}", x.offered_rps.unwrap_or(0.0)),
+                &format!("{:.3}", x.goodput_rps / r.capacity.rps),
+                &versus,
+                &format!("{} ms", number(x.latency_ok.p50_ms)),
+                &format!("{} ms", number(x.latency_ok.p99_ms)),
+                &format!("{:.1}%", x.failed_fraction() * 100.0),
+                &format!("{} ms", number(x.response_failed.p99_ms)),
+                &codes(x),
+            ]);
         }
     }
     out
+}
+
+impl Render for HttpOverhead {
+    fn body(&self) -> String {
+        overhead(self)
+    }
+}
+
+impl Render for HttpOverload {
+    fn body(&self) -> String {
+        overload(self)
+    }
 }
 
 #[cfg(test)]

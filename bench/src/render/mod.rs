@@ -1,18 +1,29 @@
 //! The one place results become something to read: the Markdown results file (summary table,
 //! what would fix each failure, one section per scenario with its tables) and the SVG plots.
 //! Scenarios only measure; everything here is a pure function of [`Results`], except writing.
+//!
+//! Each scenario's result type has its section as a [`Render`], in the file of its theme; they
+//! share [`table`] (the one table writer), [`words`] (how a backend, limits and a latency are
+//! written) and [`plots`] (charts), and none imports another.
 
 mod admission;
+mod cost;
+mod hop;
 mod http;
+mod overload;
 pub mod plots;
 mod pool;
-mod sections;
+pub mod table;
 mod tls;
+pub mod words;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::results::{self, Results, Section};
+use self::plots::Plots;
+use self::table::{Table, figure, text};
+use crate::results::{self, Outcome, Results, Section};
+use crate::scenarios::for_each_scenario;
 use crate::targets::{self, Target, Verdict};
 use crate::{Error, Result};
 
@@ -20,18 +31,60 @@ use crate::{Error, Result};
 /// other work already moves a microsecond comparison.
 const BUSY_LOAD: f64 = 0.5;
 
+/// A scenario's section of the results file, implemented by the type of its result (beside its
+/// [`Measurement`](crate::scenarios::Measurement)).
+pub trait Render {
+    /// How it was measured and its tables, in Markdown.
+    fn body(&self) -> String;
+
+    /// Draws its charts, if it has any.
+    fn plots(&self, _plots: &mut Plots<'_>) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Each scenario's [`Render`], by its [`Outcome`].
+macro_rules! define_rendering {
+    ($($variant:ident => $result:ty,)*) => {
+        fn render(outcome: &Outcome) -> &dyn Render {
+            match outcome {
+                $(Outcome::$variant(r) => &**r,)*
+            }
+        }
+    };
+}
+
+for_each_scenario!(define_rendering);
+
+/// How it was measured and its tables, or why it was not.
+fn body(section: &Section) -> String {
+    match (&section.outcome, &section.error) {
+        (Some(outcome), _) => render(outcome).body(),
+        (None, Some(error)) => format!("Not measured: {error}."),
+        (None, None) => "Not measured.".into(),
+    }
+}
+
+/// Draws the charts of `section` into `dir` as `<stem>-<name>.svg`; returns the file names.
+pub fn plots_of(section: &Section, dir: &Path, stem: &str) -> Result<Vec<String>> {
+    let mut plots = Plots::new(dir, stem);
+    if let Some(outcome) = &section.outcome {
+        render(outcome).plots(&mut plots)?;
+    }
+    Ok(plots.files)
+}
+
 /// The summary table, as printed at the end of a run and at the top of the results file.
 pub fn summary_table(targets: &[Target]) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "| scenario | target | measured | limit | verdict |");
-    let _ = writeln!(out, "| --- | --- | ---: | ---: | --- |");
+    let mut table =
+        Table::new(&mut out, &[text("scenario"), text("target"), figure("measured"), figure("limit"), text("verdict")]);
     for t in targets {
         let verdict = match t.verdict {
             Verdict::Info => "info".to_owned(),
             v => format!("**{v}**"),
         };
-        let _ =
-            writeln!(out, "| {} | {} | {} | {} | {verdict} |", t.scenario, t.name, t.measured_text(), t.rule_text());
+        table.row(&[&t.scenario, &t.name, &t.measured_text(), &t.rule_text(), &verdict]);
     }
     out
 }
@@ -71,7 +124,7 @@ pub fn markdown(results: &Results, plots: &[Vec<String>]) -> String {
     }
     for (i, section) in results.sections.iter().enumerate() {
         let _ = writeln!(out, "\n## {}\n", section.scenario.title());
-        out.push_str(sections::body(section).trim_end());
+        out.push_str(body(section).trim_end());
         out.push('\n');
         for plot in plots.get(i).map_or(&[][..], Vec::as_slice) {
             let _ = writeln!(out, "\n![{plot}]({plot})");
@@ -83,11 +136,8 @@ pub fn markdown(results: &Results, plots: &[Vec<String>]) -> String {
 /// Writes `<stem>.md`, `<stem>.json` and the plots into `dir`.
 pub fn write(results: &Results, dir: &Path, stem: &str) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).map_err(|source| Error::File { what: "creating", path: dir.into(), source })?;
-    let plots = results
-        .sections
-        .iter()
-        .map(|section: &Section| plots::for_section(section, dir, stem))
-        .collect::<Result<Vec<_>>>()?;
+    let plots =
+        results.sections.iter().map(|section: &Section| plots_of(section, dir, stem)).collect::<Result<Vec<_>>>()?;
     let md = dir.join(format!("{stem}.md"));
     std::fs::write(&md, markdown(results, &plots)).map_err(|source| Error::File {
         what: "writing",

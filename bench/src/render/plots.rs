@@ -1,89 +1,31 @@
-//! SVG line charts with plotters (SVG backend only: no system font or image libraries needed),
-//! and which charts each scenario's result makes.
+//! SVG line charts with plotters (SVG backend only: no system font or image libraries needed).
+//! Which charts a scenario draws is its [`super::Render::plots`].
 
 use std::path::Path;
 
 use plotters::prelude::*;
 
-use crate::floor::Stack;
-use crate::results::{Outcome, Section};
-use crate::scenarios::overhead::{Case, CaseResult};
 use crate::{Error, Result};
 
-/// Draws the charts of `section` into `dir` as `<stem>-<name>.svg`; returns the file names.
-pub fn for_section(section: &Section, dir: &Path, stem: &str) -> Result<Vec<String>> {
-    let mut files = Vec::new();
-    let mut draw = |name: &str, chart: Chart<'_>, series: Vec<Series>| -> Result<()> {
-        let file = format!("{stem}-{name}.svg");
-        line_chart(&dir.join(&file), &chart, &series)?;
-        files.push(file);
-        Ok(())
-    };
-    match &section.outcome {
-        Some(Outcome::Overhead(r)) => {
-            let singles: Vec<&CaseResult> = r.cases.iter().filter(|c| matches!(c.case, Case::Single { .. })).collect();
-            let tokens = |c: &CaseResult| match c.case {
-                Case::Single { tokens } => tokens as f64,
-                Case::Info | Case::Concurrent { .. } => f64::NAN,
-            };
-            let line = |name: &str, side: fn(&CaseResult) -> &[crate::scenarios::Sample]| Series {
-                name: name.into(),
-                points: singles.iter().map(|c| (tokens(c), CaseResult::p50_ms(side(c)))).collect(),
-            };
-            let mut series = vec![line("direct", |c| &c.direct), line("multiplexer", |c| &c.mux)];
-            if singles.iter().all(|c| !c.floor.is_empty()) {
-                series.push(line(Stack::Tonic.label(), |c| &c.floor));
-            }
-            if singles.iter().all(|c| !c.floors.floor_h2.is_empty()) {
-                series.push(line(Stack::H2.label(), |c| &c.floors.floor_h2));
-            }
-            if singles.iter().all(|c| !c.floors.haproxy_tcp.is_empty() && !c.floors.haproxy_h2.is_empty()) {
-                series.push(line("HAProxy TCP", |c| &c.floors.haproxy_tcp));
-                series.push(line("HAProxy h2", |c| &c.floors.haproxy_h2));
-            }
-            let chart = Chart {
-                title: "Single-request p50 latency, ~1 ms backend",
-                x_label: "input tokens",
-                y_label: "p50 latency (ms)",
-                log_y: false,
-                log_x: true,
-            };
-            draw("overhead", chart, series)?;
-        }
-        Some(Outcome::Overload(r)) => {
-            let series = |f: &dyn Fn(&teifleet_load::Report) -> f64| {
-                vec![
-                    Series {
-                        name: "direct (TEI's own admission)".into(),
-                        points: r.rows.iter().map(|row| (row.factor, f(&row.direct))).collect(),
-                    },
-                    Series {
-                        name: "through the multiplexer".into(),
-                        points: r.rows.iter().map(|row| (row.factor, f(&row.mux))).collect(),
-                    },
-                ]
-            };
-            let latency = Chart {
-                title: "p99 latency of OK answers vs offered load",
-                x_label: "offered load (× measured capacity)",
-                y_label: "p99 latency (ms)",
-                log_y: true,
-                log_x: true,
-            };
-            draw("overload-latency", latency, series(&|x| x.latency_ok.p99_ms))?;
-            let goodput = Chart {
-                title: "Goodput (OK within the 1 s deadline) vs offered load",
-                x_label: "offered load (× measured capacity)",
-                y_label: "goodput / capacity",
-                log_y: false,
-                log_x: true,
-            };
-            draw("overload-goodput", goodput, series(&|x| x.goodput_rps / r.capacity.rps))?;
-        }
-        Some(Outcome::AdaptiveLimit(r)) => super::admission::plots(r, dir, stem, &mut files)?,
-        _ => {}
+/// The charts of one section: each is drawn into `dir` as `<stem>-<name>.svg`, and its file name
+/// kept for the Markdown to link.
+pub struct Plots<'a> {
+    dir: &'a Path,
+    stem: &'a str,
+    pub files: Vec<String>,
+}
+
+impl<'a> Plots<'a> {
+    pub fn new(dir: &'a Path, stem: &'a str) -> Self {
+        Self { dir, stem, files: Vec::new() }
     }
-    Ok(files)
+
+    pub fn draw(&mut self, name: &str, chart: Chart<'_>, series: Vec<Series>) -> Result<()> {
+        let file = format!("{}-{name}.svg", self.stem);
+        line_chart(&self.dir.join(&file), &chart, &series)?;
+        self.files.push(file);
+        Ok(())
+    }
 }
 
 /// One line of a chart.

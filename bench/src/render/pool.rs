@@ -4,22 +4,20 @@ use std::fmt::Write as _;
 
 use teifleet_load::render::codes;
 
-use super::sections::{backend, limits};
+use super::Render;
+use super::table::{Table, figure, text};
+use super::words::{backend, limits, us};
 use crate::scenarios::median_of;
 use crate::scenarios::overload::DEADLINE;
 use crate::scenarios::spillover::{BALANCED_CONNECTIONS, LOAD_FACTOR, Spillover};
 use crate::targets::{number, ratio};
-
-fn us(v: f64) -> String {
-    if v.is_nan() { "n/a".into() } else { format!("{v:+.0} µs") }
-}
 
 /// `a / b / c` of each replica's figure.
 fn per_replica(values: impl Iterator<Item = String>) -> String {
     values.collect::<Vec<_>>().join(" / ")
 }
 
-pub fn spillover(r: &Spillover) -> String {
+fn spillover(r: &Spillover) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -45,32 +43,42 @@ pub fn spillover(r: &Spillover) -> String {
         DEADLINE.as_secs(),
         LOAD_FACTOR
     );
-    let _ = writeln!(
-        out,
-        "| replicas | run | offered/s | OK/s | ÷ (b) | refused | OK p50 | OK p99 | spills served / refused | \
-         device busy per replica | calls per replica | most in flight per TEI | codes |"
+    let mut table = Table::new(
+        &mut out,
+        &[
+            figure("replicas"),
+            text("run"),
+            figure("offered/s"),
+            figure("OK/s"),
+            figure("÷ (b)"),
+            figure("refused"),
+            figure("OK p50"),
+            figure("OK p99"),
+            figure("spills served / refused"),
+            figure("device busy per replica"),
+            figure("calls per replica"),
+            figure("most in flight per TEI"),
+            text("codes"),
+        ],
     );
-    let _ = writeln!(out, "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |");
     for pool in &r.pools {
         for (name, run) in pool.runs() {
             let x = &run.report;
-            let _ = writeln!(
-                out,
-                "| {} | {name} | {:.0} | {:.0} | {} | {} | {} ms | {} ms | {:.0} / {:.0} | {} s | {} | {} | {} |",
-                pool.replicas,
-                x.offered_rps.unwrap_or(pool.offered_rps),
-                run.ok_rps(),
-                number(ratio(run.ok_rps(), pool.balanced.ok_rps())),
-                run.refused(),
-                number(x.latency_ok.p50_ms),
-                number(x.latency_ok.p99_ms),
-                run.spills.served,
-                run.spills.refused,
-                per_replica(run.sims.iter().map(|s| format!("{:.2}", s.device_busy_us as f64 / 1e6))),
-                per_replica(run.sims.iter().map(|s| s.completed.to_string())),
-                per_replica(run.sims.iter().map(|s| s.max_in_flight_observed.to_string())),
-                codes(x)
-            );
+            table.row(&[
+                &pool.replicas,
+                &name,
+                &format!("{:.0}", x.offered_rps.unwrap_or(pool.offered_rps)),
+                &format!("{:.0}", run.ok_rps()),
+                &number(ratio(run.ok_rps(), pool.balanced.ok_rps())),
+                &run.refused(),
+                &format!("{} ms", number(x.latency_ok.p50_ms)),
+                &format!("{} ms", number(x.latency_ok.p99_ms)),
+                &format!("{:.0} / {:.0}", run.spills.served, run.spills.refused),
+                &format!("{} s", per_replica(run.sims.iter().map(|s| format!("{:.2}", s.device_busy_us as f64 / 1e6)))),
+                &per_replica(run.sims.iter().map(|s| s.completed.to_string())),
+                &per_replica(run.sims.iter().map(|s| s.max_in_flight_observed.to_string())),
+                &codes(x),
+            ]);
         }
     }
     let _ = writeln!(
@@ -84,8 +92,8 @@ pub fn spillover(r: &Spillover) -> String {
          without it all but one replica's worth."
     );
     let h = &r.hop;
-    let p50 = |side| number(median_of(side, |s| s.p50_ms));
-    let p99 = |side| number(median_of(side, |s| s.p99_ms));
+    let p50 = |side| format!("{} ms", number(median_of(side, |s| s.p50_ms)));
+    let p99 = |side| format!("{} ms", number(median_of(side, |s| s.p99_ms)));
     let _ = writeln!(
         out,
         "\n**What a spilled call costs.** Two replicas A and B: {}; each multiplexer {}, A's started with \
@@ -101,23 +109,20 @@ pub fn spillover(r: &Spillover) -> String {
         h.rounds,
         h.calls_per_round
     );
-    let _ = writeln!(out, "| path | p50 | p99 | added p50 |");
-    let _ = writeln!(out, "| --- | ---: | ---: | ---: |");
-    let _ = writeln!(out, "| B's TEI directly | {} ms | {} ms | — |", p50(&h.direct), p99(&h.direct));
-    let _ = writeln!(
-        out,
-        "| through B's multiplexer (local) | {} ms | {} ms | {} over TEI (one hop) |",
-        p50(&h.local),
-        p99(&h.local),
-        us(h.hop_added_us())
-    );
-    let _ = writeln!(
-        out,
-        "| through A's multiplexer, spilled to B | {} ms | {} ms | {} over local |",
-        p50(&h.spilled),
-        p99(&h.spilled),
-        us(h.spill_added_us())
-    );
+    Table::new(&mut out, &[text("path"), figure("p50"), figure("p99"), figure("added p50")])
+        .row(&[&"B's TEI directly", &p50(&h.direct), &p99(&h.direct), &"—"])
+        .row(&[
+            &"through B's multiplexer (local)",
+            &p50(&h.local),
+            &p99(&h.local),
+            &format!("{} over TEI (one hop)", us(h.hop_added_us())),
+        ])
+        .row(&[
+            &"through A's multiplexer, spilled to B",
+            &p50(&h.spilled),
+            &p99(&h.spilled),
+            &format!("{} over local", us(h.spill_added_us())),
+        ]);
     let _ = writeln!(
         out,
         "\nA spilled call adds {} over a local one, {}× what one multiplexer adds over TEI in the same run \
@@ -133,6 +138,12 @@ pub fn spillover(r: &Spillover) -> String {
         );
     }
     out
+}
+
+impl Render for Spillover {
+    fn body(&self) -> String {
+        spillover(self)
+    }
 }
 
 #[cfg(test)]

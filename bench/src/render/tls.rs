@@ -2,20 +2,18 @@
 
 use std::fmt::Write as _;
 
-use super::sections::{backend, limits};
+use super::Render;
+use super::table::{Table, figure, text};
+use super::words::{backend, limits, us};
 use crate::scenarios::tls::{ADDED_LIMIT_US, CPU_RATIO_LIMIT, CaseResult, TlsCost};
 use crate::targets::number;
-
-fn us(v: f64) -> String {
-    if v.is_nan() { "n/a".into() } else { format!("{v:+.0} µs") }
-}
 
 fn handshakes(c: &CaseResult) -> String {
     let h = c.handshakes;
     format!("{} ({} resumed)", h.full + h.resumed, h.resumed)
 }
 
-pub fn section(r: &TlsCost) -> String {
+fn section(r: &TlsCost) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -38,28 +36,36 @@ pub fn section(r: &TlsCost) -> String {
         number(ADDED_LIMIT_US),
         number(CPU_RATIO_LIMIT)
     );
-    let _ = writeln!(
-        out,
-        "| case | calls/round | plaintext p50 | TLS p50 | TLS added | plaintext p99 | TLS p99 | CPU/call plaintext | \
-         CPU/call TLS | TLS ÷ plaintext CPU | TLS handshakes |"
+    let mut table = Table::new(
+        &mut out,
+        &[
+            text("case"),
+            figure("calls/round"),
+            figure("plaintext p50"),
+            figure("TLS p50"),
+            figure("TLS added"),
+            figure("plaintext p99"),
+            figure("TLS p99"),
+            figure("CPU/call plaintext"),
+            figure("CPU/call TLS"),
+            figure("TLS ÷ plaintext CPU"),
+            figure("TLS handshakes"),
+        ],
     );
-    let _ = writeln!(out, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for c in &r.cases {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {} ms | {} ms | {} | {} ms | {} ms | {:.0} µs | {:.0} µs | {}× | {} |",
-            c.case.label(),
-            c.calls_per_round,
-            number(CaseResult::p50_ms(&c.plain)),
-            number(CaseResult::p50_ms(&c.tls)),
-            us(c.added_us()),
-            number(CaseResult::p99_ms(&c.plain)),
-            number(CaseResult::p99_ms(&c.tls)),
-            c.plain_cpu.us_per_call(),
-            c.tls_cpu.us_per_call(),
-            number(c.cpu_ratio()),
-            handshakes(c)
-        );
+        table.row(&[
+            &c.case.label(),
+            &c.calls_per_round,
+            &format!("{} ms", number(CaseResult::p50_ms(&c.plain))),
+            &format!("{} ms", number(CaseResult::p50_ms(&c.tls))),
+            &us(c.added_us()),
+            &format!("{} ms", number(CaseResult::p99_ms(&c.plain))),
+            &format!("{} ms", number(CaseResult::p99_ms(&c.tls))),
+            &format!("{:.0} µs", c.plain_cpu.us_per_call()),
+            &format!("{:.0} µs", c.tls_cpu.us_per_call()),
+            &format!("{}×", number(c.cpu_ratio())),
+            &handshakes(c),
+        ]);
     }
     let _ = writeln!(
         out,
@@ -68,6 +74,12 @@ pub fn section(r: &TlsCost) -> String {
          encryption as well as the sidecar's; the CPU columns are the sidecar's alone."
     );
     out
+}
+
+impl Render for TlsCost {
+    fn body(&self) -> String {
+        section(self)
+    }
 }
 
 #[cfg(test)]

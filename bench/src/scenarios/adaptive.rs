@@ -25,7 +25,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::overload::{Capacity, measure_capacity};
-use super::{Context, Scenario, measure, words};
+use super::{Context, Measurement, Scenario, measure, words};
 use crate::procs::{self, Bins, Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, median, ratio};
 use crate::{Error, Result, admin};
@@ -257,87 +257,6 @@ const GOODPUT: &str = "goodput, adaptive ÷ best static";
 const QUEUE: &str = "TEI queue p99, adaptive";
 const SETTLE: &str = "limit settled after capacity halved";
 
-impl AdaptiveLimit {
-    pub fn targets(&self) -> Vec<Target> {
-        let scenario = Scenario::AdaptiveLimit.label();
-        let mut targets = Vec::new();
-        for b in &self.backends {
-            let best = b.best_static().map_or(0, |s| s.limit);
-            targets.push(
-                Target::at_least(&scenario, &format!("{GOODPUT}, {}", b.name), b.goodput_ratio(), GOODPUT_LIMIT, "×")
-                    .note_if_not_passed(format!(
-                        "the best static limit was {best}, the adaptive limit ended near {:.0}: if it is far below, \
-                         TEI idled between batches (the limit shrinks on a TEI queue longer than a batch time; check \
-                         that a short queue with calls waiting lets it grow), if far above, the extra calls only \
-                         waited in TEI; a gap of a few percent at the same limit is run-to-run noise on 2 shared \
-                         cores",
-                        b.final_limit()
-                    )),
-            );
-            targets.push(
-                Target::at_most(
-                    &scenario,
-                    &format!("{QUEUE}, {}", b.name),
-                    b.adaptive.tei_queue_p99_ms,
-                    b.queue_limit_ms(),
-                    "ms",
-                )
-                .note_if_not_passed(format!(
-                    "the adaptive limit ended near {:.0} for batches of {}: more than two batches in flight leave \
-                     calls behind a second batch inside TEI; the limit steps back by the share of calls left behind \
-                     and holds 1,600 answers before probing again, so if the tail still reaches two batch times, \
-                     probes or their step back came more often than that (see the limit plot)",
-                    b.final_limit(),
-                    b.model.max_batch_requests.unwrap_or(0)
-                )),
-            );
-            let mut found = Target::info(
-                &scenario,
-                &format!("adaptive limit found its level after, {}", b.name),
-                b.found_after_s(),
-                "s",
-            );
-            if found.measured.is_none() {
-                found.note = format!(
-                    "the limit still moved by more than ±{:.0}% (and ±{FOUND_SLACK_CALLS:.0} calls) around {:.0} in the \
-                     last {FINAL_WINDOW_S:.0} s: it swings rather than settles. A round of the limit is half a \
-                     limit's answers (at least 4): with small batches that is one batch, so one batch's queue time \
-                     decides each step; rounds of several batches' answers, or a dead band around the target, would \
-                     damp it",
-                    SETTLE_BAND * 100.0,
-                    b.final_limit()
-                );
-            }
-            targets.push(found);
-        }
-        let settle = self.change.as_ref().map(|c| c.settle().map_or(f64::NAN, |s| s.after_s));
-        let target = Target::new(&scenario, SETTLE, settle, Rule::AtMost, SETTLE_LIMIT_S, "s");
-        targets.push(match (&self.change, &self.change_missing) {
-            (None, Some(why)) => target.note_if_not_passed(format!("not measured: {why}")),
-            (Some(c), _) => target.note_if_not_passed(format!(
-                "the limit was still moving more than ±{:.0}% within the last {FINAL_WINDOW_S:.0} s of the {:.0} s \
-                 after the change: it oscillates rather than settles (see the plot); a smaller step per round or a \
-                 longer round would damp it",
-                SETTLE_BAND * 100.0,
-                c.after_s
-            )),
-            (None, None) => target,
-        });
-        targets
-    }
-}
-
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::AdaptiveLimit.label();
-    let mut targets = Vec::new();
-    for (name, _) in backends() {
-        targets.push(Target::new(&scenario, &format!("{GOODPUT}, {name}"), None, Rule::AtLeast, GOODPUT_LIMIT, "×"));
-        targets.push(Target::new(&scenario, &format!("{QUEUE}, {name}"), None, Rule::AtMost, f64::NAN, "ms"));
-    }
-    targets.push(Target::new(&scenario, SETTLE, None, Rule::AtMost, SETTLE_LIMIT_S, "s"));
-    targets
-}
-
 /// Samples `teifleet_limit_in_flight` at `admin` every [`SAMPLE_EVERY`] until `stop`, timed from
 /// `zero`.
 async fn sample_limit(admin: SocketAddr, zero: Instant, mut stop: oneshot::Receiver<()>) -> Vec<LimitSample> {
@@ -506,34 +425,125 @@ async fn capacity_change(ctx: &Context, name: &str, model: SimModel, capacity: C
     })
 }
 
-pub async fn run(ctx: &Context) -> Result<AdaptiveLimit> {
-    if !mux_supports(&ctx.bins, "--adaptive") {
-        return Err(Error::Process("the multiplexer has no --adaptive flag".into()));
-    }
-    let mut results = Vec::new();
-    for (name, model) in backends() {
-        results.push(backend(ctx, &name, model).await?);
-    }
-    // The 25 ms backend: batches long enough that a round of the limit is a few batches.
-    let medium = &results[1];
-    let (name, model, capacity) = (medium.name.clone(), medium.model, medium.capacity);
-    let (change, change_missing) = match capacity_change(ctx, &name, model, capacity).await {
-        Ok(c) => (Some(c), None),
-        Err(e) => {
-            ctx.say(&format!("adaptive limit: capacity change not measured: {e}"));
-            (None, Some(e.to_string()))
+impl Measurement for AdaptiveLimit {
+    const KEY: &'static str = "adaptive-limit";
+    const TITLE: &'static str = "Adaptive limit: one --adaptive config vs the best static limit per backend";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        if !mux_supports(&ctx.bins, "--adaptive") {
+            return Err(Error::Process("the multiplexer has no --adaptive flag".into()));
         }
-    };
-    let (warm, seconds) = durations(ctx);
-    Ok(AdaptiveLimit {
-        limits: limits(CEILING),
-        warm_up_s: warm.as_secs_f64(),
-        adaptive_warm_up_s: adaptive_warm_up(ctx).as_secs_f64(),
-        seconds: seconds.as_secs_f64(),
-        backends: results,
-        change,
-        change_missing,
-    })
+        let mut results = Vec::new();
+        for (name, model) in backends() {
+            results.push(backend(ctx, &name, model).await?);
+        }
+        // The 25 ms backend: batches long enough that a round of the limit is a few batches.
+        let medium = &results[1];
+        let (name, model, capacity) = (medium.name.clone(), medium.model, medium.capacity);
+        let (change, change_missing) = match capacity_change(ctx, &name, model, capacity).await {
+            Ok(c) => (Some(c), None),
+            Err(e) => {
+                ctx.say(&format!("adaptive limit: capacity change not measured: {e}"));
+                (None, Some(e.to_string()))
+            }
+        };
+        let (warm, seconds) = durations(ctx);
+        Ok(AdaptiveLimit {
+            limits: limits(CEILING),
+            warm_up_s: warm.as_secs_f64(),
+            adaptive_warm_up_s: adaptive_warm_up(ctx).as_secs_f64(),
+            seconds: seconds.as_secs_f64(),
+            backends: results,
+            change,
+            change_missing,
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        let scenario = Scenario::AdaptiveLimit.label();
+        let mut targets = Vec::new();
+        for b in &self.backends {
+            let best = b.best_static().map_or(0, |s| s.limit);
+            targets.push(
+                Target::at_least(&scenario, &format!("{GOODPUT}, {}", b.name), b.goodput_ratio(), GOODPUT_LIMIT, "×")
+                    .note_if_not_passed(format!(
+                        "the best static limit was {best}, the adaptive limit ended near {:.0}: if it is far below, \
+                         TEI idled between batches (the limit shrinks on a TEI queue longer than a batch time; check \
+                         that a short queue with calls waiting lets it grow), if far above, the extra calls only \
+                         waited in TEI; a gap of a few percent at the same limit is run-to-run noise on 2 shared \
+                         cores",
+                        b.final_limit()
+                    )),
+            );
+            targets.push(
+                Target::at_most(
+                    &scenario,
+                    &format!("{QUEUE}, {}", b.name),
+                    b.adaptive.tei_queue_p99_ms,
+                    b.queue_limit_ms(),
+                    "ms",
+                )
+                .note_if_not_passed(format!(
+                    "the adaptive limit ended near {:.0} for batches of {}: more than two batches in flight leave \
+                     calls behind a second batch inside TEI; the limit steps back by the share of calls left behind \
+                     and holds 1,600 answers before probing again, so if the tail still reaches two batch times, \
+                     probes or their step back came more often than that (see the limit plot)",
+                    b.final_limit(),
+                    b.model.max_batch_requests.unwrap_or(0)
+                )),
+            );
+            let mut found = Target::info(
+                &scenario,
+                &format!("adaptive limit found its level after, {}", b.name),
+                b.found_after_s(),
+                "s",
+            );
+            if found.measured.is_none() {
+                found.note = format!(
+                    "the limit still moved by more than ±{:.0}% (and ±{FOUND_SLACK_CALLS:.0} calls) around {:.0} in the \
+                     last {FINAL_WINDOW_S:.0} s: it swings rather than settles. A round of the limit is half a \
+                     limit's answers (at least 4): with small batches that is one batch, so one batch's queue time \
+                     decides each step; rounds of several batches' answers, or a dead band around the target, would \
+                     damp it",
+                    SETTLE_BAND * 100.0,
+                    b.final_limit()
+                );
+            }
+            targets.push(found);
+        }
+        let settle = self.change.as_ref().map(|c| c.settle().map_or(f64::NAN, |s| s.after_s));
+        let target = Target::new(&scenario, SETTLE, settle, Rule::AtMost, SETTLE_LIMIT_S, "s");
+        targets.push(match (&self.change, &self.change_missing) {
+            (None, Some(why)) => target.note_if_not_passed(format!("not measured: {why}")),
+            (Some(c), _) => target.note_if_not_passed(format!(
+                "the limit was still moving more than ±{:.0}% within the last {FINAL_WINDOW_S:.0} s of the {:.0} s \
+                 after the change: it oscillates rather than settles (see the plot); a smaller step per round or a \
+                 longer round would damp it",
+                SETTLE_BAND * 100.0,
+                c.after_s
+            )),
+            (None, None) => target,
+        });
+        targets
+    }
+
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::AdaptiveLimit.label();
+        let mut targets = Vec::new();
+        for (name, _) in backends() {
+            targets.push(Target::new(
+                &scenario,
+                &format!("{GOODPUT}, {name}"),
+                None,
+                Rule::AtLeast,
+                GOODPUT_LIMIT,
+                "×",
+            ));
+            targets.push(Target::new(&scenario, &format!("{QUEUE}, {name}"), None, Rule::AtMost, f64::NAN, "ms"));
+        }
+        targets.push(Target::new(&scenario, SETTLE, None, Rule::AtMost, SETTLE_LIMIT_S, "s"));
+        targets
+    }
 }
 
 #[cfg(test)]
@@ -620,6 +630,6 @@ mod tests {
         // From 64 at the start to within ±20% of 10 by 1 s.
         assert_eq!(targets[2].measured, Some(1.0));
         assert!(targets[3].note.contains("no slowdown"), "{}", targets[3].note);
-        assert_eq!(planned_targets().len(), 7);
+        assert_eq!(AdaptiveLimit::planned_targets().len(), 7);
     }
 }

@@ -6,9 +6,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::{Context, Scenario, gpu_model, measure, warm_up, words};
+use super::{Context, Measurement, Scenario, gpu_model, measure, sim_and_mux, words};
 use crate::Result;
-use crate::procs::{self, Device, MuxLimits, SimModel};
+use crate::procs::{Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
 
 pub const CONCURRENCY: usize = 2048;
@@ -36,8 +36,41 @@ impl Burst {
     pub fn p99_ratio(&self) -> f64 {
         ratio(self.mux.latency.p99_ms, self.direct.latency.p99_ms)
     }
+}
 
-    pub fn targets(&self) -> Vec<Target> {
+impl Measurement for Burst {
+    const KEY: &'static str = "burst";
+    const TITLE: &'static str = "Burst: 2,048 concurrent clients, tiny inputs";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        // TEI admits the whole burst here (the auto-batching proxy's TEI answered all 20,000), so
+        // "direct" is a TEI queue 2,048 deep rather than instant refusals.
+        let backend = gpu_model(4096, Device::Sleep);
+        // The README's default queueTimeout; a queue that holds the whole burst.
+        let limits = MuxLimits {
+            max_in_flight: 16,
+            max_queued: CONCURRENCY,
+            queue_timeout: Duration::from_secs(2),
+            max_concurrent_streams: 1024,
+            coalesce: false,
+        };
+        let (sim, mux) = sim_and_mux(ctx, "burst", &backend, &limits, CONNECTIONS).await?;
+        let requests = ctx.pick(4000, 20_000);
+        let config = |target: String| LoadConfig {
+            connections: CONNECTIONS,
+            inputs: words(TOKENS),
+            duration: Duration::from_secs(240),
+            ..LoadConfig::closed(target, CONCURRENCY, requests)
+        };
+        ctx.say(&format!("burst: {requests} requests at concurrency {CONCURRENCY}, direct"));
+        let direct = measure(config(sim.url())).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!("burst: {requests} requests at concurrency {CONCURRENCY}, through the multiplexer"));
+        let mux = measure(config(mux.url())).await?;
+        Ok(Burst { backend, limits, requests, direct, mux })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Burst.label();
         vec![
             Target::at_least(&scenario, "throughput (OK/s) vs direct", self.throughput_ratio(), THROUGHPUT_LIMIT, "×")
@@ -57,43 +90,12 @@ impl Burst {
             ),
         ]
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::Burst.label();
-    vec![
-        Target::new(&scenario, "throughput (OK/s) vs direct", None, Rule::AtLeast, THROUGHPUT_LIMIT, "×"),
-        Target::new(&scenario, "p99 vs direct", None, Rule::AtMost, P99_LIMIT, "×"),
-    ]
-}
-
-pub async fn run(ctx: &Context) -> Result<Burst> {
-    // TEI admits the whole burst here (the auto-batching proxy's TEI answered all 20,000), so
-    // "direct" is a TEI queue 2,048 deep rather than instant refusals.
-    let backend = gpu_model(4096, Device::Sleep);
-    let sim = procs::start_sim(&ctx.bins, "burst-sim", &backend).await?;
-    // The README's default queueTimeout; a queue that holds the whole burst.
-    let limits = MuxLimits {
-        max_in_flight: 16,
-        max_queued: CONCURRENCY,
-        queue_timeout: Duration::from_secs(2),
-        max_concurrent_streams: 1024,
-        coalesce: false,
-    };
-    let mux = procs::start_mux(&ctx.bins, "burst-mux", &sim, &limits).await?;
-    warm_up(&sim.url(), CONNECTIONS).await?;
-    warm_up(&mux.url(), CONNECTIONS).await?;
-    let requests = ctx.pick(4000, 20_000);
-    let config = |target: String| LoadConfig {
-        connections: CONNECTIONS,
-        inputs: words(TOKENS),
-        duration: Duration::from_secs(240),
-        ..LoadConfig::closed(target, CONCURRENCY, requests)
-    };
-    ctx.say(&format!("burst: {requests} requests at concurrency {CONCURRENCY}, direct"));
-    let direct = measure(config(sim.url())).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.say(&format!("burst: {requests} requests at concurrency {CONCURRENCY}, through the multiplexer"));
-    let mux = measure(config(mux.url())).await?;
-    Ok(Burst { backend, limits, requests, direct, mux })
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Burst.label();
+        vec![
+            Target::new(&scenario, "throughput (OK/s) vs direct", None, Rule::AtLeast, THROUGHPUT_LIMIT, "×"),
+            Target::new(&scenario, "p99 vs direct", None, Rule::AtMost, P99_LIMIT, "×"),
+        ]
+    }
 }

@@ -17,7 +17,7 @@ use teifleet_load::inputs::{Inputs, QueryMix};
 use teifleet_load::{LoadConfig, Report};
 
 use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
-use super::{Context, Scenario, gpu_model, measure, warm_up};
+use super::{Context, Measurement, Scenario, gpu_model, measure, sim_and_mux, warm_up};
 use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
 use crate::{Error, Result, admin};
@@ -66,8 +66,67 @@ impl Coalescing {
     pub fn gain(&self) -> Option<f64> {
         self.with.as_ref().map(|w| ratio(w.report.goodput_rps, self.without.report.goodput_rps))
     }
+}
 
-    pub fn targets(&self) -> Vec<Target> {
+async fn zipf_run(ctx: &Context, sim: &Proc, mux: &Proc, rate: f64, duration: Duration) -> Result<CoalesceRun> {
+    let config = LoadConfig {
+        connections: 8,
+        deadline: Some(DEADLINE),
+        grace: Duration::from_secs(5),
+        inputs: Inputs::Queries(MIX),
+        seed: 9,
+        ..LoadConfig::open(mux.url(), rate, duration)
+    };
+    admin::reset_sim_stats(sim.admin_addr())
+        .await
+        .ok_or_else(|| Error::Process("could not reset the simulator".into()))?;
+    let report = measure(config).await?;
+    // Answers that came back after the client gave up still cost TEI a call: let them finish.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let stats = admin::sim_stats(sim.admin_addr()).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
+    let mux_coalesced = admin::metric_sum(mux.admin_addr(), "teifleet_coalesced_total").await.map(|n| n as u64);
+    ctx.say(&format!("coalescing: {} OK of {} sent, {} TEI calls", report.ok, report.sent, stats.completed));
+    Ok(CoalesceRun { report, tei_calls: stats.completed, mux_coalesced })
+}
+
+impl Measurement for Coalescing {
+    const KEY: &'static str = "coalescing";
+    const TITLE: &'static str = "Coalescing: a Zipf query mix at 2× capacity, with and without --coalesce";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = gpu_model(512, Device::Sleep);
+        let limits = mux_limits();
+        let (sim, plain) = sim_and_mux(ctx, "coalescing", &backend, &limits, 8).await?;
+        ctx.say("coalescing: measuring the backend's capacity");
+        let capacity = measure_capacity(ctx, &sim, MIX.tokens, 64).await?;
+        let rate = LOAD_FACTOR * capacity.rps;
+        let duration = ctx.pick(Duration::from_secs(4), Duration::from_secs(15));
+        ctx.say(&format!("coalescing: {rate:.0} req/s of Zipf queries, without --coalesce"));
+        let without = zipf_run(ctx, &sim, &plain, rate, duration).await?;
+        drop(plain);
+        let (with, with_missing) = if ctx.features.mux_coalesce {
+            let coalescing = MuxLimits { coalesce: true, ..limits };
+            let mux = procs::start_mux(&ctx.bins, "coalescing-mux-on", &sim, &coalescing).await?;
+            warm_up(&mux.url(), 8).await?;
+            ctx.say(&format!("coalescing: {rate:.0} req/s of Zipf queries, with --coalesce"));
+            (Some(zipf_run(ctx, &sim, &mux, rate, duration).await?), None)
+        } else {
+            (None, Some("the multiplexer has no --coalesce flag yet".to_owned()))
+        };
+        Ok(Coalescing {
+            backend,
+            limits,
+            capacity,
+            mix: MIX,
+            rate,
+            seconds: duration.as_secs_f64(),
+            without,
+            with,
+            with_missing,
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Coalescing.label();
         let gain = Target::new(&scenario, GAIN, self.gain(), Rule::AtLeast, GAIN_LIMIT, "×");
         let gain = match (&self.with, &self.with_missing) {
@@ -96,67 +155,10 @@ impl Coalescing {
             ),
         ]
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    vec![Target::new(&Scenario::Coalescing.label(), GAIN, None, Rule::AtLeast, GAIN_LIMIT, "×")]
-}
-
-async fn zipf_run(ctx: &Context, sim: &Proc, mux: &Proc, rate: f64, duration: Duration) -> Result<CoalesceRun> {
-    let config = LoadConfig {
-        connections: 8,
-        deadline: Some(DEADLINE),
-        grace: Duration::from_secs(5),
-        inputs: Inputs::Queries(MIX),
-        seed: 9,
-        ..LoadConfig::open(mux.url(), rate, duration)
-    };
-    admin::reset_sim_stats(sim.admin_addr())
-        .await
-        .ok_or_else(|| Error::Process("could not reset the simulator".into()))?;
-    let report = measure(config).await?;
-    // Answers that came back after the client gave up still cost TEI a call: let them finish.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let stats = admin::sim_stats(sim.admin_addr()).await.ok_or_else(|| Error::Process("no simulator /stats".into()))?;
-    let mux_coalesced = admin::metric_sum(mux.admin_addr(), "teifleet_coalesced_total").await.map(|n| n as u64);
-    ctx.say(&format!("coalescing: {} OK of {} sent, {} TEI calls", report.ok, report.sent, stats.completed));
-    Ok(CoalesceRun { report, tei_calls: stats.completed, mux_coalesced })
-}
-
-pub async fn run(ctx: &Context) -> Result<Coalescing> {
-    let backend = gpu_model(512, Device::Sleep);
-    let sim = procs::start_sim(&ctx.bins, "coalescing-sim", &backend).await?;
-    let limits = mux_limits();
-    let plain = procs::start_mux(&ctx.bins, "coalescing-mux", &sim, &limits).await?;
-    warm_up(&sim.url(), 8).await?;
-    warm_up(&plain.url(), 8).await?;
-    ctx.say("coalescing: measuring the backend's capacity");
-    let capacity = measure_capacity(ctx, &sim, MIX.tokens, 64).await?;
-    let rate = LOAD_FACTOR * capacity.rps;
-    let duration = ctx.pick(Duration::from_secs(4), Duration::from_secs(15));
-    ctx.say(&format!("coalescing: {rate:.0} req/s of Zipf queries, without --coalesce"));
-    let without = zipf_run(ctx, &sim, &plain, rate, duration).await?;
-    drop(plain);
-    let (with, with_missing) = if ctx.features.mux_coalesce {
-        let coalescing = MuxLimits { coalesce: true, ..limits };
-        let mux = procs::start_mux(&ctx.bins, "coalescing-mux-on", &sim, &coalescing).await?;
-        warm_up(&mux.url(), 8).await?;
-        ctx.say(&format!("coalescing: {rate:.0} req/s of Zipf queries, with --coalesce"));
-        (Some(zipf_run(ctx, &sim, &mux, rate, duration).await?), None)
-    } else {
-        (None, Some("the multiplexer has no --coalesce flag yet".to_owned()))
-    };
-    Ok(Coalescing {
-        backend,
-        limits,
-        capacity,
-        mix: MIX,
-        rate,
-        seconds: duration.as_secs_f64(),
-        without,
-        with,
-        with_missing,
-    })
+    fn planned_targets() -> Vec<Target> {
+        vec![Target::new(&Scenario::Coalescing.label(), GAIN, None, Rule::AtLeast, GAIN_LIMIT, "×")]
+    }
 }
 
 #[cfg(test)]

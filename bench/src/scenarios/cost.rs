@@ -13,7 +13,7 @@ use teifleet_load::LoadConfig;
 use teifleet_testkit::http;
 use tokio::time::Instant;
 
-use super::{Context, Scenario, fast_model, measure, warm_up};
+use super::{Context, Measurement, Scenario, fast_model, measure, warm_up};
 use crate::floor::Stack;
 use crate::procfs::CpuMeter;
 use crate::procs::{self, HaproxyMode, MuxLimits, Proc, SimModel};
@@ -172,8 +172,30 @@ pub struct Cost {
     pub memory_held: Option<Memory>,
 }
 
-impl Cost {
-    pub fn targets(&self) -> Vec<Target> {
+impl Measurement for Cost {
+    const KEY: &'static str = "cost";
+    const TITLE: &'static str = "Cost: CPU and instructions per call, memory per queued call";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = fast_model();
+        let sim = procs::start_sim(&ctx.bins, "cost-sim", &backend).await?;
+        let limits = limits();
+        let cpu = cpu_per_call(ctx, &sim, &limits).await?;
+        let (instructions, instructions_missing) = if ctx.features.valgrind {
+            match instructions_per_call(ctx, &sim, &limits).await {
+                Ok(i) => (Some(i), None),
+                Err(e) => (None, Some(e.to_string())),
+            }
+        } else {
+            (None, Some("valgrind is not installed".to_owned()))
+        };
+        drop(sim);
+        let memory = rss_per_waiting(ctx, Waiting::Queued).await?;
+        let memory_held = Some(rss_per_waiting(ctx, Waiting::AtTheDoor).await?);
+        Ok(Cost { backend, limits, cpu, instructions, instructions_missing, memory, memory_held })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Cost.label();
         let cpu = &self.cpu;
         let instructions = Target::info(
@@ -263,42 +285,30 @@ impl Cost {
         }
         targets
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::Cost.label();
-    vec![
-        Target::new(
-            &scenario,
-            "CPU per proxied call ÷ simulator's per served call",
-            None,
-            Rule::AtMost,
-            CPU_RATIO_LIMIT,
-            "×",
-        ),
-        Target::new(&scenario, "multiplexer ÷ HAProxy h2, CPU per call", None, Rule::AtMost, HAPROXY_RATIO_LIMIT, "×"),
-        Target::new(&scenario, "RSS per queued request", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
-        Target::new(&scenario, "RSS per request held at the door", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
-    ]
-}
-
-pub async fn run(ctx: &Context) -> Result<Cost> {
-    let backend = fast_model();
-    let sim = procs::start_sim(&ctx.bins, "cost-sim", &backend).await?;
-    let limits = limits();
-    let cpu = cpu_per_call(ctx, &sim, &limits).await?;
-    let (instructions, instructions_missing) = if ctx.features.valgrind {
-        match instructions_per_call(ctx, &sim, &limits).await {
-            Ok(i) => (Some(i), None),
-            Err(e) => (None, Some(e.to_string())),
-        }
-    } else {
-        (None, Some("valgrind is not installed".to_owned()))
-    };
-    drop(sim);
-    let memory = rss_per_waiting(ctx, Waiting::Queued).await?;
-    let memory_held = Some(rss_per_waiting(ctx, Waiting::AtTheDoor).await?);
-    Ok(Cost { backend, limits, cpu, instructions, instructions_missing, memory, memory_held })
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Cost.label();
+        vec![
+            Target::new(
+                &scenario,
+                "CPU per proxied call ÷ simulator's per served call",
+                None,
+                Rule::AtMost,
+                CPU_RATIO_LIMIT,
+                "×",
+            ),
+            Target::new(
+                &scenario,
+                "multiplexer ÷ HAProxy h2, CPU per call",
+                None,
+                Rule::AtMost,
+                HAPROXY_RATIO_LIMIT,
+                "×",
+            ),
+            Target::new(&scenario, "RSS per queued request", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
+            Target::new(&scenario, "RSS per request held at the door", None, Rule::AtMost, RSS_LIMIT_BYTES, "bytes"),
+        ]
+    }
 }
 
 async fn cpu_per_call(ctx: &Context, sim: &Proc, limits: &MuxLimits) -> Result<CpuRun> {

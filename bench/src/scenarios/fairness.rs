@@ -12,7 +12,7 @@ use teifleet_load::{LoadConfig, Report};
 
 use super::adaptive::mux_supports;
 use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
-use super::{Context, Scenario, gpu_model, measure, warm_up, words};
+use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up, words};
 use crate::procs::{self, Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
 use crate::{Error, Result};
@@ -66,8 +66,67 @@ impl Fairness {
     pub fn light_p99_ratio(&self) -> f64 {
         ratio(self.mux.light.latency.p99_ms, self.light_alone.latency.p99_ms)
     }
+}
 
-    pub fn targets(&self) -> Vec<Target> {
+fn load(target: String, tenant: &str, rate: f64, duration: Duration, connections: usize, seed: u64) -> LoadConfig {
+    LoadConfig {
+        connections,
+        deadline: Some(DEADLINE),
+        grace: Duration::from_secs(3),
+        inputs: words(TOKENS),
+        tenant: Some(tenant.into()),
+        seed,
+        ..LoadConfig::open(target, rate, duration)
+    }
+}
+
+/// A's flood and B's light load at once, as two tasks.
+async fn pair(target: &str, capacity: f64, duration: Duration) -> Result<Pair> {
+    let flood = load(target.into(), FLOOD, FLOOD_FACTOR * capacity, duration, 8, 11);
+    let light = load(target.into(), LIGHT, LIGHT_FACTOR * capacity, duration, 2, 12);
+    let (flood, light) = tokio::join!(measure(flood), measure(light));
+    Ok(Pair { flood: flood?, light: light? })
+}
+
+impl Measurement for Fairness {
+    const KEY: &'static str = "fairness";
+    const TITLE: &'static str = "Fairness: a tenant flooding at 5× capacity beside a light one";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        if !mux_supports(&ctx.bins, "--tenant") {
+            return Err(Error::Process("the multiplexer has no --tenant flag (no fair queuing)".into()));
+        }
+        let backend = gpu_model(512, Device::Sleep);
+        let sim = procs::start_sim(&ctx.bins, "fairness-sim", &backend).await?;
+        let limits = mux_limits();
+        // Equal weights, said explicitly so the multiplexer keeps per-tenant series for both.
+        let weights = [format!("--tenant={FLOOD}=1"), format!("--tenant={LIGHT}=1")];
+        let mux = procs::start_mux_with(&ctx.bins, "fairness-mux", &sim, &limits, &weights).await?;
+        warm_up(&sim.url(), 8).await?;
+        warm_up(&mux.url(), 8).await?;
+        ctx.say("fairness: measuring the backend's capacity");
+        let capacity = measure_capacity(ctx, &sim, TOKENS, 64).await?;
+        let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(10));
+        let light_rate = LIGHT_FACTOR * capacity.rps;
+        ctx.say(&format!("fairness: B alone at {light_rate:.0} req/s through the multiplexer"));
+        let light_alone = measure(load(mux.url(), LIGHT, light_rate, duration, 2, 12)).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!(
+            "fairness: A at {:.0} req/s and B at {light_rate:.0} req/s through the multiplexer",
+            FLOOD_FACTOR * capacity.rps
+        ));
+        let through = pair(&mux.url(), capacity.rps, duration).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say("fairness: the same two loads direct to TEI");
+        let direct = pair(&sim.url(), capacity.rps, duration).await?;
+        ctx.say(&format!(
+            "fairness: B got {}/{} beside the flood ({}/{} direct)",
+            through.light.ok_in_time, through.light.sent, direct.light.ok_in_time, direct.light.sent
+        ));
+        Ok(Fairness { backend, limits, capacity, seconds: duration.as_secs_f64(), light_alone, mux: through, direct })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Fairness.label();
         let b = &self.mux.light;
         vec![
@@ -111,69 +170,15 @@ impl Fairness {
             ),
         ]
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::Fairness.label();
-    vec![
-        Target::new(&scenario, LIGHT_GOODPUT, None, Rule::AtLeast, LIGHT_GOODPUT_LIMIT, "×"),
-        Target::new(&scenario, LIGHT_P99, None, Rule::AtMost, LIGHT_P99_LIMIT, "×"),
-        Target::new(&scenario, TOTAL, None, Rule::AtLeast, TOTAL_GOODPUT_LIMIT, "× capacity"),
-    ]
-}
-
-fn load(target: String, tenant: &str, rate: f64, duration: Duration, connections: usize, seed: u64) -> LoadConfig {
-    LoadConfig {
-        connections,
-        deadline: Some(DEADLINE),
-        grace: Duration::from_secs(3),
-        inputs: words(TOKENS),
-        tenant: Some(tenant.into()),
-        seed,
-        ..LoadConfig::open(target, rate, duration)
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Fairness.label();
+        vec![
+            Target::new(&scenario, LIGHT_GOODPUT, None, Rule::AtLeast, LIGHT_GOODPUT_LIMIT, "×"),
+            Target::new(&scenario, LIGHT_P99, None, Rule::AtMost, LIGHT_P99_LIMIT, "×"),
+            Target::new(&scenario, TOTAL, None, Rule::AtLeast, TOTAL_GOODPUT_LIMIT, "× capacity"),
+        ]
     }
-}
-
-/// A's flood and B's light load at once, as two tasks.
-async fn pair(target: &str, capacity: f64, duration: Duration) -> Result<Pair> {
-    let flood = load(target.into(), FLOOD, FLOOD_FACTOR * capacity, duration, 8, 11);
-    let light = load(target.into(), LIGHT, LIGHT_FACTOR * capacity, duration, 2, 12);
-    let (flood, light) = tokio::join!(measure(flood), measure(light));
-    Ok(Pair { flood: flood?, light: light? })
-}
-
-pub async fn run(ctx: &Context) -> Result<Fairness> {
-    if !mux_supports(&ctx.bins, "--tenant") {
-        return Err(Error::Process("the multiplexer has no --tenant flag (no fair queuing)".into()));
-    }
-    let backend = gpu_model(512, Device::Sleep);
-    let sim = procs::start_sim(&ctx.bins, "fairness-sim", &backend).await?;
-    let limits = mux_limits();
-    // Equal weights, said explicitly so the multiplexer keeps per-tenant series for both.
-    let weights = [format!("--tenant={FLOOD}=1"), format!("--tenant={LIGHT}=1")];
-    let mux = procs::start_mux_with(&ctx.bins, "fairness-mux", &sim, &limits, &weights).await?;
-    warm_up(&sim.url(), 8).await?;
-    warm_up(&mux.url(), 8).await?;
-    ctx.say("fairness: measuring the backend's capacity");
-    let capacity = measure_capacity(ctx, &sim, TOKENS, 64).await?;
-    let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(10));
-    let light_rate = LIGHT_FACTOR * capacity.rps;
-    ctx.say(&format!("fairness: B alone at {light_rate:.0} req/s through the multiplexer"));
-    let light_alone = measure(load(mux.url(), LIGHT, light_rate, duration, 2, 12)).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.say(&format!(
-        "fairness: A at {:.0} req/s and B at {light_rate:.0} req/s through the multiplexer",
-        FLOOD_FACTOR * capacity.rps
-    ));
-    let through = pair(&mux.url(), capacity.rps, duration).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.say("fairness: the same two loads direct to TEI");
-    let direct = pair(&sim.url(), capacity.rps, duration).await?;
-    ctx.say(&format!(
-        "fairness: B got {}/{} beside the flood ({}/{} direct)",
-        through.light.ok_in_time, through.light.sent, direct.light.ok_in_time, direct.light.sent
-    ));
-    Ok(Fairness { backend, limits, capacity, seconds: duration.as_secs_f64(), light_alone, mux: through, direct })
 }
 
 #[cfg(test)]
@@ -207,6 +212,6 @@ mod tests {
         assert!((t[2].measured.unwrap() - 348.0 / 350.0).abs() < 1e-9);
         assert_eq!(t[2].verdict, Verdict::Pass);
         assert_eq!(t[3].verdict, Verdict::Info);
-        assert_eq!(planned_targets().len(), 3);
+        assert_eq!(Fairness::planned_targets().len(), 3);
     }
 }

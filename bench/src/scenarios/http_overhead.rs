@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Protocol};
 
 use super::{
-    Context, Sample, Scenario, added_p50_us, interleaved, measure, median_of, precise_model, samples, unhurried_limits,
-    warm_up,
+    Context, Measurement, Sample, Scenario, added_p50_us, interleaved, measure, median_of, precise_model, samples,
+    unhurried_limits, warm_up,
 };
 use crate::Result;
 use crate::procs::{self, Bins, Device, MuxLimits, Proc, SimModel};
@@ -104,30 +104,6 @@ pub struct HttpOverhead {
     pub cases: Vec<CaseResult>,
 }
 
-impl HttpOverhead {
-    pub fn targets(&self) -> Vec<Target> {
-        let scenario = Scenario::HttpOverhead.label();
-        let mut targets = Vec::new();
-        for c in &self.cases {
-            let Some(limit) = limit(c.case) else { continue };
-            let name = c.case.target_name();
-            let judged = format!("HTTP ÷ gRPC p50 through the sidecar, {name}");
-            let mut target = Target::at_most(&scenario, &judged, c.http_vs_grpc(), limit, "×");
-            if self.backend.device == Device::Sleep && c.case != Case::Info {
-                target = target.skip_because(
-                    "the simulator has no --device spin: a sleeping device rounds to 1 ms timer ticks and a closed \
-                     loop phase-locks to them, which hides or inflates a hop's microseconds",
-                );
-            }
-            targets.push(target.note_if_not_passed(fix_note(c)));
-            let added = |protocol: &str| format!("{protocol} added p50 over gRPC direct, {name}");
-            targets.push(Target::info(&scenario, &added("HTTP"), Some(c.http_added_us()), "µs"));
-            targets.push(Target::info(&scenario, &added("gRPC"), Some(c.grpc_added_us()), "µs"));
-        }
-        targets
-    }
-}
-
 fn fix_note(c: &CaseResult) -> String {
     format!(
         "an HTTP client waited {:.0} µs at the median where a gRPC client of the same sidecar waited {:.0} µs: the \
@@ -136,17 +112,6 @@ fn fix_note(c: &CaseResult) -> String {
         CaseResult::p50_ms(&c.http) * 1e3,
         CaseResult::p50_ms(&c.grpc) * 1e3
     )
-}
-
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::HttpOverhead.label();
-    CASES
-        .iter()
-        .filter_map(|c| {
-            let name = format!("HTTP ÷ gRPC p50 through the sidecar, {}", c.target_name());
-            limit(*c).map(|limit| Target::new(&scenario, &name, None, Rule::AtMost, limit, "×"))
-        })
-        .collect()
 }
 
 /// The multiplexer in front of `upstream` with its HTTP front on a port of its own; returns it
@@ -169,33 +134,71 @@ pub async fn warm_up_http(target: &str, concurrency: usize) -> Result<()> {
     measure(config).await.map(|_| ())
 }
 
-pub async fn run(ctx: &Context) -> Result<HttpOverhead> {
-    let backend = precise_model(ctx.features);
-    let sim = procs::start_sim(&ctx.bins, "http-overhead-sim", &backend).await?;
-    let limits = unhurried_limits();
-    let (mux, http) = start_mux_with_http(&ctx.bins, "http-overhead-mux", &sim, &limits).await?;
-    warm_up(&sim.url(), 1).await?;
-    warm_up(&mux.url(), 1).await?;
-    warm_up_http(&http, 1).await?;
-    let targets = [sim.url(), mux.url(), http.clone()];
-    let protocol = |target: &str| if target == http { Protocol::Http } else { Protocol::Grpc };
-    let rounds = ctx.pick(3, 5);
-    let mut cases = Vec::new();
-    for case in CASES {
-        ctx.say(&format!("http overhead: {}, {rounds} rounds", label(case)));
-        let calls = case.calls(ctx.quick);
-        let mut sides = interleaved(&targets, rounds, |t| config(case, t, protocol(t), calls)).await?.into_iter();
-        let (direct, grpc, http) =
-            (sides.next().unwrap_or_default(), sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
-        cases.push(CaseResult {
-            case,
-            calls_per_round: calls,
-            direct: samples(&direct),
-            grpc: samples(&grpc),
-            http: samples(&http),
-        });
+impl Measurement for HttpOverhead {
+    const KEY: &'static str = "http-overhead";
+    const TITLE: &'static str = "HTTP overhead: TEI's HTTP API through the sidecar vs gRPC through it vs direct";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = precise_model(ctx.features);
+        let sim = procs::start_sim(&ctx.bins, "http-overhead-sim", &backend).await?;
+        let limits = unhurried_limits();
+        let (mux, http) = start_mux_with_http(&ctx.bins, "http-overhead-mux", &sim, &limits).await?;
+        warm_up(&sim.url(), 1).await?;
+        warm_up(&mux.url(), 1).await?;
+        warm_up_http(&http, 1).await?;
+        let targets = [sim.url(), mux.url(), http.clone()];
+        let protocol = |target: &str| if target == http { Protocol::Http } else { Protocol::Grpc };
+        let rounds = ctx.pick(3, 5);
+        let mut cases = Vec::new();
+        for case in CASES {
+            ctx.say(&format!("http overhead: {}, {rounds} rounds", label(case)));
+            let calls = case.calls(ctx.quick);
+            let mut sides = interleaved(&targets, rounds, |t| config(case, t, protocol(t), calls)).await?.into_iter();
+            let (direct, grpc, http) =
+                (sides.next().unwrap_or_default(), sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
+            cases.push(CaseResult {
+                case,
+                calls_per_round: calls,
+                direct: samples(&direct),
+                grpc: samples(&grpc),
+                http: samples(&http),
+            });
+        }
+        Ok(HttpOverhead { backend, limits, rounds, cases })
     }
-    Ok(HttpOverhead { backend, limits, rounds, cases })
+
+    fn targets(&self) -> Vec<Target> {
+        let scenario = Scenario::HttpOverhead.label();
+        let mut targets = Vec::new();
+        for c in &self.cases {
+            let Some(limit) = limit(c.case) else { continue };
+            let name = c.case.target_name();
+            let judged = format!("HTTP ÷ gRPC p50 through the sidecar, {name}");
+            let mut target = Target::at_most(&scenario, &judged, c.http_vs_grpc(), limit, "×");
+            if self.backend.device == Device::Sleep && c.case != Case::Info {
+                target = target.skip_because(
+                    "the simulator has no --device spin: a sleeping device rounds to 1 ms timer ticks and a closed \
+                     loop phase-locks to them, which hides or inflates a hop's microseconds",
+                );
+            }
+            targets.push(target.note_if_not_passed(fix_note(c)));
+            let added = |protocol: &str| format!("{protocol} added p50 over gRPC direct, {name}");
+            targets.push(Target::info(&scenario, &added("HTTP"), Some(c.http_added_us()), "µs"));
+            targets.push(Target::info(&scenario, &added("gRPC"), Some(c.grpc_added_us()), "µs"));
+        }
+        targets
+    }
+
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::HttpOverhead.label();
+        CASES
+            .iter()
+            .filter_map(|c| {
+                let name = format!("HTTP ÷ gRPC p50 through the sidecar, {}", c.target_name());
+                limit(*c).map(|limit| Target::new(&scenario, &name, None, Rule::AtMost, limit, "×"))
+            })
+            .collect()
+    }
 }
 
 #[cfg(test)]

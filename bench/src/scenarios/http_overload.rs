@@ -11,7 +11,7 @@ use teifleet_load::{LoadConfig, Protocol, Report};
 
 use super::http_overhead::{start_mux_with_http, warm_up_http};
 use super::overload::{Capacity, DEADLINE, GOODPUT_LIMIT, OVERLOADED, measure_capacity, mux_limits};
-use super::{Context, Scenario, gpu_model, measure, warm_up};
+use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up};
 use crate::Result;
 use crate::procs::{self, Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
@@ -44,8 +44,65 @@ pub struct HttpOverload {
     pub rows: Vec<Row>,
 }
 
-impl HttpOverload {
-    pub fn targets(&self) -> Vec<Target> {
+/// Why HTTP fell short: refusals that took long (connections opened under load, or CPU), or
+/// answers that missed the deadline.
+fn http_note(row: &Row) -> String {
+    let (h, g) = (&row.http, &row.grpc);
+    format!(
+        "over HTTP {:.1}% of calls were refused or late (shed p99 {:.1} ms, OK p99 {:.0} ms) against {:.1}% over gRPC \
+         (shed p99 {:.1} ms, OK p99 {:.0} ms). HTTP/1.1 holds a connection per call in flight, so a burst opens \
+         connections while it is being refused, and each request costs the HTTP front JSON work the gRPC path \
+         does not do; the per-point JSON files (connections, codes, lateness) and a CPU profile of the \
+         multiplexer at this load tell which of the two took the goodput",
+        h.failed_fraction() * 100.0,
+        h.response_failed.p99_ms,
+        h.latency_ok.p99_ms,
+        g.failed_fraction() * 100.0,
+        g.response_failed.p99_ms,
+        g.latency_ok.p99_ms
+    )
+}
+
+impl Measurement for HttpOverload {
+    const KEY: &'static str = "http-overload";
+    const TITLE: &'static str = "HTTP overload: goodput at 2× to 10× capacity over HTTP vs gRPC, one sidecar";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = gpu_model(512, Device::Sleep);
+        let sim = procs::start_sim(&ctx.bins, "http-overload-sim", &backend).await?;
+        let limits = mux_limits();
+        let (mux, http) = start_mux_with_http(&ctx.bins, "http-overload-mux", &sim, &limits).await?;
+        warm_up(&sim.url(), 8).await?;
+        warm_up(&mux.url(), 8).await?;
+        warm_up_http(&http, 8).await?;
+        ctx.say("http overload: measuring the backend's capacity");
+        let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
+        ctx.say(&format!("http overload: capacity {:.1} req/s, batch {:.2} ms", capacity.rps, capacity.batch_ms));
+
+        let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(15));
+        let mut rows = Vec::new();
+        for (i, factor) in OVERLOADED.iter().enumerate() {
+            let rate = factor * capacity.rps;
+            let config = |target: String, protocol: Protocol| LoadConfig {
+                protocol,
+                connections: 8,
+                deadline: Some(DEADLINE),
+                grace: Duration::from_secs(5),
+                seed: 200 + i as u64,
+                ..LoadConfig::open(target, rate, duration)
+            };
+            ctx.say(&format!("http overload: {factor}× = {rate:.0} req/s over gRPC"));
+            let grpc = measure(config(mux.url(), Protocol::Grpc)).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            ctx.say(&format!("http overload: {factor}× = {rate:.0} req/s over HTTP"));
+            let over_http = measure(config(http.clone(), Protocol::Http)).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            rows.push(Row { factor: *factor, grpc, http: over_http });
+        }
+        Ok(HttpOverload { backend, limits, capacity, seconds_per_point: duration.as_secs(), rows })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::HttpOverload.label();
         let mut targets = Vec::new();
         for row in &self.rows {
@@ -79,84 +136,30 @@ impl HttpOverload {
         }
         targets
     }
-}
 
-/// Why HTTP fell short: refusals that took long (connections opened under load, or CPU), or
-/// answers that missed the deadline.
-fn http_note(row: &Row) -> String {
-    let (h, g) = (&row.http, &row.grpc);
-    format!(
-        "over HTTP {:.1}% of calls were refused or late (shed p99 {:.1} ms, OK p99 {:.0} ms) against {:.1}% over gRPC \
-         (shed p99 {:.1} ms, OK p99 {:.0} ms). HTTP/1.1 holds a connection per call in flight, so a burst opens \
-         connections while it is being refused, and each request costs the HTTP front JSON work the gRPC path \
-         does not do; the per-point JSON files (connections, codes, lateness) and a CPU profile of the \
-         multiplexer at this load tell which of the two took the goodput",
-        h.failed_fraction() * 100.0,
-        h.response_failed.p99_ms,
-        h.latency_ok.p99_ms,
-        g.failed_fraction() * 100.0,
-        g.response_failed.p99_ms,
-        g.latency_ok.p99_ms
-    )
-}
-
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::HttpOverload.label();
-    let mut targets = Vec::new();
-    for f in OVERLOADED {
-        targets.push(Target::new(
-            &scenario,
-            &format!("HTTP goodput at {f}×"),
-            None,
-            Rule::AtLeast,
-            GOODPUT_LIMIT,
-            "× capacity",
-        ));
-        targets.push(Target::new(
-            &scenario,
-            &format!("HTTP ÷ gRPC goodput at {f}×"),
-            None,
-            Rule::AtLeast,
-            VS_GRPC_LIMIT,
-            "×",
-        ));
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::HttpOverload.label();
+        let mut targets = Vec::new();
+        for f in OVERLOADED {
+            targets.push(Target::new(
+                &scenario,
+                &format!("HTTP goodput at {f}×"),
+                None,
+                Rule::AtLeast,
+                GOODPUT_LIMIT,
+                "× capacity",
+            ));
+            targets.push(Target::new(
+                &scenario,
+                &format!("HTTP ÷ gRPC goodput at {f}×"),
+                None,
+                Rule::AtLeast,
+                VS_GRPC_LIMIT,
+                "×",
+            ));
+        }
+        targets
     }
-    targets
-}
-
-pub async fn run(ctx: &Context) -> Result<HttpOverload> {
-    let backend = gpu_model(512, Device::Sleep);
-    let sim = procs::start_sim(&ctx.bins, "http-overload-sim", &backend).await?;
-    let limits = mux_limits();
-    let (mux, http) = start_mux_with_http(&ctx.bins, "http-overload-mux", &sim, &limits).await?;
-    warm_up(&sim.url(), 8).await?;
-    warm_up(&mux.url(), 8).await?;
-    warm_up_http(&http, 8).await?;
-    ctx.say("http overload: measuring the backend's capacity");
-    let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
-    ctx.say(&format!("http overload: capacity {:.1} req/s, batch {:.2} ms", capacity.rps, capacity.batch_ms));
-
-    let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(15));
-    let mut rows = Vec::new();
-    for (i, factor) in OVERLOADED.iter().enumerate() {
-        let rate = factor * capacity.rps;
-        let config = |target: String, protocol: Protocol| LoadConfig {
-            protocol,
-            connections: 8,
-            deadline: Some(DEADLINE),
-            grace: Duration::from_secs(5),
-            seed: 200 + i as u64,
-            ..LoadConfig::open(target, rate, duration)
-        };
-        ctx.say(&format!("http overload: {factor}× = {rate:.0} req/s over gRPC"));
-        let grpc = measure(config(mux.url(), Protocol::Grpc)).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        ctx.say(&format!("http overload: {factor}× = {rate:.0} req/s over HTTP"));
-        let over_http = measure(config(http.clone(), Protocol::Http)).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        rows.push(Row { factor: *factor, grpc, http: over_http });
-    }
-    Ok(HttpOverload { backend, limits, capacity, seconds_per_point: duration.as_secs(), rows })
 }
 
 /// The admitted-latency bound of scenario 2, for the section's text.
@@ -196,6 +199,6 @@ mod tests {
         assert_eq!(verdicts[4], ("HTTP ÷ gRPC goodput at 5×".into(), Verdict::Fail));
         assert!(targets[3].note.contains("over HTTP"), "{}", targets[3].note);
         assert_eq!(admitted_limit_ms(&result), 548.0);
-        assert_eq!(planned_targets().len(), 2 * OVERLOADED.len());
+        assert_eq!(HttpOverload::planned_targets().len(), 2 * OVERLOADED.len());
     }
 }

@@ -14,7 +14,7 @@ use teifleet_crds::EmbeddingPool;
 use teifleet_load::summary::{Latencies, Summary};
 use tokio::time::Instant;
 
-use super::{Context, Scenario, fast_model};
+use super::{Context, Measurement, Scenario, fast_model};
 use crate::procs::{self, Proc};
 use crate::targets::{Rule, Target};
 use crate::{Error, Result, admin};
@@ -32,29 +32,32 @@ pub struct LiveLimits {
     pub summary: Summary,
 }
 
-impl LiveLimits {
-    pub fn targets(&self) -> Vec<Target> {
+impl Measurement for LiveLimits {
+    const KEY: &'static str = "live-limits";
+    const TITLE: &'static str = "Live limit change latency (local control plane)";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let Some(kubeconfig) = ctx.kubeconfig.clone() else {
+            return Err(Error::Process(
+                "no local control plane: run through `make bench` (starts one) or pass --kubeconfig".into(),
+            ));
+        };
+        if !ctx.bins.path("teifleet-operator").is_file() {
+            return Err(Error::Process("teifleet-operator is not built".into()));
+        }
+        measure_edits(ctx, &kubeconfig).await
+    }
+
+    fn targets(&self) -> Vec<Target> {
         vec![
             Target::at_most(&Scenario::LiveLimits.label(), TARGET, self.summary.p99_ms, LIMIT_MS, "ms")
                 .note_if_not_passed("the operator's reconcile or the sidecar's watch is slow to see the change"),
         ]
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    vec![Target::new(&Scenario::LiveLimits.label(), TARGET, None, Rule::AtMost, LIMIT_MS, "ms")]
-}
-
-pub async fn run(ctx: &Context) -> Result<LiveLimits> {
-    let Some(kubeconfig) = ctx.kubeconfig.clone() else {
-        return Err(Error::Process(
-            "no local control plane: run through `make bench` (starts one) or pass --kubeconfig".into(),
-        ));
-    };
-    if !ctx.bins.path("teifleet-operator").is_file() {
-        return Err(Error::Process("teifleet-operator is not built".into()));
+    fn planned_targets() -> Vec<Target> {
+        vec![Target::new(&Scenario::LiveLimits.label(), TARGET, None, Rule::AtMost, LIMIT_MS, "ms")]
     }
-    measure_edits(ctx, &kubeconfig).await
 }
 
 async fn limit_in_flight(sidecar: &Proc) -> Option<f64> {

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::{Call, LoadConfig};
 
 use super::{
-    Context, FloorSides, Sample, Scenario, added_p50_us, interleaved, median_of, precise_model, samples,
+    Context, FloorSides, Measurement, Sample, Scenario, added_p50_us, interleaved, median_of, precise_model, samples,
     unhurried_limits, warm_up, words,
 };
 use crate::Result;
@@ -169,8 +169,96 @@ pub struct Overhead {
     pub haproxy_missing: Option<String>,
 }
 
-impl Overhead {
-    pub fn targets(&self) -> Vec<Target> {
+/// Why a device-time target is not judged on a sleeping simulator.
+const SLEEPING_DEVICE: &str = "the simulator has no --device spin yet: a sleeping device rounds to 1 ms timer ticks and \
+                               a closed loop phase-locks to them, which hides or inflates a hop's microseconds";
+
+/// Why the multiplexer adds more than HAProxy h2, from the floors of the same run.
+fn vs_haproxy_note(c: &CaseResult) -> String {
+    let floor = |added: Option<f64>| match added {
+        Some(us) => format!("{us:.0} µs ({})", c.over_haproxy_h2(us).map_or("n/a".into(), |r| format!("{r:.2}×"))),
+        None => "n/a (not built)".into(),
+    };
+    format!(
+        "the multiplexer adds {:.0} µs; in the same rounds a bare tonic proxy adds {} and a bare proxy on the h2 \
+         crate alone {}. The multiplexer's unary calls are on h2 directly on both sides (the gRPC port's server \
+         and the upstream client), so what it adds above the h2 floor is its own work per call: routing, the key \
+         check, admission, metrics, the load report and the call's accounting; the h2 floor's ratio is the least \
+         a data path on h2 could reach here",
+        c.added_us(),
+        floor(c.floor_added_us()),
+        floor(c.floor_h2_added_us()),
+    )
+}
+
+fn fix_note(added: f64, floor_h2: Option<f64>) -> String {
+    let floor = match floor_h2 {
+        Some(f) => format!(
+            "a bare proxy on the h2 crate (the multiplexer's own HTTP/2 stack, both sides) adds {f:.0} µs on this \
+             machine, so {:.0} µs are the multiplexer's own work",
+            added - f
+        ),
+        None => "the h2 floor proxy was not built, so how much of it any hop on h2 costs here is unknown".into(),
+    };
+    format!(
+        "the multiplexer adds {added:.0} µs; {floor}: routing, admission and metrics (messages are forwarded as \
+         bytes). The floor itself is near or above the limit here: most of a loopback hop is two extra wake-ups \
+         and four extra socket calls, which a faster machine or pinned cores shrink and no proxy code avoids"
+    )
+}
+
+impl Measurement for Overhead {
+    const KEY: &'static str = "overhead";
+    const TITLE: &'static str = "Overhead: one hop, direct vs the multiplexer vs the floor";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = precise_model(ctx.features);
+        let sim = procs::start_sim(&ctx.bins, "overhead-sim", &backend).await?;
+        let limits = unhurried_limits();
+        let mux = procs::start_mux(&ctx.bins, "overhead-mux", &sim, &limits).await?;
+        let mut floors = Vec::new();
+        if ctx.features.floor_proxy {
+            for stack in Stack::ALL {
+                let name = format!("overhead-floor-{}", stack.flag());
+                floors.push(procs::start_floor(&ctx.bins, &name, &sim, stack).await?);
+            }
+        }
+        let (haproxy, haproxy_missing) = start_haproxies(ctx, "overhead", &sim).await;
+        let mut targets = vec![sim.url(), mux.url()];
+        targets.extend(floors.iter().map(procs::Proc::url));
+        targets.extend(haproxy.iter().map(procs::Proc::url));
+        for target in &targets {
+            warm_up(target, 1).await?;
+        }
+        let floor_ran = !floors.is_empty();
+        let rounds = ctx.pick(3, 5);
+        let mut cases = Vec::new();
+        for case in CASES {
+            ctx.say(&format!("overhead: {}, {rounds} rounds", case.label()));
+            let calls = case.calls(ctx.quick);
+            let mut sides = interleaved(&targets, rounds, |t| case.config(t, calls)).await?.into_iter();
+            let (direct, mux) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
+            // The sides in `targets`' order: the floors' (tonic, h2) only when they run, then HAProxy's.
+            let mut floor = || if floor_ran { sides.next().unwrap_or_default() } else { Vec::new() };
+            let (floor, floor_h2) = (floor(), floor());
+            let (haproxy_tcp, haproxy_h2) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
+            cases.push(CaseResult {
+                case,
+                calls_per_round: calls,
+                direct: samples(&direct),
+                mux: samples(&mux),
+                floor: samples(&floor),
+                floors: FloorSides {
+                    floor_h2: samples(&floor_h2),
+                    haproxy_tcp: samples(&haproxy_tcp),
+                    haproxy_h2: samples(&haproxy_h2),
+                },
+            });
+        }
+        Ok(Overhead { backend, limits, rounds, cases, haproxy_missing })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Overhead.label();
         let mut targets = Vec::new();
         for c in self.cases.iter().filter(|c| c.case.has_target()) {
@@ -219,113 +307,28 @@ impl Overhead {
         }
         targets
     }
-}
 
-/// Why a device-time target is not judged on a sleeping simulator.
-const SLEEPING_DEVICE: &str = "the simulator has no --device spin yet: a sleeping device rounds to 1 ms timer ticks and \
-                               a closed loop phase-locks to them, which hides or inflates a hop's microseconds";
-
-/// Why the multiplexer adds more than HAProxy h2, from the floors of the same run.
-fn vs_haproxy_note(c: &CaseResult) -> String {
-    let floor = |added: Option<f64>| match added {
-        Some(us) => format!("{us:.0} µs ({})", c.over_haproxy_h2(us).map_or("n/a".into(), |r| format!("{r:.2}×"))),
-        None => "n/a (not built)".into(),
-    };
-    format!(
-        "the multiplexer adds {:.0} µs; in the same rounds a bare tonic proxy adds {} and a bare proxy on the h2 \
-         crate alone {}. The multiplexer's unary calls are on h2 directly on both sides (the gRPC port's server \
-         and the upstream client), so what it adds above the h2 floor is its own work per call: routing, the key \
-         check, admission, metrics, the load report and the call's accounting; the h2 floor's ratio is the least \
-         a data path on h2 could reach here",
-        c.added_us(),
-        floor(c.floor_added_us()),
-        floor(c.floor_h2_added_us()),
-    )
-}
-
-fn fix_note(added: f64, floor_h2: Option<f64>) -> String {
-    let floor = match floor_h2 {
-        Some(f) => format!(
-            "a bare proxy on the h2 crate (the multiplexer's own HTTP/2 stack, both sides) adds {f:.0} µs on this \
-             machine, so {:.0} µs are the multiplexer's own work",
-            added - f
-        ),
-        None => "the h2 floor proxy was not built, so how much of it any hop on h2 costs here is unknown".into(),
-    };
-    format!(
-        "the multiplexer adds {added:.0} µs; {floor}: routing, admission and metrics (messages are forwarded as \
-         bytes). The floor itself is near or above the limit here: most of a loopback hop is two extra wake-ups \
-         and four extra socket calls, which a faster machine or pinned cores shrink and no proxy code avoids"
-    )
-}
-
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::Overhead.label();
-    CASES
-        .iter()
-        .filter(|c| c.has_target())
-        .flat_map(|c| {
-            let name = c.target_name();
-            [
-                Target::new(&scenario, &format!("added p50, {name}"), None, Rule::AtMost, LIMIT_US, "µs"),
-                Target::new(
-                    &scenario,
-                    &format!("multiplexer ÷ HAProxy h2, {name}"),
-                    None,
-                    Rule::AtMost,
-                    HAPROXY_RATIO_LIMIT,
-                    "×",
-                ),
-            ]
-        })
-        .collect()
-}
-
-pub async fn run(ctx: &Context) -> Result<Overhead> {
-    let backend = precise_model(ctx.features);
-    let sim = procs::start_sim(&ctx.bins, "overhead-sim", &backend).await?;
-    let limits = unhurried_limits();
-    let mux = procs::start_mux(&ctx.bins, "overhead-mux", &sim, &limits).await?;
-    let mut floors = Vec::new();
-    if ctx.features.floor_proxy {
-        for stack in Stack::ALL {
-            let name = format!("overhead-floor-{}", stack.flag());
-            floors.push(procs::start_floor(&ctx.bins, &name, &sim, stack).await?);
-        }
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Overhead.label();
+        CASES
+            .iter()
+            .filter(|c| c.has_target())
+            .flat_map(|c| {
+                let name = c.target_name();
+                [
+                    Target::new(&scenario, &format!("added p50, {name}"), None, Rule::AtMost, LIMIT_US, "µs"),
+                    Target::new(
+                        &scenario,
+                        &format!("multiplexer ÷ HAProxy h2, {name}"),
+                        None,
+                        Rule::AtMost,
+                        HAPROXY_RATIO_LIMIT,
+                        "×",
+                    ),
+                ]
+            })
+            .collect()
     }
-    let (haproxy, haproxy_missing) = start_haproxies(ctx, "overhead", &sim).await;
-    let mut targets = vec![sim.url(), mux.url()];
-    targets.extend(floors.iter().map(procs::Proc::url));
-    targets.extend(haproxy.iter().map(procs::Proc::url));
-    for target in &targets {
-        warm_up(target, 1).await?;
-    }
-    let floor_ran = !floors.is_empty();
-    let rounds = ctx.pick(3, 5);
-    let mut cases = Vec::new();
-    for case in CASES {
-        ctx.say(&format!("overhead: {}, {rounds} rounds", case.label()));
-        let calls = case.calls(ctx.quick);
-        let mut sides = interleaved(&targets, rounds, |t| case.config(t, calls)).await?.into_iter();
-        let (direct, mux) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
-        // The sides in `targets`' order: the floors' (tonic, h2) only when they run, then HAProxy's.
-        let mut floor = || if floor_ran { sides.next().unwrap_or_default() } else { Vec::new() };
-        let (floor, floor_h2) = (floor(), floor());
-        let (haproxy_tcp, haproxy_h2) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
-        cases.push(CaseResult {
-            case,
-            calls_per_round: calls,
-            direct: samples(&direct),
-            mux: samples(&mux),
-            floor: samples(&floor),
-            floors: FloorSides {
-                floor_h2: samples(&floor_h2),
-                haproxy_tcp: samples(&haproxy_tcp),
-                haproxy_h2: samples(&haproxy_h2),
-            },
-        });
-    }
-    Ok(Overhead { backend, limits, rounds, cases, haproxy_missing })
 }
 
 /// HAProxy in TCP and h2 modes in front of `sim` (named after `scenario`), or none and why: a

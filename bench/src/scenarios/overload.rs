@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::{Context, Scenario, gpu_model, measure, warm_up, words};
+use super::{Context, Measurement, Scenario, gpu_model, measure, sim_and_mux, words};
 use crate::Result;
-use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
+use crate::procs::{Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target};
 
 const FACTORS: [f64; 5] = [0.5, 1.0, 2.0, 5.0, 10.0];
@@ -81,8 +81,63 @@ impl Overload {
     pub fn queue_limit_ms(&self) -> f64 {
         2.0 * self.capacity.batch_ms
     }
+}
 
-    pub fn targets(&self) -> Vec<Target> {
+/// Why refusals were slow: refused after waiting (the median refusal is slow too), or refused at
+/// once but late for CPU (only the tail is).
+fn shed_note(m: &Report) -> String {
+    let (p50, p99) = (m.response_failed.p50_ms, m.response_failed.p99_ms);
+    if p50 > SHED_LIMIT_MS {
+        format!(
+            "refusals took {p50:.1} ms at the median and {p99:.0} ms at p99 from the send: calls are being refused \
+             after waiting in the queue (its timeout, or a queue discipline that drops old waiters), not on \
+             arrival. Refusing on arrival the calls that cannot be served in time (the wait estimate against the \
+             queue) keeps refusals at a fraction of a millisecond"
+        )
+    } else {
+        format!(
+            "the median refusal took {p50:.2} ms but p99 {p99:.1} ms: refusals wait for CPU behind the generator \
+             and the backend on this 2-core machine; a core of its own for the multiplexer, or refusing in the \
+             HTTP/2 layer before reading the request, would bring the tail under 1 ms"
+        )
+    }
+}
+
+impl Measurement for Overload {
+    const KEY: &'static str = "overload";
+    const TITLE: &'static str = "Overload: goodput and latency from 0.5× to 10× capacity";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = gpu_model(512, Device::Sleep);
+        let limits = mux_limits();
+        let (sim, mux) = sim_and_mux(ctx, "overload", &backend, &limits, 8).await?;
+        ctx.say("overload: measuring the backend's capacity");
+        let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
+        ctx.say(&format!("overload: capacity {:.1} req/s, batch {:.2} ms", capacity.rps, capacity.batch_ms));
+
+        let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(15));
+        let mut rows = Vec::new();
+        for (i, factor) in FACTORS.iter().enumerate() {
+            let rate = factor * capacity.rps;
+            let config = |target: String| LoadConfig {
+                connections: 8,
+                deadline: Some(DEADLINE),
+                grace: Duration::from_secs(5),
+                seed: 100 + i as u64,
+                ..LoadConfig::open(target, rate, duration)
+            };
+            ctx.say(&format!("overload: {factor}× = {rate:.0} req/s direct"));
+            let direct = measure(config(sim.url())).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            ctx.say(&format!("overload: {factor}× = {rate:.0} req/s through the multiplexer"));
+            let through = measure(config(mux.url())).await?;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            rows.push(OverloadRow { factor: *factor, direct, mux: through });
+        }
+        Ok(Overload { backend, limits, capacity, seconds_per_point: duration.as_secs(), rows })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Overload.label();
         let mut targets = Vec::new();
         for row in self.rows.iter().filter(|r| OVERLOADED.contains(&r.factor)) {
@@ -123,72 +178,19 @@ impl Overload {
         }
         targets
     }
-}
 
-/// Why refusals were slow: refused after waiting (the median refusal is slow too), or refused at
-/// once but late for CPU (only the tail is).
-fn shed_note(m: &Report) -> String {
-    let (p50, p99) = (m.response_failed.p50_ms, m.response_failed.p99_ms);
-    if p50 > SHED_LIMIT_MS {
-        format!(
-            "refusals took {p50:.1} ms at the median and {p99:.0} ms at p99 from the send: calls are being refused \
-             after waiting in the queue (its timeout, or a queue discipline that drops old waiters), not on \
-             arrival. Refusing on arrival the calls that cannot be served in time (the wait estimate against the \
-             queue) keeps refusals at a fraction of a millisecond"
-        )
-    } else {
-        format!(
-            "the median refusal took {p50:.2} ms but p99 {p99:.1} ms: refusals wait for CPU behind the generator \
-             and the backend on this 2-core machine; a core of its own for the multiplexer, or refusing in the \
-             HTTP/2 layer before reading the request, would bring the tail under 1 ms"
-        )
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Overload.label();
+        let mut targets = Vec::new();
+        for f in OVERLOADED {
+            let t = |name: String, rule, limit, unit| Target::new(&scenario, &name, None, rule, limit, unit);
+            targets.push(t(format!("goodput at {f}×"), Rule::AtLeast, GOODPUT_LIMIT, "× capacity"));
+            targets.push(t(format!("admitted p99 at {f}×"), Rule::AtMost, f64::NAN, "ms"));
+            targets.push(t(format!("shed p99 at {f}×"), Rule::AtMost, SHED_LIMIT_MS, "ms"));
+            targets.push(t(format!("TEI queue p99 at {f}×"), Rule::AtMost, f64::NAN, "ms"));
+        }
+        targets
     }
-}
-
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::Overload.label();
-    let mut targets = Vec::new();
-    for f in OVERLOADED {
-        let t = |name: String, rule, limit, unit| Target::new(&scenario, &name, None, rule, limit, unit);
-        targets.push(t(format!("goodput at {f}×"), Rule::AtLeast, GOODPUT_LIMIT, "× capacity"));
-        targets.push(t(format!("admitted p99 at {f}×"), Rule::AtMost, f64::NAN, "ms"));
-        targets.push(t(format!("shed p99 at {f}×"), Rule::AtMost, SHED_LIMIT_MS, "ms"));
-        targets.push(t(format!("TEI queue p99 at {f}×"), Rule::AtMost, f64::NAN, "ms"));
-    }
-    targets
-}
-
-pub async fn run(ctx: &Context) -> Result<Overload> {
-    let backend = gpu_model(512, Device::Sleep);
-    let sim = procs::start_sim(&ctx.bins, "overload-sim", &backend).await?;
-    let limits = mux_limits();
-    let mux = procs::start_mux(&ctx.bins, "overload-mux", &sim, &limits).await?;
-    warm_up(&sim.url(), 8).await?;
-    warm_up(&mux.url(), 8).await?;
-    ctx.say("overload: measuring the backend's capacity");
-    let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
-    ctx.say(&format!("overload: capacity {:.1} req/s, batch {:.2} ms", capacity.rps, capacity.batch_ms));
-
-    let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(15));
-    let mut rows = Vec::new();
-    for (i, factor) in FACTORS.iter().enumerate() {
-        let rate = factor * capacity.rps;
-        let config = |target: String| LoadConfig {
-            connections: 8,
-            deadline: Some(DEADLINE),
-            grace: Duration::from_secs(5),
-            seed: 100 + i as u64,
-            ..LoadConfig::open(target, rate, duration)
-        };
-        ctx.say(&format!("overload: {factor}× = {rate:.0} req/s direct"));
-        let direct = measure(config(sim.url())).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        ctx.say(&format!("overload: {factor}× = {rate:.0} req/s through the multiplexer"));
-        let through = measure(config(mux.url())).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        rows.push(OverloadRow { factor: *factor, direct, mux: through });
-    }
-    Ok(Overload { backend, limits, capacity, seconds_per_point: duration.as_secs(), rows })
 }
 
 #[cfg(test)]

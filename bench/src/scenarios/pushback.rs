@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::retry::{RetryMode, RetryPolicy};
 use teifleet_load::{LoadConfig, Report};
 
-use super::{Context, Scenario, gpu_model, measure, warm_up, words};
+use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up, words};
 use crate::Result;
 use crate::procs::{self, Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, median, ratio};
@@ -91,8 +91,71 @@ impl Pushback {
         let i = Policy::ALL.iter().position(|p| *p == policy).unwrap_or(0);
         self.rounds.iter().map(|r| &r[i]).collect()
     }
+}
 
-    pub fn targets(&self) -> Vec<Target> {
+pub fn limits() -> MuxLimits {
+    MuxLimits {
+        max_in_flight: 2,
+        max_queued: 4,
+        queue_timeout: Duration::from_secs(2),
+        max_concurrent_streams: 1024,
+        coalesce: false,
+    }
+}
+
+impl Measurement for Pushback {
+    const KEY: &'static str = "pushback";
+    const TITLE: &'static str = "Pushback: 300 callers retrying against 2 in flight + 4 queued";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = gpu_model(512, Device::Sleep);
+        let sim = procs::start_sim(&ctx.bins, "pushback-sim", &backend).await?;
+        let limits = limits();
+        let mux = procs::start_mux(&ctx.bins, "pushback-mux", &sim, &limits).await?;
+        // Gives the multiplexer its service-time estimate, which its hints are made of.
+        warm_up(&mux.url(), CONNECTIONS).await?;
+        let rounds = ctx.pick(1, 3);
+        let mut out = Vec::with_capacity(rounds);
+        for round in 0..rounds {
+            let mut reports: [Option<Report>; 3] = [None, None, None];
+            // The order rotates each round, so drift on the machine favours no policy.
+            for k in 0..Policy::ALL.len() {
+                let i = (round + k) % Policy::ALL.len();
+                let policy = Policy::ALL[i];
+                let config = LoadConfig {
+                    connections: CONNECTIONS,
+                    deadline: Some(BUDGET),
+                    inputs: words(TOKENS),
+                    retry: policy.retry(),
+                    // Each call has its whole time budget: none is cut off before its deadline.
+                    grace: BUDGET + Duration::from_secs(1),
+                    ..LoadConfig::closed(mux.url(), CLIENTS, CLIENTS as u64)
+                };
+                let report = measure(config).await?;
+                ctx.say(&format!(
+                    "pushback: {}: {} of {CLIENTS} succeeded ({})",
+                    policy.label(),
+                    report.ok_in_time,
+                    teifleet_load::render::codes(&report)
+                ));
+                reports[i] = Some(report);
+                // Let the queue empty and the last retries land before the next policy's burst.
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let [a, b, c] = reports;
+            out.push([a.unwrap_or_default(), b.unwrap_or_default(), c.unwrap_or_default()]);
+        }
+        Ok(Pushback {
+            backend,
+            limits,
+            clients: CLIENTS,
+            budget_ms: BUDGET.as_secs_f64() * 1e3,
+            policy: RetryPolicy::new(RetryMode::Pushback, MAX_ATTEMPTS),
+            rounds: out,
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Pushback.label();
         let hint_p50 =
             self.runs(Policy::Pushback).first().and_then(|r| r.retries.as_ref()).map_or(f64::NAN, |r| r.hint.p50_ms);
@@ -128,68 +191,10 @@ impl Pushback {
             ),
         ]
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    vec![Target::new(&Scenario::Pushback.label(), GAIN, None, Rule::AtLeast, GAIN_LIMIT, "×")]
-}
-
-pub fn limits() -> MuxLimits {
-    MuxLimits {
-        max_in_flight: 2,
-        max_queued: 4,
-        queue_timeout: Duration::from_secs(2),
-        max_concurrent_streams: 1024,
-        coalesce: false,
+    fn planned_targets() -> Vec<Target> {
+        vec![Target::new(&Scenario::Pushback.label(), GAIN, None, Rule::AtLeast, GAIN_LIMIT, "×")]
     }
-}
-
-pub async fn run(ctx: &Context) -> Result<Pushback> {
-    let backend = gpu_model(512, Device::Sleep);
-    let sim = procs::start_sim(&ctx.bins, "pushback-sim", &backend).await?;
-    let limits = limits();
-    let mux = procs::start_mux(&ctx.bins, "pushback-mux", &sim, &limits).await?;
-    // Gives the multiplexer its service-time estimate, which its hints are made of.
-    warm_up(&mux.url(), CONNECTIONS).await?;
-    let rounds = ctx.pick(1, 3);
-    let mut out = Vec::with_capacity(rounds);
-    for round in 0..rounds {
-        let mut reports: [Option<Report>; 3] = [None, None, None];
-        // The order rotates each round, so drift on the machine favours no policy.
-        for k in 0..Policy::ALL.len() {
-            let i = (round + k) % Policy::ALL.len();
-            let policy = Policy::ALL[i];
-            let config = LoadConfig {
-                connections: CONNECTIONS,
-                deadline: Some(BUDGET),
-                inputs: words(TOKENS),
-                retry: policy.retry(),
-                // Each call has its whole time budget: none is cut off before its deadline.
-                grace: BUDGET + Duration::from_secs(1),
-                ..LoadConfig::closed(mux.url(), CLIENTS, CLIENTS as u64)
-            };
-            let report = measure(config).await?;
-            ctx.say(&format!(
-                "pushback: {}: {} of {CLIENTS} succeeded ({})",
-                policy.label(),
-                report.ok_in_time,
-                teifleet_load::render::codes(&report)
-            ));
-            reports[i] = Some(report);
-            // Let the queue empty and the last retries land before the next policy's burst.
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-        let [a, b, c] = reports;
-        out.push([a.unwrap_or_default(), b.unwrap_or_default(), c.unwrap_or_default()]);
-    }
-    Ok(Pushback {
-        backend,
-        limits,
-        clients: CLIENTS,
-        budget_ms: BUDGET.as_secs_f64() * 1e3,
-        policy: RetryPolicy::new(RetryMode::Pushback, MAX_ATTEMPTS),
-        rounds: out,
-    })
 }
 
 #[cfg(test)]

@@ -12,9 +12,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::{Context, Scenario, gpu_model, measure, warm_up, words};
+use super::{Context, Measurement, Scenario, gpu_model, measure, sim_and_mux, words};
 use crate::procfs::CpuMeter;
-use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
+use crate::procs::{Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
 use crate::{Error, Result};
 
@@ -106,8 +106,86 @@ impl ShedStorm {
     pub fn device_cpu_lost(&self) -> f64 {
         1.0 - ratio(self.storm.cpu.sim_s, self.served.cpu.sim_s)
     }
+}
 
-    pub fn targets(&self) -> Vec<Target> {
+fn goodput_name() -> String {
+    format!("goodput at c={STORM_CLIENTS} on {CONNECTIONS} connections, resending ÷ capacity")
+}
+
+fn fewer_name() -> String {
+    format!("goodput at c={STORM_CLIENTS} on {FEWER_CONNECTIONS} connections, resending ÷ capacity")
+}
+
+pub fn limits() -> MuxLimits {
+    // Two batches in flight keep the device busy; a queue of one more round, so nearly every
+    // call beyond that is refused at once.
+    MuxLimits {
+        max_in_flight: 16,
+        max_queued: 16,
+        queue_timeout: Duration::from_millis(500),
+        max_concurrent_streams: 1024,
+        coalesce: false,
+    }
+}
+
+async fn closed_run(
+    target: &str,
+    clients: usize,
+    connections: usize,
+    duration: Duration,
+    meter: &[u32],
+) -> Result<Run> {
+    let config = LoadConfig {
+        connections,
+        inputs: words(TOKENS),
+        duration,
+        grace: Duration::from_secs(5),
+        // Bounded by time; the count is a backstop far above what a run can send.
+        ..LoadConfig::closed(target, clients, 10_000_000)
+    };
+    let cpu = CpuMeter::start(meter)?;
+    let report = measure(config).await?;
+    let spent = cpu.stop()?;
+    if report.ok == 0 {
+        return Err(Error::Process(format!("no call succeeded at {target}")));
+    }
+    Ok(Run { report, cpu: RunCpu { mux_s: spent[0], sim_s: spent[1], client_s: spent[2] } })
+}
+
+impl Measurement for ShedStorm {
+    const KEY: &'static str = "shed-storm";
+    const TITLE: &'static str = "Shed storm: 512 clients resending every refusal at a CPU-bound backend";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = gpu_model(512, Device::Spin).supported(ctx.features);
+        let limits = limits();
+        let (sim, mux) = sim_and_mux(ctx, "storm", &backend, &limits, CONNECTIONS).await?;
+        let meter = [mux.pid(), sim.pid(), std::process::id()];
+        let duration = ctx.pick(Duration::from_secs(5), Duration::from_secs(20));
+        let run_on = |target: &Proc, clients: usize, connections: usize| {
+            let target = target.url();
+            async move { closed_run(&target, clients, connections, duration, &meter).await }
+        };
+        let run = |target: &Proc, clients: usize| run_on(target, clients, CONNECTIONS);
+        ctx.say(&format!("shed storm: capacity, {CAPACITY_CLIENTS} clients direct"));
+        let capacity = run(&sim, CAPACITY_CLIENTS).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!("shed storm: {CAPACITY_CLIENTS} clients through the multiplexer"));
+        let served = run(&mux, CAPACITY_CLIENTS).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!("shed storm: {STORM_CLIENTS} clients through the multiplexer, resending every refusal"));
+        let storm = run(&mux, STORM_CLIENTS).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!("shed storm: the same over {FEWER_CONNECTIONS} connections"));
+        let storm_fewer_connections = Some(run_on(&mux, STORM_CLIENTS, FEWER_CONNECTIONS).await?);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!("shed storm: capacity again, {CAPACITY_CLIENTS} clients direct"));
+        let capacity_after = Some(run(&sim, CAPACITY_CLIENTS).await?);
+        let seconds = duration.as_secs_f64();
+        Ok(ShedStorm { backend, limits, seconds, capacity, capacity_after, served, storm, storm_fewer_connections })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::ShedStorm.label();
         let spinning = |target: Target| {
             if self.backend.device == Device::Sleep {
@@ -155,90 +233,14 @@ impl ShedStorm {
         ]);
         targets
     }
-}
 
-fn goodput_name() -> String {
-    format!("goodput at c={STORM_CLIENTS} on {CONNECTIONS} connections, resending ÷ capacity")
-}
-
-fn fewer_name() -> String {
-    format!("goodput at c={STORM_CLIENTS} on {FEWER_CONNECTIONS} connections, resending ÷ capacity")
-}
-
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::ShedStorm.label();
-    [goodput_name(), fewer_name()]
-        .iter()
-        .map(|name| Target::new(&scenario, name, None, Rule::AtLeast, GOODPUT_LIMIT, "× capacity"))
-        .collect()
-}
-
-pub fn limits() -> MuxLimits {
-    // Two batches in flight keep the device busy; a queue of one more round, so nearly every
-    // call beyond that is refused at once.
-    MuxLimits {
-        max_in_flight: 16,
-        max_queued: 16,
-        queue_timeout: Duration::from_millis(500),
-        max_concurrent_streams: 1024,
-        coalesce: false,
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::ShedStorm.label();
+        [goodput_name(), fewer_name()]
+            .iter()
+            .map(|name| Target::new(&scenario, name, None, Rule::AtLeast, GOODPUT_LIMIT, "× capacity"))
+            .collect()
     }
-}
-
-async fn closed_run(
-    target: &str,
-    clients: usize,
-    connections: usize,
-    duration: Duration,
-    meter: &[u32],
-) -> Result<Run> {
-    let config = LoadConfig {
-        connections,
-        inputs: words(TOKENS),
-        duration,
-        grace: Duration::from_secs(5),
-        // Bounded by time; the count is a backstop far above what a run can send.
-        ..LoadConfig::closed(target, clients, 10_000_000)
-    };
-    let cpu = CpuMeter::start(meter)?;
-    let report = measure(config).await?;
-    let spent = cpu.stop()?;
-    if report.ok == 0 {
-        return Err(Error::Process(format!("no call succeeded at {target}")));
-    }
-    Ok(Run { report, cpu: RunCpu { mux_s: spent[0], sim_s: spent[1], client_s: spent[2] } })
-}
-
-pub async fn run(ctx: &Context) -> Result<ShedStorm> {
-    let backend = gpu_model(512, Device::Spin).supported(ctx.features);
-    let sim = procs::start_sim(&ctx.bins, "storm-sim", &backend).await?;
-    let limits = limits();
-    let mux = procs::start_mux(&ctx.bins, "storm-mux", &sim, &limits).await?;
-    warm_up(&sim.url(), CONNECTIONS).await?;
-    warm_up(&mux.url(), CONNECTIONS).await?;
-    let meter = [mux.pid(), sim.pid(), std::process::id()];
-    let duration = ctx.pick(Duration::from_secs(5), Duration::from_secs(20));
-    let run_on = |target: &Proc, clients: usize, connections: usize| {
-        let target = target.url();
-        async move { closed_run(&target, clients, connections, duration, &meter).await }
-    };
-    let run = |target: &Proc, clients: usize| run_on(target, clients, CONNECTIONS);
-    ctx.say(&format!("shed storm: capacity, {CAPACITY_CLIENTS} clients direct"));
-    let capacity = run(&sim, CAPACITY_CLIENTS).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.say(&format!("shed storm: {CAPACITY_CLIENTS} clients through the multiplexer"));
-    let served = run(&mux, CAPACITY_CLIENTS).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.say(&format!("shed storm: {STORM_CLIENTS} clients through the multiplexer, resending every refusal"));
-    let storm = run(&mux, STORM_CLIENTS).await?;
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.say(&format!("shed storm: the same over {FEWER_CONNECTIONS} connections"));
-    let storm_fewer_connections = Some(run_on(&mux, STORM_CLIENTS, FEWER_CONNECTIONS).await?);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    ctx.say(&format!("shed storm: capacity again, {CAPACITY_CLIENTS} clients direct"));
-    let capacity_after = Some(run(&sim, CAPACITY_CLIENTS).await?);
-    let seconds = duration.as_secs_f64();
-    Ok(ShedStorm { backend, limits, seconds, capacity, capacity_after, served, storm, storm_fewer_connections })
 }
 
 #[cfg(test)]

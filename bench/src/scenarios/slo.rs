@@ -9,10 +9,10 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::LoadConfig;
 
 use super::overload::{Capacity, measure_capacity, mux_limits};
-use super::{Context, gpu_model, measure, warm_up};
+use super::{Context, Measurement, gpu_model, measure, sim_and_mux};
 use crate::Result;
-use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
-use crate::targets::ratio;
+use crate::procs::{Device, MuxLimits, Proc, SimModel};
+use crate::targets::{Target, ratio};
 
 /// About four batch times of the scenario-2 backend.
 pub const SLO: Duration = Duration::from_millis(100);
@@ -90,34 +90,44 @@ async fn in_slo(target: &Proc, rate: f64, duration: Duration) -> Result<f64> {
     Ok(if report.sent == 0 { 0.0 } else { report.ok_in_time as f64 / report.sent as f64 })
 }
 
-pub async fn run(ctx: &Context) -> Result<Slo> {
-    let backend = gpu_model(512, Device::Sleep);
-    let sim = procs::start_sim(&ctx.bins, "slo-sim", &backend).await?;
-    let limits = mux_limits();
-    let mux = procs::start_mux(&ctx.bins, "slo-mux", &sim, &limits).await?;
-    warm_up(&sim.url(), 4).await?;
-    warm_up(&mux.url(), 4).await?;
-    let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
-    let steps = ctx.pick(4, 8);
-    let duration = ctx.pick(Duration::from_secs(2), Duration::from_secs(6));
-    let range = (0.1 * capacity.rps, 1.2 * capacity.rps);
+impl Measurement for Slo {
+    const KEY: &'static str = "slo";
+    const TITLE: &'static str = "Throughput under a latency SLO";
 
-    ctx.say(&format!("slo: binary search for the highest rate with p99 ≤ {} ms, direct", SLO.as_millis()));
-    let (best, probes) = search(range.0, range.1, steps, |rate| in_slo(&sim, rate, duration)).await?;
-    let direct = Search { best, probes };
-    ctx.say("slo: the same through the multiplexer");
-    let (best, probes) = search(range.0, range.1, steps, |rate| in_slo(&mux, rate, duration)).await?;
-    let mux = Search { best, probes };
-    Ok(Slo {
-        backend,
-        limits,
-        capacity,
-        slo_ms: SLO.as_secs_f64() * 1e3,
-        seconds_per_probe: duration.as_secs(),
-        range,
-        direct,
-        mux,
-    })
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = gpu_model(512, Device::Sleep);
+        let limits = mux_limits();
+        let (sim, mux) = sim_and_mux(ctx, "slo", &backend, &limits, 4).await?;
+        let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
+        let steps = ctx.pick(4, 8);
+        let duration = ctx.pick(Duration::from_secs(2), Duration::from_secs(6));
+        let range = (0.1 * capacity.rps, 1.2 * capacity.rps);
+
+        ctx.say(&format!("slo: binary search for the highest rate with p99 ≤ {} ms, direct", SLO.as_millis()));
+        let (best, probes) = search(range.0, range.1, steps, |rate| in_slo(&sim, rate, duration)).await?;
+        let direct = Search { best, probes };
+        ctx.say("slo: the same through the multiplexer");
+        let (best, probes) = search(range.0, range.1, steps, |rate| in_slo(&mux, rate, duration)).await?;
+        let mux = Search { best, probes };
+        Ok(Slo {
+            backend,
+            limits,
+            capacity,
+            slo_ms: SLO.as_secs_f64() * 1e3,
+            seconds_per_probe: duration.as_secs(),
+            range,
+            direct,
+            mux,
+        })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        Vec::new()
+    }
+
+    fn planned_targets() -> Vec<Target> {
+        Vec::new()
+    }
 }
 
 #[cfg(test)]

@@ -19,7 +19,8 @@ use super::adaptive::mux_supports;
 use super::overhead::{Case, TARGET_TOKENS};
 use super::overload::{Capacity, DEADLINE, measure_capacity};
 use super::{
-    Context, Sample, Scenario, added_p50_us, gpu_model, interleaved, measure, precise_model, samples, warm_up,
+    Context, Measurement, Sample, Scenario, added_p50_us, gpu_model, interleaved, measure, precise_model, samples,
+    warm_up,
 };
 use crate::admin::{self, SimStats};
 use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
@@ -181,8 +182,28 @@ fn budget_name(n: usize, share: usize) -> String {
     format!("N={n}: most in flight at one replica's TEI (share {share})")
 }
 
-impl Spillover {
-    pub fn targets(&self) -> Vec<Target> {
+impl Measurement for Spillover {
+    const KEY: &'static str = "spillover";
+    const TITLE: &'static str = "Spillover: a client pinned to one replica gets the whole pool";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        if !mux_supports(&ctx.bins, "--sibling") {
+            return Err(Error::Process("the multiplexer has no --sibling flag (no spillover)".into()));
+        }
+        let backend = gpu_model(512, Device::Sleep);
+        let limits = limits();
+        let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(10));
+        let mut capacity = None;
+        let mut pools = Vec::new();
+        for n in REPLICAS {
+            pools.push(pool(ctx, n, &backend, &limits, &mut capacity, duration).await?);
+        }
+        let capacity = capacity.ok_or_else(|| Error::Process("no pool was measured".into()))?;
+        let hop = hop(ctx).await?;
+        Ok(Spillover { backend, limits, capacity, seconds: duration.as_secs_f64(), pools, hop })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Spillover.label();
         let share = self.limits.max_in_flight;
         let mut targets = Vec::new();
@@ -258,38 +279,21 @@ impl Spillover {
         ));
         targets
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::Spillover.label();
-    let share = limits().max_in_flight;
-    REPLICAS
-        .iter()
-        .flat_map(|&n| {
-            [
-                Target::new(&scenario, &pinned_name(n), None, Rule::AtLeast, PINNED_LIMIT, "×"),
-                Target::new(&scenario, &spread_name(n), None, Rule::AtMost, SPREAD_LIMIT, "×"),
-                Target::new(&scenario, &budget_name(n, share), None, Rule::AtMost, share as f64, "calls"),
-            ]
-        })
-        .collect()
-}
-
-pub async fn run(ctx: &Context) -> Result<Spillover> {
-    if !mux_supports(&ctx.bins, "--sibling") {
-        return Err(Error::Process("the multiplexer has no --sibling flag (no spillover)".into()));
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Spillover.label();
+        let share = limits().max_in_flight;
+        REPLICAS
+            .iter()
+            .flat_map(|&n| {
+                [
+                    Target::new(&scenario, &pinned_name(n), None, Rule::AtLeast, PINNED_LIMIT, "×"),
+                    Target::new(&scenario, &spread_name(n), None, Rule::AtMost, SPREAD_LIMIT, "×"),
+                    Target::new(&scenario, &budget_name(n, share), None, Rule::AtMost, share as f64, "calls"),
+                ]
+            })
+            .collect()
     }
-    let backend = gpu_model(512, Device::Sleep);
-    let limits = limits();
-    let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(10));
-    let mut capacity = None;
-    let mut pools = Vec::new();
-    for n in REPLICAS {
-        pools.push(pool(ctx, n, &backend, &limits, &mut capacity, duration).await?);
-    }
-    let capacity = capacity.ok_or_else(|| Error::Process("no pool was measured".into()))?;
-    let hop = hop(ctx).await?;
-    Ok(Spillover { backend, limits, capacity, seconds: duration.as_secs_f64(), pools, hop })
 }
 
 /// `n` replicas, each naming the others with `--sibling`: every multiplexer's gRPC port is picked
@@ -542,7 +546,7 @@ mod tests {
         // 110 - 55 µs and 55 - 0 µs: medians of the per-round differences.
         assert!((t[6].measured.unwrap() - 55.0).abs() < 1e-6, "{:?}", t[6].measured);
         assert!((t[7].measured.unwrap() - 55.0).abs() < 1e-6, "{:?}", t[7].measured);
-        assert_eq!(planned_targets().len(), 6);
+        assert_eq!(Spillover::planned_targets().len(), 6);
     }
 
     #[test]

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::{Call, LoadConfig};
 
 use super::{
-    Context, FloorSides, Sample, Scenario, interleaved, median_of, precise_model, samples, unhurried_limits, warm_up,
-    words,
+    Context, FloorSides, Measurement, Sample, Scenario, interleaved, median_of, precise_model, samples,
+    unhurried_limits, warm_up, words,
 };
 use crate::Result;
 use crate::floor::Stack;
@@ -78,8 +78,50 @@ pub struct Streams {
     pub cases: Vec<StreamCase>,
 }
 
-impl Streams {
-    pub fn targets(&self) -> Vec<Target> {
+impl Measurement for Streams {
+    const KEY: &'static str = "streams";
+    const TITLE: &'static str = "Streams: a 20-message EmbedStream, direct vs the multiplexer";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        let backend = precise_model(ctx.features);
+        let sim = procs::start_sim(&ctx.bins, "streams-sim", &backend).await?;
+        let limits = unhurried_limits();
+        let mux = procs::start_mux(&ctx.bins, "streams-mux", &sim, &limits).await?;
+        // The floors of scenario 1 (the tonic one forwards unary calls only).
+        let floor = match ctx.features.floor_proxy {
+            true => Some(procs::start_floor(&ctx.bins, "streams-floor-h2", &sim, Stack::H2).await?),
+            false => None,
+        };
+        let (haproxy, _) = super::overhead::start_haproxies(ctx, "streams", &sim).await;
+        let mut targets = vec![sim.url(), mux.url()];
+        targets.extend(floor.iter().map(procs::Proc::url));
+        targets.extend(haproxy.iter().map(procs::Proc::url));
+        for target in &targets {
+            warm_up(target, 1).await?;
+        }
+        let rounds = ctx.pick(3, 5);
+        let calls = ctx.pick(60, 200);
+        let mut cases = Vec::new();
+        for messages in BATCHES {
+            ctx.say(&format!("streams: EmbedStream of {messages}, {rounds} rounds"));
+            let config = |t: &str| LoadConfig {
+                call: Call::EmbedStream { batch: messages },
+                inputs: words(TOKENS),
+                ..LoadConfig::closed(t, 1, calls)
+            };
+            let mut sides = interleaved(&targets, rounds, config).await?.into_iter();
+            let mut next = || samples(&sides.next().unwrap_or_default());
+            let (direct, mux) = (next(), next());
+            let floor_h2 = if floor.is_some() { next() } else { Vec::new() };
+            let (haproxy_tcp, haproxy_h2) =
+                if haproxy.is_empty() { (Vec::new(), Vec::new()) } else { (next(), next()) };
+            let floors = FloorSides { floor_h2, haproxy_tcp, haproxy_h2 };
+            cases.push(StreamCase { messages, calls_per_round: calls, direct, mux, floors });
+        }
+        Ok(Streams { backend, limits, rounds, tokens: TOKENS, cases })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Streams.label();
         self.cases
             .iter()
@@ -130,49 +172,11 @@ impl Streams {
             })
             .collect()
     }
-}
 
-pub fn planned_targets() -> Vec<Target> {
-    let name = format!("added p50, EmbedStream of {TARGET_BATCH}");
-    vec![Target::new(&Scenario::Streams.label(), &name, None, Rule::AtMost, LIMIT_PERCENT, "%")]
-}
-
-pub async fn run(ctx: &Context) -> Result<Streams> {
-    let backend = precise_model(ctx.features);
-    let sim = procs::start_sim(&ctx.bins, "streams-sim", &backend).await?;
-    let limits = unhurried_limits();
-    let mux = procs::start_mux(&ctx.bins, "streams-mux", &sim, &limits).await?;
-    // The floors of scenario 1 (the tonic one forwards unary calls only).
-    let floor = match ctx.features.floor_proxy {
-        true => Some(procs::start_floor(&ctx.bins, "streams-floor-h2", &sim, Stack::H2).await?),
-        false => None,
-    };
-    let (haproxy, _) = super::overhead::start_haproxies(ctx, "streams", &sim).await;
-    let mut targets = vec![sim.url(), mux.url()];
-    targets.extend(floor.iter().map(procs::Proc::url));
-    targets.extend(haproxy.iter().map(procs::Proc::url));
-    for target in &targets {
-        warm_up(target, 1).await?;
+    fn planned_targets() -> Vec<Target> {
+        let name = format!("added p50, EmbedStream of {TARGET_BATCH}");
+        vec![Target::new(&Scenario::Streams.label(), &name, None, Rule::AtMost, LIMIT_PERCENT, "%")]
     }
-    let rounds = ctx.pick(3, 5);
-    let calls = ctx.pick(60, 200);
-    let mut cases = Vec::new();
-    for messages in BATCHES {
-        ctx.say(&format!("streams: EmbedStream of {messages}, {rounds} rounds"));
-        let config = |t: &str| LoadConfig {
-            call: Call::EmbedStream { batch: messages },
-            inputs: words(TOKENS),
-            ..LoadConfig::closed(t, 1, calls)
-        };
-        let mut sides = interleaved(&targets, rounds, config).await?.into_iter();
-        let mut next = || samples(&sides.next().unwrap_or_default());
-        let (direct, mux) = (next(), next());
-        let floor_h2 = if floor.is_some() { next() } else { Vec::new() };
-        let (haproxy_tcp, haproxy_h2) = if haproxy.is_empty() { (Vec::new(), Vec::new()) } else { (next(), next()) };
-        let floors = FloorSides { floor_h2, haproxy_tcp, haproxy_h2 };
-        cases.push(StreamCase { messages, calls_per_round: calls, direct, mux, floors });
-    }
-    Ok(Streams { backend, limits, rounds, tokens: TOKENS, cases })
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use teifleet_load::{Call, LoadConfig, Report};
 
 use super::cost::ProxyCpu;
 use super::{
-    Context, Sample, Scenario, added_p50_us, interleaved, measure, median_of, precise_model, samples, unhurried_limits,
-    words,
+    Context, Measurement, Sample, Scenario, added_p50_us, interleaved, measure, median_of, precise_model, samples,
+    unhurried_limits, words,
 };
 use crate::procfs::CpuMeter;
 use crate::procs::{self, MuxLimits, SimModel, TlsFiles};
@@ -124,8 +124,73 @@ pub struct TlsCost {
     pub cases: Vec<CaseResult>,
 }
 
-impl TlsCost {
-    pub fn targets(&self) -> Vec<Target> {
+fn fix_note(c: &CaseResult) -> String {
+    format!(
+        "{}: TLS added {:.0} µs to the p50 ({} ms plaintext) and the multiplexer spent {:.0} µs of CPU per call \
+         with TLS against {:.0} µs without ({:.2}×). Over a long-lived connection no handshake is in the calls, so \
+         this is rustls's record layer on both ends (the client's too: it shares the cores): each HTTP/2 write \
+         sealed as a record, each read opened and copied through rustls's buffers. What would shrink it: fewer \
+         records per call (a call's headers, message and trailers written together rather than frame by \
+         frame); the added latency also holds the client's own record work on the same cores",
+        c.case.label(),
+        c.added_us(),
+        crate::targets::number(CaseResult::p50_ms(&c.plain)),
+        c.tls_cpu.us_per_call(),
+        c.plain_cpu.us_per_call(),
+        c.cpu_ratio()
+    )
+}
+
+impl Measurement for TlsCost {
+    const KEY: &'static str = "tls";
+    const TITLE: &'static str = "TLS cost: a call through the multiplexer in TLS vs in plaintext";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        if !ctx.features.mux_tls {
+            return Err(Error::Process("this teifleet-multiplexer has no --tls-cert: rebuild it".into()));
+        }
+        let backend = precise_model(ctx.features);
+        let sim = procs::start_sim(&ctx.bins, "tls-sim", &backend).await?;
+        let limits = unhurried_limits();
+        let files = TlsFiles::write(&ctx.bins, "tls")?;
+        let plain = procs::start_mux(&ctx.bins, "tls-mux-plain", &sim, &limits).await?;
+        let tls = procs::start_mux_tls(&ctx.bins, "tls-mux-tls", &sim, &limits, &files).await?;
+        let targets = [plain.url(), tls.url()];
+        for target in &targets {
+            let warm = LoadConfig { call: Call::Embed, ..Case::Info.config(target, 200, &files) };
+            let report = measure(warm).await?;
+            if report.ok == 0 {
+                return Err(Error::Process(format!("no call succeeded through {target}")));
+            }
+        }
+        let rounds = ctx.pick(3, 5);
+        let mut cases = Vec::new();
+        for case in CASES {
+            ctx.say(&format!("tls: {}, {rounds} rounds", case.label()));
+            let calls = case.calls(ctx.quick);
+            let meter = CpuMeter::start(&[plain.pid(), tls.pid()])?;
+            let mut sides = interleaved(&targets, rounds, |t| case.config(t, calls, &files)).await?.into_iter();
+            let spent = meter.stop()?;
+            let (plain_reports, tls_reports) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
+            let ok = |reports: &[Report]| reports.iter().map(|r| r.ok).sum::<u64>();
+            let handshakes = tls_reports.iter().filter_map(|r| r.tls).fold(Handshakes::default(), |a, h| Handshakes {
+                full: a.full + h.full,
+                resumed: a.resumed + h.resumed,
+            });
+            cases.push(CaseResult {
+                case,
+                calls_per_round: calls,
+                plain: samples(&plain_reports),
+                tls: samples(&tls_reports),
+                plain_cpu: ProxyCpu { calls: ok(&plain_reports), cpu_s: spent[0] },
+                tls_cpu: ProxyCpu { calls: ok(&tls_reports), cpu_s: spent[1] },
+                handshakes,
+            });
+        }
+        Ok(TlsCost { backend, limits, rounds, cases })
+    }
+
+    fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Tls.label();
         let mut targets = Vec::new();
         for c in &self.cases {
@@ -156,85 +221,23 @@ impl TlsCost {
         }
         targets
     }
-}
 
-fn fix_note(c: &CaseResult) -> String {
-    format!(
-        "{}: TLS added {:.0} µs to the p50 ({} ms plaintext) and the multiplexer spent {:.0} µs of CPU per call \
-         with TLS against {:.0} µs without ({:.2}×). Over a long-lived connection no handshake is in the calls, so \
-         this is rustls's record layer on both ends (the client's too: it shares the cores): each HTTP/2 write \
-         sealed as a record, each read opened and copied through rustls's buffers. What would shrink it: fewer \
-         records per call (a call's headers, message and trailers written together rather than frame by \
-         frame); the added latency also holds the client's own record work on the same cores",
-        c.case.label(),
-        c.added_us(),
-        crate::targets::number(CaseResult::p50_ms(&c.plain)),
-        c.tls_cpu.us_per_call(),
-        c.plain_cpu.us_per_call(),
-        c.cpu_ratio()
-    )
-}
-
-pub fn planned_targets() -> Vec<Target> {
-    let scenario = Scenario::Tls.label();
-    let mut targets = vec![Target::new(
-        &scenario,
-        &format!("TLS added p50, {}", Case::Info.label()),
-        None,
-        Rule::AtMost,
-        ADDED_LIMIT_US,
-        "µs",
-    )];
-    for case in CASES.into_iter().filter(|c| c.long_lived()) {
-        let name = format!("multiplexer CPU per call, TLS ÷ plaintext, {}", case.label());
-        targets.push(Target::new(&scenario, &name, None, Rule::AtMost, CPU_RATIO_LIMIT, "×"));
-    }
-    targets
-}
-
-pub async fn run(ctx: &Context) -> Result<TlsCost> {
-    if !ctx.features.mux_tls {
-        return Err(Error::Process("this teifleet-multiplexer has no --tls-cert: rebuild it".into()));
-    }
-    let backend = precise_model(ctx.features);
-    let sim = procs::start_sim(&ctx.bins, "tls-sim", &backend).await?;
-    let limits = unhurried_limits();
-    let files = TlsFiles::write(&ctx.bins, "tls")?;
-    let plain = procs::start_mux(&ctx.bins, "tls-mux-plain", &sim, &limits).await?;
-    let tls = procs::start_mux_tls(&ctx.bins, "tls-mux-tls", &sim, &limits, &files).await?;
-    let targets = [plain.url(), tls.url()];
-    for target in &targets {
-        let warm = LoadConfig { call: Call::Embed, ..Case::Info.config(target, 200, &files) };
-        let report = measure(warm).await?;
-        if report.ok == 0 {
-            return Err(Error::Process(format!("no call succeeded through {target}")));
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Tls.label();
+        let mut targets = vec![Target::new(
+            &scenario,
+            &format!("TLS added p50, {}", Case::Info.label()),
+            None,
+            Rule::AtMost,
+            ADDED_LIMIT_US,
+            "µs",
+        )];
+        for case in CASES.into_iter().filter(|c| c.long_lived()) {
+            let name = format!("multiplexer CPU per call, TLS ÷ plaintext, {}", case.label());
+            targets.push(Target::new(&scenario, &name, None, Rule::AtMost, CPU_RATIO_LIMIT, "×"));
         }
+        targets
     }
-    let rounds = ctx.pick(3, 5);
-    let mut cases = Vec::new();
-    for case in CASES {
-        ctx.say(&format!("tls: {}, {rounds} rounds", case.label()));
-        let calls = case.calls(ctx.quick);
-        let meter = CpuMeter::start(&[plain.pid(), tls.pid()])?;
-        let mut sides = interleaved(&targets, rounds, |t| case.config(t, calls, &files)).await?.into_iter();
-        let spent = meter.stop()?;
-        let (plain_reports, tls_reports) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());
-        let ok = |reports: &[Report]| reports.iter().map(|r| r.ok).sum::<u64>();
-        let handshakes = tls_reports
-            .iter()
-            .filter_map(|r| r.tls)
-            .fold(Handshakes::default(), |a, h| Handshakes { full: a.full + h.full, resumed: a.resumed + h.resumed });
-        cases.push(CaseResult {
-            case,
-            calls_per_round: calls,
-            plain: samples(&plain_reports),
-            tls: samples(&tls_reports),
-            plain_cpu: ProxyCpu { calls: ok(&plain_reports), cpu_s: spent[0] },
-            tls_cpu: ProxyCpu { calls: ok(&tls_reports), cpu_s: spent[1] },
-            handshakes,
-        });
-    }
-    Ok(TlsCost { backend, limits, rounds, cases })
 }
 
 #[cfg(test)]
@@ -302,6 +305,6 @@ mod tests {
         let per_call = find("multiplexer CPU per call, TLS ÷ plaintext, Info, a new connection per call");
         assert_eq!((per_call.verdict, per_call.measured), (Verdict::Info, Some(3.0)));
         assert_eq!(find("TLS handshakes that resumed, a new connection per call").measured, Some(99.0));
-        assert_eq!(targets.iter().filter(|t| t.rule != Rule::Report).count(), planned_targets().len());
+        assert_eq!(targets.iter().filter(|t| t.rule != Rule::Report).count(), TlsCost::planned_targets().len());
     }
 }

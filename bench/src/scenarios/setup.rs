@@ -1,0 +1,111 @@
+//! A scenario's setup and rounds: the backends it measures against, the multiplexer limits it
+//! starts with, and the loops that drive load at them (once, warmed up, or in interleaved rounds).
+
+use std::time::Duration;
+
+use teifleet_load::inputs::{Inputs, Tokens};
+use teifleet_load::{LoadConfig, Report};
+
+use super::Context;
+use crate::Result;
+use crate::procs::{self, Device, Features, MuxLimits, Proc, SimModel};
+
+/// The GPU-like backend of the overload, burst, SLO, storm and coalescing scenarios: TEI batching
+/// at most 8 requests per device batch, 20 ms per batch plus 20 µs per token (a small embedding
+/// model on a modest GPU, slowed so that 10× its capacity is still a load this 2-core machine
+/// can offer).
+pub fn gpu_model(max_concurrent_requests: usize, device: Device) -> SimModel {
+    SimModel {
+        max_concurrent_requests,
+        max_batch_requests: Some(8),
+        fixed_latency: Duration::from_millis(20),
+        per_token_latency: Duration::from_micros(20),
+        device,
+    }
+}
+
+/// The fast backend of the cost and live-limit scenarios: about 1 ms per call on a sleeping
+/// device (its timer ticks in milliseconds, so a batch takes at least ~1 ms) that leaves the CPU
+/// to the processes being measured.
+pub fn fast_model() -> SimModel {
+    SimModel {
+        max_concurrent_requests: 512,
+        max_batch_requests: None,
+        fixed_latency: Duration::ZERO,
+        per_token_latency: Duration::from_micros(1),
+        device: Device::Sleep,
+    }
+}
+
+/// The backend of the overhead and stream scenarios: 1 ms + 1 µs/token per batch, spent spinning
+/// so it is exact (a sleeping device rounds to timer ticks, and a closed loop phase-locks to
+/// them, which hides or inflates a hop's microseconds). Without a spinning simulator, the fast
+/// model.
+pub fn precise_model(features: Features) -> SimModel {
+    if !features.sim_spin {
+        return fast_model();
+    }
+    SimModel { fixed_latency: Duration::from_millis(1), device: Device::Spin, ..fast_model() }
+}
+
+/// Multiplexer limits under which admission never waits: what a hop costs, without a queue.
+pub fn unhurried_limits() -> MuxLimits {
+    MuxLimits {
+        max_in_flight: 64,
+        max_queued: 256,
+        queue_timeout: Duration::from_secs(2),
+        max_concurrent_streams: 256,
+        coalesce: false,
+    }
+}
+
+/// Runs one load, quietly.
+pub async fn measure(config: LoadConfig) -> Result<Report> {
+    Ok(teifleet_load::run(&LoadConfig { progress: false, ..config }).await?)
+}
+
+/// A short closed-loop warm-up so connections, allocators and the simulator's batcher are warm
+/// before anything is measured.
+pub async fn warm_up(target: &str, connections: usize) -> Result<()> {
+    let config = LoadConfig { connections, ..LoadConfig::closed(target, 4, 200) };
+    measure(config).await.map(|_| ())
+}
+
+/// Inputs of `tokens` words.
+pub fn words(tokens: usize) -> Inputs {
+    Inputs::Words(Tokens::Fixed(tokens))
+}
+
+/// Runs `config(target)` against every target `rounds` times, rotating which goes first in each
+/// round, so slow drift on the machine favours none. Returns one report per round, per target.
+pub async fn interleaved(
+    targets: &[String],
+    rounds: usize,
+    config: impl Fn(&str) -> LoadConfig,
+) -> Result<Vec<Vec<Report>>> {
+    let mut out = vec![Vec::with_capacity(rounds); targets.len()];
+    for round in 0..rounds {
+        for k in 0..targets.len() {
+            let side = (round + k) % targets.len();
+            out[side].push(measure(config(&targets[side])).await?);
+        }
+    }
+    Ok(out)
+}
+
+/// The setup most scenarios share: a simulator with `backend` and a multiplexer with `limits` in
+/// front of it, named `<name>-sim` and `<name>-mux` (their logs' names), both warmed up over
+/// `connections`. Returns (simulator, multiplexer).
+pub async fn sim_and_mux(
+    ctx: &Context,
+    name: &str,
+    backend: &SimModel,
+    limits: &MuxLimits,
+    connections: usize,
+) -> Result<(Proc, Proc)> {
+    let sim = procs::start_sim(&ctx.bins, &format!("{name}-sim"), backend).await?;
+    let mux = procs::start_mux(&ctx.bins, &format!("{name}-mux"), &sim, limits).await?;
+    warm_up(&sim.url(), connections).await?;
+    warm_up(&mux.url(), connections).await?;
+    Ok((sim, mux))
+}
