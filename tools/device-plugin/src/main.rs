@@ -45,8 +45,14 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     logging::init(args.log_format)?;
     let stop = shutdown::signal()?;
-    let config =
-        Config::shared(&args.resource_name, args.count, args.replicas, &args.id_prefix, &args.plugin_dir, &args.socket_name);
+    let config = Config::shared(
+        &args.resource_name,
+        args.count,
+        args.replicas,
+        &args.id_prefix,
+        &args.plugin_dir,
+        &args.socket_name,
+    );
     tracing::info!(resource = %config.resource_name, devices = %config.device_ids.join(","), dir = %args.plugin_dir.display(), "starting");
     run(config, async move {
         let signal = stop.await;
