@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Device;
 use crate::metrics::Metrics;
+use crate::shared_device::SharedDevice;
 use crate::stats::Counters;
 
 /// One admitted request waiting for the device.
@@ -114,16 +115,32 @@ enum DeviceWork {
     Timer(Instant),
     /// Done when the thread burning the batch's CPU time returns.
     Cpu(JoinHandle<()>),
+    /// Done when the thread that waited for the shared device and ran the batch on it returns
+    /// how long it waited.
+    Shared(JoinHandle<Duration>),
 }
 
 impl DeviceWork {
-    fn start(device: Device, device_time: Duration, started: Instant, shutdown: &CancellationToken) -> Self {
-        match device {
-            Device::Sleep => Self::Timer(started + device_time),
-            Device::Spin => {
-                let shutdown = shutdown.clone();
-                // A blocking-pool thread, so the spinning never holds up the runtime's workers.
-                Self::Cpu(tokio::task::spawn_blocking(move || burn_cpu(device_time, &shutdown)))
+    fn start(
+        device: Device,
+        shared: Option<&Arc<SharedDevice>>,
+        device_time: Duration,
+        started: Instant,
+        shutdown: &CancellationToken,
+    ) -> Self {
+        let shutdown = shutdown.clone();
+        match (device, shared) {
+            (Device::Sleep, None) => Self::Timer(started + device_time),
+            // A blocking-pool thread, so the spinning never holds up the runtime's workers.
+            (Device::Spin, None) => Self::Cpu(tokio::task::spawn_blocking(move || burn_cpu(device_time, &shutdown))),
+            (device, Some(shared)) => {
+                let shared = Arc::clone(shared);
+                Self::Shared(tokio::task::spawn_blocking(move || {
+                    shared.hold(|| match device {
+                        Device::Sleep => std::thread::sleep(device_time),
+                        Device::Spin => burn_cpu(device_time, &shutdown),
+                    })
+                }))
             }
         }
     }
@@ -147,6 +164,7 @@ fn burn_cpu(cpu_time: Duration, shutdown: &CancellationToken) {
 /// waiting requests' reply channels so their callers learn the device is gone.
 pub(crate) fn spawn(
     limits: BatchLimits,
+    shared: Option<Arc<SharedDevice>>,
     slowdown: Arc<Slowdown>,
     metrics: Metrics,
     counters: Arc<Counters>,
@@ -154,13 +172,14 @@ pub(crate) fn spawn(
 ) -> mpsc::UnboundedSender<Entry> {
     // Unbounded is safe: only requests holding an admission slot are ever sent.
     let (tx, rx) = mpsc::unbounded_channel();
-    tokio::spawn(run(rx, limits, slowdown, metrics, counters, shutdown));
+    tokio::spawn(run(rx, limits, shared, slowdown, metrics, counters, shutdown));
     tx
 }
 
 async fn run(
     mut rx: mpsc::UnboundedReceiver<Entry>,
     limits: BatchLimits,
+    shared: Option<Arc<SharedDevice>>,
     slowdown: Arc<Slowdown>,
     metrics: Metrics,
     counters: Arc<Counters>,
@@ -178,7 +197,7 @@ async fn run(
                 let batch = std::mem::take(&mut next);
                 let started = Instant::now();
                 let device_time = limits.device_time(batch.tokens).mul_f64(slowdown.get());
-                let work = DeviceWork::start(limits.device, device_time, started, &shutdown);
+                let work = DeviceWork::start(limits.device, shared.as_ref(), device_time, started, &shutdown);
                 running = Some(Running { batch, started, work });
                 next.fill(&mut queue, &limits);
             }
@@ -190,9 +209,9 @@ async fn run(
         tokio::select! {
             biased;
             () = shutdown.cancelled() => break,
-            () = device_done(running.as_mut().map(|r| &mut r.work)) => {
+            waited = device_done(running.as_mut().map(|r| &mut r.work)) => {
                 if let Some(done) = running.take() {
-                    finish(done, &counters);
+                    finish(done, waited, &counters);
                 }
             }
             entry = rx.recv() => match entry {
@@ -203,20 +222,25 @@ async fn run(
     }
 }
 
-async fn device_done(work: Option<&mut DeviceWork>) {
+/// Completes when the running batch is done, with how long it waited for a shared device.
+async fn device_done(work: Option<&mut DeviceWork>) -> Duration {
     match work {
         Some(DeviceWork::Timer(deadline)) => tokio::time::sleep_until(*deadline).await,
         // A panicked burner has still finished with the batch; its callers get their answers.
         Some(DeviceWork::Cpu(thread)) => {
             let _ = thread.await;
         }
+        Some(DeviceWork::Shared(thread)) => return thread.await.unwrap_or_default(),
         None => std::future::pending().await,
     }
+    Duration::ZERO
 }
 
-fn finish(done: Running, counters: &Counters) {
+fn finish(done: Running, waited_for_device: Duration, counters: &Counters) {
+    // The callers see the whole batch, as TEI measures it; the device was busy with it only once
+    // this simulator had it.
     let inference_time = done.started.elapsed();
-    counters.batch_run(inference_time);
+    counters.batch_run(inference_time.saturating_sub(waited_for_device));
     for entry in done.batch.entries {
         let queue_time = done.started.saturating_duration_since(entry.enqueued);
         // A caller that left while its batch ran simply gets nothing.

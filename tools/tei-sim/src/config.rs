@@ -34,6 +34,9 @@ pub struct SimConfig {
     pub dimensions: usize,
     /// Reported by Info.
     pub model_id: String,
+    /// A lock file shared with co-located simulators: their batches take turns on one device,
+    /// as the TEIs of pods sharing one GPU do. `None`: a device of its own.
+    pub shared_device: Option<std::path::PathBuf>,
 }
 
 impl Default for SimConfig {
@@ -50,6 +53,7 @@ impl Default for SimConfig {
             device: Device::Sleep,
             dimensions: 384,
             model_id: "teifleet/sim-embedding".to_owned(),
+            shared_device: None,
         }
     }
 }

@@ -24,6 +24,13 @@ pub enum SimError {
         source: std::io::Error,
     },
     /// The reflection service could not read the descriptor set.
+    #[error("cannot open the shared device's lock file {path}: {source}")]
+    SharedDevice {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
     #[error("cannot build the reflection service: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     /// A metric could not be registered.

@@ -21,6 +21,7 @@ mod error;
 mod metrics;
 mod server;
 mod service;
+mod shared_device;
 mod state;
 mod stats;
 mod tokenizer;

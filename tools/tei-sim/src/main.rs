@@ -59,6 +59,11 @@ struct Args {
     /// device time is burnt as CPU time of one thread, so a busy machine slows the device).
     #[arg(long, default_value = "sleep", value_name = "sleep|spin")]
     device: Device,
+    /// A lock file shared with co-located simulators (a path on a volume their pods share, or in
+    /// /tmp on one machine): their batches take turns on one device, as the TEIs of pods given
+    /// replicas of one time-sliced GPU do. Unset: a device of its own.
+    #[arg(long, value_name = "PATH")]
+    shared_device: Option<std::path::PathBuf>,
     /// Length of the returned embeddings.
     #[arg(long, default_value_t = 384, value_name = "N")]
     dimensions: usize,
@@ -239,6 +244,7 @@ async fn main() -> anyhow::Result<()> {
         device: args.device,
         dimensions: args.dimensions,
         model_id: args.model_id,
+        shared_device: args.shared_device,
     };
     let sim = teifleet_tei_sim::start(config).await.context("starting the simulator")?;
     sim.set_fault(args.fault);

@@ -18,6 +18,7 @@ use crate::batcher::{self, BatchLimits, Slowdown};
 use crate::config::{Fault, SimConfig};
 use crate::metrics::Metrics;
 use crate::service::{Sim, health_service};
+use crate::shared_device::SharedDevice;
 use crate::state::State;
 use crate::stats::{Counters, Stats};
 use crate::{SimError, admin};
@@ -59,7 +60,9 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         device: config.device,
     };
     let slowdown = Arc::new(Slowdown::default());
-    let queue = batcher::spawn(limits, Arc::clone(&slowdown), metrics.clone(), Arc::clone(&counters), shutdown.clone());
+    let shared = config.shared_device.as_deref().map(SharedDevice::open).transpose()?.map(Arc::new);
+    let queue =
+        batcher::spawn(limits, shared, Arc::clone(&slowdown), metrics.clone(), Arc::clone(&counters), shutdown.clone());
     let state = Arc::new(State {
         slots: Arc::new(Semaphore::new(config.max_concurrent_requests)),
         config,

@@ -109,3 +109,47 @@ async fn a_slowed_device_takes_longer_per_batch() {
     })
     .await;
 }
+
+/// Simulators given one lock file share one device: a batch of each, asked for at once, run one
+/// after the other, so the batch that ran second reports (as TEI would) an inference time that
+/// covers both batches' device time, while each device counts only its own batch as busy time.
+/// Without the shared file the same two batches run side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn simulators_sharing_a_device_run_their_batches_one_at_a_time() {
+    bounded(async {
+        let dir = std::env::temp_dir().join(format!("tei-sim-shared-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lock = dir.join("device.lock");
+        let config = |shared: Option<std::path::PathBuf>| SimConfig {
+            fixed_latency: Duration::from_millis(150),
+            per_token_latency: Duration::ZERO,
+            shared_device: shared,
+            ..SimConfig::default()
+        };
+        // Inference times reported by two simulators' one batch each, asked for at once, and the
+        // two devices' busy times.
+        async fn side_by_side(a: SimConfig, b: SimConfig) -> ([u64; 2], u64) {
+            let (a, b) = (start(a).await, start(b).await);
+            let (mut ca, mut cb) = (embed_client(&a).await, embed_client(&b).await);
+            let (ra, rb) = tokio::join!(ca.embed(embed_request("a")), cb.embed(embed_request("b")));
+            let inference = |r: tonic::Response<teifleet_proto::v1::EmbedResponse>| {
+                r.into_inner().metadata.expect("metadata").inference_time_ns
+            };
+            let times = [inference(ra.unwrap()), inference(rb.unwrap())];
+            let busy_ns = (a.stats().device_busy_us + b.stats().device_busy_us) * 1000;
+            a.shutdown().await;
+            b.shutdown().await;
+            (times, busy_ns)
+        }
+
+        let (shared, busy) = side_by_side(config(Some(lock.clone())), config(Some(lock.clone()))).await;
+        let (second, first) = (shared.iter().max().unwrap(), shared.iter().min().unwrap());
+        assert!(*second >= busy - busy / 20, "the second batch waited for the first: {shared:?}, busy {busy} ns");
+        assert!(*first < busy - busy / 4, "the first did not wait: {shared:?}, busy {busy} ns");
+
+        let (apart, busy) = side_by_side(config(None), config(None)).await;
+        assert!(apart.iter().all(|t| *t < busy - busy / 4), "devices of their own overlap: {apart:?}, busy {busy} ns");
+        std::fs::remove_dir_all(&dir).ok();
+    })
+    .await;
+}
