@@ -13,6 +13,17 @@ use tonic::Status;
 pub const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 pub const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 
+/// An answer's headers gRPC sets itself, dropped from the metadata an answer carries (the
+/// upstream's own, passed on, or a status's).
+pub static RESERVED_IN_ANSWERS: [http::HeaderName; 6] = [
+    http::header::TE,
+    http::header::USER_AGENT,
+    http::header::CONTENT_TYPE,
+    GRPC_STATUS,
+    GRPC_MESSAGE,
+    http::HeaderName::from_static("grpc-message-type"),
+];
+
 /// A stream's messages as bytes, either way: a client's as they arrive, or the answers a
 /// streaming call sends back.
 pub type MessageStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send + 'static>>;

@@ -98,7 +98,11 @@ async fn a_deadline_shorter_than_the_cold_start_ends_at_the_deadline_and_a_hold_
     let mut short = tonic::Request::new(embed_request("in a hurry"));
     short.set_timeout(Duration::from_millis(100));
     let expired = client.clone().embed(short).await.unwrap_err();
-    assert_eq!(expired.code(), tonic::Code::DeadlineExceeded, "{expired:?}");
+    // The activator answers DEADLINE_EXCEEDED a little before the caller's clock runs out; on a
+    // busy machine the client's own timer (tonic: CANCELLED, "Timeout expired") may still fire
+    // first. Either way the call ended at its deadline, not served and not refused.
+    let own_timer = expired.code() == tonic::Code::Cancelled && expired.message() == "Timeout expired";
+    assert!(expired.code() == tonic::Code::DeadlineExceeded || own_timer, "{expired:?}");
 
     let refused = client.clone().embed(embed_request("patient")).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");

@@ -93,9 +93,20 @@ async fn a_deadline_passing_at_tei_is_deadline_exceeded() {
     // The multiplexer answers 20 ms before the caller's own timer would.
     request.set_timeout(Duration::from_millis(500));
     let status = embed_client(mux.grpc_addr).await.embed(request).await.unwrap_err();
-    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     let text = metrics_text(&mux);
     let series = "teifleet_requests_total{code=\"DeadlineExceeded\",outcome=\"expired_at_upstream\",pool=\"pool-a\",priority=\"standard\",protocol=\"grpc\",rpc=\"Embed\"}";
+    if status.code() == Code::Cancelled && status.message() == "Timeout expired" {
+        // A machine too busy for the 20 ms: the client's own timer fired first and it reset the
+        // call, which the multiplexer may have answered or counted as the caller going away.
+        let ended = || {
+            let text = metrics_text(&mux);
+            metric(&text, series).unwrap_or(0.0)
+                + metric_sum(&text, "teifleet_requests_total", &[("outcome", "cancelled")])
+        };
+        until("the call counted once", Duration::from_secs(5), || ended() == 1.0).await;
+        return;
+    }
+    assert_eq!(status.code(), Code::DeadlineExceeded, "{status:?}");
     assert_eq!(metric(&text, series), Some(1.0), "{text}");
 }
 

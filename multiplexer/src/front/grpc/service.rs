@@ -61,7 +61,7 @@ impl RpcService {
         // The key first: a refused call is not routed, queued or counted as a call, only as a
         // refusal (`teifleet_auth_failures_total`), as on the HTTP front.
         if let Err(failure) = self.gate.admit(request.headers_mut(), connection.transport.as_ref(), Protocol::Grpc) {
-            return futures::future::ready(status::into_status(Error::Auth(failure)).into_http()).boxed();
+            return futures::future::ready(status::into_http(status::into_status(Error::Auth(failure)))).boxed();
         }
         // The call's clock starts now, with the server's `grpc-timeout` backstop, not at the
         // first poll.
@@ -76,7 +76,9 @@ impl RpcService {
         // costs no future, and the call's future holds what routing found, not the span.
         let (meta, pool) = match self.forwarder.route(&mut call, request.headers()) {
             Ok(routed) => routed,
-            Err(error) => return futures::future::ready(report(Status::from(call.fail(error)).into_http())).boxed(),
+            Err(error) => {
+                return futures::future::ready(report(status::into_http(Status::from(call.fail(error))))).boxed();
+            }
         };
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = pool.spec.name.as_str());
         let (message_timeout, connection) = (self.message_timeout, ConnectionId(connection.number));
@@ -139,8 +141,8 @@ where
                 Err(WaitedInVain) => {
                     let waited = call.arrived.elapsed();
                     let source = AdmissionError::DeadlineExpired { waited };
-                    return Status::from(call.fail(Error::Admission { pool: pool.spec.name.clone(), source }))
-                        .into_http();
+                    let error = Error::Admission { pool: pool.spec.name.clone(), source };
+                    return status::into_http(Status::from(call.fail(error)));
                 }
             },
             false => None,
@@ -162,7 +164,7 @@ where
             };
             let grant = match admitted {
                 Ok(grant) => grant,
-                Err(error) => return Status::from(call.fail(error)).into_http(),
+                Err(error) => return status::into_http(Status::from(call.fail(error))),
             };
             let Admitting { call, meta, pool, .. } = admitting;
             exchange(rpc.shape, Routed { forwarder, call, meta, pool, grant }, request, coalescer, message_timeout)
@@ -199,7 +201,7 @@ where
         Shape::Unary => Box::pin(async move {
             let request = match unary::read_request(within(message_timeout, request, metrics), max_message).await {
                 Ok(request) => request,
-                Err(status) => return (status.into_http(), routed),
+                Err(refused) => return (status::into_http(refused), routed),
             };
             let answer = match coalescer {
                 Some(coalescer) => routed.take().coalesced(coalescer, request).await,
@@ -210,7 +212,7 @@ where
         Shape::ServerStream => Box::pin(async move {
             let request = match unary::read_request(within(message_timeout, request, metrics), max_message).await {
                 Ok(request) => request,
-                Err(status) => return (status.into_http(), routed),
+                Err(refused) => return (status::into_http(refused), routed),
             };
             let request = request.map(crate::vocab::framing::Framed::into_message);
             (stream_body::answer(routed.take().server_stream(request).await), routed)
@@ -219,14 +221,14 @@ where
         Shape::ClientStream => Box::pin(async move {
             let request = match stream_body::incoming(request, max_message, metrics) {
                 Ok(request) => request,
-                Err(status) => return (status.into_http(), routed),
+                Err(refused) => return (status::into_http(refused), routed),
             };
             (unary::answer(routed.take().client_stream(request).await, max_message), routed)
         }),
         Shape::Bidi => Box::pin(async move {
             let request = match stream_body::incoming(request, max_message, metrics) {
                 Ok(request) => request,
-                Err(status) => return (status.into_http(), routed),
+                Err(refused) => return (status::into_http(refused), routed),
             };
             (stream_body::answer(routed.take().bidi(request).await), routed)
         }),

@@ -18,6 +18,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::error::refused_message;
 use crate::report::metrics::Metrics;
+use crate::report::status;
 use crate::vocab::Protocol;
 use crate::vocab::framing::GRPC_STATUS;
 use crate::vocab::framing::{self, Messages, Side};
@@ -108,7 +109,7 @@ where
 pub fn answer(result: Result<Response<MessageStream>, Status>) -> http::Response<tonic::body::Body> {
     let (metadata, answers, extensions) = match result {
         Ok(response) => response.into_parts(),
-        Err(status) => return status.into_http(),
+        Err(status) => return status::into_http(status),
     };
     let mut headers = metadata.into_headers();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));

@@ -11,23 +11,19 @@ use std::pin::{Pin, pin};
 use std::task::{Context, Poll};
 
 use bytes::{Buf as _, Bytes};
-use http::header::{CONTENT_TYPE, TE, USER_AGENT};
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt as _;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Request, Response, Status};
 
+use crate::report::status;
 use crate::vocab::framing::{self, Framed, Messages, Side};
-use crate::vocab::framing::{GRPC_MESSAGE, GRPC_STATUS};
+use crate::vocab::framing::{GRPC_STATUS, RESERVED_IN_ANSWERS};
 
 const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 const GRPC_ACCEPT_ENCODING: &str = "grpc-accept-encoding";
-/// The answer's headers gRPC sets itself, dropped from the metadata an answer carries (the
-/// upstream's own, passed on).
-static RESERVED: [HeaderName; 6] =
-    [TE, USER_AGENT, CONTENT_TYPE, GRPC_STATUS, GRPC_MESSAGE, HeaderName::from_static("grpc-message-type")];
-
 /// The request's message, kept framed, with its headers (and any trailers) as metadata. The body
 /// is read to its end: messages after the first are checked and dropped, as tonic does.
 pub async fn read_request<B>(request: http::Request<B>, max_message: usize) -> Result<Request<Framed>, Status>
@@ -76,17 +72,16 @@ where
 pub fn answer(result: Result<Response<Framed>, Status>, max_message: usize) -> http::Response<tonic::body::Body> {
     let (metadata, message, extensions) = match result {
         Ok(response) => response.into_parts(),
-        Err(status) => return status.into_http(),
+        Err(status) => return status::into_http(status),
     };
     if message.len() > max_message {
-        return Status::out_of_range(format!(
+        return status::into_http(Status::out_of_range(format!(
             "Error, encoded message length too large: found {} bytes, the limit is: {max_message} bytes",
             message.len()
-        ))
-        .into_http();
+        )));
     }
     let mut headers = metadata.into_headers();
-    crate::gate::request_meta::remove_all(&mut headers, &RESERVED);
+    crate::gate::request_meta::remove_all(&mut headers, &RESERVED_IN_ANSWERS);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     let mut response =
         http::Response::new(tonic::body::Body::new(Answer { message: Some(message.into_framed()), ended: false }));

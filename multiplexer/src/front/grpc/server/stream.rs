@@ -21,6 +21,7 @@ use tower::ServiceExt as _;
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::front::grpc::service::RpcService;
 use crate::gate::request_meta::{GRPC_TIMEOUT, parse_grpc_timeout};
+use crate::report::status;
 use crate::transport::send_window;
 use crate::vocab::rpc::RPCS;
 
@@ -114,7 +115,7 @@ fn timeout_backstop(timeout: Option<Duration>, answer: BoxFuture<'static, Answer
         None => answer,
         Some(timeout) => Box::pin(
             tokio::time::timeout(timeout, answer)
-                .map(|answer| answer.unwrap_or_else(|_| Status::cancelled("Timeout expired").into_http())),
+                .map(|answer| answer.unwrap_or_else(|_| status::into_http(Status::cancelled("Timeout expired")))),
         ),
     }
 }
