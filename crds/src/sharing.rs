@@ -54,7 +54,7 @@ impl SharingStrategy {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("self.strategy != 'mig' || has(self.profile)").message("gpu.sharing.strategy mig needs a profile such as 1g.10gb"))]
-#[x_kube(validation = Rule::new("self.strategy != 'mig' || (!has(self.replicas) && !self.renameByDefault)").message("gpu.sharing.replicas and renameByDefault are for time-slicing and mps: a MIG profile is a resource of its own"))]
+#[x_kube(validation = Rule::new("self.strategy != 'mig' || (!has(self.replicas) && !(has(self.renameByDefault) && self.renameByDefault))").message("gpu.sharing.replicas and renameByDefault are for time-slicing and mps: a MIG profile is a resource of its own"))]
 #[x_kube(validation = Rule::new("self.strategy == 'mig' || has(self.replicas)").message("gpu.sharing.strategy time-slicing and mps need replicas: how many replicas the device plugin offers each GPU as (nvidia.com/gpu.replicas)"))]
 #[x_kube(validation = Rule::new("self.strategy == 'mig' || !has(self.profile)").message("gpu.sharing.profile is for strategy mig only"))]
 pub struct GpuSharing {

@@ -74,9 +74,18 @@ impl EmbeddingPoolSpec {
         let cpu_millis = whole.cpu.parse::<u64>().unwrap_or(1) * 1000;
         let memory_mib = whole.memory.trim_end_matches("Gi").parse::<u64>().unwrap_or(1) * 1024;
         (
-            format!("{}m", scale(cpu_millis, 100, MIN_SHARE_CPU_MILLIS)),
-            format!("{}Mi", scale(memory_mib, 256, MIN_SHARE_MEMORY_MIB)),
+            canonical(scale(cpu_millis, 100, MIN_SHARE_CPU_MILLIS), 1000, "", "m"),
+            canonical(scale(memory_mib, 256, MIN_SHARE_MEMORY_MIB), 1024, "Gi", "Mi"),
         )
+    }
+}
+
+/// A quantity as the API server writes it back (`2Gi`, not `2048Mi`; `1`, not `1000m`), so the
+/// rendered pod template reads the same as the stored one.
+fn canonical(amount: u64, per_unit: u64, unit: &str, small_unit: &str) -> String {
+    match amount % per_unit {
+        0 => format!("{}{unit}", amount / per_unit),
+        _ => format!("{amount}{small_unit}"),
     }
 }
 
@@ -118,7 +127,7 @@ mod tests {
         let spec = pool(GpuType::NvidiaL4, replicas(4));
         assert_eq!(spec.max_batch_tokens(), Some(4096));
         assert_eq!(spec.in_flight_per_replica_cap(), Some(32));
-        assert_eq!(spec.default_tei_requests(), ("500m".to_owned(), "2048Mi".to_owned()));
+        assert_eq!(spec.default_tei_requests(), ("500m".to_owned(), "2Gi".to_owned()));
     }
 
     #[test]
@@ -138,7 +147,7 @@ mod tests {
         let mut spec = pool(GpuType::NvidiaT4, replicas(64));
         assert_eq!(spec.max_batch_tokens(), Some(1024));
         assert_eq!(spec.in_flight_per_replica_cap(), Some(8));
-        assert_eq!(spec.default_tei_requests(), ("500m".to_owned(), "2048Mi".to_owned()));
+        assert_eq!(spec.default_tei_requests(), ("500m".to_owned(), "2Gi".to_owned()));
         spec.tei.max_batch_tokens = Some(8192);
         spec.concurrency.max_in_flight_per_replica = Some(3);
         assert_eq!((spec.max_batch_tokens(), spec.in_flight_per_replica_cap()), (Some(8192), Some(3)));

@@ -176,7 +176,7 @@ async fn four_time_sliced_pools_share_one_gpu_and_a_fifth_is_told_the_share_is_t
         let tei = &spec.containers[0];
         assert!(tei.args.as_ref().unwrap().contains(&"--max-batch-tokens=4096".to_owned()), "{:?}", tei.args);
         let requests = tei.resources.as_ref().unwrap().requests.clone().unwrap();
-        assert_eq!((requests["cpu"].0.as_str(), requests["memory"].0.as_str()), ("500m", "2048Mi"));
+        assert_eq!((requests["cpu"].0.as_str(), requests["memory"].0.as_str()), ("500m", "2Gi"));
     }
 
     create_pool(&client, &ns.name, "small-4", json!({ "gpu": sharing })).await;
