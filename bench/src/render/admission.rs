@@ -35,87 +35,6 @@ fn point_row(table: &mut Table<'_>, b: &BackendResult, limit: &str, p: &Point) {
     ]);
 }
 
-fn adaptive(r: &AdaptiveLimit) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "Three simulated backends, 16-token Embeds, each driven open loop (Poisson) at {}× its measured capacity \
-         with a {} s deadline, the same schedule for every multiplexer run on it: static limits {} and one \
-         `--adaptive` configuration, the same on every backend (ceiling `--max-in-flight {}`), all with the same \
-         queue ({}). Each run starts a fresh multiplexer, warms up at the load ({:.0} s; the adaptive runs {:.0} s, \
-         since their limit starts at a quarter of the ceiling and has to find its level, which the static runs \
-         were given), then measures {:.0} s. The adaptive limit is `teifleet_limit_in_flight` from the \
-         multiplexer's `/metrics`, sampled every {} ms; \"found after\" is when it came within ±{:.0}% (or ±2 calls) of \
-         where it ended, for good.\n",
-        adaptive::LOAD_FACTOR,
-        adaptive::DEADLINE.as_secs(),
-        r.backends
-            .first()
-            .map(|b| b.statics.iter().map(|s| s.limit.to_string()).collect::<Vec<_>>().join(", "))
-            .unwrap_or_default(),
-        adaptive::CEILING,
-        limits(&r.limits).replace(&format!("maxInFlight {}, ", r.limits.max_in_flight), ""),
-        r.warm_up_s,
-        r.adaptive_warm_up_s,
-        r.seconds,
-        adaptive::SAMPLE_EVERY.as_millis(),
-        adaptive::SETTLE_BAND * 100.0
-    );
-    let mut table = Table::new(
-        &mut out,
-        &[
-            text("backend"),
-            text("model"),
-            figure("capacity"),
-            figure("batch p50"),
-            figure("offered/s"),
-            figure("best static"),
-            figure("adaptive ended near"),
-            figure("found after"),
-        ],
-    );
-    for b in &r.backends {
-        table.row(&[
-            &b.name,
-            &backend(&b.model),
-            &format!("{:.0} req/s", b.capacity.rps),
-            &format!("{} ms", number(b.capacity.batch_ms)),
-            &format!("{:.0}", b.rate),
-            &b.best_static().map_or("—".into(), |s| s.limit.to_string()),
-            &format!("{:.0}", b.final_limit()),
-            &b.found_after_s().map_or("not within the run".into(), |t| format!("{t:.1} s")),
-        ]);
-    }
-    out.push('\n');
-    let mut table = Table::new(
-        &mut out,
-        &[
-            text("backend"),
-            text("limit"),
-            figure("goodput/s"),
-            figure("÷ capacity"),
-            figure("÷ best static"),
-            figure("OK p99"),
-            figure("TEI queue p99"),
-            figure("batch p50"),
-            text("codes"),
-        ],
-    );
-    for b in &r.backends {
-        for s in &b.statics {
-            point_row(&mut table, b, &s.limit.to_string(), &s.point);
-        }
-        point_row(&mut table, b, &format!("**adaptive** (→ {:.0})", b.final_limit()), &b.adaptive);
-    }
-    match (&r.change, &r.change_missing) {
-        (Some(c), _) => change(&mut out, c),
-        (None, why) => {
-            let _ = writeln!(out, "\n**Capacity change.** Not measured: {}.", why.as_deref().unwrap_or("unknown"));
-        }
-    }
-    out
-}
-
 fn change(out: &mut String, c: &CapacityChange) {
     let settle = c.settle();
     let _ = writeln!(
@@ -163,147 +82,6 @@ fn change(out: &mut String, c: &CapacityChange) {
     let _ = writeln!(out, "Limit around the change, about once a second: {}.", per_second.join(", "));
 }
 
-fn fairness(r: &Fairness) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "Backend: {}; **measured capacity {:.1} req/s**. Multiplexer: {}, tenants `{}` and `{}` of weight 1, one \
-         priority. Tenant A (`x-teifleet-tenant: {}`) sends {}× capacity over 8 connections while tenant B sends \
-         {}× capacity over 2, open loop (Poisson), {:.0} s, 1 s deadline, as two tasks at once; B alone first, same \
-         schedule. The same two loads direct to TEI for comparison. Latency columns are of all answers.\n",
-        backend(&r.backend),
-        r.capacity.rps,
-        limits(&r.limits),
-        fairness::FLOOD,
-        fairness::LIGHT,
-        fairness::FLOOD,
-        fairness::FLOOD_FACTOR,
-        fairness::LIGHT_FACTOR,
-        r.seconds
-    );
-    let mut table = Table::new(
-        &mut out,
-        &[
-            text("run"),
-            text("tenant"),
-            figure("offered/s"),
-            figure("sent"),
-            figure("OK in time"),
-            figure("÷ sent"),
-            figure("goodput/s"),
-            figure("p50"),
-            figure("p99"),
-            text("codes"),
-        ],
-    );
-    let mut row = |run: &str, tenant: &str, x: &Report| {
-        table.row(&[
-            &run,
-            &tenant,
-            &format!("{:.0}", x.offered_rps.unwrap_or(f64::NAN)),
-            &x.sent,
-            &x.ok_in_time,
-            &format!("{:.3}", ratio(x.ok_in_time as f64, x.sent as f64)),
-            &format!("{:.1}", x.goodput_rps),
-            &format!("{} ms", number(x.latency.p50_ms)),
-            &format!("{} ms", number(x.latency.p99_ms)),
-            &codes(x),
-        ]);
-    };
-    row("multiplexer, B alone", "B", &r.light_alone);
-    row("multiplexer, together", "A", &r.mux.flood);
-    row("multiplexer, together", "B", &r.mux.light);
-    row("direct to TEI, together", "A", &r.direct.flood);
-    row("direct to TEI, together", "B", &r.direct.light);
-    let _ = writeln!(
-        out,
-        "\nTotal goodput through the multiplexer: {:.1} req/s = {:.3} × capacity (direct: {:.3}). B's p99 beside the \
-         flood ÷ alone: {:.2}×.",
-        r.mux.total_goodput_rps(),
-        ratio(r.mux.total_goodput_rps(), r.capacity.rps),
-        ratio(r.direct.total_goodput_rps(), r.capacity.rps),
-        r.light_p99_ratio()
-    );
-    out
-}
-
-fn pushback(r: &Pushback) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "Backend: {}. Multiplexer: {}. {} callers over 8 connections send one 16-token Embed each, all at once, \
-         with a {:.0} s deadline over all attempts (the time budget). (a) retries as gRPC's retry policy does: a \
-         `grpc-retry-pushback-ms` ≥ 0 is waited exactly (and resets the backoff), a negative one stops, without \
-         one the jittered backoff applies; (b) waits a full-jitter exponential backoff and ignores the hint. Both \
-         retry `RESOURCE_EXHAUSTED` and `UNAVAILABLE`, {}. {} round(s), the order rotating; the targets use the \
-         median over rounds.\n",
-        backend(&r.backend),
-        limits(&r.limits),
-        r.clients,
-        r.budget_ms / 1e3,
-        r.policy.to_string().replace("pushback retry, ", ""),
-        r.rounds.len()
-    );
-    let mut table = Table::new(
-        &mut out,
-        &[
-            text("policy"),
-            figure("round"),
-            figure("succeeded"),
-            figure("at the 1st attempt"),
-            figure("after a retry"),
-            figure("attempts"),
-            figure("hints p50 / p99"),
-            figure("last answer"),
-            text("codes"),
-        ],
-    );
-    for policy in Policy::ALL {
-        for (round, x) in r.runs(policy).into_iter().enumerate() {
-            let (first, retried, attempts, hints) = match &x.retries {
-                Some(t) => (
-                    t.ok_first(),
-                    t.ok_retried().to_string(),
-                    t.attempts.to_string(),
-                    if t.hint.count > 0 {
-                        format!("{:.0} / {:.0} ms", t.hint.p50_ms, t.hint.p99_ms)
-                    } else {
-                        "—".into()
-                    },
-                ),
-                None => (x.ok, "—".into(), x.sent.to_string(), "—".into()),
-            };
-            table.row(&[
-                &policy.label(),
-                &(round + 1),
-                &x.ok_in_time,
-                &first,
-                &retried,
-                &attempts,
-                &hints,
-                &format!("{:.2} s", x.elapsed_s),
-                &codes(x),
-            ]);
-        }
-    }
-    let _ = writeln!(
-        out,
-        "\nMedian successes: (a) {:.0}, (b) {:.0}, without retrying {:.0}; (a) ÷ (b) = {:.2}. \"last answer\" is \
-         when the run's last call ended: how long the retries kept coming.",
-        r.median_successes(Policy::Pushback),
-        r.median_successes(Policy::Jitter),
-        r.median_successes(Policy::NoRetry),
-        r.gain()
-    );
-    let _ = writeln!(
-        out,
-        "\nOK answers by attempt (first round): (a) {}; (b) {}.",
-        by_attempt(r.runs(Policy::Pushback).first().copied()),
-        by_attempt(r.runs(Policy::Jitter).first().copied())
-    );
-    out
-}
-
 fn by_attempt(report: Option<&Report>) -> String {
     match report.and_then(|r| r.retries.as_ref()) {
         Some(t) => t.ok_by_attempt.iter().map(u64::to_string).collect::<Vec<_>>().join(" / "),
@@ -313,7 +91,85 @@ fn by_attempt(report: Option<&Report>) -> String {
 
 impl Render for AdaptiveLimit {
     fn body(&self) -> String {
-        adaptive(self)
+        let r = self;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "Three simulated backends, 16-token Embeds, each driven open loop (Poisson) at {}× its measured capacity \
+             with a {} s deadline, the same schedule for every multiplexer run on it: static limits {} and one \
+             `--adaptive` configuration, the same on every backend (ceiling `--max-in-flight {}`), all with the same \
+             queue ({}). Each run starts a fresh multiplexer, warms up at the load ({:.0} s; the adaptive runs {:.0} s, \
+             since their limit starts at a quarter of the ceiling and has to find its level, which the static runs \
+             were given), then measures {:.0} s. The adaptive limit is `teifleet_limit_in_flight` from the \
+             multiplexer's `/metrics`, sampled every {} ms; \"found after\" is when it came within ±{:.0}% (or ±2 calls) of \
+             where it ended, for good.\n",
+            adaptive::LOAD_FACTOR,
+            adaptive::DEADLINE.as_secs(),
+            r.backends
+                .first()
+                .map(|b| b.statics.iter().map(|s| s.limit.to_string()).collect::<Vec<_>>().join(", "))
+                .unwrap_or_default(),
+            adaptive::CEILING,
+            limits(&r.limits).replace(&format!("maxInFlight {}, ", r.limits.max_in_flight), ""),
+            r.warm_up_s,
+            r.adaptive_warm_up_s,
+            r.seconds,
+            adaptive::SAMPLE_EVERY.as_millis(),
+            adaptive::SETTLE_BAND * 100.0
+        );
+        let mut table = Table::new(
+            &mut out,
+            &[
+                text("backend"),
+                text("model"),
+                figure("capacity"),
+                figure("batch p50"),
+                figure("offered/s"),
+                figure("best static"),
+                figure("adaptive ended near"),
+                figure("found after"),
+            ],
+        );
+        for b in &r.backends {
+            table.row(&[
+                &b.name,
+                &backend(&b.model),
+                &format!("{:.0} req/s", b.capacity.rps),
+                &format!("{} ms", number(b.capacity.batch_ms)),
+                &format!("{:.0}", b.rate),
+                &b.best_static().map_or("—".into(), |s| s.limit.to_string()),
+                &format!("{:.0}", b.final_limit()),
+                &b.found_after_s().map_or("not within the run".into(), |t| format!("{t:.1} s")),
+            ]);
+        }
+        out.push('\n');
+        let mut table = Table::new(
+            &mut out,
+            &[
+                text("backend"),
+                text("limit"),
+                figure("goodput/s"),
+                figure("÷ capacity"),
+                figure("÷ best static"),
+                figure("OK p99"),
+                figure("TEI queue p99"),
+                figure("batch p50"),
+                text("codes"),
+            ],
+        );
+        for b in &r.backends {
+            for s in &b.statics {
+                point_row(&mut table, b, &s.limit.to_string(), &s.point);
+            }
+            point_row(&mut table, b, &format!("**adaptive** (→ {:.0})", b.final_limit()), &b.adaptive);
+        }
+        match (&r.change, &r.change_missing) {
+            (Some(c), _) => change(&mut out, c),
+            (None, why) => {
+                let _ = writeln!(out, "\n**Capacity change.** Not measured: {}.", why.as_deref().unwrap_or("unknown"));
+            }
+        }
+        out
     }
 
     /// The limit over time on each backend, goodput against the static limit, and the limit
@@ -376,13 +232,148 @@ impl Render for AdaptiveLimit {
 
 impl Render for Fairness {
     fn body(&self) -> String {
-        fairness(self)
+        let r = self;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "Backend: {}; **measured capacity {:.1} req/s**. Multiplexer: {}, tenants `{}` and `{}` of weight 1, one \
+             priority. Tenant A (`x-teifleet-tenant: {}`) sends {}× capacity over 8 connections while tenant B sends \
+             {}× capacity over 2, open loop (Poisson), {:.0} s, 1 s deadline, as two tasks at once; B alone first, same \
+             schedule. The same two loads direct to TEI for comparison. Latency columns are of all answers.\n",
+            backend(&r.backend),
+            r.capacity.rps,
+            limits(&r.limits),
+            fairness::FLOOD,
+            fairness::LIGHT,
+            fairness::FLOOD,
+            fairness::FLOOD_FACTOR,
+            fairness::LIGHT_FACTOR,
+            r.seconds
+        );
+        let mut table = Table::new(
+            &mut out,
+            &[
+                text("run"),
+                text("tenant"),
+                figure("offered/s"),
+                figure("sent"),
+                figure("OK in time"),
+                figure("÷ sent"),
+                figure("goodput/s"),
+                figure("p50"),
+                figure("p99"),
+                text("codes"),
+            ],
+        );
+        let mut row = |run: &str, tenant: &str, x: &Report| {
+            table.row(&[
+                &run,
+                &tenant,
+                &format!("{:.0}", x.offered_rps.unwrap_or(f64::NAN)),
+                &x.sent,
+                &x.ok_in_time,
+                &format!("{:.3}", ratio(x.ok_in_time as f64, x.sent as f64)),
+                &format!("{:.1}", x.goodput_rps),
+                &format!("{} ms", number(x.latency.p50_ms)),
+                &format!("{} ms", number(x.latency.p99_ms)),
+                &codes(x),
+            ]);
+        };
+        row("multiplexer, B alone", "B", &r.light_alone);
+        row("multiplexer, together", "A", &r.mux.flood);
+        row("multiplexer, together", "B", &r.mux.light);
+        row("direct to TEI, together", "A", &r.direct.flood);
+        row("direct to TEI, together", "B", &r.direct.light);
+        let _ = writeln!(
+            out,
+            "\nTotal goodput through the multiplexer: {:.1} req/s = {:.3} × capacity (direct: {:.3}). B's p99 beside the \
+             flood ÷ alone: {:.2}×.",
+            r.mux.total_goodput_rps(),
+            ratio(r.mux.total_goodput_rps(), r.capacity.rps),
+            ratio(r.direct.total_goodput_rps(), r.capacity.rps),
+            r.light_p99_ratio()
+        );
+        out
     }
 }
 
 impl Render for Pushback {
     fn body(&self) -> String {
-        pushback(self)
+        let r = self;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "Backend: {}. Multiplexer: {}. {} callers over 8 connections send one 16-token Embed each, all at once, \
+             with a {:.0} s deadline over all attempts (the time budget). (a) retries as gRPC's retry policy does: a \
+             `grpc-retry-pushback-ms` ≥ 0 is waited exactly (and resets the backoff), a negative one stops, without \
+             one the jittered backoff applies; (b) waits a full-jitter exponential backoff and ignores the hint. Both \
+             retry `RESOURCE_EXHAUSTED` and `UNAVAILABLE`, {}. {} round(s), the order rotating; the targets use the \
+             median over rounds.\n",
+            backend(&r.backend),
+            limits(&r.limits),
+            r.clients,
+            r.budget_ms / 1e3,
+            r.policy.to_string().replace("pushback retry, ", ""),
+            r.rounds.len()
+        );
+        let mut table = Table::new(
+            &mut out,
+            &[
+                text("policy"),
+                figure("round"),
+                figure("succeeded"),
+                figure("at the 1st attempt"),
+                figure("after a retry"),
+                figure("attempts"),
+                figure("hints p50 / p99"),
+                figure("last answer"),
+                text("codes"),
+            ],
+        );
+        for policy in Policy::ALL {
+            for (round, x) in r.runs(policy).into_iter().enumerate() {
+                let (first, retried, attempts, hints) = match &x.retries {
+                    Some(t) => (
+                        t.ok_first(),
+                        t.ok_retried().to_string(),
+                        t.attempts.to_string(),
+                        if t.hint.count > 0 {
+                            format!("{:.0} / {:.0} ms", t.hint.p50_ms, t.hint.p99_ms)
+                        } else {
+                            "—".into()
+                        },
+                    ),
+                    None => (x.ok, "—".into(), x.sent.to_string(), "—".into()),
+                };
+                table.row(&[
+                    &policy.label(),
+                    &(round + 1),
+                    &x.ok_in_time,
+                    &first,
+                    &retried,
+                    &attempts,
+                    &hints,
+                    &format!("{:.2} s", x.elapsed_s),
+                    &codes(x),
+                ]);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\nMedian successes: (a) {:.0}, (b) {:.0}, without retrying {:.0}; (a) ÷ (b) = {:.2}. \"last answer\" is \
+             when the run's last call ended: how long the retries kept coming.",
+            r.median_successes(Policy::Pushback),
+            r.median_successes(Policy::Jitter),
+            r.median_successes(Policy::NoRetry),
+            r.gain()
+        );
+        let _ = writeln!(
+            out,
+            "\nOK answers by attempt (first round): (a) {}; (b) {}.",
+            by_attempt(r.runs(Policy::Pushback).first().copied()),
+            by_attempt(r.runs(Policy::Jitter).first().copied())
+        );
+        out
     }
 }
 

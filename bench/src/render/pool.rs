@@ -17,132 +17,132 @@ fn per_replica(values: impl Iterator<Item = String>) -> String {
     values.collect::<Vec<_>>().join(" / ")
 }
 
-fn spillover(r: &Spillover) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "Each replica: {}, behind its own multiplexer in static mode ({}), started with `--sibling` naming the \
-         other replicas' multiplexers (every gRPC port picked before any of them starts; a sibling is connected \
-         to at its first spill). **Measured capacity of one replica: {:.1} req/s** (direct, closed loop, {} in \
-         flight); batch time p50 {} ms.\n\n\
-         Load: open loop, Poisson, {} s per run, 16-token inputs, every request with a {} s deadline, at {}× the \
-         pool's capacity (the replicas × one replica's), the same schedule (seed) in the three runs of a pool: (a) \
-         one client on one HTTP/2 connection to replica 1's multiplexer; (b) {BALANCED_CONNECTIONS} connections \
-         spread over the replicas' multiplexers in turn, requests round robin over them (a balancing client: the \
-         reference); (c) as (a), to a multiplexer of replica 1's TEI started without `--sibling` (the floor \
-         without spillover). OK/s counts OK answers within the deadline. Device busy time, calls served and the \
-         most requests in flight at once are each simulator's own counters (`/stats`), reset before each run; \
-         spills are the client's multiplexer's `teifleet_spills_total` (served by the sibling / refused by it and \
-         served here).\n",
-        backend(&r.backend),
-        limits(&r.limits),
-        r.capacity.rps,
-        r.capacity.concurrency,
-        number(r.capacity.batch_ms),
-        r.seconds,
-        DEADLINE.as_secs(),
-        LOAD_FACTOR
-    );
-    let mut table = Table::new(
-        &mut out,
-        &[
-            figure("replicas"),
-            text("run"),
-            figure("offered/s"),
-            figure("OK/s"),
-            figure("÷ (b)"),
-            figure("refused"),
-            figure("OK p50"),
-            figure("OK p99"),
-            figure("spills served / refused"),
-            figure("device busy per replica"),
-            figure("calls per replica"),
-            figure("most in flight per TEI"),
-            text("codes"),
-        ],
-    );
-    for pool in &r.pools {
-        for (name, run) in pool.runs() {
-            let x = &run.report;
-            table.row(&[
-                &pool.replicas,
-                &name,
-                &format!("{:.0}", x.offered_rps.unwrap_or(pool.offered_rps)),
-                &format!("{:.0}", run.ok_rps()),
-                &number(ratio(run.ok_rps(), pool.balanced.ok_rps())),
-                &run.refused(),
-                &format!("{} ms", number(x.latency_ok.p50_ms)),
-                &format!("{} ms", number(x.latency_ok.p99_ms)),
-                &format!("{:.0} / {:.0}", run.spills.served, run.spills.refused),
-                &format!("{} s", per_replica(run.sims.iter().map(|s| format!("{:.2}", s.device_busy_us as f64 / 1e6)))),
-                &per_replica(run.sims.iter().map(|s| s.completed.to_string())),
-                &per_replica(run.sims.iter().map(|s| s.max_in_flight_observed.to_string())),
-                &codes(x),
-            ]);
-        }
-    }
-    let _ = writeln!(
-        out,
-        "\nOK p50 and p99 are queueing: at {LOAD_FACTOR}× capacity every admitted call waits. In (a) it waits in \
-         replica 1's queue, which every replica drains (a call there takes room here or at a sibling, whichever \
-         opens first); in (b) and (c), in the queue of the replica its connection reaches, which that replica \
-         alone drains. So a pinned client's admitted calls wait less than a balancing client's, not more, and a \
-         lower p50 in (a) says nothing of the hop; what the extra hop costs is measured alone below. Refusals are \
-         what was offered beyond what the pool served: with spillover about as many as the balancing client's, \
-         without it all but one replica's worth."
-    );
-    let h = &r.hop;
-    let p50 = |side| format!("{} ms", number(median_of(side, |s| s.p50_ms)));
-    let p99 = |side| format!("{} ms", number(median_of(side, |s| s.p99_ms)));
-    let _ = writeln!(
-        out,
-        "\n**What a spilled call costs.** Two replicas A and B: {}; each multiplexer {}, A's started with \
-         `--sibling` B. A's TEI is stalled (`POST /fault/stall`) with one call holding A's only permit, so every \
-         call through A spills to B ({:.0}% did, from A's `teifleet_spills_total`). One {}-token Embed at a time, \
-         closed loop, {} rounds of {} calls in rotating order: straight to B's TEI, through B's multiplexer (a \
-         local call), through A's (spilled to B). p50 and p99 are medians over rounds; *added* is the median of \
-         each round's difference.\n",
-        backend(&h.backend),
-        limits(&h.limits),
-        h.spilled_share * 100.0,
-        h.tokens,
-        h.rounds,
-        h.calls_per_round
-    );
-    Table::new(&mut out, &[text("path"), figure("p50"), figure("p99"), figure("added p50")])
-        .row(&[&"B's TEI directly", &p50(&h.direct), &p99(&h.direct), &"—"])
-        .row(&[
-            &"through B's multiplexer (local)",
-            &p50(&h.local),
-            &p99(&h.local),
-            &format!("{} over TEI (one hop)", us(h.hop_added_us())),
-        ])
-        .row(&[
-            &"through A's multiplexer, spilled to B",
-            &p50(&h.spilled),
-            &p99(&h.spilled),
-            &format!("{} over local", us(h.spill_added_us())),
-        ]);
-    let _ = writeln!(
-        out,
-        "\nA spilled call adds {} over a local one, {}× what one multiplexer adds over TEI in the same run \
-         (scenario 1 measures that hop on its own).",
-        us(h.spill_added_us()),
-        number(ratio(h.spill_added_us(), h.hop_added_us()))
-    );
-    if h.backend.device == crate::procs::Device::Sleep {
-        let _ = writeln!(
-            out,
-            "\nThis run's simulator has no `--device spin`, so the device sleeps and rounds each batch up to a 1 ms \
-             timer tick, which can hide or inflate a hop's microseconds."
-        );
-    }
-    out
-}
-
 impl Render for Spillover {
     fn body(&self) -> String {
-        spillover(self)
+        let r = self;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "Each replica: {}, behind its own multiplexer in static mode ({}), started with `--sibling` naming the \
+             other replicas' multiplexers (every gRPC port picked before any of them starts; a sibling is connected \
+             to at its first spill). **Measured capacity of one replica: {:.1} req/s** (direct, closed loop, {} in \
+             flight); batch time p50 {} ms.\n\n\
+             Load: open loop, Poisson, {} s per run, 16-token inputs, every request with a {} s deadline, at {}× the \
+             pool's capacity (the replicas × one replica's), the same schedule (seed) in the three runs of a pool: (a) \
+             one client on one HTTP/2 connection to replica 1's multiplexer; (b) {BALANCED_CONNECTIONS} connections \
+             spread over the replicas' multiplexers in turn, requests round robin over them (a balancing client: the \
+             reference); (c) as (a), to a multiplexer of replica 1's TEI started without `--sibling` (the floor \
+             without spillover). OK/s counts OK answers within the deadline. Device busy time, calls served and the \
+             most requests in flight at once are each simulator's own counters (`/stats`), reset before each run; \
+             spills are the client's multiplexer's `teifleet_spills_total` (served by the sibling / refused by it and \
+             served here).\n",
+            backend(&r.backend),
+            limits(&r.limits),
+            r.capacity.rps,
+            r.capacity.concurrency,
+            number(r.capacity.batch_ms),
+            r.seconds,
+            DEADLINE.as_secs(),
+            LOAD_FACTOR
+        );
+        let mut table = Table::new(
+            &mut out,
+            &[
+                figure("replicas"),
+                text("run"),
+                figure("offered/s"),
+                figure("OK/s"),
+                figure("÷ (b)"),
+                figure("refused"),
+                figure("OK p50"),
+                figure("OK p99"),
+                figure("spills served / refused"),
+                figure("device busy per replica"),
+                figure("calls per replica"),
+                figure("most in flight per TEI"),
+                text("codes"),
+            ],
+        );
+        for pool in &r.pools {
+            for (name, run) in pool.runs() {
+                let x = &run.report;
+                table.row(&[
+                    &pool.replicas,
+                    &name,
+                    &format!("{:.0}", x.offered_rps.unwrap_or(pool.offered_rps)),
+                    &format!("{:.0}", run.ok_rps()),
+                    &number(ratio(run.ok_rps(), pool.balanced.ok_rps())),
+                    &run.refused(),
+                    &format!("{} ms", number(x.latency_ok.p50_ms)),
+                    &format!("{} ms", number(x.latency_ok.p99_ms)),
+                    &format!("{:.0} / {:.0}", run.spills.served, run.spills.refused),
+                    &format!(
+                        "{} s",
+                        per_replica(run.sims.iter().map(|s| format!("{:.2}", s.device_busy_us as f64 / 1e6)))
+                    ),
+                    &per_replica(run.sims.iter().map(|s| s.completed.to_string())),
+                    &per_replica(run.sims.iter().map(|s| s.max_in_flight_observed.to_string())),
+                    &codes(x),
+                ]);
+            }
+        }
+        let _ = writeln!(
+            out,
+            "\nOK p50 and p99 are queueing: at {LOAD_FACTOR}× capacity every admitted call waits. In (a) it waits in \
+             replica 1's queue, which every replica drains (a call there takes room here or at a sibling, whichever \
+             opens first); in (b) and (c), in the queue of the replica its connection reaches, which that replica \
+             alone drains. So a pinned client's admitted calls wait less than a balancing client's, not more, and a \
+             lower p50 in (a) says nothing of the hop; what the extra hop costs is measured alone below. Refusals are \
+             what was offered beyond what the pool served: with spillover about as many as the balancing client's, \
+             without it all but one replica's worth."
+        );
+        let h = &r.hop;
+        let p50 = |side| format!("{} ms", number(median_of(side, |s| s.p50_ms)));
+        let p99 = |side| format!("{} ms", number(median_of(side, |s| s.p99_ms)));
+        let _ = writeln!(
+            out,
+            "\n**What a spilled call costs.** Two replicas A and B: {}; each multiplexer {}, A's started with \
+             `--sibling` B. A's TEI is stalled (`POST /fault/stall`) with one call holding A's only permit, so every \
+             call through A spills to B ({:.0}% did, from A's `teifleet_spills_total`). One {}-token Embed at a time, \
+             closed loop, {} rounds of {} calls in rotating order: straight to B's TEI, through B's multiplexer (a \
+             local call), through A's (spilled to B). p50 and p99 are medians over rounds; *added* is the median of \
+             each round's difference.\n",
+            backend(&h.backend),
+            limits(&h.limits),
+            h.spilled_share * 100.0,
+            h.tokens,
+            h.rounds,
+            h.calls_per_round
+        );
+        Table::new(&mut out, &[text("path"), figure("p50"), figure("p99"), figure("added p50")])
+            .row(&[&"B's TEI directly", &p50(&h.direct), &p99(&h.direct), &"—"])
+            .row(&[
+                &"through B's multiplexer (local)",
+                &p50(&h.local),
+                &p99(&h.local),
+                &format!("{} over TEI (one hop)", us(h.hop_added_us())),
+            ])
+            .row(&[
+                &"through A's multiplexer, spilled to B",
+                &p50(&h.spilled),
+                &p99(&h.spilled),
+                &format!("{} over local", us(h.spill_added_us())),
+            ]);
+        let _ = writeln!(
+            out,
+            "\nA spilled call adds {} over a local one, {}× what one multiplexer adds over TEI in the same run \
+             (scenario 1 measures that hop on its own).",
+            us(h.spill_added_us()),
+            number(ratio(h.spill_added_us(), h.hop_added_us()))
+        );
+        if h.backend.device == crate::procs::Device::Sleep {
+            let _ = writeln!(
+                out,
+                "\nThis run's simulator has no `--device spin`, so the device sleeps and rounds each batch up to a 1 ms \
+                 timer tick, which can hide or inflate a hop's microseconds."
+            );
+        }
+        out
     }
 }
 
@@ -153,7 +153,7 @@ mod tests {
 
     #[test]
     fn the_section_shows_each_run_per_replica_and_the_spill_beside_the_hop() {
-        let text = spillover(&result(680.0, [2900, 2800], 16));
+        let text = result(680.0, [2900, 2800], 16).body();
         assert!(text.contains("**Measured capacity of one replica: 350.0 req/s**"), "{text}");
         assert!(text.contains("| 2 | (a) pinned, one connection to replica 1 | 1400 | 680 | 0.986 | 700 |"), "{text}");
         assert!(text.contains("| 2.90 / 2.80 s | 0 / 0 | 16 / 16 |"), "{text}");

@@ -13,72 +13,69 @@ fn handshakes(c: &CaseResult) -> String {
     format!("{} ({} resumed)", h.full + h.resumed, h.resumed)
 }
 
-fn section(r: &TlsCost) -> String {
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "One simulator ({}) behind two multiplexers in static mode ({}, admission never waits), started with \
-         the same flags but for `--tls-cert`/`--tls-key` on one of them (rustls, ring, ALPN h2, TLS 1.3 tickets \
-         and a session cache; a certificate for 127.0.0.1 from a CA made for the run, which the client alone \
-         trusts). Closed loop, one call at a time; each case runs {} rounds back to back, the order rotating \
-         each round. *Long-lived connection*: each round's calls share one HTTP/2 connection, opened (and, in \
-         TLS, handshaken) before its first call, so the calls pay only record encryption; *a new connection per \
-         call*: each call opens its own connection and closes it after, the TLS side resuming the round's \
-         session (a TLS 1.3 ticket: no certificate is sent or checked, one key exchange), so the TCP, TLS and \
-         HTTP/2 set-up are in its latency. p50 and p99 are medians over rounds; *added* is the median of each \
-         round's difference. CPU per call is each multiplexer's utime + stime (`/proc/<pid>/stat`) over all of \
-         a case's rounds ÷ the OK calls it served: each process serves only its own side, and enough calls are \
-         made that `/proc`'s 10 ms ticks are a few percent of it. Targets: TLS adds ≤ {} µs to Info's p50, and \
-         CPU per call with TLS ≤ {}× plaintext, over long-lived connections.\n",
-        backend(&r.backend),
-        limits(&r.limits),
-        r.rounds,
-        number(ADDED_LIMIT_US),
-        number(CPU_RATIO_LIMIT)
-    );
-    let mut table = Table::new(
-        &mut out,
-        &[
-            text("case"),
-            figure("calls/round"),
-            figure("plaintext p50"),
-            figure("TLS p50"),
-            figure("TLS added"),
-            figure("plaintext p99"),
-            figure("TLS p99"),
-            figure("CPU/call plaintext"),
-            figure("CPU/call TLS"),
-            figure("TLS ÷ plaintext CPU"),
-            figure("TLS handshakes"),
-        ],
-    );
-    for c in &r.cases {
-        table.row(&[
-            &c.case.label(),
-            &c.calls_per_round,
-            &format!("{} ms", number(CaseResult::p50_ms(&c.plain))),
-            &format!("{} ms", number(CaseResult::p50_ms(&c.tls))),
-            &us(c.added_us()),
-            &format!("{} ms", number(CaseResult::p99_ms(&c.plain))),
-            &format!("{} ms", number(CaseResult::p99_ms(&c.tls))),
-            &format!("{:.0} µs", c.plain_cpu.us_per_call()),
-            &format!("{:.0} µs", c.tls_cpu.us_per_call()),
-            &format!("{}×", number(c.cpu_ratio())),
-            &handshakes(c),
-        ]);
-    }
-    let _ = writeln!(
-        out,
-        "\nThe client is this run's `teifleet-load` (rustls, ring, one client configuration per round, so its \
-         session store lets later connections resume) on the same cores, so *added* holds the client's \
-         encryption as well as the sidecar's; the CPU columns are the sidecar's alone."
-    );
-    out
-}
-
 impl Render for TlsCost {
     fn body(&self) -> String {
-        section(self)
+        let r = self;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "One simulator ({}) behind two multiplexers in static mode ({}, admission never waits), started with \
+             the same flags but for `--tls-cert`/`--tls-key` on one of them (rustls, ring, ALPN h2, TLS 1.3 tickets \
+             and a session cache; a certificate for 127.0.0.1 from a CA made for the run, which the client alone \
+             trusts). Closed loop, one call at a time; each case runs {} rounds back to back, the order rotating \
+             each round. *Long-lived connection*: each round's calls share one HTTP/2 connection, opened (and, in \
+             TLS, handshaken) before its first call, so the calls pay only record encryption; *a new connection per \
+             call*: each call opens its own connection and closes it after, the TLS side resuming the round's \
+             session (a TLS 1.3 ticket: no certificate is sent or checked, one key exchange), so the TCP, TLS and \
+             HTTP/2 set-up are in its latency. p50 and p99 are medians over rounds; *added* is the median of each \
+             round's difference. CPU per call is each multiplexer's utime + stime (`/proc/<pid>/stat`) over all of \
+             a case's rounds ÷ the OK calls it served: each process serves only its own side, and enough calls are \
+             made that `/proc`'s 10 ms ticks are a few percent of it. Targets: TLS adds ≤ {} µs to Info's p50, and \
+             CPU per call with TLS ≤ {}× plaintext, over long-lived connections.\n",
+            backend(&r.backend),
+            limits(&r.limits),
+            r.rounds,
+            number(ADDED_LIMIT_US),
+            number(CPU_RATIO_LIMIT)
+        );
+        let mut table = Table::new(
+            &mut out,
+            &[
+                text("case"),
+                figure("calls/round"),
+                figure("plaintext p50"),
+                figure("TLS p50"),
+                figure("TLS added"),
+                figure("plaintext p99"),
+                figure("TLS p99"),
+                figure("CPU/call plaintext"),
+                figure("CPU/call TLS"),
+                figure("TLS ÷ plaintext CPU"),
+                figure("TLS handshakes"),
+            ],
+        );
+        for c in &r.cases {
+            table.row(&[
+                &c.case.label(),
+                &c.calls_per_round,
+                &format!("{} ms", number(CaseResult::p50_ms(&c.plain))),
+                &format!("{} ms", number(CaseResult::p50_ms(&c.tls))),
+                &us(c.added_us()),
+                &format!("{} ms", number(CaseResult::p99_ms(&c.plain))),
+                &format!("{} ms", number(CaseResult::p99_ms(&c.tls))),
+                &format!("{:.0} µs", c.plain_cpu.us_per_call()),
+                &format!("{:.0} µs", c.tls_cpu.us_per_call()),
+                &format!("{}×", number(c.cpu_ratio())),
+                &handshakes(c),
+            ]);
+        }
+        let _ = writeln!(
+            out,
+            "\nThe client is this run's `teifleet-load` (rustls, ring, one client configuration per round, so its \
+             session store lets later connections resume) on the same cores, so *added* holds the client's \
+             encryption as well as the sidecar's; the CPU columns are the sidecar's alone."
+        );
+        out
     }
 }
 
@@ -113,7 +110,7 @@ mod tests {
                 case(Case::InfoPerCall, 0.5, 0.9, Handshakes { full: 1, resumed: 1000 }),
             ],
         };
-        let text = section(&r);
+        let text = r.body();
         assert!(
             text.contains(
                 "| Info, long-lived connection | 1000 | 0.200 ms | 0.225 ms | +25 µs | 0.400 ms | 0.450 ms | 100 µs | \
