@@ -90,9 +90,7 @@ fn by_attempt(report: Option<&Report>) -> String {
 }
 
 impl Render for AdaptiveLimit {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Three simulated backends, 16-token Embeds, each driven open loop (Poisson) at {}× its measured capacity \
@@ -105,20 +103,20 @@ impl Render for AdaptiveLimit {
              where it ended, for good.\n",
             adaptive::LOAD_FACTOR,
             adaptive::DEADLINE.as_secs(),
-            r.backends
+            self.backends
                 .first()
                 .map(|b| b.statics.iter().map(|s| s.limit.to_string()).collect::<Vec<_>>().join(", "))
                 .unwrap_or_default(),
             adaptive::CEILING,
-            limits(&r.limits).replace(&format!("maxInFlight {}, ", r.limits.max_in_flight), ""),
-            r.warm_up_s,
-            r.adaptive_warm_up_s,
-            r.seconds,
+            limits(&self.limits).replace(&format!("maxInFlight {}, ", self.limits.max_in_flight), ""),
+            self.warm_up_s,
+            self.adaptive_warm_up_s,
+            self.seconds,
             adaptive::SAMPLE_EVERY.as_millis(),
             adaptive::SETTLE_BAND * 100.0
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("backend"),
                 text("model"),
@@ -130,7 +128,7 @@ impl Render for AdaptiveLimit {
                 figure("found after"),
             ],
         );
-        for b in &r.backends {
+        for b in &self.backends {
             table.row(&[
                 &b.name,
                 &backend(&b.model),
@@ -144,7 +142,7 @@ impl Render for AdaptiveLimit {
         }
         out.push('\n');
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("backend"),
                 text("limit"),
@@ -157,26 +155,24 @@ impl Render for AdaptiveLimit {
                 text("codes"),
             ],
         );
-        for b in &r.backends {
+        for b in &self.backends {
             for s in &b.statics {
                 point_row(&mut table, b, &s.limit.to_string(), &s.point);
             }
             point_row(&mut table, b, &format!("**adaptive** (→ {:.0})", b.final_limit()), &b.adaptive);
         }
-        match (&r.change, &r.change_missing) {
-            (Some(c), _) => change(&mut out, c),
+        match (&self.change, &self.change_missing) {
+            (Some(c), _) => change(out, c),
             (None, why) => {
                 let _ = writeln!(out, "\n**Capacity change.** Not measured: {}.", why.as_deref().unwrap_or("unknown"));
             }
         }
-        out
     }
 
     /// The limit over time on each backend, goodput against the static limit, and the limit
     /// around the capacity change.
     fn plots(&self, plots: &mut Plots<'_>) -> Result<()> {
-        let r = self;
-        let over_time = r
+        let over_time = self
             .backends
             .iter()
             .map(|b| Series {
@@ -192,7 +188,7 @@ impl Render for AdaptiveLimit {
             log_x: false,
         };
         plots.draw("adaptive-limit", chart, over_time)?;
-        let goodput = r
+        let goodput = self
             .backends
             .iter()
             .map(|b| Series {
@@ -212,7 +208,7 @@ impl Render for AdaptiveLimit {
             log_x: true,
         };
         plots.draw("adaptive-goodput", chart, goodput)?;
-        if let Some(c) = &r.change {
+        if let Some(c) = &self.change {
             let series = vec![Series {
                 name: format!("{} backend, device {}× slower from t = 0", c.name, c.slowdown),
                 points: c.samples.iter().map(|s| (s.t_s, s.limit)).collect(),
@@ -231,27 +227,25 @@ impl Render for AdaptiveLimit {
 }
 
 impl Render for Fairness {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Backend: {}; **measured capacity {:.1} req/s**. Multiplexer: {}, tenants `{}` and `{}` of weight 1, one \
              priority. Tenant A (`x-teifleet-tenant: {}`) sends {}× capacity over 8 connections while tenant B sends \
              {}× capacity over 2, open loop (Poisson), {:.0} s, 1 s deadline, as two tasks at once; B alone first, same \
              schedule. The same two loads direct to TEI for comparison. Latency columns are of all answers.\n",
-            backend(&r.backend),
-            r.capacity.rps,
-            limits(&r.limits),
+            backend(&self.backend),
+            self.capacity.rps,
+            limits(&self.limits),
             fairness::FLOOD,
             fairness::LIGHT,
             fairness::FLOOD,
             fairness::FLOOD_FACTOR,
             fairness::LIGHT_FACTOR,
-            r.seconds
+            self.seconds
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("run"),
                 text("tenant"),
@@ -279,28 +273,25 @@ impl Render for Fairness {
                 &codes(x),
             ]);
         };
-        row("multiplexer, B alone", "B", &r.light_alone);
-        row("multiplexer, together", "A", &r.mux.flood);
-        row("multiplexer, together", "B", &r.mux.light);
-        row("direct to TEI, together", "A", &r.direct.flood);
-        row("direct to TEI, together", "B", &r.direct.light);
+        row("multiplexer, B alone", "B", &self.light_alone);
+        row("multiplexer, together", "A", &self.mux.flood);
+        row("multiplexer, together", "B", &self.mux.light);
+        row("direct to TEI, together", "A", &self.direct.flood);
+        row("direct to TEI, together", "B", &self.direct.light);
         let _ = writeln!(
             out,
             "\nTotal goodput through the multiplexer: {:.1} req/s = {:.3} × capacity (direct: {:.3}). B's p99 beside the \
              flood ÷ alone: {:.2}×.",
-            r.mux.total_goodput_rps(),
-            ratio(r.mux.total_goodput_rps(), r.capacity.rps),
-            ratio(r.direct.total_goodput_rps(), r.capacity.rps),
-            r.light_p99_ratio()
+            self.mux.total_goodput_rps(),
+            ratio(self.mux.total_goodput_rps(), self.capacity.rps),
+            ratio(self.direct.total_goodput_rps(), self.capacity.rps),
+            self.light_p99_ratio()
         );
-        out
     }
 }
 
 impl Render for Pushback {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Backend: {}. Multiplexer: {}. {} callers over 8 connections send one 16-token Embed each, all at once, \
@@ -309,15 +300,15 @@ impl Render for Pushback {
              one the jittered backoff applies; (b) waits a full-jitter exponential backoff and ignores the hint. Both \
              retry `RESOURCE_EXHAUSTED` and `UNAVAILABLE`, {}. {} round(s), the order rotating; the targets use the \
              median over rounds.\n",
-            backend(&r.backend),
-            limits(&r.limits),
-            r.clients,
-            r.budget_ms / 1e3,
-            r.policy.to_string().replace("pushback retry, ", ""),
-            r.rounds.len()
+            backend(&self.backend),
+            limits(&self.limits),
+            self.clients,
+            self.budget_ms / 1e3,
+            self.policy.to_string().replace("pushback retry, ", ""),
+            self.rounds.len()
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("policy"),
                 figure("round"),
@@ -331,7 +322,7 @@ impl Render for Pushback {
             ],
         );
         for policy in Policy::ALL {
-            for (round, x) in r.runs(policy).into_iter().enumerate() {
+            for (round, x) in self.runs(policy).into_iter().enumerate() {
                 let (first, retried, attempts, hints) = match &x.retries {
                     Some(t) => (
                         t.ok_first(),
@@ -362,18 +353,17 @@ impl Render for Pushback {
             out,
             "\nMedian successes: (a) {:.0}, (b) {:.0}, without retrying {:.0}; (a) ÷ (b) = {:.2}. \"last answer\" is \
              when the run's last call ended: how long the retries kept coming.",
-            r.median_successes(Policy::Pushback),
-            r.median_successes(Policy::Jitter),
-            r.median_successes(Policy::NoRetry),
-            r.gain()
+            self.median_successes(Policy::Pushback),
+            self.median_successes(Policy::Jitter),
+            self.median_successes(Policy::NoRetry),
+            self.gain()
         );
         let _ = writeln!(
             out,
             "\nOK answers by attempt (first round): (a) {}; (b) {}.",
-            by_attempt(r.runs(Policy::Pushback).first().copied()),
-            by_attempt(r.runs(Policy::Jitter).first().copied())
+            by_attempt(self.runs(Policy::Pushback).first().copied()),
+            by_attempt(self.runs(Policy::Jitter).first().copied())
         );
-        out
     }
 }
 

@@ -30,23 +30,20 @@ fn memory_table(out: &mut String, m: &Memory, waiting: &str) {
 }
 
 impl Render for Cost {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
-        let cpu = &r.cpu;
+    fn write(&self, out: &mut String) {
+        let cpu = &self.cpu;
         let _ = writeln!(
             out,
             "**CPU.** The multiplexer ({}) in front of the {}; open loop at {:.0} req/s for {:.0} s over 4 connections, \
              16-token Embeds, all admitted. CPU = utime + stime of each process over the run, from `/proc/<pid>/stat`. \
              The simulator is a tonic gRPC server that also batches and computes each embedding, so a proxy that costs \
              more per call than it does is doing more than forwarding.\n",
-            limits(&r.limits),
-            backend(&r.backend),
+            limits(&self.limits),
+            backend(&self.backend),
             cpu.rate,
             cpu.seconds
         );
-        let mut table =
-            Table::new(&mut out, &[text("process"), figure("CPU s"), figure("calls"), figure("µs per call")]);
+        let mut table = Table::new(out, &[text("process"), figure("CPU s"), figure("calls"), figure("µs per call")]);
         let mut process = |name: &str, cpu_s: f64, calls: u64, us_per_call: f64| {
             table.row(&[&name, &format!("{cpu_s:.3}"), &calls, &format!("{us_per_call:.1}")]);
         };
@@ -83,7 +80,7 @@ impl Render for Cost {
             );
         }
         let _ = write!(out, "\n**Instructions.**");
-        match (&r.instructions, &r.instructions_missing) {
+        match (&self.instructions, &self.instructions_missing) {
             (Some(i), _) => {
                 let _ = writeln!(
                     out,
@@ -93,7 +90,7 @@ impl Render for Cost {
                      timers and shutdown cancel.\n",
                     i.warm_up_calls, i.calls, i.seconds
                 );
-                Table::new(&mut out, &[text("run"), figure("instructions")])
+                Table::new(out, &[text("run"), figure("instructions")])
                     .row(&[&format!("{} calls", i.calls), &i.measured])
                     .row(&[&"zero calls", &i.baseline])
                     .row(&[&"**per call**", &format!("**{:.0}**", i.per_call())]);
@@ -102,7 +99,7 @@ impl Render for Cost {
                 let _ = writeln!(out, " Not measured: {}.", why.as_deref().unwrap_or("unknown"));
             }
         }
-        let m = &r.memory;
+        let m = &self.memory;
         let _ = writeln!(
             out,
             "\n**Memory.** A fresh multiplexer ({}) in front of a simulator told to stall, so admitted calls never \
@@ -111,24 +108,21 @@ impl Render for Cost {
             limits(&m.limits),
             m.clients
         );
-        memory_table(&mut out, m, "queued");
-        if let Some(held) = &r.memory_held {
+        memory_table(out, m, "queued");
+        if let Some(held) = &self.memory_held {
             let _ = writeln!(
                 out,
                 "\nThe same with no queue ({}): every call beyond the in-flight limit waits at the pool's door \
                  (`teifleet_held_at_door`) instead (the load has no deadlines).\n",
                 limits(&held.limits)
             );
-            memory_table(&mut out, held, "held");
+            memory_table(out, held, "held");
         }
-        out
     }
 }
 
 impl Render for LiveLimits {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Local control plane (etcd, kube-apiserver, controller-manager, scheduler, kwok fake nodes, v1.33), the \
@@ -137,16 +131,15 @@ impl Render for LiveLimits {
              is a merge patch of `spec.concurrency.maxInFlight` (alternating 8 and 4); the clock runs from sending the \
              patch until the sidecar's `/metrics` (polled every ~2 ms) shows the new `teifleet_limit_in_flight`.\n"
         );
-        let s = &r.summary;
-        Table::new(&mut out, &[figure("edits"), figure("p50"), figure("p99"), figure("max"), figure("mean")]).row(&[
+        let s = &self.summary;
+        Table::new(out, &[figure("edits"), figure("p50"), figure("p99"), figure("max"), figure("mean")]).row(&[
             &s.count,
             &format!("{:.1} ms", s.p50_ms),
             &format!("{:.1} ms", s.p99_ms),
             &format!("{:.1} ms", s.max_ms),
             &format!("{:.1} ms", s.mean_ms),
         ]);
-        let list: Vec<String> = r.edits_ms.iter().map(|e| format!("{e:.0}")).collect();
+        let list: Vec<String> = self.edits_ms.iter().map(|e| format!("{e:.0}")).collect();
         let _ = writeln!(out, "\nEach edit (ms): {}.", list.join(", "));
-        out
     }
 }

@@ -16,20 +16,18 @@ use crate::scenarios::{Sample, median_of};
 use crate::targets::number;
 
 impl Render for Overhead {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
-        let floor_ran = r.cases.iter().any(|c| !c.floor.is_empty());
+    fn write(&self, out: &mut String) {
+        let floor_ran = self.cases.iter().any(|c| !c.floor.is_empty());
         let _ = writeln!(
             out,
             "Closed loop, one HTTP/2 connection. Each case runs {} rounds back to back: direct to the simulator, \
              through the multiplexer{}, the order rotating each round; p50 and p99 are medians over rounds, and \
              *added* is the median of each round's difference, so drift on the machine cancels. Backend: {}. \
              Multiplexer: static mode, {} (admission never waits).{}\n",
-            r.rounds,
+            self.rounds,
             if floor_ran { " and through the floor proxies" } else { "" },
-            backend(&r.backend),
-            limits(&r.limits),
+            backend(&self.backend),
+            limits(&self.limits),
             if floor_ran {
                 " Floors: `teifleet-floor-proxy`, forwarding every unary call on one upstream HTTP/2 connection with no \
                  admission, routing or metrics, built on tonic (raw message bytes through tonic's server and client, \
@@ -41,7 +39,7 @@ impl Render for Overhead {
             }
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("case"),
                 figure("calls/round"),
@@ -60,7 +58,7 @@ impl Render for Overhead {
             ],
         );
         let times = |v: Option<f64>| v.map_or("—".into(), |v| format!("{}×", number(v)));
-        for c in &r.cases {
+        for c in &self.cases {
             table.row(&[
                 &c.case.label(),
                 &c.calls_per_round,
@@ -78,7 +76,7 @@ impl Render for Overhead {
                 &c.device_ms().map_or("—".into(), |d| format!("{} ms", ms(d))),
             ]);
         }
-        let targeted: Vec<&CaseResult> = r
+        let targeted: Vec<&CaseResult> = self
             .cases
             .iter()
             .filter(|c| {
@@ -101,7 +99,7 @@ impl Render for Overhead {
                 .collect();
             let _ = writeln!(out, "\n**The floor this machine allows** for one gRPC hop: {}.", parts.join("; "));
         }
-        let haproxy_ran = r.cases.iter().any(|c| !c.floors.haproxy_h2.is_empty());
+        let haproxy_ran = self.cases.iter().any(|c| !c.floors.haproxy_h2.is_empty());
         if haproxy_ran && !targeted.is_empty() {
             let parts: Vec<String> = targeted
                 .iter()
@@ -127,7 +125,7 @@ impl Render for Overhead {
                  what the best L7 proxy costs here. {}.",
                 parts.join("; ")
             );
-        } else if let Some(why) = &r.haproxy_missing {
+        } else if let Some(why) = &self.haproxy_missing {
             let _ = writeln!(out, "\nNo HAProxy columns: {why}.");
         }
         let _ = writeln!(
@@ -135,7 +133,7 @@ impl Render for Overhead {
             "\nThe tei-manager benchmarks (RTX GPU) for comparison: +12.5% to +20% single, +7.5% to +18% concurrent, \
              +12% to +15% streaming."
         );
-        if r.backend.device == Device::Sleep {
+        if self.backend.device == Device::Sleep {
             let _ = writeln!(
                 out,
                 "\nThis run's simulator has no `--device spin`, so the device sleeps and rounds each batch up to a \
@@ -143,13 +141,11 @@ impl Render for Overhead {
                  microseconds. Only the Info row (no device time) is judged."
             );
         }
-        out
     }
 
     /// Single-call p50 against input size, each side a line.
     fn plots(&self, plots: &mut Plots<'_>) -> Result<()> {
-        let r = self;
-        let singles: Vec<&CaseResult> = r.cases.iter().filter(|c| matches!(c.case, Case::Single { .. })).collect();
+        let singles: Vec<&CaseResult> = self.cases.iter().filter(|c| matches!(c.case, Case::Single { .. })).collect();
         let tokens = |c: &CaseResult| match c.case {
             Case::Single { tokens } => tokens as f64,
             Case::Info | Case::Concurrent { .. } => f64::NAN,
@@ -181,22 +177,20 @@ impl Render for Overhead {
 }
 
 impl Render for Streams {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Closed loop, one HTTP/2 connection, one EmbedStream call at a time carrying N messages of {} tokens, all \
              sent at once; the call is the request, timed until its last answer. {} interleaved rounds direct, \
              through the multiplexer ({}, one permit per message) and through scenario 1's floors (the bare h2 proxy, \
              HAProxy TCP and h2c); medians over rounds. Backend: {}.\n",
-            r.tokens,
-            r.rounds,
-            limits(&r.limits),
-            backend(&r.backend)
+            self.tokens,
+            self.rounds,
+            limits(&self.limits),
+            backend(&self.backend)
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 figure("messages"),
                 figure("calls/round"),
@@ -209,7 +203,7 @@ impl Render for Streams {
                 figure("p99"),
             ],
         );
-        for c in &r.cases {
+        for c in &self.cases {
             let direct_p50 = c.direct_p50_ms();
             for (label, side) in c.proxies() {
                 let p50 = median_of(side, |s| s.p50_ms);
@@ -226,6 +220,5 @@ impl Render for Streams {
                 ]);
             }
         }
-        out
     }
 }

@@ -15,9 +15,7 @@ use crate::scenarios::overload::DEADLINE;
 use crate::targets::number;
 
 impl Render for HttpOverhead {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Closed loop. Each case runs {} rounds back to back, the order rotating each round: gRPC direct to the \
@@ -30,12 +28,12 @@ impl Render for HttpOverhead {
              *HTTP ÷ gRPC*: the p50 an HTTP client of the pool waits over a gRPC client's, through the same sidecar \
              (each round's ratio, median over rounds). p50 and p99 are medians over rounds; *added* is the median \
              of each round's difference. Backend: {}. Multiplexer: static mode, {} (admission never waits).\n",
-            r.rounds,
-            backend(&r.backend),
-            limits(&r.limits)
+            self.rounds,
+            backend(&self.backend),
+            limits(&self.limits)
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("case"),
                 figure("calls/round"),
@@ -49,7 +47,7 @@ impl Render for HttpOverhead {
                 figure("HTTP p99"),
             ],
         );
-        for c in &r.cases {
+        for c in &self.cases {
             table.row(&[
                 &http_overhead::label(c.case),
                 &c.calls_per_round,
@@ -63,21 +61,18 @@ impl Render for HttpOverhead {
                 &format!("{} ms", number(CaseResult::p99_ms(&c.http))),
             ]);
         }
-        if r.backend.device == Device::Sleep {
+        if self.backend.device == Device::Sleep {
             let _ = writeln!(
                 out,
                 "\nThis run's simulator has no `--device spin`, so the device sleeps and rounds each batch up to a \
                  1 ms timer tick; only the Info row (no device time) is judged."
             );
         }
-        out
     }
 }
 
 impl Render for HttpOverload {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Backend: {}. Inputs of 16 tokens. **Measured capacity: {:.1} req/s** (closed loop, {} in flight, gRPC \
@@ -88,17 +83,17 @@ impl Render for HttpOverload {
              call in flight), through the same sidecar. HTTP answers are counted under the gRPC code their status \
              stands for (429 as `RESOURCE_EXHAUSTED`, 504 as `DEADLINE_EXCEEDED`). Goodput counts OK answers within \
              the deadline. For reference, scenario 2's bound on an admitted call is {:.1} ms.\n",
-            backend(&r.backend),
-            r.capacity.rps,
-            r.capacity.concurrency,
-            number(r.capacity.batch_ms),
-            limits(&r.limits),
-            r.seconds_per_point,
+            backend(&self.backend),
+            self.capacity.rps,
+            self.capacity.concurrency,
+            number(self.capacity.batch_ms),
+            limits(&self.limits),
+            self.seconds_per_point,
             DEADLINE.as_secs(),
-            http_overload::admitted_limit_ms(r)
+            http_overload::admitted_limit_ms(self)
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 figure("load"),
                 text("protocol"),
@@ -112,14 +107,14 @@ impl Render for HttpOverload {
                 text("codes"),
             ],
         );
-        for row in &r.rows {
+        for row in &self.rows {
             for (name, x) in [("gRPC", &row.grpc), ("HTTP", &row.http)] {
                 let versus = if name == "HTTP" { format!("{}×", number(row.http_vs_grpc())) } else { "—".into() };
                 table.row(&[
                     &format!("{}×", row.factor),
                     &name,
                     &format!("{:.0}", x.offered_rps.unwrap_or(0.0)),
-                    &format!("{:.3}", x.goodput_rps / r.capacity.rps),
+                    &format!("{:.3}", x.goodput_rps / self.capacity.rps),
                     &versus,
                     &format!("{} ms", number(x.latency_ok.p50_ms)),
                     &format!("{} ms", number(x.latency_ok.p99_ms)),
@@ -129,7 +124,6 @@ impl Render for HttpOverload {
                 ]);
             }
         }
-        out
     }
 }
 

@@ -34,8 +34,15 @@ const BUSY_LOAD: f64 = 0.5;
 /// A scenario's section of the results file, implemented by the type of its result (beside its
 /// [`Measurement`](crate::scenarios::Measurement)).
 pub trait Render {
-    /// How it was measured and its tables, in Markdown.
-    fn body(&self) -> String;
+    /// Writes how it was measured and its tables, in Markdown.
+    fn write(&self, out: &mut String);
+
+    /// The same, as a string.
+    fn body(&self) -> String {
+        let mut out = String::new();
+        self.write(&mut out);
+        out
+    }
 
     /// Draws its charts, if it has any.
     fn plots(&self, _plots: &mut Plots<'_>) -> Result<()> {

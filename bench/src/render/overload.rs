@@ -55,9 +55,7 @@ fn hottest_share(r: &Coalescing, k: usize) -> f64 {
 }
 
 impl Render for Overload {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Backend: {}. Inputs of 16 tokens. **Measured capacity: {:.1} req/s** (closed loop, {} in flight, direct); \
@@ -67,18 +65,18 @@ impl Render for Overload {
              the deadline, over first send to last answer. \"shed\" is every non-OK answer; its p99 is timed from the \
              actual send (the generator's own send lateness is in the JSON). Limits: admitted p99 ≤ queueTimeout + \
              2 × service = {:.1} ms; TEI queue p99 ≤ 2 × batch time = {:.1} ms.\n",
-            backend(&r.backend),
-            r.capacity.rps,
-            r.capacity.concurrency,
-            ms(r.capacity.batch_ms),
-            limits(&r.limits),
-            r.seconds_per_point,
+            backend(&self.backend),
+            self.capacity.rps,
+            self.capacity.concurrency,
+            ms(self.capacity.batch_ms),
+            limits(&self.limits),
+            self.seconds_per_point,
             overload::DEADLINE.as_secs(),
-            r.admitted_limit_ms(),
-            r.queue_limit_ms()
+            self.admitted_limit_ms(),
+            self.queue_limit_ms()
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 figure("load"),
                 text("setup"),
@@ -92,13 +90,13 @@ impl Render for Overload {
                 text("codes"),
             ],
         );
-        for row in &r.rows {
+        for row in &self.rows {
             for (name, x) in [("direct", &row.direct), ("multiplexer", &row.mux)] {
                 table.row(&[
                     &format!("{}×", row.factor),
                     &name,
                     &format!("{:.0}", x.offered_rps.unwrap_or(0.0)),
-                    &format!("{:.3}", x.goodput_rps / r.capacity.rps),
+                    &format!("{:.3}", x.goodput_rps / self.capacity.rps),
                     &format!("{} ms", ms(x.latency_ok.p50_ms)),
                     &format!("{} ms", ms(x.latency_ok.p99_ms)),
                     &format!("{:.1}%", x.failed_fraction() * 100.0),
@@ -114,23 +112,21 @@ impl Render for Overload {
              `CANCELLED: Timeout expired`); `RESOURCE_EXHAUSTED` is TEI's own refusal once its {} slots are taken. \
              Through the multiplexer, `RESOURCE_EXHAUSTED` is its refusal: queue full or the deadline out of reach \
              (on arrival), or a wait that ran out (after queueing); the shed p99 column tells which.",
-            r.backend.max_concurrent_requests
+            self.backend.max_concurrent_requests
         );
-        out
     }
 
     /// OK p99 and goodput against the offered load, direct and through the multiplexer.
     fn plots(&self, plots: &mut Plots<'_>) -> Result<()> {
-        let r = self;
         let series = |f: &dyn Fn(&teifleet_load::Report) -> f64| {
             vec![
                 Series {
                     name: "direct (TEI's own admission)".into(),
-                    points: r.rows.iter().map(|row| (row.factor, f(&row.direct))).collect(),
+                    points: self.rows.iter().map(|row| (row.factor, f(&row.direct))).collect(),
                 },
                 Series {
                     name: "through the multiplexer".into(),
-                    points: r.rows.iter().map(|row| (row.factor, f(&row.mux))).collect(),
+                    points: self.rows.iter().map(|row| (row.factor, f(&row.mux))).collect(),
                 },
             ]
         };
@@ -149,14 +145,12 @@ impl Render for Overload {
             log_y: false,
             log_x: true,
         };
-        plots.draw("overload-goodput", goodput, series(&|x| x.goodput_rps / r.capacity.rps))
+        plots.draw("overload-goodput", goodput, series(&|x| x.goodput_rps / self.capacity.rps))
     }
 }
 
 impl Render for Burst {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Closed loop, {} clients over {} HTTP/2 connections, {} requests of {} tokens, no deadline. Backend: {}, so \
@@ -165,13 +159,13 @@ impl Render for Burst {
              per second.\n",
             burst::CONCURRENCY,
             burst::CONNECTIONS,
-            r.requests,
+            self.requests,
             burst::TOKENS,
-            backend(&r.backend),
-            limits(&r.limits)
+            backend(&self.backend),
+            limits(&self.limits)
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("setup"),
                 figure("requests"),
@@ -187,7 +181,7 @@ impl Render for Burst {
                 text("codes"),
             ],
         );
-        for (name, x) in [("direct (TEI)", &r.direct), ("through the multiplexer", &r.mux)] {
+        for (name, x) in [("direct (TEI)", &self.direct), ("through the multiplexer", &self.mux)] {
             table.row(&[
                 &name,
                 &x.sent,
@@ -208,31 +202,28 @@ impl Render for Burst {
             "\nThe auto-batching proxy (laptop GPU, 2 tokens, 2,048 concurrent): TEI 8,528 req/s, p99 1,640 ms; the \
              proxy 11,232 req/s, p99 239 ms."
         );
-        out
     }
 }
 
 impl Render for Slo {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "The scenario-2 backend (capacity {:.1} req/s, batch {} ms) and multiplexer ({}). SLO: p99 ≤ {} ms, i.e. at \
              least 99% of the requests sent come back OK within {} ms of their scheduled time (the SLO is also their \
              deadline). {} probes of {} s each between {:.0} and {:.0} req/s, open loop, Poisson, 4 connections.\n",
-            r.capacity.rps,
-            ms(r.capacity.batch_ms),
-            limits(&r.limits),
-            r.slo_ms,
-            r.slo_ms,
-            r.direct.probes.len(),
-            r.seconds_per_probe,
-            r.range.0,
-            r.range.1
+            self.capacity.rps,
+            ms(self.capacity.batch_ms),
+            limits(&self.limits),
+            self.slo_ms,
+            self.slo_ms,
+            self.direct.probes.len(),
+            self.seconds_per_probe,
+            self.range.0,
+            self.range.1
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("setup"),
                 figure("highest rate within SLO"),
@@ -240,25 +231,25 @@ impl Render for Slo {
                 text("probes (rate: share in SLO)"),
             ],
         );
-        for (name, search) in [("direct", &r.direct), ("through the multiplexer", &r.mux)] {
+        for (name, search) in [("direct", &self.direct), ("through the multiplexer", &self.mux)] {
             let list: Vec<String> = search.probes.iter().map(|p| format!("{:.0}: {:.3}", p.rate, p.in_slo)).collect();
             table.row(&[
                 &name,
                 &format!("{:.1} req/s", search.best),
-                &format!("{:.3}", search.best / r.capacity.rps),
+                &format!("{:.3}", search.best / self.capacity.rps),
                 &list.join(", "),
             ]);
         }
-        let _ =
-            writeln!(out, "\nNo target is stated for this scenario; the ratio multiplexer/direct is {:.3}.", r.ratio());
-        out
+        let _ = writeln!(
+            out,
+            "\nNo target is stated for this scenario; the ratio multiplexer/direct is {:.3}.",
+            self.ratio()
+        );
     }
 }
 
 impl Render for ShedStorm {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Backend: {}, on the same 2 cores as the client and the multiplexer. Multiplexer: {}. Closed loops over \
@@ -267,17 +258,17 @@ impl Render for ShedStorm {
              through the multiplexer, each resending the moment it is refused, the same over {} connections, then \
              direct again; the capacity is the mean of the two direct runs. CPU from `/proc/<pid>/stat`; the client \
              is this benchmark's own process.\n",
-            backend(&r.backend),
-            limits(&r.limits),
+            backend(&self.backend),
+            limits(&self.limits),
             shed_storm::CONNECTIONS,
-            r.seconds,
+            self.seconds,
             shed_storm::CAPACITY_CLIENTS,
             shed_storm::CAPACITY_CLIENTS,
             shed_storm::STORM_CLIENTS,
             shed_storm::FEWER_CONNECTIONS
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("run"),
                 figure("clients"),
@@ -291,15 +282,15 @@ impl Render for ShedStorm {
                 text("codes"),
             ],
         );
-        let capacity = r.capacity_rps();
-        storm_row(&mut table, "direct (capacity)", shed_storm::CAPACITY_CLIENTS, &r.capacity, capacity);
-        storm_row(&mut table, "multiplexer", shed_storm::CAPACITY_CLIENTS, &r.served, capacity);
-        storm_row(&mut table, "multiplexer, storm", shed_storm::STORM_CLIENTS, &r.storm, capacity);
-        if let Some(fewer) = &r.storm_fewer_connections {
+        let capacity = self.capacity_rps();
+        storm_row(&mut table, "direct (capacity)", shed_storm::CAPACITY_CLIENTS, &self.capacity, capacity);
+        storm_row(&mut table, "multiplexer", shed_storm::CAPACITY_CLIENTS, &self.served, capacity);
+        storm_row(&mut table, "multiplexer, storm", shed_storm::STORM_CLIENTS, &self.storm, capacity);
+        if let Some(fewer) = &self.storm_fewer_connections {
             let label = format!("multiplexer, storm on {} connections", shed_storm::FEWER_CONNECTIONS);
             storm_row(&mut table, &label, shed_storm::STORM_CLIENTS, fewer, capacity);
         }
-        if let Some(after) = &r.capacity_after {
+        if let Some(after) = &self.capacity_after {
             storm_row(&mut table, "direct (capacity, again)", shed_storm::CAPACITY_CLIENTS, after, capacity);
         }
         let _ = writeln!(
@@ -307,27 +298,24 @@ impl Render for ShedStorm {
             "\nThe multiplexer's CPU: **{:.0} µs per served call, {:.0} µs per shed** (the storm's CPU less its served \
              calls at the served rate, over the refusals). The client spent {:.0} µs per answer in the storm, and the \
              simulator got {:.0}% less CPU than while serving {} clients.",
-            r.mux_us_per_served(),
-            r.mux_us_per_shed(),
-            r.client_us_per_answer(),
-            r.device_cpu_lost() * 100.0,
+            self.mux_us_per_served(),
+            self.mux_us_per_shed(),
+            self.client_us_per_answer(),
+            self.device_cpu_lost() * 100.0,
             shed_storm::CAPACITY_CLIENTS
         );
-        if r.backend.device == Device::Sleep {
+        if self.backend.device == Device::Sleep {
             let _ = writeln!(
                 out,
                 "\nThis run's simulator has no `--device spin`: its device slept, so it did not compete for CPU and the \
                  goodput target is skipped."
             );
         }
-        out
     }
 }
 
 impl Render for Coalescing {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Backend: {}; **measured capacity {:.1} req/s**. Load: open loop, Poisson, {} × capacity = {:.0} req/s for \
@@ -335,20 +323,20 @@ impl Render for Coalescing {
              popularity (s = {}: the hottest is {:.0}% of the traffic, the 10 hottest {:.0}%), the same draws and \
              schedule in both runs. Multiplexer: {}, then the same with `--coalesce`. TEI calls are the simulator's \
              own count (`/stats`); an answer that needed no TEI call of its own shared one.\n",
-            backend(&r.backend),
-            r.capacity.rps,
+            backend(&self.backend),
+            self.capacity.rps,
             coalescing::LOAD_FACTOR,
-            r.rate,
-            r.seconds,
-            r.mix.distinct,
-            r.mix.tokens,
-            r.mix.exponent,
-            hottest_share(r, 1) * 100.0,
-            hottest_share(r, 10) * 100.0,
-            limits(&r.limits)
+            self.rate,
+            self.seconds,
+            self.mix.distinct,
+            self.mix.tokens,
+            self.mix.exponent,
+            hottest_share(self, 1) * 100.0,
+            hottest_share(self, 10) * 100.0,
+            limits(&self.limits)
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("setup"),
                 figure("offered/s"),
@@ -361,9 +349,9 @@ impl Render for Coalescing {
                 text("codes"),
             ],
         );
-        coalescing_row(&mut table, "multiplexer", &r.without, r.capacity.rps);
-        match (&r.with, &r.with_missing) {
-            (Some(w), _) => coalescing_row(&mut table, "multiplexer --coalesce", w, r.capacity.rps),
+        coalescing_row(&mut table, "multiplexer", &self.without, self.capacity.rps);
+        match (&self.with, &self.with_missing) {
+            (Some(w), _) => coalescing_row(&mut table, "multiplexer --coalesce", w, self.capacity.rps),
             (None, why) => {
                 let why = format!("not measured: {}", why.as_deref().unwrap_or("unknown"));
                 table.row(&[&"multiplexer --coalesce", &why, &"", &"", &"", &"", &"", &"", &""]);
@@ -378,6 +366,5 @@ impl Render for Coalescing {
             coalescing::GAIN_LIMIT,
             coalescing::GAIN_LIMIT
         );
-        out
     }
 }

@@ -18,9 +18,7 @@ fn per_replica(values: impl Iterator<Item = String>) -> String {
 }
 
 impl Render for Spillover {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "Each replica: {}, behind its own multiplexer in static mode ({}), started with `--sibling` naming the \
@@ -36,17 +34,17 @@ impl Render for Spillover {
              most requests in flight at once are each simulator's own counters (`/stats`), reset before each run; \
              spills are the client's multiplexer's `teifleet_spills_total` (served by the sibling / refused by it and \
              served here).\n",
-            backend(&r.backend),
-            limits(&r.limits),
-            r.capacity.rps,
-            r.capacity.concurrency,
-            number(r.capacity.batch_ms),
-            r.seconds,
+            backend(&self.backend),
+            limits(&self.limits),
+            self.capacity.rps,
+            self.capacity.concurrency,
+            number(self.capacity.batch_ms),
+            self.seconds,
             DEADLINE.as_secs(),
             LOAD_FACTOR
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 figure("replicas"),
                 text("run"),
@@ -63,7 +61,7 @@ impl Render for Spillover {
                 text("codes"),
             ],
         );
-        for pool in &r.pools {
+        for pool in &self.pools {
             for (name, run) in pool.runs() {
                 let x = &run.report;
                 table.row(&[
@@ -96,7 +94,7 @@ impl Render for Spillover {
              what was offered beyond what the pool served: with spillover about as many as the balancing client's, \
              without it all but one replica's worth."
         );
-        let h = &r.hop;
+        let h = &self.hop;
         let p50 = |side| format!("{} ms", number(median_of(side, |s| s.p50_ms)));
         let p99 = |side| format!("{} ms", number(median_of(side, |s| s.p99_ms)));
         let _ = writeln!(
@@ -114,7 +112,7 @@ impl Render for Spillover {
             h.rounds,
             h.calls_per_round
         );
-        Table::new(&mut out, &[text("path"), figure("p50"), figure("p99"), figure("added p50")])
+        Table::new(out, &[text("path"), figure("p50"), figure("p99"), figure("added p50")])
             .row(&[&"B's TEI directly", &p50(&h.direct), &p99(&h.direct), &"—"])
             .row(&[
                 &"through B's multiplexer (local)",
@@ -142,7 +140,6 @@ impl Render for Spillover {
                  timer tick, which can hide or inflate a hop's microseconds."
             );
         }
-        out
     }
 }
 

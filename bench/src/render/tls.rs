@@ -14,9 +14,7 @@ fn handshakes(c: &CaseResult) -> String {
 }
 
 impl Render for TlsCost {
-    fn body(&self) -> String {
-        let r = self;
-        let mut out = String::new();
+    fn write(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "One simulator ({}) behind two multiplexers in static mode ({}, admission never waits), started with \
@@ -32,14 +30,14 @@ impl Render for TlsCost {
              a case's rounds ÷ the OK calls it served: each process serves only its own side, and enough calls are \
              made that `/proc`'s 10 ms ticks are a few percent of it. Targets: TLS adds ≤ {} µs to Info's p50, and \
              CPU per call with TLS ≤ {}× plaintext, over long-lived connections.\n",
-            backend(&r.backend),
-            limits(&r.limits),
-            r.rounds,
+            backend(&self.backend),
+            limits(&self.limits),
+            self.rounds,
             number(ADDED_LIMIT_US),
             number(CPU_RATIO_LIMIT)
         );
         let mut table = Table::new(
-            &mut out,
+            out,
             &[
                 text("case"),
                 figure("calls/round"),
@@ -54,7 +52,7 @@ impl Render for TlsCost {
                 figure("TLS handshakes"),
             ],
         );
-        for c in &r.cases {
+        for c in &self.cases {
             table.row(&[
                 &c.case.label(),
                 &c.calls_per_round,
@@ -75,7 +73,6 @@ impl Render for TlsCost {
              session store lets later connections resume) on the same cores, so *added* holds the client's \
              encryption as well as the sidecar's; the CPU columns are the sidecar's alone."
         );
-        out
     }
 }
 
