@@ -91,6 +91,16 @@ pub fn mux_supports(bins: &Bins, flag: &str) -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains(flag))
 }
 
+/// Stops a scenario that needs `flag` on a multiplexer built without it, saying so (`lacking`
+/// adds what that means, e.g. ` (no spillover)`).
+pub fn require_flag(bins: &Bins, flag: &str, lacking: &str) -> Result<()> {
+    if mux_supports(bins, flag) {
+        Ok(())
+    } else {
+        Err(Error::Process(format!("the multiplexer has no {flag} flag{lacking}")))
+    }
+}
+
 /// The figures of one run that the tables and targets read (the whole report would be dozens of
 /// kilobytes per scenario).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -430,9 +440,7 @@ impl Measurement for AdaptiveLimit {
     const TITLE: &'static str = "Adaptive limit: one --adaptive config vs the best static limit per backend";
 
     async fn run(ctx: &Context) -> Result<Self> {
-        if !mux_supports(&ctx.bins, "--adaptive") {
-            return Err(Error::Process("the multiplexer has no --adaptive flag".into()));
-        }
+        require_flag(&ctx.bins, "--adaptive", "")?;
         let mut results = Vec::new();
         for (name, model) in backends() {
             results.push(backend(ctx, &name, model).await?);

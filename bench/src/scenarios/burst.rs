@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::{Context, Measurement, Scenario, gpu_model, measure, sim_and_mux, words};
+use super::{Context, Measurement, Scenario, direct_then_mux, gpu_model, sim_and_mux, words};
 use crate::Result;
 use crate::procs::{Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
@@ -62,11 +62,8 @@ impl Measurement for Burst {
             duration: Duration::from_secs(240),
             ..LoadConfig::closed(target, CONCURRENCY, requests)
         };
-        ctx.say(&format!("burst: {requests} requests at concurrency {CONCURRENCY}, direct"));
-        let direct = measure(config(sim.url())).await?;
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        ctx.say(&format!("burst: {requests} requests at concurrency {CONCURRENCY}, through the multiplexer"));
-        let mux = measure(config(mux.url())).await?;
+        let what = format!("burst: {requests} requests at concurrency {CONCURRENCY},");
+        let (direct, mux) = direct_then_mux(ctx, &what, &sim, &mux, config).await?;
         Ok(Burst { backend, limits, requests, direct, mux })
     }
 

@@ -10,12 +10,12 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::adaptive::mux_supports;
+use super::adaptive::require_flag;
 use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
 use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up, words};
+use crate::Result;
 use crate::procs::{self, Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
-use crate::{Error, Result};
 
 pub const FLOOD_FACTOR: f64 = 5.0;
 pub const LIGHT_FACTOR: f64 = 0.2;
@@ -93,9 +93,7 @@ impl Measurement for Fairness {
     const TITLE: &'static str = "Fairness: a tenant flooding at 5× capacity beside a light one";
 
     async fn run(ctx: &Context) -> Result<Self> {
-        if !mux_supports(&ctx.bins, "--tenant") {
-            return Err(Error::Process("the multiplexer has no --tenant flag (no fair queuing)".into()));
-        }
+        require_flag(&ctx.bins, "--tenant", " (no fair queuing)")?;
         let backend = gpu_model(512, Device::Sleep);
         let sim = procs::start_sim(&ctx.bins, "fairness-sim", &backend).await?;
         let limits = mux_limits();

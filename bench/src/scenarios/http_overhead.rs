@@ -17,7 +17,7 @@ use super::{
     unhurried_limits, warm_up,
 };
 use crate::Result;
-use crate::procs::{self, Bins, Device, MuxLimits, Proc, SimModel};
+use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
 
 /// An HTTP client's p50 over a gRPC client's, through the same sidecar, on the ~1 ms Embed: the
@@ -114,24 +114,26 @@ fn fix_note(c: &CaseResult) -> String {
     )
 }
 
-/// The multiplexer in front of `upstream` with its HTTP front on a port of its own; returns it
-/// and the HTTP front's URL.
-pub async fn start_mux_with_http(
-    bins: &Bins,
+/// The HTTP scenarios' setup: a simulator, and a multiplexer in front of it with its HTTP front on
+/// a port of its own, named `<name>-sim` and `<name>-mux`, each warmed up over `connections` (the
+/// HTTP front too, so the pool's connections are open before measuring). Returns the simulator,
+/// the multiplexer and the HTTP front's URL.
+pub async fn sim_and_http_mux(
+    ctx: &Context,
     name: &str,
-    upstream: &Proc,
+    backend: &SimModel,
     limits: &MuxLimits,
-) -> Result<(Proc, String)> {
+    connections: usize,
+) -> Result<(Proc, Proc, String)> {
+    let sim = procs::start_sim(&ctx.bins, &format!("{name}-sim"), backend).await?;
     let port = teifleet_testkit::net::free_port()?;
     let listen = [format!("--http-listen=127.0.0.1:{port}")];
-    let mux = procs::start_mux_with(bins, name, upstream, limits, &listen).await?;
-    Ok((mux, format!("http://127.0.0.1:{port}")))
-}
-
-/// A short closed-loop warm-up over HTTP, so the pool's connections are open before measuring.
-pub async fn warm_up_http(target: &str, concurrency: usize) -> Result<()> {
-    let config = LoadConfig { protocol: Protocol::Http, ..LoadConfig::closed(target, concurrency, 200) };
-    measure(config).await.map(|_| ())
+    let mux = procs::start_mux_with(&ctx.bins, &format!("{name}-mux"), &sim, limits, &listen).await?;
+    let http = format!("http://127.0.0.1:{port}");
+    warm_up(&sim.url(), connections).await?;
+    warm_up(&mux.url(), connections).await?;
+    measure(LoadConfig { protocol: Protocol::Http, ..LoadConfig::closed(&http, connections, 200) }).await?;
+    Ok((sim, mux, http))
 }
 
 impl Measurement for HttpOverhead {
@@ -140,12 +142,8 @@ impl Measurement for HttpOverhead {
 
     async fn run(ctx: &Context) -> Result<Self> {
         let backend = precise_model(ctx.features);
-        let sim = procs::start_sim(&ctx.bins, "http-overhead-sim", &backend).await?;
         let limits = unhurried_limits();
-        let (mux, http) = start_mux_with_http(&ctx.bins, "http-overhead-mux", &sim, &limits).await?;
-        warm_up(&sim.url(), 1).await?;
-        warm_up(&mux.url(), 1).await?;
-        warm_up_http(&http, 1).await?;
+        let (sim, mux, http) = sim_and_http_mux(ctx, "http-overhead", &backend, &limits, 1).await?;
         let targets = [sim.url(), mux.url(), http.clone()];
         let protocol = |target: &str| if target == http { Protocol::Http } else { Protocol::Grpc };
         let rounds = ctx.pick(3, 5);

@@ -9,11 +9,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Protocol, Report};
 
-use super::http_overhead::{start_mux_with_http, warm_up_http};
+use super::http_overhead::sim_and_http_mux;
 use super::overload::{Capacity, DEADLINE, GOODPUT_LIMIT, OVERLOADED, measure_capacity, mux_limits};
-use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up};
+use super::{Context, Measurement, Scenario, gpu_model, measure};
 use crate::Result;
-use crate::procs::{self, Device, MuxLimits, SimModel};
+use crate::procs::{Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
 
 /// HTTP goodput over gRPC goodput at the same load, through the same sidecar: the HTTP front
@@ -69,12 +69,8 @@ impl Measurement for HttpOverload {
 
     async fn run(ctx: &Context) -> Result<Self> {
         let backend = gpu_model(512, Device::Sleep);
-        let sim = procs::start_sim(&ctx.bins, "http-overload-sim", &backend).await?;
         let limits = mux_limits();
-        let (mux, http) = start_mux_with_http(&ctx.bins, "http-overload-mux", &sim, &limits).await?;
-        warm_up(&sim.url(), 8).await?;
-        warm_up(&mux.url(), 8).await?;
-        warm_up_http(&http, 8).await?;
+        let (sim, mux, http) = sim_and_http_mux(ctx, "http-overload", &backend, &limits, 8).await?;
         ctx.say("http overload: measuring the backend's capacity");
         let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
         ctx.say(&format!("http overload: capacity {:.1} req/s, batch {:.2} ms", capacity.rps, capacity.batch_ms));

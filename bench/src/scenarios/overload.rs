@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::{Context, Measurement, Scenario, gpu_model, measure, sim_and_mux, words};
+use super::{Context, Measurement, Scenario, direct_then_mux, gpu_model, measure, sim_and_mux, words};
 use crate::Result;
 use crate::procs::{Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target};
@@ -126,11 +126,8 @@ impl Measurement for Overload {
                 seed: 100 + i as u64,
                 ..LoadConfig::open(target, rate, duration)
             };
-            ctx.say(&format!("overload: {factor}× = {rate:.0} req/s direct"));
-            let direct = measure(config(sim.url())).await?;
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            ctx.say(&format!("overload: {factor}× = {rate:.0} req/s through the multiplexer"));
-            let through = measure(config(mux.url())).await?;
+            let what = format!("overload: {factor}× = {rate:.0} req/s");
+            let (direct, through) = direct_then_mux(ctx, &what, &sim, &mux, config).await?;
             tokio::time::sleep(Duration::from_secs(1)).await;
             rows.push(OverloadRow { factor: *factor, direct, mux: through });
         }

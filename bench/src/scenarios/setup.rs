@@ -109,3 +109,21 @@ pub async fn sim_and_mux(
     warm_up(&mux.url(), connections).await?;
     Ok((sim, mux))
 }
+
+/// The comparison most rows are made of: one load direct to the simulator, a second's pause, then
+/// the same load through the multiplexer. `what` starts both progress lines. Returns (direct,
+/// through the multiplexer).
+pub async fn direct_then_mux(
+    ctx: &Context,
+    what: &str,
+    sim: &Proc,
+    mux: &Proc,
+    config: impl Fn(String) -> LoadConfig,
+) -> Result<(Report, Report)> {
+    ctx.say(&format!("{what} direct"));
+    let direct = measure(config(sim.url())).await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    ctx.say(&format!("{what} through the multiplexer"));
+    let through = measure(config(mux.url())).await?;
+    Ok((direct, through))
+}

@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::adaptive::mux_supports;
+use super::adaptive::require_flag;
 use super::overhead::{Case, TARGET_TOKENS};
 use super::overload::{Capacity, DEADLINE, measure_capacity};
 use super::{
@@ -187,9 +187,7 @@ impl Measurement for Spillover {
     const TITLE: &'static str = "Spillover: a client pinned to one replica gets the whole pool";
 
     async fn run(ctx: &Context) -> Result<Self> {
-        if !mux_supports(&ctx.bins, "--sibling") {
-            return Err(Error::Process("the multiplexer has no --sibling flag (no spillover)".into()));
-        }
+        require_flag(&ctx.bins, "--sibling", " (no spillover)")?;
         let backend = gpu_model(512, Device::Sleep);
         let limits = limits();
         let duration = ctx.pick(Duration::from_secs(3), Duration::from_secs(10));
