@@ -153,3 +153,41 @@ async fn simulators_sharing_a_device_run_their_batches_one_at_a_time() {
     })
     .await;
 }
+
+/// A simulator kept busy does not keep a shared device from a neighbour that waits: the
+/// neighbour's batch runs next, after the one running when it asked, not after however many
+/// batches the busy one could grab back first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_simulator_lets_a_waiting_neighbour_have_the_next_turn() {
+    bounded(async {
+        let dir = std::env::temp_dir().join(format!("tei-sim-turns-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let lock = dir.join("device.lock");
+        let config = SimConfig {
+            fixed_latency: Duration::from_millis(40),
+            per_token_latency: Duration::ZERO,
+            max_batch_requests: Some(1),
+            shared_device: Some(lock),
+            ..SimConfig::default()
+        };
+        let (busy, quiet) = (start(config.clone()).await, start(config).await);
+        // Eight calls queued on the busy one: a batch after another, for 320 ms.
+        let mut flood = Vec::new();
+        for n in 0..8 {
+            let mut client = embed_client(&busy).await;
+            flood.push(tokio::spawn(async move { client.embed(embed_request(&format!("flood {n}"))).await }));
+        }
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        let before = busy.stats().batches_run;
+        embed_client(&quiet).await.embed(embed_request("quiet")).await.expect("the quiet call is answered");
+        let during = busy.stats().batches_run - before;
+        assert!(during <= 2, "the busy simulator ran {during} batches while its neighbour waited for one");
+        for call in flood {
+            call.await.unwrap().expect("the flood is answered");
+        }
+        busy.shutdown().await;
+        quiet.shutdown().await;
+        std::fs::remove_dir_all(&dir).ok();
+    })
+    .await;
+}
