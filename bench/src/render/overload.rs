@@ -255,7 +255,9 @@ impl Render for ShedStorm {
             "Backend: {}, on the same 2 cores as the client and the multiplexer. Multiplexer: {}. Closed loops over \
              {} connections, 16-token Embeds, {:.0} s each, no deadline: {} clients direct (the capacity: the device \
              always has its next batch), {} through the multiplexer (its CPU per served call, nothing shed), then {} \
-             through the multiplexer, each resending the moment it is refused, the same over {} connections, then \
+             through the multiplexer, each resending the moment it is refused, the same over {} connections, the \
+             same with a {} s deadline per call on {} connections (patient: they wait at the door), and with a \
+             {} ms deadline (three queue timeouts: told at once, as every call with a deadline was before), then \
              direct again; the capacity is the mean of the two direct runs. CPU from `/proc/<pid>/stat`; the client \
              is this benchmark's own process.\n",
             backend(&self.backend),
@@ -265,7 +267,10 @@ impl Render for ShedStorm {
             shed_storm::CAPACITY_CLIENTS,
             shed_storm::CAPACITY_CLIENTS,
             shed_storm::STORM_CLIENTS,
-            shed_storm::FEWER_CONNECTIONS
+            shed_storm::FEWER_CONNECTIONS,
+            shed_storm::STORM_DEADLINE.as_secs(),
+            shed_storm::DEADLINE_CONNECTIONS.map(|c| c.to_string()).join(", "),
+            shed_storm::SHORT_DEADLINE.as_millis()
         );
         let mut table = Table::new(
             out,
@@ -289,6 +294,22 @@ impl Render for ShedStorm {
         if let Some(fewer) = &self.storm_fewer_connections {
             let label = format!("multiplexer, storm on {} connections", shed_storm::FEWER_CONNECTIONS);
             storm_row(&mut table, &label, shed_storm::STORM_CLIENTS, fewer, capacity);
+        }
+        for storm in &self.deadline_storms {
+            let label = format!(
+                "multiplexer, storm with a {} s deadline, on {} connections",
+                shed_storm::STORM_DEADLINE.as_secs(),
+                storm.connections
+            );
+            storm_row(&mut table, &label, shed_storm::STORM_CLIENTS, &storm.run, capacity);
+        }
+        if let Some(short) = &self.short_deadline_storm {
+            let label = format!(
+                "multiplexer, storm with a {} ms deadline (told at once), on {} connections",
+                shed_storm::SHORT_DEADLINE.as_millis(),
+                shed_storm::CONNECTIONS
+            );
+            storm_row(&mut table, &label, shed_storm::STORM_CLIENTS, short, capacity);
         }
         if let Some(after) = &self.capacity_after {
             storm_row(&mut table, "direct (capacity, again)", shed_storm::CAPACITY_CLIENTS, after, capacity);

@@ -60,6 +60,8 @@ fn storm() -> Section {
             served: run(3000, 3000, 300.0, 0.6),
             storm: run(2000, 102_000, 200.0, 5.4),
             storm_fewer_connections: None,
+            deadline_storms: vec![shed_storm::DeadlineStorm { connections: 1, run: run(2900, 2900, 290.0, 0.6) }],
+            short_deadline_storm: None,
         })),
     )
 }

@@ -5,7 +5,10 @@
 //! again over 8: every refusal costs CPU the device needed, so goodput holds only if refusals are
 //! few (each connection's door holds its calls beyond its share instead) and cheap. Targets:
 //! goodput ≥ 0.9 × capacity on both; the multiplexer's CPU per shed is printed next to its CPU
-//! per served call.
+//! per served call. Then the same 512 clients with a 30 s deadline each (what most gRPC clients
+//! and load tools set) on 1, 8 and 16 connections: a deadline of many queue timeouts is patient,
+//! so they too wait their turn at the door; target goodput ≥ 0.9 × capacity on each, with the
+//! refusals per second reported.
 
 use std::time::Duration;
 
@@ -26,6 +29,14 @@ pub const CONNECTIONS: usize = 16;
 /// The second storm's connections: fewer, so each carries more callers.
 pub const FEWER_CONNECTIONS: usize = 8;
 const TOKENS: usize = 16;
+/// The deadline storms' callers' deadline: a load tool's or batch client's, 60 queue timeouts.
+pub const STORM_DEADLINE: Duration = Duration::from_secs(30);
+/// The connections of the deadline storms: one connection carrying every caller, and as many
+/// as the other storms.
+pub const DEADLINE_CONNECTIONS: [usize; 3] = [1, FEWER_CONNECTIONS, CONNECTIONS];
+/// The control beside them: a deadline of three queue timeouts, short of patient, so each call
+/// is told at once whether it fits, as every call with a deadline was before the door held them.
+pub const SHORT_DEADLINE: Duration = Duration::from_millis(1500);
 
 /// CPU seconds each process spent over one run.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -67,6 +78,20 @@ pub struct ShedStorm {
     /// The same over [`FEWER_CONNECTIONS`] connections.
     #[serde(default)]
     pub storm_fewer_connections: Option<Run>,
+    /// 512 clients with a [`STORM_DEADLINE`] each, resending every refusal, on each of
+    /// [`DEADLINE_CONNECTIONS`].
+    #[serde(default)]
+    pub deadline_storms: Vec<DeadlineStorm>,
+    /// The same with a [`SHORT_DEADLINE`] on [`CONNECTIONS`]: told at once, not held.
+    #[serde(default)]
+    pub short_deadline_storm: Option<Run>,
+}
+
+/// A storm of callers that set a deadline, on `connections` connections.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DeadlineStorm {
+    pub connections: usize,
+    pub run: Run,
 }
 
 impl ShedStorm {
@@ -102,6 +127,10 @@ impl ShedStorm {
         ratio(self.storm.cpu.client_s * 1e6, self.storm.report.answered as f64)
     }
 
+    pub fn deadline_goodput_ratio(&self, storm: &DeadlineStorm) -> f64 {
+        ratio(storm.run.report.goodput_rps, self.capacity_rps())
+    }
+
     /// The share of CPU the simulator lost in the storm against the run without sheds.
     pub fn device_cpu_lost(&self) -> f64 {
         1.0 - ratio(self.storm.cpu.sim_s, self.served.cpu.sim_s)
@@ -114,6 +143,16 @@ fn goodput_name() -> String {
 
 fn fewer_name() -> String {
     format!("goodput at c={STORM_CLIENTS} on {FEWER_CONNECTIONS} connections, resending ÷ capacity")
+}
+
+fn deadline_name(connections: usize) -> String {
+    let deadline = STORM_DEADLINE.as_secs();
+    format!("goodput at c={STORM_CLIENTS}, {deadline} s deadline, on {connections} connections, resending ÷ capacity")
+}
+
+fn deadline_refusals_name(connections: usize) -> String {
+    let deadline = STORM_DEADLINE.as_secs();
+    format!("refusals per second at c={STORM_CLIENTS}, {deadline} s deadline, on {connections} connections")
 }
 
 pub fn limits() -> MuxLimits {
@@ -132,11 +171,13 @@ async fn closed_run(
     target: &str,
     clients: usize,
     connections: usize,
+    deadline: Option<Duration>,
     duration: Duration,
     meter: &[u32],
 ) -> Result<Run> {
     let config = LoadConfig {
         connections,
+        deadline,
         inputs: words(TOKENS),
         duration,
         grace: Duration::from_secs(5),
@@ -162,10 +203,11 @@ impl Measurement for ShedStorm {
         let (sim, mux) = sim_and_mux(ctx, "storm", &backend, &limits, CONNECTIONS).await?;
         let meter = [mux.pid(), sim.pid(), std::process::id()];
         let duration = ctx.pick(Duration::from_secs(5), Duration::from_secs(20));
-        let run_on = |target: &Proc, clients: usize, connections: usize| {
+        let run_with = |target: &Proc, clients: usize, connections: usize, deadline: Option<Duration>| {
             let target = target.url();
-            async move { closed_run(&target, clients, connections, duration, &meter).await }
+            async move { closed_run(&target, clients, connections, deadline, duration, &meter).await }
         };
+        let run_on = |target: &Proc, clients: usize, connections: usize| run_with(target, clients, connections, None);
         let run = |target: &Proc, clients: usize| run_on(target, clients, CONNECTIONS);
         ctx.say(&format!("shed storm: capacity, {CAPACITY_CLIENTS} clients direct"));
         let capacity = run(&sim, CAPACITY_CLIENTS).await?;
@@ -179,10 +221,37 @@ impl Measurement for ShedStorm {
         ctx.say(&format!("shed storm: the same over {FEWER_CONNECTIONS} connections"));
         let storm_fewer_connections = Some(run_on(&mux, STORM_CLIENTS, FEWER_CONNECTIONS).await?);
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut deadline_storms = Vec::new();
+        for connections in DEADLINE_CONNECTIONS {
+            let deadline = STORM_DEADLINE.as_secs();
+            ctx.say(&format!(
+                "shed storm: {STORM_CLIENTS} clients with a {deadline} s deadline on {connections} connections"
+            ));
+            let run = run_with(&mux, STORM_CLIENTS, connections, Some(STORM_DEADLINE)).await?;
+            deadline_storms.push(DeadlineStorm { connections, run });
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let short = SHORT_DEADLINE.as_millis();
+        ctx.say(&format!(
+            "shed storm: the same with a {short} ms deadline on {CONNECTIONS} connections (told at once)"
+        ));
+        let short_deadline_storm = Some(run_with(&mux, STORM_CLIENTS, CONNECTIONS, Some(SHORT_DEADLINE)).await?);
+        tokio::time::sleep(Duration::from_secs(1)).await;
         ctx.say(&format!("shed storm: capacity again, {CAPACITY_CLIENTS} clients direct"));
         let capacity_after = Some(run(&sim, CAPACITY_CLIENTS).await?);
         let seconds = duration.as_secs_f64();
-        Ok(ShedStorm { backend, limits, seconds, capacity, capacity_after, served, storm, storm_fewer_connections })
+        Ok(ShedStorm {
+            backend,
+            limits,
+            seconds,
+            capacity,
+            capacity_after,
+            served,
+            storm,
+            storm_fewer_connections,
+            deadline_storms,
+            short_deadline_storm,
+        })
     }
 
     fn targets(&self) -> Vec<Target> {
@@ -220,6 +289,27 @@ impl Measurement for ShedStorm {
         ));
         let mut targets = vec![goodput];
         targets.extend(fewer);
+        for storm in &self.deadline_storms {
+            let measured = self.deadline_goodput_ratio(storm);
+            let name = deadline_name(storm.connections);
+            targets.push(spinning(Target::at_least(&scenario, &name, measured, GOODPUT_LIMIT, "× capacity")));
+            let refusals = storm.run.sheds() as f64 / self.seconds;
+            targets.push(Target::info(&scenario, &deadline_refusals_name(storm.connections), Some(refusals), "/s"));
+        }
+        if let Some(short) = &self.short_deadline_storm {
+            let name = format!(
+                "refusals per second at c={STORM_CLIENTS}, {} ms deadline (told at once), on {CONNECTIONS} connections",
+                SHORT_DEADLINE.as_millis()
+            );
+            targets.push(Target::info(&scenario, &name, Some(short.sheds() as f64 / self.seconds), "/s"));
+            let name = format!("goodput at c={STORM_CLIENTS}, {} ms deadline, ÷ capacity", SHORT_DEADLINE.as_millis());
+            targets.push(Target::info(
+                &scenario,
+                &name,
+                Some(ratio(short.report.goodput_rps, self.capacity_rps())),
+                "×",
+            ));
+        }
         targets.extend([
             // No refusal at all: nothing to divide.
             Target::info(
@@ -236,8 +326,10 @@ impl Measurement for ShedStorm {
 
     fn planned_targets() -> Vec<Target> {
         let scenario = Scenario::ShedStorm.label();
+        let deadlines = DEADLINE_CONNECTIONS.map(deadline_name);
         [goodput_name(), fewer_name()]
             .iter()
+            .chain(&deadlines)
             .map(|name| Target::new(&scenario, name, None, Rule::AtLeast, GOODPUT_LIMIT, "× capacity"))
             .collect()
     }
@@ -266,6 +358,8 @@ mod tests {
             // 2800 served (0.56 s) and 100,000 refused with 5.56 s in all: 50 µs per refusal.
             storm: run(2800, 102_800, 280.0, 5.56),
             storm_fewer_connections: Some(run(2500, 2600, 250.0, 0.6)),
+            deadline_storms: Vec::new(),
+            short_deadline_storm: None,
         };
         assert!((storm.mux_us_per_served() - 200.0).abs() < 1e-6);
         assert!((storm.mux_us_per_shed() - 50.0).abs() < 1e-6, "{}", storm.mux_us_per_shed());
@@ -278,5 +372,33 @@ mod tests {
         let sleeping = ShedStorm { backend: gpu_model(512, Device::Sleep), ..storm };
         assert_eq!(sleeping.targets()[0].verdict, Verdict::Skip);
         assert_eq!(sleeping.targets()[1].verdict, Verdict::Skip);
+    }
+
+    #[test]
+    fn each_deadline_storm_is_judged_and_its_refusals_reported() {
+        let deadline_storms = vec![
+            DeadlineStorm { connections: 1, run: run(2900, 2900, 290.0, 0.6) },
+            DeadlineStorm { connections: 16, run: run(2000, 52_000, 200.0, 3.0) },
+        ];
+        let storm = ShedStorm {
+            backend: gpu_model(512, Device::Spin),
+            limits: limits(),
+            seconds: 10.0,
+            capacity: run(3000, 3000, 300.0, 0.0),
+            capacity_after: None,
+            served: run(3000, 3000, 300.0, 0.6),
+            storm: run(2800, 2800, 280.0, 0.6),
+            storm_fewer_connections: None,
+            deadline_storms,
+            short_deadline_storm: Some(run(1500, 60_000, 150.0, 4.0)),
+        };
+        let targets = storm.targets();
+        let named = |name: String| targets.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name}"));
+        assert_eq!(named(deadline_name(1)).verdict, Verdict::Pass, "290 of 300");
+        assert_eq!(named(deadline_name(16)).verdict, Verdict::Fail, "200 of 300");
+        assert_eq!(named(deadline_refusals_name(1)).measured, Some(0.0));
+        assert_eq!(named(deadline_refusals_name(16)).measured, Some(5000.0), "50,000 refusals in 10 s");
+        let told_at_once = targets.iter().find(|t| t.name.contains("1500 ms deadline (told at once)")).unwrap();
+        assert_eq!(told_at_once.measured, Some(5850.0), "58,500 refusals in 10 s");
     }
 }
