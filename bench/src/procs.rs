@@ -215,6 +215,11 @@ mod millis {
 }
 
 pub async fn start_sim(bins: &Bins, name: &str, model: &SimModel) -> Result<Proc> {
+    start_sim_with(bins, name, model, &[]).await
+}
+
+/// The simulator with flags beyond [`SimModel`] appended as given (`--shared-device=PATH`).
+pub async fn start_sim_with(bins: &Bins, name: &str, model: &SimModel, extra: &[String]) -> Result<Proc> {
     let (grpc, admin) = (free_port()?, free_port()?);
     let mut args = vec![
         format!("--listen=127.0.0.1:{grpc}"),
@@ -230,6 +235,7 @@ pub async fn start_sim(bins: &Bins, name: &str, model: &SimModel) -> Result<Proc
     if model.device == Device::Spin {
         args.push("--device=spin".into());
     }
+    args.extend(extra.iter().cloned());
     let launch = Launch { name, program: bins.path("tei-sim"), args, env: vec![] };
     let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
     proc.ready_at("/healthz", Duration::from_secs(10)).await?;

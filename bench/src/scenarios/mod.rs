@@ -12,6 +12,7 @@
 pub mod adaptive;
 pub mod burst;
 pub mod coalescing;
+pub mod colocation;
 pub mod cost;
 pub mod fairness;
 pub mod http_overhead;
@@ -112,6 +113,7 @@ macro_rules! for_each_scenario {
             HttpOverload => http_overload::HttpOverload,
             Spillover => spillover::Spillover,
             Tls => tls::TlsCost,
+            Colocation => colocation::Colocation,
         }
     };
 }
@@ -214,7 +216,8 @@ mod tests {
         assert_eq!(Scenario::parse("16"), Some(Scenario::Tls));
         assert_eq!(Scenario::parse("tls"), Some(Scenario::Tls));
         assert_eq!(Scenario::Tls.label(), "16 tls");
-        assert_eq!(Scenario::parse("17"), None);
+        assert_eq!(Scenario::parse("17"), Some(Scenario::Colocation));
+        assert_eq!(Scenario::parse("18"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

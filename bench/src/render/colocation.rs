@@ -1,0 +1,130 @@
+//! The section of scenario 17, GPU co-location, from its typed result.
+
+use std::fmt::Write as _;
+
+use teifleet_load::Report;
+use teifleet_load::render::codes;
+
+use super::Render;
+use super::table::{Table, figure, text};
+use super::words::{backend, limits};
+use crate::scenarios::colocation::{self, Colocation, share};
+use crate::targets::{number, ratio};
+
+impl Render for Colocation {
+    fn write(&self, out: &mut String) {
+        let share_rps = self.capacity.rps / colocation::POOLS as f64;
+        let _ = writeln!(
+            out,
+            "{} pools share one simulated GPU: their simulators take turns on one device (`tei-sim --shared-device`, \
+             a lock file), as the TEIs of pods given time-sliced replicas of one card do. Backend of each: {}; \
+             **the shared device's capacity {:.1} req/s**, a pool's share a quarter of it ({:.1} req/s). Each pool's \
+             multiplexer: {}, a quarter of a device batch, as the operator sizes a slice's budget. Pool A sends {}× its \
+             share over 8 connections while B, C and D send {}× theirs over 2 each, open loop (Poisson), {:.0} s, 1 s \
+             deadline, all at once; B, C and D first without A, the same schedules. With the static limit, then the \
+             adaptive one (the share as ceiling); then the same four loads straight to the simulators. Latency columns \
+             are of all answers.\n",
+            colocation::POOLS,
+            backend(&self.backend),
+            self.capacity.rps,
+            share_rps,
+            limits(&self.limits),
+            colocation::FLOOD_FACTOR,
+            colocation::LIGHT_FACTOR,
+            self.seconds
+        );
+        let mut table = Table::new(
+            out,
+            &[
+                text("run"),
+                text("pool"),
+                figure("offered/s"),
+                figure("sent"),
+                figure("OK in time"),
+                figure("÷ sent"),
+                figure("p50"),
+                figure("p99"),
+                figure("p99 ÷ without A"),
+                text("codes"),
+            ],
+        );
+        let mut row = |run: &str, pool: &str, x: &Report, alone: Option<&Report>| {
+            let against = alone.map_or("".to_owned(), |a| format!("{:.2}×", ratio(x.latency.p99_ms, a.latency.p99_ms)));
+            table.row(&[
+                &run,
+                &pool,
+                &format!("{:.0}", x.offered_rps.unwrap_or(f64::NAN)),
+                &x.sent,
+                &x.ok_in_time,
+                &format!("{:.3}", share(x)),
+                &format!("{} ms", number(x.latency.p50_ms)),
+                &format!("{} ms", number(x.latency.p99_ms)),
+                &against,
+                &codes(x),
+            ]);
+        };
+        let light = ["B", "C", "D"];
+        for mode in &self.modes {
+            let name = if mode.adaptive { "adaptive" } else { "static" };
+            for (pool, alone) in light.iter().zip(&mode.alone) {
+                row(&format!("{name}, without A"), pool, alone, None);
+            }
+            row(&format!("{name}, A flooding"), "A", &mode.shared.flood, None);
+            for ((pool, shared), alone) in light.iter().zip(&mode.shared.light).zip(&mode.alone) {
+                row(&format!("{name}, A flooding"), pool, shared, Some(alone));
+            }
+        }
+        row("direct to TEI, A flooding", "A", &self.direct.flood, None);
+        for (pool, shared) in light.iter().zip(&self.direct.light) {
+            row("direct to TEI, A flooding", pool, shared, None);
+        }
+        for mode in &self.modes {
+            let _ = writeln!(
+                out,
+                "\n{}: the worst light pool kept {:.3} of its calls and its p99 was {:.2}× its p99 without A.",
+                if mode.adaptive { "Adaptive limit" } else { "Static limit" },
+                mode.worst_light_share(),
+                mode.worst_p99_ratio()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use teifleet_load::summary::Summary;
+
+    use super::*;
+    use crate::scenarios::colocation::{Mode, Side, shared_gpu, slice_limits};
+    use crate::scenarios::overload::Capacity;
+
+    fn report(sent: u64, ok_in_time: u64, p99_ms: f64) -> Report {
+        Report { sent, ok_in_time, latency: Summary { p99_ms, ..Summary::default() }, ..Report::default() }
+    }
+
+    #[test]
+    fn every_pool_of_every_run_has_a_row_and_the_light_ones_their_ratio() {
+        let mode = |adaptive| Mode {
+            adaptive,
+            alone: vec![report(100, 100, 5.0); 3],
+            shared: Side { flood: report(5000, 900, 900.0), light: vec![report(100, 99, 7.5); 3] },
+        };
+        let r = Colocation {
+            backend: shared_gpu(),
+            limits: slice_limits(),
+            capacity: Capacity { rps: 900.0, batch_ms: 8.4, concurrency: 64 },
+            seconds: 4.0,
+            modes: vec![mode(false), mode(true)],
+            direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3] },
+        };
+        let body = r.body();
+        assert_eq!(body.matches("| static, A flooding |").count(), 4, "{body}");
+        assert_eq!(body.matches("| adaptive, without A |").count(), 3, "{body}");
+        assert_eq!(body.matches("| direct to TEI, A flooding |").count(), 4, "{body}");
+        assert_eq!(body.matches("| 1.50× |").count(), 6, "{body}");
+        assert!(
+            body.contains("Static limit: the worst light pool kept 0.990 of its calls and its p99 was 1.50×"),
+            "{body}"
+        );
+    }
+}

@@ -1,0 +1,329 @@
+//! Scenario 17, GPU co-location: four pools share one GPU, as four pods given time-sliced replicas
+//! of one card do (docs/gpu-cluster.md). Each pool is a simulator and its multiplexer; the four
+//! simulators take turns on one device (`tei-sim --shared-device`: a batch runs while its
+//! simulator holds a lock file every one of them opens), and each multiplexer lets in a quarter of
+//! a device batch, the budget sized to the pool's slice. Pool A floods at 5× its share (a quarter
+//! of the device's capacity) while B, C and D send 0.2× theirs, open loop, 1 s deadline, all at
+//! once; then B, C and D without A, the same schedules, for their latency without the flood. Run
+//! with static limits and with the adaptive limit, and once with the four loads straight to the
+//! simulators for comparison. Targets, per mode: every light pool keeps ≥ 0.95 of its calls and
+//! its p99 ≤ 2× its p99 without the flood.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use teifleet_load::{LoadConfig, Report};
+
+use super::adaptive::require_flag;
+use super::overload::{Capacity, DEADLINE, measure_capacity};
+use super::{Context, Measurement, Scenario, measure, warm_up, words};
+use crate::Result;
+use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
+use crate::targets::{Rule, Target, ratio};
+
+pub const POOLS: usize = 4;
+pub const FLOOD_FACTOR: f64 = 5.0;
+pub const LIGHT_FACTOR: f64 = 0.2;
+pub const LIGHT_GOODPUT_LIMIT: f64 = 0.95;
+pub const LIGHT_P99_LIMIT: f64 = 2.0;
+const TOKENS: usize = 16;
+/// Requests of one device batch; each pool's multiplexer lets in its quarter of it.
+const BATCH_REQUESTS: usize = 8;
+
+/// The shared GPU: a batch takes 2 ms plus 50 µs a token, at most 8 requests, so a lone call
+/// (16 tokens) takes 2.8 ms and a full batch 8.4 ms of the device.
+pub fn shared_gpu() -> SimModel {
+    SimModel {
+        max_concurrent_requests: 512,
+        max_batch_requests: Some(BATCH_REQUESTS),
+        fixed_latency: Duration::from_millis(2),
+        per_token_latency: Duration::from_micros(50),
+        device: Device::Sleep,
+    }
+}
+
+/// Each pool's multiplexer: a quarter of a device batch in flight (the adaptive limit's ceiling),
+/// a queue it drains well within the deadline.
+pub fn slice_limits() -> MuxLimits {
+    MuxLimits {
+        max_in_flight: BATCH_REQUESTS / POOLS,
+        max_queued: 64,
+        queue_timeout: Duration::from_millis(500),
+        max_concurrent_streams: 1024,
+        coalesce: false,
+    }
+}
+
+/// The flooding pool's run and the three light pools', side by side.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Side {
+    pub flood: Report,
+    pub light: Vec<Report>,
+}
+
+/// One way of admitting: the light pools without the flood, then beside it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Mode {
+    pub adaptive: bool,
+    /// B, C and D at their rates with A idle.
+    pub alone: Vec<Report>,
+    pub shared: Side,
+}
+
+impl Mode {
+    fn name(&self) -> &'static str {
+        if self.adaptive { "adaptive limit" } else { "static limit" }
+    }
+
+    /// The worst light pool's OK answers in time ÷ what it sent, A flooding.
+    pub fn worst_light_share(&self) -> f64 {
+        self.shared.light.iter().map(share).fold(f64::INFINITY, f64::min)
+    }
+
+    /// The worst light pool's p99 beside the flood ÷ its p99 without it.
+    pub fn worst_p99_ratio(&self) -> f64 {
+        self.shared
+            .light
+            .iter()
+            .zip(&self.alone)
+            .map(|(shared, alone)| ratio(shared.latency.p99_ms, alone.latency.p99_ms))
+            .fold(f64::NEG_INFINITY, f64::max)
+    }
+}
+
+pub fn share(report: &Report) -> f64 {
+    ratio(report.ok_in_time as f64, report.sent as f64)
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Colocation {
+    pub backend: SimModel,
+    pub limits: MuxLimits,
+    /// The shared device's capacity, one simulator saturating it; a pool's share is a quarter.
+    pub capacity: Capacity,
+    pub seconds: f64,
+    pub modes: Vec<Mode>,
+    /// The same four loads straight to the simulators (TEI's own admission only).
+    pub direct: Side,
+}
+
+fn label(mode: &str, what: &str) -> String {
+    format!("{what}, {mode}")
+}
+
+const LIGHT_GOODPUT: &str = "worst light pool's goodput ÷ what it sends, A flooding";
+const LIGHT_P99: &str = "worst light pool's p99, A flooding ÷ without A";
+
+fn load(target: String, rate: f64, duration: Duration, connections: usize, seed: u64) -> LoadConfig {
+    LoadConfig {
+        connections,
+        deadline: Some(DEADLINE),
+        grace: Duration::from_secs(3),
+        inputs: words(TOKENS),
+        seed,
+        ..LoadConfig::open(target, rate, duration)
+    }
+}
+
+/// The light pools' loads at once, and A's flood beside them when `flood` is given.
+async fn loads(targets: &[String], share_rps: f64, duration: Duration, flood: bool) -> Result<Side> {
+    let light_rate = LIGHT_FACTOR * share_rps;
+    let mut tasks = Vec::new();
+    for (k, target) in targets.iter().enumerate().skip(1) {
+        tasks.push(tokio::spawn(measure(load(target.clone(), light_rate, duration, 2, 20 + k as u64))));
+    }
+    let flood_run = match flood {
+        true => Some(tokio::spawn(measure(load(targets[0].clone(), FLOOD_FACTOR * share_rps, duration, 8, 20)))),
+        false => None,
+    };
+    let mut light = Vec::new();
+    for task in tasks {
+        light.push(joined(task.await)?);
+    }
+    let flood = match flood_run {
+        Some(task) => joined(task.await)?,
+        None => Report::default(),
+    };
+    Ok(Side { flood, light })
+}
+
+fn joined(outcome: std::result::Result<Result<Report>, tokio::task::JoinError>) -> Result<Report> {
+    outcome.map_err(|e| crate::Error::Process(format!("a load task failed: {e}")))?
+}
+
+/// The four simulators on one device, named `colocation-sim-<n>`.
+async fn shared_sims(ctx: &Context, device: &std::path::Path, backend: &SimModel) -> Result<Vec<Proc>> {
+    let mut sims = Vec::new();
+    for n in 0..POOLS {
+        let flag = format!("--shared-device={}", device.display());
+        sims.push(procs::start_sim_with(&ctx.bins, &format!("colocation-sim-{n}"), backend, &[flag]).await?);
+    }
+    Ok(sims)
+}
+
+impl Measurement for Colocation {
+    const KEY: &'static str = "colocation";
+    const TITLE: &'static str =
+        "GPU co-location: one pool flooding at 5× its share of a shared GPU beside three light ones";
+
+    async fn run(ctx: &Context) -> Result<Self> {
+        require_flag(&ctx.bins, "--adaptive", " (no adaptive limit)")?;
+        let backend = shared_gpu();
+        let limits = slice_limits();
+        let device: PathBuf = ctx.bins.logs.join("colocation-device.lock");
+        let sims = shared_sims(ctx, &device, &backend).await?;
+        for sim in &sims {
+            warm_up(&sim.url(), 2).await?;
+        }
+        ctx.say("colocation: measuring the shared device's capacity");
+        let capacity = measure_capacity(ctx, &sims[0], TOKENS, 64).await?;
+        let share_rps = capacity.rps / POOLS as f64;
+        let duration = ctx.pick(Duration::from_secs(4), Duration::from_secs(12));
+
+        let mut modes = Vec::new();
+        for adaptive in [false, true] {
+            let extra: Vec<String> = if adaptive { vec!["--adaptive".into()] } else { Vec::new() };
+            let mut muxes = Vec::new();
+            for (n, sim) in sims.iter().enumerate() {
+                let name = format!("colocation-mux-{n}{}", if adaptive { "-adaptive" } else { "" });
+                muxes.push(procs::start_mux_with(&ctx.bins, &name, sim, &limits, &extra).await?);
+            }
+            let targets: Vec<String> = muxes.iter().map(Proc::url).collect();
+            for target in &targets {
+                warm_up(target, 2).await?;
+            }
+            let mode = if adaptive { "adaptive" } else { "static" };
+            ctx.say(&format!("colocation ({mode}): B, C, D at {:.0} req/s each, without A", LIGHT_FACTOR * share_rps));
+            let alone = loads(&targets, share_rps, duration, false).await?.light;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            ctx.say(&format!("colocation ({mode}): A at {:.0} req/s beside them", FLOOD_FACTOR * share_rps));
+            let shared = loads(&targets, share_rps, duration, true).await?;
+            let got: Vec<String> = shared.light.iter().map(|r| format!("{}/{}", r.ok_in_time, r.sent)).collect();
+            ctx.say(&format!("colocation ({mode}): light pools got {}", got.join(", ")));
+            modes.push(Mode { adaptive, alone, shared });
+            for mux in muxes {
+                mux.terminate(Duration::from_secs(5));
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        ctx.say("colocation: the same loads straight to the simulators");
+        let targets: Vec<String> = sims.iter().map(Proc::url).collect();
+        let direct = loads(&targets, share_rps, duration, true).await?;
+        let _ = std::fs::remove_file(&device);
+        Ok(Colocation { backend, limits, capacity, seconds: duration.as_secs_f64(), modes, direct })
+    }
+
+    fn targets(&self) -> Vec<Target> {
+        let scenario = Scenario::Colocation.label();
+        let mut targets = Vec::new();
+        for mode in &self.modes {
+            let name = mode.name();
+            let got: Vec<String> = mode.shared.light.iter().map(|r| format!("{}/{}", r.ok_in_time, r.sent)).collect();
+            targets.push(
+                Target::at_least(
+                    &scenario,
+                    &label(name, LIGHT_GOODPUT),
+                    mode.worst_light_share(),
+                    LIGHT_GOODPUT_LIMIT,
+                    "×",
+                )
+                .note_if_not_passed(format!(
+                    "the light pools got {} in time beside the flood: their calls waited past the deadline for \
+                     the shared device",
+                    got.join(", ")
+                )),
+            );
+            let p99s: Vec<String> = mode
+                .shared
+                .light
+                .iter()
+                .zip(&mode.alone)
+                .map(|(s, a)| format!("{:.1} ms against {:.1} ms", s.latency.p99_ms, a.latency.p99_ms))
+                .collect();
+            targets.push(
+                Target::at_most(&scenario, &label(name, LIGHT_P99), mode.worst_p99_ratio(), LIGHT_P99_LIMIT, "×")
+                    .note_if_not_passed(format!(
+                        "light pools' p99 beside the flood and without it: {}. A light call waits for the batch \
+                         holding the device (A's, at most its multiplexer's {} in flight) and any other light \
+                         pool's before its own",
+                        p99s.join("; "),
+                        self.limits.max_in_flight
+                    )),
+            );
+        }
+        let direct = self.direct.light.iter().map(share).fold(f64::INFINITY, f64::min);
+        targets.push(Target::info(
+            &scenario,
+            "worst light pool's goodput ÷ sent, A flooding, direct to TEI",
+            Some(direct),
+            "×",
+        ));
+        targets
+    }
+
+    fn planned_targets() -> Vec<Target> {
+        let scenario = Scenario::Colocation.label();
+        let mut targets = Vec::new();
+        for name in ["static limit", "adaptive limit"] {
+            targets.push(Target::new(
+                &scenario,
+                &label(name, LIGHT_GOODPUT),
+                None,
+                Rule::AtLeast,
+                LIGHT_GOODPUT_LIMIT,
+                "×",
+            ));
+            targets.push(Target::new(&scenario, &label(name, LIGHT_P99), None, Rule::AtMost, LIGHT_P99_LIMIT, "×"));
+        }
+        targets
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use teifleet_load::summary::Summary;
+
+    use super::*;
+    use crate::targets::Verdict;
+
+    fn report(sent: u64, ok_in_time: u64, p99_ms: f64) -> Report {
+        Report { sent, ok_in_time, latency: Summary { p99_ms, ..Summary::default() }, ..Report::default() }
+    }
+
+    #[test]
+    fn the_worst_light_pool_is_judged_against_itself_without_the_flood() {
+        let mode = |adaptive, light: Vec<Report>| Mode {
+            adaptive,
+            alone: vec![report(100, 100, 5.0), report(100, 100, 6.0), report(100, 100, 4.0)],
+            shared: Side { flood: report(5000, 900, 900.0), light },
+        };
+        let r = Colocation {
+            backend: shared_gpu(),
+            limits: slice_limits(),
+            capacity: Capacity { rps: 900.0, batch_ms: 8.4, concurrency: 64 },
+            seconds: 4.0,
+            modes: vec![
+                // C: 9 ms against 6 ms alone (1.5×), all in time; D: 96 of 100.
+                mode(false, vec![report(100, 100, 8.0), report(100, 100, 9.0), report(100, 96, 7.0)]),
+                // B: 11 ms against 5 ms alone (2.2×); D: 94 of 100.
+                mode(true, vec![report(100, 100, 11.0), report(100, 100, 9.0), report(100, 94, 7.0)]),
+            ],
+            direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3] },
+        };
+        let t = r.targets();
+        assert_eq!(t.len(), 5);
+        assert!((t[0].measured.unwrap() - 0.96).abs() < 1e-9);
+        assert_eq!(t[0].verdict, Verdict::Pass);
+        assert!((t[1].measured.unwrap() - 1.75).abs() < 1e-9, "D: 7 ms against 4 ms");
+        assert_eq!(t[1].verdict, Verdict::Pass);
+        assert_eq!(t[2].verdict, Verdict::Fail);
+        assert!(t[2].note.contains("100/100, 100/100, 94/100"), "{}", t[2].note);
+        assert!((t[3].measured.unwrap() - 2.2).abs() < 1e-9);
+        assert_eq!(t[3].verdict, Verdict::Fail);
+        assert_eq!(t[4].verdict, Verdict::Info);
+        let planned: Vec<String> = Colocation::planned_targets().into_iter().map(|t| t.name).collect();
+        let judged: Vec<String> = t.into_iter().take(4).map(|t| t.name).collect();
+        assert_eq!(planned, judged);
+    }
+}
