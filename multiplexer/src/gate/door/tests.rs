@@ -118,8 +118,8 @@ async fn a_pass_whose_caller_left_goes_to_the_next_in_line() {
     assert_eq!(door.lock().inside, 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_call_waits_at_the_door_until_its_deadline_then_leaves_its_line() {
+/// A door of one that is full, and a call on another connection entering with a 30 s deadline.
+fn full_door_and_a_call_with_30s() -> (Arc<Door>, Admission, Pass, tokio::task::JoinHandle<Result<(), WaitedInVain>>) {
     let (door, admission) = door(1);
     let inside = pass_now(&door, &admission, A);
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -127,6 +127,12 @@ async fn a_call_waits_at_the_door_until_its_deadline_then_leaves_its_line() {
         let (door, admission) = (door.clone(), admission.clone());
         tokio::spawn(async move { door.enter(&admission, B, Some(deadline)).await.map(drop) })
     };
+    (door, admission, inside, waiter)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_waits_at_the_door_until_its_deadline_then_leaves_its_line() {
+    let (door, _admission, inside, waiter) = full_door_and_a_call_with_30s();
     tokio::time::sleep(Duration::from_secs(29)).await;
     assert!(!waiter.is_finished(), "it waits its turn while its deadline allows");
     assert_eq!(waiting(&door), 1);
@@ -139,13 +145,7 @@ async fn a_call_waits_at_the_door_until_its_deadline_then_leaves_its_line() {
 
 #[tokio::test(start_paused = true)]
 async fn a_call_with_a_deadline_goes_in_when_its_turn_comes_first() {
-    let (door, admission) = door(1);
-    let inside = pass_now(&door, &admission, A);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let waiter = {
-        let (door, admission) = (door.clone(), admission.clone());
-        tokio::spawn(async move { door.enter(&admission, B, Some(deadline)).await.map(drop) })
-    };
+    let (_door, _admission, inside, waiter) = full_door_and_a_call_with_30s();
     tokio::time::sleep(Duration::from_secs(1)).await;
     drop(inside);
     assert!(waiter.await.unwrap().is_ok(), "in once a call finished");
