@@ -6,7 +6,7 @@
 //! | room | what a call meets there |
 //! | --- | --- |
 //! | [`front`] | accepted: the gRPC port (`front::grpc`) or TEI's HTTP API and OpenAI's route (`front::http`), each turning bytes into one of the RPC table's calls |
-//! | [`gate`] | authenticated and routed: its headers read (`request_meta`), its key or certificate checked (`auth`), held at the pool's door when the pool is full (`door`) |
+//! | [`gate`] | authenticated and routed: its headers read (`request_meta`), its key or certificate checked (`auth`), held at the pool's door when the pool is full and it is patient (`door`) |
 //! | [`admission`] | admitted: the pool's budget in TEI's units, the fair priority queue, the adaptive limit (no gRPC) |
 //! | [`forward`] | forwarded or spilled: its cost charged, coalesced with identical calls, sent to TEI (`upstream`) or to a sibling replica with room (`siblings`) |
 //! | [`report`] | answered and counted: its outcome and time split (`call`), metrics, rates, ORCA load reports, the gRPC status of an error |

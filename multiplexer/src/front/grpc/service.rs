@@ -248,6 +248,7 @@ fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
         && !pool.spec.remote
         && meta.spilled_from.is_none()
         && meta.forwarded_by.is_none()
+        // The queue timeout (under the pool's lock) is read only for a call that has a deadline.
         && (meta.deadline.is_none() || door::is_patient(meta.deadline, pool.admission.queue_timeout(), Instant::now()))
 }
 
