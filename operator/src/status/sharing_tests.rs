@@ -3,7 +3,6 @@
 //! that follows the slice.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
-use k8s_openapi::api::core::v1::{Pod, PodCondition, PodStatus};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -11,6 +10,7 @@ use teifleet_crds::conditions::{DEGRADED, READY, find, reasons};
 use teifleet_crds::{EmbeddingPool, EmbeddingPoolSpec, GpuShareStatus};
 
 use super::compute;
+use super::tests::unschedulable_pod;
 
 fn pool(model: &str, gpu: serde_json::Value) -> EmbeddingPool {
     let spec: EmbeddingPoolSpec = serde_json::from_value(serde_json::json!({
@@ -40,22 +40,6 @@ fn deployment(replicas: i32, ready: i32) -> Deployment {
             ..DeploymentStatus::default()
         }),
         ..Deployment::default()
-    }
-}
-
-fn unschedulable(message: &str) -> Pod {
-    Pod {
-        status: Some(PodStatus {
-            conditions: Some(vec![PodCondition {
-                type_: "PodScheduled".into(),
-                status: "False".into(),
-                reason: Some("Unschedulable".into()),
-                message: Some(message.into()),
-                ..PodCondition::default()
-            }]),
-            ..PodStatus::default()
-        }),
-        ..Pod::default()
     }
 }
 
@@ -90,7 +74,7 @@ fn status_shows_the_share_its_memory_and_the_models_need() {
 
 #[test]
 fn taken_shares_name_the_share_and_the_resource() {
-    let pods = [unschedulable(
+    let pods = [unschedulable_pod(
         "0/6 nodes are available: 1 Insufficient nvidia.com/gpu.shared, 5 node(s) didn't match Pod's node affinity/selector.",
     )];
     let gpu = serde_json::json!({ "type": "nvidia-l4", "sharing": { "strategy": "time-slicing", "replicas": 4, "renameByDefault": true } });
@@ -108,7 +92,7 @@ fn taken_shares_name_the_share_and_the_resource() {
 
 #[test]
 fn a_profile_no_node_offers_is_named() {
-    let pods = [unschedulable("0/6 nodes are available: 6 node(s) didn't match Pod's node affinity/selector.")];
+    let pods = [unschedulable_pod("0/6 nodes are available: 6 node(s) didn't match Pod's node affinity/selector.")];
     let gpu = serde_json::json!({ "type": "nvidia-h100-80gb", "sharing": { "strategy": "mig", "profile": "2g.20gb" } });
     let status = compute(&pool("BAAI/bge-small-en-v1.5", gpu), Some(&deployment(1, 0)), &pods, &[], &now());
     let ready = find(&status.conditions, READY).unwrap();

@@ -38,7 +38,7 @@ fn deployment(replicas: i32, ready: i32, updated: i32) -> Deployment {
     }
 }
 
-fn unschedulable_pod(message: &str) -> Pod {
+pub(super) fn unschedulable_pod(message: &str) -> Pod {
     Pod {
         status: Some(PodStatus {
             phase: Some("Pending".into()),
