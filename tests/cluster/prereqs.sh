@@ -5,7 +5,8 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
 missing=()
-for tool in openssl curl; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
+# python3: `make lint`'s tools/rooms.py and the Python client tests.
+for tool in openssl curl python3; do command -v "$tool" >/dev/null 2>&1 || missing+=("$tool"); done
 if ((${#missing[@]})); then
   echo "[prereqs] installing ${missing[*]}" >&2
   export DEBIAN_FRONTEND=noninteractive
