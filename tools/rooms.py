@@ -59,7 +59,6 @@ def graph(src):
     for module, file in modules.items():
         if file.endswith("tests.rs"):
             continue
-        base = module if file.endswith(("mod.rs", "lib.rs")) else module
         text = "\n".join(code_lines(open(file, encoding="utf-8").read()))
         # `use crate::a::{b, c::d}` spans lines: join the braces.
         text = re.sub(r"\{[^{}]*\}", lambda m: m.group(0).replace("\n", " "), text)
@@ -67,7 +66,7 @@ def graph(src):
             head, rest, _, group = match.groups()
             segments = rest.strip(":").split("::")
             if head == "super":
-                parent = list(base[:-1])
+                parent = list(module[:-1])
                 while segments and segments[0] == "super":
                     parent = parent[:-1]
                     segments = segments[1:]

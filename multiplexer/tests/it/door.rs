@@ -6,13 +6,17 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use teifleet_multiplexer::admission::Limits;
-use teifleet_tei_sim::Fault;
+use teifleet_multiplexer::run::server::Running;
+use teifleet_proto::v1::{self, embed_client::EmbedClient};
+use teifleet_tei_sim::{Fault, SimHandle};
 use teifleet_wire::headers::RETRY_PUSHBACK_MS;
-use tonic::Code;
+use tokio::task::JoinHandle;
+use tonic::transport::Channel;
+use tonic::{Code, Response, Status};
 
 use crate::support::*;
 
-fn answered(mux: &teifleet_multiplexer::run::server::Running, code: &str) -> f64 {
+fn answered(mux: &Running, code: &str) -> f64 {
     metric_sum(&metrics_text(mux), "teifleet_requests_total", &[("code", code)])
 }
 
@@ -49,23 +53,34 @@ async fn busy_connections_share_the_budget_and_nothing_is_refused() {
     assert_eq!(answered(&mux, "ResourceExhausted"), 0.0, "{}", metrics_text(&mux));
 }
 
-#[tokio::test]
-async fn patient_calls_wait_their_turn_and_one_with_a_short_deadline_is_told_at_once() {
+/// A pool of one call and no queue whose TEI stalls, with that one call in flight.
+async fn one_call_in_flight_at_a_stalled_tei(
+    queue_timeout: Duration,
+) -> (SimHandle, Running, EmbedClient<Channel>, JoinHandle<Result<Response<v1::EmbedResponse>, Status>>) {
     let sim = sim(|_| {}).await;
     sim.set_fault(Fault::Stall);
-    let queue_timeout = Duration::from_millis(300);
     let (mux, table) = mux(sim.addr(), Limits::new(1, 0, queue_timeout)).await;
     let admission = table.get("pool-a").unwrap().admission.clone();
     let client = embed_client(mux.grpc_addr).await;
     let in_flight = spawn_embed(&client, embed_request("in flight"));
     until("one in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
+    (sim, mux, client, in_flight)
+}
+
+#[tokio::test]
+async fn patient_calls_wait_their_turn_and_one_with_a_short_deadline_is_told_at_once() {
+    let queue_timeout = Duration::from_millis(300);
+    let (sim, mux, client, in_flight) = one_call_in_flight_at_a_stalled_tei(queue_timeout).await;
 
     // Without a deadline, a call waits its turn, past the queue timeout, as it would in its
     // client's own HTTP/2 queue.
     let patient = spawn_embed(&client, embed_request("patient"));
+    until("held at the door", Duration::from_secs(5), || {
+        metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]) == 1.0
+    })
+    .await;
     tokio::time::sleep(queue_timeout * 2).await;
-    assert!(!patient.is_finished(), "still waiting at the door");
-    assert_eq!(metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]), 1.0);
+    assert!(!patient.is_finished(), "still waiting at the door, past the queue timeout");
 
     // A deadline of many queue timeouts (30 s, a load tool's or a batch client's) is patient too:
     // it waits at the door instead of being refused into a resend loop.
@@ -101,14 +116,7 @@ async fn patient_calls_wait_their_turn_and_one_with_a_short_deadline_is_told_at_
 
 #[tokio::test]
 async fn a_patient_call_whose_deadline_passes_at_the_door_leaves_it_as_expired() {
-    let sim = sim(|_| {}).await;
-    sim.set_fault(Fault::Stall);
-    let queue_timeout = Duration::from_millis(100);
-    let (mux, table) = mux(sim.addr(), Limits::new(1, 0, queue_timeout)).await;
-    let admission = table.get("pool-a").unwrap().admission.clone();
-    let client = embed_client(mux.grpc_addr).await;
-    let _in_flight = spawn_embed(&client, embed_request("in flight"));
-    until("one in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
+    let (sim, mux, client, _in_flight) = one_call_in_flight_at_a_stalled_tei(Duration::from_millis(100)).await;
 
     // 1 s is ten queue timeouts: the call waits at the door, and TEI never moves.
     let mut waiting = tonic::Request::new(embed_request("waits in vain"));
