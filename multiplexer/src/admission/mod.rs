@@ -152,11 +152,6 @@ impl Admission {
         state.draining_slots() + state.limits.max_queued
     }
 
-    /// The longest a call waits in the queue.
-    pub fn queue_timeout(&self) -> Duration {
-        self.shared.lock().limits.queue_timeout
-    }
-
     pub fn snapshot(&self) -> Snapshot {
         self.shared.lock().snapshot(None)
     }

@@ -248,8 +248,10 @@ fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
         && !pool.spec.remote
         && meta.spilled_from.is_none()
         && meta.forwarded_by.is_none()
-        // The queue timeout (under the pool's lock) is read only for a call that has a deadline.
-        && (meta.deadline.is_none() || door::is_patient(meta.deadline, pool.admission.queue_timeout(), Instant::now()))
+        // The queue timeout in force is the spec's (limits change only with it, the pool with
+        // them): no lock taken. A pool without limits yet has no queue to be patient for.
+        && (meta.deadline.is_none()
+            || pool.spec.limits.is_some_and(|limits| door::is_patient(meta.deadline, limits.queue_timeout, Instant::now())))
 }
 
 /// The request body, cut off `timeout` from now: a caller that trickles its message holds its
