@@ -9,7 +9,7 @@ use teifleet_crds::{EmbeddingPool, GpuType};
 use teifleet_operator::render::{Children, RenderConfig, render};
 
 fn pool(yaml: &str) -> EmbeddingPool {
-    serde_yaml::from_str(yaml).expect("fixture parses")
+    serde_norway::from_str(yaml).expect("fixture parses")
 }
 
 const BASE: &str = r#"
@@ -99,7 +99,7 @@ fn golden_dir() -> PathBuf {
 }
 
 fn check<T: Serialize>(file: &str, value: &T) {
-    let rendered = serde_yaml::to_string(value).expect("serializes");
+    let rendered = serde_norway::to_string(value).expect("serializes");
     let path = golden_dir().join(file);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, &rendered).expect("writes golden file");
@@ -134,7 +134,7 @@ fn deployment_with_every_override() {
 fn ephemeral_model_cache_is_a_generic_ephemeral_volume() {
     let mut pool = pool(BASE);
     pool.spec.model_cache =
-        Some(serde_yaml::from_str("ephemeral: { size: 20Gi, storageClassName: fast-ssd }").unwrap());
+        Some(serde_norway::from_str("ephemeral: { size: 20Gi, storageClassName: fast-ssd }").unwrap());
     let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     let pod = rendered.deployment.spec.unwrap().template.spec.unwrap();
     check("volumes-ephemeral-model-cache.yaml", &pod.volumes);
@@ -147,8 +147,8 @@ fn named_resources_replace_their_defaults_and_others_keep_them() {
     pool.spec.gpu.type_ = GpuType::NvidiaH100_80gb;
     // A lone memory limit: Kubernetes makes it the request too, so no default memory request
     // may sit beside it (a larger one would be refused).
-    pool.spec.template.resources = Some(serde_yaml::from_str("limits: { memory: 16Gi }").unwrap());
-    pool.spec.template.multiplexer_resources = Some(serde_yaml::from_str("requests: { memory: 1Gi }").unwrap());
+    pool.spec.template.resources = Some(serde_norway::from_str("limits: { memory: 16Gi }").unwrap());
+    pool.spec.template.multiplexer_resources = Some(serde_norway::from_str("requests: { memory: 1Gi }").unwrap());
     let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     let containers = rendered.deployment.spec.unwrap().template.spec.unwrap().containers;
     let tei = containers[0].resources.clone().unwrap();
@@ -193,7 +193,7 @@ fn sidecar_rbac() {
 #[test]
 fn sidecar_role_reads_the_api_key_secret_and_no_other() {
     let mut pool = pool(BASE);
-    pool.spec.auth = Some(serde_yaml::from_str("secretName: bge-small-keys").unwrap());
+    pool.spec.auth = Some(serde_norway::from_str("secretName: bge-small-keys").unwrap());
     let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     check("role-auth.yaml", &rendered.role);
     let without = children(BASE).role.rules.unwrap();
@@ -205,14 +205,14 @@ fn sidecar_role_reads_the_api_key_secret_and_no_other() {
 
 fn with_tls(yaml: &str) -> EmbeddingPool {
     let mut pool = pool(BASE);
-    pool.spec.tls = Some(serde_yaml::from_str(yaml).unwrap());
+    pool.spec.tls = Some(serde_norway::from_str(yaml).unwrap());
     pool
 }
 
 #[test]
 fn sidecar_role_reads_the_certificate_and_client_ca_by_name() {
     let mut pool = with_tls("{ secretName: bge-small-tls, clientCA: { configMapName: bge-small-clients } }");
-    pool.spec.auth = Some(serde_yaml::from_str("secretName: bge-small-keys").unwrap());
+    pool.spec.auth = Some(serde_norway::from_str("secretName: bge-small-keys").unwrap());
     let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     check("role-tls.yaml", &rendered.role);
     // The sidecars follow the Secret and the ConfigMap themselves: a rotated certificate restarts
@@ -242,7 +242,7 @@ fn network_policy_admits_only_the_sidecar_ports_and_can_be_turned_off() {
     check("networkpolicy.yaml", &children(BASE).network_policy.expect("on by default"));
     let mut pool = pool(BASE);
     pool.spec.network_policy =
-        serde_yaml::from_str("metricsNamespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } }")
+        serde_norway::from_str("metricsNamespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } }")
             .unwrap();
     // In a cluster the operator's own namespace is let in too: it reads adaptive pools' limits.
     let in_cluster = RenderConfig { operator_namespace: Some("teifleet-system".into()), ..RenderConfig::default() };

@@ -25,7 +25,7 @@ spec:
   replicas: 2
 "#
     );
-    serde_yaml::from_str(&yaml).expect("fixture parses")
+    serde_norway::from_str(&yaml).expect("fixture parses")
 }
 
 fn deployment(pool: &EmbeddingPool) -> Deployment {
@@ -33,7 +33,7 @@ fn deployment(pool: &EmbeddingPool) -> Deployment {
 }
 
 fn check(file: &str, deployment: &Deployment) {
-    let rendered = serde_yaml::to_string(deployment).expect("serializes");
+    let rendered = serde_norway::to_string(deployment).expect("serializes");
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(file);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, &rendered).expect("writes golden file");

@@ -3,5 +3,5 @@ use kube::CustomResourceExt;
 
 fn main() {
     let crd = teifleet_crds::EmbeddingPool::crd();
-    print!("{}", serde_yaml::to_string(&crd).expect("the CRD serializes to YAML"));
+    print!("{}", serde_norway::to_string(&crd).expect("the CRD serializes to YAML"));
 }

@@ -84,7 +84,7 @@ pub struct Loaded {
 }
 
 pub fn parse(text: &str) -> Result<Loaded> {
-    let config: FileConfig = serde_yaml::from_str(text).map_err(|e| SetupError::Config(e.to_string()))?;
+    let config: FileConfig = serde_norway::from_str(text).map_err(|e| SetupError::Config(e.to_string()))?;
     let first = config.pools.first().ok_or_else(|| SetupError::Config("no pools configured".into()))?;
     let default = config.default.clone().unwrap_or_else(|| first.name.clone());
     let mut pools = Vec::new();
@@ -143,7 +143,7 @@ fn parse_at(text: &str, path: &Path) -> Result<Loaded> {
 pub fn load_keys(path: &Path) -> Result<KeyRing> {
     let unreadable = |e: &dyn std::fmt::Display| SetupError::Config(format!("API keys in {}: {e}", path.display()));
     let text = std::fs::read_to_string(path).map_err(|e| unreadable(&e))?;
-    let entries: BTreeMap<String, String> = serde_yaml::from_str(&text).map_err(|e| unreadable(&e))?;
+    let entries: BTreeMap<String, String> = serde_norway::from_str(&text).map_err(|e| unreadable(&e))?;
     let (ring, problems) = KeyRing::parse(entries.iter().map(|(tenant, keys)| (tenant.as_str(), keys.as_bytes())));
     for problem in problems {
         tracing::warn!(path = %path.display(), problem, "API key entry skipped");

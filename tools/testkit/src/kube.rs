@@ -31,7 +31,7 @@ pub async fn client(kubeconfig: &Path) -> Result<Client> {
 /// serves it.
 pub async fn install_crd(client: &Client, crd_file: &Path, field_manager: &str) -> Result<()> {
     let text = std::fs::read_to_string(crd_file).map_err(|source| Error::File { path: crd_file.into(), source })?;
-    let crd: CustomResourceDefinition = serde_yaml::from_str(&text)
+    let crd: CustomResourceDefinition = serde_norway::from_str(&text)
         .map_err(|e| Error::Invalid { what: format!("CRD {}", crd_file.display()), message: e.to_string() })?;
     let name = crd.metadata.name.clone().unwrap_or_default();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());

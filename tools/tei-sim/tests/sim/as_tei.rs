@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use serde_yaml::Value;
+use serde_norway::Value;
 use teifleet_proto::v1::InfoRequest;
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_testkit::net::free_port;
@@ -38,7 +38,7 @@ fn golden_dir() -> PathBuf {
 }
 
 fn read_yaml(file: &Path) -> Value {
-    serde_yaml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
+    serde_norway::from_str(&std::fs::read_to_string(file).unwrap()).unwrap()
 }
 
 fn tei_container(deployment: &Value) -> TeiContainer {
