@@ -29,6 +29,17 @@ pub fn sidecar_account_name(pool: &str) -> String {
     format!("{pool}-multiplexer")
 }
 
+/// Name of the pool's peer Secret: the key its sidecars share to prove to each other that a
+/// spilled or forwarded call comes from a sibling. The operator creates it (data key
+/// [`PEER_SECRET_KEY`]) and never reads it; only the pool's sidecars may.
+pub fn peer_secret_name(pool: &str) -> String {
+    format!("{pool}-teifleet-peer")
+}
+
+/// The data key of the peer Secret holding the shared key: 32 random bytes, written as base64url
+/// without padding (43 characters).
+pub const PEER_SECRET_KEY: &str = "key";
+
 /// Label selector string selecting a pool's pods.
 pub fn pool_selector(pool: &str) -> String {
     format!("{POOL_LABEL}={pool}")
