@@ -25,12 +25,27 @@ fi
 cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim --bins
 bin=$root/target/debug
 logs=$(mktemp -d)
-free_port() { "$venv/bin/python" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-sim_port=$(free_port) sim_admin=$(free_port) grpc=$(free_port) admin=$(free_port) http=$(free_port)
-keyed_grpc=$(free_port) keyed_admin=$(free_port) keyed_http=$(free_port)
-tls_grpc=$(free_port) tls_admin=$(free_port) tls_http=$(free_port)
-mtls_grpc=$(free_port) mtls_admin=$(free_port) mtls_http=$(free_port)
-rot_grpc=$(free_port) rot_admin=$(free_port) rot_http=$(free_port)
+# Every port at once, all different, and below the kernel's ephemeral range: a port picked there
+# can be taken, before its server binds it, by an outgoing connection of a server started first.
+read -r sim_port sim_admin grpc admin http keyed_grpc keyed_admin keyed_http tls_grpc tls_admin tls_http \
+    mtls_grpc mtls_admin mtls_http rot_grpc rot_admin rot_http < <("$venv/bin/python" - 17 <<'PY'
+import random, socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+held, ports = [], []
+for port in random.sample(range(max(1024, low - 12000), low), 2000):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        s.close()
+        continue
+    held.append(s)
+    ports.append(port)
+    if len(ports) == int(sys.argv[1]):
+        break
+print(*ports)
+PY
+)
 
 pids=()
 cleanup() {
@@ -121,12 +136,22 @@ export TEIFLEET_MTLS_ADMIN="http://127.0.0.1:$mtls_admin"
 export TEIFLEET_ROTATING_HTTP="https://127.0.0.1:$rot_http" TEIFLEET_ROTATING_ADMIN="http://127.0.0.1:$rot_admin"
 export TEIFLEET_ROTATING_DIR="$tls/rotating"
 # Plain-text fronts answer /health; the TLS ones are ready when their (plain-text) admin port says so.
-for url in "$TEIFLEET_HTTP/health" "$TEIFLEET_HTTP_KEYED/health" \
-    "$TEIFLEET_TLS_ADMIN/readyz" "$TEIFLEET_MTLS_ADMIN/readyz" "$TEIFLEET_ROTATING_ADMIN/readyz"; do
-    for _ in $(seq 100); do
-        curl -sf "$url" >/dev/null 2>&1 && break
+ready() { # URL: true once it answers, within 20 s
+    for _ in $(seq 200); do
+        curl -sf "$1" >/dev/null 2>&1 && return 0
         sleep 0.1
     done
+    return 1
+}
+for check in "$TEIFLEET_HTTP/health mux.log" "$TEIFLEET_HTTP_KEYED/health mux-keyed.log" \
+    "$TEIFLEET_TLS_ADMIN/readyz mux-tls.log" "$TEIFLEET_MTLS_ADMIN/readyz mux-mtls.log" \
+    "$TEIFLEET_ROTATING_ADMIN/readyz mux-rotating.log"; do
+    read -r url log <<<"$check"
+    if ! ready "$url"; then
+        echo "the multiplexer logging to $log is not ready at $url after 20 s; its log, and the simulator's:" >&2
+        cat "$logs/$log" "$logs/sim.log" >&2
+        exit 1
+    fi
 done
 if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/clients" "$@"; then
     echo "--- multiplexer log" >&2; tail -50 "$logs/mux.log" >&2
