@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use crate::admin::Health;
 use crate::autoscale::{self, Autoscaler, Decision};
 use crate::metrics::Metrics;
+use crate::peer_secret::{self, PeerSecrets};
 use crate::render::{self, RenderConfig};
 use crate::{Error, Result, activator, sidecars, status};
 
@@ -46,6 +47,8 @@ pub struct Context {
     pub reports: Arc<sidecars::Reports>,
     /// The recent history of each pool with `spec.autoscaling`.
     pub autoscaler: Autoscaler,
+    /// Which pools' peer Secrets are known to exist (the operator cannot watch Secrets).
+    pub peer_secrets: PeerSecrets,
 }
 
 /// The last status written per pool. The controller's cache can lag behind our own status write
@@ -125,6 +128,7 @@ async fn reconcile_pool(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<A
         ctx.metrics.forget_pool(&namespace, &name);
         ctx.reports.forget(&key);
         ctx.autoscaler.forget(&pool.uid().unwrap_or_default());
+        ctx.peer_secrets.forget(&pool.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
 
@@ -149,6 +153,8 @@ async fn reconcile_pool(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<A
     apply(client, &namespace, &children.service_account).await?;
     apply(client, &namespace, &children.role).await?;
     apply(client, &namespace, &children.role_binding).await?;
+    // Before the Deployment, so the sidecars find their key when they start.
+    peer_secret::ensure(client, &ctx.peer_secrets, &pool, &namespace).await?;
     apply(client, &namespace, &children.service).await?;
     apply(client, &namespace, &children.peers_service).await?;
     // Before the Deployment, so a new pool's pods never run without their isolation.

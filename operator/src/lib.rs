@@ -9,6 +9,7 @@ pub mod autoscale;
 pub mod controller;
 pub mod leader;
 pub mod metrics;
+pub mod peer_secret;
 pub mod render;
 pub mod sidecars;
 pub mod status;
@@ -25,6 +26,9 @@ pub enum Error {
 
     #[error("lost the leader lease: {0}")]
     LostLease(String),
+
+    #[error("the operating system gave no random bytes for a pool's peer key: {0}")]
+    Random(String),
 }
 
 impl Error {
@@ -41,6 +45,7 @@ impl Error {
             Self::Kube(_) => "kube",
             Self::MissingField(_) => "missing_field",
             Self::LostLease(_) => "lost_lease",
+            Self::Random(_) => "random",
         }
     }
 }

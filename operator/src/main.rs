@@ -127,6 +127,7 @@ async fn main() -> anyhow::Result<()> {
         status_memo: Default::default(),
         reports: Default::default(),
         autoscaler: Default::default(),
+        peer_secrets: Default::default(),
     });
     tracing::info!("controller running");
     controller::run(ctx, health.clone(), controller_stop).await;

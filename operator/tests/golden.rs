@@ -191,14 +191,20 @@ fn sidecar_rbac() {
 }
 
 #[test]
-fn sidecar_role_reads_the_api_key_secret_and_no_other() {
+fn sidecar_role_reads_the_api_key_secret_beside_the_peer_secret_and_no_other() {
     let mut pool = pool(BASE);
     pool.spec.auth = Some(serde_norway::from_str("secretName: bge-small-keys").unwrap());
     let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
     check("role-auth.yaml", &rendered.role);
     let without = children(BASE).role.rules.unwrap();
     let with = rendered.role.rules.unwrap();
-    assert_eq!(with[..without.len()], without[..], "the same rules as without keys, and one more");
+    let secrets = |rules: &[k8s_openapi::api::rbac::v1::PolicyRule]| -> Vec<String> {
+        let rule = rules.iter().find(|rule| rule.resources.as_deref() == Some(&["secrets".to_owned()][..]));
+        rule.and_then(|rule| rule.resource_names.clone()).unwrap_or_default()
+    };
+    assert_eq!(secrets(&without), ["bge-small-teifleet-peer"], "without keys: the peer Secret alone");
+    assert_eq!(secrets(&with), ["bge-small-keys", "bge-small-teifleet-peer"]);
+    assert_eq!(with.len(), without.len(), "no other rule changes");
     // Keys live in the Secret, read by the sidecar: adding or rotating them restarts no pod.
     assert_eq!(rendered.deployment, children(BASE).deployment);
 }
@@ -226,7 +232,7 @@ fn sidecar_role_reads_the_certificate_and_client_ca_by_name() {
         .iter()
         .filter_map(|rule| Some((rule.resources.as_ref()?[0].as_str(), rule.resource_names.clone()?)))
         .collect();
-    assert_eq!(named, [("secrets", vec!["bge-small-tls".to_owned()])]);
+    assert_eq!(named, [("secrets", vec!["bge-small-teifleet-peer".to_owned(), "bge-small-tls".to_owned()])]);
 }
 
 #[test]
@@ -241,9 +247,10 @@ fn services_under_tls_claim_https_not_cleartext_http2() {
 fn network_policy_admits_only_the_sidecar_ports_and_can_be_turned_off() {
     check("networkpolicy.yaml", &children(BASE).network_policy.expect("on by default"));
     let mut pool = pool(BASE);
-    pool.spec.network_policy =
-        serde_norway::from_str("metricsNamespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } }")
-            .unwrap();
+    pool.spec.network_policy = serde_norway::from_str(
+        "metricsNamespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } }",
+    )
+    .unwrap();
     // In a cluster the operator's own namespace is let in too: it reads adaptive pools' limits.
     let in_cluster = RenderConfig { operator_namespace: Some("teifleet-system".into()), ..RenderConfig::default() };
     let rendered = render(&pool, &in_cluster, None).unwrap();
@@ -301,4 +308,37 @@ fn budget_edits_do_not_change_the_deployment() {
     large.spec.concurrency.queue_timeout = "30s".into();
     let config = RenderConfig::default();
     assert_eq!(render(&small, &config, None).unwrap().deployment, render(&large, &config, None).unwrap().deployment);
+}
+
+#[test]
+fn only_the_sidecar_gets_an_api_token_and_the_role_has_no_unused_rule() {
+    const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let rendered = children(OVERRIDES);
+    let pod = rendered.deployment.spec.unwrap().template.spec.unwrap();
+    assert_eq!(pod.automount_service_account_token, Some(false), "no token in every container");
+    let mounts_token = |name: &str| {
+        let container = pod.containers.iter().find(|c| c.name == name).unwrap();
+        container.volume_mounts.iter().flatten().find(|m| m.mount_path == TOKEN_DIR).cloned()
+    };
+    assert!(mounts_token("tei").is_none(), "TEI runs any image a pool names: it gets no token");
+    let mount = mounts_token("multiplexer").expect("the sidecar watches the API server");
+    assert_eq!(mount.read_only, Some(true));
+    let volume = pod.volumes.unwrap().into_iter().find(|v| v.name == mount.name).unwrap();
+    let sources = volume.projected.unwrap().sources.unwrap();
+    let token = sources.iter().find_map(|s| s.service_account_token.clone()).unwrap();
+    assert_eq!((token.path.as_str(), token.expiration_seconds), ("token", Some(3600)));
+    assert_eq!(sources.iter().find_map(|s| s.config_map.clone()).unwrap().name, "kube-root-ca.crt");
+    assert!(sources.iter().any(|s| s.downward_api.is_some()), "the namespace file kube's client reads");
+
+    let rules = rendered.role.rules.unwrap();
+    let resources: Vec<_> = rules.iter().flat_map(|r| r.resources.clone().unwrap()).collect();
+    assert_eq!(resources, ["embeddingpools", "endpointslices", "secrets"], "no Services: the sidecar never reads one");
+    assert!(rules.iter().all(|r| r.verbs == ["get", "list", "watch"]), "read only");
+}
+
+#[test]
+fn peer_secret() {
+    // A fixed key: the operator's own are random (teifleet_operator::peer_secret::new_key).
+    let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8";
+    check("peer-secret.yaml", &teifleet_operator::render::peer_secret(&pool(BASE), key).expect("renders"));
 }

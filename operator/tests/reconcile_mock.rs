@@ -26,8 +26,13 @@ struct Seen {
 
 /// Answers like an API server that accepts every apply: a PATCH echoes the object back with a
 /// Deployment status showing every replica ready; LISTs are empty; GETs and DELETEs of one object
-/// find nothing.
+/// find nothing; a POST creates its object.
 fn mock_api() -> (Client, Arc<Mutex<Vec<Seen>>>) {
+    mock_api_where_posts_find(false)
+}
+
+/// The same, where every POST finds its object already there (409 AlreadyExists) when `exists`.
+fn mock_api_where_posts_find(exists: bool) -> (Client, Arc<Mutex<Vec<Seen>>>) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
@@ -65,6 +70,11 @@ fn mock_api() -> (Client, Arc<Mutex<Vec<Seen>>>) {
                     json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "metadata": {} }),
                 ),
                 "GET" => (StatusCode::OK, json!({ "apiVersion": "v1", "kind": "List", "metadata": {}, "items": [] })),
+                "POST" if exists => (
+                    StatusCode::CONFLICT,
+                    json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "AlreadyExists", "code": 409, "metadata": {} }),
+                ),
+                "POST" => (StatusCode::CREATED, body),
                 "DELETE" => (
                     StatusCode::NOT_FOUND,
                     json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "metadata": {} }),
@@ -89,6 +99,7 @@ fn context(client: Client) -> Arc<Context> {
         status_memo: Default::default(),
         reports: Default::default(),
         autoscaler: Default::default(),
+        peer_secrets: Default::default(),
     })
 }
 
@@ -99,6 +110,47 @@ fn pool() -> EmbeddingPool {
         "spec": { "model": { "id": "BAAI/bge-small-en-v1.5" }, "replicas": 2 },
     }))
     .unwrap()
+}
+
+fn secret_posts(seen: &[Seen]) -> Vec<&Seen> {
+    seen.iter().filter(|s| s.path.contains("/secrets")).collect()
+}
+
+#[tokio::test]
+async fn the_peer_secret_is_created_once_owned_by_the_pool_and_never_read() {
+    let (client, seen) = mock_api();
+    let ctx = context(client);
+    reconcile(Arc::new(pool()), ctx.clone()).await.unwrap();
+    let requests = seen.lock().unwrap().clone();
+    let secrets = secret_posts(&requests);
+    assert_eq!(secrets.len(), 1, "one request touches Secrets: {secrets:?}");
+    let post = secrets[0];
+    assert_eq!((post.method.as_str(), post.path.as_str()), ("POST", "/api/v1/namespaces/ml/secrets"));
+    assert_eq!(post.body["metadata"]["name"], json!("embed-teifleet-peer"));
+    assert_eq!(post.body["type"], json!("Opaque"));
+    let owner = &post.body["metadata"]["ownerReferences"][0];
+    assert_eq!((owner["kind"].clone(), owner["name"].clone()), (json!("EmbeddingPool"), json!("embed")));
+    assert_eq!(owner["controller"], json!(true), "the garbage collector deletes it with the pool");
+    // 32 bytes as unpadded base64url text (43 characters), itself base64 in the API's `data`.
+    let data = post.body["data"]["key"].as_str().unwrap();
+    assert_eq!(data.len(), 60, "base64 of 43 bytes: {data}");
+    let deployment = requests.iter().position(|s| s.path.contains("/deployments/")).unwrap();
+    assert!(requests.iter().position(|s| s.path.contains("/secrets")).unwrap() < deployment, "before the pods");
+
+    // The next reconciles post nothing: the operator remembers, and reads no Secret to find out.
+    seen.lock().unwrap().clear();
+    reconcile(Arc::new(pool()), ctx).await.unwrap();
+    assert!(secret_posts(&seen.lock().unwrap()).is_empty());
+}
+
+#[tokio::test]
+async fn a_peer_secret_that_already_exists_is_left_as_it_is() {
+    let (client, seen) = mock_api_where_posts_find(true);
+    reconcile(Arc::new(pool()), context(client)).await.expect("AlreadyExists is success");
+    let requests = seen.lock().unwrap().clone();
+    let secrets = secret_posts(&requests);
+    assert_eq!(secrets.len(), 1);
+    assert_eq!(secrets[0].method, "POST", "no GET, no update: {secrets:?}");
 }
 
 fn status_patches(seen: &[Seen]) -> Vec<&Seen> {

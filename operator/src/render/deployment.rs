@@ -6,11 +6,13 @@ use std::net::Ipv4Addr;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource,
-    EphemeralVolumeSource, HTTPGetAction, Lifecycle, LifecycleHandler, NodeSelectorRequirement, NodeSelectorTerm,
-    ObjectFieldSelector, PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PersistentVolumeClaimVolumeSource,
-    PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecurityContext,
-    SleepAction, Toleration, Volume, VolumeMount, VolumeResourceRequirements,
+    Affinity, Capabilities, ConfigMapProjection, Container, ContainerPort, DownwardAPIProjection,
+    DownwardAPIVolumeFile, EmptyDirVolumeSource, EnvVar, EnvVarSource, EphemeralVolumeSource, HTTPGetAction, KeyToPath,
+    Lifecycle, LifecycleHandler, NodeSelectorRequirement, NodeSelectorTerm, ObjectFieldSelector,
+    PersistentVolumeClaimSpec, PersistentVolumeClaimTemplate, PersistentVolumeClaimVolumeSource, PodSecurityContext,
+    PodSpec, PodTemplateSpec, Probe, ProjectedVolumeSource, ResourceRequirements, SeccompProfile, SecurityContext,
+    ServiceAccountTokenProjection, SleepAction, Toleration, Volume, VolumeMount, VolumeProjection,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -36,6 +38,14 @@ const MODEL_CACHE_PATH: &str = "/data";
 /// forwards bytes on one thread and holds only waiting calls.
 const MULTIPLEXER_REQUESTS: [(&str, &str); 2] = [("cpu", "100m"), ("memory", "64Mi")];
 const MULTIPLEXER_LIMITS: [(&str, &str); 1] = [("memory", "256Mi")];
+/// The sidecar's API credentials: the volume the kubelet would mount into every container, here
+/// mounted into the sidecar alone, where kube's in-cluster config looks for it.
+const API_ACCESS_VOLUME: &str = "kube-api-access";
+const API_ACCESS_PATH: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+/// Lifetime of the sidecar's projected token. An hour: the kubelet renews it at 80% of that and
+/// kube's client rereads the file every minute. Not the kubelet's own 3607, which API servers
+/// with `--service-account-extend-token-expiration` (the default) stretch to a year.
+const API_TOKEN_EXPIRATION_SECONDS: i64 = 3600;
 
 /// The replica count `spec.replicas` sets, or `None` when an autoscaler owns it (teifleet's own
 /// with `spec.autoscaling`, or one that targets the Deployment).
@@ -275,6 +285,53 @@ fn volume_mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount { name: name.into(), mount_path: path.into(), ..VolumeMount::default() }
 }
 
+/// The ServiceAccount token, the cluster's CA bundle and the pod's namespace, laid out as the
+/// kubelet lays out its own `kube-api-access-*` volume (file mode 0644 as well), so a container
+/// that mounts it at [`API_ACCESS_PATH`] finds what in-cluster clients expect. The pod itself mounts
+/// no token (`automountServiceAccountToken: false`): TEI runs whatever image a pool names, and the
+/// sidecar's token reads the pool's key and TLS Secrets.
+fn api_access_volume() -> Volume {
+    let file = |key: &str| KeyToPath { key: key.into(), path: key.into(), ..KeyToPath::default() };
+    Volume {
+        name: API_ACCESS_VOLUME.into(),
+        projected: Some(ProjectedVolumeSource {
+            default_mode: Some(0o644),
+            sources: Some(vec![
+                VolumeProjection {
+                    service_account_token: Some(ServiceAccountTokenProjection {
+                        path: "token".into(),
+                        expiration_seconds: Some(API_TOKEN_EXPIRATION_SECONDS),
+                        ..ServiceAccountTokenProjection::default()
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    config_map: Some(ConfigMapProjection {
+                        name: "kube-root-ca.crt".into(),
+                        items: Some(vec![file("ca.crt")]),
+                        ..ConfigMapProjection::default()
+                    }),
+                    ..VolumeProjection::default()
+                },
+                VolumeProjection {
+                    downward_api: Some(DownwardAPIProjection {
+                        items: Some(vec![DownwardAPIVolumeFile {
+                            path: "namespace".into(),
+                            field_ref: Some(ObjectFieldSelector {
+                                api_version: Some("v1".into()),
+                                field_path: "metadata.namespace".into(),
+                            }),
+                            ..DownwardAPIVolumeFile::default()
+                        }]),
+                    }),
+                    ..VolumeProjection::default()
+                },
+            ]),
+        }),
+        ..Volume::default()
+    }
+}
+
 fn empty_dir(name: &str) -> Volume {
     Volume { name: name.into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() }
 }
@@ -428,6 +485,10 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
             env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
             env_field(labels::ENV_POD_NAME, "metadata.name"),
         ]),
+        volume_mounts: Some(vec![VolumeMount {
+            read_only: Some(true),
+            ..volume_mount(API_ACCESS_VOLUME, API_ACCESS_PATH)
+        }]),
         ..multiplexer_in_role("multiplexer", "kubernetes", args, config, resources)
     }
 }
@@ -449,6 +510,8 @@ fn pod_spec(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> PodSp
     let overrides = &pool.spec.template;
     PodSpec {
         service_account_name: Some(labels::sidecar_account_name(&owner.name)),
+        // Only the sidecar gets the token, through its own mount of `api_access_volume`.
+        automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(60),
         security_context: Some(PodSecurityContext {
@@ -460,7 +523,11 @@ fn pod_spec(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> PodSp
             ..PodSecurityContext::default()
         }),
         containers: vec![tei_container(pool, config), multiplexer_container(owner, pool, config)],
-        volumes: Some(vec![model_cache_volume(owner, pool.spec.model_cache.as_ref()), empty_dir("tmp")]),
+        volumes: Some(vec![
+            model_cache_volume(owner, pool.spec.model_cache.as_ref()),
+            empty_dir("tmp"),
+            api_access_volume(),
+        ]),
         image_pull_secrets: Some(overrides.image_pull_secrets.clone()).filter(|secrets| !secrets.is_empty()),
         affinity: affinity(pool),
         // Empty lists and maps are left out rather than applied empty, so the operator claims no

@@ -7,13 +7,14 @@ pub mod activator;
 mod deployment;
 mod network_policy;
 mod pdb;
+mod peer_secret;
 mod rbac;
 mod services;
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
@@ -82,6 +83,12 @@ pub fn render(pool: &EmbeddingPool, config: &RenderConfig, autoscaled: Option<i3
         pdb: pdb::pdb(&owner, pool),
         network_policy: network_policy::network_policy(&owner, pool, config),
     })
+}
+
+/// The pool's peer Secret holding `key` (text: the caller encodes the random bytes); see
+/// [`teifleet_crds::labels::peer_secret_name`]. Fails as [`render`] does.
+pub fn peer_secret(pool: &EmbeddingPool, key: &str) -> Result<Secret> {
+    Ok(peer_secret::peer_secret(&Owner::of(pool)?, key))
 }
 
 /// The identity every child carries: name, namespace, labels and the owner reference that lets

@@ -1,7 +1,10 @@
 //! The sidecars' identity: they may read EmbeddingPools (their own budget, and peers for routing)
-//! and the Services and EndpointSlices routing needs, and, by name, the Secrets and ConfigMap the
-//! pool names for them to read: its API keys (`spec.auth`), its certificate (`spec.tls`) and the
-//! CA bundle of mutual TLS (`spec.tls.clientCA`). Nothing more.
+//! and the EndpointSlices of their siblings, and, by name, the pool's peer Secret (the key that
+//! proves a spilled call comes from a sibling) and the Secrets and ConfigMap the pool names for
+//! them to read: its API keys (`spec.auth`), its certificate (`spec.tls`) and the CA bundle of
+//! mutual TLS (`spec.tls.clientCA`). Nothing more: every rule here is one the sidecar's watches
+//! (multiplexer/src/sources) use. Other pools are reached by their Services' DNS names, so the
+//! sidecar never reads a Service.
 
 use std::collections::BTreeSet;
 
@@ -27,14 +30,11 @@ pub(super) fn read_rule(group: &str, resource: &str) -> PolicyRule {
 }
 
 pub(super) fn role(owner: &Owner, pool: &EmbeddingPool) -> Role {
-    let mut rules = vec![
-        read_rule(GROUP, "embeddingpools"),
-        read_rule("", "services"),
-        read_rule("discovery.k8s.io", "endpointslices"),
-    ];
+    let mut rules = vec![read_rule(GROUP, "embeddingpools"), read_rule("discovery.k8s.io", "endpointslices")];
     // The sidecar lists and watches each object with a field selector on its name, which the API
     // server authorizes as a request for that one name, so resourceNames holds for list and watch too.
-    let (secrets, config_maps) = named_reads(pool);
+    let (mut secrets, config_maps) = named_reads(pool);
+    secrets.insert(labels::peer_secret_name(&owner.name));
     for (resource, names) in [("secrets", secrets), ("configmaps", config_maps)] {
         if !names.is_empty() {
             rules.push(PolicyRule { resource_names: Some(names.into_iter().collect()), ..read_rule("", resource) });
