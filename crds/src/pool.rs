@@ -321,6 +321,23 @@ pub struct TenantWeight {
     #[serde(default = "default_weight")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 1000").message("concurrency.tenants[].weight must be between 1 and 1000"))]
     pub weight: i32,
+
+    /// The highest priority this tenant's calls may ask for, when the pool knows who the caller is
+    /// (`spec.auth` keys, or a mutual-TLS client certificate): a call asking for more is served
+    /// at this priority. Identified tenants not listed, or listed without it, get `standard`:
+    /// `critical` jumps every queue and evicts others' work, so it is granted, never claimed.
+    /// Without identity there is nothing to check (any caller may name any tenant).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_priority: Option<PriorityCeiling>,
+}
+
+/// A priority a tenant may be allowed, as `x-teifleet-priority` spells it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum PriorityCeiling {
+    Critical,
+    Standard,
+    Sheddable,
 }
 
 fn default_weight() -> i32 {
