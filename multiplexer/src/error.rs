@@ -9,8 +9,10 @@ use tonic::Code;
 
 pub use crate::vocab::outcome::{ErrorKind, Shed};
 
+use crate::admission::memory::OverBudget;
 use crate::admission::{AdmissionError, UnknownPriority};
 use crate::gate::auth::{self, AuthFailure};
+use crate::gate::door::DoorRefusal;
 use crate::gate::request_meta::{InvalidMetadata, MetaError};
 
 /// Why one request was not served as asked. Clone, so calls sharing one upstream call
@@ -72,6 +74,18 @@ pub enum Error {
 
     #[error("upstream {pool}: the call's deadline passed after {waited:?}, while the upstream was working on it")]
     DeadlineAtUpstream { pool: String, waited: std::time::Duration },
+
+    /// The pool's door did not let the call in (its deadline passed there, or the doors are full).
+    #[error("pool {pool}: {source}")]
+    Door { pool: String, source: DoorRefusal },
+
+    /// The request would take the process past its memory budget: refused before its body is read.
+    #[error(transparent)]
+    Memory(#[from] OverBudget),
+
+    /// The activator holds as many calls (or bytes) for this pool, or from this client, as it may.
+    #[error("pool {pool} is starting from zero and {what} already wait for it (at most {limit}); retry shortly")]
+    HoldsFull { pool: String, what: &'static str, limit: u64 },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -113,6 +127,13 @@ impl Error {
             Self::PoolNotReady(_) | Self::Draining | Self::ColdStart { .. } => ErrorKind::Unavailable,
             Self::Unreachable { .. } => ErrorKind::Unreachable,
             Self::DeadlineAtUpstream { .. } => ErrorKind::ExpiredAtUpstream,
+            Self::Door { source, .. } => match source {
+                DoorRefusal::Deadline => ErrorKind::ExpiredInQueue,
+                DoorRefusal::Full { .. } | DoorRefusal::Memory(_) => ErrorKind::Shed(Shed::QueueFull),
+                DoorRefusal::HeldTooLong { .. } => ErrorKind::QueueTimedOut,
+            },
+            // Refused to protect the process, with a retry hint, as a full queue is.
+            Self::Memory(_) | Self::HoldsFull { .. } => ErrorKind::Shed(Shed::QueueFull),
             Self::Upstream { status, .. } if is_transport_failure(status) => ErrorKind::Unreachable,
             Self::Upstream { status, .. } => match status.code() {
                 Code::DeadlineExceeded => ErrorKind::ExpiredAtUpstream,
@@ -152,6 +173,19 @@ impl ErrorKind {
     }
 }
 
+impl Error {
+    /// How long the caller should wait before trying again, for the refusals that carry a hint
+    /// beside admission's own (which `source.retry()` gives).
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            Self::ColdStart { .. } | Self::HoldsFull { .. } => Some(COLD_START_RETRY),
+            Self::Memory(over) => Some(over.retry_after()),
+            Self::Door { source, .. } => source.retry_after(),
+            _ => None,
+        }
+    }
+}
+
 /// A request message the gRPC port refused, by the status it was answered with (tonic's words):
 /// its kind, and the reason `teifleet_refused_input_total` counts it under (none for the message
 /// deadline, counted where it fired). `None` for a status that is not the message's fault: the
@@ -160,6 +194,8 @@ pub fn refused_message(code: Code) -> Option<(ErrorKind, Option<&'static str>)> 
     match code {
         Code::Cancelled | Code::Unknown | Code::Ok => None,
         Code::OutOfRange => Some((ErrorKind::TooLarge, Some("message_too_large"))),
+        // The body outgrew the process's memory budget as it arrived.
+        Code::ResourceExhausted => Some((ErrorKind::Shed(Shed::QueueFull), Some("memory_budget"))),
         Code::InvalidArgument => Some((ErrorKind::InvalidRequest, None)),
         // A `grpc-encoding` the multiplexer does not take: nothing is ever decompressed here.
         Code::Unimplemented => Some((ErrorKind::InvalidRequest, Some("compressed_message"))),

@@ -66,7 +66,8 @@ async fn a_refusal_at_a_full_pool_allocates_little_beyond_its_answer() {
     let _full = pool.admission.try_acquire(Cost::ONE).expect("the pool's one permit");
     let forwarder = Arc::new(Forwarder::new(pools.clone(), metrics, "test", 4 << 20));
     let embed = rpc::find("/tei.v1.Embed/Embed").unwrap();
-    let service = RpcService::new(embed, forwarder, Arc::new(Gate::off()), Duration::from_secs(10));
+    let door = Arc::new(teifleet_multiplexer::gate::door::HoldBounds::default());
+    let service = RpcService::new(embed, forwarder, Arc::new(Gate::off()), Duration::from_secs(10), door);
     let connection = ConnectionInfo { number: 1, transport: None };
 
     // 100 ms: a short deadline, so the call is told at once rather than held at the door.

@@ -20,6 +20,7 @@
 
 mod adaptive;
 mod estimate;
+pub mod memory;
 mod priority;
 mod queue;
 mod returning;

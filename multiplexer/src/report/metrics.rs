@@ -10,6 +10,7 @@ use prometheus::{
 };
 use tonic::Code;
 
+use crate::admission::memory::{MemoryBudget, Use};
 use crate::admission::{Admission, DEFAULT_TENANT, Limits, Priority, Snapshot};
 use crate::report::rates::{self, RecentRates};
 use crate::vocab::Outcome;
@@ -88,6 +89,8 @@ struct Families {
     spills: IntCounterVec,
     spilled_in: IntCounterVec,
     held_at_door: IntGauge,
+    memory_budget: IntGauge,
+    memory_charged: IntGaugeVec,
 }
 
 fn histogram(name: &str, help: &str, labels: &[&str]) -> HistogramVec {
@@ -207,6 +210,17 @@ impl Metrics {
                  budget outstanding (crate docs: `door`).",
             )
             .expect("valid gauge"),
+            memory_budget: IntGauge::new(
+                "teifleet_memory_budget_bytes",
+                "Bytes requests may hold in this process before or outside admission (a fraction of \
+                 its memory limit); a request that finds no room is refused at once.",
+            )
+            .expect("valid gauge"),
+            memory_charged: gauge(
+                "teifleet_memory_charged_bytes",
+                "Bytes charged to the memory budget now, by use: request_bodies, door, answers, activator.",
+                &["use"],
+            ),
         };
         let registry = Registry::new();
         let f = &families;
@@ -234,6 +248,8 @@ impl Metrics {
                 &f.spills,
                 &f.spilled_in,
                 &f.held_at_door,
+                &f.memory_budget,
+                &f.memory_charged,
             ],
         )
         .expect("unique metric names");
@@ -345,6 +361,14 @@ impl Metrics {
     /// The gauge of calls held at the pools' doors, for each pool's door to move.
     pub fn held_at_door(&self) -> IntGauge {
         self.families.held_at_door.clone()
+    }
+
+    /// The process's memory budget of `bytes`, its use shown in `teifleet_memory_charged_bytes`.
+    pub fn memory_budget(&self, bytes: u64) -> Arc<MemoryBudget> {
+        let f = &self.families;
+        f.memory_budget.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let gauges = Use::ALL.map(|what| f.memory_charged.with_label_values(&[what.as_str()]));
+        MemoryBudget::new(bytes, Some(gauges))
     }
 
     pub fn coalesced(&self, pool: &str, rpc: &str) {

@@ -44,6 +44,13 @@ pub fn into_status(error: Error) -> Status {
         let millis = u64::try_from(crate::error::COLD_START_RETRY.as_millis()).unwrap_or(u64::MAX);
         status.metadata_mut().insert(RETRY_PUSHBACK_HEADER, MetadataValue::from(millis));
     }
+    // The process's own bounds (its memory budget, the doors' and the activator's holds).
+    if let Error::Memory(_) | Error::Door { .. } | Error::HoldsFull { .. } = &error
+        && let Some(after) = error.retry_after()
+    {
+        let millis = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        status.metadata_mut().insert(RETRY_PUSHBACK_HEADER, MetadataValue::from(millis));
+    }
     if let Error::SpillRefused { .. } = &error {
         status.metadata_mut().insert(SPILL_REFUSED_HEADER, MetadataValue::from_static("1"));
     }

@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic_health::server::HealthReporter;
 
+use crate::admission::memory::{MemoryBudget, MemorySettings};
 use crate::forward::Forwarder;
 use crate::forward::pools::PoolTable;
 use crate::front::Readiness;
@@ -21,6 +22,7 @@ use crate::front::grpc::server::{self as grpc, Dispatch};
 use crate::front::grpc::service::RpcService;
 use crate::front::http::HttpSettings;
 use crate::gate::auth::Gate;
+use crate::gate::door::{DoorSettings, HoldBounds};
 use crate::report::metrics::Metrics;
 use crate::run::admin;
 use crate::vocab::Protocol;
@@ -64,6 +66,10 @@ pub struct Settings {
     /// The activator role, in this namespace: a call that names no pool is for the pool whose
     /// name its client dialled (`crate::activator`).
     pub pool_from_authority: Option<String>,
+    /// The process's memory budget (`crate::admission::memory`).
+    pub memory: MemorySettings,
+    /// How many calls the pools' doors hold, and how long (`crate::gate::door`).
+    pub door: DoorSettings,
 }
 
 /// Bounds on what one client can make a front hold before admission sees a call. Declared once:
@@ -125,6 +131,8 @@ impl Default for Settings {
             bounds: InputBounds::default(),
             tls: Arc::new(ServerTls::off()),
             pool_from_authority: None,
+            memory: MemorySettings::default(),
+            door: DoorSettings::default(),
         }
     }
 }
@@ -137,6 +145,8 @@ pub struct Running {
     pub forwarder: Arc<Forwarder>,
     pub readiness: Arc<Readiness>,
     pub metrics: Metrics,
+    /// The process's memory budget, every front's bodies, doors and answers charged to it.
+    pub memory: Arc<MemoryBudget>,
     stop: CancellationToken,
     task: JoinHandle<Result<()>>,
 }
@@ -207,10 +217,19 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let reflection_v1alpha = reflection().build_v1alpha().map_err(|e| SetupError::Reflection(e.to_string()))?;
     let routes = tonic::service::Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
     let (gate, body_timeout) = (settings.auth.clone(), settings.bounds.body_timeout);
+    let memory = metrics.memory_budget(settings.memory.budget());
+    tracing::info!(
+        memory_limit = settings.memory.limit(),
+        memory_budget = memory.budget(),
+        "memory budget for requests before admission"
+    );
+    let door = Arc::new(HoldBounds::new(&settings.door, memory.clone()));
     let dispatch = Dispatch::new(
-        |rpc| RpcService::new(rpc, forwarder.clone(), gate.clone(), body_timeout),
+        |rpc| RpcService::new(rpc, forwarder.clone(), gate.clone(), body_timeout, door.clone()),
         routes,
         settings.pool_from_authority.clone(),
+        memory.clone(),
+        Arc::new(metrics.refusal_counter(Protocol::Grpc.as_str())),
     );
     let h2_bounds = grpc::Bounds {
         max_concurrent_streams: settings.max_concurrent_streams,
@@ -243,12 +262,15 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             settings.http.clone(),
             settings.auth.clone(),
             settings.bounds.body_timeout,
+            memory.clone(),
         );
         if let Some(namespace) = settings.pool_from_authority.clone() {
             app = app.layer(name_pool_from_authority(namespace));
         }
         let stopped = server_stop.clone().cancelled_owned();
-        let bounds = settings.bounds.http_server(settings.max_concurrent_streams);
+        // Small: an HTTP/2 stream is one whole request, its body buffered, where a gRPC stream's
+        // call waits at the door or in the queue before its body is read.
+        let bounds = settings.bounds.http_server(settings.http.http_max_concurrent_streams);
         let (refused, tls) = (metrics.refusal_counter(Protocol::Http.as_str()), Some(settings.tls.clone()));
         tokio::spawn(async move { http_server::serve_tls(listener, app, &bounds, tls, refused, stopped).await })
     });
@@ -295,7 +317,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             outcome
         })
     };
-    Ok(Running { grpc_addr, admin_addr, http_addr, forwarder, readiness, metrics, stop, task })
+    Ok(Running { grpc_addr, admin_addr, http_addr, forwarder, readiness, metrics, memory, stop, task })
 }
 
 /// The activator's layer naming each call's pool from the name its client dialled.

@@ -14,8 +14,10 @@ pub enum Shape {
     Bidi,
 }
 
-/// Whether a call waits for an inference permit. Info and tokenization do not reach TEI's model
-/// queue, so they pass without one.
+/// Whether a call waits for a permit. Info alone passes without one: it is answered from what TEI
+/// knows, costs nothing to compute and is what health checks call. Tokenization takes one, though
+/// it never reaches TEI's model queue: unadmitted, a flood of it held unbounded memory and stalled
+/// other callers (issue 31); admitted, it waits at the door and in the queue like the rest.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Admit {
     Permit,
@@ -26,7 +28,7 @@ pub enum Admit {
 /// `max-concurrent-requests`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Inputs {
-    /// Not an inference input (Info, tokenization).
+    /// Not an input at all (Info).
     None,
     One,
     /// One per occurrence of this repeated field (Rerank's `texts`).
@@ -64,6 +66,12 @@ const fn free(path: &'static str, label: &'static str, shape: Shape, text: &'sta
     Rpc { path, label, shape, admit: Admit::Free, inputs: Inputs::None, text_fields: text, timed: false }
 }
 
+/// Tokenization: one input per message, as an inference call is charged (its text's tokens too
+/// when the pool counts them), but TEI answers it without timing.
+const fn tokenization(path: &'static str, label: &'static str, shape: Shape, text: &'static [u32]) -> Rpc {
+    Rpc { path, label, shape, admit: Admit::Permit, inputs: Inputs::One, text_fields: text, timed: false }
+}
+
 use Inputs::{One, PerField};
 use Shape::{Bidi, ClientStream, Unary};
 
@@ -82,10 +90,10 @@ pub static RPCS: [Rpc; 17] = [
     inference("/tei.v1.Predict/PredictPairStream", "PredictPairStream", Bidi, One, &[1]),
     inference("/tei.v1.Rerank/Rerank", "Rerank", Unary, PerField(2), &[1, 2]),
     inference("/tei.v1.Rerank/RerankStream", "RerankStream", ClientStream, One, &[1, 2]),
-    free("/tei.v1.Tokenize/Tokenize", "Tokenize", Unary, &[1]),
-    free("/tei.v1.Tokenize/TokenizeStream", "TokenizeStream", Bidi, &[1]),
-    free("/tei.v1.Tokenize/Decode", "Decode", Unary, &[]),
-    free("/tei.v1.Tokenize/DecodeStream", "DecodeStream", Bidi, &[]),
+    tokenization("/tei.v1.Tokenize/Tokenize", "Tokenize", Unary, &[1]),
+    tokenization("/tei.v1.Tokenize/TokenizeStream", "TokenizeStream", Bidi, &[1]),
+    tokenization("/tei.v1.Tokenize/Decode", "Decode", Unary, &[]),
+    tokenization("/tei.v1.Tokenize/DecodeStream", "DecodeStream", Bidi, &[]),
 ];
 
 /// The row for a request path.
@@ -142,6 +150,8 @@ mod tests {
     fn services_in_order() {
         assert_eq!(services(), ["tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize"]);
         assert_eq!(find("/tei.v1.Rerank/Rerank").unwrap().inputs, Inputs::PerField(2));
+        let free: Vec<&str> = RPCS.iter().filter(|rpc| rpc.admit == Admit::Free).map(|rpc| rpc.label).collect();
+        assert_eq!(free, ["Info"], "every other RPC waits for a permit");
         assert!(find("/tei.v1.Embed/Nope").is_none());
     }
 }

@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tonic::transport::server::Connected as _;
 
-pub use self::stream::{Dispatch, RequestBody};
+pub use self::stream::{BUFFERED_PER_BYTE, Dispatch, REFUSED_MEMORY, RequestBody, STREAM_BYTES};
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::transport::corked::{self, Socket};
 use crate::transport::keepalive;

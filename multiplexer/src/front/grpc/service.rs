@@ -11,6 +11,7 @@ use tokio::time::Instant;
 use tonic::Status;
 use tracing::Instrument as _;
 
+use crate::admission::memory::Charge;
 use crate::admission::{AdmissionError, Priority};
 use crate::error::Error;
 use crate::error::refused_message;
@@ -21,7 +22,7 @@ use crate::front::grpc::body_deadline::BodyDeadline;
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::front::grpc::{stream_body, unary};
 use crate::gate::auth::Gate;
-use crate::gate::door::{self, ConnectionId, WaitedInVain};
+use crate::gate::door::{self, ConnectionId, HoldBounds};
 use crate::gate::request_meta::RequestMeta;
 use crate::report::call::Call;
 use crate::report::metrics::Metrics;
@@ -38,11 +39,19 @@ pub struct RpcService {
     gate: Arc<Gate>,
     /// How long a unary call's request message may take to arrive once the call is admitted.
     message_timeout: Duration,
+    /// How many calls the doors hold, how long, and the memory budget they are charged to.
+    door: Arc<HoldBounds>,
 }
 
 impl RpcService {
-    pub fn new(rpc: &'static Rpc, forwarder: Arc<Forwarder>, gate: Arc<Gate>, message_timeout: Duration) -> Self {
-        Self { rpc, forwarder, gate, message_timeout }
+    pub fn new(
+        rpc: &'static Rpc,
+        forwarder: Arc<Forwarder>,
+        gate: Arc<Gate>,
+        message_timeout: Duration,
+        door: Arc<HoldBounds>,
+    ) -> Self {
+        Self { rpc, forwarder, gate, message_timeout, door }
     }
 }
 
@@ -82,9 +91,8 @@ impl RpcService {
         };
         let span = tracing::debug_span!("call", rpc = self.rpc.label, pool = pool.spec.name.as_str());
         let (message_timeout, connection) = (self.message_timeout, ConnectionId(connection.number));
-        let served =
-            serve(Admitting { call, meta, pool, connection }, self.forwarder.clone(), request, message_timeout)
-                .map(report);
+        let admitting = Admitting { call, meta, pool, connection, door: self.door.clone() };
+        let served = serve(admitting, self.forwarder.clone(), request, message_timeout).map(report);
         // A span no subscriber takes (debug logs off) would still be entered and left at every
         // poll of the call.
         match span.is_disabled() {
@@ -100,6 +108,7 @@ struct Admitting {
     meta: RequestMeta,
     pool: Arc<Pool>,
     connection: ConnectionId,
+    door: Arc<HoldBounds>,
 }
 
 /// This replica's load as an ORCA report (`encode` picks the form), when its pool's budget is
@@ -129,19 +138,23 @@ where
     async move {
         // Used in place until the call is admitted: an async fn keeps its arguments apart from its
         // locals, so moving them out would hold them twice while the call waits.
-        let Admitting { call, meta, pool, connection } = &mut admitting;
+        let Admitting { call, meta, pool, connection, door } = &mut admitting;
         let rpc = call.rpc;
         // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
         let _inside = match holds_at_door(rpc, meta, pool) {
-            true => match pool.door.enter(&pool.admission, *connection, meta.deadline).await {
+            true => match pool.door.enter(&pool.admission, *connection, meta.deadline, door).await {
                 Ok(pass) => {
                     meta.through_door = true;
                     Some(pass)
                 }
-                Err(WaitedInVain) => {
+                Err(door::DoorRefusal::Deadline) => {
                     let waited = call.arrived.elapsed();
                     let source = AdmissionError::DeadlineExpired { waited };
                     let error = Error::Admission { pool: pool.spec.name.clone(), source };
+                    return status::into_http(Status::from(call.fail(error)));
+                }
+                Err(source) => {
+                    let error = Error::Door { pool: pool.spec.name.clone(), source };
                     return status::into_http(Status::from(call.fail(error)));
                 }
             },
@@ -199,6 +212,8 @@ where
     match shape {
         // One message each way, framed by `crate::front::grpc::unary` rather than tonic's streaming codec.
         Shape::Unary => Box::pin(async move {
+            // The message's bytes stay charged to the memory budget until the call is answered.
+            let _charge = request.extensions().get::<Arc<Charge>>().cloned();
             let request = match unary::read_request(within(message_timeout, request, metrics), max_message).await {
                 Ok(request) => request,
                 Err(refused) => return (status::into_http(refused), routed),
@@ -210,6 +225,7 @@ where
             (unary::answer(answer, max_message), routed)
         }),
         Shape::ServerStream => Box::pin(async move {
+            let _charge = request.extensions().get::<Arc<Charge>>().cloned();
             let request = match unary::read_request(within(message_timeout, request, metrics), max_message).await {
                 Ok(request) => request,
                 Err(refused) => return (status::into_http(refused), routed),
@@ -237,17 +253,17 @@ where
 
 /// Patient unary calls for a budget kept here (no deadline, or one of several queue timeouts:
 /// `door::is_patient`) wait their turn at the pool's door (`crate::gate::door`); calls with a
-/// shorter deadline are told at once by the queue whether they can be served in time. Calls that
-/// passed a door already (spilled by a sibling, forwarded by another
-/// pool's sidecar) do not wait, nor do critical calls: a connection's line is in arrival order,
-/// and a critical call must not wait behind the lower-priority calls it may evict from the queue.
+/// shorter deadline are told at once by the queue whether they can be served in time. Calls a
+/// sibling spilled here (its claim checked against the peer key, `crate::gate::peer`) do not wait,
+/// nor do critical calls: a connection's line is in arrival order, and a critical call must not
+/// wait behind the lower-priority calls it may evict from the queue. A call another pool's
+/// sidecar forwarded waits like any other: its hop mark is anyone's to write.
 fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
     rpc.shape == Shape::Unary
         && rpc.admit == Admit::Permit
         && meta.priority != Priority::Critical
         && !pool.spec.remote
         && meta.spilled_from.is_none()
-        && meta.forwarded_by.is_none()
         // The queue timeout in force is the spec's (limits change only with it, the pool with
         // them): no lock taken. A pool without limits yet has no queue to be patient for.
         && (meta.deadline.is_none()

@@ -6,6 +6,7 @@
 //! messages as they came, so only the 5-byte prefix needs writing.
 
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use bytes::{Buf as _, Bytes, BytesMut};
@@ -16,7 +17,9 @@ use http_body::{Body, Frame};
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
 
+use crate::admission::memory::Charge;
 use crate::error::refused_message;
+use crate::front::grpc::server::BUFFERED_PER_BYTE;
 use crate::report::metrics::Metrics;
 use crate::report::status;
 use crate::vocab::Protocol;
@@ -39,7 +42,11 @@ where
 {
     crate::front::grpc::unary::refuse_compressed(request.headers())?;
     let (parts, body) = request.into_parts();
-    let messages = Incoming { body, messages: Messages::new(max_message, Side::Request), metrics, ended: false };
+    // The stream's memory charge (`server::stream`): each message's bytes are given back once it
+    // is passed on.
+    let charge = parts.extensions.get::<Arc<Charge>>().cloned();
+    let messages = Messages::new(max_message, Side::Request);
+    let messages = Incoming { body, messages, metrics, ended: false, charge };
     Ok(Request::from_parts(MetadataMap::from_headers(parts.headers), parts.extensions, Box::pin(messages)))
 }
 
@@ -48,6 +55,7 @@ struct Incoming<B> {
     messages: Messages,
     metrics: Metrics,
     ended: bool,
+    charge: Option<Arc<Charge>>,
 }
 
 impl<B> Incoming<B> {
@@ -75,7 +83,12 @@ where
                 return Poll::Ready(None);
             }
             match this.messages.take() {
-                Ok(Some(message)) => return Poll::Ready(Some(Ok(message))),
+                Ok(Some(message)) => {
+                    if let Some(charge) = &this.charge {
+                        charge.shrink(BUFFERED_PER_BYTE * (message.len() + framing::PREFIX) as u64);
+                    }
+                    return Poll::Ready(Some(Ok(message)));
+                }
                 Ok(None) => {}
                 Err(status) => return this.refuse(status),
             }

@@ -44,6 +44,12 @@ pub enum HttpError {
     #[error("batch size {inputs} > maximum allowed batch size {limit}: send at most {limit} inputs per request")]
     TooManyInputs { inputs: usize, limit: usize },
 
+    /// The answer would be larger than one answer may be: refused before anything is sent.
+    #[error(
+        "the answer would be about {estimate} bytes, over the limit of {limit}: send fewer or shorter inputs per request"
+    )]
+    AnswerTooLarge { estimate: u64, limit: u64 },
+
     /// The body is not JSON at all (axum's and so TEI's wording, and TEI's 400).
     #[error("Failed to parse the request body as JSON: {0}")]
     NotJson(String),
@@ -113,7 +119,9 @@ impl HttpError {
             Self::Empty(_) | Self::NotJson(_) | Self::Body(_) | Self::Invalid(_) | Self::WrongModelType(_) => {
                 ErrorKind::InvalidRequest
             }
-            Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } => ErrorKind::TooLarge,
+            Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } | Self::AnswerTooLarge { .. } => {
+                ErrorKind::TooLarge
+            }
             Self::BodyTimeout => ErrorKind::InvalidRequest,
             Self::Unencodable(_) => ErrorKind::Upstream,
             Self::Unhealthy => ErrorKind::Unavailable,
@@ -127,7 +135,7 @@ impl HttpError {
             |status, error_type| Answer { status, error_type, message: self.to_string().into(), retry_after: None };
         match self {
             Self::Empty(_) => own(StatusCode::BAD_REQUEST, ErrorType::Empty),
-            Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } => {
+            Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } | Self::AnswerTooLarge { .. } => {
                 own(StatusCode::PAYLOAD_TOO_LARGE, ErrorType::Validation)
             }
             Self::NotJson(_) => own(StatusCode::BAD_REQUEST, ErrorType::Validation),
@@ -184,8 +192,7 @@ fn call_answer(error: &Error) -> Answer<'_> {
     };
     let retry_after = match error {
         Error::Admission { source, .. } => source.retry_after(),
-        Error::ColdStart { .. } => Some(crate::error::COLD_START_RETRY),
-        _ => None,
+        other => other.retry_after(),
     };
     Answer { status, error_type, message, retry_after }
 }

@@ -7,8 +7,10 @@
 //! `info` (each pool's Info, fetched once) and `error` (the one place failures become status
 //! codes and error bodies).
 
+pub mod answer;
 pub mod error;
 pub mod info;
+pub mod memory;
 pub mod request;
 pub mod routes;
 pub mod types;
@@ -24,6 +26,7 @@ use http::{HeaderValue, Method, StatusCode, header};
 use serde::Serialize;
 
 use self::error::{Flavor, HttpError};
+use crate::admission::memory::MemoryBudget;
 use crate::forward::Forwarder;
 use crate::front::Readiness;
 use crate::gate::auth::{self, Gate};
@@ -55,6 +58,15 @@ pub struct HttpSettings {
     /// TEI's HTTP routes follow and its gRPC API ignores (its `truncate` is false when unset).
     #[arg(long, action = clap::ArgAction::Set, default_value_t = teifleet_crds::TEI_DEFAULT_AUTO_TRUNCATE)]
     pub auto_truncate: bool,
+    /// Largest answer in bytes of JSON (`64Mi`, `1000000`): a request whose answer is estimated
+    /// larger before it is sent upstream (inputs x tokens x dimensions for /embed_all) is refused
+    /// with 413; what is assembled is charged to the memory budget meanwhile.
+    #[arg(long, default_value = "32Mi", value_parser = crate::admission::memory::parse_bytes)]
+    pub max_answer_bytes: u64,
+    /// Concurrent HTTP/2 streams per connection on the HTTP port: each is a whole request with
+    /// its body buffered, so few.
+    #[arg(long, default_value_t = 16)]
+    pub http_max_concurrent_streams: u32,
 }
 
 impl Default for HttpSettings {
@@ -70,6 +82,10 @@ pub struct Shared {
     readiness: Arc<Readiness>,
     settings: HttpSettings,
     info: Arc<info::InfoCache>,
+    /// The process's memory budget, answers being assembled charged to it.
+    memory: Arc<MemoryBudget>,
+    /// Each pool's vector size, learned from its answers.
+    dimensions: Arc<answer::Dimensions>,
 }
 
 /// Every route of the HTTP front, behind the API-key gate.
@@ -79,8 +95,10 @@ pub fn router(
     settings: HttpSettings,
     gate: Arc<Gate>,
     body_timeout: std::time::Duration,
+    memory: Arc<MemoryBudget>,
 ) -> Router {
     let limit = settings.payload_limit;
+    let bodies = memory::Bodies { memory: memory.clone(), payload_limit: limit, metrics: forwarder.metrics.clone() };
     Router::new()
         .route("/", post(routes::dispatch).get(routes::health))
         .route("/invocations", post(routes::dispatch))
@@ -100,9 +118,11 @@ pub fn router(
         .layer(DefaultBodyLimit::max(limit))
         // A body trickled in a byte at a time holds its connection and buffer no longer than this.
         .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(body_timeout))
+        // After the key (a caller without one holds nothing), before the body is read.
+        .layer(middleware::from_fn_with_state(bodies, memory::charge_body))
         .layer(middleware::from_fn_with_state(gate, require_key))
         .layer(middleware::map_response_with_state(forwarder.clone(), load_report))
-        .with_state(Shared { forwarder, readiness, settings, info: Arc::default() })
+        .with_state(Shared { forwarder, readiness, settings, info: Arc::default(), memory, dimensions: Arc::default() })
 }
 
 /// This replica's load on every answer, in the text form of ORCA's header that Envoy reads on

@@ -76,6 +76,47 @@ impl<'a> HttpCall<'a> {
         &self.shared.settings
     }
 
+    /// The estimated tokens of each text, at most `cap` each (the model's input length, when
+    /// the request lets TEI truncate).
+    pub fn tokens_of<'t>(&self, texts: impl IntoIterator<Item = &'t str>, cap: Option<u32>) -> u64 {
+        let admission = &self.pool.admission;
+        let one = |text: &str| {
+            let tokens = admission.estimate_tokens(text.len(), 1);
+            u64::from(cap.map_or(tokens, |cap| tokens.min(cap.max(1))))
+        };
+        texts.into_iter().map(one).sum()
+    }
+
+    /// The charge of an answer of `units` of `cost` (`super::answer`), and the pool's learned
+    /// vector size.
+    pub fn answer_charge(
+        &self,
+        units: u64,
+        cost: super::answer::Cost,
+    ) -> Result<super::memory::AnswerCharge, HttpError> {
+        super::answer::charge(&self.shared.memory, units, cost, self.shared.settings.max_answer_bytes)
+    }
+
+    /// Corrects an answer's charge to what came (`super::answer::settle`).
+    pub fn settle(
+        &self,
+        charge: &super::memory::AnswerCharge,
+        units: u64,
+        cost: super::answer::Cost,
+    ) -> Result<(), HttpError> {
+        super::answer::settle(charge, units, cost, self.shared.settings.max_answer_bytes)
+    }
+
+    /// The pool's vector size, as its answers showed it.
+    pub fn dimensions(&self) -> u64 {
+        self.shared.dimensions.of(&self.pool.spec.name)
+    }
+
+    /// The pool's answers carry vectors of `size` numbers.
+    pub fn learn_dimensions(&self, size: usize) {
+        self.shared.dimensions.learn(&self.pool.spec.name, size);
+    }
+
     /// Counts how the request ended; an error is handed back to be answered.
     pub fn finish<T>(mut self, result: Result<T, HttpError>) -> Result<T, HttpError> {
         match result {

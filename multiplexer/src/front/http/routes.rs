@@ -11,7 +11,9 @@ use serde_json::error::Category;
 use teifleet_proto::v1;
 
 use super::Shared;
+use super::answer;
 use super::error::{Flavor, HttpError};
+use super::memory::AnswerCharge;
 use super::request::{HttpCall, INFO, row};
 use super::types::*;
 use crate::error::Error;
@@ -62,7 +64,10 @@ handler!(dispatch, dispatch_route, EMBED, Flavor::Tei);
 
 fn read(shared: &Shared, body: Body) -> Result<Bytes, HttpError> {
     body.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(over) = super::memory::over_budget(&rejection) {
+            shared.forwarder.metrics.refused_input("http", crate::front::grpc::server::REFUSED_MEMORY);
+            HttpError::Call(Error::Memory(over))
+        } else if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             HttpError::PayloadTooLarge { limit: shared.settings.payload_limit }
         } else if timed_out(&rejection) {
             shared.forwarder.metrics.refused_input("http", "body_timeout");
@@ -106,9 +111,16 @@ fn as_rerank_refusal(error: HttpError) -> HttpError {
     }
 }
 
-async fn embed_calls(call: &mut HttpCall<'_>, request: EmbedRequest) -> Result<Vec<v1::EmbedResponse>, HttpError> {
+/// The inputs of an `/embed` batch and the charge of its answer: a vector per input.
+async fn embed_calls(
+    call: &mut HttpCall<'_>,
+    request: EmbedRequest,
+) -> Result<(Vec<v1::EmbedResponse>, AnswerCharge), HttpError> {
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
-    let messages: Vec<v1::EmbedRequest> = texts(request.inputs)?
+    let texts = texts(request.inputs)?;
+    let dimensions = request.dimensions.map_or_else(|| call.dimensions(), u64::from);
+    let charge = call.answer_charge(texts.len() as u64 * dimensions, answer::NUMBER)?;
+    let messages: Vec<v1::EmbedRequest> = texts
         .into_iter()
         .map(|inputs| v1::EmbedRequest {
             inputs,
@@ -120,18 +132,44 @@ async fn embed_calls(call: &mut HttpCall<'_>, request: EmbedRequest) -> Result<V
         })
         .collect();
     let batch = call.settings().max_client_batch_size;
-    call.unary_all(row(EMBED), &messages, batch).await
+    let answers: Vec<v1::EmbedResponse> = call.unary_all(row(EMBED), &messages, batch).await?;
+    if request.dimensions.is_none()
+        && let Some(first) = answers.first()
+    {
+        call.learn_dimensions(first.embeddings.len());
+    }
+    let numbers: usize = answers.iter().map(|a| a.embeddings.len()).sum();
+    call.settle(&charge, numbers as u64, answer::NUMBER)?;
+    Ok((answers, charge))
+}
+
+/// An answer assembled under `charge`, which lasts until it is sent (`super::memory`).
+fn charged(mut response: Response, charge: AnswerCharge) -> Response {
+    response.extensions_mut().insert(charge);
+    response
 }
 
 async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let answers = embed_calls(call, parse(body)?).await?;
-    Ok(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()))
+    let (answers, charge) = embed_calls(call, parse(body)?).await?;
+    Ok(charged(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()), charge))
+}
+
+/// The estimated tokens of `texts`, each at most the model's input length when TEI truncates.
+async fn tokens_of(call: &HttpCall<'_>, texts: &[String], truncate: bool) -> Result<u64, HttpError> {
+    let cap = match truncate {
+        true => Some(call.info().await?.max_input_length),
+        false => None,
+    };
+    Ok(call.tokens_of(texts.iter().map(String::as_str), cap))
 }
 
 async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: EmbedRequest = parse(body)?;
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
-    let messages: Vec<v1::EmbedSparseRequest> = texts(request.inputs)?
+    let texts = texts(request.inputs)?;
+    let tokens = tokens_of(call, &texts, truncate).await?;
+    let charge = call.answer_charge(tokens * answer::SPARSE_VALUES_PER_TOKEN, answer::SPARSE_VALUE)?;
+    let messages: Vec<v1::EmbedSparseRequest> = texts
         .into_iter()
         .map(|inputs| v1::EmbedSparseRequest {
             inputs,
@@ -142,17 +180,22 @@ async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
         .collect();
     let batch = call.settings().max_client_batch_size;
     let answers: Vec<v1::EmbedSparseResponse> = call.unary_all(row(EMBED_SPARSE), &messages, batch).await?;
+    let values: usize = answers.iter().map(|a| a.sparse_embeddings.len()).sum();
+    call.settle(&charge, values as u64, answer::SPARSE_VALUE)?;
     let sparse: Vec<Vec<SparseValue>> = answers
         .into_iter()
         .map(|a| a.sparse_embeddings.into_iter().map(|v| SparseValue { index: v.index, value: v.value }).collect())
         .collect();
-    Ok(super::json(&sparse))
+    Ok(charged(super::json(&sparse), charge))
 }
 
 async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: EmbedRequest = parse(body)?;
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
-    let messages: Vec<v1::EmbedAllRequest> = texts(request.inputs)?
+    let texts = texts(request.inputs)?;
+    let tokens = tokens_of(call, &texts, truncate).await?;
+    let charge = call.answer_charge(tokens * call.dimensions(), answer::NUMBER)?;
+    let messages: Vec<v1::EmbedAllRequest> = texts
         .into_iter()
         .map(|inputs| v1::EmbedAllRequest {
             inputs,
@@ -163,9 +206,14 @@ async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
         .collect();
     let batch = call.settings().max_client_batch_size;
     let answers: Vec<v1::EmbedAllResponse> = call.unary_all(row(EMBED_ALL), &messages, batch).await?;
+    if let Some(token) = answers.iter().find_map(|a| a.token_embeddings.first()) {
+        call.learn_dimensions(token.embeddings.len());
+    }
+    let numbers: usize = answers.iter().flat_map(|a| &a.token_embeddings).map(|t| t.embeddings.len()).sum();
+    call.settle(&charge, numbers as u64, answer::NUMBER)?;
     let tokens: Vec<Vec<Vec<f32>>> =
         answers.into_iter().map(|a| a.token_embeddings.into_iter().map(|t| t.embeddings).collect()).collect();
-    Ok(super::json(&tokens))
+    Ok(charged(super::json(&tokens), charge))
 }
 
 async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
@@ -269,7 +317,7 @@ async fn similarity_of(call: &mut HttpCall<'_>, request: SimilarityRequest) -> A
         prompt_name: parameters.prompt_name,
         dimensions: None,
     };
-    let answers = embed_calls(call, embed).await?;
+    let (answers, _charge) = embed_calls(call, embed).await?;
     let Some((source, others)) = answers.split_first() else {
         return Err(HttpError::Empty("inputs"));
     };
@@ -299,7 +347,9 @@ pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f32 {
 
 async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: TokenizeRequest = parse(body)?;
-    let messages: Vec<v1::EncodeRequest> = texts(request.inputs)?
+    let texts = texts(request.inputs)?;
+    let charge = call.answer_charge(call.tokens_of(texts.iter().map(String::as_str), None), answer::TOKEN)?;
+    let messages: Vec<v1::EncodeRequest> = texts
         .into_iter()
         .map(|inputs| v1::EncodeRequest {
             inputs,
@@ -309,9 +359,11 @@ async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
         .collect();
     let batch = call.settings().max_client_batch_size;
     let answers: Vec<v1::EncodeResponse> = call.unary_all(row(TOKENIZE), &messages, batch).await?;
+    let count: usize = answers.iter().map(|a| a.tokens.len()).sum();
+    call.settle(&charge, count as u64, answer::TOKEN)?;
     let tokens: Vec<Vec<SimpleToken>> =
         answers.into_iter().map(|a| a.tokens.into_iter().map(SimpleToken::from).collect()).collect();
-    Ok(super::json(&tokens))
+    Ok(charged(super::json(&tokens), charge))
 }
 
 async fn decode_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
@@ -364,7 +416,7 @@ async fn openai_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
         prompt_name: None,
         dimensions: request.dimensions,
     };
-    let answers = embed_calls(call, embed).await?;
+    let (answers, charge) = embed_calls(call, embed).await?;
     let tokens: u64 = answers.iter().filter_map(|a| a.metadata.as_ref()).map(|m| u64::from(m.compute_tokens)).sum();
     let data = answers
         .into_iter()
@@ -383,7 +435,7 @@ async fn openai_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
         _ => call.info().await?.model_id.clone(),
     };
     let usage = OpenAiUsage { prompt_tokens: tokens, total_tokens: tokens };
-    Ok(super::json(&OpenAiResponse { object: "list", data, model, usage }))
+    Ok(charged(super::json(&OpenAiResponse { object: "list", data, model, usage }), charge))
 }
 
 /// `POST /` and `/invocations`: the route the model's type calls for, as TEI dispatches. For an

@@ -17,14 +17,17 @@ fn door(budget: usize) -> (Arc<Door>, Admission) {
 }
 
 fn pass_now(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> Pass {
-    door.enter(admission, connection, None).now_or_never().expect("in at once").expect("no deadline")
+    door.enter(admission, connection, None, &HoldBounds::default())
+        .now_or_never()
+        .expect("in at once")
+        .expect("no deadline")
 }
 
 /// A call entering in the background, holding its pass 10 ms: the instant it went in.
 fn entering(door: &Arc<Door>, admission: &Admission, connection: ConnectionId) -> tokio::task::JoinHandle<Instant> {
     let (door, admission) = (door.clone(), admission.clone());
     tokio::spawn(async move {
-        let pass = door.enter(&admission, connection, None).await;
+        let pass = door.enter(&admission, connection, None, &HoldBounds::default()).await;
         let now = Instant::now();
         tokio::time::sleep(Duration::from_millis(10)).await;
         drop(pass);
@@ -83,7 +86,7 @@ async fn a_budget_that_grows_lets_waiting_calls_in() {
     assert!(!held.is_finished());
     // The next call reads a budget of 3: it and the one waiting both go in.
     admission.set_limits(Limits::new(3, 0, QUEUE_TIMEOUT));
-    let _also = door.enter(&admission, B, None).await;
+    let _also = door.enter(&admission, B, None, &HoldBounds::default()).await;
     held.await.unwrap();
 }
 
@@ -91,7 +94,8 @@ async fn a_budget_that_grows_lets_waiting_calls_in() {
 async fn a_caller_that_leaves_takes_no_pass() {
     let (door, admission) = door(1);
     let inside = pass_now(&door, &admission, A);
-    let mut gone = Box::pin(door.enter(&admission, A, None));
+    let bounds = HoldBounds::default();
+    let mut gone = Box::pin(door.enter(&admission, A, None, &bounds));
     assert!((&mut gone).now_or_never().is_none());
     let staying = entering(&door, &admission, B);
     tokio::time::sleep(Duration::from_millis(10)).await;
@@ -119,13 +123,13 @@ async fn a_pass_whose_caller_left_goes_to_the_next_in_line() {
 }
 
 /// A door of one that is full, and a call on another connection entering with a 30 s deadline.
-fn full_door_and_a_call_with_30s() -> (Arc<Door>, Admission, Pass, tokio::task::JoinHandle<Result<(), WaitedInVain>>) {
+fn full_door_and_a_call_with_30s() -> (Arc<Door>, Admission, Pass, tokio::task::JoinHandle<Result<(), DoorRefusal>>) {
     let (door, admission) = door(1);
     let inside = pass_now(&door, &admission, A);
     let deadline = Instant::now() + Duration::from_secs(30);
     let waiter = {
         let (door, admission) = (door.clone(), admission.clone());
-        tokio::spawn(async move { door.enter(&admission, B, Some(deadline)).await.map(drop) })
+        tokio::spawn(async move { door.enter(&admission, B, Some(deadline), &HoldBounds::default()).await.map(drop) })
     };
     (door, admission, inside, waiter)
 }
@@ -161,4 +165,32 @@ fn a_deadline_of_several_queue_timeouts_is_patient_and_a_short_one_is_not() {
     assert!(!is_patient(Some(now + Duration::from_secs(1)), queue_timeout, now), "within the queue timeout");
     assert!(!is_patient(Some(now + Duration::from_millis(100)), queue_timeout, now), "a 100 ms query");
     assert!(!is_patient(Some(now + Duration::from_millis(7_999)), queue_timeout, now), "just short of four");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_doors_hold_a_bounded_number_of_calls_each_for_a_bounded_time_and_charged() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let memory = crate::admission::memory::MemoryBudget::new(3 * HELD_CALL_BYTES, None);
+    let bounds = HoldBounds { max_held: 2, max_hold: Duration::from_secs(5), memory: memory.clone() };
+    let wait = |connection| {
+        let (door, admission, bounds) = (door.clone(), admission.clone(), bounds.clone());
+        tokio::spawn(async move { door.enter(&admission, connection, None, &bounds).await.map(drop) })
+    };
+    let (first, second) = (wait(A), wait(B));
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!((waiting(&door), memory.charged()), (2, 2 * HELD_CALL_BYTES), "each place in line is charged");
+    let third = door.enter(&admission, B, None, &bounds).await.map(drop);
+    assert_eq!(third, Err(DoorRefusal::Full { held: 2 }), "one past the cap is told at once");
+    assert!(third.unwrap_err().retry_after().is_some());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for waiter in [first, second] {
+        let refused = waiter.await.unwrap();
+        assert!(matches!(refused, Err(DoorRefusal::HeldTooLong { .. })), "no deadline, still bounded: {refused:?}");
+    }
+    assert_eq!((waiting(&door), memory.charged()), (0, 0), "the lines and the charges are given back");
+    let tight = HoldBounds { memory: crate::admission::memory::MemoryBudget::new(100, None), ..bounds };
+    let refused = door.enter(&admission, A, None, &tight).await.map(drop);
+    assert!(matches!(refused, Err(DoorRefusal::Memory(_))), "{refused:?}");
+    drop(inside);
 }

@@ -1,6 +1,12 @@
 //! One HTTP/2 stream of the gRPC port: its request handed to the service its path names, its
 //! answer written back frame by frame as the service gives it, and the call dropped as soon as
 //! the client resets the stream (so a cancelled call leaves its queue, door or permit at once).
+//!
+//! Every stream of the RPC table is charged to the process's memory budget from its first
+//! header: [`STREAM_BYTES`] at once (refused then, before its body is read, when there is no
+//! room), and its body as it is taken from h2, at [`BUFFERED_PER_BYTE`] bytes a byte. A unary
+//! call keeps the charge until it is answered; a stream gives each message's back once the
+//! message is passed on (`crate::front::grpc::stream_body`).
 
 use std::future::poll_fn;
 use std::pin::{Pin, pin};
@@ -18,6 +24,8 @@ use http_body_util::BodyExt as _;
 use tonic::Status;
 use tower::ServiceExt as _;
 
+use crate::admission::memory::{Charge, MemoryBudget, OverBudget, Use};
+use crate::error::Error;
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::front::grpc::service::RpcService;
 use crate::gate::request_meta::{GRPC_TIMEOUT, parse_grpc_timeout};
@@ -26,6 +34,15 @@ use crate::transport::send_window;
 use crate::vocab::rpc::RPCS;
 
 type Answer = http::Response<tonic::body::Body>;
+
+/// What a stream costs before its body: h2's state for it, its headers, its task and its call's
+/// future.
+pub const STREAM_BYTES: u64 = 16 * 1024;
+/// What a byte of a request body costs while it is held: a message split over frames is put back
+/// together in a buffer that grows by doubling, so up to twice its size.
+pub const BUFFERED_PER_BYTE: u64 = 2;
+/// The `reason` a refusal for memory is counted under in `teifleet_refused_input_total`.
+pub const REFUSED_MEMORY: &str = "memory_budget";
 
 /// Which service serves a request: the RPC table's own by path, tonic's routes (health,
 /// reflection, UNIMPLEMENTED) for the rest.
@@ -36,6 +53,10 @@ pub struct Dispatch {
     routes: tonic::service::Routes,
     /// The activator role's namespace: a call naming no pool is for the pool its client dialled.
     pool_from_authority: Option<Arc<str>>,
+    /// The process's memory budget every RPC's stream is charged to.
+    memory: Arc<MemoryBudget>,
+    /// Counts a stream refused for memory.
+    refused: Arc<dyn Fn(&'static str) + Send + Sync>,
 }
 
 impl Dispatch {
@@ -44,11 +65,30 @@ impl Dispatch {
         rpc_service: impl Fn(&'static crate::vocab::rpc::Rpc) -> RpcService,
         routes: tonic::service::Routes,
         pool_from_authority: Option<String>,
+        memory: Arc<MemoryBudget>,
+        refused: Arc<dyn Fn(&'static str) + Send + Sync>,
     ) -> Self {
         Self {
             rpcs: RPCS.iter().map(rpc_service).collect(),
             routes: routes.prepare(),
             pool_from_authority: pool_from_authority.map(Arc::from),
+            memory,
+            refused,
+        }
+    }
+
+    /// The charge of a new stream on `path`: none for health and reflection (small, and what
+    /// probes call), refused when the budget has no room for it.
+    fn charge(&self, path: &str) -> Result<Option<Arc<Charge>>, OverBudget> {
+        if !RPCS.iter().any(|rpc| rpc.path == path) {
+            return Ok(None);
+        }
+        match self.memory.charge(Use::RequestBodies, STREAM_BYTES) {
+            Ok(charge) => Ok(Some(Arc::new(charge))),
+            Err(over) => {
+                (self.refused)(REFUSED_MEMORY);
+                Err(over)
+            }
         }
     }
 
@@ -75,10 +115,18 @@ pub fn serve(
     dispatch: &Dispatch,
     connection: &ConnectionInfo,
 ) -> impl Future<Output = ()> + Send + 'static {
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
     let timeout = parts.headers.get(&GRPC_TIMEOUT).and_then(|value| parse_grpc_timeout(value.to_str().ok()?).ok());
-    let answer =
-        dispatch.call(http::Request::from_parts(parts, RequestBody { recv: body, data_ended: false }), connection);
+    let answer = match dispatch.charge(parts.uri.path()) {
+        Ok(charge) => {
+            if let Some(charge) = &charge {
+                parts.extensions.insert(charge.clone());
+            }
+            let body = RequestBody { recv: body, data_ended: false, charge };
+            dispatch.call(http::Request::from_parts(parts, body), connection)
+        }
+        Err(over) => futures::future::ready(status::into_http(status::into_status(Error::Memory(over)))).boxed(),
+    };
     answer_stream(timeout_backstop(timeout, answer), respond)
 }
 
@@ -164,26 +212,38 @@ async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result
 pub struct RequestBody {
     recv: RecvStream,
     data_ended: bool,
+    /// The stream's charge, grown by each data frame taken (none for health and reflection).
+    charge: Option<Arc<Charge>>,
 }
 
 impl Body for RequestBody {
     type Data = Bytes;
-    type Error = h2::Error;
+    type Error = tonic::codegen::StdError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h2::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         if !this.data_ended {
             match ready!(this.recv.poll_data(cx)) {
                 Some(Ok(data)) => {
+                    // Charged before the window is given back: a body refused here is not sent
+                    // more of.
+                    if let Some(charge) = &this.charge
+                        && let Err(over) = charge.grow(BUFFERED_PER_BYTE * data.len() as u64)
+                    {
+                        this.data_ended = true;
+                        let status = status::into_status(Error::Memory(over));
+                        return Poll::Ready(Some(Err(Box::new(status))));
+                    }
                     // Fails only once the stream is gone, which the next poll reports.
                     let _ = this.recv.flow_control().release_capacity(data.len());
                     return Poll::Ready(Some(Ok(Frame::data(data))));
                 }
-                Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                Some(Err(error)) => return Poll::Ready(Some(Err(error.into()))),
                 None => this.data_ended = true,
             }
         }
-        Poll::Ready(ready!(this.recv.poll_trailers(cx)).transpose().map(|trailers| trailers.map(Frame::trailers)))
+        let trailers = ready!(this.recv.poll_trailers(cx)).transpose();
+        Poll::Ready(trailers.map(|trailers| trailers.map(Frame::trailers).map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {
