@@ -162,6 +162,12 @@ struct Serve {
     http: HttpSettings,
     #[command(flatten)]
     bounds: InputBounds,
+    /// The process's memory budget for requests before admission.
+    #[command(flatten)]
+    memory: teifleet_multiplexer::admission::memory::MemorySettings,
+    /// How many calls the pools' doors hold, and how long.
+    #[command(flatten)]
+    door: teifleet_multiplexer::gate::door::DoorSettings,
     /// TLS from files (`static` and `file` modes; in `kubernetes` mode the pool's spec.tls).
     #[command(flatten)]
     tls: TlsFiles,
@@ -339,6 +345,8 @@ async fn run(source: Source) -> anyhow::Result<()> {
         http_listen: serve.http_listen.0,
         http: serve.http,
         bounds: serve.bounds,
+        memory: serve.memory,
+        door: serve.door,
         auth: gate,
         identity: serve.identity,
         max_message_bytes: serve.max_message_bytes,
