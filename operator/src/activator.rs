@@ -5,17 +5,18 @@
 
 use std::net::IpAddr;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt as _};
-use teifleet_crds::EmbeddingPool;
+use teifleet_crds::{EmbeddingPool, labels};
 
 use crate::Result;
 use crate::controller::{Context, apply, delete_if_present};
 use crate::render::activator::{self, NAME, scales_to_zero};
+use crate::sidecars::run_by;
 
 /// Brings the namespace's activator and `pool`'s route to it to what they should be: the
 /// activator's ready pods (`activator_pods`, listed when `pool` may scale to zero) behind the
@@ -32,22 +33,38 @@ pub async fn reconcile(
     let mut owners: Vec<&EmbeddingPool> =
         pools.items.iter().filter(|p| p.metadata.deletion_timestamp.is_none() && scales_to_zero(p)).collect();
     owners.sort_by_key(|p| p.name_any());
-    let had_activator = match activator::render(namespace, &owners, &ctx.render) {
+    let (had_activator, ours) = match activator::render(namespace, &owners, &ctx.render) {
         Some(objects) => {
             apply(client, namespace, &objects.service_account).await?;
             apply(client, namespace, &objects.role).await?;
             apply(client, namespace, &objects.role_binding).await?;
-            apply(client, namespace, &objects.deployment).await?;
-            true
+            let applied = apply(client, namespace, &objects.deployment).await?;
+            (true, run_by_activator(ctx, namespace, &applied, activator_pods).await?)
         }
-        None => remove(ctx, namespace).await?,
+        None => (remove(ctx, namespace).await?, Vec::new()),
     };
+    // Only the activator's own pods are asked for held calls and put behind a pool's Service:
+    // a pod that merely carries its labels gets neither the pool's calls nor a say in its scale.
+    ctx.reports.ask_activators(namespace, &ours);
     // Without an activator in the namespace no pool's Service can be routed to one: nothing to
     // take down, and no request spent finding that out.
     if had_activator {
-        route(ctx, pool, namespace, deployment, activator_pods).await?;
+        route(ctx, pool, namespace, deployment, &ours).await?;
     }
     Ok(())
+}
+
+/// The pods among `pods` that the activator's Deployment (`applied`) runs.
+async fn run_by_activator(ctx: &Context, namespace: &str, applied: &Deployment, pods: &[Pod]) -> Result<Vec<Pod>> {
+    let Some(uid) = applied.metadata.uid.as_deref() else { return Ok(Vec::new()) };
+    if pods.is_empty() {
+        return Ok(Vec::new());
+    }
+    let replica_sets = Api::<ReplicaSet>::namespaced(ctx.client.clone(), namespace)
+        .list(&ListParams::default().labels(&labels::activator_selector()))
+        .await?
+        .items;
+    Ok(run_by(pods, &replica_sets, uid))
 }
 
 /// Removes the namespace's activator, if it has one, once no pool there scales to zero; says

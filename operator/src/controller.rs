@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -136,7 +136,9 @@ async fn reconcile_pool(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<A
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let pods = pods.list(&ListParams::default().labels(&labels::pool_selector(&name))).await?.items;
     let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
-    let reports = ctx.reports.latest(&key, &pods);
+    // What the previous ask brought; the next one starts once the Deployment, whose pods alone
+    // are asked, is applied.
+    let reports = ctx.reports.latest(&key);
     // Only a pool that may scale to zero has the namespace's activator holding its calls.
     let activator_pods = match render::activator::scales_to_zero(&pool) {
         true => {
@@ -147,7 +149,7 @@ async fn reconcile_pool(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<A
         }
         false => Vec::new(),
     };
-    let scaling = autoscale(&ctx, &pool, &namespace, &pods, &reports, &activator_pods, now).await?;
+    let scaling = autoscale(&ctx, &pool, &namespace, &pods, &reports, now).await?;
 
     let children = render::render(&pool, &ctx.render, scaling.as_ref().map(|decision| decision.desired))?;
     apply(client, &namespace, &children.service_account).await?;
@@ -163,6 +165,7 @@ async fn reconcile_pool(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<A
         None => delete_if_present::<NetworkPolicy>(client, &namespace, &name).await?,
     }
     let deployment = apply(client, &namespace, &children.deployment).await?;
+    ask_sidecars(&ctx, &key, &namespace, &name, &deployment, &pods).await?;
     activator::reconcile(&ctx, &pool, &namespace, &deployment, &activator_pods).await?;
     match &children.pdb {
         Some(pdb) => drop(apply(client, &namespace, pdb).await?),
@@ -188,6 +191,24 @@ async fn reconcile_pool(pool: Arc<EmbeddingPool>, ctx: Arc<Context>) -> Result<A
     Ok(Action::requeue(ctx.resync.min(again)))
 }
 
+/// Starts asking the sidecars of `pods` that the pool's own `deployment` runs for their reports.
+async fn ask_sidecars(
+    ctx: &Arc<Context>,
+    key: &str,
+    namespace: &str,
+    pool: &str,
+    deployment: &Deployment,
+    pods: &[Pod],
+) -> Result<()> {
+    let Some(uid) = deployment.metadata.uid.as_deref() else { return Ok(()) };
+    let replica_sets = Api::<ReplicaSet>::namespaced(ctx.client.clone(), namespace)
+        .list(&ListParams::default().labels(&labels::pool_selector(pool)))
+        .await?
+        .items;
+    ctx.reports.ask(key, &sidecars::run_by(pods, &replica_sets, uid));
+    Ok(())
+}
+
 /// The autoscaler's decision for a pool with `spec.autoscaling`, its Events published; `None`
 /// for a pool sized by hand.
 async fn autoscale(
@@ -196,7 +217,6 @@ async fn autoscale(
     namespace: &str,
     pods: &[Pod],
     reports: &[SidecarAdmission],
-    activator_pods: &[Pod],
     now: Timestamp,
 ) -> Result<Option<Decision>> {
     let uid = pool.uid().unwrap_or_default();
@@ -205,7 +225,7 @@ async fn autoscale(
         return Ok(None);
     };
     let held = match policy.min {
-        0 => ctx.reports.held_calls(namespace, &pool.name_any(), activator_pods),
+        0 => ctx.reports.held_calls(namespace, &pool.name_any()),
         _ => None,
     };
     let seen = autoscale::Observed::new(pool, pods, reports, held.as_ref());

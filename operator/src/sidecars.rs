@@ -3,6 +3,12 @@
 //! pool, the in-flight limit each found for itself (`status.admission.effective`). Best effort: a
 //! sidecar that does not answer within a second is left out of the count, and a reconcile never
 //! waits longer than that.
+//!
+//! Only pods the pool's own Deployment runs are asked (a pod's controller is one of its
+//! ReplicaSets, whose controller is the Deployment, matched by uid): anyone who may create pods in
+//! the namespace can give one a pool's labels, but not make the pool's ReplicaSet own it. And what
+//! even a trusted pod says is bounded before it is summed into status or fed to the autoscaler
+//! ([`Bounded`]): a sidecar's admin port is reachable by every pod of its namespace.
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
@@ -14,9 +20,11 @@ use http_body_util::{BodyExt, Empty, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use serde::de::DeserializeOwned;
-use teifleet_crds::{ActivatorReport, HeldCalls, SidecarAdmission};
+use teifleet_crds::{ActivatorReport, CertificateSummary, HeldCalls, SidecarAdmission, SidecarTls};
 use teifleet_wire::ports::MULTIPLEXER_ADMIN;
 use teifleet_wire::sidecar_admin::{ACTIVATIONS_PATH, ADMISSION_PATH};
 
@@ -30,6 +38,105 @@ const MAX_REPORT_BYTES: usize = 64 * 1024;
 /// How often a pool's demand (and an adaptive pool's limits) is refreshed when nothing else
 /// triggers a reconcile.
 pub const REFRESH: Duration = Duration::from_secs(30);
+
+/// The most any count in a report may say (inputs in flight, queued, a limit, held calls): far
+/// above what one replica can do, low enough that summing a thousand replicas stays in an `i32`.
+pub const MAX_REPORTED_COUNT: u32 = 1_000_000;
+/// The most a reported rate (calls per second) may say.
+pub const MAX_REPORTED_RATE: f64 = 1_000_000.0;
+/// The most a reported idle time may say: a year, in seconds.
+pub const MAX_REPORTED_IDLE_SECONDS: f64 = 365.0 * 24.0 * 3600.0;
+/// The most characters a reported string keeps (a pool name, a certificate's subject, an error).
+pub const MAX_REPORTED_CHARS: usize = 256;
+/// The most pools one activator report may list.
+pub const MAX_REPORTED_POOLS: usize = 1024;
+
+/// A report as the operator uses it: every number within its sane range, every string cut short.
+pub trait Bounded {
+    fn bounded(self) -> Self;
+}
+
+fn count(value: u32) -> u32 {
+    value.min(MAX_REPORTED_COUNT)
+}
+
+/// `value` within `0..=max`; NaN (which JSON cannot carry, but a future format might) is 0.
+fn within(value: f64, max: f64) -> f64 {
+    if value.is_nan() { 0.0 } else { value.clamp(0.0, max) }
+}
+
+fn text(mut value: String) -> String {
+    if let Some((cut, _)) = value.char_indices().nth(MAX_REPORTED_CHARS) {
+        value.truncate(cut);
+    }
+    value
+}
+
+impl Bounded for SidecarAdmission {
+    fn bounded(self) -> Self {
+        let tls = self.tls.map(|tls| SidecarTls {
+            serving: tls.serving.map(|cert| CertificateSummary {
+                serial: text(cert.serial),
+                subject: text(cert.subject),
+                not_after: text(cert.not_after),
+            }),
+            client_auth: tls.client_auth,
+            error: tls.error.map(text),
+        });
+        Self {
+            pool: text(self.pool),
+            effective_in_flight: count(self.effective_in_flight),
+            max_in_flight: count(self.max_in_flight),
+            adaptive: self.adaptive,
+            in_flight: count(self.in_flight),
+            queued: count(self.queued),
+            standing_queue: self.standing_queue,
+            refused_per_second: within(self.refused_per_second, MAX_REPORTED_RATE),
+            spilled_per_second: within(self.spilled_per_second, MAX_REPORTED_RATE),
+            idle_seconds: self.idle_seconds.map(|idle| within(idle, MAX_REPORTED_IDLE_SECONDS)),
+            tls,
+        }
+    }
+}
+
+impl Bounded for ActivatorReport {
+    fn bounded(self) -> Self {
+        let pools = self.pools.into_iter().take(MAX_REPORTED_POOLS);
+        Self {
+            pools: pools
+                .map(|held| HeldCalls {
+                    pool: text(held.pool),
+                    held: count(held.held),
+                    idle_seconds: within(held.idle_seconds, MAX_REPORTED_IDLE_SECONDS),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn controller_of(meta: &ObjectMeta) -> Option<&OwnerReference> {
+    meta.owner_references.as_ref()?.iter().find(|owner| owner.controller == Some(true))
+}
+
+/// The pods among `pods` that the Deployment of uid `deployment` runs: each one's controller is a
+/// ReplicaSet among `replica_sets` (by uid) whose controller is that Deployment (by uid). Names and
+/// labels are not enough: anyone who may create pods in the namespace can copy them.
+pub fn run_by(pods: &[Pod], replica_sets: &[ReplicaSet], deployment: &str) -> Vec<Pod> {
+    let ours: HashSet<&str> = replica_sets
+        .iter()
+        .filter(|set| {
+            controller_of(&set.metadata).is_some_and(|owner| owner.kind == "Deployment" && owner.uid == deployment)
+        })
+        .filter_map(|set| set.metadata.uid.as_deref())
+        .collect();
+    pods.iter()
+        .filter(|pod| {
+            controller_of(&pod.metadata)
+                .is_some_and(|owner| owner.kind == "ReplicaSet" && ours.contains(owner.uid.as_str()))
+        })
+        .cloned()
+        .collect()
+}
 
 /// The admin addresses of the ready, running pods among `pods`.
 fn addresses(pods: &[Pod]) -> Vec<SocketAddr> {
@@ -52,9 +159,13 @@ pub struct Reports {
 }
 
 impl Reports {
-    /// What `pool`'s sidecars last said; starts a new ask of `pods` unless one is under way.
-    pub fn latest(self: &Arc<Self>, pool: &str, pods: &[Pod]) -> Vec<SidecarAdmission> {
-        let latest = lock(&self.latest).get(pool).cloned().unwrap_or_default();
+    /// What `pool`'s sidecars last said (see [`Reports::ask`]).
+    pub fn latest(&self, pool: &str) -> Vec<SidecarAdmission> {
+        lock(&self.latest).get(pool).cloned().unwrap_or_default()
+    }
+
+    /// Starts a new ask of `pods`, the pool's own (see [`run_by`]), unless one is under way.
+    pub fn ask(self: &Arc<Self>, pool: &str, pods: &[Pod]) {
         if lock(&self.asking).insert(pool.to_owned()) {
             let (reports, pool, addresses) = (self.clone(), pool.to_owned(), addresses(pods));
             tokio::spawn(async move {
@@ -63,23 +174,12 @@ impl Reports {
                 lock(&reports.asking).remove(&pool);
             });
         }
-        latest
     }
 
-    /// What the activator pods of `namespace` (`pods`) last said about `pool`'s calls, all pods
-    /// together; starts a new ask unless one is under way.
-    pub fn held_calls(self: &Arc<Self>, namespace: &str, pool: &str, pods: &[Pod]) -> Option<HeldCalls> {
+    /// What the activator pods of `namespace` last said about `pool`'s calls, all pods together
+    /// (see [`Reports::ask_activators`]).
+    pub fn held_calls(&self, namespace: &str, pool: &str) -> Option<HeldCalls> {
         let latest = lock(&self.activators).get(namespace).cloned().unwrap_or_default();
-        // Beside the pools' "namespace/pool" keys; no pool name holds a space.
-        let key = format!("{namespace}/ activators");
-        if lock(&self.asking).insert(key.clone()) {
-            let (reports, namespace, addresses) = (self.clone(), namespace.to_owned(), addresses(pods));
-            tokio::spawn(async move {
-                let answers = ask_all(&addresses, ACTIVATIONS_PATH).await;
-                lock(&reports.activators).insert(namespace, answers);
-                lock(&reports.asking).remove(&key);
-            });
-        }
         let mine = latest.iter().flat_map(|report| report.pools.iter()).filter(|held| held.pool == pool);
         mine.fold(None, |sum: Option<HeldCalls>, held| {
             Some(match sum {
@@ -91,6 +191,21 @@ impl Reports {
                 },
             })
         })
+    }
+
+    /// Starts a new ask of the activator pods of `namespace` (`pods`: those the activator's own
+    /// Deployment runs, see [`run_by`]), unless one is under way.
+    pub fn ask_activators(self: &Arc<Self>, namespace: &str, pods: &[Pod]) {
+        // Beside the pools' "namespace/pool" keys; no pool name holds a space.
+        let key = format!("{namespace}/ activators");
+        if lock(&self.asking).insert(key.clone()) {
+            let (reports, namespace, addresses) = (self.clone(), namespace.to_owned(), addresses(pods));
+            tokio::spawn(async move {
+                let answers = ask_all(&addresses, ACTIVATIONS_PATH).await;
+                lock(&reports.activators).insert(namespace, answers);
+                lock(&reports.asking).remove(&key);
+            });
+        }
     }
 
     /// Forgets a deleted pool's reports.
@@ -105,13 +220,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Asks every admin address at once for its report on `path`; returns the answers that came, in
 /// no particular order.
-pub async fn ask_all<T: DeserializeOwned>(addresses: &[SocketAddr], path: &str) -> Vec<T> {
+pub async fn ask_all<T: DeserializeOwned + Bounded>(addresses: &[SocketAddr], path: &str) -> Vec<T> {
     if addresses.is_empty() {
         return Vec::new();
     }
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let asks = addresses.iter().map(|address| ask(&client, *address, path));
-    futures::future::join_all(asks).await.into_iter().flatten().collect()
+    futures::future::join_all(asks).await.into_iter().flatten().map(Bounded::bounded).collect()
 }
 
 async fn ask<T: DeserializeOwned>(
@@ -202,5 +317,103 @@ mod tests {
         assert_eq!(reports, vec![report]);
         assert!(started.elapsed() < Duration::from_secs(3), "asked at once, each within a second");
         assert!(ask_all::<SidecarAdmission>(&[], ADMISSION_PATH).await.is_empty());
+    }
+
+    fn owned(kind: &str, name: &str, uid: &str, controller: bool) -> serde_json::Value {
+        serde_json::json!({ "apiVersion": "apps/v1", "kind": kind, "name": name, "uid": uid, "controller": controller })
+    }
+
+    fn pod(name: &str, owners: Vec<serde_json::Value>) -> Pod {
+        serde_json::from_value(serde_json::json!({ "metadata": { "name": name, "ownerReferences": owners } })).unwrap()
+    }
+
+    fn replica_set(uid: &str, owners: Vec<serde_json::Value>) -> ReplicaSet {
+        serde_json::from_value(
+            serde_json::json!({ "metadata": { "name": uid, "uid": uid, "ownerReferences": owners } }),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn only_pods_of_the_pools_own_replica_sets_are_trusted() {
+        let sets = [
+            replica_set("rs-ours", vec![owned("Deployment", "bge", "dep-uid", true)]),
+            replica_set("rs-old", vec![owned("Deployment", "bge", "dep-uid", true)]),
+            // Same name, another Deployment (the pool's was deleted and made again, or an impostor).
+            replica_set("rs-other", vec![owned("Deployment", "bge", "other-uid", true)]),
+            // Owned by the Deployment, but not as its controller.
+            replica_set("rs-adopted", vec![owned("Deployment", "bge", "dep-uid", false)]),
+        ];
+        let pods = [
+            pod("ours", vec![owned("ReplicaSet", "bge-1", "rs-ours", true)]),
+            pod("old", vec![owned("ReplicaSet", "bge-0", "rs-old", true)]),
+            pod("bare", vec![]),
+            pod("impostor", vec![owned("ReplicaSet", "bge-1", "rs-other", true)]),
+            pod("not-controller", vec![owned("ReplicaSet", "bge-1", "rs-ours", false)]),
+            pod("adopted", vec![owned("ReplicaSet", "bge-2", "rs-adopted", true)]),
+            pod("named-like-ours", vec![owned("ReplicaSet", "bge-1", "made-up", true)]),
+            pod("wrong-kind", vec![owned("StatefulSet", "bge", "rs-ours", true)]),
+        ];
+        let trusted: Vec<_> = run_by(&pods, &sets, "dep-uid").into_iter().filter_map(|p| p.metadata.name).collect();
+        assert_eq!(trusted, ["ours", "old"]);
+        assert!(run_by(&pods, &[], "dep-uid").is_empty(), "no ReplicaSet listed: nobody");
+    }
+
+    #[test]
+    fn reported_numbers_are_clamped_and_strings_cut_short() {
+        let long = "x".repeat(10_000);
+        let report = SidecarAdmission {
+            pool: long.clone(),
+            effective_in_flight: u32::MAX,
+            max_in_flight: u32::MAX,
+            adaptive: true,
+            in_flight: u32::MAX,
+            queued: 7,
+            standing_queue: false,
+            refused_per_second: 1e300,
+            spilled_per_second: -5.0,
+            idle_seconds: Some(f64::NAN),
+            tls: Some(SidecarTls {
+                serving: Some(CertificateSummary {
+                    serial: long.clone(),
+                    subject: "é".repeat(1000),
+                    not_after: "2030".into(),
+                }),
+                client_auth: true,
+                error: Some(long.clone()),
+            }),
+        }
+        .bounded();
+        assert_eq!(report.pool.len(), MAX_REPORTED_CHARS);
+        assert_eq!(
+            (report.effective_in_flight, report.max_in_flight, report.in_flight),
+            (1_000_000, 1_000_000, 1_000_000)
+        );
+        assert_eq!(report.queued, 7, "sane numbers pass unchanged");
+        assert_eq!((report.refused_per_second, report.spilled_per_second), (MAX_REPORTED_RATE, 0.0));
+        assert_eq!(report.idle_seconds, Some(0.0));
+        let tls = report.tls.unwrap();
+        let serving = tls.serving.unwrap();
+        assert_eq!(serving.serial.len(), MAX_REPORTED_CHARS);
+        assert_eq!(serving.subject.chars().count(), MAX_REPORTED_CHARS, "cut on a character boundary");
+        assert_eq!(serving.not_after, "2030");
+        assert_eq!(tls.error.unwrap().len(), MAX_REPORTED_CHARS);
+
+        let held = |pool: &str, held: u32, idle_seconds: f64| HeldCalls { pool: pool.into(), held, idle_seconds };
+        let activator =
+            ActivatorReport { pools: (0..5000).map(|_| held(&long, u32::MAX, f64::INFINITY)).collect() }.bounded();
+        assert_eq!(activator.pools.len(), MAX_REPORTED_POOLS);
+        assert_eq!(activator.pools[0], held(&long[..MAX_REPORTED_CHARS], 1_000_000, MAX_REPORTED_IDLE_SECONDS));
+        let sane = ActivatorReport { pools: vec![held("bge", 3, 12.5)] };
+        assert_eq!(sane.clone().bounded(), sane);
+    }
+
+    #[tokio::test]
+    async fn what_a_sidecar_answers_is_bounded_before_it_is_used() {
+        let body = r#"{"pool":"bge","effectiveInFlight":4294967295,"maxInFlight":8,"adaptive":false,"inFlight":2,
+                       "queued":0,"standingQueue":false,"refusedPerSecond":1e308}"#;
+        let reports = ask_all::<SidecarAdmission>(&[server(http("200 OK", body)).await], ADMISSION_PATH).await;
+        assert_eq!(reports[0].effective_in_flight, MAX_REPORTED_COUNT);
+        assert_eq!(reports[0].refused_per_second, MAX_REPORTED_RATE);
     }
 }
