@@ -51,6 +51,10 @@ enum Source {
         /// Namespace of the EmbeddingPools to watch.
         #[arg(long, env = labels::ENV_NAMESPACE)]
         namespace: String,
+        /// The Secret holding the pool's peer key (the operator creates it): spills between
+        /// replicas carry it, and a spill claimed without it is a client's call like any other.
+        #[arg(long)]
+        peer_secret: Option<String>,
         #[command(flatten)]
         upstream: Upstream,
         #[command(flatten)]
@@ -127,6 +131,14 @@ struct StaticPool {
     /// same flags, so the pool's budget is each replica's times the replicas.
     #[arg(long = "sibling")]
     siblings: Vec<String>,
+    /// A file holding the pool's peer key (the same on every replica, at least 32 characters):
+    /// spills to --sibling carry it, and a spill claimed without it is a client's call.
+    #[arg(long)]
+    peer_key_file: Option<PathBuf>,
+    /// The highest priority a tenant identified by a client certificate may ask for, as
+    /// NAME=PRIORITY (repeat for several); others get `standard` at most.
+    #[arg(long = "tenant-max-priority", value_parser = parse_ceiling)]
+    ceilings: Vec<(String, teifleet_multiplexer::admission::Priority)>,
 }
 
 impl StaticPool {
@@ -216,13 +228,22 @@ fn parse_listen(text: &str) -> Result<Listen, String> {
     }
 }
 
+fn parse_ceiling(text: &str) -> Result<(String, teifleet_multiplexer::admission::Priority), String> {
+    let (name, priority) = text.split_once('=').ok_or("expected NAME=PRIORITY, e.g. search=critical")?;
+    let priority = priority.parse().map_err(|e| format!("{e}"))?;
+    if name.is_empty() {
+        return Err("the name must not be empty".into());
+    }
+    Ok((name.to_owned(), priority))
+}
+
 fn parse_tenant(text: &str) -> Result<TenantWeight, String> {
     let (name, weight) = text.split_once('=').ok_or("expected NAME=WEIGHT, e.g. search=3")?;
     let weight: i32 = weight.parse().map_err(|_| format!("weight {weight:?} is not a whole number"))?;
     if name.is_empty() || weight < 1 {
         return Err("the name must not be empty and the weight at least 1".into());
     }
-    Ok(TenantWeight { name: name.to_owned(), weight })
+    Ok(TenantWeight { name: name.to_owned(), weight, max_priority: None })
 }
 
 impl Source {
@@ -283,6 +304,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         Source::File { config, serve } => {
             let loaded = sources::file::load(&config).context("reading --config")?;
             let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
+            gate.set_ceilings(loaded.ceilings.clone());
             let table = Arc::new(PoolTable::with_dialer(&loaded.default, metrics.clone(), dialer));
             table.sync(loaded.pools)?;
             let interval = Duration::from_secs(1);
@@ -294,6 +316,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
             let limits =
                 budget::whole(&concurrency).map_err(|reason| anyhow::anyhow!("the pool's budget: {reason}"))?;
             let gate = gate_for(&pool.pool, Policy::Off)?;
+            gate.set_ceilings(pool.ceilings.iter().cloned().collect());
             let table = Arc::new(PoolTable::with_dialer(&pool.pool, metrics.clone(), dialer));
             table.sync(vec![PoolSpec {
                 name: pool.pool.clone(),
@@ -305,9 +328,12 @@ async fn run(source: Source) -> anyhow::Result<()> {
                 tenants: budget::tenants(&concurrency),
             }])?;
             table.siblings().sync(&pool.siblings)?;
+            if let Some(path) = &pool.peer_key_file {
+                sources::peer::load_file(path, table.siblings())?;
+            }
             (table, gate, serve)
         }
-        Source::Kubernetes { pool, namespace, upstream, serve } => {
+        Source::Kubernetes { pool, namespace, peer_secret, upstream, serve } => {
             let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
             // Calls wait for the pool's spec.auth to be known: it may name keys.
             let gate = gate_for(&pool, Policy::Waiting)?;
@@ -327,6 +353,16 @@ async fn run(source: Source) -> anyhow::Result<()> {
                 helpers.clone(),
             );
             tokio::spawn(siblings);
+            if let Some(secret) = peer_secret {
+                let siblings = table.siblings().clone();
+                tokio::spawn(sources::peer::watch(
+                    client.clone(),
+                    namespace.clone(),
+                    secret,
+                    siblings,
+                    helpers.clone(),
+                ));
+            }
             let own = sources::kubernetes::OwnPool {
                 name: pool,
                 upstream: upstream.upstream,

@@ -64,6 +64,10 @@ pub mod headers {
     /// Set on a call one sidecar spills to a sibling replica of its own pool, naming the sender:
     /// the sibling admits it only if it has room at once, and never spills it again.
     pub const SPILLED_FROM: &str = "x-teifleet-spilled-from";
+    /// On a call one sidecar spills to a sibling: the pool's peer key, which proves the call comes
+    /// from a sibling (the operator's per-pool Secret). Without it, `x-teifleet-spilled-from` is a
+    /// client's claim and is ignored. Never passed on to TEI or beyond the sibling.
+    pub const PEER_KEY: &str = "x-teifleet-peer-key";
     /// In the trailers of a spilled call the sibling had no room for: the sender serves the call
     /// itself instead (it is not an answer for the caller).
     pub const SPILL_REFUSED: &str = "x-teifleet-spill-refused";
@@ -90,7 +94,7 @@ mod tests {
 
     #[test]
     fn every_teifleet_header_starts_with_the_prefix() {
-        for name in [PRIORITY, POOL, MODEL, TENANT, FORWARDED_BY, SPILLED_FROM, SPILL_REFUSED, TIMEOUT_MS] {
+        for name in [PRIORITY, POOL, MODEL, TENANT, FORWARDED_BY, SPILLED_FROM, PEER_KEY, SPILL_REFUSED, TIMEOUT_MS] {
             assert!(name.starts_with(PREFIX), "{name}");
         }
     }

@@ -1,7 +1,10 @@
 //! Identical unary calls in flight at the same time share one upstream call and one permit.
 //!
-//! Calls are identical when they have the same path, the same priority and the same request
-//! bytes (the pool is already chosen: each pool has its own coalescer). The first caller leads:
+//! Calls are identical when they have the same path, the same priority, the same request bytes
+//! and the same caller (the pool is already chosen: each pool has its own coalescer): a caller
+//! only ever joins a call made with its own key and tenant, so an answer never reaches anyone
+//! whom the pool's gate would not have let in. Only the pool's own sidecars coalesce, after that
+//! gate: a call routed on to another pool is that pool's to check. The first caller leads:
 //! its call is admitted and sent upstream as a shared future; later callers join it and every one
 //! of them gets the answer or the error. Each caller keeps its own deadline and can leave on its
 //! own; the shared call is dropped (its permit released, its upstream stream reset) only when the
@@ -27,6 +30,24 @@ pub struct Key {
     pub path: &'static str,
     pub priority: Priority,
     pub request: Framed,
+    /// Who asks: the caller's `authorization` and tenant, as the gate left them.
+    pub caller: Caller,
+}
+
+/// The headers that say who a caller is.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Caller {
+    pub authorization: Option<http::HeaderValue>,
+    pub tenant: Option<http::HeaderValue>,
+}
+
+impl Caller {
+    pub fn of(headers: &http::HeaderMap) -> Self {
+        Self {
+            authorization: headers.get(http::header::AUTHORIZATION).cloned(),
+            tenant: headers.get(teifleet_wire::headers::TENANT).cloned(),
+        }
+    }
 }
 
 /// The upstream's answer to a shared call, and when the call was admitted.
@@ -140,7 +161,12 @@ mod tests {
     use super::*;
 
     fn key(text: &'static str) -> Key {
-        Key { path: "/tei.v1.Embed/Embed", priority: Priority::Standard, request: Framed::new(text.as_bytes()) }
+        Key {
+            path: "/tei.v1.Embed/Embed",
+            priority: Priority::Standard,
+            request: Framed::new(text.as_bytes()),
+            caller: Caller::default(),
+        }
     }
 
     /// A shared call that counts its starts and answers when `go` is notified.
@@ -173,6 +199,12 @@ mod tests {
         assert_eq!(role, Role::Follower { leader_deadline: None });
         let (other, role) = coalescer.join_or_lead(key("b"), None, lead(&starts, &go));
         assert_eq!(role, Role::Leader, "different bytes, different call");
+        let mut headers = http::HeaderMap::new();
+        headers.insert(http::header::AUTHORIZATION, "Bearer another-key-0123456789".parse().unwrap());
+        let (stranger, role) =
+            coalescer.join_or_lead(Key { caller: Caller::of(&headers), ..key("a") }, None, lead(&starts, &go));
+        assert_eq!(role, Role::Leader, "another caller's identical call is not joined");
+        drop(stranger);
         let waiting = tokio::spawn(async move { (first.await.unwrap(), second.await.unwrap()) });
         tokio::time::sleep(Duration::from_millis(10)).await;
         go.notify_waiters();

@@ -19,7 +19,7 @@ use futures::future::Either;
 use futures::{FutureExt as _, Stream, StreamExt as _};
 use http::uri::PathAndQuery;
 use teifleet_proto::BytesCodec;
-use teifleet_wire::headers::{FORWARDED_BY, SPILLED_FROM};
+use teifleet_wire::headers::{FORWARDED_BY, PEER_KEY as PEER_KEY_HEADER, SPILLED_FROM};
 use tokio::time::Instant;
 use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
@@ -28,11 +28,12 @@ use tonic::{Request, Response, Status};
 use crate::admission::{AdmissionError, Cost, Permit};
 use crate::error::{Error, Result};
 use crate::forward::charge::{self, Grant, cost_of, observe, timing};
-use crate::forward::coalesce::{Answer, Coalescer, Key, Role, is_leaders_deadline};
+use crate::forward::coalesce::{Answer, Caller, Coalescer, Key, Role, is_leaders_deadline};
 use crate::forward::pools::{Pool, PoolTable};
 use crate::forward::siblings::{Ended, Lease};
 use crate::forward::streams::{Admitted, Answers, Held, Upstreamed};
 use crate::forward::upstream::Upstream;
+use crate::gate::peer::PEER_KEY;
 use crate::gate::request_meta::{self, RequestMeta};
 use crate::report::call::{Activity, Call};
 use crate::report::metrics::Metrics;
@@ -99,7 +100,15 @@ impl Forwarder {
         if self.is_draining() {
             return Err(Error::Draining);
         }
-        let meta = request_meta::parse(headers, call.arrived)?;
+        let mut meta = request_meta::parse(headers, call.arrived)?;
+        if meta.spilled_from.is_some() && !self.pools.siblings().peer_key().vouches(headers) {
+            // A client's claim, not a sibling's: the call is served and counted like any other.
+            tracing::debug!(
+                claimed = meta.spilled_from.as_deref(),
+                "a spill without the pool's peer key: a client's call"
+            );
+            meta.spilled_from = None;
+        }
         call.priority = meta.priority;
         if meta.spilled_from.is_some() {
             call.spilled_in();
@@ -146,10 +155,22 @@ impl Forwarder {
 
     /// The request as it goes upstream: the caller's metadata (minus its timeout), the time left
     /// on the caller's clock, and the hop marker when the upstream is another multiplexer.
+    /// The local TEI gets none of teifleet's headers and not the caller's key: it needs neither, and
+    /// what reaches it may reach its logs.
     pub fn outgoing<T>(&self, request: Request<T>, meta: &RequestMeta, pool: &Pool) -> Request<T> {
+        self.outgoing_to(request, meta, pool, !pool.spec.remote)
+    }
+
+    fn outgoing_to<T>(&self, request: Request<T>, meta: &RequestMeta, pool: &Pool, to_tei: bool) -> Request<T> {
         let (metadata, _, message) = request.into_parts();
         let mut headers = metadata.into_headers();
         headers.remove(&request_meta::GRPC_TIMEOUT);
+        if to_tei {
+            request_meta::strip_for_tei(&mut headers);
+        } else {
+            // A sibling's claim is this replica's to check, never to pass on.
+            request_meta::remove_all(&mut headers, &[request_meta::SPILLED_FROM.clone(), PEER_KEY.clone()]);
+        }
         let metadata = tonic::metadata::MetadataMap::from_headers(headers);
         let mut request = Request::from_parts(metadata, tonic::Extensions::default(), message);
         if let Some(deadline) = meta.caller_deadline {
@@ -277,14 +298,21 @@ impl Forwarder {
         request: Request<Framed>,
         lease: &Lease,
     ) -> Result<(Response<Framed>, Option<TeiTiming>)> {
-        let mut outgoing = self.outgoing(
+        let mut outgoing = self.outgoing_to(
             Request::from_parts(request.metadata().clone(), tonic::Extensions::default(), request.get_ref().clone()),
             meta,
             pool,
+            false,
         );
-        // Always marked, so the sibling neither queues nor spills it again.
+        // Always marked, so the sibling neither queues nor spills it again; with the pool's peer
+        // key, so the sibling believes the mark (`crate::gate::peer`).
         let marker = self.hop_marker.clone().unwrap_or_else(|| MetadataValue::from_static("teifleet-multiplexer"));
         outgoing.metadata_mut().insert(SPILLED_FROM, marker);
+        if let Some(key) = self.pools.siblings().peer_key().value()
+            && let Ok(key) = MetadataValue::try_from(key.as_bytes())
+        {
+            outgoing.metadata_mut().insert(PEER_KEY_HEADER, key);
+        }
         let sent = Instant::now();
         let upstream = self.unary_on(pool, lease.upstream(), rpc, outgoing);
         let ended = match within_deadline(pool, meta, sent, upstream).await {
@@ -428,7 +456,8 @@ impl Routed {
         request: Request<Framed>,
     ) -> Result<Response<Framed>, Status> {
         let (metadata, _, message) = request.into_parts();
-        let key = Key { path: self.call.rpc.path, priority: self.meta.priority, request: message.clone() };
+        let caller = Caller::of(metadata.as_ref());
+        let key = Key { path: self.call.rpc.path, priority: self.meta.priority, request: message.clone(), caller };
         let mut retried = false;
         loop {
             let lead = || {

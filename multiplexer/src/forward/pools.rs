@@ -196,7 +196,8 @@ impl PoolTable {
 }
 
 fn coalescer_for(spec: &PoolSpec, existing: Option<&Pool>) -> Option<Arc<Coalescer>> {
-    spec.coalesce.then(|| existing.and_then(|pool| pool.coalescer.clone()).unwrap_or_default())
+    // Only after the pool's own gate: a remote pool's sidecar checks the caller's key there.
+    (spec.coalesce && !spec.remote).then(|| existing.and_then(|pool| pool.coalescer.clone()).unwrap_or_default())
 }
 
 /// Limits of a pool whose budget is not known yet; [`PoolTable::resolve`] refuses such pools.

@@ -23,6 +23,7 @@ use teifleet_wire::headers::SPILL_REFUSED as SPILL_REFUSED_HEADER;
 
 use crate::error::{Error, is_transport_failure};
 use crate::forward::upstream::{Dialer, Upstream};
+use crate::gate::peer::PeerKey;
 use crate::vocab::SetupError;
 
 /// How long a sibling that refused a spill is left alone before one input is tried again;
@@ -49,6 +50,9 @@ pub struct Siblings {
     /// Woken whenever a window opens: calls waiting in the queue try to spill then.
     room: Notify,
     dialer: Dialer,
+    /// What proves a spill to a sibling, and a spill from one, is a sibling's
+    /// (`crate::gate::peer`).
+    peer_key: PeerKey,
 }
 
 #[derive(Default)]
@@ -107,6 +111,11 @@ impl Siblings {
     /// No siblings yet, reached through `dialer` once there are.
     pub fn new(dialer: Dialer) -> Self {
         Self { dialer, ..Self::default() }
+    }
+
+    /// The pool's peer key: spills carry it, and a spilled call is believed only with it.
+    pub fn peer_key(&self) -> &PeerKey {
+        &self.peer_key
     }
 
     /// Makes the set of siblings `urls` (each one's gRPC URL). A sibling that stays keeps its

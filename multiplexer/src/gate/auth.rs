@@ -7,11 +7,17 @@
 //! The keys come from a source (`sources::secret` in Kubernetes, `sources::file` otherwise) and
 //! change live: the source swaps the whole [`KeyRing`] at once.
 //!
+//! An identified caller (by key, or by a mutual-TLS client certificate) also gets its tenant's
+//! priority ceiling: a call asking for more than its tenant may is served at the ceiling, which is
+//! `standard` unless the pool grants the tenant `critical` (`tenants[].maxPriority`). Without
+//! identity there is nothing to hold a claim against, and the call's own priority stands.
+//!
 //! The gate guards the multiplexer a call enters, with that multiplexer's own pool's keys. A call
 //! routed on to another pool carries its `authorization` header along, and that pool's sidecar
 //! checks it against that pool's keys (routing between two pools with keys needs a key both
 //! accept; pools may share one Secret).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::{PoisonError, RwLock};
 
@@ -21,6 +27,7 @@ use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use subtle::{ConditionallySelectable as _, ConstantTimeEq as _};
 use teifleet_runtime::tls::ClientIdentity;
 
+use crate::admission::Priority;
 use crate::gate::request_meta;
 use crate::vocab::Protocol;
 use crate::vocab::SetupError;
@@ -28,6 +35,23 @@ use crate::vocab::SetupError;
 /// Shortest key accepted. A key is a password that clients keep in configuration files; sixteen
 /// random characters are out of reach of guessing, shorter ones invite `changeme`.
 pub const MIN_KEY_LEN: usize = 16;
+
+/// The highest priority an identified tenant may ask for unless the pool grants it more.
+pub const DEFAULT_CEILING: Priority = Priority::Standard;
+
+/// A ceiling as the pool's spec (or the configuration file) spells it.
+pub fn ceiling(spelled: teifleet_crds::PriorityCeiling) -> Priority {
+    match spelled {
+        teifleet_crds::PriorityCeiling::Critical => Priority::Critical,
+        teifleet_crds::PriorityCeiling::Standard => Priority::Standard,
+        teifleet_crds::PriorityCeiling::Sheddable => Priority::Sheddable,
+    }
+}
+
+/// The ceilings `tenants` grant (tenants without one are left to [`DEFAULT_CEILING`]).
+pub fn ceilings_of(tenants: &[teifleet_crds::TenantWeight]) -> BTreeMap<String, Priority> {
+    tenants.iter().filter_map(|t| Some((t.name.clone(), ceiling(t.max_priority?)))).collect()
+}
 
 /// Why a call was refused at the gate; `reason` label of the failures metric.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -173,6 +197,8 @@ pub enum Policy {
 pub struct Gate {
     pool: String,
     policy: RwLock<Policy>,
+    /// The highest priority each identified tenant may ask for; others get [`DEFAULT_CEILING`].
+    ceilings: RwLock<BTreeMap<String, Priority>>,
     failures: IntCounterVec,
     keys_in_force: IntGauge,
 }
@@ -211,7 +237,13 @@ impl Gate {
                 .const_label("pool", pool),
         )
         .expect("valid gauge");
-        let gate = Self { pool: pool.to_owned(), policy: RwLock::new(Policy::Off), failures, keys_in_force };
+        let gate = Self {
+            pool: pool.to_owned(),
+            policy: RwLock::new(Policy::Off),
+            ceilings: RwLock::default(),
+            failures,
+            keys_in_force,
+        };
         gate.set(policy);
         gate
     }
@@ -230,6 +262,24 @@ impl Gate {
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = policy;
     }
 
+    /// Puts tenants' priority ceilings in force (tenants not named get [`DEFAULT_CEILING`]).
+    pub fn set_ceilings(&self, ceilings: BTreeMap<String, Priority>) {
+        *self.ceilings.write().unwrap_or_else(PoisonError::into_inner) = ceilings;
+    }
+
+    /// Lowers the call's priority to what `tenant` may ask for.
+    fn hold_to_ceiling(&self, headers: &mut HeaderMap, tenant: &HeaderValue) {
+        let Some(asked) = headers.get(teifleet_wire::headers::PRIORITY) else { return };
+        // A priority that is no priority is refused later, by request_meta, as the caller's error.
+        let Ok(asked) = asked.to_str().unwrap_or_default().parse::<Priority>() else { return };
+        let ceilings = self.ceilings.read().unwrap_or_else(PoisonError::into_inner);
+        let ceiling = tenant.to_str().ok().and_then(|name| ceilings.get(name)).copied().unwrap_or(DEFAULT_CEILING);
+        if asked.rank() < ceiling.rank() {
+            tracing::debug!(pool = %self.pool, ?tenant, %asked, %ceiling, "priority above the tenant's ceiling: lowered");
+            headers.insert(teifleet_wire::headers::PRIORITY, HeaderValue::from_static(ceiling.as_str()));
+        }
+    }
+
     /// Lets a call through or says why not. A call let through with a key is stamped with the
     /// key's tenant, over any tenant it named itself; without keys, a call on a connection whose
     /// client certificate was checked (mutual TLS) is stamped with the certificate's name.
@@ -241,9 +291,11 @@ impl Gate {
     ) -> Result<(), AuthFailure> {
         let verdict = match &*self.read() {
             Policy::Off => {
-                // A sibling passing a call on carries the tenant its own gate named.
-                if let Some(client) = certified.filter(|client| !client.sibling) {
-                    name_certified_tenant(headers, client);
+                // A sibling passing a call on carries the tenant (and priority) its own gate named.
+                if let Some(client) = certified.filter(|client| !client.sibling)
+                    && let Some(tenant) = name_certified_tenant(headers, client)
+                {
+                    self.hold_to_ceiling(headers, &tenant);
                 }
                 return Ok(());
             }
@@ -254,6 +306,7 @@ impl Gate {
         };
         match verdict {
             Ok(tenant) => {
+                self.hold_to_ceiling(headers, &tenant);
                 request_meta::name_tenant(headers, tenant);
                 Ok(())
             }
@@ -267,14 +320,16 @@ impl Gate {
 
 /// The tenant a client certificate names. A name that cannot be a tenant leaves the call to the
 /// default tenant, never to the one it named itself: the certificate is who the caller is.
-fn name_certified_tenant(headers: &mut HeaderMap, client: &ClientIdentity) {
+fn name_certified_tenant(headers: &mut HeaderMap, client: &ClientIdentity) -> Option<HeaderValue> {
     match HeaderValue::from_str(&client.name) {
         Ok(tenant) if !client.name.is_empty() && client.name.len() <= request_meta::MAX_TENANT_LEN => {
-            request_meta::name_tenant(headers, tenant)
+            request_meta::name_tenant(headers, tenant.clone());
+            Some(tenant)
         }
         _ => {
             tracing::debug!(name = %client.name, "a client certificate's name is no tenant name: the default tenant");
             headers.remove(teifleet_wire::headers::TENANT);
+            None
         }
     }
 }
@@ -366,6 +421,34 @@ mod tests {
         };
         assert_eq!((count("missing"), count("malformed"), count("invalid_key")), (Some(2), Some(3), Some(2)));
         assert!(text.contains("teifleet_auth_keys{pool=\"bge\"} 1"), "{text}");
+    }
+
+    #[test]
+    fn an_identified_tenant_asks_for_at_most_its_ceiling() {
+        let (gate, _) = gate(&[("search", SEARCH_KEY), ("batch", BATCH_KEY)]);
+        gate.set_ceilings(BTreeMap::from([("search".to_owned(), Priority::Critical)]));
+        let priority = |key: &str, asked: &str| {
+            let mut call = headers(&[("authorization", &format!("Bearer {key}")), ("x-teifleet-priority", asked)]);
+            gate.admit(&mut call, None, Protocol::Grpc).unwrap();
+            call["x-teifleet-priority"].to_str().unwrap().to_owned()
+        };
+        assert_eq!(priority(SEARCH_KEY, "critical"), "critical", "granted");
+        assert_eq!(priority(BATCH_KEY, "critical"), "standard", "not granted: the default ceiling");
+        assert_eq!(priority(BATCH_KEY, "sheddable"), "sheddable", "lower than the ceiling stands");
+        assert_eq!(priority(BATCH_KEY, "urgent"), "urgent", "left for request_meta to refuse");
+
+        let open = Gate::off();
+        let certified = ClientIdentity { name: "batch".to_owned(), sibling: false };
+        let mut call = headers(&[("x-teifleet-priority", "critical")]);
+        open.admit(&mut call, Some(&certified), Protocol::Grpc).unwrap();
+        assert_eq!(call["x-teifleet-priority"], "standard", "a certificate is an identity too");
+        let mut anonymous = headers(&[("x-teifleet-priority", "critical")]);
+        open.admit(&mut anonymous, None, Protocol::Grpc).unwrap();
+        assert_eq!(anonymous["x-teifleet-priority"], "critical", "no identity: nothing to hold it against");
+        let sibling = ClientIdentity { name: "bge".to_owned(), sibling: true };
+        let mut passed_on = headers(&[("x-teifleet-priority", "critical")]);
+        open.admit(&mut passed_on, Some(&sibling), Protocol::Grpc).unwrap();
+        assert_eq!(passed_on["x-teifleet-priority"], "critical", "a sibling's gate held it already");
     }
 
     #[test]

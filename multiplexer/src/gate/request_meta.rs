@@ -55,7 +55,7 @@ static MODEL: HeaderName = HeaderName::from_static(MODEL_HEADER);
 static TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
 pub static GRPC_TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
 static FORWARDED_BY: HeaderName = HeaderName::from_static(FORWARDED_BY_HEADER);
-static SPILLED_FROM: HeaderName = HeaderName::from_static(SPILLED_FROM_HEADER);
+pub static SPILLED_FROM: HeaderName = HeaderName::from_static(SPILLED_FROM_HEADER);
 
 /// Removes `names` from `headers`. A removal hashes its name whether or not it is there, and a
 /// call carries few headers and few of these: comparing names finds the ones to remove.
@@ -64,6 +64,19 @@ pub fn remove_all(headers: &mut HeaderMap, names: &[HeaderName]) {
         if headers.keys().any(|present| present == name) {
             headers.remove(name);
         }
+    }
+}
+
+/// Removes what the local TEI must not see: the caller's key and every teifleet header (routing,
+/// tenant, hop and spill marks). Most calls carry none, and then nothing is allocated.
+pub fn strip_for_tei(headers: &mut HeaderMap) {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| *name == http::header::AUTHORIZATION || name.as_str().starts_with(TEIFLEET_PREFIX))
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
     }
 }
 
@@ -252,6 +265,22 @@ mod tests {
         name_tenant(&mut headers, http::HeaderValue::from_static("search"));
         assert_eq!(parse(&headers, Instant::now()).unwrap().tenant.as_deref(), Some("search"));
         assert_eq!(headers.get_all(TENANT_HEADER).iter().count(), 1, "replaced, not added beside");
+    }
+
+    #[test]
+    fn tei_sees_neither_the_key_nor_teifleets_headers() {
+        let mut headers = metadata(&[
+            ("authorization", "Bearer secret-key-0123456789"),
+            (TENANT_HEADER, "search"),
+            (PRIORITY_HEADER, "critical"),
+            (SPILLED_FROM_HEADER, "pod-a"),
+            ("x-custom", "kept"),
+            ("grpc-accept-encoding", "gzip"),
+        ]);
+        strip_for_tei(&mut headers);
+        let mut left: Vec<&str> = headers.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["grpc-accept-encoding", "x-custom"]);
     }
 
     #[test]

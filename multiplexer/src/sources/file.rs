@@ -5,6 +5,7 @@
 //! default: bge            # the pool requests without routing metadata go to (default: the first)
 //! auth:                   # optional: every call needs one of these API keys (see `crate::gate::auth`)
 //!   keysFile: keys.yaml   # tenant: key(s), as a Secret's stringData; relative to this file
+//!   maxPriority: {search: critical}   # identified tenants get `standard` at most unless listed
 //! pools:
 //!   - name: bge
 //!     upstream: http://127.0.0.1:8080
@@ -24,12 +25,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use teifleet_crds::{ConcurrencySpec, TenantWeight};
+use teifleet_crds::{ConcurrencySpec, PriorityCeiling, TenantWeight};
 use tokio_util::sync::CancellationToken;
 
 use super::budget;
+use crate::admission::Priority;
 use crate::forward::pools::{PoolSpec, PoolTable};
-use crate::gate::auth::{Gate, KeyRing, Policy};
+use crate::gate::auth::{Gate, KeyRing, Policy, ceiling};
 use crate::vocab::SetupError;
 
 type Result<T> = std::result::Result<T, SetupError>;
@@ -46,6 +48,9 @@ struct FileConfig {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FileAuth {
     keys_file: PathBuf,
+    /// The highest priority a tenant's calls may ask for (`crate::gate::auth`).
+    #[serde(default)]
+    max_priority: BTreeMap<String, PriorityCeiling>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -81,6 +86,8 @@ pub struct Loaded {
     /// The file of API keys; none: calls need no key. Relative to the configuration file once
     /// [`load`]ed.
     pub keys_file: Option<PathBuf>,
+    /// Identified tenants' priority ceilings.
+    pub ceilings: BTreeMap<String, Priority>,
 }
 
 pub fn parse(text: &str) -> Result<Loaded> {
@@ -104,6 +111,7 @@ pub fn parse(text: &str) -> Result<Loaded> {
                 .map(|(name, &weight)| TenantWeight {
                     name: name.clone(),
                     weight: i32::try_from(weight).unwrap_or(i32::MAX),
+                    max_priority: None,
                 })
                 .collect(),
             ..ConcurrencySpec::default()
@@ -122,7 +130,11 @@ pub fn parse(text: &str) -> Result<Loaded> {
     if !pools.iter().any(|p| p.name == default) {
         return Err(SetupError::Config(format!("default pool {default:?} is not among the pools")));
     }
-    Ok(Loaded { default, pools, keys_file: config.auth.map(|auth| auth.keys_file) })
+    let (keys_file, ceilings) = match config.auth {
+        Some(auth) => (Some(auth.keys_file), auth.max_priority.into_iter().map(|(t, p)| (t, ceiling(p))).collect()),
+        None => (None, BTreeMap::new()),
+    };
+    Ok(Loaded { default, pools, keys_file, ceilings })
 }
 
 pub fn load(path: &Path) -> Result<Loaded> {
@@ -173,7 +185,12 @@ pub async fn watch(path: PathBuf, table: Arc<PoolTable>, gate: Arc<Gate>, interv
             && last.as_deref() != Some(text.as_str())
         {
             last = Some(text.clone());
-            match parse_at(&text, &path).and_then(|loaded| table.sync(loaded.pools).map(|()| loaded.keys_file)) {
+            let applied = parse_at(&text, &path).and_then(|loaded| {
+                table.sync(loaded.pools)?;
+                gate.set_ceilings(loaded.ceilings);
+                Ok(loaded.keys_file)
+            });
+            match applied {
                 Ok(file) => {
                     tracing::info!(path = %path.display(), "configuration reloaded");
                     if file != keys_file {

@@ -5,6 +5,7 @@ mod activator;
 mod admission;
 mod auth;
 mod bad_input;
+mod claims;
 mod door;
 mod drain;
 mod faults;

@@ -41,9 +41,13 @@ async fn replicas_with(n: usize, settings: impl Fn() -> Settings) -> Vec<Replica
         let others: Vec<String> =
             addrs.iter().filter(|addr| **addr != replica.mux.grpc_addr).map(|addr| format!("http://{addr}")).collect();
         replica.table.siblings().sync(&others).unwrap();
+        replica.table.siblings().peer_key().set(Some(PEER_KEY.as_bytes())).unwrap();
     }
     replicas
 }
+
+/// The pool's peer key, the same on every replica (the operator's per-pool Secret).
+pub const PEER_KEY: &str = "pool-a-peer-key-0123456789-0123456789";
 
 /// How a load's calls ended.
 #[derive(Debug, Default, PartialEq, Eq)]

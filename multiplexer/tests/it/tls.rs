@@ -37,7 +37,7 @@ fn serving(ca: &Authority, issued: &Issued, client_ca: Option<&Authority>) -> Ar
 }
 
 /// A client of `addr` in TLS, trusting `ca` and showing `certificate`.
-fn tls_client(addr: SocketAddr, ca: &Authority, certificate: &Issued) -> EmbedClient<Channel> {
+pub fn tls_client(addr: SocketAddr, ca: &Authority, certificate: &Issued) -> EmbedClient<Channel> {
     let dialer = Dialer::new(serving(ca, certificate, None));
     let upstream = Upstream::lazy(&format!("https://{addr}"), &dialer).expect("a valid URL");
     EmbedClient::new(upstream.channel())
@@ -194,6 +194,9 @@ async fn sidecars_spill_and_route_to_each_other_in_tls_verifying_each_other() {
     let (first, second) = (replicas[0].1.grpc_addr, replicas[1].1.grpc_addr);
     replicas[0].2.siblings().sync(&[format!("https://{second}")]).unwrap();
     replicas[1].2.siblings().sync(&[format!("https://{first}")]).unwrap();
+    for (_, _, table) in &replicas {
+        table.siblings().peer_key().set(Some(crate::spill::PEER_KEY.as_bytes())).unwrap();
+    }
 
     let client = tls_client(first, &ca, &clients.client("search"));
     let calls: Vec<_> = (0..24).map(|i| spawn_embed(&client, embed_request(&format!("pinned {i}")))).collect();

@@ -19,8 +19,9 @@ use super::{REFUSED_TLS_HANDSHAKE, ServerTls};
 pub struct ClientIdentity {
     /// The subject's common name, else the first DNS name.
     pub name: String,
-    /// The client showed a certificate with the server's own name: another replica of the same
-    /// pool, passing a call on (whose tenant it carries along).
+    /// The client showed the server's own certificate, byte for byte: another replica of the same
+    /// pool (they serve one Secret), passing a call on (whose tenant it carries along). A
+    /// certificate merely named like the pool is a client like any other.
     pub sibling: bool,
 }
 
@@ -66,7 +67,8 @@ where
             let shown = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first());
             let client = shown
                 .and_then(certificate_name)
-                .map(|name| ClientIdentity { sibling: loaded.name() == Some(name.as_str()), name });
+                .zip(shown)
+                .map(|(name, shown)| ClientIdentity { sibling: loaded.is_own_certificate(shown), name });
             Ok(MaybeTls::Tls { stream: Box::new(stream), client })
         }
         Ok(Err(error)) => {

@@ -68,6 +68,8 @@ pub struct Loaded {
     info: CertificateInfo,
     /// The name the certificate gives its holder, as a client certificate's is read.
     name: Option<String>,
+    /// The served certificate itself: a client showing exactly this one is a sibling replica.
+    leaf: CertificateDer<'static>,
     client_auth: bool,
 }
 
@@ -156,6 +158,7 @@ impl Loaded {
         let leaf = chain.first().ok_or(TlsError::NoCertificate)?;
         let info = describe(leaf)?;
         let name = super::certificate_name(leaf);
+        let leaf = leaf.clone().into_owned();
         let key = PrivateKeyDer::from_pem_slice(&material.key).map_err(|e| TlsError::Key(e.to_string()))?;
         let provider = provider();
 
@@ -192,6 +195,7 @@ impl Loaded {
             client: Arc::new(client),
             info,
             name,
+            leaf,
             client_auth: material.client_ca.is_some(),
         })
     }
@@ -203,6 +207,13 @@ impl Loaded {
     /// The name the served certificate gives its holder (common name, else first DNS name).
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
+    }
+
+    /// Whether `shown` is the very certificate served here (byte for byte): what a sibling
+    /// replica of the same pool, which serves the same Secret, shows as its client certificate. A
+    /// name proves nothing: a client CA may issue any name to anyone.
+    pub fn is_own_certificate(&self, shown: &CertificateDer<'_>) -> bool {
+        self.leaf.as_ref() == shown.as_ref()
     }
 
     pub fn client_auth(&self) -> bool {
