@@ -6,6 +6,9 @@ SHELL := /bin/bash
 export TEIFLEET_CACHE ?= $(HOME)/.cache/teifleet
 export TEIFLEET_CLUSTER_DIR ?= $(CURDIR)/.cluster
 BIN := $(TEIFLEET_CACHE)/current
+# The cargo-deny that tests/cluster/prereqs.sh installs (its version is pinned there).
+CARGO_DENY_VERSION := $(shell sed -n 's/^CARGO_DENY_VERSION=//p' tests/cluster/prereqs.sh)
+CARGO_DENY := $(TEIFLEET_CACHE)/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
 KUBECONFIG_FILE := $(TEIFLEET_CLUSTER_DIR)/kubeconfig
 CRD := crds/teifleet.dev_embeddingpools.yaml
 CHART := charts/teifleet
@@ -30,13 +33,17 @@ prereqs: ## Install what builds and tests need (Debian packages, Rust components
 	tests/cluster/prereqs.sh
 
 .PHONY: test
-test: prereqs lint unit test-clients check-generated chart-check test-cluster test-images ## Everything CI runs
+test: prereqs lint deny unit test-clients check-generated chart-check test-cluster test-images ## Everything CI runs
 
 .PHONY: lint
 lint: ## cargo fmt --check, clippy -D warnings, and the multiplexer's rooms importing only downward
 	cargo fmt --all -- --check
 	tools/rooms.py --check multiplexer/src
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+.PHONY: deny
+deny: ## cargo deny: licenses, bans and sources (deny.toml says why advisories are not checked)
+	$(CARGO_DENY) --locked check --hide-inclusion-graph licenses bans sources
 
 .PHONY: unit
 unit: ## Unit and golden tests (no cluster)
@@ -74,7 +81,8 @@ chart-check: ## helm lint and the golden `helm template` check
 	diff -u $(CHART_GOLDEN) /tmp/teifleet-chart.yaml || { echo "chart output changed: review, then make chart-golden"; exit 1; }
 	@# List items in block (- x) or flow ([a, "x"]) style.
 	@! grep -nE "(^\s*-\s*|[[,]\s*)[\"']?\*[\"']?\s*($$|[],])" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not use wildcards"; exit 1; }
-	@! grep -nE "(^\s*-\s*|[[,]\s*)[\"']?secrets[\"']?\s*($$|[],])" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not grant Secrets: the operator never reads one (sidecar Roles get theirs, by name, through escalate and bind)"; exit 1; }
+	@# Secrets: create alone (each pool's peer Secret), never get/list/watch/update.
+	@tests/chart/secrets-rule.sh /tmp/teifleet-chart.yaml
 	@! grep -nE "(^\s*-\s*|[[,]\s*)[\"']?clusterroles[\"']?\s*($$|[],])" /tmp/teifleet-chart.yaml || { echo "the chart's RBAC must not touch ClusterRoles: escalate and bind stay namespaced"; exit 1; }
 
 .PHONY: chart-golden

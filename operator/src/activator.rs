@@ -8,6 +8,7 @@ use std::net::IpAddr;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt as _};
@@ -38,6 +39,11 @@ pub async fn reconcile(
             apply(client, namespace, &objects.service_account).await?;
             apply(client, namespace, &objects.role).await?;
             apply(client, namespace, &objects.role_binding).await?;
+            // Before its pods, as a pool's own.
+            match &objects.network_policy {
+                Some(policy) => drop(apply(client, namespace, policy).await?),
+                None => delete_if_present::<NetworkPolicy>(client, namespace, NAME).await?,
+            }
             let applied = apply(client, namespace, &objects.deployment).await?;
             (true, run_by_activator(ctx, namespace, &applied, activator_pods).await?)
         }
@@ -76,6 +82,7 @@ async fn remove(ctx: &Context, namespace: &str) -> Result<bool> {
     }
     tracing::info!(%namespace, "no pool scales to zero here any more: removing the activator");
     delete_if_present::<Deployment>(client, namespace, NAME).await?;
+    delete_if_present::<NetworkPolicy>(client, namespace, NAME).await?;
     delete_if_present::<RoleBinding>(client, namespace, NAME).await?;
     delete_if_present::<Role>(client, namespace, NAME).await?;
     delete_if_present::<ServiceAccount>(client, namespace, NAME).await?;

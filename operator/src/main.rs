@@ -61,6 +61,11 @@ struct Args {
     #[arg(long, env = "TEIFLEET_LEASE_DURATION", default_value = "15s", value_parser = parse_flag)]
     lease_duration: Duration,
 
+    /// Render a NetworkPolicy for each namespace's activator: its call ports open to the cluster,
+    /// its admin port to the operator's namespace, its own and the pools' metrics namespaces.
+    #[arg(long, env = "TEIFLEET_ACTIVATOR_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
+    activator_network_policy: bool,
+
     /// This replica's identity in the Lease and in Events; defaults to the host name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -120,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
             tei_version: args.tei_version,
             multiplexer_image: args.multiplexer_image,
             operator_namespace: Some(args.lease_namespace.clone()),
+            activator_network_policy: args.activator_network_policy,
         },
         recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: Some(identity) }),
         metrics: metrics.clone(),

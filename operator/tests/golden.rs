@@ -342,3 +342,25 @@ fn peer_secret() {
     let key = "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8";
     check("peer-secret.yaml", &teifleet_operator::render::peer_secret(&pool(BASE), key).expect("renders"));
 }
+
+#[test]
+fn activator_network_policy_opens_the_call_ports_and_can_be_turned_off() {
+    use teifleet_operator::render::activator;
+    let mut pool = pool(BASE);
+    pool.spec.replicas = None;
+    pool.spec.autoscaling = Some(serde_norway::from_str("{ minReplicas: 0, maxReplicas: 2 }").unwrap());
+    pool.spec.network_policy = serde_norway::from_str(
+        "metricsNamespaceSelector: { matchLabels: { kubernetes.io/metadata.name: monitoring } }",
+    )
+    .unwrap();
+    let in_cluster = RenderConfig { operator_namespace: Some("teifleet-system".into()), ..RenderConfig::default() };
+    let mut other = pool.clone();
+    other.metadata.name = Some("gte-small".into());
+    other.metadata.uid = Some("7d1c0f2e-0000-4000-8000-000000000003".into());
+    other.spec.network_policy = Default::default();
+    let rendered = activator::render("ml", &[&pool, &other], &in_cluster).expect("a pool scales to zero");
+    // The peers both owners admit to their admin ports are listed once.
+    check("activator-networkpolicy.yaml", &rendered.network_policy.expect("on by default"));
+    let off = RenderConfig { activator_network_policy: false, ..in_cluster };
+    assert!(activator::render("ml", &[&pool], &off).unwrap().network_policy.is_none());
+}

@@ -3,6 +3,8 @@
 # and rustup): Debian packages, Rust components, the cached control-plane binaries and crane.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# `make deny` runs this cargo-deny (the Makefile reads the version from this line).
+CARGO_DENY_VERSION=0.20.2
 
 missing=()
 # python3: `make lint`'s tools/rooms.py and the Python client tests.
@@ -19,6 +21,15 @@ if command -v rustup >/dev/null 2>&1; then
   done
 fi
 command -v go >/dev/null 2>&1 || { echo "[prereqs] Go is required to build the control plane" >&2; exit 1; }
+
+# cargo-deny for `make deny`, built once per version from crates.io with its own lockfile, into a
+# cache outside the repository keyed by that version (a few minutes the first time).
+CACHE="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}"
+deny_root="$CACHE/cargo-deny-$CARGO_DENY_VERSION"
+if [[ ! -x "$deny_root/bin/cargo-deny" ]]; then
+  echo "[prereqs] building cargo-deny $CARGO_DENY_VERSION into $deny_root" >&2
+  cargo install --locked --quiet --version "$CARGO_DENY_VERSION" --root "$deny_root" cargo-deny
+fi
 
 "$HERE/install-binaries.sh"
 # crane, for building, checking and pushing images without a Docker engine.

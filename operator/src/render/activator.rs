@@ -15,14 +15,20 @@ use k8s_openapi::api::core::v1::{
     Container, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, ServiceAccount,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource as _;
 use teifleet_crds::{EmbeddingPool, GROUP, labels};
 use teifleet_wire::ports;
 
 use super::RenderConfig;
 use super::deployment::{RUN_AS, env_field, multiplexer_in_role, quantities, runtime_default_seccomp};
+use super::network_policy::{admin_peers, tcp};
 use super::rbac::read_rule;
 
 /// The activator's name: its Deployment, ServiceAccount, Role and RoleBinding.
@@ -47,6 +53,76 @@ pub struct Activator {
     pub role: Role,
     pub role_binding: RoleBinding,
     pub deployment: Deployment,
+    /// Present unless the operator runs with `--activator-network-policy=false`.
+    pub network_policy: Option<NetworkPolicy>,
+}
+
+/// Ports the activator may reach the API server on: 443 where a managed cluster's Service
+/// endpoint answers, 6443 where kube-apiserver listens by default. A NetworkPolicy sees the
+/// endpoint's port after the Service address is translated, so both are allowed.
+const API_SERVER_PORTS: [u16; 2] = [443, 6443];
+
+/// The activator's NetworkPolicy: its gRPC and HTTP ports take calls from anywhere in the cluster
+/// (it stands in for the pools' Services); its admin port only from the peers a pool's own admin
+/// port admits (the namespace, the operator's, the owners' metrics namespaces). Out, it reaches
+/// DNS, the API server (it watches pools and EndpointSlices) and the pools' sidecars, to which it
+/// hands the calls it held; nothing else.
+fn network_policy(meta: &ObjectMeta, owners: &[&EmbeddingPool], config: &RenderConfig) -> NetworkPolicy {
+    let mut admin_from: Vec<NetworkPolicyPeer> = Vec::new();
+    for peer in owners.iter().flat_map(|pool| admin_peers(pool, config)) {
+        if !admin_from.contains(&peer) {
+            admin_from.push(peer);
+        }
+    }
+    let calls = NetworkPolicyIngressRule {
+        from: None,
+        ports: Some(vec![tcp(ports::MULTIPLEXER_GRPC), tcp(ports::MULTIPLEXER_HTTP)]),
+    };
+    let admin = NetworkPolicyIngressRule { from: Some(admin_from), ports: Some(vec![tcp(ports::MULTIPLEXER_ADMIN)]) };
+    let dns = NetworkPolicyEgressRule {
+        to: None,
+        ports: Some(
+            ["UDP", "TCP"]
+                .into_iter()
+                .map(|protocol| NetworkPolicyPort {
+                    port: Some(IntOrString::Int(53)),
+                    protocol: Some(protocol.into()),
+                    ..NetworkPolicyPort::default()
+                })
+                .collect(),
+        ),
+    };
+    let api_server = NetworkPolicyEgressRule { to: None, ports: Some(API_SERVER_PORTS.map(tcp).to_vec()) };
+    let pools = NetworkPolicyEgressRule {
+        to: Some(vec![NetworkPolicyPeer {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([
+                    (labels::COMPONENT_LABEL.into(), "embedding-server".into()),
+                    (labels::PART_OF_LABEL.into(), labels::PART_OF.into()),
+                ])),
+                ..LabelSelector::default()
+            }),
+            ..NetworkPolicyPeer::default()
+        }]),
+        ports: Some(vec![tcp(ports::MULTIPLEXER_GRPC), tcp(ports::MULTIPLEXER_HTTP)]),
+    };
+    NetworkPolicy {
+        metadata: meta.clone(),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector { match_labels: Some(selector()), ..LabelSelector::default() }),
+            policy_types: Some(vec!["Ingress".into(), "Egress".into()]),
+            ingress: Some(vec![calls, admin]),
+            egress: Some(vec![dns, api_server, pools]),
+        }),
+    }
+}
+
+/// The labels that select the activator's pods.
+fn selector() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (labels::COMPONENT_LABEL.into(), labels::ACTIVATOR_COMPONENT.into()),
+        (labels::PART_OF_LABEL.into(), labels::PART_OF.into()),
+    ])
 }
 
 fn pod_labels() -> BTreeMap<String, String> {
@@ -102,15 +178,11 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
         image_pull_secrets: Some(placement.image_pull_secrets.clone()).filter(|s| !s.is_empty()),
         ..PodSpec::default()
     };
-    let selector: BTreeMap<String, String> = BTreeMap::from([
-        (labels::COMPONENT_LABEL.into(), labels::ACTIVATOR_COMPONENT.into()),
-        (labels::PART_OF_LABEL.into(), labels::PART_OF.into()),
-    ]);
     let deployment = Deployment {
         metadata: meta.clone(),
         spec: Some(DeploymentSpec {
             replicas: Some(1),
-            selector: LabelSelector { match_labels: Some(selector), ..LabelSelector::default() },
+            selector: LabelSelector { match_labels: Some(selector()), ..LabelSelector::default() },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(pod_labels()), ..ObjectMeta::default() }),
                 spec: Some(pod),
@@ -133,8 +205,9 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
             ..Subject::default()
         }]),
     };
+    let network_policy = config.activator_network_policy.then(|| network_policy(&meta, owners, config));
     let service_account = ServiceAccount { metadata: meta, ..ServiceAccount::default() };
-    Some(Activator { service_account, role, role_binding, deployment })
+    Some(Activator { service_account, role, role_binding, deployment, network_policy })
 }
 
 /// The name of the EndpointSlice that sends `pool`'s Service to the activator.

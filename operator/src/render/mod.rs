@@ -39,6 +39,9 @@ pub struct RenderConfig {
     /// sidecars' admin port: the operator reads each pool's admission there. `None` out of a
     /// cluster, where the operator's calls come from a node, which NetworkPolicies never block.
     pub operator_namespace: Option<String>,
+    /// Whether each namespace's activator gets its NetworkPolicy (the chart's
+    /// `networkPolicy.enabled`). Pools' own policies follow their `spec.networkPolicy`.
+    pub activator_network_policy: bool,
 }
 
 impl Default for RenderConfig {
@@ -48,6 +51,7 @@ impl Default for RenderConfig {
             tei_version: "1.9".into(),
             multiplexer_image: format!("ghcr.io/teifleet/multiplexer:{}", env!("CARGO_PKG_VERSION")),
             operator_namespace: None,
+            activator_network_policy: true,
         }
     }
 }

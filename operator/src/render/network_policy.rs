@@ -14,7 +14,7 @@ use super::{Owner, RenderConfig};
 /// The label the API server sets on every namespace (Kubernetes 1.21 and later): its name.
 const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
-fn tcp(port: u16) -> NetworkPolicyPort {
+pub(super) fn tcp(port: u16) -> NetworkPolicyPort {
     NetworkPolicyPort {
         port: Some(IntOrString::Int(i32::from(port))),
         protocol: Some("TCP".into()),
@@ -25,7 +25,7 @@ fn tcp(port: u16) -> NetworkPolicyPort {
 /// Who may reach the admin port: every pod of the pool's namespace, of the operator's (it asks
 /// the sidecars for their admission), and of the namespaces the spec selects (where Prometheus
 /// runs).
-fn admin_peers(pool: &EmbeddingPool, config: &RenderConfig) -> Vec<NetworkPolicyPeer> {
+pub(super) fn admin_peers(pool: &EmbeddingPool, config: &RenderConfig) -> Vec<NetworkPolicyPeer> {
     // A peer with only a pod selector stays within the policy's own namespace.
     let own_namespace =
         NetworkPolicyPeer { pod_selector: Some(LabelSelector::default()), ..NetworkPolicyPeer::default() };
@@ -45,7 +45,8 @@ fn admin_peers(pool: &EmbeddingPool, config: &RenderConfig) -> Vec<NetworkPolicy
 }
 
 /// Calls reach the sidecar's gRPC and HTTP ports from anywhere (in-cluster clients, gateways,
-/// other pools' sidecars); its admin port only from the peers above; nothing else reaches the pods.
+/// other pools' sidecars, the activator, and the pool's own sidecars spilling calls to a sibling's
+/// gRPC port); its admin port only from the peers above; nothing else reaches the pods.
 /// Egress stays open: TEI downloads models and the sidecar watches the API server. `None` when
 /// the pool turns it off.
 pub(super) fn network_policy(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Option<NetworkPolicy> {

@@ -67,7 +67,8 @@ pub fn token_kubeconfig(name: &str, token: &str) -> PathBuf {
         "current-context": name,
     });
     let path = log_dir().join(format!("{name}.kubeconfig"));
-    std::fs::write(&path, serde_norway::to_string(&config).expect("kubeconfig serializes")).expect("kubeconfig written");
+    std::fs::write(&path, serde_norway::to_string(&config).expect("kubeconfig serializes"))
+        .expect("kubeconfig written");
     path
 }
 

@@ -127,7 +127,9 @@ async fn a_pools_sidecar_checks_keys_from_its_one_secret_and_takes_rotations_liv
     let secret_rules: Vec<_> =
         rules.iter().filter(|rule| rule.resources.as_deref() == Some(&["secrets".to_owned()][..])).collect();
     assert_eq!(secret_rules.len(), 1, "the chart's escalate and bind let the operator grant it: {rules:?}");
-    assert_eq!(secret_rules[0].resource_names.as_deref(), Some(&["search-keys".to_owned()][..]));
+    // The pool's keys, beside its peer Secret (the operator's, by teifleet_crds::labels::peer_secret_name).
+    let named = ["keyed-teifleet-peer".to_owned(), "search-keys".to_owned()];
+    assert_eq!(secret_rules[0].resource_names.as_deref(), Some(&named[..]));
     assert!(!operator.log_text().contains("forbidden"), "{}", operator.log_text());
 
     // The sidecar's identity reads that one Secret, by name or by a watch on its name, and no other.

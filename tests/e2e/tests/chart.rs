@@ -47,7 +47,9 @@ async fn chart_installs_and_the_operator_runs_on_its_serviceaccount_alone() {
     let kubeconfig = teifleet_e2e::token_kubeconfig("chart-operator", token.trim());
     let can_i = cluster_tool("kubectl", &kubeconfig, &["auth", "can-i", "list", "secrets", "-A"]);
     let (ok, output) = (can_i.status.success(), String::from_utf8_lossy(&can_i.stdout));
-    assert!(!ok && output.trim() == "no", "the chart must not grant Secrets: {output}");
+    assert!(!ok && output.trim() == "no", "the chart must not let the operator read Secrets: {output}");
+    let can_create = cluster_tool("kubectl", &kubeconfig, &["auth", "can-i", "create", "secrets", "-n", "default"]);
+    assert!(can_create.status.success(), "it creates each pool's peer Secret, and does nothing else with Secrets");
 
     let ns = test_namespace("chart").await;
     // The operator watches every namespace: earlier tests' pools must be gone with theirs before
