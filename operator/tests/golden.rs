@@ -329,6 +329,8 @@ fn only_the_sidecar_gets_an_api_token_and_the_role_has_no_unused_rule() {
     assert_eq!((token.path.as_str(), token.expiration_seconds), ("token", Some(3600)));
     assert_eq!(sources.iter().find_map(|s| s.config_map.clone()).unwrap().name, "kube-root-ca.crt");
     assert!(sources.iter().any(|s| s.downward_api.is_some()), "the namespace file kube's client reads");
+    let sidecar = pod.containers.iter().find(|c| c.name == "multiplexer").unwrap();
+    assert!(sidecar.args.as_ref().unwrap().contains(&"--peer-secret=gte-large-teifleet-peer".to_owned()));
 
     let rules = rendered.role.rules.unwrap();
     let resources: Vec<_> = rules.iter().flat_map(|r| r.resources.clone().unwrap()).collect();

@@ -472,6 +472,8 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
         format!("--max-request-inputs={}", pool.spec.max_request_inputs()),
         format!("--auto-truncate={}", pool.spec.auto_truncate()),
         format!("--drain-delay={DRAIN_DELAY_SECONDS}s"),
+        // The key siblings prove a spill with; the operator creates the Secret before the pods.
+        format!("--peer-secret={}", labels::peer_secret_name(&owner.name)),
     ];
     let resources = with_defaults(
         pool.spec.template.multiplexer_resources.as_ref(),
