@@ -114,6 +114,9 @@ impl Forwarder {
             call.spilled_in();
         }
         let pool = self.pools.resolve(&meta.target, meta.forwarded_by.as_deref())?;
+        if let Some(gate) = self.pools.keys_of(&pool.spec.name) {
+            gate.check(headers).map_err(Error::Auth)?;
+        }
         // A spilled call is served by this replica's TEI or not at all: never passed on again.
         if let Some(from) = &meta.spilled_from
             && pool.spec.remote

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::forward::coalesce::Coalescer;
 use crate::forward::siblings::Siblings;
 use crate::forward::upstream::{Dialer, Upstream};
+use crate::gate::auth::Gate;
 use crate::gate::door::Door;
 use crate::gate::request_meta::Target;
 use crate::report::metrics::Metrics;
@@ -58,6 +59,9 @@ pub struct PoolTable {
     /// In the activator role, the pools whose calls are held until a replica is ready (their
     /// upstreams balance over those replicas); `None` in a sidecar.
     activations: Option<Arc<Activations>>,
+    /// In the activator role, the key gates of the pools with `spec.auth`: a call is checked
+    /// before it is held, so a caller without a key neither waits here nor wakes a pool up.
+    keys: RwLock<BTreeMap<String, Arc<Gate>>>,
     /// A source has described the pools at least once.
     synced: std::sync::atomic::AtomicBool,
 }
@@ -71,7 +75,8 @@ impl PoolTable {
     pub fn with_dialer(own: &str, metrics: Metrics, dialer: Dialer) -> Self {
         let siblings = Arc::new(Siblings::new(dialer.clone()));
         let synced = false.into();
-        Self { own: own.to_owned(), metrics, pools: RwLock::default(), siblings, dialer, activations: None, synced }
+        let (pools, keys) = (RwLock::default(), RwLock::default());
+        Self { own: own.to_owned(), metrics, pools, siblings, dialer, activations: None, keys, synced }
     }
 
     /// The activator's table: no own pool; every pool's upstream is the balancer `activations`
@@ -159,6 +164,21 @@ impl PoolTable {
         let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
         let names: Vec<&str> = pools.keys().map(String::as_str).collect();
         if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+    }
+
+    /// Puts `gate` (or, with `None`, no key check) in force for `pool`'s calls held here.
+    pub fn set_keys(&self, pool: &str, gate: Option<Arc<Gate>>) {
+        let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
+        match gate {
+            Some(gate) => keys.insert(pool.to_owned(), gate),
+            None => keys.remove(pool),
+        };
+    }
+
+    /// The key gate `pool`'s calls pass before they are held here, if it has keys.
+    pub fn keys_of(&self, pool: &str) -> Option<Arc<Gate>> {
+        self.activations.as_ref()?;
+        self.keys.read().unwrap_or_else(|p| p.into_inner()).get(pool).cloned()
     }
 
     pub fn get(&self, name: &str) -> Option<Arc<Pool>> {

@@ -223,6 +223,12 @@ impl Gate {
         Ok(gate)
     }
 
+    /// A gate for `pool` whose refusals are counted by whoever asks it: the activator's, one per
+    /// pool it holds calls for, beside the pool's own sidecars' gates (which count).
+    pub fn unmetered(pool: &str, policy: Policy) -> Self {
+        Self::unregistered(pool, policy)
+    }
+
     fn unregistered(pool: &str, policy: Policy) -> Self {
         let failures = IntCounterVec::new(
             Opts::new(
@@ -277,6 +283,18 @@ impl Gate {
         if asked.rank() < ceiling.rank() {
             tracing::debug!(pool = %self.pool, ?tenant, %asked, %ceiling, "priority above the tenant's ceiling: lowered");
             headers.insert(teifleet_wire::headers::PRIORITY, HeaderValue::from_static(ceiling.as_str()));
+        }
+    }
+
+    /// Whether a call carries one of the keys in force, changing nothing of it: the activator's
+    /// check before it holds a call for a pool at zero (the pool's sidecar names the tenant).
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), AuthFailure> {
+        match &*self.read() {
+            Policy::Off => Ok(()),
+            Policy::Waiting => Err(AuthFailure::KeysNotLoaded),
+            Policy::Keys(ring) => {
+                presented_key(headers).and_then(|key| ring.tenant_of(key).map(|_| ()).ok_or(AuthFailure::InvalidKey))
+            }
         }
     }
 
@@ -449,6 +467,20 @@ mod tests {
         let mut passed_on = headers(&[("x-teifleet-priority", "critical")]);
         open.admit(&mut passed_on, Some(&sibling), Protocol::Grpc).unwrap();
         assert_eq!(passed_on["x-teifleet-priority"], "critical", "a sibling's gate held it already");
+    }
+
+    #[test]
+    fn a_check_says_whether_the_key_is_one_of_the_pools_and_changes_nothing() {
+        let (gate, _) = gate(&[("search", SEARCH_KEY)]);
+        let call = headers(&[("authorization", &format!("Bearer {SEARCH_KEY}")), (TENANT, "batch")]);
+        assert_eq!(gate.check(&call), Ok(()));
+        assert_eq!(call[TENANT], "batch", "the pool's sidecar names the tenant");
+        assert_eq!(gate.check(&headers(&[])), Err(AuthFailure::Missing));
+        assert_eq!(
+            gate.check(&headers(&[("authorization", "Bearer search-key-0123456780")])),
+            Err(AuthFailure::InvalidKey)
+        );
+        assert_eq!(Gate::unmetered("bge", Policy::Waiting).check(&call), Err(AuthFailure::KeysNotLoaded));
     }
 
     #[test]

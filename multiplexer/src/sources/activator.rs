@@ -1,6 +1,8 @@
 //! The activator role in Kubernetes: the namespace's EmbeddingPools, each a pool whose calls are
 //! held until one of its replicas is ready (for as long as its `autoscaling.coldStartHold`), and
-//! each pool's ready replicas, from the EndpointSlices of its headless `<pool>-peers` Service.
+//! each pool's ready replicas, from the EndpointSlices of its headless `<pool>-peers` Service; and
+//! the API keys of every pool with `spec.auth` (the Secret it names, watched as its sidecars do),
+//! so that a call without one of its keys is refused before it is held or counted as demand.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admission::Limits;
 use crate::forward::pools::{PoolSpec, PoolTable};
+use crate::gate::auth::{Gate, Policy};
 
 /// The hold of a pool without `spec.autoscaling` (the CRD's default `coldStartHold`).
 const DEFAULT_HOLD: Duration = Duration::from_secs(60);
@@ -75,19 +78,61 @@ fn step<K>(event: Option<Result<watcher::Event<K>, watcher::Error>>, what: &str,
     }
 }
 
+/// The key Secret watched for each pool with `spec.auth`, and the token ending that watch.
+#[derive(Default)]
+struct KeyWatches {
+    following: BTreeMap<String, (String, CancellationToken)>,
+}
+
+impl KeyWatches {
+    /// Follows the key Secrets `live` pools name now: a new or renamed one gets a gate that
+    /// refuses every call until its Secret is read; a pool whose `spec.auth` went needs none.
+    fn follow(
+        &mut self,
+        client: &Client,
+        namespace: &str,
+        table: &PoolTable,
+        live: &[Arc<EmbeddingPool>],
+        stop: &CancellationToken,
+    ) {
+        let wanted: BTreeMap<String, String> =
+            live.iter().filter_map(|pool| Some((pool.name_any(), super::kubernetes::keys_secret_of(pool)?))).collect();
+        self.following.retain(|pool, (secret, token)| {
+            let keep = wanted.get(pool) == Some(secret);
+            if !keep {
+                token.cancel();
+                table.set_keys(pool, None);
+            }
+            keep
+        });
+        for (pool, secret) in wanted {
+            if self.following.contains_key(&pool) {
+                continue;
+            }
+            let gate = Arc::new(Gate::unmetered(&pool, Policy::Waiting));
+            table.set_keys(&pool, Some(gate.clone()));
+            let token = stop.child_token();
+            let watch = super::secret::watch(client.clone(), namespace.to_owned(), secret.clone(), gate, token.clone());
+            tokio::spawn(watch);
+            self.following.insert(pool, (secret, token));
+        }
+    }
+}
+
 /// Keeps `table` and `activations` in step with the namespace's pools and their ready replicas
 /// until `stop`.
 pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, stop: CancellationToken) {
     let Some(activations) = table.activations().cloned() else { return };
+    let mut keys = KeyWatches::default();
     let pools_api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
-    let slices_api: Api<EndpointSlice> = Api::namespaced(client, &namespace);
+    let slices_api: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
     let (pools, pools_writer) = reflector::store();
     let (slices, slices_writer) = reflector::store();
     let pool_events = reflector(pools_writer, watcher(pools_api, watcher::Config::default())).default_backoff();
     let slice_config = watcher::Config::default().labels(SERVICE_NAME_LABEL);
     let slice_events = reflector(slices_writer, watcher(slices_api, slice_config)).default_backoff();
     let mut pool_events = std::pin::pin!(pool_events.take_until(stop.clone().cancelled_owned()));
-    let mut slice_events = std::pin::pin!(slice_events.take_until(stop.cancelled_owned()));
+    let mut slice_events = std::pin::pin!(slice_events.take_until(stop.clone().cancelled_owned()));
     let (mut pools_listed, mut slices_listed) = (false, false);
     loop {
         let step = tokio::select! {
@@ -112,6 +157,8 @@ pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, sto
                 (spec, (name, hold))
             })
             .unzip();
+        // Keys before the pools become routable: never hold a keyed pool's call unchecked.
+        keys.follow(&client, &namespace, &table, &live, &stop);
         // Balancers first, so the table's new pools find theirs.
         activations.sync(&holds);
         let slices = slices.state();

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use teifleet_multiplexer::activator::Activations;
 use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
+use teifleet_multiplexer::gate::auth::{Gate, KeyRing, Policy};
 use teifleet_multiplexer::report::metrics::Metrics;
 use teifleet_multiplexer::run::server::{self, Running, Settings};
 use teifleet_proto::v1::embed_client::EmbedClient;
@@ -20,6 +21,11 @@ use crate::support::*;
 
 /// An activator for pool `bge` of namespace `ml`, holding calls up to `hold`.
 async fn activator(hold: Duration) -> (Running, Arc<Activations>) {
+    activator_with(hold, |_| {}).await
+}
+
+/// The same, with `configure` run on its pool table before it starts.
+async fn activator_with(hold: Duration, configure: impl FnOnce(&PoolTable)) -> (Running, Arc<Activations>) {
     let activations = Arc::new(Activations::default());
     activations.sync(&[("bge".into(), hold)]);
     let metrics = Metrics::new();
@@ -35,6 +41,7 @@ async fn activator(hold: Duration) -> (Running, Arc<Activations>) {
             tenants: BTreeMap::new(),
         }])
         .unwrap();
+    configure(&table);
     let settings = Settings {
         http_listen: Some("127.0.0.1:0".parse().unwrap()),
         pool_from_authority: Some("ml".into()),
@@ -122,4 +129,24 @@ async fn a_call_for_another_namespace_or_an_unknown_pool_is_not_held() {
     let status = elsewhere.clone().embed(embed_request("who")).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::NotFound, "{status:?}");
     assert_eq!(held(&activations), 0);
+}
+
+#[tokio::test]
+async fn a_keyed_pools_calls_without_one_of_its_keys_are_refused_not_held() {
+    const KEY: &str = "search-key-0123456789abcdef";
+    let (ring, _) = KeyRing::parse([("search", KEY.as_bytes())]);
+    let gate = Arc::new(Gate::unmetered("bge", Policy::Keys(ring)));
+    let (activator, activations) =
+        activator_with(Duration::from_secs(30), move |table| table.set_keys("bge", Some(gate))).await;
+    let client = dialling_the_pool(&activator);
+    for authorization in [None, Some("Bearer not-a-key-of-this-pool-0123")] {
+        let pairs: Vec<(&'static str, &str)> = authorization.iter().map(|value| ("authorization", *value)).collect();
+        let refused = client.clone().embed(with_meta(embed_request("no key"), &pairs)).await.unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+    }
+    assert_eq!(held(&activations), 0, "refused before being held: no demand that wakes the pool");
+    let authorization = format!("Bearer {KEY}");
+    let keyed = spawn_embed(&client, with_meta(embed_request("with the key"), &[("authorization", &authorization)]));
+    until("the key holder's call held", Duration::from_secs(10), || held(&activations) == 1).await;
+    keyed.abort();
 }
