@@ -25,6 +25,13 @@ const NO_LIMIT_ABOVE: u64 = 1 << 60;
 /// operator renders 256Mi), so a process run without a limit budgets as the sidecar does.
 pub const DEFAULT_LIMIT: u64 = 256 * 1024 * 1024;
 
+/// Bytes one holder may take from the whole budget; past them it may take only up to
+/// [`LARGE_SHARE_PERCENT`] of the budget. The rest is kept for small requests, so a flood of large
+/// bodies (each within `payloadLimit`) cannot starve the ordinary callers beside it.
+pub const SMALL_HOLDER: u64 = 64 * 1024;
+/// The share of the budget that holders past [`SMALL_HOLDER`] may fill together.
+pub const LARGE_SHARE_PERCENT: u64 = 75;
+
 /// How long a caller refused for memory is told to wait: bodies being read finish (or hit the
 /// body timeout) within seconds, not milliseconds.
 pub const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -185,12 +192,16 @@ impl MemoryBudget {
 
     /// Charges `bytes` for `what`, or refuses them whole.
     pub fn charge(self: &Arc<Self>, what: Use, bytes: u64) -> Result<Charge, OverBudget> {
-        self.take(what, bytes)?;
+        self.take(what, bytes, bytes)?;
         Ok(Charge { budget: self.clone(), what, bytes: AtomicU64::new(bytes) })
     }
 
-    fn take(&self, what: Use, bytes: u64) -> Result<(), OverBudget> {
-        let budget = self.budget;
+    /// Takes `bytes` for a holder that will hold `holding` in all.
+    fn take(&self, what: Use, bytes: u64, holding: u64) -> Result<(), OverBudget> {
+        let budget = match holding > SMALL_HOLDER {
+            true => self.budget / 100 * LARGE_SHARE_PERCENT,
+            false => self.budget,
+        };
         self.charged
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |charged| {
                 charged.checked_add(bytes).filter(|total| *total <= budget)
@@ -236,7 +247,7 @@ impl Charge {
 
     /// Charges `more` bytes too, or refuses them (what was charged stays).
     pub fn grow(&self, more: u64) -> Result<(), OverBudget> {
-        self.budget.take(self.what, more)?;
+        self.budget.take(self.what, more, self.bytes().saturating_add(more))?;
         self.bytes.fetch_add(more, Ordering::Relaxed);
         Ok(())
     }
@@ -300,5 +311,13 @@ mod tests {
         assert!(budget.has_room(600).is_err() && budget.has_room(500).is_ok());
         drop((body, door));
         assert_eq!(budget.charged(), 0);
+
+        let budget = MemoryBudget::new(4 * SMALL_HOLDER * 4, None);
+        let large = budget.charge(Use::RequestBodies, SMALL_HOLDER * 12).unwrap();
+        assert!(large.grow(1).is_err(), "large holders fill three quarters at most");
+        let small = budget.charge(Use::RequestBodies, SMALL_HOLDER).unwrap();
+        assert!(small.grow(1).is_err(), "past small, the same share");
+        let _more: Vec<Charge> = (0..3).map(|_| budget.charge(Use::Door, SMALL_HOLDER).unwrap()).collect();
+        assert_eq!(budget.charged(), budget.budget(), "small holders fill the rest");
     }
 }

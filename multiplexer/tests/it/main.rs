@@ -3,6 +3,7 @@
 
 mod activator;
 mod admission;
+mod attacks;
 mod auth;
 mod bad_input;
 mod claims;
