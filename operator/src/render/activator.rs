@@ -7,7 +7,7 @@
 //! Every pool that may scale to zero owns the activator (owner references, none a controller),
 //! so it goes with the last of them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
@@ -19,7 +19,7 @@ use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
 };
-use k8s_openapi::api::rbac::v1::{Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Resource as _;
@@ -191,10 +191,16 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
         }),
         ..Deployment::default()
     };
-    let role = Role {
-        metadata: meta.clone(),
-        rules: Some(vec![read_rule(GROUP, "embeddingpools"), read_rule("discovery.k8s.io", "endpointslices")]),
-    };
+    let mut rules = vec![read_rule(GROUP, "embeddingpools"), read_rule("discovery.k8s.io", "endpointslices")];
+    // The key Secrets of the pools it holds calls for, by name: a call without one of a pool's
+    // keys is refused before it is held (or wakes the pool). Watched with a field selector on the
+    // name, which the API server authorizes as a request for that one Secret.
+    let key_secrets: BTreeSet<String> =
+        owners.iter().filter_map(|pool| Some(pool.spec.auth.as_ref()?.secret_name.clone())).collect();
+    if !key_secrets.is_empty() {
+        rules.push(PolicyRule { resource_names: Some(key_secrets.into_iter().collect()), ..read_rule("", "secrets") });
+    }
+    let role = Role { metadata: meta.clone(), rules: Some(rules) };
     let role_binding = RoleBinding {
         metadata: meta.clone(),
         role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: NAME.into() },
@@ -285,6 +291,19 @@ mod tests {
         assert_eq!(pod.node_selector.unwrap()["pool"], "cpu", "placed where the pool may run");
         assert_eq!(pod.containers[0].args.as_ref().unwrap()[0], "activator");
         assert!(pod.containers[0].resources.as_ref().unwrap().limits.as_ref().unwrap().get("nvidia.com/gpu").is_none());
+    }
+
+    #[test]
+    fn the_activator_reads_by_name_the_key_secrets_of_the_keyed_pools_it_holds_calls_for() {
+        let mut keyed = pool("a", 0);
+        keyed.spec.auth = Some(serde_json::from_value(json!({ "secretName": "a-keys" })).unwrap());
+        let activator = render("ml", &[&keyed, &pool("b", 0)], &RenderConfig::default()).unwrap();
+        let rules = activator.role.rules.unwrap();
+        let secrets: Vec<&PolicyRule> =
+            rules.iter().filter(|r| r.resources.as_deref() == Some(&["secrets".to_owned()][..])).collect();
+        assert_eq!(secrets.len(), 1, "{rules:?}");
+        assert_eq!(secrets[0].resource_names.as_deref(), Some(&["a-keys".to_owned()][..]));
+        assert_eq!(secrets[0].verbs, ["get", "list", "watch"]);
     }
 
     #[test]
