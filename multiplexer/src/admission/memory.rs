@@ -199,7 +199,7 @@ impl MemoryBudget {
     /// Takes `bytes` for a holder that will hold `holding` in all.
     fn take(&self, what: Use, bytes: u64, holding: u64) -> Result<(), OverBudget> {
         let budget = match holding > SMALL_HOLDER {
-            true => self.budget / 100 * LARGE_SHARE_PERCENT,
+            true => (u128::from(self.budget) * u128::from(LARGE_SHARE_PERCENT) / 100) as u64,
             false => self.budget,
         };
         self.charged
