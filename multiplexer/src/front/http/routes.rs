@@ -118,6 +118,7 @@ async fn embed_calls(
 ) -> Result<(Vec<v1::EmbedResponse>, AnswerCharge), HttpError> {
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let texts = texts(request.inputs)?;
+    within_cap(call, &texts)?;
     let dimensions = request.dimensions.map_or_else(|| call.dimensions(), u64::from);
     let charge = call.answer_charge(texts.len() as u64 * dimensions, answer::NUMBER)?;
     let messages: Vec<v1::EmbedRequest> = texts
@@ -154,8 +155,18 @@ async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     Ok(charged(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()), charge))
 }
 
+/// More inputs than a request may carry are refused as such, before their answer is estimated.
+fn within_cap(call: &HttpCall<'_>, texts: &[String]) -> Result<(), HttpError> {
+    let limit = call.settings().max_request_inputs;
+    match texts.len() > limit {
+        true => Err(HttpError::TooManyInputs { inputs: texts.len(), limit }),
+        false => Ok(()),
+    }
+}
+
 /// The estimated tokens of `texts`, each at most the model's input length when TEI truncates.
 async fn tokens_of(call: &HttpCall<'_>, texts: &[String], truncate: bool) -> Result<u64, HttpError> {
+    within_cap(call, texts)?;
     let cap = match truncate {
         true => Some(call.info().await?.max_input_length),
         false => None,
@@ -348,6 +359,7 @@ pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f32 {
 async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: TokenizeRequest = parse(body)?;
     let texts = texts(request.inputs)?;
+    within_cap(call, &texts)?;
     let charge = call.answer_charge(call.tokens_of(texts.iter().map(String::as_str), None), answer::TOKEN)?;
     let messages: Vec<v1::EncodeRequest> = texts
         .into_iter()
