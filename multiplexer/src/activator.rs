@@ -6,7 +6,10 @@
 //! admin port), and it scales the pool up from zero.
 //!
 //! A call is held for at most its pool's `coldStartHold`, and never past its own deadline (the
-//! forwarding path keeps that); then it gets UNAVAILABLE (503) with a retry hint.
+//! forwarding path keeps that); then it gets UNAVAILABLE (503) with a retry hint. At most
+//! `--max-held-per-pool` calls are held for one pool at once (their bodies are charged to the
+//! process's memory budget by the fronts, like every request's); one more is refused at once
+//! with a retry hint. A keyed pool's calls are checked against its keys before they are held.
 //!
 //! Which pool a call is for: `x-teifleet-pool` or `-model` when the call names one, else the
 //! name the client dialled (gRPC's `:authority`, HTTP's `Host`): `<pool>`, `<pool>.<namespace>`,
@@ -31,12 +34,23 @@ use crate::vocab::SetupError;
 /// How many peer changes may wait for the balancer at once; more is a bug, not load.
 const CHANGES_BUFFERED: usize = 1024;
 
+/// Calls held at once for one pool by default: a burst at zero is a few hundred calls; more is a
+/// flood, refused with a retry hint rather than held (each held call is a stream and its body).
+pub const DEFAULT_MAX_HELD_PER_POOL: u32 = 1024;
+
 /// The pools this activator holds calls for, each with its ready replicas.
-#[derive(Default)]
 pub struct Activations {
     pools: Mutex<BTreeMap<String, Activation>>,
     /// Woken whenever a pool's ready replicas change.
     peers_changed: Notify,
+    /// Calls held at once for one pool; one more is refused with a retry hint.
+    max_held_per_pool: u32,
+}
+
+impl Default for Activations {
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_HELD_PER_POOL)
+    }
 }
 
 struct Activation {
@@ -76,6 +90,11 @@ impl Drop for Held<'_> {
 }
 
 impl Activations {
+    /// Holding at most `max_held_per_pool` calls at once for each pool.
+    pub fn new(max_held_per_pool: u32) -> Self {
+        Self { pools: Mutex::default(), peers_changed: Notify::new(), max_held_per_pool }
+    }
+
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Activation>> {
         self.pools.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -132,6 +151,10 @@ impl Activations {
             activation.last_arrival = Some(Instant::now());
             if !activation.peers.is_empty() {
                 return Some(Ok(()));
+            }
+            if activation.held >= self.max_held_per_pool {
+                let limit = u64::from(self.max_held_per_pool);
+                return Some(Err(Error::HoldsFull { pool: pool.to_owned(), what: "calls", limit }));
             }
             activation.held += 1;
             activation.hold
@@ -223,6 +246,29 @@ mod tests {
         named.insert(POOL, "gte".parse().unwrap());
         name_pool_from_authority(&mut named, &"http://bge/x".parse().unwrap(), "ml");
         assert_eq!(named.get(POOL).unwrap(), "gte", "a pool the call names wins");
+    }
+
+    #[tokio::test]
+    async fn calls_past_the_pools_cap_are_refused_with_a_retry_hint_not_held() {
+        let activations = std::sync::Arc::new(Activations::new(2));
+        activations.sync(&[("bge".into(), Duration::from_secs(10))]);
+        let held: Vec<_> = (0..2)
+            .map(|_| {
+                let activations = activations.clone();
+                tokio::spawn(async move { activations.wait_for_replica("bge").await })
+            })
+            .collect();
+        while activations.report().pools[0].held < 2 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let refused = activations.wait_for_replica("bge").await.unwrap().unwrap_err();
+        assert!(matches!(refused, Error::HoldsFull { limit: 2, .. }), "{refused}");
+        assert!(refused.retry_after().is_some());
+        assert_eq!(activations.report().pools[0].held, 2, "the refused call was never counted as held");
+        activations.set_peers("bge", &["http://10.0.0.5:50051".into()]).unwrap();
+        for call in held {
+            assert!(call.await.unwrap().unwrap().is_ok());
+        }
     }
 
     #[tokio::test]

@@ -75,6 +75,9 @@ enum Source {
         /// Namespace of the EmbeddingPools to hold calls for.
         #[arg(long, env = labels::ENV_NAMESPACE)]
         namespace: String,
+        /// Calls held at once for one pool at zero; one more is refused with a retry hint.
+        #[arg(long, default_value_t = teifleet_multiplexer::activator::DEFAULT_MAX_HELD_PER_POOL)]
+        max_held_per_pool: u32,
         #[command(flatten)]
         serve: Serve,
     },
@@ -292,9 +295,9 @@ async fn run(source: Source) -> anyhow::Result<()> {
     let gate_for = |pool: &str, policy| Gate::new(pool, &metrics.registry, policy).map(Arc::new);
     let mut pool_from_authority = None;
     let (table, gate, serve) = match source {
-        Source::Activator { namespace, serve } => {
+        Source::Activator { namespace, max_held_per_pool, serve } => {
             let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-            let activations = Arc::new(teifleet_multiplexer::activator::Activations::default());
+            let activations = Arc::new(teifleet_multiplexer::activator::Activations::new(max_held_per_pool));
             let table = Arc::new(PoolTable::activator(metrics.clone(), activations));
             tokio::spawn(sources::activator::watch(client, namespace.clone(), table.clone(), helpers.clone()));
             pool_from_authority = Some(namespace);

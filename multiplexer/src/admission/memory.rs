@@ -46,19 +46,18 @@ pub enum Use {
     Door,
     /// Answers the HTTP front assembles before it sends them.
     Answers,
-    /// Calls the activator holds for a pool starting from zero.
-    Activator,
 }
 
 impl Use {
-    pub const ALL: [Use; 4] = [Use::RequestBodies, Use::Door, Use::Answers, Use::Activator];
+    // The activator's held calls are request bodies (charged by the fronts) held longer, and are
+    // counted as such; how many it holds is capped per pool (`crate::activator`).
+    pub const ALL: [Use; 3] = [Use::RequestBodies, Use::Door, Use::Answers];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::RequestBodies => "request_bodies",
             Self::Door => "door",
             Self::Answers => "answers",
-            Self::Activator => "activator",
         }
     }
 
@@ -148,9 +147,9 @@ impl OverBudget {
 pub struct MemoryBudget {
     budget: u64,
     charged: AtomicU64,
-    by_use: [AtomicU64; 4],
+    by_use: [AtomicU64; Use::ALL.len()],
     /// `teifleet_memory_charged_bytes{use}`, in [`Use::ALL`]'s order; none in unit tests.
-    gauges: Option<[IntGauge; 4]>,
+    gauges: Option<[IntGauge; Use::ALL.len()]>,
 }
 
 impl std::fmt::Debug for MemoryBudget {
@@ -160,7 +159,7 @@ impl std::fmt::Debug for MemoryBudget {
 }
 
 impl MemoryBudget {
-    pub fn new(budget: u64, gauges: Option<[IntGauge; 4]>) -> Arc<Self> {
+    pub fn new(budget: u64, gauges: Option<[IntGauge; Use::ALL.len()]>) -> Arc<Self> {
         Arc::new(Self { budget, charged: AtomicU64::new(0), by_use: Default::default(), gauges })
     }
 
