@@ -1,11 +1,14 @@
 //! The fronts that accept bytes: tei.v1 gRPC on the gRPC port (`grpc`: its HTTP/2 server, the
 //! connections' bounds, a call's message in and its answer out, and the one generic service that
 //! takes every RPC of the table through the gate, admission and forwarding) and TEI's HTTP API
-//! with OpenAI's embeddings route (`http`), translated to the same calls. Both answer to one
+//! with OpenAI's embeddings route (`http`), translated to the same calls; tei-manager's
+//! `tei_multiplexer.v1` on the gRPC port (`tei_manager`), its wrapped RPCs as tei.v1's and its Arrow
+//! batches over the whole pool. Both answer to one
 //! [`Readiness`]. Imports every room below it.
 
 pub mod grpc;
 pub mod http;
+pub mod tei_manager;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

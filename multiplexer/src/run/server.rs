@@ -21,6 +21,7 @@ use crate::front::Readiness;
 use crate::front::grpc::server::{self as grpc, Dispatch};
 use crate::front::grpc::service::RpcService;
 use crate::front::http::HttpSettings;
+use crate::front::tei_manager;
 use crate::gate::auth::Gate;
 use crate::gate::door::{DoorSettings, HoldBounds};
 use crate::report::metrics::Metrics;
@@ -210,7 +211,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     // Both reflection versions, as TEI serves them: grpcurl and ghz still speak v1alpha.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
-            .register_encoded_file_descriptor_set(teifleet_proto::FILE_DESCRIPTOR_SET)
+            // tei-manager's package, with tei.v1 (which it imports) inside it.
+            .register_encoded_file_descriptor_set(teifleet_proto::TEI_MULTIPLEXER_DESCRIPTOR_SET)
             .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
     };
     let reflection_v1 = reflection().build_v1().map_err(|e| SetupError::Reflection(e.to_string()))?;
@@ -224,6 +226,18 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         "memory budget for requests before admission"
     );
     let door = Arc::new(HoldBounds::new(&settings.door, memory.clone()));
+    // tei-manager's API beside tei.v1, its wrapped RPCs served by tei.v1's own rows.
+    let tei_manager = tei_manager::Context {
+        forwarder: forwarder.clone(),
+        gate: gate.clone(),
+        memory: memory.clone(),
+        message_timeout: body_timeout,
+        max_message: settings.max_message_bytes,
+        max_client_batch_size: settings.http.max_client_batch_size,
+    };
+    let routes = routes.add_service(tei_manager::TeiManager::new(tei_manager, |rpc| {
+        RpcService::new(rpc, forwarder.clone(), gate.clone(), body_timeout, door.clone())
+    }));
     let dispatch = Dispatch::new(
         |rpc| RpcService::new(rpc, forwarder.clone(), gate.clone(), body_timeout, door.clone()),
         routes,

@@ -1,25 +1,25 @@
 //! One HTTP request as `tei.v1` unary calls on the gRPC front's own path: routed, deadlined and
 //! counted once as one call from its headers; its inputs capped per request; sent in chunks of at
 //! most TEI's max client batch size, each chunk admitted as a whole (charged its inputs at once)
-//! and its calls in flight together through [`Forwarder::exchange`]; the answers decoded chunk by
-//! chunk and returned in input order. Every chunk shares the request's deadline, and all of them
+//! and its calls in flight together through [`crate::forward::Forwarder::exchange`] (`crate::forward::bulk`, the
+//! runner tei-manager's Arrow batches share); the answers decoded chunk by chunk and returned in
+//! input order. Every chunk shares the request's deadline, and all of them
 //! are dropped (their upstream streams reset) when the client goes away.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::TryStreamExt as _;
 use http::{HeaderMap, HeaderName};
 use prost::Message;
 use teifleet_proto::v1;
 use teifleet_wire::headers::{CARRIED_TO_PEERS, TIMEOUT_MS};
-use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 
 use super::Shared;
 use super::error::HttpError;
 use crate::error::{Error, Result};
-use crate::forward::Forwarder;
+use crate::forward::bulk::{Bulk, Chunk, Exchanged};
 use crate::forward::charge;
 use crate::forward::pools::Pool;
 use crate::gate::request_meta::{InvalidMetadata, RequestMeta};
@@ -148,12 +148,14 @@ impl<'a> HttpCall<'a> {
         if inputs > limit {
             return Err(HttpError::TooManyInputs { inputs, limit });
         }
-        let (forwarder, pool, meta, carried) = (&*self.shared.forwarder, &*self.pool, &self.meta, &self.carried);
-        // Owned chunks (clones of their bytes are cheap): a closure over borrowed slices makes the future
-        // higher-ranked over their lifetime, which axum's handlers cannot prove Send.
-        let chunks = futures::stream::iter(messages.chunks(per_permit.max(1)).map(<[Framed]>::to_vec))
-            .map(|chunk| run_chunk::<Resp>(forwarder, pool, meta, carried, rpc, chunk))
-            .buffered(CHUNKS_AT_ONCE);
+        let pool = &*self.pool;
+        let bulk = Bulk { forwarder: &self.shared.forwarder, pool, meta: &self.meta, carried: &self.carried, rpc };
+        // Decoded as they come, so the answer bytes do not outlive their chunk.
+        let decode = move |exchanged: Exchanged| {
+            let (response, _) = exchanged?;
+            Resp::decode(response.get_ref().as_ref()).map_err(|e| undecodable(pool, &e))
+        };
+        let chunks = bulk.run(messages.chunks(per_permit.max(1)).map(<[Framed]>::to_vec), CHUNKS_AT_ONCE, decode);
         let done: Vec<Chunk<Resp>> = chunks.try_collect().await.map_err(HttpError::Call)?;
         if let Some(first) = done.first()
             && rpc.admit == Admit::Permit
@@ -179,44 +181,6 @@ impl<'a> HttpCall<'a> {
         };
         self.shared.info.get_or_fetch(pool, fetch).await.map_err(HttpError::Call)
     }
-}
-
-/// What one chunk brought back.
-struct Chunk<Resp> {
-    answers: Vec<Resp>,
-    admitted: Instant,
-    timing: Option<crate::vocab::wire::TeiTiming>,
-}
-
-/// One chunk: one permit for all its inputs, its calls in flight together, within the deadline,
-/// decoded as they come so the answer bytes do not outlive their chunk.
-async fn run_chunk<Resp: Message + Default>(
-    forwarder: &Forwarder,
-    pool: &Pool,
-    meta: &RequestMeta,
-    carried: &MetadataMap,
-    rpc: &'static Rpc,
-    chunk: Vec<Framed>,
-) -> Result<Chunk<Resp>> {
-    let grant = match rpc.admit {
-        Admit::Permit => {
-            Some(charge::admit(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?)
-        }
-        Admit::Free => None,
-    };
-    let admitted = Instant::now();
-    let calls = chunk.into_iter().map(|message| {
-        let request = tonic::Request::from_parts(carried.clone(), tonic::Extensions::default(), message);
-        forwarder.exchange(pool, rpc, meta, request, grant.as_ref())
-    });
-    let responses = futures::future::try_join_all(calls).await?;
-    drop(grant);
-    let timing = responses.last().and_then(|(_, timing)| *timing);
-    let answers = responses
-        .into_iter()
-        .map(|(response, _)| Resp::decode(response.get_ref().as_ref()).map_err(|e| undecodable(pool, &e)))
-        .collect::<Result<_>>()?;
-    Ok(Chunk { answers, admitted, timing })
 }
 
 /// TEI answered with bytes that are not the message its API promises: the upstream's fault.

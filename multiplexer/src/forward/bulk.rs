@@ -1,0 +1,119 @@
+//! A bulk call's messages as TEI-sized sub-batches over the whole pool: each sub-batch admitted on
+//! its own with [`charge::admit`] (a permit here, or a lease on a sibling replica with room, so one
+//! call keeps every replica busy), its messages sent together as unary exchanges through
+//! [`Forwarder::exchange`] under that grant, its answers turned into what the call keeps as they
+//! come. At most `window` sub-batches are in flight or answered and not yet taken, in order: the
+//! caller consumes them in input order, and a slow consumer holds no more than the window. The
+//! HTTP front's batches and tei-manager's Arrow batches both run here.
+
+use futures::{FutureExt as _, Stream, StreamExt as _};
+use tokio::time::Instant;
+use tonic::metadata::MetadataMap;
+use tonic::{Response, Status};
+
+use crate::error::{Error, Result};
+use crate::forward::Forwarder;
+use crate::forward::charge;
+use crate::forward::pools::Pool;
+use crate::forward::siblings::window_cap;
+use crate::gate::request_meta::RequestMeta;
+use crate::vocab::framing::Framed;
+use crate::vocab::rpc::{Admit, Rpc};
+use crate::vocab::wire::TeiTiming;
+
+/// One exchange's outcome as [`Forwarder::exchange`] gives it.
+pub type Exchanged = Result<(Response<Framed>, Option<TeiTiming>)>;
+
+/// Where a bulk call's sub-batches go and on whose behalf.
+#[derive(Clone, Copy)]
+pub struct Bulk<'a> {
+    pub forwarder: &'a Forwarder,
+    pub pool: &'a Pool,
+    pub meta: &'a RequestMeta,
+    /// The caller's headers that go along to another pool's or a sibling's sidecar.
+    pub carried: &'a MetadataMap,
+    pub rpc: &'static Rpc,
+}
+
+/// What one sub-batch brought back, in its messages' order.
+pub struct Chunk<T> {
+    pub answers: Vec<T>,
+    pub admitted: Instant,
+    pub timing: Option<TeiTiming>,
+}
+
+impl<'a> Bulk<'a> {
+    /// Runs `chunks` in order, at most `window` at once; `keep` turns each exchange's outcome into
+    /// what the call keeps of it (an `Err` ends the call: the sub-batches still in flight are
+    /// dropped, their upstream streams reset).
+    pub fn run<T, K, I>(self, chunks: I, window: usize, keep: K) -> impl Stream<Item = Result<Chunk<T>>> + Send + 'a
+    where
+        T: Send + 'a,
+        K: Fn(Exchanged) -> Result<T> + Clone + Send + Sync + 'a,
+        // Made as they are run: a 100,000-row call holds only its window's messages.
+        I: IntoIterator<Item = Vec<Framed>>,
+        I::IntoIter: Send + 'a,
+    {
+        futures::stream::iter(chunks).map(move |chunk| self.chunk(chunk, keep.clone())).buffered(window.max(1))
+    }
+
+    /// One sub-batch: one grant for all its inputs, its calls in flight together, within the
+    /// deadline, kept as they come so the answer bytes do not outlive their sub-batch.
+    async fn chunk<T, K>(self, chunk: Vec<Framed>, keep: K) -> Result<Chunk<T>>
+    where
+        K: Fn(Exchanged) -> Result<T>,
+    {
+        let Self { forwarder, pool, meta, carried, rpc } = self;
+        let grant = match rpc.admit {
+            Admit::Permit => {
+                Some(charge::admit(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?)
+            }
+            Admit::Free => None,
+        };
+        let admitted = Instant::now();
+        let calls = chunk.into_iter().map(|message| {
+            let request = tonic::Request::from_parts(carried.clone(), tonic::Extensions::default(), message);
+            forwarder.exchange(pool, rpc, meta, request, grant.as_ref()).map(|exchanged| {
+                let timing = exchanged.as_ref().ok().and_then(|(_, timing)| *timing);
+                keep(exchanged).map(|kept| (kept, timing))
+            })
+        });
+        let kept = futures::future::try_join_all(calls).await?;
+        drop(grant);
+        let timing = kept.last().and_then(|(_, timing)| *timing);
+        Ok(Chunk { answers: kept.into_iter().map(|(answer, _)| answer).collect(), admitted, timing })
+    }
+}
+
+/// How many messages one sub-batch of `pool` carries: TEI's max client batch size, and no more
+/// than one replica's share of the budget (a larger one could never spill to a sibling, whose
+/// window is counted in shares, nor fit this replica's budget beside anything else).
+pub fn sub_batch(pool: &Pool, max_client_batch_size: usize) -> usize {
+    let share = pool.admission.snapshot().limits.max_in_flight;
+    max_client_batch_size.min(share).max(1)
+}
+
+/// How many sub-batches of `size` a bulk call keeps in flight: enough for this replica's share and
+/// every sibling's window to be busy at once, and one more waiting its turn here, so no replica
+/// idles between one sub-batch's answer and the next.
+pub fn window(pool: &Pool, size: usize) -> usize {
+    let share = pool.admission.snapshot().limits.max_in_flight;
+    let siblings = match &pool.siblings {
+        Some(siblings) => siblings.slots().min(window_cap(share).saturating_mul(MAX_SIBLINGS)),
+        None => 0,
+    };
+    (share.saturating_add(siblings).div_ceil(size.max(1)) + 1).clamp(2, MAX_WINDOW)
+}
+
+/// Bounds on a window whatever the pool says: siblings counted, and sub-batches in flight.
+const MAX_SIBLINGS: usize = 64;
+const MAX_WINDOW: usize = 256;
+
+/// TEI refused this one message (bad input: empty, too long without truncation, an unknown
+/// prompt): its words, for a per-row error; anything else is the whole call's failure.
+pub fn refused_row(error: &Error) -> Option<&Status> {
+    match error {
+        Error::Upstream { status, .. } if status.code() == tonic::Code::InvalidArgument => Some(status),
+        _ => None,
+    }
+}

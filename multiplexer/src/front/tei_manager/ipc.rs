@@ -1,0 +1,258 @@
+//! Arrow IPC in and out of tei-manager's batch RPCs, as tei-manager writes them: a stream's first
+//! RecordBatch in, its `text` column (Utf8 or LargeUtf8) read; one RecordBatch out with one row
+//! per input row, `embeddings` (FixedSizeList<Float32|Float16>[dim]) or `sparse_embeddings`
+//! (List<Struct<index:u32, value:f32>>) null where the row failed, and `error` (Utf8) saying why.
+
+use std::io::Cursor;
+use std::sync::Arc;
+
+use arrow_array::builder::BooleanBufferBuilder;
+use arrow_array::{
+    Array, ArrayRef, FixedSizeListArray, Float16Array, Float32Array, LargeStringArray, ListArray, RecordBatch,
+    StringArray, StructArray, UInt32Array,
+};
+use arrow_buffer::{NullBuffer, OffsetBuffer};
+use arrow_ipc::CompressionType;
+use arrow_ipc::reader::StreamReader;
+use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow_schema::{DataType, Field, Fields, Schema};
+
+use super::error::ManagerError;
+
+/// The input column tei-manager's clients send.
+pub const TEXT: &str = "text";
+
+/// The texts of a request's batch: borrowed from the decoded IPC buffers, never copied per row.
+pub enum Texts {
+    Utf8(StringArray),
+    LargeUtf8(LargeStringArray),
+}
+
+impl Texts {
+    pub fn len(&self) -> usize {
+        match self {
+            Self::Utf8(a) => a.len(),
+            Self::LargeUtf8(a) => a.len(),
+        }
+    }
+
+    /// Row `i`'s text; `None` for a null.
+    pub fn get(&self, i: usize) -> Option<&str> {
+        match self {
+            Self::Utf8(a) => a.is_valid(i).then(|| a.value(i)),
+            Self::LargeUtf8(a) => a.is_valid(i).then(|| a.value(i)),
+        }
+    }
+}
+
+/// The `text` column of the IPC stream's first RecordBatch.
+pub fn texts(ipc: &[u8]) -> Result<Texts, ManagerError> {
+    let malformed = |e: arrow_schema::ArrowError| ManagerError::MalformedIpc(e.to_string());
+    let mut reader = StreamReader::try_new(Cursor::new(ipc), None).map_err(malformed)?;
+    let batch = match reader.next() {
+        Some(batch) => batch.map_err(malformed)?,
+        None => return Err(ManagerError::MalformedIpc("the stream holds no RecordBatch".into())),
+    };
+    let Some(column) = batch.column_by_name(TEXT) else {
+        return Err(ManagerError::NoTextColumn {
+            columns: batch.schema().fields().iter().map(|f| f.name().clone()).collect(),
+        });
+    };
+    let wrong = || ManagerError::TextNotUtf8(column.data_type().to_string());
+    match column.data_type() {
+        DataType::Utf8 => column.as_any().downcast_ref::<StringArray>().cloned().map(Texts::Utf8).ok_or_else(wrong),
+        DataType::LargeUtf8 => {
+            column.as_any().downcast_ref::<LargeStringArray>().cloned().map(Texts::LargeUtf8).ok_or_else(wrong)
+        }
+        _ => Err(wrong()),
+    }
+}
+
+/// Element type of the dense `embeddings` column.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    F32,
+    F16,
+}
+
+impl Dtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 => 2,
+        }
+    }
+}
+
+/// A dense answer as it is assembled row by row: failed rows hold zeros under a null.
+pub struct Dense {
+    pub dim: Option<usize>,
+    values: Vec<f32>,
+    /// Rows that failed before the vector size was known: their zeros go in once it is.
+    failed_before_dim: usize,
+    ok: Vec<bool>,
+    /// The failed rows' reasons, by row: few, so not one slot per row.
+    errors: Vec<(usize, String)>,
+}
+
+impl Dense {
+    pub fn with_rows(rows: usize) -> Self {
+        Self { dim: None, values: Vec::new(), failed_before_dim: 0, ok: Vec::with_capacity(rows), errors: Vec::new() }
+    }
+
+    pub fn push_ok(&mut self, vector: &[f32]) -> Result<(), ManagerError> {
+        let dim = *self.dim.get_or_insert_with(|| {
+            self.values.resize(self.failed_before_dim * vector.len(), 0.0);
+            vector.len()
+        });
+        if vector.len() != dim {
+            return Err(ManagerError::InconsistentDimensions { first: dim, now: vector.len() });
+        }
+        self.values.extend_from_slice(vector);
+        self.ok.push(true);
+        Ok(())
+    }
+
+    pub fn push_err(&mut self, reason: String) {
+        match self.dim {
+            Some(dim) => self.values.resize(self.values.len() + dim, 0.0),
+            None => self.failed_before_dim += 1,
+        }
+        self.errors.push((self.ok.len(), reason));
+        self.ok.push(false);
+    }
+
+    pub fn reserve(&mut self, rows: usize) {
+        if let Some(dim) = self.dim {
+            self.values.reserve(rows * dim);
+        }
+    }
+
+    /// `embeddings: FixedSizeList<f32|f16>[dim]?`, `error: Utf8?`.
+    pub fn batch(self, dtype: Dtype) -> Result<RecordBatch, ManagerError> {
+        let dim = self.dim.unwrap_or(0);
+        let (element, values): (DataType, ArrayRef) = match dtype {
+            Dtype::F32 => (DataType::Float32, Arc::new(Float32Array::from(self.values))),
+            Dtype::F16 => (
+                DataType::Float16,
+                Arc::new(Float16Array::from_iter_values(self.values.into_iter().map(half::f16::from_f32))),
+            ),
+        };
+        let item = Arc::new(Field::new("item", element, false));
+        let size = i32::try_from(dim).map_err(|_| ManagerError::Build(format!("a vector of {dim} numbers")))?;
+        let embeddings = FixedSizeListArray::try_new(item.clone(), size, values, validity(&self.ok))
+            .map_err(|e| ManagerError::Build(e.to_string()))?;
+        let schema = Schema::new(vec![
+            Field::new("embeddings", DataType::FixedSizeList(item, size), true),
+            Field::new("error", DataType::Utf8, true),
+        ]);
+        let errors = error_column(self.ok.len(), &self.errors);
+        RecordBatch::try_new(Arc::new(schema), vec![Arc::new(embeddings), errors])
+            .map_err(|e| ManagerError::Build(e.to_string()))
+    }
+}
+
+/// A sparse answer as it is assembled row by row.
+pub struct Sparse {
+    offsets: Vec<i32>,
+    indices: Vec<u32>,
+    values: Vec<f32>,
+    ok: Vec<bool>,
+    /// The failed rows' reasons, by row: few, so not one slot per row.
+    errors: Vec<(usize, String)>,
+}
+
+impl Sparse {
+    pub fn with_rows(rows: usize) -> Self {
+        let mut offsets = Vec::with_capacity(rows + 1);
+        offsets.push(0);
+        Self { offsets, indices: Vec::new(), values: Vec::new(), ok: Vec::with_capacity(rows), errors: Vec::new() }
+    }
+
+    pub fn push_ok(&mut self, pairs: impl IntoIterator<Item = (u32, f32)>) -> Result<(), ManagerError> {
+        for (index, value) in pairs {
+            self.indices.push(index);
+            self.values.push(value);
+        }
+        let end =
+            i32::try_from(self.indices.len()).map_err(|_| ManagerError::Build("over 2^31 sparse values".into()))?;
+        self.offsets.push(end);
+        self.ok.push(true);
+        Ok(())
+    }
+
+    pub fn push_err(&mut self, reason: String) {
+        self.offsets.push(*self.offsets.last().unwrap_or(&0));
+        self.errors.push((self.ok.len(), reason));
+        self.ok.push(false);
+    }
+
+    /// Bytes held so far (for the answer's memory charge).
+    pub fn held_bytes(&self) -> usize {
+        self.indices.len() * 8 + self.offsets.len() * 4
+    }
+
+    /// `sparse_embeddings: List<Struct<index:u32, value:f32>>?`, `error: Utf8?`.
+    pub fn batch(self) -> Result<RecordBatch, ManagerError> {
+        let fields = Fields::from(vec![
+            Field::new("index", DataType::UInt32, false),
+            Field::new("value", DataType::Float32, false),
+        ]);
+        let pairs = StructArray::try_new(
+            fields.clone(),
+            vec![Arc::new(UInt32Array::from(self.indices)), Arc::new(Float32Array::from(self.values))],
+            None,
+        )
+        .map_err(|e| ManagerError::Build(e.to_string()))?;
+        let item = Arc::new(Field::new("item", DataType::Struct(fields), false));
+        let list = ListArray::try_new(
+            item.clone(),
+            OffsetBuffer::new(self.offsets.into()),
+            Arc::new(pairs),
+            validity(&self.ok),
+        )
+        .map_err(|e| ManagerError::Build(e.to_string()))?;
+        let schema = Schema::new(vec![
+            Field::new("sparse_embeddings", DataType::List(item), true),
+            Field::new("error", DataType::Utf8, true),
+        ]);
+        let errors = error_column(self.ok.len(), &self.errors);
+        RecordBatch::try_new(Arc::new(schema), vec![Arc::new(list), errors])
+            .map_err(|e| ManagerError::Build(e.to_string()))
+    }
+}
+
+/// `error`: each failed row's reason, null elsewhere.
+fn error_column(rows: usize, errors: &[(usize, String)]) -> ArrayRef {
+    let mut failed = errors.iter().peekable();
+    let column: StringArray = (0..rows)
+        .map(|row| match failed.peek() {
+            Some((at, _)) if *at == row => failed.next().map(|(_, reason)| reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    Arc::new(column)
+}
+
+/// Null where a row failed; none at all when every row succeeded.
+fn validity(ok: &[bool]) -> Option<NullBuffer> {
+    if ok.iter().all(|ok| *ok) {
+        return None;
+    }
+    let mut bits = BooleanBufferBuilder::new(ok.len());
+    ok.iter().for_each(|ok| bits.append(*ok));
+    Some(NullBuffer::new(bits.finish()))
+}
+
+/// The batch as an Arrow IPC stream, its buffers LZ4-compressed when asked.
+pub fn write(batch: &RecordBatch, lz4: bool) -> Result<Vec<u8>, ManagerError> {
+    let build = |e: arrow_schema::ArrowError| ManagerError::Build(e.to_string());
+    let options =
+        IpcWriteOptions::default().try_with_compression(lz4.then_some(CompressionType::LZ4_FRAME)).map_err(build)?;
+    let mut out = Vec::new();
+    let mut writer = StreamWriter::try_new_with_options(&mut out, &batch.schema(), options).map_err(build)?;
+    writer.write(batch).map_err(build)?;
+    writer.finish().map_err(build)?;
+    drop(writer);
+    Ok(out)
+}
