@@ -306,6 +306,15 @@ pub struct ConcurrencySpec {
     #[schemars(length(max = 64))]
     #[x_kube(validation = Rule::new("self.all(t, self.exists_one(u, u.name == t.name))").message("concurrency.tenants names must be unique"))]
     pub tenants: Vec<TenantWeight>,
+
+    /// The floor of the `ingest` lane, in percent of admissions (0 to 50; unset: 10). Calls say
+    /// their lane with `x-teifleet-lane: query|ingest` (default `query`). Queries are served
+    /// before waiting ingest, and ingest takes all the room queries leave; while queries would
+    /// take every admission, a waiting ingest call is passed by at most `(100 - share) / share`
+    /// of them before its turn, so a bulk job keeps at least this share. 0: no floor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 50").message("concurrency.ingestShare must be between 0 and 50 (percent)"))]
+    pub ingest_share: Option<i32>,
 }
 
 /// One tenant's weight.
@@ -364,6 +373,7 @@ impl Default for ConcurrencySpec {
             max_in_flight_tokens: None,
             adaptive: false,
             tenants: Vec::new(),
+            ingest_share: None,
         }
     }
 }

@@ -113,7 +113,6 @@ impl Error {
             }
             Self::Admission { source, .. } => match source {
                 AdmissionError::QueueFull { .. } | AdmissionError::Evicted { .. } => ErrorKind::Shed(Shed::QueueFull),
-                AdmissionError::StandingQueue { .. } => ErrorKind::Shed(Shed::StandingQueue),
                 AdmissionError::DeadlineUnmeetable { .. } => ErrorKind::Shed(Shed::Deadline),
                 AdmissionError::QueueTimeoutUnmeetable { .. } => ErrorKind::Shed(Shed::QueueTimeout),
                 AdmissionError::QueueTimeout { .. } => ErrorKind::QueueTimedOut,

@@ -129,6 +129,10 @@ struct StaticPool {
     /// A tenant's weight, as NAME=WEIGHT (repeat for several); others weigh 1.
     #[arg(long = "tenant", value_parser = parse_tenant)]
     tenants: Vec<TenantWeight>,
+    /// Percent of admissions the `ingest` lane keeps while queries would take them all (0 to 50;
+    /// 0: no floor).
+    #[arg(long, default_value_t = i32::from(teifleet_multiplexer::admission::DEFAULT_INGEST_SHARE))]
+    ingest_share: i32,
     /// Another replica of this pool, as its multiplexer's gRPC URL (repeat for several): calls
     /// spill there when this replica's budget is full and it has room. Each replica runs with the
     /// same flags, so the pool's budget is each replica's times the replicas.
@@ -153,6 +157,7 @@ impl StaticPool {
             max_in_flight_tokens: self.max_in_flight_tokens,
             adaptive: self.adaptive,
             tenants: self.tenants.clone(),
+            ingest_share: Some(self.ingest_share),
             ..ConcurrencySpec::default()
         }
     }

@@ -59,6 +59,9 @@ pub mod headers {
     pub const MODEL: &str = "x-teifleet-model";
     /// The tenant a call is accounted to, for fair sharing within a priority.
     pub const TENANT: &str = "x-teifleet-tenant";
+    /// `query` (default: interactive calls, served first) or `ingest` (bulk work: takes the room
+    /// queries leave, keeps a floor share, waits rather than being refused).
+    pub const LANE: &str = "x-teifleet-lane";
     /// Set on a request one multiplexer forwards to another pool's, naming the forwarder.
     pub const FORWARDED_BY: &str = "x-teifleet-forwarded-by";
     /// Set on a call one sidecar spills to a sibling replica of its own pool, naming the sender:
@@ -85,7 +88,7 @@ pub mod headers {
     /// What a request routed to another pool carries to that pool's sidecar: its key, urgency,
     /// tenant and destination. gRPC calls pass all their metadata on; HTTP requests, which
     /// become gRPC calls, carry these headers.
-    pub const CARRIED_TO_PEERS: [&str; 5] = ["authorization", PRIORITY, TENANT, POOL, MODEL];
+    pub const CARRIED_TO_PEERS: [&str; 6] = ["authorization", PRIORITY, LANE, TENANT, POOL, MODEL];
 }
 
 #[cfg(test)]
@@ -94,7 +97,9 @@ mod tests {
 
     #[test]
     fn every_teifleet_header_starts_with_the_prefix() {
-        for name in [PRIORITY, POOL, MODEL, TENANT, FORWARDED_BY, SPILLED_FROM, PEER_KEY, SPILL_REFUSED, TIMEOUT_MS] {
+        for name in
+            [PRIORITY, LANE, POOL, MODEL, TENANT, FORWARDED_BY, SPILLED_FROM, PEER_KEY, SPILL_REFUSED, TIMEOUT_MS]
+        {
             assert!(name.starts_with(PREFIX), "{name}");
         }
     }

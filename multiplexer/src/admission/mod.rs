@@ -13,13 +13,16 @@
 //! priority first, tenants sharing by weight within a priority (see `queue`). It is refused at
 //! once when the queue is full (after evicting from a lower priority or a heavier tenant, if one
 //! exists) or when its deadline or the queue timeout cannot be met given the queue ahead of it
-//! and the service times observed; a waiter whose deadline or queue timeout passes, or whose
-//! caller goes away, leaves the queue without ever reaching TEI. While a queue stands (see
-//! `standing`), newcomers that would wait longer than the target are refused at once, so admitted
-//! calls stay fast. Limits change live.
+//! and the service times observed, and for nothing else: a call that fits is queued. A waiter
+//! whose deadline or queue timeout passes, or whose caller goes away, leaves the queue without
+//! ever reaching TEI. A standing queue (see `standing`) is reported, never refused for. Two lanes
+//! (see `lanes`), `query` and `ingest`, share the pool: queries first, ingest with a floor share
+//! and patience. Limits change live.
 
 mod adaptive;
 mod estimate;
+mod lane;
+mod lanes;
 pub mod memory;
 mod priority;
 mod queue;
@@ -37,13 +40,18 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub use adaptive::{Change, Reason as LimitReason};
+pub use lanes::{
+    ADMITTED, DEFAULT_INGEST_SHARE, INGEST_PATIENCE, Lane, LaneObserver, MAX_INGEST_SHARE, OUTCOMES as LANE_OUTCOMES,
+    UnknownLane,
+};
 pub use priority::{Priority, UnknownPriority};
 pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
 pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Retry, Snapshot};
 
 use adaptive::Adaptive;
 use estimate::{ServiceTime, pushback};
-use queue::{Grant, WaitQueue};
+use lanes::Lanes;
+use queue::Grant;
 use returning::Returning;
 use standing::Standing;
 use tenants::Tenants;
@@ -63,13 +71,14 @@ pub struct Admission {
 struct Shared {
     state: Mutex<State>,
     observer: Option<Observer>,
+    lane_observer: Option<Box<dyn LaneObserver>>,
 }
 
 struct State {
     limits: Limits,
     in_flight: usize,
     in_flight_tokens: u64,
-    queue: WaitQueue,
+    queue: Lanes,
     service_time: ServiceTime,
     standing: Standing,
     returning: Returning,
@@ -118,21 +127,30 @@ impl Drop for Permit {
 
 impl Admission {
     pub fn new(limits: Limits) -> Self {
-        Self::build(limits, None)
+        Self::build(limits, None, None)
     }
 
     /// Like [`Admission::new`], calling `observer` with every new state (under the lock: keep it
     /// cheap, e.g. setting gauges).
     pub fn with_observer(limits: Limits, observer: impl Fn(&Snapshot) + Send + Sync + 'static) -> Self {
-        Self::build(limits, Some(Box::new(observer)))
+        Self::build(limits, Some(Box::new(observer)), None)
     }
 
-    fn build(limits: Limits, observer: Option<Observer>) -> Self {
+    /// Like [`Admission::with_observer`], also telling `lanes` each lane's queue and decisions.
+    pub fn with_observers(
+        limits: Limits,
+        observer: impl Fn(&Snapshot) + Send + Sync + 'static,
+        lanes: impl LaneObserver + 'static,
+    ) -> Self {
+        Self::build(limits, Some(Box::new(observer)), Some(Box::new(lanes)))
+    }
+
+    fn build(limits: Limits, observer: Option<Observer>, lane_observer: Option<Box<dyn LaneObserver>>) -> Self {
         let state = State {
             limits,
             in_flight: 0,
             in_flight_tokens: 0,
-            queue: WaitQueue::default(),
+            queue: Lanes::default(),
             service_time: ServiceTime::default(),
             standing: Standing::default(),
             returning: Returning::default(),
@@ -141,7 +159,7 @@ impl Admission {
             tenants: Tenants::default(),
             spill_slots: 0,
         };
-        let admission = Self { shared: Arc::new(Shared { state: Mutex::new(state), observer }) };
+        let admission = Self { shared: Arc::new(Shared { state: Mutex::new(state), observer, lane_observer }) };
         admission.shared.notify(&admission.shared.lock(), None);
         admission
     }
@@ -180,8 +198,9 @@ impl Admission {
     }
 
     /// Applies new limits without dropping anything: raising admits waiters at once; lowering lets
-    /// in-flight work finish and admits no more until below the new limit. Waiters beyond a
-    /// smaller queue are evicted, lowest priority and heaviest tenant first.
+    /// in-flight work finish and admits no more until below the new limit. Queries beyond a
+    /// smaller queue are evicted, lowest priority and heaviest tenant first; ingest is never
+    /// evicted, it waits its turn.
     pub fn set_limits(&self, limits: Limits) {
         let mut state = self.shared.lock();
         if state.limits == limits {
@@ -193,9 +212,9 @@ impl Admission {
             (slot, true) => *slot = Some(Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
             (slot, false) => *slot = None,
         }
-        while state.queue.inputs() > limits.max_queued {
-            let Some(victim) = state.queue.evict_lowest() else { break };
-            let position = state.queue.inputs();
+        while state.queue.queue(Lane::Query).inputs() > limits.max_queued {
+            let Some(victim) = state.queue.queue_mut(Lane::Query).evict_lowest() else { break };
+            let position = state.queue.queue(Lane::Query).inputs();
             let retry_after = state.retry_hint(position, None);
             drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after })));
         }
@@ -217,41 +236,58 @@ impl Admission {
         self.shared.lock().spill_slots = slots;
     }
 
-    /// A permit for `cost` if there is room now and nobody waits: what a call spilled here by a
-    /// sibling replica gets, or nothing (it never queues here, so this replica's own callers keep
-    /// their turn).
-    pub fn try_acquire(&self, cost: Cost) -> Option<Permit> {
+    /// A permit for `ask.cost` if there is room now and nobody waits before it, or nothing: a
+    /// call takes a local slot this way before it looks for room at a sibling replica.
+    pub fn try_acquire(&self, ask: &Ask<'_>) -> Option<Permit> {
         let mut state = self.shared.lock();
-        self.take_if_free(&mut state, cost)
+        let permit = self.take_if_free(&mut state, ask.lane, ask.cost);
+        if permit.is_some() {
+            self.shared.decided(ask.lane, ADMITTED);
+        }
+        permit
     }
 
-    fn take_if_free(&self, state: &mut State, cost: Cost) -> Option<Permit> {
-        if !(state.queue.is_empty() && state.fits(cost)) {
+    fn take_if_free(&self, state: &mut State, lane: Lane, cost: Cost) -> Option<Permit> {
+        if !(state.queue.newcomer_first(lane, state.limits.ingest_share) && state.fits(cost)) {
             return None;
         }
         state.take(cost);
+        state.queue.admitted(lane);
         self.shared.notify(state, None);
         Some(Permit { shared: self.shared.clone(), cost, acquired: Instant::now(), armed: true })
     }
 
     /// Waits for a permit for `ask.cost`. Dropping the returned future leaves the queue.
     pub async fn acquire(&self, ask: Ask<'_>) -> Result<Permit, AdmissionError> {
+        let result = self.wait_for(ask).await;
+        self.shared.decided(ask.lane, lanes::outcome(result.as_ref().map(drop)));
+        result
+    }
+
+    async fn wait_for(&self, ask: Ask<'_>) -> Result<Permit, AdmissionError> {
         let arrived = Instant::now();
+        // Ingest without a deadline has said it would rather wait than hear "come back": it is
+        // not refused for load, and waits longer than the queries' queue timeout.
+        let patient = ask.patient || (ask.lane == Lane::Ingest && ask.deadline.is_none());
         let (grant, id, patience, queue_timeout) = {
             let mut state = self.shared.lock();
             let cost = ask.cost;
-            if let Some(permit) = self.take_if_free(&mut state, cost) {
+            if let Some(permit) = self.take_if_free(&mut state, ask.lane, cost) {
                 return Ok(permit);
             }
             let tenant = state.tenants.id_of(ask.tenant);
             let weight = state.tenants.weight(tenant);
-            let ahead = state.queue.ahead_of(ask.priority, tenant, weight, cost);
+            let share = state.limits.ingest_share;
+            let ahead = state.queue.ahead_of(ask.lane, ask.priority, tenant, weight, cost, share);
             let expected_wait = state.expected_wait(ahead);
-            let queue_timeout = state.limits.queue_timeout;
-            if let Some(wait) = expected_wait.filter(|_| !ask.patient) {
+            let queue_timeout = match ask.lane {
+                Lane::Ingest if patient => state.limits.queue_timeout.max(INGEST_PATIENCE),
+                _ => state.limits.queue_timeout,
+            };
+            if let Some(wait) = expected_wait.filter(|_| !patient) {
                 // A call whose turn comes after its deadline or the queue timeout would only
-                // leave the queue at that moment, unserved: it is told at once instead. While the
-                // queue stands, so is one that would wait longer than the target.
+                // leave the queue at that moment, unserved: it is told at once instead. These,
+                // and a full queue, are the only refusals for load: a call that fits waits.
                 if ask.deadline.is_some_and(|deadline| arrived + wait > deadline) {
                     return Err(AdmissionError::DeadlineUnmeetable {
                         expected_wait: wait,
@@ -265,14 +301,8 @@ impl Admission {
                         retry_after: state.retry_hint(ahead, ask.deadline),
                     });
                 }
-                if state.standing.standing() && wait > standing::target_and_interval(state.service_time.mean()).0 {
-                    return Err(AdmissionError::StandingQueue {
-                        expected_wait: wait,
-                        retry_after: state.retry_hint(ahead, ask.deadline),
-                    });
-                }
             }
-            if !ask.patient {
+            if !patient {
                 state.make_room(&ask, tenant, weight)?;
             }
             let (grant, receiver) = oneshot::channel();
@@ -282,8 +312,9 @@ impl Admission {
                 u64::from(cost.inputs)
             };
             // No dispatch needed: release() and set_limits() keep "nobody waits while there is
-            // room", and the fast path above admits whenever there is room and nobody waits.
-            let id = state.queue.push(ask.priority, tenant, weight, cost, units, grant);
+            // room", and the fast path above admits whenever there is room and nobody waits
+            // before the newcomer.
+            let id = state.queue.push(ask.lane, ask.priority, tenant, weight, cost, units, grant);
             self.shared.notify(&state, None);
             let patience = match ask.deadline {
                 Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
@@ -292,7 +323,7 @@ impl Admission {
             (receiver, id, patience, queue_timeout)
         };
 
-        let mut waiting = Waiting { shared: self.shared.clone(), id, receiver: Some(grant) };
+        let mut waiting = Waiting { shared: self.shared.clone(), lane: ask.lane, id, receiver: Some(grant) };
         let receiver = waiting.receiver.as_mut().expect("set above");
         let outcome = tokio::time::timeout(patience, receiver).await;
         let waited = arrived.elapsed();
@@ -336,6 +367,18 @@ impl Shared {
         if let Some(observer) = &self.observer {
             observer(&state.snapshot(change));
         }
+        if let Some(lanes) = &self.lane_observer {
+            for lane in Lane::ALL {
+                let queue = state.queue.queue(lane);
+                lanes.queued(lane, Priority::ALL.map(|priority| queue.inputs_of(priority)));
+            }
+        }
+    }
+
+    fn decided(&self, lane: Lane, outcome: &'static str) {
+        if let Some(lanes) = &self.lane_observer {
+            lanes.decided(lane, outcome);
+        }
     }
 
     fn release(self: &Arc<Self>, cost: Cost, took: Duration) {
@@ -364,21 +407,24 @@ impl Shared {
         }
     }
 
-    /// Hands room to waiters, highest priority and fairest first.
+    /// Hands room to waiters: queries before ingest (but for the turns ingest is owed), then
+    /// highest priority and fairest first.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
         let now = Instant::now();
+        let share = state.limits.ingest_share;
         loop {
-            let oldest = state.queue.oldest().map(|enqueued| now.saturating_duration_since(enqueued));
+            let oldest = state.queue.oldest_query().map(|enqueued| now.saturating_duration_since(enqueued));
             state.standing.update(oldest, now, state.service_time.mean());
-            let Some(next) = state.queue.peek_next() else {
+            let Some((lane, next)) = state.queue.peek_next(share) else {
                 state.queue.forget_idle_tenants();
                 break;
             };
             if !state.fits(next.cost) {
                 break;
             }
-            let waiter = state.queue.pop_next().expect("peeked");
+            let waiter = state.queue.queue_mut(lane).pop_next().expect("peeked");
             state.take(waiter.cost);
+            state.queue.admitted(lane);
             let permit = Permit { shared: self.clone(), cost: waiter.cost, acquired: now, armed: true };
             if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
                 // The waiter is gone; take the room back here, without re-entering the lock.
@@ -450,22 +496,24 @@ impl State {
         }
     }
 
-    /// Frees queue space for `cost`, evicting lower priorities or heavier tenants, or refuses.
+    /// Frees space for `cost` in its lane's queue, evicting lower priorities or heavier tenants
+    /// of that lane, or refuses. Each lane holds up to `max_queued` inputs of its own, so neither
+    /// fills the other's room, and a query never evicts ingest.
     fn make_room(&mut self, ask: &Ask<'_>, tenant: TenantId, weight: u32) -> Result<(), AdmissionError> {
-        let (priority, cost, deadline) = (ask.priority, ask.cost, ask.deadline);
+        let (priority, cost, deadline, lane) = (ask.priority, ask.cost, ask.deadline, ask.lane);
         let full = |state: &mut Self| {
-            let queued = state.queue.inputs();
+            let queued = state.queue.queue(lane).inputs();
             AdmissionError::QueueFull { queued, retry_after: state.retry_hint(queued, deadline) }
         };
         if cost.inputs as usize > self.limits.max_queued {
             return Err(full(self));
         }
-        while self.queue.inputs() + cost.inputs as usize > self.limits.max_queued {
-            let share =
-                (self.queue.inputs_of_tenant(priority, tenant) + cost.inputs as usize) as f64 / f64::from(weight);
-            match self.queue.evict_for(priority, tenant, share) {
+        while self.queue.queue(lane).inputs() + cost.inputs as usize > self.limits.max_queued {
+            let queue = self.queue.queue_mut(lane);
+            let share = (queue.inputs_of_tenant(priority, tenant) + cost.inputs as usize) as f64 / f64::from(weight);
+            match queue.evict_for(priority, tenant, share) {
                 Some(victim) => {
-                    let position = self.queue.inputs();
+                    let position = self.queue.queue(lane).inputs();
                     let retry_after = self.retry_hint(position, None);
                     drop(victim.grant.send(Err(AdmissionError::Evicted { retry_after })));
                 }
@@ -492,6 +540,7 @@ impl State {
 /// A queued request; leaving scope before being served takes it out of the queue.
 struct Waiting {
     shared: Arc<Shared>,
+    lane: Lane,
     id: u64,
     receiver: Option<oneshot::Receiver<Grant>>,
 }
@@ -505,7 +554,7 @@ impl Waiting {
     fn give_up(&mut self) -> Option<Permit> {
         let removed = {
             let mut state = self.shared.lock();
-            let removed = state.queue.remove(self.id);
+            let removed = state.queue.queue_mut(self.lane).remove(self.id);
             self.shared.notify(&state, None);
             removed
         };
@@ -520,9 +569,12 @@ impl Drop for Waiting {
             // Cancelled while queued. A permit granted meanwhile is released when the receiver
             // drops, after the lock below is let go.
             let _ = self.give_up();
+            self.shared.decided(self.lane, lanes::CANCELLED);
         }
     }
 }
 
+#[cfg(test)]
+mod lane_tests;
 #[cfg(test)]
 mod tests;

@@ -125,6 +125,11 @@ impl WaitQueue {
         self.index.is_empty()
     }
 
+    /// Inputs per waiter, rounded up (1 when empty): how much one turn takes.
+    pub fn mean_cost(&self) -> usize {
+        self.inputs().div_ceil(self.index.len().max(1)).max(1)
+    }
+
     /// Queued inputs, in all classes.
     pub fn inputs(&self) -> usize {
         self.classes.iter().map(|c| c.inputs).sum()

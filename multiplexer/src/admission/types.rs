@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::adaptive::Change;
+use super::lane::{DEFAULT_INGEST_SHARE, Lane};
 use super::priority::Priority;
 
 /// One pool's limits on this replica.
@@ -19,11 +20,20 @@ pub struct Limits {
     /// Estimated tokens in flight, when the pool has a token budget.
     pub max_in_flight_tokens: Option<usize>,
     pub adaptive: bool,
+    /// Percent of admissions ingest is owed while queries would take them all (see `lanes`).
+    pub ingest_share: u8,
 }
 
 impl Limits {
     pub fn new(max_in_flight: usize, max_queued: usize, queue_timeout: Duration) -> Self {
-        Self { max_in_flight, max_queued, queue_timeout, max_in_flight_tokens: None, adaptive: false }
+        Self {
+            max_in_flight,
+            max_queued,
+            queue_timeout,
+            max_in_flight_tokens: None,
+            adaptive: false,
+            ingest_share: DEFAULT_INGEST_SHARE,
+        }
     }
 }
 
@@ -43,6 +53,7 @@ impl Cost {
 #[derive(Clone, Copy, Debug)]
 pub struct Ask<'a> {
     pub priority: Priority,
+    pub lane: Lane,
     /// `None`: the default tenant.
     pub tenant: Option<&'a str>,
     pub cost: Cost,
@@ -56,7 +67,11 @@ pub struct Ask<'a> {
 
 impl<'a> Ask<'a> {
     pub fn new(priority: Priority) -> Self {
-        Self { priority, tenant: None, cost: Cost::ONE, deadline: None, patient: false }
+        Self { priority, lane: Lane::Query, tenant: None, cost: Cost::ONE, deadline: None, patient: false }
+    }
+
+    pub fn lane(self, lane: Lane) -> Self {
+        Self { lane, ..self }
     }
 
     pub fn patient(self, patient: bool) -> Self {
@@ -101,8 +116,6 @@ pub enum AdmissionError {
     DeadlineExpired { waited: Duration },
     #[error("evicted from the full queue by a higher-priority request or a tenant with less of the queue")]
     Evicted { retry_after: Retry },
-    #[error("the queue is standing: about {expected_wait:?} of queue ahead, more than a waiting call should wait")]
-    StandingQueue { expected_wait: Duration, retry_after: Retry },
 }
 
 impl AdmissionError {
@@ -113,8 +126,7 @@ impl AdmissionError {
             | Self::DeadlineUnmeetable { retry_after, .. }
             | Self::QueueTimeoutUnmeetable { retry_after, .. }
             | Self::QueueTimeout { retry_after, .. }
-            | Self::Evicted { retry_after }
-            | Self::StandingQueue { retry_after, .. } => Some(*retry_after),
+            | Self::Evicted { retry_after } => Some(*retry_after),
             Self::DeadlineExpired { .. } => None,
         }
     }
@@ -149,7 +161,7 @@ pub struct Snapshot {
     /// Queued inputs per priority, in [`Priority::ALL`] order.
     pub queued: [usize; 3],
     pub chars_per_token: f64,
-    /// The queue stands: newcomers that would wait longer than the target are refused.
+    /// The queries' queue stands (a signal only: nobody is refused for it, see `standing`).
     pub standing_queue: bool,
     /// Set on the snapshot taken right after the adaptive limit moved.
     pub change: Option<Change>,

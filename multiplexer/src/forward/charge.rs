@@ -30,12 +30,17 @@ impl Grant {
 
 /// What a call with `meta` asks of admission for `cost`.
 pub fn ask(meta: &RequestMeta, cost: Cost) -> Ask<'_> {
-    Ask::new(meta.priority).tenant(meta.tenant.as_deref()).deadline(meta.deadline).cost(cost).patient(meta.through_door)
+    Ask::new(meta.priority)
+        .lane(meta.lane)
+        .tenant(meta.tenant.as_deref())
+        .deadline(meta.deadline)
+        .cost(cost)
+        .patient(meta.through_door)
 }
 
 /// Waits in `pool`'s queue for room for `cost` here, on this replica's TEI. A call a sibling
 /// spilled here waits at most [`spilled_patience`], in line with this replica's own callers, or is
-/// refused (for any reason: full, standing, too slow), so the sibling serves it itself.
+/// refused (for any reason: full, too slow), so the sibling serves it itself.
 pub async fn acquire(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Permit> {
     let ask = ask(meta, cost);
     let Some(from) = &meta.spilled_from else {
@@ -74,7 +79,7 @@ pub async fn admit(pool: &Pool, meta: &RequestMeta, cost: Cost) -> Result<Grant>
     if slots == 0 {
         return acquire(pool, meta, cost).await.map(Grant::Local);
     }
-    if let Some(permit) = pool.admission.try_acquire(cost) {
+    if let Some(permit) = pool.admission.try_acquire(&ask(meta, cost)) {
         return Ok(Grant::Local(permit));
     }
     let (inputs, share) = (cost.inputs as usize, pool.admission.snapshot().limits.max_in_flight);

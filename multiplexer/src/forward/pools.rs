@@ -227,6 +227,7 @@ const NOT_READY: Limits = Limits {
     queue_timeout: std::time::Duration::ZERO,
     max_in_flight_tokens: None,
     adaptive: false,
+    ingest_share: 0,
 };
 
 #[cfg(test)]

@@ -5,13 +5,13 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderName};
 use teifleet_wire::headers::{
-    FORWARDED_BY as FORWARDED_BY_HEADER, GRPC_TIMEOUT as TIMEOUT_HEADER, MODEL as MODEL_HEADER, POOL as POOL_HEADER,
-    PREFIX as TEIFLEET_PREFIX, PRIORITY as PRIORITY_HEADER, SPILLED_FROM as SPILLED_FROM_HEADER,
+    FORWARDED_BY as FORWARDED_BY_HEADER, GRPC_TIMEOUT as TIMEOUT_HEADER, LANE as LANE_HEADER, MODEL as MODEL_HEADER,
+    POOL as POOL_HEADER, PREFIX as TEIFLEET_PREFIX, PRIORITY as PRIORITY_HEADER, SPILLED_FROM as SPILLED_FROM_HEADER,
     TENANT as TENANT_HEADER,
 };
 use tokio::time::Instant;
 
-use crate::admission::{Priority, UnknownPriority};
+use crate::admission::{Lane, Priority, UnknownPriority};
 
 /// Which pool should serve a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,6 +25,8 @@ pub enum Target {
 #[derive(Clone, Debug)]
 pub struct RequestMeta {
     pub priority: Priority,
+    /// `x-teifleet-lane`: interactive queries (the default) or bulk ingest.
+    pub lane: Lane,
     pub target: Target,
     /// The caller's time budget from `grpc-timeout`.
     pub timeout: Option<Duration>,
@@ -50,6 +52,7 @@ pub struct RequestMeta {
 // Looked up as names, not as text: a `&str` key is parsed and validated on every lookup, and
 // these are read on every call.
 static PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_HEADER);
+static LANE: HeaderName = HeaderName::from_static(LANE_HEADER);
 static POOL: HeaderName = HeaderName::from_static(POOL_HEADER);
 static MODEL: HeaderName = HeaderName::from_static(MODEL_HEADER);
 static TENANT: HeaderName = HeaderName::from_static(TENANT_HEADER);
@@ -137,6 +140,13 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Meta
         Some(value) => value.parse()?,
         None => Priority::default(),
     };
+    let lane = match text(metadata, &LANE)? {
+        Some(value) => value.parse().map_err(|unknown: crate::admission::UnknownLane| InvalidMetadata {
+            header: LANE_HEADER,
+            reason: format!("must be query or ingest (got {:?})", unknown.0),
+        })?,
+        None => Lane::default(),
+    };
     let target = match (non_empty(metadata, &POOL)?, non_empty(metadata, &MODEL)?) {
         (Some(_), Some(_)) => {
             return Err(MetaError::Metadata(InvalidMetadata {
@@ -151,6 +161,7 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Meta
     let timeout = text(metadata, &GRPC_TIMEOUT)?.map(parse_grpc_timeout).transpose()?;
     let mut meta = RequestMeta {
         priority,
+        lane,
         target,
         timeout: None,
         deadline: None,
@@ -230,6 +241,18 @@ mod tests {
     fn defaults_to_standard_priority_and_own_pool() {
         let meta = parse(&HeaderMap::new(), Instant::now()).unwrap();
         assert_eq!((meta.priority, meta.target, meta.deadline), (Priority::Standard, Target::Own, None));
+        assert_eq!(meta.lane, Lane::Query);
+    }
+
+    #[test]
+    fn reads_the_lane() {
+        let meta = parse(&metadata(&[(LANE_HEADER, "Ingest")]), Instant::now()).unwrap();
+        assert_eq!(meta.lane, Lane::Ingest);
+        let error = parse(&metadata(&[(LANE_HEADER, "bulk")]), Instant::now()).unwrap_err();
+        assert!(
+            error.to_string().contains("x-teifleet-lane") && error.to_string().contains("query or ingest"),
+            "{error}"
+        );
     }
 
     #[test]

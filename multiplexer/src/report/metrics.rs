@@ -11,7 +11,7 @@ use prometheus::{
 use tonic::Code;
 
 use crate::admission::memory::{MemoryBudget, Use};
-use crate::admission::{Admission, DEFAULT_TENANT, Limits, Priority, Snapshot};
+use crate::admission::{Admission, DEFAULT_TENANT, LANE_OUTCOMES, Lane, LaneObserver, Limits, Priority, Snapshot};
 use crate::report::rates::{self, RecentRates};
 use crate::vocab::Outcome;
 use crate::vocab::Protocol;
@@ -72,6 +72,7 @@ struct Families {
     coalesced: IntCounterVec,
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
+    lane_admissions: IntCounterVec,
     limit_in_flight: IntGaugeVec,
     limit_in_flight_share: IntGaugeVec,
     limit_queued: IntGaugeVec,
@@ -121,7 +122,21 @@ impl Metrics {
             )
             .expect("valid counter"),
             in_flight: gauge("teifleet_in_flight", "Requests holding a permit (in flight to TEI).", &["pool"]),
-            queued: gauge("teifleet_queued", "Requests waiting for a permit.", &["pool", "priority"]),
+            queued: gauge(
+                "teifleet_queued",
+                "Inputs waiting for a permit, by priority and lane.",
+                &["pool", "priority", "lane"],
+            ),
+            lane_admissions: IntCounterVec::new(
+                Opts::new(
+                    "teifleet_lane_admissions_total",
+                    "Admission decisions by lane (query or ingest) and outcome: admitted, or why not \
+                     (shed_queue_full, shed_deadline, shed_queue_timeout, queue_timeout, expired_in_queue, \
+                     evicted, cancelled). A stream message or an HTTP chunk is one decision.",
+                ),
+                &["pool", "lane", "outcome"],
+            )
+            .expect("valid counter"),
             limit_in_flight: gauge(
                 "teifleet_limit_in_flight",
                 "In-flight limit in force on this replica, in inputs (the adaptive limit when on).",
@@ -146,7 +161,8 @@ impl Metrics {
             .expect("valid gauge"),
             standing_queue: gauge(
                 "teifleet_queue_standing",
-                "1 while the queue stands (waits above target for a whole interval), 0 otherwise.",
+                "1 while the queries' queue stands (waits above target for a whole interval), 0 otherwise; \
+                 a signal only, nothing is refused for it.",
                 &["pool"],
             ),
             limit_changes: IntCounterVec::new(
@@ -231,6 +247,7 @@ impl Metrics {
                 &f.coalesced,
                 &f.in_flight,
                 &f.queued,
+                &f.lane_admissions,
                 &f.limit_in_flight,
                 &f.limit_in_flight_share,
                 &f.limit_queued,
@@ -277,9 +294,15 @@ impl Metrics {
         let (changes, pool_name) = (f.limit_changes.clone(), pool.to_owned());
         // The series exists from `with_label_values` above until the first snapshot says otherwise.
         let token_budget_shown = AtomicBool::new(true);
-        let queued: [IntGauge; 3] =
-            Priority::ALL.map(|priority| f.queued.with_label_values(&[pool, priority.as_str()]));
-        Admission::with_observer(limits, move |snapshot: &Snapshot| {
+        let lanes = LaneSeries {
+            queued: Lane::ALL.map(|lane| {
+                Priority::ALL.map(|priority| f.queued.with_label_values(&[pool, priority.as_str(), lane.as_str()]))
+            }),
+            decided: Lane::ALL.map(|lane| {
+                LANE_OUTCOMES.map(|outcome| f.lane_admissions.with_label_values(&[pool, lane.as_str(), outcome]))
+            }),
+        };
+        let observer = move |snapshot: &Snapshot| {
             in_flight.set(snapshot.in_flight as i64);
             limit_in_flight.set(snapshot.effective_limit as i64);
             share.set(snapshot.limits.max_in_flight as i64);
@@ -299,14 +322,12 @@ impl Metrics {
             }
             chars_per_token.set(snapshot.chars_per_token);
             standing.set(i64::from(snapshot.standing_queue));
-            for (gauge, waiting) in queued.iter().zip(snapshot.queued) {
-                gauge.set(waiting as i64);
-            }
             if let Some(change) = snapshot.change {
                 let direction = if change.to > change.from { "up" } else { "down" };
                 changes.with_label_values(&[&pool_name, direction, change.reason.as_str()]).inc();
             }
-        })
+        };
+        Admission::with_observers(limits, observer, lanes)
     }
 
     /// Counts a call handed to a sibling replica, by how that went (every hand-off counts in the
@@ -416,6 +437,28 @@ impl Metrics {
             series.tei_inference.observe(tei.as_secs_f64());
         }
         series.total.observe(timings.total.as_secs_f64());
+    }
+}
+
+/// One pool's per-lane series, resolved once: the observer runs under the pool's lock.
+struct LaneSeries {
+    /// By lane, then priority.
+    queued: [[IntGauge; 3]; 2],
+    /// By lane, then outcome in `LANE_OUTCOMES` order.
+    decided: [[IntCounter; LANE_OUTCOMES.len()]; 2],
+}
+
+impl LaneObserver for LaneSeries {
+    fn queued(&self, lane: Lane, queued: [usize; 3]) {
+        for (gauge, waiting) in self.queued[lane.index()].iter().zip(queued) {
+            gauge.set(waiting as i64);
+        }
+    }
+
+    fn decided(&self, lane: Lane, outcome: &'static str) {
+        if let Some(at) = LANE_OUTCOMES.iter().position(|known| *known == outcome) {
+            self.decided[lane.index()][at].inc();
+        }
     }
 }
 

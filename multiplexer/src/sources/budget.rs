@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use teifleet_crds::duration::parse_duration;
 use teifleet_crds::{ConcurrencySpec, Shares, split_budget};
 
-use crate::admission::Limits;
+use crate::admission::{DEFAULT_INGEST_SHARE, Limits, MAX_INGEST_SHARE};
 
 /// One replica's limits under its `share` of the pool's budget. The budget's own checks (the API
 /// server makes them for an EmbeddingPool) hold here too, for budgets from a file or flags.
@@ -20,6 +20,13 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
         return Err("maxQueued must be 0 or more".into());
     }
     let queue_timeout = parse_duration(&concurrency.queue_timeout).map_err(|e| format!("queueTimeout: {e}"))?;
+    let ingest_share = match concurrency.ingest_share {
+        None => DEFAULT_INGEST_SHARE,
+        Some(share) => u8::try_from(share)
+            .ok()
+            .filter(|share| *share <= MAX_INGEST_SHARE)
+            .ok_or_else(|| format!("ingestShare must be between 0 and {MAX_INGEST_SHARE} (got {share})"))?,
+    };
     // The token budget is split like the others: rounded up, so the pool never gets less.
     let tokens = concurrency.max_in_flight_tokens.map(|tokens| {
         let split_over = i64::from(share.split_over.max(1));
@@ -29,6 +36,7 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
     Ok(Limits {
         max_in_flight_tokens: tokens,
         adaptive: concurrency.adaptive,
+        ingest_share,
         ..Limits::new(in_flight, usize::try_from(share.queued_per_replica).unwrap_or(0), queue_timeout)
     })
 }
@@ -75,6 +83,15 @@ mod tests {
         assert!(whole(&zero).unwrap_err().contains("maxInFlight"));
         let never = ConcurrencySpec { queue_timeout: "soon".into(), ..ConcurrencySpec::default() };
         assert!(whole(&never).unwrap_err().contains("queueTimeout"));
+        let greedy = ConcurrencySpec { ingest_share: Some(60), ..ConcurrencySpec::default() };
+        assert!(whole(&greedy).unwrap_err().contains("ingestShare"));
+    }
+
+    #[test]
+    fn the_ingest_floor_defaults_to_a_tenth() {
+        assert_eq!(whole(&ConcurrencySpec::default()).unwrap().ingest_share, 10);
+        let none = ConcurrencySpec { ingest_share: Some(0), ..ConcurrencySpec::default() };
+        assert_eq!(whole(&none).unwrap().ingest_share, 0);
     }
 
     #[test]

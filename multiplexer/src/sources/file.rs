@@ -17,6 +17,7 @@
 //!     maxInFlightTokens: 16384   # optional token budget
 //!     adaptive: true      # the in-flight limit finds itself below maxInFlight
 //!     tenants: {search: 3, batch: 1}
+//!     ingestShare: 10     # percent of admissions the ingest lane keeps under query overload (0-50, default 10)
 //! ```
 
 use std::collections::BTreeMap;
@@ -76,6 +77,8 @@ struct FilePool {
     /// Tenant weights by name.
     #[serde(default)]
     tenants: BTreeMap<String, u32>,
+    /// The ingest lane's floor, in percent of admissions.
+    ingest_share: Option<u8>,
 }
 
 /// A parsed configuration: the default pool's name, every pool, and where the API keys are.
@@ -105,6 +108,7 @@ pub fn parse(text: &str) -> Result<Loaded> {
             queue_timeout: pool.queue_timeout.clone(),
             max_in_flight_tokens: pool.max_in_flight_tokens.map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
             adaptive: pool.adaptive,
+            ingest_share: pool.ingest_share.map(i32::from),
             tenants: pool
                 .tenants
                 .iter()
@@ -232,6 +236,12 @@ mod tests {
             parse("pools:\n- {name: a, upstream: u, maxInFlight: 2, maxQueued: 3, queueTimeout: 1s, coalesce: true}\n")
                 .unwrap();
         assert!(loaded.pools[0].coalesce);
+        assert_eq!(loaded.pools[0].limits.unwrap().ingest_share, 10, "the ingest floor's default");
+        let loaded = parse(
+            "pools:\n- {name: a, upstream: u, maxInFlight: 2, maxQueued: 3, queueTimeout: 1s, ingestShare: 25}\n",
+        )
+        .unwrap();
+        assert_eq!(loaded.pools[0].limits.unwrap().ingest_share, 25);
     }
 
     #[test]
@@ -242,6 +252,10 @@ mod tests {
             ("pools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: soon}", "queueTimeout"),
             ("default: b\npools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s}", "default"),
             ("pools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s, typo: 1}", "typo"),
+            (
+                "pools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s, ingestShare: 51}",
+                "ingestShare",
+            ),
             (
                 "auth: {keys: k}\npools:\n- {name: a, upstream: u, maxInFlight: 1, maxQueued: 1, queueTimeout: 1s}",
                 "keys",

@@ -14,6 +14,7 @@ mod fuzz;
 mod hostile_http;
 mod http_front;
 mod interop;
+mod lanes;
 mod live_limits;
 mod load_report;
 mod observability;

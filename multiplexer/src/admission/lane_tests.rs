@@ -1,0 +1,234 @@
+//! The two lanes: ingest takes what queries leave, keeps its floor under query overload, waits
+//! rather than being refused, and is never evicted for queries.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+
+/// Records what admission tells the lane observer.
+#[derive(Clone, Default)]
+struct Seen {
+    decided: Arc<Mutex<BTreeMap<(Lane, &'static str), usize>>>,
+    queued: Arc<Mutex<[usize; 2]>>,
+}
+
+impl LaneObserver for Seen {
+    fn queued(&self, lane: Lane, queued: [usize; 3]) {
+        self.queued.lock().unwrap()[lane.index()] = queued.iter().sum();
+    }
+
+    fn decided(&self, lane: Lane, outcome: &'static str) {
+        *self.decided.lock().unwrap().entry((lane, outcome)).or_default() += 1;
+    }
+}
+
+impl Seen {
+    fn count(&self, lane: Lane, outcome: &str) -> usize {
+        self.decided.lock().unwrap().iter().filter(|((l, o), _)| *l == lane && *o == outcome).map(|(_, n)| n).sum()
+    }
+}
+
+fn observed(limits: Limits) -> (Admission, Seen) {
+    let seen = Seen::default();
+    (Admission::with_observers(limits, |_| {}, seen.clone()), seen)
+}
+
+/// Lets spawned waiters run up to their next await point.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A closed-loop caller of `lane` until `end`: each admitted call holds its permit for `hold`;
+/// a refused one tries again a millisecond later. Records the order of admissions.
+fn worker(
+    admission: &Admission,
+    lane: Lane,
+    deadline: Option<Duration>,
+    hold: Duration,
+    end: Instant,
+    order: &Arc<Mutex<Vec<Lane>>>,
+) -> tokio::task::JoinHandle<usize> {
+    let (admission, order) = (admission.clone(), order.clone());
+    tokio::spawn(async move {
+        let mut refused = 0;
+        while Instant::now() < end {
+            let ask = Ask::new(Priority::Standard).lane(lane).deadline(deadline.map(|d| Instant::now() + d));
+            match admission.acquire(ask).await {
+                Ok(permit) => {
+                    order.lock().unwrap().push(lane);
+                    tokio::time::sleep(hold).await;
+                    drop(permit);
+                }
+                Err(_) => {
+                    refused += 1;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        }
+        refused
+    })
+}
+
+fn longest_run(order: &[Lane], lane: Lane) -> usize {
+    order.split(|l| *l != lane).map(<[Lane]>::len).max().unwrap_or(0)
+}
+
+/// Queries at many times capacity beside ingest pushing as fast as it can: ingest still gets its
+/// floor (a tenth of the admissions by default), no more than one ingest call goes between two
+/// queries, and no ingest call is refused.
+#[tokio::test(start_paused = true)]
+async fn ingest_keeps_its_floor_under_query_overload() {
+    let (admission, seen) = observed(Limits::new(2, 16, Duration::from_secs(1)));
+    let end = Instant::now() + Duration::from_secs(3);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let hold = Duration::from_millis(10);
+    let ingest: Vec<_> = (0..8).map(|_| worker(&admission, Lane::Ingest, None, hold, end, &order)).collect();
+    let queries: Vec<_> =
+        (0..64).map(|_| worker(&admission, Lane::Query, Some(Duration::from_secs(1)), hold, end, &order)).collect();
+    let mut refused_queries = 0;
+    for task in queries {
+        refused_queries += task.await.unwrap();
+    }
+    for task in ingest {
+        assert_eq!(task.await.unwrap(), 0, "no ingest call refused");
+    }
+    assert!(refused_queries > 0, "the queries did overload the pool");
+    let order = order.lock().unwrap().clone();
+    let share = order.iter().filter(|l| **l == Lane::Ingest).count() as f64 / order.len() as f64;
+    assert!((0.095..=0.15).contains(&share), "ingest got {share:.3} of {} admissions", order.len());
+    // Leaving out the start (before ingest waits) and the end (once the queries stopped).
+    let steady = &order[20..order.len() - 20];
+    assert!(longest_run(steady, Lane::Query) <= 10, "ingest passed by at most nine queries: {steady:?}");
+    assert!(longest_run(steady, Lane::Ingest) <= 2, "queries go first but for the floor: {steady:?}");
+    assert_eq!(seen.count(Lane::Ingest, "evicted") + seen.count(Lane::Ingest, "queue_timeout"), 0);
+    assert_eq!(seen.count(Lane::Ingest, ADMITTED), order.iter().filter(|l| **l == Lane::Ingest).count());
+}
+
+/// Without queries, ingest takes the whole pool; a query that then arrives takes the next slot
+/// that frees, ahead of every waiting ingest call: it waits behind the ingest in flight only.
+#[tokio::test(start_paused = true)]
+async fn a_query_waits_only_behind_the_ingest_in_flight() {
+    let admission = Admission::new(Limits::new(2, 16, Duration::from_secs(1)));
+    let end = Instant::now() + Duration::from_secs(2);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let ingest: Vec<_> =
+        (0..10).map(|_| worker(&admission, Lane::Ingest, None, Duration::from_millis(10), end, &order)).collect();
+    tokio::time::sleep(Duration::from_millis(105)).await;
+    let snapshot = admission.snapshot();
+    assert_eq!((snapshot.in_flight, snapshot.queued_total()), (2, 8), "ingest fills the pool and waits");
+    let asked = Instant::now();
+    let query = admission.acquire(Ask::new(Priority::Standard).deadline(Some(asked + Duration::from_secs(1)))).await;
+    let waited = asked.elapsed();
+    assert!(query.is_ok());
+    assert!(waited <= Duration::from_millis(10), "one ingest call's hold at most, not eight: {waited:?}");
+    drop(query);
+    for task in ingest {
+        assert_eq!(task.await.unwrap(), 0);
+    }
+    let served = order.lock().unwrap().len();
+    assert!(served >= 390, "ingest used the pool: {served} calls of 10 ms on 2 slots in 2 s");
+}
+
+/// A spike of queries, critical ones included, fills the queries' own queue and is refused
+/// beyond it; the ingest calls waiting (more than `maxQueued` of them: they have no deadline)
+/// are neither evicted nor refused, and are all served once the spike has passed.
+#[tokio::test(start_paused = true)]
+async fn a_query_spike_neither_evicts_nor_refuses_ingest() {
+    let (admission, seen) = observed(Limits::new(2, 4, Duration::from_secs(1)));
+    let held = [(); 2].map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).expect("room"));
+    let ingest: Vec<_> = (0..6)
+        .map(|_| {
+            let admission = admission.clone();
+            tokio::spawn(
+                async move { admission.acquire(Ask::new(Priority::Sheddable).lane(Lane::Ingest)).await.map(drop) },
+            )
+        })
+        .collect();
+    settle().await;
+    let deadline = Some(Instant::now() + Duration::from_secs(1));
+    let spike: Vec<_> = (0..40)
+        .map(|_| {
+            let admission = admission.clone();
+            let ask = Ask::new(Priority::Critical).deadline(deadline);
+            tokio::spawn(async move { admission.acquire(ask).await.map(drop) })
+        })
+        .collect();
+    settle().await;
+    assert_eq!(*seen.queued.lock().unwrap(), [4, 6], "each lane's queue on its own");
+    assert_eq!(seen.count(Lane::Query, "shed_queue_full"), 36);
+    drop(held);
+    for task in spike {
+        let _ = task.await.unwrap();
+    }
+    for task in ingest {
+        task.await.unwrap().expect("every ingest call served");
+    }
+    assert_eq!(seen.count(Lane::Ingest, ADMITTED), 6);
+    assert_eq!(seen.count(Lane::Query, ADMITTED), 2 + 4);
+    assert_eq!(admission.snapshot().queued_total(), 0);
+}
+
+/// Ingest without a deadline outwaits the queue timeout that a query is held to; ingest with a
+/// deadline is held to its word like a query: refused at once when its turn cannot come in time.
+#[tokio::test(start_paused = true)]
+async fn ingest_waits_past_the_queue_timeout_unless_it_set_a_deadline() {
+    let admission = Admission::new(Limits::new(1, 4, Duration::from_millis(100)));
+    let taught = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    drop(taught);
+    let held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let ingest = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard).lane(Lane::Ingest)).await.map(drop) })
+    };
+    let query = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await.map(drop) })
+    };
+    settle().await;
+    let hurried =
+        Ask::new(Priority::Standard).lane(Lane::Ingest).deadline(Some(Instant::now() + Duration::from_millis(20)));
+    let refused = admission.acquire(hurried).await.unwrap_err();
+    assert!(matches!(refused, AdmissionError::DeadlineUnmeetable { .. }), "{refused:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(matches!(query.await.unwrap(), Err(AdmissionError::QueueTimeout { .. })));
+    drop(held);
+    ingest.await.unwrap().expect("ingest waited for its turn");
+}
+
+/// Within the ingest lane, priorities and tenants order the queue as they do for queries.
+#[tokio::test(start_paused = true)]
+async fn priorities_and_tenants_work_inside_the_ingest_lane() {
+    let admission = Admission::new(Limits::new(1, 16, Duration::from_secs(1)));
+    let held = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    let asks =
+        [(Priority::Sheddable, "a"), (Priority::Standard, "a"), (Priority::Standard, "a"), (Priority::Standard, "b")];
+    for (priority, tenant) in asks {
+        let (admission, order) = (admission.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let ask = Ask::new(priority).lane(Lane::Ingest).tenant(Some(tenant));
+            let permit = admission.acquire(ask).await.unwrap();
+            order.lock().unwrap().push((priority, tenant));
+            drop(permit);
+        }));
+        settle().await;
+    }
+    drop(held);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    assert_eq!(
+        order,
+        [(Priority::Standard, "a"), (Priority::Standard, "b"), (Priority::Standard, "a"), (Priority::Sheddable, "a")],
+        "priority first, then tenants take turns"
+    );
+}
