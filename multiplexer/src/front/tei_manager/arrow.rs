@@ -287,8 +287,14 @@ impl Assembled {
             (Self::Sparse(sparse), Ok(Vector::Sparse(pairs))) => {
                 sparse.push_ok(pairs.into_iter().map(|pair| (pair.index, pair.value)))
             }
-            (Self::Dense(dense), Err(reason)) => Ok(dense.push_err(reason)),
-            (Self::Sparse(sparse), Err(reason)) => Ok(sparse.push_err(reason)),
+            (Self::Dense(dense), Err(reason)) => {
+                dense.push_err(reason);
+                Ok(())
+            }
+            (Self::Sparse(sparse), Err(reason)) => {
+                sparse.push_err(reason);
+                Ok(())
+            }
             (_, Ok(_)) => Err(ManagerError::Build("an answer of the other kind".into())),
         }
     }
