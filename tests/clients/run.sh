@@ -127,6 +127,7 @@ serve mux-rotating.log "$rot_grpc" "$rot_admin" "$rot_http" --tls-cert "$tls/rot
     --tls-key "$tls/rotating/tls.key"
 
 export TEIFLEET_HTTP="http://127.0.0.1:$http" TEIFLEET_HTTP_KEYED="http://127.0.0.1:$keyed_http"
+export TEIFLEET_GRPC="127.0.0.1:$grpc" TEIFLEET_SIM_GRPC="127.0.0.1:$sim_port"
 export TEIFLEET_API_KEY="$api_key"
 export TEIFLEET_TLS_DIR="$tls"
 export TEIFLEET_TLS_HTTP="https://127.0.0.1:$tls_http" TEIFLEET_TLS_GRPC="127.0.0.1:$tls_grpc"

@@ -194,9 +194,12 @@ impl Door {
                 lobby.inside += 1;
                 return Ok(Pass { door: self.clone() });
             }
-            // The gauge counts every door of the process: the cap is the process's.
+            // The gauge counts every door of the process: the cap is the process's. At the cap,
+            // a connection with fewer calls waiting than the longest line here takes the place
+            // of that line's newest call: one flooding client fills the door, never keeps others
+            // out of it.
             let held = usize::try_from(self.held.get()).unwrap_or(0);
-            if held >= bounds.max_held {
+            if held >= bounds.max_held && !Self::make_room(&mut lobby, connection, &self.held) {
                 return Err(DoorRefusal::Full { held });
             }
             let charge = bounds.memory.charge(Use::Door, HELD_CALL_BYTES).map_err(DoorRefusal::Memory)?;
@@ -222,9 +225,25 @@ impl Door {
             Err(_) if deadline.is_some_and(|deadline| deadline <= held_until) => return Err(DoorRefusal::Deadline),
             Err(_) => return Err(DoorRefusal::HeldTooLong { waited: bounds.max_hold }),
         };
-        let pass = granted.expect("a waiter leaves its line only with a pass or by its own hand");
         waiting.id = None;
-        Ok(pass)
+        // A waiter leaves its line with a pass, by its own hand, or made room for another
+        // connection's call at a full door (`make_room`), its grant dropped.
+        granted.map_err(|_| DoorRefusal::Full { held: bounds.max_held })
+    }
+
+    /// At a full door, refuses the newest call of the longest line, when it is longer than
+    /// `connection`'s would be with one more: whether a place was freed.
+    fn make_room(lobby: &mut Lobby, connection: ConnectionId, held: &IntGauge) -> bool {
+        let own = lobby.lines.get(&connection).map_or(0, VecDeque::len);
+        let Some((&longest, line)) = lobby.lines.iter_mut().max_by_key(|(_, line)| line.len()) else { return false };
+        if line.len() <= own + 1 {
+            return false;
+        }
+        // Dropping its grant tells the waiter it was refused; its line keeps its turn.
+        drop(line.pop_back());
+        held.dec();
+        tracing::debug!(connection = longest.0, "a full door refused the newest call of its longest line");
+        true
     }
 
     /// Lets waiting calls in while there is room, one per connection in turn. Returns the passes

@@ -11,6 +11,7 @@
 //! finish. [`crate::front::grpc::service::RpcService`] serves the RPC table's calls; tonic's routes (health,
 //! reflection, UNIMPLEMENTED) the rest.
 
+mod drained;
 mod stream;
 
 use std::future::poll_fn;
@@ -36,6 +37,14 @@ use crate::transport::keepalive;
 /// Flow-control windows offered to clients: hyper's server defaults, which tonic's `Server` used.
 const STREAM_WINDOW: u32 = 1024 * 1024;
 const CONNECTION_WINDOW: u32 = 1024 * 1024;
+/// How much framing overhead of small DATA frames h2 may hold for a connection before it closes
+/// it (GOAWAY `ENHANCE_YOUR_CALM` "too_many_data_frames"): each frame under 256 bytes costs 256
+/// less its size until a stream's reader takes it. Streams' bodies are drained as they arrive
+/// (`server::drained`), but h2 takes in a whole burst read from the socket before any reader
+/// runs, and a client streaming small messages as fast as it can sends thousands in one burst (a
+/// 20-byte message costs 236; h2's default, half the connection window, allows about 2,200).
+/// This allows about 35,000 such frames in one burst, a few megabytes of h2's buffers at most.
+const DATA_FRAME_BUDGET: usize = 8 * 1024 * 1024;
 
 /// What one HTTP/2 connection may do, and how long it lives.
 #[derive(Clone, Debug)]
@@ -82,6 +91,7 @@ where
     let handshake = h2::server::Builder::new()
         .initial_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
+        .data_frame_budget(DATA_FRAME_BUDGET)
         .max_concurrent_streams(bounds.max_concurrent_streams)
         .max_header_list_size(bounds.max_header_list_bytes)
         .max_pending_accept_reset_streams(bounds.max_pending_accept_reset_streams)

@@ -194,3 +194,29 @@ async fn the_doors_hold_a_bounded_number_of_calls_each_for_a_bounded_time_and_ch
     assert!(matches!(refused, Err(DoorRefusal::Memory(_))), "{refused:?}");
     drop(inside);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_full_door_gives_another_connections_call_the_place_of_the_floods_newest() {
+    let (door, admission) = door(1);
+    let inside = pass_now(&door, &admission, A);
+    let bounds = HoldBounds { max_held: 3, ..HoldBounds::default() };
+    let wait = |connection| {
+        let (door, admission, bounds) = (door.clone(), admission.clone(), bounds.clone());
+        tokio::spawn(async move { door.enter(&admission, connection, None, &bounds).await.map(drop) })
+    };
+    let flood: Vec<_> = (0..3).map(|_| wait(A)).collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(waiting(&door), 3, "the flood fills the door");
+    let steady = wait(B);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(waiting(&door), 3, "still at the cap");
+    let mut flood = flood.into_iter();
+    let newest = flood.next_back().unwrap().await.unwrap();
+    assert_eq!(newest, Err(DoorRefusal::Full { held: 3 }), "the flood's newest call made room");
+    drop(inside);
+    assert_eq!(steady.await.unwrap(), Ok(()), "the other connection's call takes its turn");
+    for older in flood {
+        assert_eq!(older.await.unwrap(), Ok(()));
+    }
+    assert_eq!(waiting(&door), 0);
+}

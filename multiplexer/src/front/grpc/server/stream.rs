@@ -31,7 +31,9 @@ use crate::front::grpc::service::RpcService;
 use crate::gate::request_meta::{GRPC_TIMEOUT, parse_grpc_timeout};
 use crate::report::status;
 use crate::transport::send_window;
-use crate::vocab::rpc::RPCS;
+use crate::vocab::rpc::{RPCS, Shape};
+
+use super::drained::Drained;
 
 type Answer = http::Response<tonic::body::Body>;
 
@@ -122,7 +124,7 @@ pub fn serve(
             if let Some(charge) = &charge {
                 parts.extensions.insert(charge.clone());
             }
-            let body = RequestBody { recv: body, data_ended: false, charge };
+            let body = RequestBody::new(parts.uri.path(), body, charge);
             dispatch.call(http::Request::from_parts(parts, body), connection)
         }
         Err(over) => futures::future::ready(status::into_http(status::into_status(Error::Memory(over)))).boxed(),
@@ -207,16 +209,51 @@ async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result
     }
 }
 
-/// A request body read from its h2 stream: each data frame's window is given back as the frame
-/// is taken, as hyper does, so a call's body never waits on bytes already read.
-pub struct RequestBody {
+/// A request body read from its h2 stream. A unary call's is read as the call takes it; a
+/// streaming call's is drained from h2 as it arrives ([`Drained`]).
+pub enum RequestBody {
+    Direct(Direct),
+    Drained(Drained),
+}
+
+impl RequestBody {
+    fn new(path: &str, recv: RecvStream, charge: Option<Arc<Charge>>) -> Self {
+        match RPCS.iter().find(|rpc| rpc.path == path) {
+            Some(rpc) if rpc.shape != Shape::Unary => Self::Drained(Drained::start(recv, charge, BUFFERED_PER_BYTE)),
+            _ => Self::Direct(Direct { recv, data_ended: false, charge }),
+        }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = tonic::codegen::StdError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            Self::Direct(direct) => Pin::new(direct).poll_frame(cx),
+            Self::Drained(drained) => Pin::new(drained).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Direct(direct) => direct.is_end_stream(),
+            Self::Drained(drained) => drained.is_end_stream(),
+        }
+    }
+}
+
+/// A unary call's body: each data frame's window is given back as the frame is taken, as hyper
+/// does, so a call's body never waits on bytes already read.
+pub struct Direct {
     recv: RecvStream,
     data_ended: bool,
     /// The stream's charge, grown by each data frame taken (none for health and reflection).
     charge: Option<Arc<Charge>>,
 }
 
-impl Body for RequestBody {
+impl Body for Direct {
     type Data = Bytes;
     type Error = tonic::codegen::StdError;
 
