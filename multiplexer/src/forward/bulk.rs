@@ -6,7 +6,10 @@
 //! caller consumes them in input order, and a slow consumer holds no more than the window. The
 //! HTTP front's batches and tei-manager's Arrow batches both run here.
 
-use futures::{FutureExt as _, Stream, StreamExt as _};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::{FutureExt as _, Stream, StreamExt as _, TryStreamExt as _};
 use tokio::time::Instant;
 use tonic::metadata::MetadataMap;
 use tonic::{Response, Status};
@@ -17,7 +20,7 @@ use crate::forward::charge;
 use crate::forward::pools::Pool;
 use crate::forward::siblings::window_cap;
 use crate::gate::request_meta::RequestMeta;
-use crate::vocab::framing::Framed;
+use crate::vocab::framing::{Framed, MessageStream};
 use crate::vocab::rpc::{Admit, Rpc};
 use crate::vocab::wire::TeiTiming;
 
@@ -82,6 +85,48 @@ impl<'a> Bulk<'a> {
         drop(grant);
         let timing = kept.last().and_then(|(_, timing)| *timing);
         Ok(Chunk { answers: kept.into_iter().map(|(answer, _)| answer).collect(), admitted, timing })
+    }
+}
+
+/// What a stream spread over the pool owns: its answers outlive the call's future.
+pub struct Spread {
+    pub forwarder: Arc<Forwarder>,
+    pub pool: Arc<Pool>,
+    pub meta: RequestMeta,
+    pub carried: MetadataMap,
+    /// The unary row each message is sent as (`Rpc::unary`).
+    pub rpc: &'static Rpc,
+}
+
+impl Spread {
+    /// A stream's messages as sub-batches of the messages that are in (at most `size`, never
+    /// waiting for more), each admitted on its own and sent to whichever replica has room, at
+    /// most `window` at once; the answers in the messages' order. A message that cannot be read,
+    /// or one refused, ends the answers with its error (as TEI ends a stream).
+    pub fn answers(
+        self,
+        messages: MessageStream,
+        size: usize,
+        window: usize,
+    ) -> impl Stream<Item = Result<Bytes>> + Send {
+        let spread = Arc::new(self);
+        messages
+            .ready_chunks(size.max(1))
+            .map(move |chunk| {
+                let spread = spread.clone();
+                async move {
+                    let chunk = chunk
+                        .into_iter()
+                        .map(|message| message.map(|message| Framed::new(&message)).map_err(Error::Message))
+                        .collect::<Result<Vec<_>>>()?;
+                    let Self { forwarder, pool, meta, carried, rpc } = &*spread;
+                    let bulk = Bulk { forwarder, pool, meta, carried, rpc };
+                    bulk.chunk(chunk, |exchanged: Exchanged| exchanged.map(|(answer, _)| answer.into_inner())).await
+                }
+            })
+            .buffered(window.max(1))
+            .map_ok(|chunk| futures::stream::iter(chunk.answers.into_iter().map(|answer| Ok(answer.into_message()))))
+            .try_flatten()
     }
 }
 

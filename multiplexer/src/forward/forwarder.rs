@@ -11,6 +11,7 @@
 //! permit it held.
 
 use std::collections::VecDeque;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -27,6 +28,7 @@ use tonic::{Request, Response, Status};
 
 use crate::admission::{AdmissionError, Cost, Permit};
 use crate::error::{Error, Result};
+use crate::forward::bulk;
 use crate::forward::charge::{self, Grant, cost_of, observe, timing};
 use crate::forward::coalesce::{Answer, Caller, Coalescer, Key, Role, is_leaders_deadline};
 use crate::forward::pools::{Pool, PoolTable};
@@ -403,8 +405,12 @@ impl Routed {
         Ok(Response::new(Box::pin(Answers::new(answers, call, held, false, None))))
     }
 
-    /// Forwards a bidirectional stream message by message.
+    /// Forwards a bidirectional stream message by message: on one upstream stream to this
+    /// replica's TEI, or, in a pool with siblings, spread over every replica with room.
     pub async fn bidi(self, request: Request<MessageStream>) -> Result<Response<MessageStream>, Status> {
+        if let Some(unary) = spread_as(&self.pool, self.call.rpc) {
+            return Ok(self.spread(request, unary));
+        }
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
         let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
@@ -412,6 +418,21 @@ impl Routed {
         let answers =
             forwarder.open_stream(&pool, call.rpc, outgoing).await.map_err(|error| Status::from(call.fail(error)))?;
         Ok(Response::new(Box::pin(Answers::new(answers, call, held, true, Some(refusal)))))
+    }
+
+    /// A long stream is a bulk call: its messages go as sub-batches of the unary RPC each one is
+    /// to TEI, admitted one sub-batch at a time here or at a sibling with room (the spill path),
+    /// so one client's stream keeps every replica busy, not only the one it opened on; the
+    /// answers come back in order. TEI's streams answer message by message as its unary calls do.
+    fn spread(self, request: Request<MessageStream>, unary: &'static Rpc) -> Response<MessageStream> {
+        let Self { forwarder, call, meta, pool, .. } = self;
+        let (metadata, _, inbound) = request.into_parts();
+        let size = bulk::sub_batch(&pool, SPREAD_SUB_BATCH);
+        let window = bulk::window(&pool, size);
+        let spread = bulk::Spread { forwarder, pool, meta, carried: metadata, rpc: unary };
+        let answers =
+            Counted { answers: Box::pin(spread.answers(inbound, size, window)), call, answered: false, done: false };
+        Response::new(Box::pin(answers))
     }
 
     /// Forwards a client stream that ends in one answer (RerankStream). Every message's permit is
@@ -503,5 +524,56 @@ impl Routed {
                 Err(error) => return Err(self.call.fail(error).into()),
             }
         }
+    }
+}
+
+/// Messages of a spread stream sent under one grant at most: few, so a stream's messages are
+/// spread over the replicas in small steps and none waits long for a sub-batch to fill (a
+/// sub-batch takes the messages that are in, never waiting for more).
+const SPREAD_SUB_BATCH: usize = 8;
+
+/// The unary row a stream of `rpc` is spread as, when `pool` has siblings to spread it over.
+fn spread_as(pool: &Pool, rpc: &'static Rpc) -> Option<&'static Rpc> {
+    let siblings = pool.siblings.as_ref()?;
+    if pool.spec.remote || rpc.admit != Admit::Permit || siblings.slots() == 0 {
+        return None;
+    }
+    rpc.unary()
+}
+
+/// A spread stream's answers; the call is counted when they end.
+struct Counted {
+    answers: Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>,
+    call: Call,
+    /// An answer came: the call's wait ended with its first.
+    answered: bool,
+    done: bool,
+}
+
+impl Stream for Counted {
+    type Item = Result<Bytes, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.done {
+            return std::task::Poll::Ready(None);
+        }
+        std::task::Poll::Ready(match futures::ready!(this.answers.as_mut().poll_next(cx)) {
+            Some(Ok(answer)) => {
+                if !std::mem::replace(&mut this.answered, true) {
+                    this.call.admitted();
+                }
+                Some(Ok(answer))
+            }
+            Some(Err(error)) => {
+                this.done = true;
+                Some(Err(this.call.fail(error).into()))
+            }
+            None => {
+                this.done = true;
+                this.call.succeed();
+                None
+            }
+        })
     }
 }

@@ -52,6 +52,13 @@ pub struct Rpc {
 
 impl Rpc {
     /// The gRPC service name, e.g. `tei.v1.Embed`.
+    /// The unary row that takes one of this stream's messages and gives one of its answers
+    /// (`EmbedStream`'s is `Embed`): TEI's streams are its unary calls, message by message.
+    pub fn unary(&self) -> Option<&'static Rpc> {
+        let path = self.path.strip_suffix("Stream")?;
+        RPCS.iter().find(|rpc| rpc.path == path && rpc.shape == Shape::Unary)
+    }
+
     pub fn service(&self) -> &'static str {
         let trimmed = &self.path[1..];
         &trimmed[..trimmed.find('/').unwrap_or(trimmed.len())]

@@ -196,3 +196,34 @@ async fn a_burst_without_deadlines_on_one_connection_waits_at_the_door_and_spill
         assert!(replica.sim.stats().max_in_flight_observed <= 1, "{:?}", replica.sim.stats());
     }
 }
+
+#[tokio::test]
+async fn a_stream_opened_on_one_replica_is_spread_over_the_pool_and_answered_in_order() {
+    let replicas = replicas(3).await;
+    let mut client = embed_client(replicas[0].mux.grpc_addr).await;
+    let texts: Vec<String> = (0..300).map(|i| format!("streamed {i}")).collect();
+    let messages = tokio_stream::iter(texts.clone().into_iter().map(|text| embed_request(&text)));
+    let mut answers = client.embed_stream(messages).await.expect("the stream opens").into_inner();
+    let mut vectors = Vec::new();
+    while let Some(answer) = answers.message().await.expect("every message answered") {
+        vectors.push(answer.embeddings);
+    }
+    assert_eq!(vectors.len(), texts.len());
+    // In order: each answer is its own message's vector, as one replica's TEI gives it.
+    let mut direct = embed_client(replicas[0].mux.grpc_addr).await;
+    for i in [0, 149, 299] {
+        let alone = direct.embed(embed_request(&texts[i])).await.unwrap().into_inner().embeddings;
+        assert_eq!(vectors[i], alone, "answer {i}");
+    }
+    for (i, replica) in replicas.iter().enumerate() {
+        let served = replica.sim.stats().completed;
+        assert!(served >= 20, "replica {i} served {served} of the stream's 300 messages");
+        assert!(replica.sim.stats().max_in_flight_observed <= SHARE as u64, "replica {i}: the budget holds");
+    }
+    let text = metrics_text(&replicas[0].mux);
+    assert_eq!(
+        metric_sum(&text, "teifleet_requests_total", &[("rpc", "EmbedStream"), ("outcome", "ok")]),
+        1.0,
+        "{text}"
+    );
+}
