@@ -5,9 +5,9 @@
 //! (`arrow`, `ipc`) as sub-batches over the whole pool. Refusals are tei-manager's where it has
 //! words for them (`error`); the target's mapping is `target`.
 //!
-//! Served as one of the port's tonic routes, which carry no connection: a call is a connection of
-//! its own at the pool's door unless the port's dispatch puts the connection's
-//! [`ConnectionInfo`] in its extensions, and no client certificate names its tenant (API keys do).
+//! Served as one of the port's tonic routes: the port's dispatch puts the connection's
+//! [`ConnectionInfo`] in each call's extensions, so a call waits in its connection's line at the
+//! pool's door and a client certificate names its tenant, as for tei.v1 calls.
 
 mod arrow;
 mod error;

@@ -102,6 +102,9 @@ impl Dispatch {
         match RPCS.iter().position(|rpc| rpc.path == request.uri().path()) {
             Some(row) => self.rpcs[row].call(request, connection),
             None => {
+                // tonic's routes carry no connection of their own: tei-manager's API takes its
+                // turn at the door in its connection's line, and its tenant from its certificate.
+                request.extensions_mut().insert(connection.clone());
                 self.routes.clone().oneshot(request).map(|answer| answer.unwrap_or_else(|never| match never {})).boxed()
             }
         }
