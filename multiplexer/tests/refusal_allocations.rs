@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
-use teifleet_multiplexer::admission::{Cost, Limits};
+use teifleet_multiplexer::admission::{Ask, Limits, Priority};
 use teifleet_multiplexer::forward::Forwarder;
 use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::front::grpc::connections::ConnectionInfo;
@@ -63,7 +63,7 @@ async fn a_refusal_at_a_full_pool_allocates_little_beyond_its_answer() {
         }])
         .unwrap();
     let pool = pools.get("pool-a").unwrap();
-    let _full = pool.admission.try_acquire(Cost::ONE).expect("the pool's one permit");
+    let _full = pool.admission.try_acquire(&Ask::new(Priority::Standard)).expect("the pool's one permit");
     let forwarder = Arc::new(Forwarder::new(pools.clone(), metrics, "test", 4 << 20));
     let embed = rpc::find("/tei.v1.Embed/Embed").unwrap();
     let door = Arc::new(teifleet_multiplexer::gate::door::HoldBounds::default());
