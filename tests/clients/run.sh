@@ -57,7 +57,9 @@ trap cleanup EXIT
 "$bin/tei-sim" --listen "127.0.0.1:$sim_port" --admin-listen "127.0.0.1:$sim_admin" \
     --fixed-latency 1ms --per-token-latency 0s --max-batch-tokens 512 >"$logs/sim.log" 2>&1 &
 pids+=($!)
+# It serves the simulator's model by name too: tei-manager clients (test_tei_manager.py) route by it.
 "$bin/teifleet-multiplexer" static --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
+    --model teifleet/sim-embedding \
     --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
     --http-listen "127.0.0.1:$http" --drain-delay 0s >"$logs/mux.log" 2>&1 &
 pids+=($!)

@@ -26,7 +26,7 @@ use tonic::metadata::MetadataValue;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-use crate::admission::{AdmissionError, Cost, Permit};
+use crate::admission::{AdmissionError, Cost, Lane, Permit};
 use crate::error::{Error, Result};
 use crate::forward::bulk;
 use crate::forward::charge::{self, Grant, cost_of, observe, timing};
@@ -42,7 +42,7 @@ use crate::report::metrics::Metrics;
 use crate::vocab::Protocol;
 use crate::vocab::framing::MessageStream;
 use crate::vocab::framing::{Framed, Side, missing};
-use crate::vocab::rpc::{Admit, Rpc};
+use crate::vocab::rpc::{Admit, Rpc, Shape};
 use crate::vocab::wire::TeiTiming;
 
 pub struct Forwarder {
@@ -110,6 +110,10 @@ impl Forwarder {
                 "a spill without the pool's peer key: a client's call"
             );
             meta.spilled_from = None;
+        }
+        // A stream is a bulk call: ingest, unless it says otherwise.
+        if !meta.lane_named && call.rpc.shape != Shape::Unary {
+            meta.lane = Lane::Ingest;
         }
         call.priority = meta.priority;
         if meta.spilled_from.is_some() {

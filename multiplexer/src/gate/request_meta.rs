@@ -27,6 +27,9 @@ pub struct RequestMeta {
     pub priority: Priority,
     /// `x-teifleet-lane`: interactive queries (the default) or bulk ingest.
     pub lane: Lane,
+    /// The call named its lane itself; otherwise a bulk call (a stream, an Arrow batch) is
+    /// `ingest` (`Forwarder::route`).
+    pub lane_named: bool,
     pub target: Target,
     /// The caller's time budget from `grpc-timeout`.
     pub timeout: Option<Duration>,
@@ -140,7 +143,9 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Meta
         Some(value) => value.parse()?,
         None => Priority::default(),
     };
-    let lane = match text(metadata, &LANE)? {
+    let lane_text = text(metadata, &LANE)?;
+    let lane_named = lane_text.is_some();
+    let lane = match lane_text {
         Some(value) => value.parse().map_err(|unknown: crate::admission::UnknownLane| InvalidMetadata {
             header: LANE_HEADER,
             reason: format!("must be query or ingest (got {:?})", unknown.0),
@@ -162,6 +167,7 @@ pub fn parse(metadata: &HeaderMap, arrived: Instant) -> Result<RequestMeta, Meta
     let mut meta = RequestMeta {
         priority,
         lane,
+        lane_named,
         target,
         timeout: None,
         deadline: None,

@@ -124,11 +124,7 @@ impl Default for RecentRates {
 /// time while waiting for one. Every outcome is placed here on purpose (no wildcard arm).
 pub fn refused_for_capacity(outcome: Outcome) -> bool {
     match outcome {
-        Outcome::ShedQueueFull
-        | Outcome::ShedDeadline
-        | Outcome::ShedQueueTimeout
-        | Outcome::ShedStandingQueue
-        | Outcome::ExpiredInQueue => true,
+        Outcome::ShedQueueFull | Outcome::ShedDeadline | Outcome::ShedQueueTimeout | Outcome::ExpiredInQueue => true,
         // Admitted (whatever became of it at TEI), gone, not taken for another reason than room,
         // or the caller's doing.
         Outcome::Ok
@@ -202,7 +198,6 @@ mod tests {
             Outcome::ShedQueueFull,
             Outcome::ShedDeadline,
             Outcome::ShedQueueTimeout,
-            Outcome::ShedStandingQueue,
             Outcome::ExpiredInQueue,
             Outcome::ExpiredAtUpstream,
             Outcome::Cancelled,
@@ -214,9 +209,6 @@ mod tests {
         .filter(|outcome| refused_for_capacity(*outcome))
         .map(Outcome::as_str)
         .collect::<Vec<_>>();
-        assert_eq!(
-            refused,
-            ["shed_queue_full", "shed_deadline", "shed_queue_timeout", "shed_standing_queue", "expired_in_queue"]
-        );
+        assert_eq!(refused, ["shed_queue_full", "shed_deadline", "shed_queue_timeout", "expired_in_queue"]);
     }
 }

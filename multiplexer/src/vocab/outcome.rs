@@ -39,8 +39,6 @@ pub enum ErrorKind {
 pub enum Shed {
     /// The queue is full (or the call was evicted from it by one that ranks higher).
     QueueFull,
-    /// The queue stands: a newcomer would only wait behind a queue that does not drain.
-    StandingQueue,
     /// The call's deadline comes before its expected turn.
     Deadline,
     /// Its expected wait is longer than the pool's queue timeout.
@@ -54,7 +52,6 @@ pub enum Outcome {
     ShedQueueFull,
     ShedDeadline,
     ShedQueueTimeout,
-    ShedStandingQueue,
     ExpiredInQueue,
     ExpiredAtUpstream,
     Cancelled,
@@ -72,7 +69,6 @@ impl Outcome {
             Self::ShedQueueFull => "shed_queue_full",
             Self::ShedDeadline => "shed_deadline",
             Self::ShedQueueTimeout => "shed_queue_timeout",
-            Self::ShedStandingQueue => "shed_standing_queue",
             Self::ExpiredInQueue => "expired_in_queue",
             Self::ExpiredAtUpstream => "expired_at_upstream",
             Self::Cancelled => "cancelled",
@@ -92,7 +88,6 @@ impl From<ErrorKind> for Outcome {
             | ErrorKind::NotFound
             | ErrorKind::ForwardingLoop => Self::Rejected,
             ErrorKind::Shed(Shed::QueueFull) => Self::ShedQueueFull,
-            ErrorKind::Shed(Shed::StandingQueue) => Self::ShedStandingQueue,
             ErrorKind::Shed(Shed::Deadline) => Self::ShedDeadline,
             ErrorKind::Shed(Shed::QueueTimeout) => Self::ShedQueueTimeout,
             ErrorKind::QueueTimedOut | ErrorKind::ExpiredInQueue => Self::ExpiredInQueue,

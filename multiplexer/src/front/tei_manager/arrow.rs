@@ -18,6 +18,7 @@ use tonic::metadata::MetadataMap;
 use super::error::ManagerError;
 use super::ipc::{self, Dense, Dtype, Sparse, Texts};
 use super::{Context, target};
+use crate::admission::Lane;
 use crate::admission::memory::{Charge, Use};
 use crate::error::Error;
 use crate::forward::bulk::{self, Bulk, Exchanged};
@@ -138,7 +139,13 @@ impl Routed {
     pub fn route(cx: &Context, options: &Options, headers: &http::HeaderMap) -> Result<Self, Error> {
         let mut call = cx.forwarder.call(options.rpc(), Protocol::Grpc);
         match cx.forwarder.route(&mut call, headers) {
-            Ok((meta, pool)) => Ok(Self { call, meta, pool, carried: super::carried_to(headers) }),
+            Ok((mut meta, pool)) => {
+                // An Arrow batch is a bulk call: ingest, unless it says otherwise.
+                if !meta.lane_named {
+                    meta.lane = Lane::Ingest;
+                }
+                Ok(Self { call, meta, pool, carried: super::carried_to(headers) })
+            }
             Err(error) => Err(call.fail(error)),
         }
     }

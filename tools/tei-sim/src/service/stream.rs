@@ -30,10 +30,25 @@ impl Sim {
             mpsc::channel::<oneshot::Receiver<Result<Resp, Status>>>(MAX_PARALLEL_STREAM_REQUESTS);
         let sim = self.clone();
         let f = Arc::new(f);
+        // The client's messages are read as they arrive, whether or not a slot is free: a reader
+        // that stops while messages wait for slots leaves their frames in h2, which closes the
+        // connection once too many small ones wait (GOAWAY "too_many_data_frames"); TEI, on an
+        // h2 without that bound, answers a client streaming 100,000 small messages whole.
+        let (read_tx, mut read_rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(async move {
+            loop {
+                let message = inbound.message().await;
+                let last = !matches!(message, Ok(Some(_)));
+                if read_tx.send(message).is_err() || last {
+                    break;
+                }
+            }
+        });
         tokio::spawn(async move {
+            let _reader = tokio_util::task::AbortOnDropHandle::new(reader);
             loop {
                 let message = tokio::select! {
-                    m = inbound.message() => m,
+                    m = read_rx.recv() => m.unwrap_or(Ok(None)),
                     () = order_tx.closed() => break,
                     () = sim.state.shutdown.cancelled() => break,
                 };
