@@ -73,6 +73,20 @@ pub fn remove_all(headers: &mut HeaderMap, names: &[HeaderName]) {
     }
 }
 
+/// The caller's headers that go along when a call the sidecar makes on its behalf (an HTTP
+/// request's, a tei-manager batch's sub-batches) reaches another sidecar (another pool's, or a
+/// sibling replica's it spills to): its key, priority, lane, tenant and routing, so that sidecar
+/// decides as it would for the caller itself. TEI never sees them (`strip_for_tei`).
+pub fn carried_to_peers(headers: &HeaderMap) -> tonic::metadata::MetadataMap {
+    let mut carried = HeaderMap::new();
+    for name in teifleet_wire::headers::CARRIED_TO_PEERS {
+        for value in headers.get_all(name) {
+            carried.append(HeaderName::from_static(name), value.clone());
+        }
+    }
+    tonic::metadata::MetadataMap::from_headers(carried)
+}
+
 /// Removes what the local TEI must not see: the caller's key and every teifleet header (routing,
 /// tenant, hop and spill marks). Most calls carry none, and then nothing is allocated.
 pub fn strip_for_tei(headers: &mut HeaderMap) {

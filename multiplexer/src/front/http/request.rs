@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt as _;
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 use prost::Message;
 use teifleet_proto::v1;
-use teifleet_wire::headers::{CARRIED_TO_PEERS, TIMEOUT_MS};
+use teifleet_wire::headers::TIMEOUT_MS;
 use tonic::metadata::MetadataMap;
 
 use super::Shared;
@@ -65,7 +65,7 @@ impl<'a> HttpCall<'a> {
         });
         match routed {
             Ok((meta, pool)) => {
-                let carried = carried_to(headers);
+                let carried = crate::gate::request_meta::carried_to_peers(headers);
                 Ok(Self { shared, call, meta, pool, carried })
             }
             Err(error) => Err(HttpError::Call(call.fail(error))),
@@ -199,17 +199,4 @@ fn timeout(headers: &HeaderMap) -> Result<Option<Duration>> {
         return Err(invalid());
     }
     Ok(Some(Duration::from_millis(millis)))
-}
-
-/// The caller's headers that go along when the call reaches another sidecar (another pool's, or
-/// a sibling replica's it spills to): its key, priority, tenant and routing, so that sidecar
-/// decides as it would for the caller itself. TEI ignores them, as it does gRPC callers' own.
-fn carried_to(headers: &HeaderMap) -> MetadataMap {
-    let mut carried = HeaderMap::new();
-    for name in CARRIED_TO_PEERS {
-        for value in headers.get_all(name) {
-            carried.append(HeaderName::from_static(name), value.clone());
-        }
-    }
-    MetadataMap::from_headers(carried)
 }

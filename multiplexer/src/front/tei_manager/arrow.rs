@@ -144,7 +144,7 @@ impl Routed {
                 if !meta.lane_named {
                     meta.lane = Lane::Ingest;
                 }
-                Ok(Self { call, meta, pool, carried: super::carried_to(headers) })
+                Ok(Self { call, meta, pool, carried: crate::gate::request_meta::carried_to_peers(headers) })
             }
             Err(error) => Err(call.fail(error)),
         }

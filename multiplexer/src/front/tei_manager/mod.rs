@@ -25,11 +25,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
-use http::{HeaderMap, HeaderName};
+use http::HeaderMap;
 use prost::Message as _;
 use teifleet_proto::tei_multiplexer::v1 as mux;
-use teifleet_wire::headers::CARRIED_TO_PEERS;
-use tonic::metadata::MetadataMap;
 use tonic::{Response, Status};
 
 pub use self::error::ManagerError;
@@ -336,18 +334,6 @@ impl Streaming {
 
 /// The `port` label of the gRPC port's refusals.
 const PORT: &str = Protocol::Grpc.as_str();
-
-/// The caller's headers that go along when a sub-batch reaches another sidecar (another pool's, or
-/// a sibling replica's it spills to): its key, priority, lane, tenant and routing.
-fn carried_to(headers: &HeaderMap) -> MetadataMap {
-    let mut carried = HeaderMap::new();
-    for name in CARRIED_TO_PEERS {
-        for value in headers.get_all(name) {
-            carried.append(HeaderName::from_static(name), value.clone());
-        }
-    }
-    MetadataMap::from_headers(carried)
-}
 
 /// An Arrow call's body, charged to the memory budget as it is read (the port's dispatch charges
 /// only tei.v1's own paths): a 100,000-row batch counts against the budget before it is decoded.
