@@ -325,6 +325,34 @@ pub async fn start_mux_on(
     Ok(proc)
 }
 
+/// Characters of a pool's peer key, as the operator writes one (32 random bytes in base64url).
+pub const PEER_KEY_LEN: usize = 43;
+
+/// A fresh peer key for the replicas of one pool (`--peer-key-file`, the same file for each), written
+/// beside the logs as `<name>-peer-key` (replaced by each run: nothing is left in the system's temp
+/// dir). A bench key, drawn from the clock and the process id: it proves spills between processes
+/// this run started, nothing more.
+pub fn write_peer_key(bins: &Bins, name: &str) -> Result<PathBuf> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let mut state = (nanos as u64) ^ (u64::from(std::process::id()) << 32);
+    let key: String = (0..PEER_KEY_LEN)
+        .map(|_| {
+            // SplitMix64.
+            state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            char::from(ALPHABET[((z ^ (z >> 31)) % 64) as usize])
+        })
+        .collect();
+    let dir = &bins.logs;
+    std::fs::create_dir_all(dir).map_err(|source| Error::File { what: "creating", path: dir.clone(), source })?;
+    let path = dir.join(format!("{name}-peer-key"));
+    std::fs::write(&path, &key).map_err(|source| Error::File { what: "writing", path: path.clone(), source })?;
+    Ok(path)
+}
+
 /// A test CA's certificate and a server certificate it signed for 127.0.0.1 and localhost, as the
 /// PEM files the multiplexer's `--tls-cert`/`--tls-key` and a client's CA bundle read.
 #[derive(Clone, Debug)]
@@ -601,6 +629,18 @@ mod tests {
         let args = files.mux_args();
         assert_eq!(args[0], format!("--tls-cert={}", logs.join("t-cert.pem").display()));
         assert_eq!(args[1], format!("--tls-key={}", logs.join("t-key.pem").display()));
+        std::fs::remove_dir_all(logs).unwrap();
+    }
+
+    #[test]
+    fn a_peer_key_file_holds_43_base64url_characters() {
+        let logs = std::env::temp_dir().join(format!("teifleet-bench-peer-{}", std::process::id()));
+        let bins = Bins { dir: logs.clone(), logs: logs.clone() };
+        let path = write_peer_key(&bins, "p").unwrap();
+        assert_eq!(path, logs.join("p-peer-key"));
+        let key = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(key.len(), PEER_KEY_LEN);
+        assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_'), "{key}");
         std::fs::remove_dir_all(logs).unwrap();
     }
 

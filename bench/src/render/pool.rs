@@ -1,4 +1,4 @@
-//! The section of the pool scenario (15 spillover), from its typed result.
+//! The sections of the pool scenarios (15 spillover, 18 bulk), from their typed results.
 
 use std::fmt::Write as _;
 
@@ -7,6 +7,7 @@ use teifleet_load::render::codes;
 use super::Render;
 use super::table::{Table, figure, text};
 use super::words::{backend, limits, us};
+use crate::scenarios::bulk::{self, Bulk};
 use crate::scenarios::median_of;
 use crate::scenarios::overload::DEADLINE;
 use crate::scenarios::spillover::{BALANCED_CONNECTIONS, LOAD_FACTOR, Spillover};
@@ -143,10 +144,100 @@ impl Render for Spillover {
     }
 }
 
+impl Render for Bulk {
+    fn write(&self, out: &mut String) {
+        let quick = if self.texts < 100_000 {
+            " (quick mode: the issue's target is for 100,000; `make bench` sends that many)"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            out,
+            "A pool of {} replicas as scenario 15 starts them: each {} answering {}-dimension vectors \
+             (`--dimensions {}`), behind its own multiplexer in static mode ({}), started with `--sibling` naming the \
+             other replicas' multiplexers, the same `--peer-key-file` (a 43-character key) and `--max-message-bytes \
+             {}`. **{} texts per bulk call**{quick}, each a distinct {}-word text; one after the other: (1) one \
+             `tei.v1.Embed/EmbedStream` call of {} messages on one HTTP/2 connection to replica 1's multiplexer \
+             (sent as fast as flow control lets them go; the sidecar spreads them over the pool as sub-batches, \
+             `forward/bulk.rs`'s `Spread`); (2) one `tei_multiplexer.v1.TeiMultiplexer/EmbedArrow` call, an Arrow IPC \
+             RecordBatch of {} rows (a `text` column, f32 answers), on one connection to replica 1 (sub-batches of at \
+             most one replica's share, each admitted here or at a sibling); (3) the reference: unary `Embed` calls of \
+             {}-word texts, closed loop, {} callers over {} connections spread over the 3 replicas in turn. Texts/s \
+             counts texts answered OK, once, in their place: every answer is checked against the simulator's vector \
+             of its own text (a function of the text alone), after the clock stops. Calls per replica are each \
+             simulator's completed count (`/stats`, reset before each run); spills are replica 1's \
+             `teifleet_spills_total`, in inputs: served by a sibling / refused by it / sibling unreachable.\n",
+            self.replicas,
+            backend(&self.backend),
+            bulk::DIMENSIONS,
+            bulk::DIMENSIONS,
+            limits(&self.limits),
+            bulk::MAX_MESSAGE,
+            self.texts,
+            bulk::TOKENS,
+            self.texts,
+            self.texts,
+            bulk::TOKENS,
+            self.unary_callers,
+            self.unary_connections,
+        );
+        let mut table = Table::new(
+            out,
+            &[
+                text("run"),
+                figure("texts"),
+                figure("answered"),
+                figure("in order"),
+                figure("seconds"),
+                figure("texts/s"),
+                figure("÷ balanced"),
+                figure("calls per replica"),
+                figure("spills served / refused / unreachable"),
+                text("ended"),
+            ],
+        );
+        for (name, side) in self.sides() {
+            table.row(&[
+                &name,
+                &side.sent,
+                &side.answered,
+                &side.in_order,
+                &number(side.seconds),
+                &format!("{:.0}", side.texts_per_s()),
+                &number(ratio(side.texts_per_s(), self.balanced.texts_per_s())),
+                &per_replica(side.sims.iter().map(|s| s.completed.to_string())),
+                &format!("{:.0} / {:.0} / {:.0}", side.spills.served, side.spills.refused, side.spills.unreachable),
+                &side.outcome,
+            ]);
+        }
+        if self.peak_rss_bytes > 0 {
+            let _ = writeln!(
+                out,
+                "\nReplica 1's multiplexer peaked at {:.0} MiB resident over the run (VmHWM), the {}-row Arrow call \
+                 and its answer included.",
+                self.peak_rss_bytes as f64 / f64::from(1 << 20),
+                self.texts
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::scenarios::spillover::example::result;
+
+    #[test]
+    fn the_bulk_section_shows_each_call_beside_the_balanced_reference() {
+        let text = crate::scenarios::bulk::example::result(20.0, 21.0, 20_000).body();
+        assert!(text.contains("**20000 texts per bulk call** (quick mode"), "{text}");
+        assert!(
+            text.contains("| EmbedStream, one call on one connection to replica 1 | 20000 | 20000 | 20000 | 20.0 | 1000 | 1.00 | 6700 / 6650 / 6650 |"),
+            "{text}"
+        );
+        assert!(text.contains("| 952 | 0.952 | 10000 / 5000 / 5000 | 13000 / 2 / 0 | OK |"), "{text}");
+        assert!(text.contains("peaked at 80 MiB"), "{text}");
+    }
 
     #[test]
     fn the_section_shows_each_run_per_replica_and_the_spill_beside_the_hop() {

@@ -10,6 +10,7 @@
 //! plumbing is in [`setup`] (backends, limits, load loops) and [`sample`] (per-round figures).
 
 pub mod adaptive;
+pub mod bulk;
 pub mod burst;
 pub mod coalescing;
 pub mod colocation;
@@ -114,6 +115,7 @@ macro_rules! for_each_scenario {
             Spillover => spillover::Spillover,
             Tls => tls::TlsCost,
             Colocation => colocation::Colocation,
+            Bulk => bulk::Bulk,
         }
     };
 }
@@ -217,7 +219,9 @@ mod tests {
         assert_eq!(Scenario::parse("tls"), Some(Scenario::Tls));
         assert_eq!(Scenario::Tls.label(), "16 tls");
         assert_eq!(Scenario::parse("17"), Some(Scenario::Colocation));
-        assert_eq!(Scenario::parse("18"), None);
+        assert_eq!(Scenario::parse("18"), Some(Scenario::Bulk));
+        assert_eq!(Scenario::parse("bulk"), Some(Scenario::Bulk));
+        assert_eq!(Scenario::parse("19"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

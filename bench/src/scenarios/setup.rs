@@ -127,3 +127,41 @@ pub async fn direct_then_mux(
     let through = measure(config(mux.url())).await?;
     Ok((direct, through))
 }
+
+/// A pool of `n` replicas as scenario 15 starts them: each a simulator with `backend` (and
+/// `sim_extra` flags) behind its own multiplexer with `limits`, naming the other replicas'
+/// multiplexers with `--sibling` (every gRPC port picked before any of them starts), `mux_extra`
+/// flags appended to each (the same on every replica, as a pool's pods are), named
+/// `<name>-sim<i>` and `<name>-mux<i>`. Each simulator and multiplexer is warmed up with a few
+/// batches. Returns (simulators, multiplexers), replica 1 first.
+pub async fn sibling_pool(
+    ctx: &Context,
+    name: &str,
+    n: usize,
+    backend: &SimModel,
+    sim_extra: &[String],
+    limits: &MuxLimits,
+    mux_extra: &[String],
+) -> Result<(Vec<Proc>, Vec<Proc>)> {
+    let bins = &ctx.bins;
+    let mut sims = Vec::with_capacity(n);
+    for i in 1..=n {
+        sims.push(procs::start_sim_with(bins, &format!("{name}-sim{i}"), backend, sim_extra).await?);
+    }
+    let ports = (0..n).map(|_| procs::pick_port()).collect::<Result<Vec<u16>>>()?;
+    let mut muxes = Vec::with_capacity(n);
+    for (i, sim) in sims.iter().enumerate() {
+        let mut extra: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .filter(|(j, _)| *j != i)
+            .map(|(_, port)| format!("--sibling={}", procs::url_of(*port)))
+            .collect();
+        extra.extend(mux_extra.iter().cloned());
+        muxes.push(procs::start_mux_on(bins, &format!("{name}-mux{}", i + 1), ports[i], sim, limits, &extra).await?);
+    }
+    for target in sims.iter().chain(&muxes) {
+        measure(LoadConfig { inputs: words(16), ..LoadConfig::closed(target.url(), 8, 48) }).await?;
+    }
+    Ok((sims, muxes))
+}
