@@ -158,7 +158,14 @@ impl Siblings {
         let (url, sibling) = state
             .siblings
             .iter_mut()
-            .filter(|(_, sibling)| !sibling.gone && sibling.out + inputs <= sibling.window)
+            // A sibling with nothing out takes one call larger than its window (never past the
+            // cap) while that is not closed: a bulk call's sub-batch may be larger than a window
+            // halved by a refusal, and a window grows back only with answers.
+            .filter(|(_, sibling)| {
+                !sibling.gone
+                    && (sibling.out + inputs <= sibling.window
+                        || (sibling.out == 0 && sibling.window > 0 && inputs <= cap))
+            })
             .max_by_key(|(_, sibling)| sibling.window - sibling.out)?;
         sibling.out += inputs;
         let (url, upstream) = (url.clone(), sibling.upstream.clone());
@@ -331,7 +338,14 @@ mod tests {
         leases[cap - 1].refused(Ended::Busy);
         drop(leases);
         assert_eq!(siblings.slots(), cap / 2, "half the window");
-        assert!(siblings.try_lease(cap / 2 + 1, SHARE).is_none());
-        assert!(siblings.try_lease(cap / 2, SHARE).is_some(), "and no pause: the sibling is there");
+        let half = siblings.try_lease(cap / 2, SHARE).expect("and no pause: the sibling is there");
+        assert!(siblings.try_lease(1, SHARE).is_none(), "the halved window is full");
+        drop(half);
+        let larger = siblings.try_lease(cap / 2 + 1, SHARE);
+        assert!(
+            larger.is_some(),
+            "nothing out: one call larger than the window, so a sub-batch is not shut out for good"
+        );
+        assert!(siblings.try_lease(1, SHARE).is_none(), "and only one");
     }
 }
