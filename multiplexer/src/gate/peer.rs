@@ -13,10 +13,9 @@ use std::sync::{PoisonError, RwLock};
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use subtle::ConstantTimeEq as _;
-use teifleet_wire::headers::{PEER_KEY as PEER_KEY_HEADER, SPILLED_FROM as SPILLED_FROM_HEADER};
+use teifleet_wire::headers::PEER_KEY as PEER_KEY_HEADER;
 
 pub static PEER_KEY: HeaderName = HeaderName::from_static(PEER_KEY_HEADER);
-static SPILLED_FROM: HeaderName = HeaderName::from_static(SPILLED_FROM_HEADER);
 
 /// Shortest peer key accepted: the operator writes 43 characters (32 random bytes, base64url).
 pub const MIN_PEER_KEY_LEN: usize = 32;
@@ -73,11 +72,6 @@ impl PeerKey {
             None => false,
         }
     }
-}
-
-/// Whether a call says a sibling spilled it (believed or not).
-pub fn claims_spill(headers: &HeaderMap) -> bool {
-    headers.contains_key(&SPILLED_FROM)
 }
 
 #[cfg(test)]

@@ -130,11 +130,14 @@ async fn a_tenant_marking_its_calls_critical_gets_no_more_than_its_weight() {
     }
     while workers.join_next().await.is_some() {}
     let (search, batch) = (served[0].load(Ordering::SeqCst), served[1].load(Ordering::SeqCst));
+    eprintln!("weight 3 (standard): {search} served; weight 1 (asking critical): {batch} served");
     // batch weighs 1 of 4: about a quarter. Strict priority (its `critical` believed) gave it
     // nearly every call.
     assert!(batch * 10 <= (search + batch) * 4, "search {search}, batch {batch}");
     let text = metrics_text(&mux);
     assert_eq!(metric_sum(&text, "teifleet_requests_total", &[("priority", "critical")]), 0.0, "{text}");
+    let standard = metric_sum(&text, "teifleet_requests_total", &[("priority", "standard"), ("outcome", "ok")]);
+    assert_eq!(standard as usize, search + batch, "every call counted, each as standard: {text}");
 }
 
 #[tokio::test]
@@ -187,4 +190,9 @@ async fn a_client_certificate_named_like_the_pool_is_no_sibling() {
         "the tenant it named is not believed: {text}"
     );
     assert_eq!(metric_sum(&text, "teifleet_requests_total", &[("priority", "critical")]), 0.0, "{text}");
+    assert_eq!(
+        metric_sum(&text, "teifleet_requests_total", &[("priority", "standard"), ("outcome", "ok")]),
+        1.0,
+        "counted, as standard: {text}"
+    );
 }
