@@ -171,6 +171,22 @@ pub fn recommend(policy: &Policy, current: i32, seen: &Observed<'_>, load: Optio
                 TOLERANCE * 100.0
             ),
         )
+    } else if needed_replicas(needed) < current && shrunk_with_headroom(needed) >= current {
+        Recommendation::new(
+            current,
+            Reason::WithinTolerance,
+            format!(
+                "{percent}% of the in-flight budget in use at target {target_percent}%: one replica fewer would run \
+                 within {}% of the target, where the longer waits of fewer replicas would push it over",
+                TOLERANCE * 100.0
+            ),
+        )
+    } else if needed_replicas(needed) < current {
+        Recommendation::new(
+            shrunk_with_headroom(needed),
+            Reason::Load,
+            format!("{percent}% of the in-flight budget in use at target {target_percent}%"),
+        )
     } else {
         Recommendation::new(
             needed_replicas(needed),
@@ -221,6 +237,16 @@ fn without_a_ready_replica(policy: &Policy, current: i32, held: u32) -> Recommen
 /// The replicas that carry `load` at `target` with `per_replica` each.
 fn replicas_for(load: f64, per_replica: f64, target: f64) -> i32 {
     needed_replicas(load / (per_replica.max(1.0) * target))
+}
+
+/// The replicas to shrink to for `needed`: enough that they run at most `1 - TOLERANCE` of the
+/// target. The load counted is calls in flight and queued, and it is not the same on fewer
+/// replicas: each takes a larger share of the calls, so each call waits longer and more are in
+/// flight at once. A pool shrunk to exactly the target reads over it at once and grows back (seen
+/// on the real node: 5 → 4 → 5 → 4 at a steady load needing 4.3); the headroom is the tolerance
+/// a step up would need to cross anyway.
+fn shrunk_with_headroom(needed: f64) -> i32 {
+    needed_replicas(needed / (1.0 - TOLERANCE))
 }
 
 /// Whole replicas for `needed`; a hair under a whole number rounds down, so that exactly the
@@ -316,6 +342,24 @@ pub(super) mod tests {
         }
         let reports: Vec<_> = (0..4).map(|_| report(16, 13, 0)).collect();
         assert_eq!(once(&policy, 4, &reports).replicas, 5, "52 in use is 16% over: one more");
+    }
+
+    #[test]
+    fn a_step_down_keeps_headroom_below_the_target() {
+        let policy = policy(json!({ "maxReplicas": 16 }));
+        // 5 × 16 at 70% is 56. 42 in use needs 3.75 replicas: 4 would run at 94% of the target,
+        // and the longer waits on 4 would push it over, so the count stays.
+        let reports: Vec<_> = (0..5).map(|i| report(16, 8 + u32::from(i < 2), 0)).collect();
+        let stays = once(&policy, 5, &reports);
+        assert_eq!((stays.replicas, stays.reason), (5, Reason::WithinTolerance));
+        assert!(stays.why.contains("one replica fewer would run within 10% of the target"), "{}", stays.why);
+        // 35 in use needs 3.1: 4 run at 78% of the target, with the headroom.
+        let reports: Vec<_> = (0..5).map(|_| report(16, 7, 0)).collect();
+        let shrinks = once(&policy, 5, &reports);
+        assert_eq!((shrinks.replicas, shrinks.reason), (4, Reason::Load));
+        // 40 in use needs 3.57: 4 would run at 89% of the target; the headroom asks for 4 too.
+        assert_eq!(shrunk_with_headroom(40.0 / 11.2), 4);
+        assert_eq!(shrunk_with_headroom(0.0), 0);
     }
 
     #[test]
