@@ -74,6 +74,19 @@ impl Framed {
         Self { framed: frame.freeze() }
     }
 
+    /// A message written into `buffer` after `room` bytes kept free for its prefix and `head` (the
+    /// bytes that start the message before what was written: a field's key and length), framed in
+    /// place: a large answer is written once, never copied to be framed. `room` must be at least
+    /// `PREFIX + head.len()`.
+    pub fn in_place(mut buffer: Vec<u8>, room: usize, head: &[u8]) -> Self {
+        let start = room - head.len() - PREFIX;
+        let len = buffer.len() - start - PREFIX;
+        buffer[start] = 0;
+        buffer[start + 1..start + PREFIX].copy_from_slice(&u32::try_from(len).unwrap_or(u32::MAX).to_be_bytes());
+        buffer[room - head.len()..room].copy_from_slice(head);
+        Self { framed: Bytes::from(buffer).slice(start..) }
+    }
+
     /// The message with its prefix, as it goes on the wire.
     pub fn into_framed(self) -> Bytes {
         self.framed

@@ -26,7 +26,7 @@ use crate::forward::pools::Pool;
 use crate::gate::request_meta::RequestMeta;
 use crate::report::call::Call;
 use crate::vocab::Protocol;
-use crate::vocab::framing::Framed;
+use crate::vocab::framing::{Framed, PREFIX};
 use crate::vocab::outcome::ErrorKind;
 use crate::vocab::rpc::{self, Rpc};
 
@@ -178,22 +178,29 @@ impl Routed {
     }
 }
 
-/// One batch: its IPC in, its answer's IPC out. `charge` is the request's memory charge, grown by
-/// what decoding the texts took.
+/// A batch's answer, framed, and the memory charged for it until it is sent.
+pub struct Answer {
+    pub framed: Framed,
+    pub charge: Charge,
+}
+
+/// One batch: its IPC in, its answer framed out. `request` is the request body's memory charge
+/// (a unary call's): set to what the decoded texts hold once the IPC they came from is dropped.
 pub async fn batch(
     cx: &Context,
     routed: &mut Routed,
     options: &Options,
-    ipc_in: &[u8],
-    charge: Option<&Charge>,
-) -> Result<Vec<u8>, ManagerError> {
-    let texts = ipc::texts(ipc_in)?;
-    if let Some(charge) = charge {
+    ipc_in: Bytes,
+    request: Option<&Charge>,
+) -> Result<Answer, ManagerError> {
+    let texts = ipc::texts(&ipc_in)?;
+    drop(ipc_in);
+    if let Some(request) = request {
         let decoded = match &texts {
             Texts::Utf8(a) => arrow_array::Array::get_buffer_memory_size(a),
             Texts::LargeUtf8(a) => arrow_array::Array::get_buffer_memory_size(a),
         };
-        charge.grow(decoded as u64).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
+        request.set(decoded as u64).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
     }
     let answer = cx.memory.charge(Use::Answers, 0).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
     let rows = texts.len();
@@ -206,11 +213,26 @@ pub async fn batch(
             assembled.into_batch(options.dtype)?
         }
     };
-    let out = ipc::write(&batch, options.lz4)?;
-    if out.len() > cx.max_message {
-        return Err(ManagerError::AnswerTooLarge { bytes: out.len(), limit: cx.max_message });
+    drop(texts);
+    let framed = framed_answer(ipc::write_after(ANSWER_ROOM, batch, options.lz4)?);
+    if framed.len() > cx.max_message {
+        return Err(ManagerError::AnswerTooLarge { bytes: framed.len(), limit: cx.max_message });
     }
-    Ok(out)
+    // The vectors are gone: what stays until it is sent is the framed answer.
+    answer.set(framed.len() as u64).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
+    Ok(Answer { framed, charge: answer })
+}
+
+/// Room kept before an answer's IPC: the gRPC prefix, then the key of `arrow_ipc` (field 1 of both
+/// EmbedArrowResponse and EmbedSparseArrowResponse) and its length, a varint of up to 10 bytes.
+const ANSWER_ROOM: usize = PREFIX + 1 + 10;
+
+/// `Embed[Sparse]ArrowResponse { arrow_ipc }` framed around the IPC written after [`ANSWER_ROOM`].
+fn framed_answer(written: Vec<u8>) -> Framed {
+    let mut head = Vec::with_capacity(ANSWER_ROOM - PREFIX);
+    prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, &mut head);
+    prost::encoding::encode_varint((written.len() - ANSWER_ROOM) as u64, &mut head);
+    Framed::in_place(written, ANSWER_ROOM, &head)
 }
 
 /// The rows sent upstream in sub-batches over the pool, their answers assembled in order.
@@ -316,10 +338,10 @@ impl Assembled {
                 if answer.bytes() == 0 {
                     dense.reserve(rows);
                 }
-                // The f32 values, then the IPC written from them and the message framing it.
-                (rows * dim * dtype.bytes(), rows * dim * 4 + 2 * rows * dim * dtype.bytes())
+                // The f32 values, then the IPC written from them (framed in place, no third copy).
+                (rows * dim * dtype.bytes(), rows * dim * (4 + dtype.bytes()))
             }
-            Self::Sparse(sparse) => (sparse.held_bytes(), 3 * sparse.held_bytes()),
+            Self::Sparse(sparse) => (sparse.held_bytes(), 2 * sparse.held_bytes()),
         };
         if sent > max_message {
             return Err(ManagerError::AnswerTooLarge { bytes: sent, limit: max_message });
@@ -374,5 +396,41 @@ impl<I: Iterator<Item = Framed>> Iterator for Chunks<I> {
     fn next(&mut self) -> Option<Vec<Framed>> {
         let chunk: Vec<Framed> = self.messages.by_ref().take(self.size).collect();
         (!chunk.is_empty()).then_some(chunk)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_framed_in_place_is_the_message_prost_encodes() {
+        for len in [1, 127, 128, 16_383, 16_384, 300_000] {
+            let ipc: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let mut written = vec![0; ANSWER_ROOM];
+            written.extend_from_slice(&ipc);
+            let encoded = Framed::encode(&mux::EmbedArrowResponse { arrow_ipc: Bytes::from(ipc.clone()) });
+            assert_eq!(framed_answer(written).into_framed(), encoded.clone().into_framed(), "{len} bytes");
+            let sparse = Framed::encode(&mux::EmbedSparseArrowResponse { arrow_ipc: Bytes::from(ipc) });
+            assert_eq!(sparse.into_framed(), encoded.into_framed(), "the same field in both answers");
+        }
+    }
+
+    #[test]
+    fn an_answer_written_after_its_room_reads_back_as_its_rows() {
+        let mut dense = Dense::with_rows(3);
+        dense.push_ok(&[1.0, 2.0]).unwrap();
+        dense.push_err("too long".into());
+        dense.push_ok(&[3.0, 4.0]).unwrap();
+        let batch = dense.batch(Dtype::F32).unwrap();
+        for lz4 in [false, true] {
+            let framed = framed_answer(ipc::write_after(ANSWER_ROOM, batch.clone(), lz4).unwrap());
+            let answer = mux::EmbedArrowResponse::decode(framed.into_message()).unwrap();
+            let mut reader =
+                arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(answer.arrow_ipc), None).unwrap();
+            let read = reader.next().unwrap().unwrap();
+            assert!(reader.next().is_none(), "one RecordBatch");
+            assert_eq!(read, batch, "lz4 {lz4}");
+        }
     }
 }

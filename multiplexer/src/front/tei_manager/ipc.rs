@@ -14,7 +14,7 @@ use arrow_array::{
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_ipc::CompressionType;
 use arrow_ipc::reader::StreamReader;
-use arrow_ipc::writer::{IpcWriteOptions, StreamWriter};
+use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow_schema::{DataType, Field, Fields, Schema};
 
 use super::error::ManagerError;
@@ -244,15 +244,26 @@ fn validity(ok: &[bool]) -> Option<NullBuffer> {
     Some(NullBuffer::new(bits.finish()))
 }
 
-/// The batch as an Arrow IPC stream, its buffers LZ4-compressed when asked.
-pub fn write(batch: &RecordBatch, lz4: bool) -> Result<Vec<u8>, ManagerError> {
+/// The batch as an Arrow IPC stream, its buffers LZ4-compressed when asked, written after `head`
+/// zero bytes (room for what frames the answer message around it, filled in by the caller).
+///
+/// Written once, into a buffer of exactly its size: the encoder's parts borrow the batch's own
+/// buffers (uncompressed), and each is dropped as soon as it is copied out, so a 100,000-row answer
+/// is held at most twice (its vectors, and the IPC being written) and never as a growing buffer
+/// that reallocates.
+pub fn write_after(head: usize, batch: RecordBatch, lz4: bool) -> Result<Vec<u8>, ManagerError> {
     let build = |e: arrow_schema::ArrowError| ManagerError::Build(e.to_string());
     let options =
         IpcWriteOptions::default().try_with_compression(lz4.then_some(CompressionType::LZ4_FRAME)).map_err(build)?;
-    let mut out = Vec::new();
-    let mut writer = StreamWriter::try_new_with_options(&mut out, &batch.schema(), options).map_err(build)?;
-    writer.write(batch).map_err(build)?;
-    writer.finish().map_err(build)?;
-    drop(writer);
+    let mut encoder = StreamEncoder::try_new_with_options(&batch.schema(), options).map_err(build)?;
+    let mut parts = encoder.encode(&batch).map_err(build)?;
+    drop(batch);
+    parts.extend(encoder.finish().map_err(build)?);
+    let len: usize = parts.iter().map(|part| part.len()).sum();
+    let mut out = Vec::with_capacity(head + len);
+    out.resize(head, 0);
+    for part in parts {
+        out.extend_from_slice(part.as_slice());
+    }
     Ok(out)
 }

@@ -41,7 +41,7 @@ use crate::front::grpc::{stream_body, unary};
 use crate::gate::auth::Gate;
 use crate::report::status;
 use crate::vocab::Protocol;
-use crate::vocab::framing::{Framed, MessageStream};
+use crate::vocab::framing::MessageStream;
 
 /// The gRPC service name tei-manager's clients call.
 pub const SERVICE: &str = "tei_multiplexer.v1.TeiMultiplexer";
@@ -196,6 +196,10 @@ impl TeiManager {
         };
         let (metadata, _, framed) = message.into_parts();
         let bytes = framed.into_message();
+        // Read whole, the body is one buffer now, however it was charged as it came.
+        if let Err(over) = charge.set(bytes.len() as u64) {
+            return status::into_http(status::into_status(Error::Memory(over)));
+        }
         let decoded = match sparse {
             false => mux::EmbedArrowRequest::decode(bytes)
                 .map_err(|_| ManagerError::Undecodable { what: "EmbedArrowRequest" })
@@ -216,16 +220,18 @@ impl TeiManager {
             Ok(routed) => routed,
             Err(error) => return status::into_http(status::into_status(error)),
         };
-        let result = arrow::batch(cx, &mut routed, &options, &ipc_in, Some(&charge)).await;
-        drop(ipc_in);
-        let answer = routed.finish(result).map(|out| {
-            let out = Bytes::from(out);
-            match sparse {
-                false => Framed::encode(&mux::EmbedArrowResponse { arrow_ipc: out }),
-                true => Framed::encode(&mux::EmbedSparseArrowResponse { arrow_ipc: out }),
-            }
-        });
-        unary::answer(answer.map(Response::new).map_err(ManagerError::into_status), cx.max_message)
+        let result = arrow::batch(cx, &mut routed, &options, ipc_in, Some(&charge)).await;
+        drop(charge);
+        let (framed, held) = match routed.finish(result) {
+            Ok(answer) => (Ok(Response::new(answer.framed)), Some(answer.charge)),
+            Err(error) => (Err(error.into_status()), None),
+        };
+        // The answer stays charged until the caller has taken it all (HTTP/2 flow control: a slow
+        // reader holds it that long).
+        unary::answer(framed, cx.max_message).map(|body| match held {
+            Some(charge) => tonic::body::Body::new(HeldUntilSent { body, _charge: charge }),
+            None => body,
+        })
     }
 
     /// EmbedArrowStream: one answer per request batch, in order; the first request's target and
@@ -300,9 +306,11 @@ impl Streaming {
             }
         }
         let (routed, options) = self.call.as_mut()?;
-        let result = arrow::batch(&self.cx, routed, options, &request.arrow_ipc, None).await;
+        let result = arrow::batch(&self.cx, routed, options, request.arrow_ipc, None).await;
+        // The stream's next request is read only once this answer is taken: one batch's answer
+        // at a time, its charge given back as it goes out.
         Some(match result {
-            Ok(out) => Ok(Bytes::from(mux::EmbedArrowResponse { arrow_ipc: Bytes::from(out) }.encode_to_vec())),
+            Ok(answer) => Ok(answer.framed.into_message()),
             Err(error) => Err(self.end_with(error)),
         })
     }
@@ -362,5 +370,32 @@ impl http_body::Body for Charged {
 
     fn is_end_stream(&self) -> bool {
         self.body.is_end_stream()
+    }
+}
+
+/// An answer's body, holding its memory charge until the body is dropped (sent, or the caller
+/// gone).
+struct HeldUntilSent {
+    body: tonic::body::Body,
+    _charge: Charge,
+}
+
+impl http_body::Body for HeldUntilSent {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
+        std::pin::Pin::new(&mut self.body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
