@@ -338,6 +338,21 @@ pub struct TenantWeight {
     /// Without identity there is nothing to check (any caller may name any tenant).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_priority: Option<PriorityCeiling>,
+
+    /// The lane this tenant's calls take when they name none (`x-teifleet-lane`), when the pool
+    /// knows who the caller is (`spec.auth` keys, or a mutual-TLS client certificate): `ingest`
+    /// for a key an indexing job uses, so it need not set the header on every call. A call's own
+    /// header still wins; unset, calls take `query`, streams and Arrow batches `ingest`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<LaneName>,
+}
+
+/// A lane, as `x-teifleet-lane` spells it.
+#[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub enum LaneName {
+    Query,
+    Ingest,
 }
 
 /// A priority a tenant may be allowed, as `x-teifleet-priority` spells it.

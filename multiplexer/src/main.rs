@@ -10,6 +10,7 @@
 //!
 //! Every mode takes the same serving flags after it.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +22,7 @@ use teifleet_crds::{ConcurrencySpec, TenantWeight, labels};
 use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::forward::upstream::Dialer;
 use teifleet_multiplexer::front::http::HttpSettings;
-use teifleet_multiplexer::gate::auth::{Gate, Policy};
+use teifleet_multiplexer::gate::auth::{Gate, Grant, Policy};
 use teifleet_multiplexer::report::metrics::Metrics;
 use teifleet_multiplexer::run::server::{self, InputBounds, Settings};
 use teifleet_multiplexer::sources::tls_files::TlsFiles;
@@ -146,9 +147,25 @@ struct StaticPool {
     /// NAME=PRIORITY (repeat for several); others get `standard` at most.
     #[arg(long = "tenant-max-priority", value_parser = parse_ceiling)]
     ceilings: Vec<(String, teifleet_multiplexer::admission::Priority)>,
+    /// The lane (query, ingest) a tenant identified by a client certificate takes when its call
+    /// names none, as NAME=LANE (repeat for several).
+    #[arg(long = "tenant-lane", value_parser = parse_lane)]
+    lanes: Vec<(String, teifleet_multiplexer::admission::Lane)>,
 }
 
 impl StaticPool {
+    /// What tenants identified by a client certificate are granted.
+    fn grants(&self) -> BTreeMap<String, Grant> {
+        let mut grants: BTreeMap<String, Grant> = BTreeMap::new();
+        for (tenant, priority) in &self.ceilings {
+            grants.entry(tenant.clone()).or_default().max_priority = Some(*priority);
+        }
+        for (tenant, lane) in &self.lanes {
+            grants.entry(tenant.clone()).or_default().lane = Some(*lane);
+        }
+        grants
+    }
+
     fn concurrency(&self) -> ConcurrencySpec {
         ConcurrencySpec {
             max_in_flight: self.max_in_flight,
@@ -245,13 +262,22 @@ fn parse_ceiling(text: &str) -> Result<(String, teifleet_multiplexer::admission:
     Ok((name.to_owned(), priority))
 }
 
+fn parse_lane(text: &str) -> Result<(String, teifleet_multiplexer::admission::Lane), String> {
+    let (name, lane) = text.split_once('=').ok_or("expected NAME=LANE, e.g. indexer=ingest")?;
+    let lane = lane.parse().map_err(|e| format!("{e}"))?;
+    if name.is_empty() {
+        return Err("the name must not be empty".into());
+    }
+    Ok((name.to_owned(), lane))
+}
+
 fn parse_tenant(text: &str) -> Result<TenantWeight, String> {
     let (name, weight) = text.split_once('=').ok_or("expected NAME=WEIGHT, e.g. search=3")?;
     let weight: i32 = weight.parse().map_err(|_| format!("weight {weight:?} is not a whole number"))?;
     if name.is_empty() || weight < 1 {
         return Err("the name must not be empty and the weight at least 1".into());
     }
-    Ok(TenantWeight { name: name.to_owned(), weight, max_priority: None })
+    Ok(TenantWeight { name: name.to_owned(), weight, max_priority: None, lane: None })
 }
 
 impl Source {
@@ -312,7 +338,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         Source::File { config, serve } => {
             let loaded = sources::file::load(&config).context("reading --config")?;
             let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
-            gate.set_ceilings(loaded.ceilings.clone());
+            gate.set_grants(loaded.grants.clone());
             let table = Arc::new(PoolTable::with_dialer(&loaded.default, metrics.clone(), dialer));
             table.sync(loaded.pools)?;
             let interval = Duration::from_secs(1);
@@ -324,7 +350,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
             let limits =
                 budget::whole(&concurrency).map_err(|reason| anyhow::anyhow!("the pool's budget: {reason}"))?;
             let gate = gate_for(&pool.pool, Policy::Off)?;
-            gate.set_ceilings(pool.ceilings.iter().cloned().collect());
+            gate.set_grants(pool.grants());
             let table = Arc::new(PoolTable::with_dialer(&pool.pool, metrics.clone(), dialer));
             table.sync(vec![PoolSpec {
                 name: pool.pool.clone(),

@@ -27,7 +27,7 @@ use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use subtle::{ConditionallySelectable as _, ConstantTimeEq as _};
 use teifleet_runtime::tls::ClientIdentity;
 
-use crate::admission::Priority;
+use crate::admission::{Lane, Priority};
 use crate::gate::request_meta;
 use crate::vocab::Protocol;
 use crate::vocab::SetupError;
@@ -48,9 +48,30 @@ pub fn ceiling(spelled: teifleet_crds::PriorityCeiling) -> Priority {
     }
 }
 
-/// The ceilings `tenants` grant (tenants without one are left to [`DEFAULT_CEILING`]).
-pub fn ceilings_of(tenants: &[teifleet_crds::TenantWeight]) -> BTreeMap<String, Priority> {
-    tenants.iter().filter_map(|t| Some((t.name.clone(), ceiling(t.max_priority?)))).collect()
+/// A lane as the pool's spec (or the configuration file) spells it.
+pub fn lane(spelled: teifleet_crds::LaneName) -> Lane {
+    match spelled {
+        teifleet_crds::LaneName::Query => Lane::Query,
+        teifleet_crds::LaneName::Ingest => Lane::Ingest,
+    }
+}
+
+/// What the pool grants an identified tenant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// The highest priority its calls may ask for; none: [`DEFAULT_CEILING`].
+    pub max_priority: Option<Priority>,
+    /// The lane its calls take when they name none; none: the call's own default.
+    pub lane: Option<Lane>,
+}
+
+/// The grants `tenants` make (tenants without any are left to the defaults).
+pub fn grants_of(tenants: &[teifleet_crds::TenantWeight]) -> BTreeMap<String, Grant> {
+    tenants
+        .iter()
+        .map(|t| (t.name.clone(), Grant { max_priority: t.max_priority.map(ceiling), lane: t.lane.map(lane) }))
+        .filter(|(_, grant)| *grant != Grant::default())
+        .collect()
 }
 
 /// Why a call was refused at the gate; `reason` label of the failures metric.
@@ -198,7 +219,7 @@ pub struct Gate {
     pool: String,
     policy: RwLock<Policy>,
     /// The highest priority each identified tenant may ask for; others get [`DEFAULT_CEILING`].
-    ceilings: RwLock<BTreeMap<String, Priority>>,
+    grants: RwLock<BTreeMap<String, Grant>>,
     failures: IntCounterVec,
     keys_in_force: IntGauge,
 }
@@ -246,7 +267,7 @@ impl Gate {
         let gate = Self {
             pool: pool.to_owned(),
             policy: RwLock::new(Policy::Off),
-            ceilings: RwLock::default(),
+            grants: RwLock::default(),
             failures,
             keys_in_force,
         };
@@ -268,18 +289,28 @@ impl Gate {
         *self.policy.write().unwrap_or_else(PoisonError::into_inner) = policy;
     }
 
-    /// Puts tenants' priority ceilings in force (tenants not named get [`DEFAULT_CEILING`]).
-    pub fn set_ceilings(&self, ceilings: BTreeMap<String, Priority>) {
-        *self.ceilings.write().unwrap_or_else(PoisonError::into_inner) = ceilings;
+    /// Puts tenants' grants in force (tenants not named get [`DEFAULT_CEILING`] and the call's
+    /// own lane).
+    pub fn set_grants(&self, grants: BTreeMap<String, Grant>) {
+        *self.grants.write().unwrap_or_else(PoisonError::into_inner) = grants;
     }
 
-    /// Lowers the call's priority to what `tenant` may ask for.
-    fn hold_to_ceiling(&self, headers: &mut HeaderMap, tenant: &HeaderValue) {
+    /// Applies what the pool grants `tenant`: the call's priority lowered to its ceiling, and its
+    /// lane, unless the call names one.
+    fn apply_grant(&self, headers: &mut HeaderMap, tenant: &HeaderValue) {
+        let grant = {
+            let grants = self.grants.read().unwrap_or_else(PoisonError::into_inner);
+            tenant.to_str().ok().and_then(|name| grants.get(name)).copied().unwrap_or_default()
+        };
+        if let Some(lane) = grant.lane
+            && !headers.contains_key(teifleet_wire::headers::LANE)
+        {
+            headers.insert(teifleet_wire::headers::LANE, HeaderValue::from_static(lane.as_str()));
+        }
         let Some(asked) = headers.get(teifleet_wire::headers::PRIORITY) else { return };
         // A priority that is no priority is refused later, by request_meta, as the caller's error.
         let Ok(asked) = asked.to_str().unwrap_or_default().parse::<Priority>() else { return };
-        let ceilings = self.ceilings.read().unwrap_or_else(PoisonError::into_inner);
-        let ceiling = tenant.to_str().ok().and_then(|name| ceilings.get(name)).copied().unwrap_or(DEFAULT_CEILING);
+        let ceiling = grant.max_priority.unwrap_or(DEFAULT_CEILING);
         if asked.rank() < ceiling.rank() {
             tracing::debug!(pool = %self.pool, ?tenant, %asked, %ceiling, "priority above the tenant's ceiling: lowered");
             headers.insert(teifleet_wire::headers::PRIORITY, HeaderValue::from_static(ceiling.as_str()));
@@ -313,7 +344,7 @@ impl Gate {
                 if let Some(client) = certified.filter(|client| !client.sibling)
                     && let Some(tenant) = name_certified_tenant(headers, client)
                 {
-                    self.hold_to_ceiling(headers, &tenant);
+                    self.apply_grant(headers, &tenant);
                 }
                 return Ok(());
             }
@@ -324,7 +355,7 @@ impl Gate {
         };
         match verdict {
             Ok(tenant) => {
-                self.hold_to_ceiling(headers, &tenant);
+                self.apply_grant(headers, &tenant);
                 request_meta::name_tenant(headers, tenant);
                 Ok(())
             }
@@ -444,7 +475,10 @@ mod tests {
     #[test]
     fn an_identified_tenant_asks_for_at_most_its_ceiling() {
         let (gate, _) = gate(&[("search", SEARCH_KEY), ("batch", BATCH_KEY)]);
-        gate.set_ceilings(BTreeMap::from([("search".to_owned(), Priority::Critical)]));
+        gate.set_grants(BTreeMap::from([(
+            "search".to_owned(),
+            Grant { max_priority: Some(Priority::Critical), lane: None },
+        )]));
         let priority = |key: &str, asked: &str| {
             let mut call = headers(&[("authorization", &format!("Bearer {key}")), ("x-teifleet-priority", asked)]);
             gate.admit(&mut call, None, Protocol::Grpc).unwrap();
@@ -467,6 +501,29 @@ mod tests {
         let mut passed_on = headers(&[("x-teifleet-priority", "critical")]);
         open.admit(&mut passed_on, Some(&sibling), Protocol::Grpc).unwrap();
         assert_eq!(passed_on["x-teifleet-priority"], "critical", "a sibling's gate held it already");
+    }
+
+    #[test]
+    fn a_key_sets_its_tenants_lane_unless_the_call_names_one() {
+        let (gate, _) = gate(&[("search", SEARCH_KEY), ("batch", BATCH_KEY)]);
+        let tenants: Vec<teifleet_crds::TenantWeight> = serde_json::from_value(serde_json::json!([
+            { "name": "batch", "lane": "ingest" },
+            { "name": "search", "weight": 3 },
+        ]))
+        .unwrap();
+        gate.set_grants(grants_of(&tenants));
+        let lane = |key: &str, named: Option<&str>| {
+            let authorization = format!("Bearer {key}");
+            let mut pairs = vec![("authorization", authorization.as_str())];
+            pairs.extend(named.map(|lane| ("x-teifleet-lane", lane)));
+            let mut call = headers(&pairs);
+            gate.admit(&mut call, None, Protocol::Grpc).unwrap();
+            call.get("x-teifleet-lane").map(|lane| lane.to_str().unwrap().to_owned())
+        };
+        assert_eq!(lane(BATCH_KEY, None).as_deref(), Some("ingest"), "the key's lane");
+        assert_eq!(lane(BATCH_KEY, Some("query")).as_deref(), Some("query"), "the call's own lane wins");
+        assert_eq!(lane(SEARCH_KEY, None), None, "no lane granted: the call's default");
+        assert_eq!(grants_of(&tenants).len(), 1, "a tenant with a weight only grants nothing");
     }
 
     #[test]

@@ -98,8 +98,8 @@ mod tests {
     fn tenants_weigh_at_least_one() {
         let concurrency = ConcurrencySpec {
             tenants: vec![
-                TenantWeight { name: "search".into(), weight: 3, max_priority: None },
-                TenantWeight { name: "x".into(), weight: 0, max_priority: None },
+                TenantWeight { name: "search".into(), weight: 3, max_priority: None, lane: None },
+                TenantWeight { name: "x".into(), weight: 0, max_priority: None, lane: None },
             ],
             ..ConcurrencySpec::default()
         };

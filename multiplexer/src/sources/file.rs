@@ -6,6 +6,7 @@
 //! auth:                   # optional: every call needs one of these API keys (see `crate::gate::auth`)
 //!   keysFile: keys.yaml   # tenant: key(s), as a Secret's stringData; relative to this file
 //!   maxPriority: {search: critical}   # identified tenants get `standard` at most unless listed
+//!   lane: {indexer: ingest}           # the lane a tenant's calls take when they name none
 //! pools:
 //!   - name: bge
 //!     upstream: http://127.0.0.1:8080
@@ -26,13 +27,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use teifleet_crds::{ConcurrencySpec, PriorityCeiling, TenantWeight};
+use teifleet_crds::{ConcurrencySpec, LaneName, PriorityCeiling, TenantWeight};
 use tokio_util::sync::CancellationToken;
 
 use super::budget;
-use crate::admission::Priority;
 use crate::forward::pools::{PoolSpec, PoolTable};
-use crate::gate::auth::{Gate, KeyRing, Policy, ceiling};
+use crate::gate::auth::{Gate, Grant, KeyRing, Policy, ceiling, lane};
 use crate::vocab::SetupError;
 
 type Result<T> = std::result::Result<T, SetupError>;
@@ -52,6 +52,9 @@ struct FileAuth {
     /// The highest priority a tenant's calls may ask for (`crate::gate::auth`).
     #[serde(default)]
     max_priority: BTreeMap<String, PriorityCeiling>,
+    /// The lane a tenant's calls take when they name none (`crate::gate::auth`).
+    #[serde(default)]
+    lane: BTreeMap<String, LaneName>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -89,8 +92,8 @@ pub struct Loaded {
     /// The file of API keys; none: calls need no key. Relative to the configuration file once
     /// [`load`]ed.
     pub keys_file: Option<PathBuf>,
-    /// Identified tenants' priority ceilings.
-    pub ceilings: BTreeMap<String, Priority>,
+    /// What identified tenants are granted: priority ceilings and lanes.
+    pub grants: BTreeMap<String, Grant>,
 }
 
 pub fn parse(text: &str) -> Result<Loaded> {
@@ -116,6 +119,7 @@ pub fn parse(text: &str) -> Result<Loaded> {
                     name: name.clone(),
                     weight: i32::try_from(weight).unwrap_or(i32::MAX),
                     max_priority: None,
+                    lane: None,
                 })
                 .collect(),
             ..ConcurrencySpec::default()
@@ -134,11 +138,20 @@ pub fn parse(text: &str) -> Result<Loaded> {
     if !pools.iter().any(|p| p.name == default) {
         return Err(SetupError::Config(format!("default pool {default:?} is not among the pools")));
     }
-    let (keys_file, ceilings) = match config.auth {
-        Some(auth) => (Some(auth.keys_file), auth.max_priority.into_iter().map(|(t, p)| (t, ceiling(p))).collect()),
+    let (keys_file, grants) = match config.auth {
+        Some(auth) => {
+            let mut grants: BTreeMap<String, Grant> = BTreeMap::new();
+            for (tenant, priority) in auth.max_priority {
+                grants.entry(tenant).or_default().max_priority = Some(ceiling(priority));
+            }
+            for (tenant, spelled) in auth.lane {
+                grants.entry(tenant).or_default().lane = Some(lane(spelled));
+            }
+            (Some(auth.keys_file), grants)
+        }
         None => (None, BTreeMap::new()),
     };
-    Ok(Loaded { default, pools, keys_file, ceilings })
+    Ok(Loaded { default, pools, keys_file, grants })
 }
 
 pub fn load(path: &Path) -> Result<Loaded> {
@@ -191,7 +204,7 @@ pub async fn watch(path: PathBuf, table: Arc<PoolTable>, gate: Arc<Gate>, interv
             last = Some(text.clone());
             let applied = parse_at(&text, &path).and_then(|loaded| {
                 table.sync(loaded.pools)?;
-                gate.set_ceilings(loaded.ceilings);
+                gate.set_grants(loaded.grants);
                 Ok(loaded.keys_file)
             });
             match applied {

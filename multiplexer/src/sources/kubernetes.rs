@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use super::budget;
 use crate::admission::Limits;
 use crate::forward::pools::{PoolSpec, PoolTable};
-use crate::gate::auth::{Gate, Policy, ceilings_of};
+use crate::gate::auth::{Gate, Policy, grants_of};
 use crate::transport::tls::Certificates;
 
 use teifleet_wire::ports::MULTIPLEXER_GRPC as POOL_SERVICE_PORT;
@@ -203,7 +203,7 @@ pub async fn watch(client: Client, namespace: String, own: OwnPool, table: Arc<P
                 // are enforced. A deleted own pool keeps the keys last in force.
                 if let Some(pool) = pools.iter().find(|pool| pool.name_any() == own) {
                     keys.follow(keys_secret_of(pool));
-                    keys.gate.set_ceilings(ceilings_of(&pool.spec.concurrency.tenants));
+                    keys.gate.set_grants(grants_of(&pool.spec.concurrency.tenants));
                     tls.follow(pool.spec.tls.clone());
                 }
                 let specs = specs(&pools, &namespace, &own, &own_upstream);

@@ -204,6 +204,45 @@ async fn rewriting_the_keys_file_rotates_keys_without_a_restart() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+#[tokio::test]
+async fn a_keys_tenant_takes_its_lane_unless_the_call_names_one() {
+    let sim = sim(|_| {}).await;
+    let dir = std::env::temp_dir().join(format!("teifleet-auth-lane-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("pools.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "auth: {{keysFile: keys.yaml, lane: {{batch: ingest}}}}\npools:\n- {{name: pool-a, upstream: 'http://{}', maxInFlight: 4, maxQueued: 8, queueTimeout: 5s}}\n",
+            sim.addr()
+        ),
+    )
+    .unwrap();
+    std::fs::write(dir.join("keys.yaml"), format!("search: {SEARCH_KEY}\nbatch: {BATCH_KEY}\n")).unwrap();
+    let loaded = file::load(&config).unwrap();
+    let metrics = Metrics::new();
+    let gate = Arc::new(
+        Gate::new(&loaded.default, &metrics.registry, file::policy(loaded.keys_file.as_deref()).unwrap()).unwrap(),
+    );
+    gate.set_grants(loaded.grants);
+    let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
+    table.sync(loaded.pools).unwrap();
+    let mux = server::start(Settings { auth: gate, ..Settings::default() }, table, metrics).await.unwrap();
+    let mut client = embed_client(mux.grpc_addr).await;
+    let admitted = |lane: &str| {
+        metric_sum(&metrics_text(&mux), "teifleet_lane_admissions_total", &[("lane", lane), ("outcome", "admitted")])
+    };
+    client.embed(with_meta(embed_request("indexing"), &[("authorization", &bearer(BATCH_KEY))])).await.unwrap();
+    assert_eq!((admitted("ingest"), admitted("query")), (1.0, 0.0), "the batch key's calls are ingest");
+    let named =
+        with_meta(embed_request("a query"), &[("authorization", &bearer(BATCH_KEY)), ("x-teifleet-lane", "query")]);
+    client.embed(named).await.unwrap();
+    assert_eq!((admitted("ingest"), admitted("query")), (1.0, 1.0), "the call's own lane wins");
+    client.embed(with_meta(embed_request("search"), &[("authorization", &bearer(SEARCH_KEY))])).await.unwrap();
+    assert_eq!((admitted("ingest"), admitted("query")), (1.0, 2.0), "no lane granted: query");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 async fn try_until_ok<F: std::future::Future<Output = Result<(), Code>>>(what: &str, call: impl Fn() -> F) {
     for _ in 0..100 {
         if call().await.is_ok() {

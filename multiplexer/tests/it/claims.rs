@@ -11,7 +11,7 @@ use std::time::Duration;
 use rustls::pki_types::pem::PemObject as _;
 use teifleet_multiplexer::admission::Priority;
 use teifleet_multiplexer::forward::pools::PoolSpec;
-use teifleet_multiplexer::gate::auth::{Gate, KeyRing, Policy};
+use teifleet_multiplexer::gate::auth::{Gate, Grant, KeyRing, Policy};
 use teifleet_multiplexer::run::server::Settings;
 use teifleet_runtime::tls::{Material, ServerTls};
 use teifleet_testkit::certs::Authority;
@@ -144,7 +144,7 @@ async fn a_tenant_marking_its_calls_critical_gets_no_more_than_its_weight() {
 async fn a_granted_ceiling_lets_critical_through() {
     let sim = sim(|_| {}).await;
     let gate = keyed_gate("pool-a");
-    gate.set_ceilings([("search".to_owned(), Priority::Critical)].into());
+    gate.set_grants([("search".to_owned(), Grant { max_priority: Some(Priority::Critical), lane: None })].into());
     let (mux, _) =
         mux_with(vec![spec("pool-a", sim.addr(), limits(2, 8))], Settings { auth: gate, ..Settings::default() }).await;
     let client = embed_client(mux.grpc_addr).await;
