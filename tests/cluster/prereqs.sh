@@ -31,6 +31,8 @@ if [[ ! -x "$deny_root/bin/cargo-deny" ]]; then
   cargo install --locked --quiet --version "$CARGO_DENY_VERSION" --root "$deny_root" cargo-deny
 fi
 
+# SeaweedFS's weed, the real S3 store of the embedding-job tests (built once per version).
+"$HERE/../../tools/seaweedfs.sh" >/dev/null
 "$HERE/install-binaries.sh"
 # crane, for building, checking and pushing images without a Docker engine.
 "$HERE/../../images/install-tools.sh" >/dev/null

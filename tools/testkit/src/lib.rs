@@ -18,6 +18,7 @@ pub mod net;
 pub mod poll;
 pub mod process;
 pub mod prom;
+pub mod seaweedfs;
 
 use std::path::PathBuf;
 use std::process::ExitStatus;
@@ -49,6 +50,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A helper server refused what it was asked (SeaweedFS making a bucket).
+    #[error("{what} failed: {answer}")]
+    Refused { what: String, answer: String },
     /// A kubeconfig or a manifest did not make sense.
     #[cfg(feature = "kube")]
     #[error("{what}: {message}")]
