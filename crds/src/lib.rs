@@ -1,5 +1,6 @@
-//! The `EmbeddingPool` API (`teifleet.dev/v1alpha1`): Rust types that generate the CRD schema and its
-//! CEL validation, the GPU catalogue, condition helpers and the pool budget arithmetic.
+//! The `EmbeddingPool` and `EmbeddingJob` APIs (`teifleet.dev/v1alpha1`): Rust types that generate the
+//! CRD schemas and their CEL validation, the GPU catalogue, condition helpers and the pool budget
+//! arithmetic.
 //!
 //! This crate does no I/O; the operator and the multiplexer both build on it.
 #![deny(warnings, rust_2018_idioms)]
@@ -12,6 +13,7 @@ pub mod duration;
 pub mod effective;
 pub mod gpu;
 pub mod gpu_memory;
+pub mod job;
 pub mod labels;
 mod pool;
 pub mod sharing;
@@ -23,6 +25,10 @@ pub use effective::{
     ActivatorReport, CertificateSummary, EffectiveLimits, HeldCalls, PoolDemand, SidecarAdmission, SidecarTls,
 };
 pub use gpu::GpuType;
+pub use job::{
+    ApiKeySecret, EmbeddingJob, EmbeddingJobSpec, EmbeddingJobStatus, EmbeddingOptions, InputFormat, InputSpec,
+    OutputSpec, PoolRef, PvcStore, S3Store, StoreSpec, VectorDtype,
+};
 pub use pool::*;
 pub use sharing::{GpuSharing, Share, SharingStrategy};
 
