@@ -1,3 +1,54 @@
+//! `teifleet-job run`: one worker of an EmbeddingJob. Exits 0 once all of its shards are done,
+//! after printing one summary line; on failure, prints one line saying what failed (naming the
+//! file or pool) and exits 1. A rerun resumes after the shards already written.
 #![forbid(unsafe_code)]
 
-fn main() {}
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use teifleet_job::cli::RunArgs;
+use teifleet_runtime::logging::{self, LogFormat};
+
+#[derive(Parser, Debug)]
+#[command(version, about = "Embeds a corpus through a teifleet pool into Parquet vectors, in resumable shards.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run one worker of an EmbeddingJob.
+    Run {
+        #[command(flatten)]
+        args: Box<RunArgs>,
+        #[arg(long, env = "TEIFLEET_LOG_FORMAT", value_enum, default_value = "json")]
+        log_format: LogFormat,
+    },
+}
+
+fn main() -> ExitCode {
+    let Command::Run { args, log_format } = Cli::parse().command;
+    match run(*args, log_format) {
+        Ok(summary) => {
+            println!("{summary}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            // One line: the error and its causes, joined.
+            eprintln!("teifleet-job: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: RunArgs, log_format: LogFormat) -> anyhow::Result<teifleet_job::worker::Summary> {
+    logging::init(log_format)?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    runtime.block_on(async {
+        let (worker, progress) = args.into_worker(|name| std::env::var(name).ok())?;
+        Ok(worker.run(&progress).await?)
+    })
+}

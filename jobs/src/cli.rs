@@ -1,0 +1,256 @@
+//! `teifleet-job run`'s flags, exactly as the operator renders them, and how they become a
+//! [`Worker`] and its progress sink.
+
+use std::path::PathBuf;
+
+use clap::ArgAction;
+
+use crate::embed::PoolClient;
+use crate::progress::FileSink;
+use crate::settings::{Dtype, EmbedOptions, Fields, InputFormat, Lane, PoolSettings};
+use crate::size::parse_bytes;
+use crate::store::{S3Credentials, S3Settings, Store, StoreRole};
+use crate::worker::{JobSettings, Worker};
+use crate::{Error, Result};
+
+/// One worker's flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RunArgs {
+    /// gRPC address of the pool's Service, e.g. http://bge.ns.svc:50051.
+    #[arg(long)]
+    pub pool_url: String,
+    /// The pool's name (the tei-manager target's instance name).
+    #[arg(long)]
+    pub pool: String,
+    /// file:///path/corpus.jsonl, file:///path/dir/, s3://bucket/prefix/ or s3://bucket/key.
+    #[arg(long)]
+    pub input: String,
+    #[arg(long, value_enum)]
+    pub input_format: InputFormat,
+    /// The id's JSON key or Parquet column.
+    #[arg(long, default_value = "id")]
+    pub id_field: String,
+    /// The text's JSON key or Parquet column.
+    #[arg(long, default_value = "text")]
+    pub text_field: String,
+    /// file:///path/dir/ or s3://bucket/prefix/: one part-NNNNNN.parquet per shard goes under it.
+    #[arg(long)]
+    pub output: String,
+    /// This worker's index, below --workers (an Indexed Job sets JOB_COMPLETION_INDEX).
+    #[arg(long, env = "JOB_COMPLETION_INDEX", default_value_t = 0)]
+    pub worker: u32,
+    #[arg(long, default_value_t = 1)]
+    pub workers: u32,
+    /// JSONL shard size: bytes, or a quantity such as 8Mi.
+    #[arg(long, default_value = "8Mi", value_parser = parse_bytes)]
+    pub shard_bytes: u64,
+    /// Rows per EmbedArrow call.
+    #[arg(long, default_value_t = 512)]
+    pub rows_per_call: usize,
+    /// EmbedArrow calls in flight at once.
+    #[arg(long, default_value_t = 4)]
+    pub calls_in_flight: usize,
+    /// Unit-length vectors (`--normalize=false` to turn off).
+    #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub normalize: bool,
+    /// Cut texts longer than the model takes instead of failing their rows.
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub truncate: bool,
+    /// Matryoshka dimensions to keep.
+    #[arg(long)]
+    pub dimensions: Option<u32>,
+    /// A prompt configured on the model, put before each text.
+    #[arg(long)]
+    pub prompt_name: Option<String>,
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: Dtype,
+    /// The admission lane (sent as x-teifleet-lane).
+    #[arg(long, value_enum, default_value = "ingest")]
+    pub lane: Lane,
+    /// A file holding the API key, sent as `authorization: Bearer <key>`.
+    #[arg(long)]
+    pub api_key_file: Option<PathBuf>,
+    #[arg(long)]
+    pub input_s3_endpoint: Option<String>,
+    #[arg(long, default_value = "us-east-1")]
+    pub input_s3_region: String,
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub input_s3_allow_http: bool,
+    #[arg(long)]
+    pub output_s3_endpoint: Option<String>,
+    #[arg(long, default_value = "us-east-1")]
+    pub output_s3_region: String,
+    #[arg(long, default_value_t = false, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
+    pub output_s3_allow_http: bool,
+    /// After each finished shard, this worker's progress goes to this file as JSON.
+    #[arg(long)]
+    pub progress_file: Option<PathBuf>,
+}
+
+impl RunArgs {
+    /// The worker and its progress sink. `environment` looks up the S3 credential variables
+    /// (the process environment in the binary). Call it within a Tokio runtime: the pool's
+    /// channel starts its connection task there.
+    pub fn into_worker(self, environment: impl Fn(&str) -> Option<String>) -> Result<(Worker, Option<FileSink>)> {
+        let input_s3 = S3Settings {
+            endpoint: self.input_s3_endpoint.clone(),
+            region: self.input_s3_region.clone(),
+            allow_http: self.input_s3_allow_http,
+            credentials: S3Credentials::from_env(StoreRole::Input, &environment)?,
+        };
+        let output_s3 = S3Settings {
+            endpoint: self.output_s3_endpoint.clone(),
+            region: self.output_s3_region.clone(),
+            allow_http: self.output_s3_allow_http,
+            credentials: S3Credentials::from_env(StoreRole::Output, &environment)?,
+        };
+        let input = Store::open(StoreRole::Input, &self.input, &input_s3)?;
+        let output = Store::open(StoreRole::Output, &self.output, &output_s3)?;
+        let pool = PoolClient::new(self.pool_settings()?)?;
+        let settings = JobSettings {
+            format: self.input_format,
+            fields: Fields { id: self.id_field, text: self.text_field },
+            worker: self.worker,
+            workers: self.workers,
+            shard_bytes: self.shard_bytes,
+            rows_per_call: self.rows_per_call,
+            calls_in_flight: self.calls_in_flight,
+        };
+        let sink = self.progress_file.map(FileSink::new);
+        Ok((Worker::new(settings, input, output, pool)?, sink))
+    }
+
+    /// The pool's settings, the API key read from its file.
+    pub fn pool_settings(&self) -> Result<PoolSettings> {
+        let api_key = self.api_key_file.as_deref().map(read_api_key).transpose()?;
+        Ok(PoolSettings {
+            url: self.pool_url.clone(),
+            pool: self.pool.clone(),
+            lane: self.lane,
+            api_key,
+            options: EmbedOptions {
+                normalize: self.normalize,
+                truncate: self.truncate,
+                dimensions: self.dimensions,
+                prompt_name: self.prompt_name.clone(),
+                dtype: self.dtype,
+            },
+            retry_budget: PoolSettings::DEFAULT_RETRY_BUDGET,
+        })
+    }
+}
+
+/// The key, without the newline a Secret's file often ends with.
+fn read_api_key(path: &std::path::Path) -> Result<String> {
+    let error = |reason: String| Error::ApiKey { path: path.to_owned(), reason };
+    let key = std::fs::read_to_string(path).map_err(|e| error(e.to_string()))?;
+    let key = key.trim();
+    if key.is_empty() {
+        return Err(error("empty".to_owned()));
+    }
+    Ok(key.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Command {
+        #[command(flatten)]
+        run: RunArgs,
+    }
+
+    const REQUIRED: [&str; 7] = [
+        "teifleet-job",
+        "--pool-url=http://bge.ns.svc:50051",
+        "--pool=bge",
+        "--input=file:///data/input/corpus.jsonl",
+        "--input-format=jsonl",
+        "--output",
+        "s3://bucket/vectors/",
+    ];
+
+    fn parse(extra: &[&str]) -> RunArgs {
+        Command::try_parse_from(REQUIRED.iter().chain(extra)).unwrap().run
+    }
+
+    #[test]
+    fn defaults_are_the_contracts() {
+        let args = parse(&["--workers", "4", "--worker=3"]);
+        assert_eq!((args.id_field.as_str(), args.text_field.as_str()), ("id", "text"));
+        assert_eq!(args.shard_bytes, 8 << 20);
+        assert_eq!(args.rows_per_call, 512);
+        assert!(args.normalize && !args.truncate);
+        assert_eq!((args.dtype, args.lane), (Dtype::F32, Lane::Ingest));
+        assert_eq!((args.worker, args.workers), (3, 4));
+        assert_eq!(args.input_s3_region, "us-east-1");
+        assert!(!args.input_s3_allow_http && !args.output_s3_allow_http);
+    }
+
+    #[test]
+    fn boolean_flags_take_a_bare_or_explicit_value() {
+        let args = parse(&["--normalize=false", "--truncate", "--output-s3-allow-http"]);
+        assert!(!args.normalize && args.truncate && args.output_s3_allow_http);
+        let args = parse(&["--normalize", "--truncate=false", "--input-s3-allow-http=true"]);
+        assert!(args.normalize && !args.truncate && args.input_s3_allow_http);
+    }
+
+    #[test]
+    fn sizes_and_options_parse() {
+        let args = parse(&[
+            "--shard-bytes=512Ki",
+            "--rows-per-call=64",
+            "--dimensions=256",
+            "--prompt-name=query",
+            "--dtype=f16",
+            "--lane=query",
+            "--output-s3-endpoint=http://seaweedfs:8333",
+            "--output-s3-region=eu-west-1",
+        ]);
+        assert_eq!(args.shard_bytes, 512 << 10);
+        let pool = args.pool_settings().unwrap();
+        assert_eq!(pool.options.dimensions, Some(256));
+        assert_eq!(pool.options.prompt_name.as_deref(), Some("query"));
+        assert_eq!((pool.options.dtype, pool.lane), (Dtype::F16, Lane::Query));
+        assert_eq!(pool.retry_budget, std::time::Duration::from_secs(600));
+        assert!(Command::try_parse_from(REQUIRED.iter().chain(&["--shard-bytes=lots"])).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_flags_make_a_worker_with_its_stores() {
+        let env = |name: &str| match name {
+            "TEIFLEET_OUTPUT_S3_ACCESS_KEY_ID" => Some("id".to_owned()),
+            "TEIFLEET_OUTPUT_S3_SECRET_ACCESS_KEY" => Some("secret".to_owned()),
+            _ => None,
+        };
+        let args = parse(&[
+            "--output-s3-endpoint=http://seaweedfs:8333",
+            "--output-s3-allow-http",
+            "--progress-file=/tmp/p.json",
+        ]);
+        let (_worker, sink) = args.into_worker(env).unwrap();
+        assert!(sink.is_some());
+
+        // A plain-HTTP endpoint without --output-s3-allow-http is refused, naming the URL.
+        let args = parse(&["--output-s3-endpoint=http://seaweedfs:8333"]);
+        let error = args.into_worker(env).unwrap_err().to_string();
+        assert!(error.starts_with("s3://bucket/vectors/: ") && error.contains("allow-http"), "{error}");
+
+        let args = parse(&["--worker=4", "--workers=4"]);
+        assert_eq!(args.into_worker(env).unwrap_err().to_string(), "--worker: 4 is not below --workers 4");
+    }
+
+    #[test]
+    fn the_api_key_is_read_and_trimmed() {
+        let path = std::env::temp_dir().join(format!("teifleet-job-key-{}", std::process::id()));
+        std::fs::write(&path, "s3cr3t\n").unwrap();
+        let args = parse(&[&format!("--api-key-file={}", path.display())]);
+        assert_eq!(args.pool_settings().unwrap().api_key.as_deref(), Some("s3cr3t"));
+        std::fs::write(&path, "\n").unwrap();
+        assert!(args.pool_settings().unwrap_err().to_string().ends_with(": empty"));
+        std::fs::remove_file(&path).unwrap();
+    }
+}

@@ -1,0 +1,255 @@
+//! The lines of a JSONL byte range, with ranged reads only. A line belongs to the range holding its
+//! first byte: a range skips the partial line it starts inside (unless it starts at 0 or right
+//! after a newline), and reads past its end to finish its last line. So every line of a file lands
+//! in exactly one of its ranges, whatever their size.
+
+use std::ops::Range;
+
+use bytes::Bytes;
+use object_store::ObjectStoreExt as _;
+
+use crate::Result;
+use crate::listing::InputObject;
+use crate::store::Store;
+
+/// How far past a range's end the first read goes, so most ranges finish their last line in one
+/// read. Lines longer than this take more reads, each as long as all before it.
+const LOOKAHEAD: u64 = 64 * 1024;
+/// Counting the lines before a range reads everything before it: done only for a range with a
+/// bad line (so its error can say which line), and only this far into a file.
+const LINE_COUNT_LIMIT: u64 = 256 << 20;
+
+/// The lines that start in a range, each without its `\n` or `\r\n`.
+#[derive(Debug)]
+pub struct RangeLines {
+    buffer: Vec<u8>,
+    /// The file offset of `buffer[0]`.
+    buffer_offset: u64,
+    /// Each line's file offset and its bytes in `buffer`.
+    spans: Vec<(u64, Range<usize>)>,
+}
+
+impl RangeLines {
+    /// Each line's file offset and bytes.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &[u8])> {
+        self.spans.iter().map(|(offset, span)| (*offset, &self.buffer[span.clone()]))
+    }
+
+    pub fn len(&self) -> usize {
+        self.spans.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.spans.is_empty()
+    }
+
+    /// The file offset of the first byte read (one before the range, unless it starts at 0).
+    pub fn buffer_offset(&self) -> u64 {
+        self.buffer_offset
+    }
+}
+
+/// Reads the lines of `object` that start in `range`.
+pub async fn read_lines(input: &Store, object: &InputObject, range: Range<u64>) -> Result<RangeLines> {
+    let size = object.size;
+    // One byte before the range says whether a line starts right at it.
+    let buffer_offset = range.start.saturating_sub(1);
+    let mut fetched_to = range.end.saturating_add(LOOKAHEAD).min(size);
+    let mut buffer = fetch(input, object, buffer_offset..fetched_to).await?.to_vec();
+    let mut lines = RangeLines { buffer: Vec::new(), buffer_offset, spans: Vec::new() };
+
+    let first_line = if range.start == 0 {
+        0
+    } else {
+        match buffer.iter().position(|byte| *byte == b'\n') {
+            Some(newline) => buffer_offset + newline as u64 + 1,
+            // No newline from the byte before the range to past its end: no line starts in it.
+            None => return Ok(lines),
+        }
+    };
+    let mut line_start = first_line;
+    while line_start < range.end {
+        let from = usize::try_from(line_start - buffer_offset).unwrap_or(usize::MAX);
+        match buffer[from..].iter().position(|byte| *byte == b'\n') {
+            Some(length) => {
+                lines.spans.push((line_start, without_carriage_return(&buffer, from..from + length)));
+                line_start += length as u64 + 1;
+            }
+            None if fetched_to >= size => {
+                // The file's last line, without a newline after it.
+                lines.spans.push((line_start, without_carriage_return(&buffer, from..buffer.len())));
+                break;
+            }
+            None => {
+                let more_to = fetched_to.saturating_add(LOOKAHEAD.max(buffer.len() as u64)).min(size);
+                buffer.extend_from_slice(&fetch(input, object, fetched_to..more_to).await?);
+                fetched_to = more_to;
+            }
+        }
+    }
+    lines.buffer = buffer;
+    Ok(lines)
+}
+
+/// How many lines come before `offset` in the file (so the line at `offset` is that plus one);
+/// `None` past [`LINE_COUNT_LIMIT`], where counting would cost more than the message is worth.
+pub async fn lines_before(input: &Store, object: &InputObject, offset: u64) -> Result<Option<u64>> {
+    if offset > LINE_COUNT_LIMIT {
+        return Ok(None);
+    }
+    const CHUNK: u64 = 8 << 20;
+    let mut newlines = 0u64;
+    let mut from = 0;
+    while from < offset {
+        let to = (from + CHUNK).min(offset);
+        let chunk = fetch(input, object, from..to).await?;
+        newlines += chunk.iter().filter(|byte| **byte == b'\n').count() as u64;
+        from = to;
+    }
+    Ok(Some(newlines))
+}
+
+fn without_carriage_return(buffer: &[u8], span: Range<usize>) -> Range<usize> {
+    if span.end > span.start && buffer[span.end - 1] == b'\r' { span.start..span.end - 1 } else { span }
+}
+
+async fn fetch(input: &Store, object: &InputObject, range: Range<u64>) -> Result<Bytes> {
+    if range.is_empty() {
+        return Ok(Bytes::new());
+    }
+    input.objects().get_range(&object.path, range).await.map_err(|source| input.error(&object.path, source))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use object_store::ObjectStore;
+    use object_store::memory::InMemory;
+    use object_store::path::Path;
+
+    use super::*;
+
+    async fn store_with(content: &[u8]) -> (Store, InputObject) {
+        let objects: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let path = Path::from("corpus.jsonl");
+        objects.put(&path, content.to_vec().into()).await.unwrap();
+        let object = InputObject { path: path.clone(), size: content.len() as u64 };
+        (Store::new(objects, path, false, "file:///"), object)
+    }
+
+    /// Every line of `content`, as splitting the whole file at once finds them.
+    fn expected_lines(content: &[u8]) -> Vec<(u64, Vec<u8>)> {
+        let mut lines = Vec::new();
+        let mut start = 0usize;
+        for (index, byte) in content.iter().enumerate() {
+            if *byte == b'\n' {
+                lines.push((start as u64, content[start..index].strip_suffix(b"\r").unwrap_or(&content[start..index])));
+                start = index + 1;
+            }
+        }
+        if start < content.len() {
+            lines.push((start as u64, content[start..].strip_suffix(b"\r").unwrap_or(&content[start..])));
+        }
+        lines.into_iter().map(|(offset, line)| (offset, line.to_vec())).collect()
+    }
+
+    async fn lines_over_ranges(content: &[u8], shard_bytes: u64) -> Vec<(u64, Vec<u8>)> {
+        let (store, object) = store_with(content).await;
+        let mut found = Vec::new();
+        let mut start = 0;
+        while start < object.size {
+            let end = (start + shard_bytes).min(object.size);
+            let lines = read_lines(&store, &object, start..end).await.unwrap();
+            for (offset, line) in lines.iter() {
+                assert!((start..end).contains(&offset), "a line starting at {offset} read by range {start}..{end}");
+                found.push((offset, line.to_vec()));
+            }
+            start = end;
+        }
+        found
+    }
+
+    /// A small deterministic generator (xorshift), so a failure can be replayed from its seed.
+    struct Random(u64);
+
+    impl Random {
+        fn below(&mut self, bound: u64) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0 % bound
+        }
+    }
+
+    /// A file of lines of random length, some empty, some CRLF, with or without a final newline;
+    /// with `long_lines`, some lines longer than the first read's lookahead.
+    fn random_file(random: &mut Random, long_lines: bool) -> Vec<u8> {
+        let mut content = Vec::new();
+        for line in 0..random.below(40) {
+            let length = match random.below(10) {
+                0 => 0,
+                1 if long_lines => LOOKAHEAD as usize + random.below(2 * LOOKAHEAD) as usize,
+                _ => random.below(60) as usize,
+            };
+            content.extend(std::iter::repeat_n(b'a' + (line % 26) as u8, length));
+            content.extend_from_slice(if random.below(4) == 0 { b"\r\n" } else { b"\n" });
+        }
+        if random.below(2) == 0 {
+            content.extend_from_slice(b"{\"last\": \"no newline\"}");
+        }
+        content
+    }
+
+    #[tokio::test]
+    async fn every_line_lands_in_exactly_one_range_whatever_the_range_size() {
+        let mut random = Random(0x5eed_1234_abcd_0001);
+        for round in 0..60 {
+            let content = random_file(&mut random, false);
+            let expected = expected_lines(&content);
+            let whole = content.len().max(1) as u64;
+            for shard_bytes in [1, 2, 3, 7, 64, 1 + random.below(whole), whole, whole + 5] {
+                let found = lines_over_ranges(&content, shard_bytes).await;
+                assert_eq!(found, expected, "round {round}, {} bytes, ranges of {shard_bytes}", content.len());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_longer_than_the_lookahead_are_read_to_their_end() {
+        let mut random = Random(0x5eed_1234_abcd_0002);
+        for round in 0..6 {
+            let content = random_file(&mut random, true);
+            let expected = expected_lines(&content);
+            for shard_bytes in [4096, LOOKAHEAD - 1, LOOKAHEAD + 1, 1 + random.below(300_000)] {
+                let found = lines_over_ranges(&content, shard_bytes).await;
+                assert_eq!(found, expected, "round {round}, {} bytes, ranges of {shard_bytes}", content.len());
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn edge_cases_split_as_a_whole_file_would() {
+        let cases: [&[u8]; 8] =
+            [b"", b"\n", b"\n\n\n", b"one", b"one\r\ntwo\r\n", b"a\n\nb\n\n", b"\r\n\r\n", b"{\"id\":1}\n{\"id\":2}"];
+        for content in cases {
+            for shard_bytes in 1..=content.len().max(1) as u64 + 1 {
+                assert_eq!(
+                    lines_over_ranges(content, shard_bytes).await,
+                    expected_lines(content),
+                    "{:?} in ranges of {shard_bytes}",
+                    String::from_utf8_lossy(content)
+                );
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn lines_before_counts_newlines() {
+        let (store, object) = store_with(b"a\nb\r\n\nc\n").await;
+        assert_eq!(lines_before(&store, &object, 0).await.unwrap(), Some(0));
+        assert_eq!(lines_before(&store, &object, 2).await.unwrap(), Some(1));
+        assert_eq!(lines_before(&store, &object, 6).await.unwrap(), Some(3));
+        assert_eq!(lines_before(&store, &object, LINE_COUNT_LIMIT + 1).await.unwrap(), None);
+    }
+}

@@ -1,0 +1,151 @@
+//! object_store's HTTP transport for S3, over hyper with rustls on ring: the workspace's own client
+//! stack. object_store's built-in transport is reqwest, whose TLS would bring a second crypto
+//! provider (aws-lc-rs) into every crate's rustls.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http_body_util::BodyExt as _;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector as TcpConnector;
+use hyper_util::rt::TokioExecutor;
+use object_store::client::{
+    HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpRequestBody, HttpResponse, HttpResponseBody,
+    HttpService,
+};
+use object_store::{ClientConfigKey, ClientOptions};
+
+/// How long connecting may take (object_store's own default).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a request may wait for the response's head. Bodies stream after it: a large object
+/// may take longer to arrive, and object_store retries a body cut off midway.
+const RESPONSE_HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Makes object_store's S3 client speak through hyper: `https://` endpoints with the system's
+/// root certificates, `http://` ones when the store allows plain HTTP.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct HyperConnector;
+
+impl HttpConnector for HyperConnector {
+    fn connect(&self, options: &ClientOptions) -> object_store::Result<HttpClient> {
+        let allow_http = options.get_config_value(&ClientConfigKey::AllowHttp).is_some_and(|value| value == "true");
+        let mut tcp = TcpConnector::new();
+        tcp.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        // The TLS layer decides which schemes pass; the TCP layer below it sees both.
+        tcp.enforce_http(false);
+        let client = match HttpsConnectorBuilder::new().with_native_roots() {
+            Ok(builder) => {
+                let builder = if allow_http { builder.https_or_http() } else { builder.https_only() };
+                Transport::Tls(Client::builder(TokioExecutor::new()).build(builder.enable_http1().wrap_connector(tcp)))
+            }
+            // A plain-HTTP endpoint (an in-cluster SeaweedFS or MinIO) needs no roots, and slim
+            // images may have none: serve it without TLS rather than refuse to start.
+            Err(error) if allow_http => {
+                tracing::warn!(%error, "no CA certificates: only plain-HTTP S3 endpoints will work");
+                Transport::PlainOnly(Client::builder(TokioExecutor::new()).build(tcp))
+            }
+            Err(error) => {
+                return Err(object_store::Error::Generic {
+                    store: "S3",
+                    source: format!("loading the system's CA certificates for https: {error}").into(),
+                });
+            }
+        };
+        Ok(HttpClient::new(client))
+    }
+}
+
+/// The hyper client, with or without TLS.
+#[derive(Debug, Clone)]
+enum Transport {
+    Tls(Client<HttpsConnector<TcpConnector>, HttpRequestBody>),
+    PlainOnly(Client<TcpConnector, HttpRequestBody>),
+}
+
+impl Transport {
+    async fn send(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let pending = match self {
+            Self::Tls(client) => client.request(request),
+            Self::PlainOnly(client) => client.request(request),
+        };
+        let response = match tokio::time::timeout(RESPONSE_HEAD_TIMEOUT, pending).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                let kind = if error.is_connect() { HttpErrorKind::Connect } else { HttpErrorKind::Request };
+                return Err(HttpError::new(kind, error));
+            }
+            Err(elapsed) => return Err(HttpError::new(HttpErrorKind::Timeout, elapsed)),
+        };
+        let (head, body) = response.into_parts();
+        let body = body.map_err(|error| {
+            // A body cut off midway is retried by object_store (for idempotent requests).
+            let kind = if error.is_timeout() { HttpErrorKind::Timeout } else { HttpErrorKind::Interrupted };
+            HttpError::new(kind, error)
+        });
+        Ok(HttpResponse::from_parts(head, HttpResponseBody::new(body)))
+    }
+}
+
+// Written out by hand: the trait is declared with `async_trait`, whose expansion is this signature.
+impl HttpService for Transport {
+    fn call<'this, 'future>(
+        &'this self,
+        request: HttpRequest,
+    ) -> Pin<Box<dyn Future<Output = Result<HttpResponse, HttpError>> + Send + 'future>>
+    where
+        'this: 'future,
+        Self: 'future,
+    {
+        Box::pin(self.send(request))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connects_with_and_without_plain_http() {
+        let with_http = ClientOptions::new().with_allow_http(true);
+        assert!(HyperConnector.connect(&with_http).is_ok());
+        // Without plain HTTP it needs the system's roots; where the machine has some, it connects.
+        let https_only = HyperConnector.connect(&ClientOptions::new());
+        let has_roots = HttpsConnectorBuilder::new().with_native_roots().is_ok();
+        assert_eq!(https_only.is_ok(), has_roots);
+    }
+
+    #[tokio::test]
+    async fn a_response_comes_back_head_and_body() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buffer = [0u8; 1024];
+            while !head.windows(4).any(|window| window == b"\r\n\r\n") {
+                let read = socket.read(&mut buffer).await.unwrap();
+                head.extend_from_slice(&buffer[..read]);
+            }
+            socket.write_all(b"HTTP/1.1 404 Not Found\r\ncontent-length: 9\r\n\r\nNoSuchKey").await.unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        let client = HyperConnector.connect(&ClientOptions::new().with_allow_http(true)).unwrap();
+        let request = http::Request::get(format!("http://{addr}/bucket/key")).body(HttpRequestBody::empty()).unwrap();
+        let response = client.execute(request).await.unwrap();
+        assert_eq!(response.status(), http::StatusCode::NOT_FOUND);
+        assert_eq!(response.into_body().bytes().await.unwrap(), "NoSuchKey");
+        assert!(server.await.unwrap().starts_with("GET /bucket/key HTTP/1.1\r\n"));
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_endpoint_is_a_connect_error() {
+        let client = HyperConnector.connect(&ClientOptions::new().with_allow_http(true)).unwrap();
+        // Port 9 (discard) on loopback: nothing listens there, so the connection is refused.
+        let request = http::Request::get("http://127.0.0.1:9/bucket").body(HttpRequestBody::empty()).unwrap();
+        let error = client.execute(request).await.unwrap_err();
+        assert_eq!(error.kind(), HttpErrorKind::Connect, "{error}");
+    }
+}
