@@ -456,6 +456,12 @@ pub mod job_conditions {
     pub mod reasons {
         /// `poolRef` names no EmbeddingPool: no Job is created until it exists.
         pub const POOL_NOT_FOUND: &str = "PoolNotFound";
+        /// The pool serves TLS (`spec.tls`), which the workers do not call yet.
+        pub const POOL_USES_TLS: &str = "PoolUsesTLS";
+        /// The pool takes calls with an API key only (`spec.auth`) and the job names none.
+        pub const API_KEY_REQUIRED: &str = "APIKeyRequired";
+        /// A Job of the EmbeddingJob's name exists that it does not own: it is left alone.
+        pub const JOB_NAME_TAKEN: &str = "JobNameTaken";
         /// The input's PersistentVolumeClaim does not exist.
         pub const INPUT_UNREADABLE: &str = "InputUnreadable";
         /// The output's PersistentVolumeClaim does not exist.
@@ -475,6 +481,14 @@ pub mod job_conditions {
         /// The Job failed for a reason of its own (its message says which).
         pub const JOB_FAILED: &str = "JobFailed";
     }
+}
+
+/// Label carrying the owning EmbeddingJob's name on every object and pod made for it.
+pub const JOB_LABEL: &str = "teifleet.dev/job";
+
+/// Name of the ServiceAccount (and Role, RoleBinding) a job's workers run as.
+pub fn worker_account_name(job: &str) -> String {
+    format!("{job}-worker")
 }
 
 /// The data key of the workers' plan in the progress ConfigMap: [`ProgressPlan`] as JSON.

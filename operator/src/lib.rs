@@ -1,5 +1,6 @@
 //! teifleet's operator: reconciles each EmbeddingPool into a TEI Deployment with the multiplexer
-//! sidecar, its Services, the sidecar's RBAC and a PodDisruptionBudget, and reports honest status.
+//! sidecar, its Services, the sidecar's RBAC and a PodDisruptionBudget, and each EmbeddingJob into
+//! an Indexed Job of `teifleet-job` workers, and reports honest status.
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
@@ -7,6 +8,7 @@ pub mod activator;
 pub mod admin;
 pub mod autoscale;
 pub mod controller;
+pub mod jobs;
 pub mod leader;
 pub mod metrics;
 pub mod peer_secret;
@@ -21,8 +23,11 @@ pub enum Error {
     #[error("Kubernetes API request failed: {0}")]
     Kube(#[from] kube::Error),
 
-    #[error("the EmbeddingPool has no {0}")]
+    #[error("the object has no {0}")]
     MissingField(&'static str),
+
+    #[error("the EmbeddingJob's {field} is invalid: {message}")]
+    InvalidJob { field: &'static str, message: String },
 
     #[error("lost the leader lease: {0}")]
     LostLease(String),
@@ -44,6 +49,7 @@ impl Error {
             Self::Kube(kube::Error::Api(status)) if status.code == 409 => "conflict",
             Self::Kube(_) => "kube",
             Self::MissingField(_) => "missing_field",
+            Self::InvalidJob { .. } => "invalid_job",
             Self::LostLease(_) => "lost_lease",
             Self::Random(_) => "random",
         }

@@ -11,6 +11,7 @@ use kube::Client;
 use kube::runtime::events::{Recorder, Reporter};
 use teifleet_operator::admin::{self, Health};
 use teifleet_operator::controller::{self, Context};
+use teifleet_operator::jobs;
 use teifleet_operator::leader::LeaseElector;
 use teifleet_operator::metrics::Metrics;
 use teifleet_operator::render::RenderConfig;
@@ -20,7 +21,8 @@ use teifleet_runtime::shutdown::{self, Signal};
 use teifleet_wire::ports;
 use tokio_util::sync::CancellationToken;
 
-/// Reconciles EmbeddingPools into GPU-scheduled TEI Deployments fronted by teifleet's multiplexer.
+/// Reconciles EmbeddingPools into GPU-scheduled TEI Deployments fronted by teifleet's multiplexer,
+/// and EmbeddingJobs into Jobs of `teifleet-job` workers.
 #[derive(Parser, Debug)]
 #[command(version, about)]
 struct Args {
@@ -42,6 +44,10 @@ struct Args {
     /// Image of the multiplexer sidecar.
     #[arg(long, env = "TEIFLEET_MULTIPLEXER_IMAGE", default_value = concat!("ghcr.io/teifleet/multiplexer:", env!("CARGO_PKG_VERSION")))]
     multiplexer_image: String,
+
+    /// Image of the EmbeddingJob workers (`teifleet-job`), for jobs that name none.
+    #[arg(long, env = "TEIFLEET_JOB_IMAGE", default_value = concat!("ghcr.io/teifleet/job:", env!("CARGO_PKG_VERSION")))]
+    job_image: String,
 
     /// How often steady pools are re-checked without a watch event.
     #[arg(long, env = "TEIFLEET_RESYNC_INTERVAL", default_value = "5m", value_parser = parse_flag)]
@@ -118,6 +124,14 @@ async fn main() -> anyhow::Result<()> {
         }));
     }
 
+    let reporter = Reporter { controller: "teifleet-operator".into(), instance: Some(identity) };
+    let jobs_ctx = Arc::new(jobs::Context {
+        client: client.clone(),
+        recorder: Recorder::new(client.clone(), reporter.clone()),
+        metrics: metrics.clone(),
+        image: args.job_image,
+        status_memo: Default::default(),
+    });
     let ctx = Arc::new(Context {
         client: client.clone(),
         render: RenderConfig {
@@ -127,7 +141,7 @@ async fn main() -> anyhow::Result<()> {
             operator_namespace: Some(args.lease_namespace.clone()),
             activator_network_policy: args.activator_network_policy,
         },
-        recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: Some(identity) }),
+        recorder: Recorder::new(client, reporter),
         metrics: metrics.clone(),
         resync: args.resync_interval,
         status_memo: Default::default(),
@@ -136,7 +150,10 @@ async fn main() -> anyhow::Result<()> {
         peer_secrets: Default::default(),
     });
     tracing::info!("controller running");
-    controller::run(ctx, health.clone(), controller_stop).await;
+    tokio::join!(
+        controller::run(ctx, health.clone(), controller_stop.clone()),
+        jobs::run(jobs_ctx, health.clone(), controller_stop),
+    );
     metrics.set_leader(false);
 
     if let Some(renewal) = renewal {

@@ -1,0 +1,397 @@
+//! EmbeddingJobs: each one becomes an Indexed `batch/v1` Job of `teifleet-job` workers, with the
+//! ServiceAccount, Role and RoleBinding that let them write their progress ConfigMap, all applied
+//! with server-side apply under the operator's field manager and owned by the EmbeddingJob, so
+//! deleting it removes them (and the Job's pods) by garbage collection. Its status is the Job's,
+//! with the workers' progress read from that ConfigMap; written only when it changed.
+
+pub mod render;
+pub mod status;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams};
+use kube::runtime::controller::{self, Action};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use teifleet_crds::conditions;
+use teifleet_crds::job::job_conditions::{COMPLETE, FAILED, RUNNING, reasons};
+use teifleet_crds::job::progress_config_map_name;
+use teifleet_crds::{EmbeddingJob, EmbeddingJobStatus, EmbeddingPool, StoreSpec, labels};
+use tokio_util::sync::CancellationToken;
+
+use self::status::{Blocker, Seen};
+use crate::admin::Health;
+use crate::controller::apply;
+use crate::metrics::Metrics;
+use crate::{Error, Result};
+
+/// How often a job is looked at again while its workers run (its rate and time left move with the
+/// clock) or while it waits for a pool or a claim, which the operator does not watch for it.
+pub const REFRESH: Duration = Duration::from_secs(10);
+/// Workers report a shard at a time; a burst of reports is read once.
+const DEBOUNCE: Duration = Duration::from_secs(1);
+/// The pod annotation holding an Indexed Job pod's worker index.
+const COMPLETION_INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
+/// The label the Job controller puts on its pods.
+const JOB_NAME_LABEL: &str = "batch.kubernetes.io/job-name";
+/// Failed workers quoted in a Failed condition, at most.
+const QUOTED_WORKERS: usize = 4;
+/// An Event's note is at most 1 kB.
+const MAX_NOTE: usize = 1000;
+
+/// Shared state of every EmbeddingJob reconciliation.
+pub struct Context {
+    pub client: Client,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    /// The worker image of jobs that name none (`--job-image`).
+    pub image: String,
+    pub status_memo: StatusMemo,
+}
+
+/// The last status written per job. The controller's cache can lag behind our own status write by
+/// a moment; without this, a reconcile in that window would send the same status again.
+#[derive(Default)]
+pub struct StatusMemo(Mutex<HashMap<String, EmbeddingJobStatus>>);
+
+impl StatusMemo {
+    fn key(job: &EmbeddingJob) -> String {
+        job.uid().unwrap_or_default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, EmbeddingJobStatus>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Whether `desired` differs from what the job shows and from what we last wrote.
+    pub fn needs_write(&self, job: &EmbeddingJob, desired: &EmbeddingJobStatus) -> bool {
+        let mut memo = self.lock();
+        if job.status.as_ref() == Some(desired) {
+            // The cache has caught up; forget the memo so later outside edits are seen.
+            memo.remove(&Self::key(job));
+            return false;
+        }
+        memo.get(&Self::key(job)) != Some(desired)
+    }
+
+    pub fn written(&self, job: &EmbeddingJob, status: EmbeddingJobStatus) {
+        self.lock().insert(Self::key(job), status);
+    }
+
+    pub fn forget(&self, job: &EmbeddingJob) {
+        self.lock().remove(&Self::key(job));
+    }
+}
+
+/// Brings the job's children to their rendered state and reports its status. A job whose
+/// namespace is being deleted is going away with it.
+pub async fn reconcile(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Action> {
+    match reconcile_job(job, ctx).await {
+        Err(error) if error.is_namespace_terminating() => Ok(Action::await_change()),
+        outcome => outcome,
+    }
+}
+
+async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Action> {
+    let started = Instant::now();
+    let namespace = job.namespace().ok_or(Error::MissingField("metadata.namespace"))?;
+    let name = job.name_any();
+    if job.meta().deletion_timestamp.is_some() {
+        // Owner references hand the children to the garbage collector.
+        ctx.status_memo.forget(&job);
+        return Ok(Action::await_change());
+    }
+
+    let client = &ctx.client;
+    let existing = Api::<Job>::namespaced(client.clone(), &namespace).get_opt(&name).await?;
+    let mut blocker = None;
+    let mut batch = None;
+    match existing {
+        Some(other) if !owned_by(&other, &job) => {
+            blocker = Some(Blocker {
+                reason: reasons::JOB_NAME_TAKEN,
+                message: format!(
+                    "a Job named {name} exists that this EmbeddingJob does not own: delete it, or name the job otherwise"
+                ),
+            });
+        }
+        // Nothing of a finished Job changes any more, and it needs neither its pool nor its claims.
+        Some(done) if status::finished(&done) => batch = Some(done),
+        existing => {
+            blocker = find_blocker(client, &job, &namespace).await?;
+            // A blocker keeps a Job from being created; one already running is still kept (a
+            // `suspend` still reaches it).
+            if existing.is_some() || blocker.is_none() {
+                batch = Some(apply_children(&ctx, &job, &namespace, existing).await?);
+            }
+        }
+    }
+
+    let progress = Api::<ConfigMap>::namespaced(client.clone(), &namespace)
+        .get_opt(&progress_config_map_name(&name))
+        .await?
+        .and_then(|config_map| config_map.data);
+    let failed = batch.as_ref().is_some_and(|batch| {
+        status::finished(batch) && batch.status.as_ref().and_then(|status| status.failed).unwrap_or_default() > 0
+    });
+    let worker_messages = match failed {
+        true => worker_messages(client, &namespace, &name).await?,
+        false => Vec::new(),
+    };
+    let now = Timestamp::from_second(Timestamp::now().as_second()).unwrap_or_else(|_| Timestamp::now());
+    let seen = Seen {
+        blocker: blocker.as_ref(),
+        job: batch.as_ref(),
+        progress: progress.as_ref(),
+        worker_messages: &worker_messages,
+        now,
+    };
+    let desired = status::compute(&job, &seen);
+    if ctx.status_memo.needs_write(&job, &desired) {
+        tracing::debug!(job = %name, %namespace, old = ?job.status, new = ?desired, "status changed");
+        write_status(&ctx, &job, &namespace, &desired).await?;
+        announce_changes(&ctx, &job, &desired).await;
+        ctx.status_memo.written(&job, desired.clone());
+    }
+    ctx.metrics.reconciled(started.elapsed());
+    Ok(next_look(&desired))
+}
+
+/// Whether `batch` is this EmbeddingJob's own.
+fn owned_by(batch: &Job, job: &EmbeddingJob) -> bool {
+    let uid = job.uid();
+    batch.owner_references().iter().any(|owner| owner.controller == Some(true) && Some(&owner.uid) == uid.as_ref())
+}
+
+/// When to look again: soon while the workers run or the job waits for something unwatched;
+/// on the next change once it finished or is suspended (the watches bring that).
+pub fn next_look(status: &EmbeddingJobStatus) -> Action {
+    let finished = conditions::is_true(&status.conditions, COMPLETE) || conditions::is_true(&status.conditions, FAILED);
+    let suspended = conditions::find(&status.conditions, RUNNING).is_some_and(|c| c.reason == reasons::SUSPENDED);
+    match finished || suspended {
+        true => Action::await_change(),
+        false => Action::requeue(REFRESH),
+    }
+}
+
+/// What keeps a job from starting: its pool missing or unable to serve it, its claims missing.
+async fn find_blocker(client: &Client, job: &EmbeddingJob, namespace: &str) -> Result<Option<Blocker>> {
+    let pool = Api::<EmbeddingPool>::namespaced(client.clone(), namespace).get_opt(&job.spec.pool_ref.name).await?;
+    if let Some(blocker) = status::pool_blocker(job, pool.as_ref()) {
+        return Ok(Some(blocker));
+    }
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
+    let missing = async |store: &StoreSpec| -> Result<bool> {
+        match &store.pvc {
+            Some(pvc) => Ok(claims.get_opt(&pvc.claim_name).await?.is_none()),
+            None => Ok(false),
+        }
+    };
+    let input_missing = missing(&job.spec.input.store).await?;
+    let output_missing = missing(&job.spec.output.store).await?;
+    Ok(status::claims_blocker(job, input_missing, output_missing))
+}
+
+/// Applies the job's children, the Job last, and returns the Job as the API server has it. A Job's
+/// pods cannot change once it exists: a Job made by an earlier operator keeps its image, and a
+/// change the API server still refuses (a rendering that changed between operator releases) leaves
+/// the Job as it is.
+async fn apply_children(ctx: &Context, job: &EmbeddingJob, namespace: &str, existing: Option<Job>) -> Result<Job> {
+    let image = existing.as_ref().and_then(render::worker_image).unwrap_or(&ctx.image);
+    let children = render::render(job, image)?;
+    let client = &ctx.client;
+    apply(client, namespace, &children.progress).await?;
+    apply(client, namespace, &children.service_account).await?;
+    apply(client, namespace, &children.role).await?;
+    apply(client, namespace, &children.role_binding).await?;
+    match (apply(client, namespace, &children.job).await, existing) {
+        (Ok(applied), _) => Ok(applied),
+        (Err(Error::Kube(kube::Error::Api(refusal))), Some(existing)) if refusal.code == 422 => {
+            tracing::warn!(job = %job.name_any(), %namespace, error = %refusal.message, "the Job cannot take its new rendering; left as it is");
+            Ok(existing)
+        }
+        (Err(error), _) => Err(error),
+    }
+}
+
+/// The last line each failed worker wrote (its termination message: the tail of its log), the
+/// latest failure of each index, in index order.
+async fn worker_messages(client: &Client, namespace: &str, job: &str) -> Result<Vec<String>> {
+    let pods = Api::<Pod>::namespaced(client.clone(), namespace)
+        .list(&ListParams::default().labels(&format!("{JOB_NAME_LABEL}={job}")))
+        .await?
+        .items;
+    Ok(quote_failed_workers(&pods))
+}
+
+/// See [`worker_messages`]; pure, for tests.
+pub fn quote_failed_workers(pods: &[Pod]) -> Vec<String> {
+    let mut latest: BTreeMap<u32, (Timestamp, String)> = BTreeMap::new();
+    for pod in pods {
+        let Some(index) = pod.annotations().get(COMPLETION_INDEX_ANNOTATION).and_then(|index| index.parse().ok())
+        else {
+            continue;
+        };
+        let statuses = pod.status.as_ref().and_then(|status| status.container_statuses.as_deref()).unwrap_or_default();
+        let worker = statuses.iter().find(|status| status.name == render::WORKER_CONTAINER);
+        let Some(terminated) =
+            worker.and_then(|status| status.state.as_ref()).and_then(|state| state.terminated.as_ref())
+        else {
+            continue;
+        };
+        let message = terminated.message.as_deref().map(status::last_line).unwrap_or_default();
+        if terminated.exit_code == 0 || message.is_empty() {
+            continue;
+        }
+        let at = terminated.finished_at.as_ref().map(|time| time.0).unwrap_or_default();
+        if latest.get(&index).is_none_or(|(seen, _)| *seen <= at) {
+            latest.insert(index, (at, message));
+        }
+    }
+    latest.into_iter().take(QUOTED_WORKERS).map(|(index, (_, message))| format!("worker {index}: {message}")).collect()
+}
+
+async fn write_status(ctx: &Context, job: &EmbeddingJob, namespace: &str, status: &EmbeddingJobStatus) -> Result<()> {
+    let api: Api<EmbeddingJob> = Api::namespaced(ctx.client.clone(), namespace);
+    let patch = json!({
+        "apiVersion": EmbeddingJob::api_version(&()),
+        "kind": EmbeddingJob::kind(&()),
+        "status": status,
+    });
+    api.patch_status(&job.name_any(), &PatchParams::apply(labels::MANAGER).force(), &Patch::Apply(&patch)).await?;
+    ctx.metrics.status_written();
+    Ok(())
+}
+
+/// The Events a status change is worth: `Started` when the workers start (again), `Completed`,
+/// `Failed`, and each new reason the job cannot run.
+pub fn events(old: Option<&EmbeddingJobStatus>, new: &EmbeddingJobStatus) -> Vec<Event> {
+    let before = |type_: &str| old.and_then(|old| conditions::find(&old.conditions, type_));
+    let became_true =
+        |type_: &str| conditions::is_true(&new.conditions, type_) && before(type_).is_none_or(|c| c.status != "True");
+    let note = |message: &str| {
+        let mut end = message.len().min(MAX_NOTE);
+        while !message.is_char_boundary(end) {
+            end -= 1;
+        }
+        Some(message[..end].to_owned())
+    };
+    let event = |type_, reason: &str, message: &str| Event {
+        type_,
+        reason: reason.into(),
+        note: note(message),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    let Some(running) = conditions::find(&new.conditions, RUNNING) else { return Vec::new() };
+    let mut events = Vec::new();
+    if became_true(RUNNING) {
+        events.push(event(EventType::Normal, "Started", &running.message));
+    }
+    if became_true(COMPLETE) {
+        let complete = conditions::find(&new.conditions, COMPLETE).map(|c| c.message.as_str()).unwrap_or_default();
+        events.push(event(EventType::Normal, "Completed", complete));
+    }
+    if became_true(FAILED) {
+        let failed = conditions::find(&new.conditions, FAILED).map(|c| format!("{}: {}", c.reason, c.message));
+        events.push(event(EventType::Warning, "Failed", &failed.unwrap_or_default()));
+    }
+    let blocked = [
+        reasons::POOL_NOT_FOUND,
+        reasons::POOL_USES_TLS,
+        reasons::API_KEY_REQUIRED,
+        reasons::JOB_NAME_TAKEN,
+        reasons::INPUT_UNREADABLE,
+        reasons::OUTPUT_UNWRITABLE,
+    ];
+    let reason_is_new = before(RUNNING).is_none_or(|c| c.reason != running.reason);
+    if reason_is_new && blocked.contains(&running.reason.as_str()) {
+        events.push(event(EventType::Warning, &running.reason, &running.message));
+    }
+    if reason_is_new && running.reason == reasons::SUSPENDED {
+        events.push(event(EventType::Normal, "Suspended", &running.message));
+    }
+    events
+}
+
+async fn announce_changes(ctx: &Context, job: &EmbeddingJob, new: &EmbeddingJobStatus) {
+    let reference = job.object_ref(&());
+    for event in events(job.status.as_ref(), new) {
+        match ctx.recorder.publish(&event, &reference).await {
+            Ok(()) => {}
+            Err(error) if crate::namespace_terminating(&error) => {
+                tracing::debug!(%error, reason = %event.reason, "no event: the namespace is being deleted")
+            }
+            Err(error) => tracing::warn!(%error, reason = %event.reason, "publishing an event failed"),
+        }
+    }
+}
+
+/// Failed reconciliations are counted and retried with a short delay.
+pub fn error_policy(job: Arc<EmbeddingJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(job = %job.name_any(), namespace = job.namespace().unwrap_or_default(), %error, "reconcile failed");
+    ctx.metrics.failed(error);
+    Action::requeue(Duration::from_secs(5))
+}
+
+fn managed() -> watcher::Config {
+    watcher::Config::default().labels(&format!("{}={}", labels::MANAGED_BY_LABEL, labels::MANAGER))
+}
+
+/// Whether the API server serves EmbeddingJobs to this operator. A cluster without the CRD (one
+/// upgraded without applying it first) keeps its pools served: the job controller stays off.
+pub async fn served(client: &Client) -> bool {
+    match Api::<EmbeddingJob>::all(client.clone()).list_metadata(&ListParams::default().limit(1)).await {
+        Ok(_) => true,
+        Err(kube::Error::Api(status)) if status.code == 404 => {
+            tracing::warn!(
+                "the EmbeddingJob CRD is not installed: EmbeddingJobs are not reconciled until it is applied (crds/teifleet.dev_embeddingjobs.yaml) and the operator restarted"
+            );
+            false
+        }
+        Err(kube::Error::Api(status)) if status.code == 403 => {
+            tracing::warn!(error = %status.message, "the operator may not list EmbeddingJobs: EmbeddingJobs are not reconciled (the chart's ClusterRole grants it)");
+            false
+        }
+        // Anything else is the API server's moment: the controller's watches retry.
+        Err(_) => true,
+    }
+}
+
+/// Runs the EmbeddingJob controller until `shutdown` fires, reporting watch failures to `health`;
+/// returns at once where EmbeddingJobs are not served ([`served`]).
+pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationToken) {
+    let client = ctx.client.clone();
+    if !served(&client).await {
+        return;
+    }
+    tracing::info!("EmbeddingJob controller running");
+    Controller::new(Api::<EmbeddingJob>::all(client.clone()), watcher::Config::default().any_semantic())
+        .owns(Api::<Job>::all(client.clone()), managed())
+        .owns(Api::<ConfigMap>::all(client), managed())
+        .with_config(controller::Config::default().debounce(DEBOUNCE))
+        .graceful_shutdown_on(shutdown.cancelled_owned())
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| {
+            match result {
+                Ok(_) => health.watches.success(),
+                Err(controller::Error::QueueError(error)) => {
+                    tracing::warn!(%error, "EmbeddingJob watch failed");
+                    health.watches.error(Instant::now());
+                }
+                Err(error) => tracing::debug!(%error, "EmbeddingJob controller event"),
+            }
+            futures::future::ready(())
+        })
+        .await;
+}

@@ -1,0 +1,429 @@
+//! Pure functions from an EmbeddingJob to the objects the operator keeps for it: the progress
+//! ConfigMap (its metadata only: the workers own its data), the workers' ServiceAccount, Role and
+//! RoleBinding, and the Indexed `batch/v1` Job of `teifleet-job` workers.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::batch::v1::{Job, JobSpec};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
+    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
+    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, ServiceAccount, Volume, VolumeMount,
+};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use teifleet_crds::duration::parse_duration;
+use teifleet_crds::gpu_memory::quantity_bytes;
+use teifleet_crds::job::{
+    JOB_LABEL, S3_ACCESS_KEY_ID_KEY, S3_SECRET_ACCESS_KEY_KEY, progress_config_map_name, worker_account_name,
+};
+use teifleet_crds::{EmbeddingJob, Endpoints, LaneName, StoreSpec, labels};
+
+use crate::{Error, Result};
+
+/// Where a PersistentVolumeClaim store is mounted in a worker: the input read-only.
+pub const INPUT_MOUNT: &str = "/data/input";
+pub const OUTPUT_MOUNT: &str = "/data/output";
+/// Where the API key Secret is mounted, read-only; `--api-key-file` names the key's file there.
+pub const API_KEY_MOUNT: &str = "/var/run/teifleet/api-key";
+/// The worker container's name.
+pub const WORKER_CONTAINER: &str = "worker";
+/// Retries of one worker index before it counts as failed (`backoffLimitPerIndex`).
+pub const RETRIES_PER_WORKER: i32 = 3;
+/// The uid and gid the workers run as: the pool pods' (the restricted Pod Security Standard
+/// forbids root), which the `teifleet-job` image declares too.
+const RUN_AS: i64 = 1000;
+const WORKER_REQUESTS: [(&str, &str); 2] = [("cpu", "100m"), ("memory", "128Mi")];
+const WORKER_LIMITS: [(&str, &str); 1] = [("memory", "512Mi")];
+
+/// Everything one EmbeddingJob owns.
+#[derive(Clone, Debug, PartialEq)]
+pub struct JobChildren {
+    /// `<job>-progress`, metadata only: applying it never touches what the workers wrote.
+    pub progress: ConfigMap,
+    pub service_account: ServiceAccount,
+    pub role: Role,
+    pub role_binding: RoleBinding,
+    pub job: Job,
+}
+
+/// Renders every child of `job`. Workers run `spec.image`, else `default_image` (the operator's
+/// `--job-image`, or the image a Job already running was made with: a Job's pods cannot change).
+/// Fails for a job without the name, namespace or uid its children's metadata and owner
+/// reference are built from (the API server always sets them), or with a deadline that is no
+/// duration (the CRD's rule refuses those).
+pub fn render(job: &EmbeddingJob, default_image: &str) -> Result<JobChildren> {
+    let owner = Owner::of(job)?;
+    Ok(JobChildren {
+        progress: ConfigMap { metadata: owner.meta(progress_config_map_name(&owner.name)), ..ConfigMap::default() },
+        service_account: ServiceAccount {
+            metadata: owner.meta(worker_account_name(&owner.name)),
+            // The workers write their progress with this token.
+            automount_service_account_token: Some(true),
+            ..ServiceAccount::default()
+        },
+        role: role(&owner),
+        role_binding: role_binding(&owner),
+        job: batch_job(&owner, job, default_image)?,
+    })
+}
+
+/// The image a Job's worker container runs, as it was rendered.
+pub fn worker_image(job: &Job) -> Option<&str> {
+    let containers = &job.spec.as_ref()?.template.spec.as_ref()?.containers;
+    containers.iter().find(|c| c.name == WORKER_CONTAINER)?.image.as_deref()
+}
+
+/// The identity of every child: name, namespace, labels and the controller owner reference that
+/// lets the garbage collector remove it with the EmbeddingJob.
+struct Owner {
+    name: String,
+    namespace: String,
+    reference: OwnerReference,
+}
+
+impl Owner {
+    fn of(job: &EmbeddingJob) -> Result<Self> {
+        let name = job.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let namespace = job.metadata.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
+        let reference = job.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))?;
+        Ok(Self { name, namespace, reference })
+    }
+
+    /// Labels on every child and worker pod. Never the pool's label: the pool's controller takes
+    /// the pods carrying it for the pool's own.
+    fn labels(&self) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (labels::NAME_LABEL.into(), "teifleet-job".into()),
+            (labels::INSTANCE_LABEL.into(), self.name.clone()),
+            (labels::COMPONENT_LABEL.into(), "embedding-job".into()),
+            (labels::PART_OF_LABEL.into(), labels::PART_OF.into()),
+            (labels::MANAGED_BY_LABEL.into(), labels::MANAGER.into()),
+            (JOB_LABEL.into(), self.name.clone()),
+        ])
+    }
+
+    fn meta(&self, name: String) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(self.labels()),
+            owner_references: Some(vec![self.reference.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+}
+
+/// The workers may read and patch their job's progress ConfigMap, by name, and nothing else.
+fn role(owner: &Owner) -> Role {
+    Role {
+        metadata: owner.meta(worker_account_name(&owner.name)),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["configmaps".into()]),
+            resource_names: Some(vec![progress_config_map_name(&owner.name)]),
+            verbs: vec!["get".into(), "patch".into()],
+            ..PolicyRule::default()
+        }]),
+    }
+}
+
+fn role_binding(owner: &Owner) -> RoleBinding {
+    let name = worker_account_name(&owner.name);
+    RoleBinding {
+        metadata: owner.meta(name.clone()),
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: name.clone() },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name,
+            namespace: Some(owner.namespace.clone()),
+            ..Subject::default()
+        }]),
+    }
+}
+
+/// `spec.deadline` in whole seconds, at least 1 (`activeDeadlineSeconds` must be positive).
+pub fn deadline_seconds(job: &EmbeddingJob) -> Result<Option<i64>> {
+    let Some(deadline) = &job.spec.deadline else { return Ok(None) };
+    let duration = parse_duration(deadline)
+        .map_err(|error| Error::InvalidJob { field: "spec.deadline", message: error.to_string() })?;
+    let seconds = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
+    Ok(Some(i64::try_from(seconds).unwrap_or(i64::MAX).max(1)))
+}
+
+/// `spec.shardBytes` in bytes.
+fn shard_bytes(job: &EmbeddingJob) -> Result<Option<u64>> {
+    let Some(quantity) = &job.spec.shard_bytes else { return Ok(None) };
+    let bytes = quantity_bytes(&quantity.0)
+        .filter(|bytes| bytes.fract() == 0.0 && *bytes <= u64::MAX as f64)
+        .ok_or_else(|| Error::InvalidJob {
+            field: "spec.shardBytes",
+            message: format!("{:?} is not a whole number of bytes", quantity.0),
+        })?;
+    // A whole, non-negative number within u64's range: the conversion is exact.
+    Ok(Some(bytes as u64))
+}
+
+/// Path segments joined with `/`, empty ones (and so leading, trailing and doubled slashes) left out.
+fn join_path<'a>(parts: impl IntoIterator<Item = &'a str>) -> String {
+    parts
+        .into_iter()
+        .flat_map(|part| part.split('/'))
+        .filter(|segment| !segment.is_empty())
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// The URL `teifleet-job` reads or writes: `file://<mount>/<claim path>/<path>` for a claim
+/// mounted at `mount`, `s3://<bucket>/<key>/<path>` for a bucket.
+pub fn store_url(store: &StoreSpec, mount: &str, path: Option<&str>) -> String {
+    let extra = path.unwrap_or_default();
+    match (&store.pvc, &store.s3) {
+        (Some(pvc), _) => {
+            let relative = join_path([pvc.path.as_str(), extra]);
+            match relative.is_empty() {
+                true => format!("file://{mount}"),
+                false => format!("file://{mount}/{relative}"),
+            }
+        }
+        (None, Some(s3)) => format!("s3://{}/{}", s3.bucket, join_path([s3.key.as_str(), extra])),
+        // The CRD's rule refuses a store with neither; the worker then refuses the empty URL.
+        (None, None) => String::new(),
+    }
+}
+
+fn lane_name(lane: LaneName) -> &'static str {
+    match lane {
+        LaneName::Query => "query",
+        LaneName::Ingest => "ingest",
+    }
+}
+
+/// `teifleet-job run`'s arguments. The worker index comes from `JOB_COMPLETION_INDEX`, which
+/// Kubernetes sets in an Indexed Job's pods.
+fn worker_args(owner: &Owner, job: &EmbeddingJob) -> Result<Vec<String>> {
+    let spec = &job.spec;
+    let pool = &spec.pool_ref.name;
+    let endpoints = Endpoints::of(pool, &owner.namespace, false);
+    let mut args = vec![
+        "run".to_owned(),
+        format!("--pool-url=http://{}", endpoints.grpc),
+        format!("--pool={pool}"),
+        format!("--input={}", store_url(&spec.input.store, INPUT_MOUNT, spec.input.path.as_deref())),
+        format!("--input-format={}", spec.input.format.as_str()),
+        format!("--id-field={}", spec.input.id_field),
+        format!("--text-field={}", spec.input.text_field),
+        format!("--output={}", store_url(&spec.output.store, OUTPUT_MOUNT, None)),
+        format!("--workers={}", spec.workers),
+    ];
+    if let Some(bytes) = shard_bytes(job)? {
+        args.push(format!("--shard-bytes={bytes}"));
+    }
+    args.push(format!("--rows-per-call={}", spec.rows_per_call));
+    if !spec.embedding.normalize {
+        args.push("--normalize=false".into());
+    }
+    if spec.embedding.truncate {
+        args.push("--truncate".into());
+    }
+    if let Some(dimensions) = spec.embedding.dimensions {
+        args.push(format!("--dimensions={dimensions}"));
+    }
+    if let Some(prompt) = &spec.embedding.prompt_name {
+        args.push(format!("--prompt-name={prompt}"));
+    }
+    args.push(format!("--dtype={}", spec.output.dtype.as_str()));
+    args.push(format!("--lane={}", lane_name(spec.lane)));
+    if let Some(key) = &spec.api_key_secret {
+        args.push(format!("--api-key-file={API_KEY_MOUNT}/{}", key.key));
+    }
+    for (side, store) in [("input", &spec.input.store), ("output", &spec.output.store)] {
+        let Some(s3) = &store.s3 else { continue };
+        args.push(format!("--{side}-s3-endpoint={}", s3.endpoint));
+        args.push(format!("--{side}-s3-region={}", s3.region));
+        if s3.allow_http {
+            args.push(format!("--{side}-s3-allow-http"));
+        }
+    }
+    args.push(format!("--progress-configmap={}", progress_config_map_name(&owner.name)));
+    Ok(args)
+}
+
+fn env_field(name: &str, field_path: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value_from: Some(EnvVarSource {
+            field_ref: Some(ObjectFieldSelector { field_path: field_path.into(), ..ObjectFieldSelector::default() }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+fn env_secret(name: String, secret: &str, key: &str) -> EnvVar {
+    EnvVar {
+        name,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: secret.into(),
+                key: key.into(),
+                ..SecretKeySelector::default()
+            }),
+            ..EnvVarSource::default()
+        }),
+        ..EnvVar::default()
+    }
+}
+
+/// The namespace (the progress ConfigMap's), and each S3 store's credentials from its Secret.
+fn worker_env(job: &EmbeddingJob) -> Vec<EnvVar> {
+    let mut env = vec![env_field("POD_NAMESPACE", "metadata.namespace")];
+    for (side, store) in [("INPUT", &job.spec.input.store), ("OUTPUT", &job.spec.output.store)] {
+        let Some(s3) = &store.s3 else { continue };
+        env.push(env_secret(format!("TEIFLEET_{side}_S3_ACCESS_KEY_ID"), &s3.credentials_secret, S3_ACCESS_KEY_ID_KEY));
+        env.push(env_secret(
+            format!("TEIFLEET_{side}_S3_SECRET_ACCESS_KEY"),
+            &s3.credentials_secret,
+            S3_SECRET_ACCESS_KEY_KEY,
+        ));
+    }
+    env
+}
+
+fn claim_volume(name: &str, claim: &str, read_only: bool) -> Volume {
+    Volume {
+        name: name.into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.into(),
+            read_only: read_only.then_some(true),
+        }),
+        ..Volume::default()
+    }
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// The claims (input read-only), the API key's Secret (read-only, that one key alone) and a
+/// writable `/tmp` on the read-only root filesystem.
+fn volumes(job: &EmbeddingJob) -> (Vec<Volume>, Vec<VolumeMount>) {
+    let spec = &job.spec;
+    let (mut volumes, mut mounts) = (Vec::new(), Vec::new());
+    if let Some(pvc) = &spec.input.store.pvc {
+        volumes.push(claim_volume("input", &pvc.claim_name, true));
+        mounts.push(mount("input", INPUT_MOUNT, true));
+    }
+    if let Some(pvc) = &spec.output.store.pvc {
+        volumes.push(claim_volume("output", &pvc.claim_name, false));
+        mounts.push(mount("output", OUTPUT_MOUNT, false));
+    }
+    if let Some(key) = &spec.api_key_secret {
+        volumes.push(Volume {
+            name: "api-key".into(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(key.name.clone()),
+                items: Some(vec![KeyToPath { key: key.key.clone(), path: key.key.clone(), ..KeyToPath::default() }]),
+                // Readable by the workers' group (the pod's fsGroup) and no one else.
+                default_mode: Some(0o440),
+                ..SecretVolumeSource::default()
+            }),
+            ..Volume::default()
+        });
+        mounts.push(mount("api-key", API_KEY_MOUNT, true));
+    }
+    volumes.push(Volume { name: "tmp".into(), empty_dir: Some(EmptyDirVolumeSource::default()), ..Volume::default() });
+    mounts.push(mount("tmp", "/tmp", false));
+    (volumes, mounts)
+}
+
+fn quantities<const N: usize>(entries: [(&str, &str); N]) -> BTreeMap<String, Quantity> {
+    entries.into_iter().map(|(resource, amount)| (resource.into(), Quantity(amount.into()))).collect()
+}
+
+fn runtime_default_seccomp() -> SeccompProfile {
+    SeccompProfile { type_: "RuntimeDefault".into(), ..SeccompProfile::default() }
+}
+
+/// The pool pods' pod security context (render/deployment.rs): the restricted Pod Security
+/// Standard, as uid and gid 1000, volumes writable by that group.
+pub fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS),
+        run_as_group: Some(RUN_AS),
+        fs_group: Some(RUN_AS),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// The pool containers' security context (render/deployment.rs).
+pub fn container_security_context() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Capabilities::default() }),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..SecurityContext::default()
+    }
+}
+
+fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str) -> Result<Job> {
+    let spec = &job.spec;
+    let (volumes, volume_mounts) = volumes(job);
+    let worker = Container {
+        name: WORKER_CONTAINER.into(),
+        image: Some(spec.image.clone().unwrap_or_else(|| default_image.to_owned())),
+        args: Some(worker_args(owner, job)?),
+        env: Some(worker_env(job)),
+        resources: Some(ResourceRequirements {
+            requests: Some(quantities(WORKER_REQUESTS)),
+            limits: Some(quantities(WORKER_LIMITS)),
+            ..ResourceRequirements::default()
+        }),
+        security_context: Some(container_security_context()),
+        // A failed worker's last log lines become its termination message, which the operator
+        // quotes in the Failed condition.
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
+        volume_mounts: Some(volume_mounts),
+        ..Container::default()
+    };
+    Ok(Job {
+        metadata: owner.meta(owner.name.clone()),
+        spec: Some(JobSpec {
+            completion_mode: Some("Indexed".into()),
+            completions: Some(spec.workers),
+            parallelism: Some(spec.workers),
+            backoff_limit_per_index: Some(RETRIES_PER_WORKER),
+            // Every worker finishes or fails on its own; the Job fails once all are done if any
+            // failed (reason FailedIndexes), without stopping the others' shards.
+            max_failed_indexes: Some(spec.workers),
+            active_deadline_seconds: deadline_seconds(job)?,
+            suspend: Some(spec.suspend),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(owner.labels()), ..ObjectMeta::default() }),
+                spec: Some(PodSpec {
+                    restart_policy: Some("Never".into()),
+                    service_account_name: Some(worker_account_name(&owner.name)),
+                    automount_service_account_token: Some(true),
+                    enable_service_links: Some(false),
+                    security_context: Some(pod_security_context()),
+                    containers: vec![worker],
+                    volumes: Some(volumes),
+                    ..PodSpec::default()
+                }),
+            },
+            ..JobSpec::default()
+        }),
+        ..Job::default()
+    })
+}

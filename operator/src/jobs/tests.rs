@@ -1,0 +1,803 @@
+//! Golden tests of what an EmbeddingJob renders (`UPDATE_GOLDEN=1` rewrites the files under
+//! `src/jobs/golden/` after an intended change: review the diff), its status from the Job and the
+//! progress ConfigMap, and reconcile() against a mocked API server.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use k8s_openapi::api::batch::v1::{Job, JobCondition, JobStatus};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{EventType, Recorder, Reporter};
+use serde::Serialize;
+use serde_json::{Value, json};
+use teifleet_crds::conditions;
+use teifleet_crds::job::job_conditions::{COMPLETE, FAILED, RUNNING, reasons};
+use teifleet_crds::job::{ProgressPlan, ShardProgress, progress_shard_key};
+use teifleet_crds::{EmbeddingJob, EmbeddingJobStatus, EmbeddingPool};
+
+use super::render::{self, JobChildren, deadline_seconds, store_url};
+use super::status::{self, Blocker, Progress, Seen, format_duration, last_line};
+use super::{Context, StatusMemo, events, next_look, quote_failed_workers, reconcile};
+use crate::metrics::Metrics;
+
+const IMAGE: &str = "ghcr.io/teifleet/job:0.1.0";
+
+/// A JSONL corpus on a claim into Parquet on another claim, with most settings left to defaults.
+const PVC_JOB: &str = r#"
+apiVersion: teifleet.dev/v1alpha1
+kind: EmbeddingJob
+metadata:
+  name: wiki
+  namespace: ml
+  uid: 9b3e6c1a-0000-4000-8000-000000000001
+  generation: 1
+spec:
+  poolRef:
+    name: bge-small
+  input:
+    store:
+      pvc:
+        claimName: corpora
+        path: wiki/2024/
+    path: articles
+  output:
+    store:
+      pvc:
+        claimName: vectors
+        path: wiki
+  workers: 4
+  deadline: 2h
+"#;
+
+/// Parquet in a MinIO bucket inside the cluster to f16 vectors on AWS S3, through a pool with API
+/// keys, every option set.
+const S3_JOB: &str = r#"
+apiVersion: teifleet.dev/v1alpha1
+kind: EmbeddingJob
+metadata:
+  name: catalog
+  namespace: search
+  uid: 9b3e6c1a-0000-4000-8000-000000000002
+  generation: 3
+spec:
+  poolRef:
+    name: gte-large
+  input:
+    store:
+      s3:
+        bucket: corpora
+        key: catalog/
+        endpoint: http://minio.storage.svc:9000
+        region: eu-west-1
+        credentialsSecret: minio
+        allowHttp: true
+    path: 2024/products.parquet
+    format: parquet
+    idField: sku
+    textField: description
+  output:
+    store:
+      s3:
+        bucket: vectors
+        key: catalog
+        endpoint: https://s3.eu-west-1.amazonaws.com
+        region: eu-west-1
+        credentialsSecret: aws-vectors
+    dtype: f16
+  embedding:
+    normalize: false
+    truncate: true
+    dimensions: 256
+    promptName: passage
+  lane: query
+  workers: 8
+  shardBytes: 256Mi
+  rowsPerCall: 1024
+  deadline: 90m
+  suspend: true
+  apiKeySecret:
+    name: search-keys
+    key: indexer
+  image: registry.example.com/teifleet/job:dev
+"#;
+
+fn job(yaml: &str) -> EmbeddingJob {
+    serde_norway::from_str(yaml).expect("fixture parses")
+}
+
+fn children(yaml: &str) -> JobChildren {
+    render::render(&job(yaml), IMAGE).expect("renders")
+}
+
+fn check<T: Serialize>(file: &str, value: &T) {
+    let rendered = serde_norway::to_string(value).expect("serializes");
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/jobs/golden").join(file);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &rendered).expect("writes golden file");
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|_| {
+        panic!("{} is missing; run UPDATE_GOLDEN=1 cargo test -p teifleet-operator --lib jobs::", path.display())
+    });
+    similar_asserts::assert_eq!(expected, rendered, "{file} differs; if intended, rerun with UPDATE_GOLDEN=1");
+}
+
+// --- Rendering ----------------------------------------------------------------------------------
+
+#[test]
+fn golden_jsonl_on_claims() {
+    let children = children(PVC_JOB);
+    check("job-pvc.yaml", &children.job);
+    check("progress-configmap.yaml", &children.progress);
+    check("serviceaccount.yaml", &children.service_account);
+    check("role.yaml", &children.role);
+    check("rolebinding.yaml", &children.role_binding);
+}
+
+#[test]
+fn golden_parquet_on_s3_with_credentials_and_an_api_key() {
+    check("job-s3.yaml", &children(S3_JOB).job);
+}
+
+fn args(children: &JobChildren) -> Vec<String> {
+    children.job.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].args.clone().unwrap()
+}
+
+#[test]
+fn the_worker_runs_the_fixed_command_line() {
+    let pvc = args(&children(PVC_JOB));
+    assert_eq!(
+        pvc,
+        [
+            "run",
+            "--pool-url=http://bge-small.ml.svc:50051",
+            "--pool=bge-small",
+            "--input=file:///data/input/wiki/2024/articles",
+            "--input-format=jsonl",
+            "--id-field=id",
+            "--text-field=text",
+            "--output=file:///data/output/wiki",
+            "--workers=4",
+            "--rows-per-call=512",
+            "--dtype=f32",
+            "--lane=ingest",
+            "--progress-configmap=wiki-progress",
+        ]
+    );
+    let s3 = args(&children(S3_JOB));
+    for expected in [
+        "--input=s3://corpora/catalog/2024/products.parquet",
+        "--output=s3://vectors/catalog",
+        "--shard-bytes=268435456",
+        "--normalize=false",
+        "--truncate",
+        "--dimensions=256",
+        "--prompt-name=passage",
+        "--dtype=f16",
+        "--lane=query",
+        "--api-key-file=/var/run/teifleet/api-key/indexer",
+        "--input-s3-endpoint=http://minio.storage.svc:9000",
+        "--input-s3-region=eu-west-1",
+        "--input-s3-allow-http",
+        "--output-s3-endpoint=https://s3.eu-west-1.amazonaws.com",
+        "--output-s3-region=eu-west-1",
+    ] {
+        assert!(s3.iter().any(|arg| arg == expected), "no {expected} in {s3:?}");
+    }
+    assert!(!s3.iter().any(|arg| arg == "--output-s3-allow-http"), "the output is https");
+    assert!(
+        !s3.iter().chain(&pvc).any(|arg| arg.starts_with("--worker=")),
+        "the index comes from JOB_COMPLETION_INDEX"
+    );
+}
+
+#[test]
+fn the_progress_config_map_is_applied_without_data() {
+    let rendered = serde_json::to_value(children(PVC_JOB).progress).unwrap();
+    assert_eq!(rendered.get("data"), None, "applying data would take the workers' progress away");
+    assert_eq!(rendered.get("binaryData"), None);
+}
+
+#[test]
+fn the_indexed_job_has_one_index_per_worker_and_fails_only_once_all_are_done() {
+    let job = children(S3_JOB).job;
+    let spec = job.spec.unwrap();
+    assert_eq!(spec.completion_mode.as_deref(), Some("Indexed"));
+    assert_eq!((spec.completions, spec.parallelism, spec.max_failed_indexes), (Some(8), Some(8), Some(8)));
+    assert_eq!(spec.backoff_limit_per_index, Some(3));
+    assert_eq!((spec.active_deadline_seconds, spec.suspend), (Some(5400), Some(true)));
+    assert_eq!(spec.ttl_seconds_after_finished, None);
+    let owner = &job.metadata.owner_references.unwrap()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str(), owner.controller), ("EmbeddingJob", "catalog", Some(true)));
+}
+
+#[test]
+fn the_workers_run_as_restricted_as_the_pool_pods() {
+    let pool: EmbeddingPool = serde_json::from_value(json!({
+        "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+        "metadata": { "name": "bge-small", "namespace": "ml", "uid": "7d1c0f2e-0000-4000-8000-000000000001" },
+        "spec": { "model": { "id": "BAAI/bge-small-en-v1.5" } },
+    }))
+    .unwrap();
+    let deployment = crate::render::render(&pool, &crate::render::RenderConfig::default(), None).unwrap().deployment;
+    let pool_pod = deployment.spec.unwrap().template.spec.unwrap();
+    let job = children(PVC_JOB).job;
+    let worker_pod = job.spec.unwrap().template.spec.unwrap();
+    assert_eq!(worker_pod.security_context, pool_pod.security_context);
+    for container in &pool_pod.containers {
+        assert_eq!(worker_pod.containers[0].security_context, container.security_context, "{}", container.name);
+    }
+    assert_eq!(worker_pod.restart_policy.as_deref(), Some("Never"));
+    assert_eq!(worker_pod.automount_service_account_token, Some(true), "the workers write their progress");
+}
+
+#[test]
+fn the_worker_image_is_the_specs_else_the_default() {
+    let first = render::render(&job(PVC_JOB), IMAGE).unwrap();
+    assert_eq!(render::worker_image(&first.job), Some(IMAGE));
+    let s3 = render::render(&job(S3_JOB), IMAGE).unwrap();
+    assert_eq!(render::worker_image(&s3.job), Some("registry.example.com/teifleet/job:dev"));
+}
+
+#[test]
+fn deadlines_round_up_to_whole_seconds() {
+    let with = |deadline: &str| {
+        let mut job = job(PVC_JOB);
+        job.spec.deadline = Some(deadline.into());
+        deadline_seconds(&job)
+    };
+    assert_eq!(with("90m").unwrap(), Some(5400));
+    assert_eq!(with("1.5s").unwrap(), Some(2));
+    assert_eq!(with("0s").unwrap(), Some(1), "activeDeadlineSeconds must be positive");
+    assert!(with("soon").is_err());
+    let mut no_deadline = job(PVC_JOB);
+    no_deadline.spec.deadline = None;
+    assert_eq!(deadline_seconds(&no_deadline).unwrap(), None);
+}
+
+#[test]
+fn store_urls_join_the_store_and_the_input_path() {
+    let job = job(PVC_JOB);
+    let store = &job.spec.output.store;
+    assert_eq!(store_url(store, "/data/output", None), "file:///data/output/wiki");
+    let mut root = job.spec.input.store.clone();
+    root.pvc.as_mut().unwrap().path = String::new();
+    assert_eq!(store_url(&root, "/data/input", None), "file:///data/input");
+    assert_eq!(store_url(&root, "/data/input", Some("a//b/")), "file:///data/input/a/b");
+    let s3 = self::job(S3_JOB);
+    assert_eq!(store_url(&s3.spec.output.store, "/data/output", Some("x")), "s3://vectors/catalog/x");
+}
+
+// --- Status ---------------------------------------------------------------------------------------
+
+const T0: i64 = 1_750_000_000;
+
+fn at(seconds: i64) -> Timestamp {
+    Timestamp::from_second(T0 + seconds).unwrap()
+}
+
+fn batch(status: JobStatus) -> Job {
+    Job { status: Some(status), ..Job::default() }
+}
+
+fn job_condition(type_: &str, reason: &str, message: &str, at_second: i64) -> JobCondition {
+    JobCondition {
+        type_: type_.into(),
+        status: "True".into(),
+        reason: Some(reason.into()),
+        message: Some(message.into()),
+        last_transition_time: Some(Time(at(at_second))),
+        ..JobCondition::default()
+    }
+}
+
+/// A plan of 40 shards over 4 MB of JSONL (rows unknown), and `done` shards of 1000 rows (2
+/// failed) and 100 kB each.
+fn progress(done: u32) -> BTreeMap<String, String> {
+    let plan = ProgressPlan { shards: 40, bytes: 4_000_000, rows: None };
+    let mut data = BTreeMap::from([("plan".to_owned(), serde_json::to_string(&plan).unwrap())]);
+    for shard in 0..done {
+        let report = ShardProgress { shard, rows: 998, failed: 2, bytes: 100_000, seconds: 9.5 };
+        data.insert(progress_shard_key(shard), serde_json::to_string(&report).unwrap());
+    }
+    data
+}
+
+fn seen<'a>(
+    batch: Option<&'a Job>,
+    progress: Option<&'a BTreeMap<String, String>>,
+    now: i64,
+    worker_messages: &'a [String],
+) -> Seen<'a> {
+    Seen { blocker: None, job: batch, progress, worker_messages, now: at(now) }
+}
+
+fn condition<'a>(status: &'a EmbeddingJobStatus, type_: &str) -> (&'a str, &'a str) {
+    let condition = conditions::find(&status.conditions, type_).unwrap_or_else(|| panic!("no {type_}"));
+    (condition.status.as_str(), condition.reason.as_str())
+}
+
+#[test]
+fn running_mid_way_counts_shards_and_estimates_rows_rate_and_time_left() {
+    let running =
+        batch(JobStatus { active: Some(4), ready: Some(4), start_time: Some(Time(at(0))), ..JobStatus::default() });
+    let data = progress(10);
+    let status = status::compute(&job(PVC_JOB), &seen(Some(&running), Some(&data), 100, &[]));
+    assert_eq!(condition(&status, RUNNING), ("True", reasons::WORKERS_RUNNING));
+    assert_eq!(condition(&status, COMPLETE), ("False", reasons::WORKERS_RUNNING));
+    assert_eq!(condition(&status, FAILED), ("False", reasons::WORKERS_RUNNING));
+    assert_eq!(
+        conditions::find(&status.conditions, RUNNING).unwrap().message,
+        "4 of 4 worker(s) running; 10/40 shards done"
+    );
+    assert_eq!((status.shards_total, status.shards_done), (Some(40), 10));
+    assert_eq!((status.rows_done, status.rows_failed), (9_980, 20));
+    // A quarter of the bytes gave 10,000 rows: about 40,000 in all, an estimate.
+    assert_eq!((status.rows_total, status.rows_total_estimated), (Some(40_000), true));
+    assert_eq!(status.rows_per_second, Some(99.8));
+    assert_eq!(status.eta.as_deref(), Some("5m0s"), "a quarter in 100 s: 300 s left");
+    assert_eq!((status.start_time.clone(), status.completion_time.clone()), (Some(Time(at(0))), None));
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(next_look(&status), Action::requeue(Duration::from_secs(10)));
+}
+
+#[test]
+fn a_plan_that_counted_its_rows_gives_an_exact_total() {
+    let running =
+        batch(JobStatus { active: Some(4), ready: Some(4), start_time: Some(Time(at(0))), ..JobStatus::default() });
+    let mut data = progress(10);
+    data.insert("plan".into(), r#"{"shards": 40, "bytes": 4000000, "rows": 50000}"#.into());
+    let status = status::compute(&job(PVC_JOB), &seen(Some(&running), Some(&data), 100, &[]));
+    assert_eq!((status.rows_total, status.rows_total_estimated), (Some(50_000), false));
+    assert_eq!(status.eta.as_deref(), Some("6m40s"), "a fifth of the rows in 100 s: 400 s left");
+}
+
+#[test]
+fn pods_not_started_yet_are_pending() {
+    let pending =
+        batch(JobStatus { active: Some(4), ready: Some(0), start_time: Some(Time(at(0))), ..JobStatus::default() });
+    let status = status::compute(&job(PVC_JOB), &seen(Some(&pending), None, 5, &[]));
+    assert_eq!(condition(&status, RUNNING), ("True", reasons::WORKERS_PENDING));
+    assert_eq!((status.shards_total, status.rows_total, status.rows_per_second, status.eta), (None, None, None, None));
+}
+
+#[test]
+fn complete_counts_every_row_and_rates_the_whole_run() {
+    let done = batch(JobStatus {
+        succeeded: Some(4),
+        start_time: Some(Time(at(0))),
+        completion_time: Some(Time(at(400))),
+        conditions: Some(vec![
+            job_condition("SuccessCriteriaMet", "CompletionsReached", "Reached expected number of succeeded pods", 399),
+            job_condition("Complete", "CompletionsReached", "Reached expected number of succeeded pods", 400),
+        ]),
+        ..JobStatus::default()
+    });
+    let data = progress(40);
+    let status = status::compute(&job(PVC_JOB), &seen(Some(&done), Some(&data), 1000, &[]));
+    assert_eq!(condition(&status, RUNNING), ("False", reasons::COMPLETED));
+    assert_eq!(condition(&status, COMPLETE), ("True", reasons::COMPLETED));
+    assert_eq!(condition(&status, FAILED), ("False", reasons::COMPLETED));
+    assert_eq!(conditions::find(&status.conditions, COMPLETE).unwrap().message, "39920 rows embedded, 80 failed");
+    assert_eq!((status.rows_total, status.rows_total_estimated), (Some(40_000), false), "every shard read: counted");
+    assert_eq!(status.rows_per_second, Some(99.8), "over the 400 s it ran, not until now");
+    assert_eq!((status.eta.clone(), status.completion_time.clone()), (None, Some(Time(at(400)))));
+    assert_eq!(next_look(&status), Action::await_change());
+}
+
+#[test]
+fn failed_by_its_deadline() {
+    let failed = batch(JobStatus {
+        failed: Some(4),
+        start_time: Some(Time(at(0))),
+        conditions: Some(vec![
+            job_condition("FailureTarget", "DeadlineExceeded", "Job was active longer than specified deadline", 7200),
+            job_condition("Failed", "DeadlineExceeded", "Job was active longer than specified deadline", 7201),
+        ]),
+        ..JobStatus::default()
+    });
+    let data = progress(30);
+    let status = status::compute(&job(PVC_JOB), &seen(Some(&failed), Some(&data), 8000, &[]));
+    assert_eq!(condition(&status, FAILED), ("True", reasons::DEADLINE_EXCEEDED));
+    assert_eq!(condition(&status, RUNNING), ("False", reasons::DEADLINE_EXCEEDED));
+    assert_eq!(condition(&status, COMPLETE), ("False", reasons::DEADLINE_EXCEEDED));
+    assert_eq!(
+        conditions::find(&status.conditions, FAILED).unwrap().message,
+        "Job was active longer than specified deadline"
+    );
+    assert_eq!(status.completion_time, Some(Time(at(7201))));
+    assert_eq!((status.shards_done, status.rows_total_estimated), (30, true), "what was done stays reported");
+    assert_eq!(status.eta, None);
+}
+
+#[test]
+fn failed_workers_are_named_with_what_they_said_last() {
+    let failed = batch(JobStatus {
+        failed: Some(8),
+        succeeded: Some(2),
+        failed_indexes: Some("1,3".into()),
+        start_time: Some(Time(at(0))),
+        conditions: Some(vec![job_condition("Failed", "FailedIndexes", "Job has failed indexes", 60)]),
+        ..JobStatus::default()
+    });
+    let said = ["worker 1: input unreadable: no such file".to_owned()];
+    let status = status::compute(&job(PVC_JOB), &seen(Some(&failed), None, 100, &said));
+    assert_eq!(condition(&status, FAILED), ("True", reasons::WORKERS_FAILED));
+    assert_eq!(
+        conditions::find(&status.conditions, FAILED).unwrap().message,
+        "Job has failed indexes (failed workers: 1,3); worker 1: input unreadable: no such file"
+    );
+}
+
+#[test]
+fn suspended_shows_what_is_done_and_no_rate() {
+    let mut suspended_job = job(S3_JOB);
+    suspended_job.spec.suspend = true;
+    let suspended = batch(JobStatus {
+        start_time: Some(Time(at(0))),
+        conditions: Some(vec![job_condition("Suspended", "JobSuspended", "Job suspended", 50)]),
+        ..JobStatus::default()
+    });
+    let data = progress(5);
+    let status = status::compute(&suspended_job, &seen(Some(&suspended), Some(&data), 100, &[]));
+    assert_eq!(condition(&status, RUNNING), ("False", reasons::SUSPENDED));
+    assert_eq!(condition(&status, COMPLETE).0, "False");
+    assert_eq!(condition(&status, FAILED).0, "False");
+    assert_eq!(status.shards_done, 5);
+    assert_eq!((status.rows_per_second, status.eta.clone()), (None, None));
+    assert_eq!(next_look(&status), Action::await_change(), "resuming is an edit the watch brings");
+}
+
+#[test]
+fn a_missing_pool_blocks_the_job() {
+    let job = job(PVC_JOB);
+    let blocker = status::pool_blocker(&job, None).unwrap();
+    assert_eq!(blocker.reason, reasons::POOL_NOT_FOUND);
+    let status = status::compute(
+        &job,
+        &Seen { blocker: Some(&blocker), job: None, progress: None, worker_messages: &[], now: at(0) },
+    );
+    assert_eq!(condition(&status, RUNNING), ("False", reasons::POOL_NOT_FOUND));
+    assert_eq!(condition(&status, COMPLETE).0, "False");
+    assert_eq!(condition(&status, FAILED).0, "False");
+    assert!(
+        conditions::find(&status.conditions, RUNNING)
+            .unwrap()
+            .message
+            .contains("EmbeddingPool bge-small does not exist")
+    );
+    assert_eq!(next_look(&status), Action::requeue(Duration::from_secs(10)), "pools are not watched for jobs");
+}
+
+#[test]
+fn a_pool_the_workers_cannot_call_blocks_the_job() {
+    let pool = |spec: Value| -> EmbeddingPool {
+        serde_json::from_value(json!({
+            "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+            "metadata": { "name": "bge-small", "namespace": "ml" }, "spec": spec,
+        }))
+        .unwrap()
+    };
+    let model = json!({ "id": "BAAI/bge-small-en-v1.5" });
+    let plain = pool(json!({ "model": model }));
+    let tls = pool(json!({ "model": model, "tls": { "secretName": "cert" } }));
+    let keyed = pool(json!({ "model": model, "auth": { "secretName": "keys" } }));
+    let without_key = job(PVC_JOB);
+    let mut with_key = job(PVC_JOB);
+    with_key.spec.api_key_secret = job(S3_JOB).spec.api_key_secret;
+    assert_eq!(status::pool_blocker(&without_key, Some(&plain)), None);
+    assert_eq!(status::pool_blocker(&without_key, Some(&tls)).unwrap().reason, reasons::POOL_USES_TLS);
+    assert_eq!(status::pool_blocker(&without_key, Some(&keyed)).unwrap().reason, reasons::API_KEY_REQUIRED);
+    assert_eq!(status::pool_blocker(&with_key, Some(&keyed)), None);
+    assert_eq!(status::claims_blocker(&without_key, false, false), None);
+    let input = status::claims_blocker(&without_key, true, true).unwrap();
+    assert_eq!(
+        (input.reason, input.message.as_str()),
+        (reasons::INPUT_UNREADABLE, "the input's PersistentVolumeClaim corpora does not exist")
+    );
+    assert_eq!(status::claims_blocker(&without_key, false, true).unwrap().reason, reasons::OUTPUT_UNWRITABLE);
+}
+
+#[test]
+fn a_finished_job_stays_finished_whatever_blocks_a_new_one() {
+    let done = batch(JobStatus {
+        conditions: Some(vec![job_condition("Complete", "CompletionsReached", "", 10)]),
+        ..JobStatus::default()
+    });
+    let blocker = Blocker { reason: reasons::POOL_NOT_FOUND, message: "gone".into() };
+    let seen = Seen { blocker: Some(&blocker), job: Some(&done), progress: None, worker_messages: &[], now: at(20) };
+    assert_eq!(condition(&status::compute(&job(PVC_JOB), &seen), COMPLETE).0, "True");
+    assert!(status::finished(&done));
+}
+
+#[test]
+fn an_unchanged_job_keeps_its_transition_times_and_needs_no_write() {
+    let running =
+        batch(JobStatus { active: Some(4), ready: Some(4), start_time: Some(Time(at(0))), ..JobStatus::default() });
+    let data = progress(10);
+    let mut shown = job(PVC_JOB);
+    shown.status = Some(status::compute(&shown, &seen(Some(&running), Some(&data), 100, &[])));
+    let again = status::compute(&shown, &seen(Some(&running), Some(&data), 100, &[]));
+    assert_eq!(Some(&again), shown.status.as_ref());
+    let memo = StatusMemo::default();
+    assert!(!memo.needs_write(&shown, &again), "the same status: no write");
+
+    // Later, more done: the conditions keep their times, the counts move.
+    let more = progress(20);
+    let later = status::compute(&shown, &seen(Some(&running), Some(&more), 200, &[]));
+    let transition = |status: &EmbeddingJobStatus| {
+        conditions::find(&status.conditions, RUNNING).unwrap().last_transition_time.clone()
+    };
+    assert_eq!(transition(&later), transition(shown.status.as_ref().unwrap()));
+    assert_eq!(later.shards_done, 20);
+    assert!(memo.needs_write(&shown, &later));
+    memo.written(&shown, later.clone());
+    assert!(!memo.needs_write(&shown, &later), "written, the cache not caught up yet: no repeat");
+}
+
+#[test]
+fn progress_leaves_out_what_does_not_parse() {
+    let mut data = progress(3);
+    data.insert("shard-000099".into(), "not json".into());
+    data.insert("notes".into(), "{}".into());
+    let read = Progress::read(&data);
+    assert_eq!((read.shards_done, read.rows, read.failed, read.bytes), (3, 2994, 6, 300_000));
+    assert_eq!(read.plan, Some(ProgressPlan { shards: 40, bytes: 4_000_000, rows: None }));
+    assert_eq!(Progress::read(&BTreeMap::new()), Progress::default());
+}
+
+#[test]
+fn durations_print_as_go_prints_them() {
+    assert_eq!(format_duration(0), "0s");
+    assert_eq!(format_duration(45), "45s");
+    assert_eq!(format_duration(120), "2m0s");
+    assert_eq!(format_duration(3723), "1h2m3s");
+    assert_eq!(format_duration(90_000), "25h0m0s");
+}
+
+#[test]
+fn a_worker_message_is_its_last_line_within_bounds() {
+    assert_eq!(last_line("starting\nreading shard 3\nerror: no such file\n\n"), "error: no such file");
+    assert_eq!(last_line(&"é".repeat(400)).len(), 512);
+    assert_eq!(last_line(""), "");
+}
+
+fn failed_pod(index: &str, finished: i64, exit_code: i32, message: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            annotations: Some(BTreeMap::from([("batch.kubernetes.io/job-completion-index".into(), index.into())])),
+            ..ObjectMeta::default()
+        },
+        status: Some(PodStatus {
+            container_statuses: Some(vec![ContainerStatus {
+                name: "worker".into(),
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code,
+                        message: Some(message.into()),
+                        finished_at: Some(Time(at(finished))),
+                        ..ContainerStateTerminated::default()
+                    }),
+                    ..ContainerState::default()
+                }),
+                ..ContainerStatus::default()
+            }]),
+            ..PodStatus::default()
+        }),
+        ..Pod::default()
+    }
+}
+
+#[test]
+fn each_failed_worker_is_quoted_once_by_its_latest_failure() {
+    let pods = [
+        failed_pod("3", 10, 1, "first try\nerror: pool unavailable"),
+        failed_pod("3", 20, 1, "error: input unreadable"),
+        failed_pod("1", 15, 2, "panic: out of memory"),
+        failed_pod("0", 30, 0, "done"),
+    ];
+    assert_eq!(quote_failed_workers(&pods), ["worker 1: panic: out of memory", "worker 3: error: input unreadable"]);
+}
+
+#[test]
+fn events_say_started_completed_and_failed_once() {
+    let running =
+        batch(JobStatus { active: Some(4), ready: Some(4), start_time: Some(Time(at(0))), ..JobStatus::default() });
+    let mut job = job(PVC_JOB);
+    let first = status::compute(&job, &seen(Some(&running), None, 10, &[]));
+    let started = events(None, &first);
+    assert_eq!(started.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["Started"]);
+    assert_eq!(started[0].type_, EventType::Normal);
+    job.status = Some(first.clone());
+    assert!(events(Some(&first), &status::compute(&job, &seen(Some(&running), None, 20, &[]))).is_empty());
+
+    let failed = batch(JobStatus {
+        conditions: Some(vec![job_condition(
+            "Failed",
+            "DeadlineExceeded",
+            "Job was active longer than specified deadline",
+            30,
+        )]),
+        ..JobStatus::default()
+    });
+    let last = status::compute(&job, &seen(Some(&failed), None, 30, &[]));
+    let ended = events(Some(&first), &last);
+    assert_eq!(ended.iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["Failed"]);
+    assert_eq!(ended[0].type_, EventType::Warning);
+    assert_eq!(ended[0].note.as_deref(), Some("DeadlineExceeded: Job was active longer than specified deadline"));
+
+    let complete = batch(JobStatus {
+        conditions: Some(vec![job_condition("Complete", "CompletionsReached", "", 30)]),
+        ..JobStatus::default()
+    });
+    let done = status::compute(&job, &seen(Some(&complete), None, 30, &[]));
+    assert_eq!(events(Some(&first), &done).iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["Completed"]);
+
+    let blocker = status::pool_blocker(&job, None).unwrap();
+    let blocked = status::compute(
+        &job,
+        &Seen { blocker: Some(&blocker), job: None, progress: None, worker_messages: &[], now: at(40) },
+    );
+    assert_eq!(events(None, &blocked).iter().map(|e| e.reason.as_str()).collect::<Vec<_>>(), ["PoolNotFound"]);
+    assert!(events(Some(&blocked), &blocked).is_empty(), "once");
+}
+
+// --- reconcile() against a mocked API server -------------------------------------------------------
+
+#[derive(Clone, Debug)]
+struct Sent {
+    method: String,
+    path: String,
+    query: String,
+    body: Value,
+}
+
+fn not_found() -> (StatusCode, Value) {
+    (
+        StatusCode::NOT_FOUND,
+        json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound", "code": 404, "metadata": {} }),
+    )
+}
+
+/// An API server holding `objects` (by path) that accepts every apply, echoing it back, and
+/// answers a status apply with `job` carrying that status.
+fn mock_api(objects: HashMap<String, Value>, job: Value) -> (Client, Arc<Mutex<Vec<Sent>>>) {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Some((request, send)) = handle.next_request().await {
+            let (parts, body) = request.into_parts();
+            let bytes = body.collect_bytes().await.unwrap();
+            let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            let path = parts.uri.path().to_owned();
+            let query = parts.uri.query().unwrap_or_default().to_owned();
+            log.lock().unwrap().push(Sent {
+                method: parts.method.to_string(),
+                path: path.clone(),
+                query,
+                body: body.clone(),
+            });
+            let (status, reply) = match parts.method.as_str() {
+                "PATCH" if path.ends_with("/status") => {
+                    let mut reply = job.clone();
+                    reply["status"] = body["status"].clone();
+                    (StatusCode::OK, reply)
+                }
+                "PATCH" => (StatusCode::OK, body),
+                "GET" => match objects.get(&path) {
+                    Some(object) => (StatusCode::OK, object.clone()),
+                    None if path.split("/namespaces/").nth(1).is_some_and(|rest| rest.split('/').count() == 3) => {
+                        not_found()
+                    }
+                    None => {
+                        (StatusCode::OK, json!({ "apiVersion": "v1", "kind": "List", "metadata": {}, "items": [] }))
+                    }
+                },
+                "POST" => (StatusCode::CREATED, body),
+                _ => (StatusCode::OK, json!({})),
+            };
+            let response =
+                Response::builder().status(status).body(Body::from(serde_json::to_vec(&reply).unwrap())).unwrap();
+            send.send_response(response);
+        }
+    });
+    (Client::new(service, "default"), seen)
+}
+
+fn context(client: Client) -> Arc<Context> {
+    Arc::new(Context {
+        client: client.clone(),
+        recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: None }),
+        metrics: Metrics::new(),
+        image: IMAGE.into(),
+        status_memo: Default::default(),
+    })
+}
+
+fn pool_json() -> Value {
+    json!({
+        "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+        "metadata": { "name": "bge-small", "namespace": "ml", "uid": "7d1c0f2e-0000-4000-8000-000000000001" },
+        "spec": { "model": { "id": "BAAI/bge-small-en-v1.5" } },
+    })
+}
+
+fn claim_json(name: &str) -> Value {
+    json!({ "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": { "name": name, "namespace": "ml" } })
+}
+
+#[tokio::test]
+async fn a_job_whose_pool_is_missing_creates_nothing_and_says_why() {
+    let job_json = serde_json::to_value(job(PVC_JOB)).unwrap();
+    let (client, seen) = mock_api(HashMap::new(), job_json);
+    let action = tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(PVC_JOB)), context(client)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(10)));
+    let seen = seen.lock().unwrap().clone();
+    let writes: Vec<(&str, &str)> =
+        seen.iter().filter(|s| s.method != "GET").map(|s| (s.method.as_str(), s.path.as_str())).collect();
+    assert_eq!(
+        writes,
+        [
+            ("PATCH", "/apis/teifleet.dev/v1alpha1/namespaces/ml/embeddingjobs/wiki/status"),
+            ("POST", "/apis/events.k8s.io/v1/namespaces/ml/events"),
+        ],
+        "no Job, no RBAC, no ConfigMap"
+    );
+    let status = &seen.iter().find(|s| s.path.ends_with("/status")).unwrap().body["status"];
+    assert_eq!(status["conditions"][0]["type"], "Running");
+    assert_eq!(status["conditions"][0]["status"], "False");
+    assert_eq!(status["conditions"][0]["reason"], "PoolNotFound");
+    assert_eq!(status["conditions"][0]["observedGeneration"], 1);
+    let event = &seen.iter().find(|s| s.method == "POST").unwrap().body;
+    assert_eq!(event["reason"], "PoolNotFound");
+}
+
+#[tokio::test]
+async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
+    let objects = HashMap::from([
+        ("/apis/teifleet.dev/v1alpha1/namespaces/ml/embeddingpools/bge-small".to_owned(), pool_json()),
+        ("/api/v1/namespaces/ml/persistentvolumeclaims/corpora".to_owned(), claim_json("corpora")),
+        ("/api/v1/namespaces/ml/persistentvolumeclaims/vectors".to_owned(), claim_json("vectors")),
+        (
+            "/api/v1/namespaces/ml/configmaps/wiki-progress".to_owned(),
+            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "wiki-progress" }, "data": progress(10) }),
+        ),
+    ]);
+    let job_json = serde_json::to_value(job(PVC_JOB)).unwrap();
+    let (client, seen) = mock_api(objects, job_json);
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(PVC_JOB)), context(client)))
+        .await
+        .unwrap()
+        .unwrap();
+    let seen = seen.lock().unwrap().clone();
+    let applied: Vec<&str> = seen
+        .iter()
+        .filter(|s| s.method == "PATCH" && !s.path.ends_with("/status"))
+        .map(|s| s.path.rsplit('/').nth(1).unwrap())
+        .collect();
+    assert_eq!(applied, ["configmaps", "serviceaccounts", "roles", "rolebindings", "jobs"]);
+    for request in seen.iter().filter(|s| s.method == "PATCH") {
+        assert!(request.query.contains("fieldManager=teifleet-operator"), "{request:?}");
+        assert!(request.query.contains("force=true"), "{request:?}");
+    }
+    let config_map = seen.iter().find(|s| s.method == "PATCH" && s.path.contains("/configmaps/")).unwrap();
+    assert_eq!(config_map.body.get("data"), None, "the workers' data is not the operator's to apply");
+    assert_eq!(config_map.path, "/api/v1/namespaces/ml/configmaps/wiki-progress");
+
+    let status = &seen.iter().find(|s| s.path.ends_with("/status")).unwrap().body["status"];
+    assert_eq!((status["shardsDone"].clone(), status["shardsTotal"].clone()), (json!(10), json!(40)));
+    assert_eq!(status["rowsDone"], 9_980);
+    assert_eq!(status["conditions"][0]["reason"], "WorkersPending", "the applied Job has no pods yet");
+}
