@@ -5,6 +5,9 @@
 //! finished shard in the ConfigMap `<job>-progress` ([`PROGRESS_PLAN_KEY`], [`ShardProgress`]),
 //! from which the operator writes the status.
 
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Affinity, LocalObjectReference, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -27,7 +30,8 @@ const FIXED_SPEC: &str = "self.poolRef == oldSelf.poolRef && self.input == oldSe
     && self.workers == oldSelf.workers && self.rowsPerCall == oldSelf.rowsPerCall \
     && has(self.shardBytes) == has(oldSelf.shardBytes) && (!has(self.shardBytes) || self.shardBytes == oldSelf.shardBytes) \
     && has(self.apiKeySecret) == has(oldSelf.apiKeySecret) && (!has(self.apiKeySecret) || self.apiKeySecret == oldSelf.apiKeySecret) \
-    && has(self.image) == has(oldSelf.image) && (!has(self.image) || self.image == oldSelf.image)";
+    && has(self.image) == has(oldSelf.image) && (!has(self.image) || self.image == oldSelf.image) \
+    && self.template == oldSelf.template";
 
 /// A corpus embedded once through an EmbeddingPool: `workers` pods of `teifleet-job` read the
 /// input in shards, call the pool's bulk path, and write the vectors as Parquet.
@@ -145,6 +149,10 @@ pub struct EmbeddingJobSpec {
     #[schemars(length(max = 512))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("image must name an image, or be left out"))]
     pub image: Option<String>,
+
+    /// Pod-level settings of the worker pods: where they run and what they take.
+    #[serde(default)]
+    pub template: WorkerPodOverrides,
 }
 
 fn default_lane() -> LaneName {
@@ -384,6 +392,69 @@ pub struct ApiKeySecret {
     pub key: String,
 }
 
+/// Pod-level settings of the worker pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerPodOverrides {
+    /// Tolerations of the worker pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+
+    /// Affinity of the worker pods, e.g. to keep them off the GPU nodes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// Node selector labels of the worker pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+
+    /// Priority class of the worker pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+
+    /// Resources of the worker container. Defaults: requests of 100m CPU and 128Mi memory, a
+    /// memory limit of 512Mi. A resource named here, as a request or a limit, replaces its
+    /// defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "resource_requirements_schema")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Secrets for pulling the worker image from a private registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[x_kube(validation = Rule::new("self.all(s, s.name.size() > 0)").message("template.imagePullSecrets: every entry needs the name of a Secret"))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+
+    /// Annotations added to every worker pod.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+
+    /// Labels added to every worker pod (the operator's own labels win on conflict).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Most resource names one container's requests or limits may list; the API server bounds the
+/// cost of a CEL rule under a map by the map's size.
+const MAX_RESOURCE_NAMES: u32 = 10;
+
+/// The schema of `ResourceRequirements` with every request and limit checked to be a quantity, as
+/// the pool's resources are.
+fn resource_requirements_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut schema = generator.subschema_for::<ResourceRequirements>();
+    for map in ["requests", "limits"] {
+        let Some(map_schema) = schema.get_mut("properties").and_then(|p| p.get_mut(map)) else { continue };
+        map_schema["maxProperties"] = MAX_RESOURCE_NAMES.into();
+        if let Some(quantity) = map_schema.get_mut("additionalProperties") {
+            quantity["x-kubernetes-validations"] = serde_json::json!([{
+                "rule": "isQuantity(string(self))",
+                "message": "must be a quantity such as 500m, 2 or 8Gi",
+            }]);
+        }
+    }
+    schema.insert("nullable".into(), true.into());
+    schema
+}
+
 /// Observed state of an EmbeddingJob.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
@@ -594,6 +665,7 @@ mod tests {
         assert_eq!(properties["workers"]["default"], 2);
         assert_eq!(properties["rowsPerCall"]["default"], 512);
         assert_eq!(properties["embedding"]["default"], json!({ "normalize": true, "truncate": false }));
+        assert_eq!(properties["template"]["default"], json!({}));
         assert_eq!(properties["embedding"]["properties"]["normalize"]["default"], true);
         let input = &properties["input"]["properties"];
         assert_eq!(input["format"]["default"], "jsonl");
@@ -612,7 +684,7 @@ mod tests {
         let crd = crd();
         let fixed = rules(spec_schema(&crd));
         assert_eq!(fixed.len(), 1);
-        for field in ["poolRef", "input", "output", "embedding", "lane", "workers", "rowsPerCall"] {
+        for field in ["poolRef", "input", "output", "embedding", "lane", "workers", "rowsPerCall", "template"] {
             assert!(fixed[0].contains(&format!("self.{field} == oldSelf.{field}")), "{field} is not fixed");
         }
         for field in ["shardBytes", "apiKeySecret", "image"] {
@@ -623,9 +695,12 @@ mod tests {
 
     #[test]
     fn every_string_the_fixed_spec_rule_compares_is_bounded() {
-        // The API server refuses a CRD whose rules it cannot bound the cost of: every string under
-        // the compared fields needs a maxLength (or an enum).
+        // Comparing strings costs their length: every string the spec's own fields hold has a
+        // maxLength (or an enum). The template's are Kubernetes' own types, compared whole.
         fn unbounded(path: &str, schema: &Value, found: &mut Vec<String>) {
+            if path == "spec.template" {
+                return;
+            }
             if schema["type"] == "string" && schema.get("maxLength").is_none() && schema.get("enum").is_none() {
                 found.push(path.to_owned());
             }

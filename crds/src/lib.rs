@@ -27,7 +27,7 @@ pub use effective::{
 pub use gpu::GpuType;
 pub use job::{
     ApiKeySecret, EmbeddingJob, EmbeddingJobSpec, EmbeddingJobStatus, EmbeddingOptions, InputFormat, InputSpec,
-    OutputSpec, PoolRef, PvcStore, S3Store, StoreSpec, VectorDtype,
+    OutputSpec, PoolRef, PvcStore, S3Store, StoreSpec, VectorDtype, WorkerPodOverrides,
 };
 pub use pool::*;
 pub use sharing::{GpuSharing, Share, SharingStrategy};

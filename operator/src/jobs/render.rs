@@ -2,7 +2,7 @@
 //! ConfigMap (its metadata only: the workers own its data), the workers' ServiceAccount, Role and
 //! RoleBinding, and the Indexed `batch/v1` Job of `teifleet-job` workers.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
@@ -348,6 +348,23 @@ fn quantities<const N: usize>(entries: [(&str, &str); N]) -> BTreeMap<String, Qu
     entries.into_iter().map(|(resource, amount)| (resource.into(), Quantity(amount.into()))).collect()
 }
 
+/// The user's resources with the defaults for what they leave out, as the pool's containers get
+/// theirs (render/deployment.rs): a resource the user names, as a request or a limit, keeps exactly
+/// the user's settings; every other resource gets its default request and limit.
+fn with_defaults(user: Option<&ResourceRequirements>) -> ResourceRequirements {
+    let mut resources = user.cloned().unwrap_or_default();
+    let named: BTreeSet<String> =
+        resources.requests.iter().chain(resources.limits.iter()).flat_map(|map| map.keys().cloned()).collect();
+    let defaults =
+        [(quantities(WORKER_REQUESTS), &mut resources.requests), (quantities(WORKER_LIMITS), &mut resources.limits)];
+    for (defaults, target) in defaults {
+        for (resource, amount) in defaults.into_iter().filter(|(resource, _)| !named.contains(resource)) {
+            target.get_or_insert_default().insert(resource, amount);
+        }
+    }
+    resources
+}
+
 fn runtime_default_seccomp() -> SeccompProfile {
     SeccompProfile { type_: "RuntimeDefault".into(), ..SeccompProfile::default() }
 }
@@ -379,17 +396,16 @@ pub fn container_security_context() -> SecurityContext {
 
 fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str) -> Result<Job> {
     let spec = &job.spec;
+    let overrides = &spec.template;
     let (volumes, volume_mounts) = volumes(job);
+    let mut pod_labels = overrides.labels.clone();
+    pod_labels.extend(owner.labels());
     let worker = Container {
         name: WORKER_CONTAINER.into(),
         image: Some(spec.image.clone().unwrap_or_else(|| default_image.to_owned())),
         args: Some(worker_args(owner, job)?),
         env: Some(worker_env(job)),
-        resources: Some(ResourceRequirements {
-            requests: Some(quantities(WORKER_REQUESTS)),
-            limits: Some(quantities(WORKER_LIMITS)),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(with_defaults(overrides.resources.as_ref())),
         security_context: Some(container_security_context()),
         // A failed worker's last log lines become its termination message, which the operator
         // quotes in the Failed condition.
@@ -410,7 +426,11 @@ fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str) -> Result<J
             active_deadline_seconds: deadline_seconds(job)?,
             suspend: Some(spec.suspend),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(owner.labels()), ..ObjectMeta::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(overrides.annotations.clone()).filter(|a| !a.is_empty()),
+                    ..ObjectMeta::default()
+                }),
                 spec: Some(PodSpec {
                     restart_policy: Some("Never".into()),
                     service_account_name: Some(worker_account_name(&owner.name)),
@@ -419,6 +439,13 @@ fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str) -> Result<J
                     security_context: Some(pod_security_context()),
                     containers: vec![worker],
                     volumes: Some(volumes),
+                    image_pull_secrets: Some(overrides.image_pull_secrets.clone()).filter(|s| !s.is_empty()),
+                    affinity: overrides.affinity.clone(),
+                    // Empty lists and maps are left out rather than applied empty, so the operator
+                    // claims no ownership of fields it does not set.
+                    tolerations: Some(overrides.tolerations.clone()).filter(|t| !t.is_empty()),
+                    node_selector: Some(overrides.node_selector.clone()).filter(|s| !s.is_empty()),
+                    priority_class_name: overrides.priority_class_name.clone(),
                     ..PodSpec::default()
                 }),
             },

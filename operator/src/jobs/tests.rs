@@ -107,6 +107,30 @@ spec:
     name: search-keys
     key: indexer
   image: registry.example.com/teifleet/job:dev
+  template:
+    nodeSelector:
+      node-role.example.com/batch: "true"
+    tolerations:
+    - key: batch
+      operator: Exists
+      effect: NoSchedule
+    affinity:
+      nodeAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+          nodeSelectorTerms:
+          - matchExpressions:
+            - { key: nvidia.com/gpu.present, operator: DoesNotExist }
+    priorityClassName: batch-low
+    resources:
+      requests: { cpu: "1" }
+      limits: { memory: 2Gi }
+    imagePullSecrets:
+    - name: registry-credentials
+    annotations:
+      example.com/team: search
+    labels:
+      team: search
+      app.kubernetes.io/name: not-this
 "#;
 
 fn job(yaml: &str) -> EmbeddingJob {
