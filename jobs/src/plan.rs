@@ -210,6 +210,32 @@ mod tests {
         assert_eq!(first.shards.len(), 8 + 1 + 3);
     }
 
+    #[tokio::test]
+    async fn the_plan_does_not_depend_on_the_order_objects_were_written_in() {
+        use object_store::memory::InMemory;
+        use object_store::{ObjectStore, ObjectStoreExt as _};
+
+        let names = ["in/b.jsonl", "in/a/2.jsonl", "in/a/10.jsonl", "in/c.jsonl"];
+        let mut plans = Vec::new();
+        for order in [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]] {
+            let objects: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+            for index in order {
+                objects.put(&Path::from(names[index]), vec![b'x'; 10 + index].into()).await.unwrap();
+            }
+            let store = Store::new(objects, Path::from("in"), true, "s3://bucket/");
+            plans.push(JobPlan::make(&store, InputFormat::Jsonl, &Fields::default(), 4).await.unwrap());
+        }
+        assert_eq!(plans[0], plans[1]);
+        assert_eq!(plans[0], plans[2]);
+        let first_of_each: Vec<&str> = plans[0]
+            .shards
+            .iter()
+            .filter(|shard| matches!(shard.part, ShardPart::ByteRange { start: 0, .. }))
+            .map(|shard| shard.object.path.as_ref())
+            .collect();
+        assert_eq!(first_of_each, ["in/a/10.jsonl", "in/a/2.jsonl", "in/b.jsonl", "in/c.jsonl"]);
+    }
+
     #[test]
     fn zero_shard_bytes_is_refused() {
         assert!(JobPlan::jsonl(vec![object("a", 1)], 0).is_err());

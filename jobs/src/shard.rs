@@ -46,7 +46,9 @@ impl ShardRunner<'_> {
         let mut writer = PartWriter::new(schema.clone(), self.output.url_of(&path))?;
         let pieces = &rows.pieces;
         let chunks = chunks(pieces, self.rows_per_call);
-        let mut answers = futures::stream::iter(&chunks)
+        // Chunks go in by value: a closure over `&Chunk` makes the future's Send-ness depend on
+        // a higher-ranked lifetime the compiler cannot prove, and the worker could not be spawned.
+        let mut answers = futures::stream::iter(chunks)
             .map(|chunk| async move {
                 let answer = self.embed(&pieces[chunk.piece].texts[chunk.rows.clone()]).await?;
                 Ok::<_, Error>((chunk, answer))

@@ -189,3 +189,114 @@ impl Worker {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use arrow_array::{ArrayRef, StringArray};
+    use arrow_schema::DataType;
+    use object_store::memory::InMemory;
+    use object_store::path::Path;
+    use object_store::{ObjectStore, ObjectStoreExt as _};
+
+    use super::*;
+    use crate::input::RowText;
+    use crate::output::columns::assemble;
+    use crate::output::part_schema;
+    use crate::output::writer::PartWriter;
+    use crate::settings::{Dtype, PoolSettings};
+
+    const LINES: usize = 40;
+
+    /// A worker over in-memory stores whose pool cannot be reached: any shard it does not skip
+    /// fails within a second.
+    async fn worker(input: &Store, output: &Store) -> Worker {
+        let pool =
+            PoolSettings { retry_budget: Duration::from_millis(300), ..PoolSettings::new("http://127.0.0.1:9", "bge") };
+        let settings = JobSettings { shard_bytes: 200, ..JobSettings::default() };
+        Worker::new(settings, input.clone(), output.clone(), PoolClient::new(pool).unwrap()).unwrap()
+    }
+
+    async fn stores() -> (Store, Store) {
+        let input_objects: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let corpus: String = (0..LINES).map(|i| format!("{{\"id\": {i}, \"text\": \"row {i}\"}}\n")).collect();
+        input_objects.put(&Path::from("in/corpus.jsonl"), corpus.into_bytes().into()).await.unwrap();
+        let input = Store::new(input_objects, Path::from("in"), true, "s3://in/");
+        let output = Store::new(Arc::new(InMemory::new()), Path::from("out"), true, "s3://out/");
+        (input, output)
+    }
+
+    /// Writes a part for `shard` of one failed row per `rows`, from `source`.
+    async fn write_part(output: &Store, shard: u32, rows: usize, source: &str) {
+        let schema = part_schema(&DataType::Utf8, Dtype::F32, 4);
+        let ids: ArrayRef = Arc::new(StringArray::from(vec![Some("x"); rows]));
+        let texts = vec![RowText::Failed("written earlier".into()); rows];
+        let batch = assemble(&schema, Dtype::F32, 4, ids, &texts, None).unwrap();
+        let path = part_path(output.root(), shard);
+        let mut writer = PartWriter::new(schema, output.url_of(&path)).unwrap();
+        writer.write(&batch).unwrap();
+        writer.finish(output, &path, source).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn shards_whose_parts_exist_are_skipped_with_their_counts() {
+        let (input, output) = stores().await;
+        let plan = JobPlan::make(&input, InputFormat::Jsonl, &Fields::default(), 200).await.unwrap();
+        assert!(plan.shards.len() > 3, "{} shards", plan.shards.len());
+        for shard in &plan.shards {
+            write_part(&output, shard.number, shard.number as usize + 1, &shard.source(&input)).await;
+        }
+        let summary = worker(&input, &output).await.run(&()).await.expect("no shard needs the pool");
+        let shards = plan.shards.len() as u32;
+        assert_eq!((summary.shards, summary.resumed, summary.rows_this_run), (shards, shards, 0));
+        let rows: u64 = (1..=u64::from(shards)).sum();
+        assert_eq!((summary.rows, summary.failed), (rows, rows), "the counts come from the parts' footers");
+    }
+
+    #[tokio::test]
+    async fn a_missing_or_unreadable_part_is_redone() {
+        let (input, output) = stores().await;
+        let plan = JobPlan::make(&input, InputFormat::Jsonl, &Fields::default(), 200).await.unwrap();
+        for shard in &plan.shards[1..] {
+            write_part(&output, shard.number, 1, &shard.source(&input)).await;
+        }
+        // Shard 0 has no part: the worker goes to the pool for it (and fails: it is unreachable).
+        let error = worker(&input, &output).await.run(&()).await.unwrap_err().to_string();
+        assert!(error.starts_with("pool bge: "), "{error}");
+
+        let garbage = part_path(output.root(), 0);
+        output.objects().put(&garbage, b"not parquet".to_vec().into()).await.unwrap();
+        let error = worker(&input, &output).await.run(&()).await.unwrap_err().to_string();
+        assert!(error.starts_with("pool bge: "), "an unreadable part is redone, not trusted: {error}");
+    }
+
+    #[tokio::test]
+    async fn a_part_from_other_input_stops_the_run() {
+        let (input, output) = stores().await;
+        write_part(&output, 0, 1, "s3://elsewhere/corpus.jsonl#bytes=0-200").await;
+        let error = worker(&input, &output).await.run(&()).await.unwrap_err().to_string();
+        assert_eq!(
+            error,
+            "s3://out/out/part-000000.parquet was written from s3://elsewhere/corpus.jsonl#bytes=0-200, \
+             not s3://in/in/corpus.jsonl#bytes=0-200: write this job to an empty --output"
+        );
+    }
+
+    #[test]
+    fn flags_out_of_range_are_refused() {
+        let settings = |worker, workers| JobSettings { worker, workers, ..JobSettings::default() };
+        let store = Store::new(Arc::new(InMemory::new()), Path::from("x"), true, "s3://x/");
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let _entered = runtime.enter();
+        let pool = || PoolClient::new(PoolSettings::new("http://127.0.0.1:9", "bge")).unwrap();
+        let refused = |settings| Worker::new(settings, store.clone(), store.clone(), pool()).unwrap_err().to_string();
+        assert_eq!(refused(settings(2, 2)), "--worker: 2 is not below --workers 2");
+        assert_eq!(refused(settings(0, 0)), "--workers: must be at least 1");
+        assert_eq!(
+            refused(JobSettings { rows_per_call: 0, ..JobSettings::default() }),
+            "--rows-per-call: must be at least 1"
+        );
+    }
+}
