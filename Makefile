@@ -10,7 +10,8 @@ BIN := $(TEIFLEET_CACHE)/current
 CARGO_DENY_VERSION := $(shell sed -n 's/^CARGO_DENY_VERSION=//p' tests/cluster/prereqs.sh)
 CARGO_DENY := $(TEIFLEET_CACHE)/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
 KUBECONFIG_FILE := $(TEIFLEET_CLUSTER_DIR)/kubeconfig
-CRD := crds/teifleet.dev_embeddingpools.yaml
+# The CRDs crdgen prints, each written to crds/teifleet.dev_<plural>.yaml and copied into the chart.
+CRDS := embeddingpools embeddingjobs
 CHART := charts/teifleet
 CHART_GOLDEN := tests/chart/golden.yaml
 MANIFESTS := deploy/manifests/teifleet-operator.yaml
@@ -58,17 +59,25 @@ test-clients: ## Real HTTP clients from PyPI (openai, huggingface_hub, requests)
 	tests/clients/run.sh
 
 .PHONY: generate
-generate: ## Regenerate the CRD YAML, the chart's copy and the plain manifests
-	cargo run --quiet --locked -p teifleet-crds --bin crdgen > $(CRD)
-	mkdir -p $(CHART)/crds && cp $(CRD) $(CHART)/crds/
+generate: ## Regenerate the CRDs' YAML, the chart's copies and the plain manifests
+	mkdir -p $(CHART)/crds
+	for crd in $(CRDS); do \
+	  cargo run --quiet --locked -p teifleet-crds --bin crdgen -- $$crd > crds/teifleet.dev_$$crd.yaml; \
+	  cp crds/teifleet.dev_$$crd.yaml $(CHART)/crds/; \
+	done
 	$(BIN)/helm template $(MANIFEST_ARGS) > $(MANIFESTS)
 
 .PHONY: check-generated
 check-generated: ## Fail when checked-in generated files differ from what the code generates
 	@tmp=$$(mktemp -d); \
-	cargo run --quiet --locked -p teifleet-crds --bin crdgen > $$tmp/crd.yaml; \
-	diff -u $(CRD) $$tmp/crd.yaml || { echo "$(CRD) is stale: run make generate"; exit 1; }; \
-	diff -u $(CRD) $(CHART)/crds/teifleet.dev_embeddingpools.yaml || { echo "the chart's CRD is stale: run make generate"; exit 1; }; \
+	for crd in $(CRDS); do \
+	  file=crds/teifleet.dev_$$crd.yaml; \
+	  cargo run --quiet --locked -p teifleet-crds --bin crdgen -- $$crd > $$tmp/$$crd.yaml; \
+	  diff -u $$file $$tmp/$$crd.yaml || { echo "$$file is stale: run make generate"; exit 1; }; \
+	  diff -u $$file $(CHART)/crds/teifleet.dev_$$crd.yaml || { echo "the chart's copy of $$file is stale: run make generate"; exit 1; }; \
+	done; \
+	extra=$$(ls $(CHART)/crds | grep -vxF -f <(printf 'teifleet.dev_%s.yaml\n' $(CRDS)) || true); \
+	[[ -z "$$extra" ]] || { echo "the chart carries CRDs crdgen does not print: $$extra"; exit 1; }; \
 	$(BIN)/helm template $(MANIFEST_ARGS) > $$tmp/manifests.yaml; \
 	diff -u $(MANIFESTS) $$tmp/manifests.yaml || { echo "$(MANIFESTS) is stale: run make generate"; exit 1; }; \
 	rm -rf $$tmp
