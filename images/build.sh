@@ -37,12 +37,14 @@ done
 log() { echo "[images] $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# name, binary, user, exposed ports. The users match where each runs: the chart runs the operator
-# as 65532; the operator renders TEI pods (the multiplexer, and tei-sim standing in for TEI) as 1000.
+# name, binary, user, exposed ports (- for none). The users match where each runs: the chart runs
+# the operator as 65532; the operator renders TEI pods (the multiplexer, and tei-sim standing in for
+# TEI) and EmbeddingJob workers (job, which listens on nothing) as 1000.
 IMAGES=(
   "operator teifleet-operator 65532:65532 8080/tcp"
   "multiplexer teifleet-multiplexer 1000:1000 50051/tcp,9090/tcp"
   "tei-sim tei-sim 1000:1000 80/tcp,9000/tcp"
+  "job teifleet-job 1000:1000 -"
 )
 
 CACHE="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}"
@@ -267,6 +269,8 @@ for image in "${IMAGES[@]}"; do
   env=(-e PATH=/usr/local/bin:/usr/bin:/bin -e SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt)
   # tei-sim stands in for TEI's image, which sets these two.
   [[ "$name" == tei-sim ]] && env+=(-e HUGGINGFACE_HUB_CACHE=/data -e PORT=80)
+  exposed=()
+  [[ "$ports" == - ]] || exposed=(--exposed-ports "$ports")
   quiet "$CRANE" append --oci-empty-base -f "$WORK/base.tar" -f "$WORK/$name.tar" -t "$SCRATCH/$name:build"
   # crane's label flag splits on commas: no value below may hold one.
   quiet "$CRANE" mutate "$SCRATCH/$name:build" \
@@ -274,7 +278,7 @@ for image in "${IMAGES[@]}"; do
     --entrypoint "/usr/local/bin/$binary" \
     --user "$user" \
     --workdir / \
-    --exposed-ports "$ports" \
+    "${exposed[@]}" \
     "${env[@]}" \
     -l "org.opencontainers.image.title=$name" \
     -l "org.opencontainers.image.source=$SOURCE_URL" \
