@@ -36,11 +36,27 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            // One line: the error and its causes, joined.
-            eprintln!("teifleet-job: {error:#}");
+            eprintln!("teifleet-job: {}", one_line(&error));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The error and its causes on one line. Many errors' messages already quote their cause (ours
+/// name the file, then say what the store or parser said), so a cause is added only where the
+/// line does not say it yet: usually just the root, such as the operating system's reason.
+fn one_line(error: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line.replace('\n', " ")
 }
 
 fn run(args: RunArgs, log_format: LogFormat) -> anyhow::Result<teifleet_job::worker::Summary> {
@@ -51,4 +67,19 @@ fn run(args: RunArgs, log_format: LogFormat) -> anyhow::Result<teifleet_job::wor
         let (worker, progress) = args.into_worker(|name| std::env::var(name).ok())?;
         Ok(worker.run(&progress).await?)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn causes_already_quoted_are_not_repeated() {
+        let root = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "connection refused");
+        let error =
+            anyhow::Error::new(root).context("client error (Connect)").context("s3://b/x: client error (Connect)");
+        assert_eq!(one_line(&error), "s3://b/x: client error (Connect): connection refused");
+        let multi_line = anyhow::anyhow!("first\nsecond");
+        assert_eq!(one_line(&multi_line), "first second");
+    }
 }

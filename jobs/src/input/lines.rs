@@ -23,8 +23,6 @@ const LINE_COUNT_LIMIT: u64 = 256 << 20;
 #[derive(Debug)]
 pub struct RangeLines {
     buffer: Vec<u8>,
-    /// The file offset of `buffer[0]`.
-    buffer_offset: u64,
     /// Each line's file offset and its bytes in `buffer`.
     spans: Vec<(u64, Range<usize>)>,
 }
@@ -42,11 +40,6 @@ impl RangeLines {
     pub fn is_empty(&self) -> bool {
         self.spans.is_empty()
     }
-
-    /// The file offset of the first byte read (one before the range, unless it starts at 0).
-    pub fn buffer_offset(&self) -> u64 {
-        self.buffer_offset
-    }
 }
 
 /// Reads the lines of `object` that start in `range`.
@@ -56,7 +49,7 @@ pub async fn read_lines(input: &Store, object: &InputObject, range: Range<u64>) 
     let buffer_offset = range.start.saturating_sub(1);
     let mut fetched_to = range.end.saturating_add(LOOKAHEAD).min(size);
     let mut buffer = fetch(input, object, buffer_offset..fetched_to).await?.to_vec();
-    let mut lines = RangeLines { buffer: Vec::new(), buffer_offset, spans: Vec::new() };
+    let mut lines = RangeLines { buffer: Vec::new(), spans: Vec::new() };
 
     let first_line = if range.start == 0 {
         0

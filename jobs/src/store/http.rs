@@ -19,9 +19,13 @@ use object_store::{ClientConfigKey, ClientOptions};
 
 /// How long connecting may take (object_store's own default).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a request may wait for the response's head. Bodies stream after it: a large object
-/// may take longer to arrive, and object_store retries a body cut off midway.
+/// How long a request may wait for the response's head, beyond sending its body. Response bodies
+/// stream after the head: a large object may take longer to arrive, and object_store retries a
+/// body cut off midway.
 const RESPONSE_HEAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// The slowest upload allowed for: a part is put in one request, and its response comes only once
+/// all of it is sent, so a large part gets a second more per MiB.
+const SLOWEST_UPLOAD_BYTES_PER_SECOND: u64 = 1 << 20;
 
 /// Makes object_store's S3 client speak through hyper: `https://` endpoints with the system's
 /// root certificates, `http://` ones when the store allows plain HTTP.
@@ -66,11 +70,13 @@ enum Transport {
 
 impl Transport {
     async fn send(&self, request: HttpRequest) -> Result<HttpResponse, HttpError> {
+        let upload = request.body().content_length() as u64 / SLOWEST_UPLOAD_BYTES_PER_SECOND;
+        let head_timeout = RESPONSE_HEAD_TIMEOUT + Duration::from_secs(upload);
         let pending = match self {
             Self::Tls(client) => client.request(request),
             Self::PlainOnly(client) => client.request(request),
         };
-        let response = match tokio::time::timeout(RESPONSE_HEAD_TIMEOUT, pending).await {
+        let response = match tokio::time::timeout(head_timeout, pending).await {
             Ok(Ok(response)) => response,
             Ok(Err(error)) => {
                 let kind = if error.is_connect() { HttpErrorKind::Connect } else { HttpErrorKind::Request };
