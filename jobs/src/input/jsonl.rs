@@ -14,34 +14,43 @@ use crate::listing::InputObject;
 use crate::settings::Fields;
 use crate::store::Store;
 
+/// A line that became a failed row, to be located once the shard's lines are all read.
+struct BadLine {
+    /// Its index among the range's lines (blank ones included, as editors count lines).
+    line_index: usize,
+    /// Its file offset, for files too large to count lines in.
+    offset: u64,
+    /// Its row.
+    row: usize,
+}
+
 /// Reads and parses the lines starting in `range` of `object`.
 pub async fn read_range(input: &Store, object: &InputObject, range: Range<u64>, fields: &Fields) -> Result<RowPiece> {
     let lines = read_lines(input, object, range).await?;
     let mut ids: Vec<Option<String>> = Vec::with_capacity(lines.len());
     let mut texts = Vec::with_capacity(lines.len());
-    // (index in this shard's lines, file offset) of each bad line, located once all are known.
-    let mut bad_lines: Vec<(usize, u64, usize)> = Vec::new();
+    let mut bad_lines = Vec::new();
     for (line_index, (offset, line)) in lines.iter().enumerate() {
         let Some(parsed) = parse_line(line, fields) else { continue };
         ids.push(parsed.id);
         match parsed.text {
             Ok(text) => texts.push(RowText::Embed(text)),
             Err(problem) => {
-                bad_lines.push((line_index, offset, texts.len()));
+                bad_lines.push(BadLine { line_index, offset, row: texts.len() });
                 texts.push(RowText::Failed(problem));
             }
         }
     }
-    if let Some(&(_, first_offset, _)) = bad_lines.first() {
-        let first_line_offset = lines.iter().next().map_or(first_offset, |(offset, _)| offset);
+    // Counting the lines before the range costs a read of all of them: done only when needed.
+    if let Some((range_first_line, _)) = lines.iter().next().filter(|_| !bad_lines.is_empty()) {
         let url = input.url_of(&object.path);
-        let lines_before_range = lines_before(input, object, first_line_offset).await?;
-        for (line_index, offset, row) in bad_lines {
+        let lines_before_range = lines_before(input, object, range_first_line).await?;
+        for bad in bad_lines {
             let place = match lines_before_range {
-                Some(before) => format!("{url}:{}", before + line_index as u64 + 1),
-                None => format!("{url} at byte {offset}"),
+                Some(before) => format!("{url}:{}", before + bad.line_index as u64 + 1),
+                None => format!("{url} at byte {}", bad.offset),
             };
-            if let RowText::Failed(problem) = &mut texts[row] {
+            if let RowText::Failed(problem) = &mut texts[bad.row] {
                 *problem = format!("{place}: {problem}");
             }
         }
