@@ -182,8 +182,9 @@ pub struct InputSpec {
     /// Where the corpus lives.
     pub store: StoreSpec,
 
-    /// A file, or a directory (PVC) or key prefix (S3) of files, under the store's own path or
-    /// key; unset: the store's path or key itself.
+    /// A file, or with a trailing `/` a directory (claim) or key prefix (S3) whose every file is
+    /// read, in name order, under the store's own path or key; a name that is no file is read as
+    /// a directory too. Unset: the store's path or key itself (a claim's root is a directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 1024))]
     #[x_kube(validation = Rule::new(RELATIVE_PATH).message("input.path must be relative, without '..'"))]

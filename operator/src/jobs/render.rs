@@ -177,20 +177,22 @@ fn join_path<'a>(parts: impl IntoIterator<Item = &'a str>) -> String {
 }
 
 /// The URL `teifleet-job` reads or writes: `file://<mount>/<claim path>/<path>` for a claim
-/// mounted at `mount`, `s3://<bucket>/<key>/<path>` for a bucket.
-pub fn store_url(store: &StoreSpec, mount: &str, path: Option<&str>) -> String {
-    let extra = path.unwrap_or_default();
-    match (&store.pvc, &store.s3) {
-        (Some(pvc), _) => {
-            let relative = join_path([pvc.path.as_str(), extra]);
-            match relative.is_empty() {
-                true => format!("file://{mount}"),
-                false => format!("file://{mount}/{relative}"),
-            }
-        }
-        (None, Some(s3)) => format!("s3://{}/{}", s3.bucket, join_path([s3.key.as_str(), extra])),
+/// mounted at `mount`, `s3://<bucket>/<key>/<path>` for a bucket. A trailing `/` says a directory
+/// (or prefix) to the worker, as it does to people: kept where the spec wrote one, and always on a
+/// `directory` (the output) and on a store's root.
+pub fn store_url(store: &StoreSpec, mount: &str, path: Option<&str>, directory: bool) -> String {
+    let (root, base) = match (&store.pvc, &store.s3) {
+        (Some(pvc), _) => (format!("file://{mount}/"), pvc.path.as_str()),
+        (None, Some(s3)) => (format!("s3://{}/", s3.bucket), s3.key.as_str()),
         // The CRD's rule refuses a store with neither; the worker then refuses the empty URL.
-        (None, None) => String::new(),
+        (None, None) => return String::new(),
+    };
+    let parts = [base, path.unwrap_or_default()];
+    let relative = join_path(parts);
+    let written_as_directory = parts.iter().rfind(|part| !part.is_empty()).is_some_and(|part| part.ends_with('/'));
+    match relative.is_empty() || !(directory || written_as_directory) {
+        true => format!("{root}{relative}"),
+        false => format!("{root}{relative}/"),
     }
 }
 
@@ -211,11 +213,11 @@ fn worker_args(owner: &Owner, job: &EmbeddingJob) -> Result<Vec<String>> {
         "run".to_owned(),
         format!("--pool-url=http://{}", endpoints.grpc),
         format!("--pool={pool}"),
-        format!("--input={}", store_url(&spec.input.store, INPUT_MOUNT, spec.input.path.as_deref())),
+        format!("--input={}", store_url(&spec.input.store, INPUT_MOUNT, spec.input.path.as_deref(), false)),
         format!("--input-format={}", spec.input.format.as_str()),
         format!("--id-field={}", spec.input.id_field),
         format!("--text-field={}", spec.input.text_field),
-        format!("--output={}", store_url(&spec.output.store, OUTPUT_MOUNT, None)),
+        format!("--output={}", store_url(&spec.output.store, OUTPUT_MOUNT, None, true)),
         format!("--workers={}", spec.workers),
     ];
     if let Some(bytes) = shard_bytes(job)? {

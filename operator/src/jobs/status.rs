@@ -120,7 +120,7 @@ impl Progress {
     }
 
     /// Rows in the input, and whether that is an estimate: the plan's count; the rows read once
-    /// every shard is done; else the rows per byte so far times the input's bytes.
+    /// every planned shard is reported; else the rows per byte so far times the input's bytes.
     fn rows_total(&self, all_done: bool) -> Option<(u64, bool)> {
         let plan = self.plan?;
         if let Some(rows) = plan.rows {
@@ -292,7 +292,7 @@ pub fn compute(job: &EmbeddingJob, seen: &Seen<'_>) -> EmbeddingJobStatus {
         }
         _ => None,
     };
-    let rows_total = progress.rows_total(complete || progress.all_shards_done());
+    let rows_total = progress.rows_total(progress.all_shards_done());
 
     EmbeddingJobStatus {
         observed_generation: generation,

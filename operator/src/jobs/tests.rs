@@ -188,7 +188,7 @@ fn the_worker_runs_the_fixed_command_line() {
             "--input-format=jsonl",
             "--id-field=id",
             "--text-field=text",
-            "--output=file:///data/output/wiki",
+            "--output=file:///data/output/wiki/",
             "--workers=4",
             "--rows-per-call=512",
             "--dtype=f32",
@@ -199,7 +199,7 @@ fn the_worker_runs_the_fixed_command_line() {
     let s3 = args(&children(S3_JOB));
     for expected in [
         "--input=s3://corpora/catalog/2024/products.parquet",
-        "--output=s3://vectors/catalog",
+        "--output=s3://vectors/catalog/",
         "--shard-bytes=268435456",
         "--normalize=false",
         "--truncate",
@@ -288,16 +288,24 @@ fn deadlines_round_up_to_whole_seconds() {
 }
 
 #[test]
-fn store_urls_join_the_store_and_the_input_path() {
+fn store_urls_join_the_store_and_the_input_path_and_keep_a_directory_a_directory() {
     let job = job(PVC_JOB);
-    let store = &job.spec.output.store;
-    assert_eq!(store_url(store, "/data/output", None), "file:///data/output/wiki");
-    let mut root = job.spec.input.store.clone();
+    let output = &job.spec.output.store;
+    assert_eq!(store_url(output, "/data/output", None, true), "file:///data/output/wiki/");
+    let input = &job.spec.input.store;
+    assert_eq!(store_url(input, "/data/input", Some("articles"), false), "file:///data/input/wiki/2024/articles");
+    assert_eq!(store_url(input, "/data/input", Some("docs/"), false), "file:///data/input/wiki/2024/docs/");
+    assert_eq!(store_url(input, "/data/input", None, false), "file:///data/input/wiki/2024/", "as the store wrote it");
+    let mut root = input.clone();
     root.pvc.as_mut().unwrap().path = String::new();
-    assert_eq!(store_url(&root, "/data/input", None), "file:///data/input");
-    assert_eq!(store_url(&root, "/data/input", Some("a//b/")), "file:///data/input/a/b");
+    assert_eq!(store_url(&root, "/data/input", None, false), "file:///data/input/", "a claim's root is a directory");
+    assert_eq!(store_url(&root, "/data/input", Some("a//b"), false), "file:///data/input/a/b");
     let s3 = self::job(S3_JOB);
-    assert_eq!(store_url(&s3.spec.output.store, "/data/output", Some("x")), "s3://vectors/catalog/x");
+    assert_eq!(store_url(&s3.spec.output.store, "/data/output", None, true), "s3://vectors/catalog/");
+    let mut bucket = s3.spec.input.store.clone();
+    bucket.s3.as_mut().unwrap().key = String::new();
+    assert_eq!(store_url(&bucket, "/data/input", None, false), "s3://corpora/");
+    assert_eq!(store_url(&bucket, "/data/input", Some("2024/"), false), "s3://corpora/2024/");
 }
 
 // --- Status ---------------------------------------------------------------------------------------
@@ -415,6 +423,11 @@ fn complete_counts_every_row_and_rates_the_whole_run() {
     assert_eq!(status.rows_per_second, Some(99.8), "over the 400 s it ran, not until now");
     assert_eq!((status.eta.clone(), status.completion_time.clone()), (None, Some(Time(at(400)))));
     assert_eq!(next_look(&status), Action::await_change());
+
+    // Complete with shards unreported (a progress write lost): the total stays an estimate.
+    let partial = progress(30);
+    let status = status::compute(&job(PVC_JOB), &seen(Some(&done), Some(&partial), 1000, &[]));
+    assert_eq!((status.rows_total, status.rows_total_estimated), (Some(40_000), true));
 }
 
 #[test]
