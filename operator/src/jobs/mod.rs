@@ -141,10 +141,8 @@ async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Acti
         .get_opt(&progress_config_map_name(&name))
         .await?
         .and_then(|config_map| config_map.data);
-    let failed = batch.as_ref().is_some_and(|batch| {
-        status::finished(batch) && batch.status.as_ref().and_then(|status| status.failed).unwrap_or_default() > 0
-    });
-    let worker_messages = match failed {
+    // What the failed workers said is quoted once the Job failed.
+    let worker_messages = match batch.as_ref().is_some_and(status::failed) {
         true => worker_messages(client, &namespace, &name).await?,
         false => Vec::new(),
     };

@@ -310,6 +310,13 @@ pub fn compute(job: &EmbeddingJob, seen: &Seen<'_>) -> EmbeddingJobStatus {
     }
 }
 
+/// Whether the batch Job failed (or will, once its pods are gone).
+pub fn failed(job: &Job) -> bool {
+    job.status
+        .as_ref()
+        .is_some_and(|status| ["Failed", "FailureTarget"].iter().any(|type_| condition(status, type_).is_some()))
+}
+
 /// Whether the batch Job has finished, one way or the other: nothing about it changes any more.
 pub fn finished(job: &Job) -> bool {
     job.status.as_ref().is_some_and(|status| {

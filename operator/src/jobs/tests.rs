@@ -552,7 +552,13 @@ fn a_finished_job_stays_finished_whatever_blocks_a_new_one() {
     let blocker = Blocker { reason: reasons::POOL_NOT_FOUND, message: "gone".into() };
     let seen = Seen { blocker: Some(&blocker), job: Some(&done), progress: None, worker_messages: &[], now: at(20) };
     assert_eq!(condition(&status::compute(&job(PVC_JOB), &seen), COMPLETE).0, "True");
-    assert!(status::finished(&done));
+    assert!(status::finished(&done) && !status::failed(&done));
+    let failing = batch(JobStatus {
+        conditions: Some(vec![job_condition("FailureTarget", "DeadlineExceeded", "", 10)]),
+        ..JobStatus::default()
+    });
+    assert!(status::finished(&failing) && status::failed(&failing));
+    assert!(!status::finished(&batch(JobStatus { active: Some(1), ..JobStatus::default() })));
 }
 
 #[test]
