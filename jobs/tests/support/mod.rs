@@ -1,9 +1,6 @@
 //! What the embedding-job tests run against: a TEI simulator and a multiplexer in front of it,
 //! both real gRPC servers on 127.0.0.1 (as multiplexer/tests/it/support sets them up), and files
 //! in a scratch directory.
-// Each test uses a different part of this module.
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
