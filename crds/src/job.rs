@@ -52,7 +52,7 @@ const FIXED_SPEC: &str = "self.poolRef == oldSelf.poolRef && self.input == oldSe
         name = "Done",
         type_ = "integer",
         json_path = ".status.rowsDone",
-        description = "rows embedded and written"
+        description = "rows written, one per input row read (with a vector or an error)"
     ),
     printcolumn(
         name = "Total",
@@ -478,11 +478,12 @@ pub struct EmbeddingJobStatus {
     #[serde(default)]
     pub shards_done: i64,
 
-    /// Rows embedded and written.
+    /// Rows written: one per input row read, with its vector or with the error that kept it
+    /// from having one.
     #[serde(default)]
     pub rows_done: i64,
 
-    /// Rows that could not be embedded (each is logged by its worker).
+    /// Of `rowsDone`, the rows written with an error instead of a vector.
     #[serde(default)]
     pub rows_failed: i64,
 
@@ -591,9 +592,9 @@ pub struct ProgressPlan {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq)]
 pub struct ShardProgress {
     pub shard: u32,
-    /// Rows embedded and written.
+    /// Rows written, one per input row (with a vector or an error).
     pub rows: u64,
-    /// Rows that could not be embedded.
+    /// Of `rows`, those written with an error instead of a vector.
     pub failed: u64,
     /// Input bytes the shard covered.
     pub bytes: u64,

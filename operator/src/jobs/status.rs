@@ -104,16 +104,11 @@ impl Progress {
         progress
     }
 
-    /// Rows read so far, embedded or failed.
-    fn processed(&self) -> u64 {
-        self.rows.saturating_add(self.failed)
-    }
-
     /// How much of the input is done, from the rows when the plan counted them, else the bytes.
     fn fraction_done(&self) -> Option<f64> {
         let plan = self.plan?;
         let (done, total) = match plan.rows {
-            Some(rows) => (self.processed(), rows),
+            Some(rows) => (self.rows, rows),
             None => (self.bytes, plan.bytes),
         };
         (total > 0).then(|| (done as f64 / total as f64).min(1.0))
@@ -127,10 +122,10 @@ impl Progress {
             return Some((rows, false));
         }
         if all_done {
-            return Some((self.processed(), false));
+            return Some((self.rows, false));
         }
         (self.bytes > 0).then(|| {
-            let estimate = self.processed() as f64 * plan.bytes as f64 / self.bytes as f64;
+            let estimate = self.rows as f64 * plan.bytes as f64 / self.bytes as f64;
             (estimate.round() as u64, true)
         })
     }
@@ -236,9 +231,11 @@ pub fn compute(job: &EmbeddingJob, seen: &Seen<'_>) -> EmbeddingJobStatus {
     };
 
     let (running, reason, message) = match &phase {
-        Phase::Complete => {
-            (false, reasons::COMPLETED, format!("{} rows embedded, {} failed", progress.rows, progress.failed))
-        }
+        Phase::Complete => (
+            false,
+            reasons::COMPLETED,
+            format!("{} rows written, {} of them with an error", progress.rows, progress.failed),
+        ),
         Phase::Failed { reason, message } => (false, *reason, message.clone()),
         Phase::Blocked(blocker) => (false, blocker.reason, blocker.message.clone()),
         Phase::Suspended => (false, reasons::SUSPENDED, format!("spec.suspend: no worker runs; {}", shards(&progress))),

@@ -331,13 +331,13 @@ fn job_condition(type_: &str, reason: &str, message: &str, at_second: i64) -> Jo
     }
 }
 
-/// A plan of 40 shards over 4 MB of JSONL (rows unknown), and `done` shards of 1000 rows (2
-/// failed) and 100 kB each.
+/// A plan of 40 shards over 4 MB of JSONL (rows unknown), and `done` shards of 1000 rows (2 of
+/// them with an error) and 100 kB each.
 fn progress(done: u32) -> BTreeMap<String, String> {
     let plan = ProgressPlan { shards: 40, bytes: 4_000_000, rows: None };
     let mut data = BTreeMap::from([("plan".to_owned(), serde_json::to_string(&plan).unwrap())]);
     for shard in 0..done {
-        let report = ShardProgress { shard, rows: 998, failed: 2, bytes: 100_000, seconds: 9.5 };
+        let report = ShardProgress { shard, rows: 1000, failed: 2, bytes: 100_000, seconds: 9.5 };
         data.insert(progress_shard_key(shard), serde_json::to_string(&report).unwrap());
     }
     data
@@ -371,10 +371,10 @@ fn running_mid_way_counts_shards_and_estimates_rows_rate_and_time_left() {
         "4 of 4 worker(s) running; 10/40 shards done"
     );
     assert_eq!((status.shards_total, status.shards_done), (Some(40), 10));
-    assert_eq!((status.rows_done, status.rows_failed), (9_980, 20));
+    assert_eq!((status.rows_done, status.rows_failed), (10_000, 20));
     // A quarter of the bytes gave 10,000 rows: about 40,000 in all, an estimate.
     assert_eq!((status.rows_total, status.rows_total_estimated), (Some(40_000), true));
-    assert_eq!(status.rows_per_second, Some(99.8));
+    assert_eq!(status.rows_per_second, Some(100.0));
     assert_eq!(status.eta.as_deref(), Some("5m0s"), "a quarter in 100 s: 300 s left");
     assert_eq!((status.start_time.clone(), status.completion_time.clone()), (Some(Time(at(0))), None));
     assert_eq!(status.observed_generation, Some(1));
@@ -418,9 +418,12 @@ fn complete_counts_every_row_and_rates_the_whole_run() {
     assert_eq!(condition(&status, RUNNING), ("False", reasons::COMPLETED));
     assert_eq!(condition(&status, COMPLETE), ("True", reasons::COMPLETED));
     assert_eq!(condition(&status, FAILED), ("False", reasons::COMPLETED));
-    assert_eq!(conditions::find(&status.conditions, COMPLETE).unwrap().message, "39920 rows embedded, 80 failed");
+    assert_eq!(
+        conditions::find(&status.conditions, COMPLETE).unwrap().message,
+        "40000 rows written, 80 of them with an error"
+    );
     assert_eq!((status.rows_total, status.rows_total_estimated), (Some(40_000), false), "every shard read: counted");
-    assert_eq!(status.rows_per_second, Some(99.8), "over the 400 s it ran, not until now");
+    assert_eq!(status.rows_per_second, Some(100.0), "over the 400 s it ran, not until now");
     assert_eq!((status.eta.clone(), status.completion_time.clone()), (None, Some(Time(at(400)))));
     assert_eq!(next_look(&status), Action::await_change());
 
@@ -592,7 +595,7 @@ fn progress_leaves_out_what_does_not_parse() {
     data.insert("shard-000099".into(), "not json".into());
     data.insert("notes".into(), "{}".into());
     let read = Progress::read(&data);
-    assert_eq!((read.shards_done, read.rows, read.failed, read.bytes), (3, 2994, 6, 300_000));
+    assert_eq!((read.shards_done, read.rows, read.failed, read.bytes), (3, 3000, 6, 300_000));
     assert_eq!(read.plan, Some(ProgressPlan { shards: 40, bytes: 4_000_000, rows: None }));
     assert_eq!(Progress::read(&BTreeMap::new()), Progress::default());
 }
@@ -841,6 +844,6 @@ async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
 
     let status = &seen.iter().find(|s| s.path.ends_with("/status")).unwrap().body["status"];
     assert_eq!((status["shardsDone"].clone(), status["shardsTotal"].clone()), (json!(10), json!(40)));
-    assert_eq!(status["rowsDone"], 9_980);
+    assert_eq!(status["rowsDone"], 10_000);
     assert_eq!(status["conditions"][0]["reason"], "WorkersPending", "the applied Job has no pods yet");
 }
