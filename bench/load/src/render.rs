@@ -36,6 +36,9 @@ fn describe(info: &RunInfo) -> String {
     if let Some(p) = &info.pool {
         let _ = write!(s, ", pool {p}");
     }
+    if let Some(l) = &info.lane {
+        let _ = write!(s, ", lane {l}");
+    }
     if let Some(r) = &info.retry {
         let _ = write!(s, ", {r}");
     }

@@ -39,6 +39,9 @@ pub struct RunInfo {
     /// `x-teifleet-pool` of every request.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool: Option<String>,
+    /// `x-teifleet-lane` of every request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<String>,
     /// The retry policy, described (`pushback retry, 5 attempts, ...`).
     #[serde(default)]
     pub retry: Option<String>,

@@ -1,5 +1,5 @@
 //! The sections and plots of the Admission v2 scenarios (10 adaptive limit, 11 fairness, 12
-//! pushback), from their typed results.
+//! pushback) and of the lanes (19), from their typed results.
 
 use std::fmt::Write as _;
 
@@ -13,6 +13,7 @@ use super::words::{backend, limits};
 use crate::Result;
 use crate::scenarios::adaptive::{self, AdaptiveLimit, BackendResult, CapacityChange, Point};
 use crate::scenarios::fairness::{self, Fairness};
+use crate::scenarios::lanes::{self, Lanes};
 use crate::scenarios::pushback::{Policy, Pushback};
 use crate::targets::{number, ratio};
 
@@ -367,6 +368,96 @@ impl Render for Pushback {
     }
 }
 
+impl Render for Lanes {
+    fn write(&self, out: &mut String) {
+        let _ = writeln!(
+            out,
+            "Backend: {}; **measured capacity {:.1} req/s** (batch {} ms). Multiplexer: {}, `--ingest-share {}`. \
+             Queries: open loop (Poisson), 16-token Embeds, {:.0} s deadline, no lane header (so `query`), {:.0} s per \
+             run. Ingest: {} callers in a closed loop, 16-token Embeds with `x-teifleet-lane: ingest` and no deadline, \
+             starting a second before the queries and stopping a second after. Runs: queries at {}× capacity alone; \
+             the same schedule beside ingest; queries at {}× beside ingest. *Admitted/s* is each lane's \
+             `teifleet_lane_admissions_total{{outcome=\"admitted\"}}` over the query schedule's span (read from the \
+             multiplexer when it starts and when it ends); latencies are of all answers, from the due time (ingest: \
+             from the send).\n",
+            backend(&self.backend),
+            self.capacity.rps,
+            number(self.capacity.batch_ms),
+            limits(&self.limits),
+            self.ingest_share_percent,
+            crate::scenarios::overload::DEADLINE.as_secs_f64(),
+            self.seconds,
+            self.ingest_callers,
+            lanes::LIGHT_FACTOR,
+            lanes::OVERLOAD_FACTOR
+        );
+        let mut table = Table::new(
+            out,
+            &[
+                text("run"),
+                text("lane"),
+                figure("offered/s"),
+                figure("sent"),
+                figure("OK"),
+                figure("admitted/s"),
+                figure("share of admissions"),
+                figure("p50"),
+                figure("p99"),
+                figure("TEI queue p99"),
+                text("codes"),
+            ],
+        );
+        let mut row = |run: &str, lane: &str, x: &Report, admitted: Option<(f64, f64)>| {
+            let (rps, share) = match admitted {
+                Some((rps, share)) => (format!("{rps:.0}"), format!("{share:.3}")),
+                None => ("—".into(), "—".into()),
+            };
+            table.row(&[
+                &run,
+                &lane,
+                &x.offered_rps.map_or("closed loop".into(), |r| format!("{r:.0}")),
+                &x.sent,
+                &x.ok,
+                &rps,
+                &share,
+                &format!("{} ms", number(x.latency.p50_ms)),
+                &format!("{} ms", number(x.latency.p99_ms)),
+                &x.tei_queue.map_or("—".into(), |s| format!("{} ms", number(s.p99_ms))),
+                &codes(x),
+            ]);
+        };
+        row(&format!("queries at {}× alone", lanes::LIGHT_FACTOR), "query", &self.alone, None);
+        for run in [&self.light, &self.overload] {
+            let name = format!("queries at {}× beside ingest", run.factor);
+            let w = &run.window;
+            row(&name, "query", &run.queries, Some((w.query_rps(), 1.0 - w.ingest_share())));
+            row(&name, "ingest", &run.ingest, Some((w.ingest_rps(), w.ingest_share())));
+        }
+        let _ = writeln!(
+            out,
+            "\nQueries at {}×: p99 {} ms beside ingest ÷ {} ms alone = {:.2}×. Ingest admitted {:.0}/s of the {:.0}/s \
+             the queries (goodput {:.0}/s) left of the capacity: {:.3}×; both lanes {:.3}× capacity. Queries at {}×: \
+             ingest {:.3} of the admissions against a floor of {:.2} ({:.2}× the floor), the queries' goodput {:.3}× \
+             capacity; ingest calls not answered OK in either run: {}.",
+            lanes::LIGHT_FACTOR,
+            number(self.light.queries.latency.p99_ms),
+            number(self.alone.latency.p99_ms),
+            self.p99_ratio(),
+            self.light.window.ingest_rps(),
+            self.left_rps(),
+            self.light.queries.goodput_rps,
+            self.ingest_goodput_ratio(),
+            ratio(self.light.window.query_rps() + self.light.window.ingest_rps(), self.capacity.rps),
+            lanes::OVERLOAD_FACTOR,
+            self.overload.window.ingest_share(),
+            self.floor_share(),
+            self.floor_ratio(),
+            ratio(self.overload.queries.goodput_rps, self.capacity.rps),
+            self.ingest_not_ok()
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use teifleet_load::retry::{RetryMode, RetryPolicy};
@@ -487,6 +578,29 @@ mod tests {
             text.contains("| 12 pushback | successes, pushback ÷ jittered backoff | 0.576 × | ≥ 1.00 × | **FAIL** |"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn the_lanes_section_shows_each_lane_of_each_run_and_the_ratios() {
+        let text = crate::scenarios::lanes::example::result(48.0, 150.0, 0).body();
+        assert!(text.contains("**measured capacity 350.0 req/s** (batch 23.0 ms)"), "{text}");
+        assert!(text.contains("`--ingest-share 10`"), "{text}");
+        assert!(
+            text.contains("| queries at 0.6× alone | query | 210 | 840 | 840 | — | — | 30.0 ms | 40.0 ms |"),
+            "{text}"
+        );
+        assert!(text.contains("| queries at 0.6× beside ingest | query | 210 | 840 | 840 | 210 | 0.612 |"), "{text}");
+        assert!(
+            text.contains("| queries at 0.6× beside ingest | ingest | closed loop | 700 | 700 | 133 | 0.388 |"),
+            "{text}"
+        );
+        assert!(
+            text.contains("| queries at 1.5× beside ingest | ingest | closed loop | 200 | 200 | 38 | 0.107 |"),
+            "{text}"
+        );
+        assert!(text.contains("p99 48.0 ms beside ingest ÷ 40.0 ms alone = 1.20×"), "{text}");
+        assert!(text.contains("Ingest admitted 133/s of the 140/s"), "{text}");
+        assert!(text.contains("(1.07× the floor)"), "{text}");
     }
 
     #[test]

@@ -18,6 +18,7 @@ pub mod cost;
 pub mod fairness;
 pub mod http_overhead;
 pub mod http_overload;
+pub mod lanes;
 pub mod live_limits;
 pub mod overhead;
 pub mod overload;
@@ -116,6 +117,7 @@ macro_rules! for_each_scenario {
             Tls => tls::TlsCost,
             Colocation => colocation::Colocation,
             Bulk => bulk::Bulk,
+            Lanes => lanes::Lanes,
         }
     };
 }
@@ -221,7 +223,10 @@ mod tests {
         assert_eq!(Scenario::parse("17"), Some(Scenario::Colocation));
         assert_eq!(Scenario::parse("18"), Some(Scenario::Bulk));
         assert_eq!(Scenario::parse("bulk"), Some(Scenario::Bulk));
-        assert_eq!(Scenario::parse("19"), None);
+        assert_eq!(Scenario::parse("19"), Some(Scenario::Lanes));
+        assert_eq!(Scenario::parse("lanes"), Some(Scenario::Lanes));
+        assert_eq!(Scenario::Lanes.label(), "19 lanes");
+        assert_eq!(Scenario::parse("20"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

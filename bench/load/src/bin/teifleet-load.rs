@@ -58,6 +58,12 @@ enum Retry {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
+enum Lane {
+    Query,
+    Ingest,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
 enum Priority {
     Critical,
     Standard,
@@ -144,6 +150,10 @@ struct Args {
     /// fronts several, or through an activator reached by address).
     #[arg(long, value_name = "NAME")]
     pool: Option<String>,
+    /// x-teifleet-lane header of each request: `ingest` for bulk work that takes the room queries
+    /// leave; without it the multiplexer picks (unary calls are queries).
+    #[arg(long, value_enum)]
+    lane: Option<Lane>,
     /// Retry refused calls (RESOURCE_EXHAUSTED, UNAVAILABLE) within the call's deadline.
     #[arg(long, value_enum)]
     retry: Option<Retry>,
@@ -239,6 +249,10 @@ fn config(args: &Args) -> LoadConfig {
         priority: priority.map(str::to_owned),
         tenant: args.tenant.clone(),
         pool: args.pool.clone(),
+        lane: args.lane.map(|l| match l {
+            Lane::Query => "query".to_owned(),
+            Lane::Ingest => "ingest".to_owned(),
+        }),
         retry,
         seed: args.seed,
         grace: args.grace,

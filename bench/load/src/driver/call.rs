@@ -1,5 +1,5 @@
 //! One request: a unary Embed, an Info (the cheapest call: no device time), or one EmbedStream
-//! call carrying a batch of messages, with the priority and tenant headers and the deadline on
+//! call carrying a batch of messages, with the priority, tenant and lane headers and the deadline on
 //! it, over gRPC or (Embed and Info) TEI's HTTP API; with a retry policy, the refused attempts are
 //! retried as the policy says, within the same deadline (gRPC's deadline covers every attempt of
 //! a call).
@@ -36,6 +36,7 @@ pub struct CallSpec {
     priority: Option<AsciiMetadataValue>,
     tenant: Option<AsciiMetadataValue>,
     pool: Option<AsciiMetadataValue>,
+    lane: Option<AsciiMetadataValue>,
     pub(crate) deadline: Option<Duration>,
     call: Call,
     retry: Option<RetryPolicy>,
@@ -98,6 +99,7 @@ impl CallSpec {
             priority: header("--priority", &config.priority)?,
             tenant: header("--tenant", &config.tenant)?,
             pool: header("--pool", &config.pool)?,
+            lane: header("--lane", &config.lane)?,
             deadline: config.deadline,
             call: config.call,
             retry: config.retry,
@@ -123,6 +125,9 @@ impl CallSpec {
         }
         if let Some(p) = &self.pool {
             request.metadata_mut().insert(headers::POOL, p.clone());
+        }
+        if let Some(l) = &self.lane {
+            request.metadata_mut().insert(headers::LANE, l.clone());
         }
         if let Some(d) = timeout {
             request.set_timeout(d);
@@ -200,6 +205,7 @@ impl CallSpec {
             priority: text(self.priority.as_ref()),
             tenant: text(self.tenant.as_ref()),
             pool: text(self.pool.as_ref()),
+            lane: text(self.lane.as_ref()),
             timeout,
         };
         match self.call {
@@ -265,4 +271,20 @@ fn timing(response: &EmbedResponse) -> Option<ServerTiming> {
         queue: Duration::from_nanos(queue_time_ns),
         inference: Duration::from_nanos(inference_time_ns),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lane_goes_on_every_request_and_only_query_or_ingest_is_one() {
+        let config = LoadConfig { lane: Some("ingest".into()), ..LoadConfig::closed("http://127.0.0.1:1", 1, 1) };
+        config.validate().unwrap();
+        assert_eq!(config.info().lane.as_deref(), Some("ingest"));
+        let request = CallSpec::new(&config).unwrap().request(InfoRequest {}, None);
+        assert_eq!(request.metadata().get(headers::LANE).and_then(|v| v.to_str().ok()), Some("ingest"));
+        let bulk = LoadConfig { lane: Some("bulk".into()), ..config };
+        assert!(matches!(bulk.validate(), Err(Error::InvalidArgument(why)) if why.contains("--lane")));
+    }
 }

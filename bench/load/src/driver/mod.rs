@@ -116,6 +116,9 @@ pub struct LoadConfig {
     /// `x-teifleet-pool` of every request: the pool it is for (needed through an activator
     /// reached by address, which cannot tell the pool from the name dialled).
     pub pool: Option<String>,
+    /// `x-teifleet-lane` of every request: `query` (interactive) or `ingest` (bulk work that takes
+    /// the room queries leave). Without it the multiplexer picks (unary calls are queries).
+    pub lane: Option<String>,
     /// Retries of refused calls; without it, a refusal is the call's answer.
     pub retry: Option<RetryPolicy>,
     /// Seeds the Poisson schedule and the draws of a query mix.
@@ -145,6 +148,7 @@ impl LoadConfig {
             priority: None,
             tenant: None,
             pool: None,
+            lane: None,
             retry: None,
             seed: 1,
             grace: Duration::from_secs(30),
@@ -223,6 +227,11 @@ impl LoadConfig {
         {
             return bad(format!("--pool must be a non-empty name of visible ASCII characters, not {p:?}"));
         }
+        if let Some(l) = &self.lane
+            && !matches!(l.as_str(), "query" | "ingest")
+        {
+            return bad(format!("--lane must be query or ingest, not {l:?}"));
+        }
         if let Some(retry) = &self.retry {
             retry.validate()?;
         }
@@ -257,6 +266,7 @@ impl LoadConfig {
             priority: self.priority.clone(),
             tenant: self.tenant.clone(),
             pool: self.pool.clone(),
+            lane: self.lane.clone(),
             retry: self.retry.map(|r| r.to_string()),
         }
     }

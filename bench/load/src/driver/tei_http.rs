@@ -72,6 +72,7 @@ pub struct Headers<'a> {
     pub priority: Option<&'a str>,
     pub tenant: Option<&'a str>,
     pub pool: Option<&'a str>,
+    pub lane: Option<&'a str>,
     /// What is left of the call's deadline.
     pub timeout: Option<Duration>,
 }
@@ -97,6 +98,9 @@ async fn send(client: &HttpClient, method: Method, uri: &Uri, body: Full<Bytes>,
     }
     if let Some(p) = headers.pool {
         request = request.header(headers::POOL, p);
+    }
+    if let Some(l) = headers.lane {
+        request = request.header(headers::LANE, l);
     }
     if let Some(left) = headers.timeout {
         // Whole milliseconds, rounded up so the server never gets less than the client waits.
