@@ -57,7 +57,7 @@ log "reproducible: both builds gave the same digests and bytes"
 
 # --- What each image is ----------------------------------------------------------------------
 
-[[ "$(wc -l <"$OUT/a/images.txt")" == 3 ]] || die "expected three images in $OUT/a/images.txt"
+[[ "$(wc -l <"$OUT/a/images.txt")" == 4 ]] || die "expected four images in $OUT/a/images.txt"
 config_of() { # archive -> the image's config JSON
   local config
   config="$(tar -xOf "$1" manifest.json | sed -n 's/.*"Config":"\([^"]*\)".*/\1/p')"
@@ -85,12 +85,14 @@ done <"$OUT/a/images.txt"
 [[ "${USER_OF[operator]}" == 65532:65532 ]] || die "the chart runs the operator as 65532"
 [[ "${USER_OF[multiplexer]}" == 1000:1000 && "${USER_OF[tei-sim]}" == 1000:1000 ]] ||
   die "the operator runs TEI pods as 1000"
+[[ "${USER_OF[job]}" == 1000:1000 ]] || die "the operator runs EmbeddingJob workers as 1000"
 
 # The references the chart and the operator deploy by default are the ones built here.
 chart="$ROOT/charts/teifleet"
 grep -q "^appVersion: \"$VERSION\"" "$chart/Chart.yaml" || die "the chart's appVersion is not the crate version $VERSION"
 grep -q "^  repository: $REGISTRY/operator\$" "$chart/values.yaml" || die "values.yaml's image.repository is not $REGISTRY/operator"
 grep -q "^  repository: $REGISTRY/multiplexer\$" "$chart/values.yaml" || die "values.yaml's multiplexer.repository is not $REGISTRY/multiplexer"
+grep -q "^  repository: $REGISTRY/job\$" "$chart/values.yaml" || die "values.yaml's job.repository is not $REGISTRY/job"
 
 # --- The binaries run from the images' own files -----------------------------------------------
 
@@ -118,15 +120,17 @@ in_image() { # name user binary args...
 IN_IMAGE_ENV=()
 CHROOT="$(command -v chroot || echo /usr/sbin/chroot)"
 [[ "$(id -u)" == 0 ]] || log "not root: running the binaries through the images' loader instead of chroot"
-for entry in "operator teifleet-operator" "multiplexer teifleet-multiplexer" "tei-sim tei-sim"; do
+for entry in "operator teifleet-operator" "multiplexer teifleet-multiplexer" "tei-sim tei-sim" "job teifleet-job"; do
   read -r name binary <<<"$entry"
   rootfs "$name" >/dev/null
   out="$(in_image "$name" "${USER_OF[$name]}" "$binary" --version)" || die "$binary --version failed in its image"
   [[ "$out" == "$binary $VERSION" ]] || die "$binary --version printed '$out'"
   log "$name: '$out' from the image's files as ${USER_OF[$name]}"
 done
-grep -qF "$REGISTRY/multiplexer:$VERSION" <<<"$(in_image operator "${USER_OF[operator]}" teifleet-operator --help)" ||
+operator_help="$(in_image operator "${USER_OF[operator]}" teifleet-operator --help)"
+grep -qF "$REGISTRY/multiplexer:$VERSION" <<<"$operator_help" ||
   die "the operator's default --multiplexer-image is not $REGISTRY/multiplexer:$VERSION"
+grep -qF "$REGISTRY/job:$VERSION" <<<"$operator_help" || die "the operator's default --job-image is not $REGISTRY/job:$VERSION"
 
 # tei-sim as TEI's container is started: TEI's flags, $HOSTNAME the pod's name, ports 0 so the
 # check never collides with anything (the addresses are read from its log).
@@ -163,7 +167,7 @@ PIDS+=("$REGISTRY_PID")
 port="$REGISTRY_PORT"
 REGISTRY="127.0.0.1:$port/teifleet" "$ROOT/images/push.sh" --out "$OUT/a" >"$OUT/pushed.txt" 2>"$OUT/push.log" ||
   { cat "$OUT/push.log" >&2; die "pushing to a local registry failed"; }
-[[ "$(wc -l <"$OUT/pushed.txt")" == 3 ]] || die "push did not report three images"
+[[ "$(wc -l <"$OUT/pushed.txt")" == 4 ]] || die "push did not report four images"
 grep -qF "\"org.opencontainers.image.version\":\"$VERSION\"" <<<"$("$CRANE" config "127.0.0.1:$port/teifleet/operator:$VERSION")" ||
   die "the pushed operator image does not read back"
 log "pushed to a local registry with the digests that were built: $(tr '\n' ' ' <"$OUT/pushed.txt")"

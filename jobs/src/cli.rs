@@ -85,6 +85,13 @@ pub struct RunArgs {
     /// After each finished shard, this worker's progress goes to this file as JSON.
     #[arg(long)]
     pub progress_file: Option<PathBuf>,
+    /// After each finished shard, the plan and that shard go into this ConfigMap's data (the
+    /// job's `<job>-progress`, in the namespace of `POD_NAMESPACE`), where the operator reads them.
+    #[arg(long = "progress-configmap")]
+    pub progress_config_map: Option<String>,
+    /// The pod's namespace, from the downward API.
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub pod_namespace: Option<String>,
 }
 
 impl RunArgs {

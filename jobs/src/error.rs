@@ -68,6 +68,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// The job's progress ConfigMap could not be patched (its Role, or the API server).
+    #[error("cannot report progress to ConfigMap {name}: {message}")]
+    ProgressConfigMap { name: String, message: String },
 
     /// The API key file could not be read.
     #[error("API key file {path}: {reason}")]

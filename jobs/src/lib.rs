@@ -13,6 +13,7 @@ pub mod listing;
 pub mod output;
 pub mod plan;
 pub mod progress;
+pub mod progress_config_map;
 pub mod settings;
 pub mod shard;
 pub mod size;

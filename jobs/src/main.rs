@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use teifleet_job::cli::RunArgs;
+use teifleet_job::progress_config_map::{ConfigMapSink, Sinks};
 use teifleet_runtime::logging::{self, LogFormat};
 
 #[derive(Parser, Debug)]
@@ -64,8 +65,15 @@ fn run(args: RunArgs, log_format: LogFormat) -> anyhow::Result<teifleet_job::wor
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     runtime.block_on(async {
-        let (worker, progress) = args.into_worker(|name| std::env::var(name).ok())?;
-        Ok(worker.run(&progress).await?)
+        let config_map = match (args.progress_config_map.clone(), args.pod_namespace.clone()) {
+            (Some(name), Some(namespace)) => Some(ConfigMapSink::in_cluster(&namespace, &name).await?),
+            (Some(name), None) => {
+                anyhow::bail!("--progress-configmap {name} needs the pod's namespace (POD_NAMESPACE)")
+            }
+            (None, _) => None,
+        };
+        let (worker, file) = args.into_worker(|name| std::env::var(name).ok())?;
+        Ok(worker.run(&Sinks { file, config_map }).await?)
     })
 }
 
