@@ -7,7 +7,7 @@ use arrow_array::Array as _;
 use bytes::Bytes;
 use teifleet_proto::tei_multiplexer::v1 as mux;
 use teifleet_proto::tei_multiplexer::v1::tei_multiplexer_client::TeiMultiplexerClient;
-use teifleet_wire::headers::LANE;
+use teifleet_wire::headers::{LANE, POOL};
 use tonic::metadata::{Ascii, MetadataValue};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Status};
@@ -31,6 +31,7 @@ pub struct PoolClient {
     client: TeiMultiplexerClient<Channel>,
     settings: PoolSettings,
     lane: MetadataValue<Ascii>,
+    pool_name: MetadataValue<Ascii>,
     authorization: Option<MetadataValue<Ascii>>,
 }
 
@@ -50,6 +51,10 @@ impl PoolClient {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         let lane = MetadataValue::from_static(settings.lane.as_str());
+        let pool_name = settings
+            .pool
+            .parse()
+            .map_err(|_| Error::flag("pool", format!("{:?}: not a name a header can carry", settings.pool)))?;
         let authorization = match &settings.api_key {
             Some(key) => Some(
                 format!("Bearer {key}")
@@ -58,7 +63,7 @@ impl PoolClient {
             ),
             None => None,
         };
-        Ok(Self { client, settings, lane, authorization })
+        Ok(Self { client, settings, lane, pool_name, authorization })
     }
 
     /// Embeds `texts`: one answer row per text, in order.
@@ -131,6 +136,9 @@ impl PoolClient {
         // The server gives up at the deadline too, so a timed-out call does not run on there.
         request.set_timeout(CALL_TIMEOUT);
         request.metadata_mut().insert(LANE, self.lane.clone());
+        // The pool by name too: an activator holding calls for a pool at zero tells pools apart
+        // by it (the worker dials the Service's ClusterIP, which names no pool).
+        request.metadata_mut().insert(POOL, self.pool_name.clone());
         if let Some(authorization) = &self.authorization {
             request.metadata_mut().insert("authorization", authorization.clone());
         }

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action};
@@ -206,8 +206,14 @@ async fn find_blocker(client: &Client, job: &EmbeddingJob, namespace: &str) -> R
 /// the Job as it is.
 async fn apply_children(ctx: &Context, job: &EmbeddingJob, namespace: &str, existing: Option<Job>) -> Result<Job> {
     let image = existing.as_ref().and_then(render::worker_image).unwrap_or(&ctx.image);
-    let children = render::render(job, image)?;
     let client = &ctx.client;
+    // The pool's Service by its ClusterIP: workers reach it without cluster DNS (they name the
+    // pool in their calls' metadata, which is what the activator of a pool at zero reads).
+    let pool = &job.spec.pool_ref.name;
+    let service = Api::<Service>::namespaced(client.clone(), namespace).get_opt(pool).await?;
+    let cluster_ip = service.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.cluster_ip.as_deref());
+    let address = render::pool_address(cluster_ip).unwrap_or_else(|| render::pool_dns_address(pool, namespace));
+    let children = render::render(job, image, &address)?;
     apply(client, namespace, &children.progress).await?;
     apply(client, namespace, &children.service_account).await?;
     apply(client, namespace, &children.role).await?;

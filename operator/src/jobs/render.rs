@@ -49,12 +49,27 @@ pub struct JobChildren {
     pub job: Job,
 }
 
-/// Renders every child of `job`. Workers run `spec.image`, else `default_image` (the operator's
+/// The pool Service's gRPC address by its DNS name, for a cluster whose pods resolve it; the
+/// controller prefers the Service's ClusterIP ([`pool_address`]), which needs no cluster DNS.
+pub fn pool_dns_address(pool: &str, namespace: &str) -> String {
+    Endpoints::of(pool, namespace, false).grpc
+}
+
+/// The pool Service's gRPC address at its ClusterIP, when it has one.
+pub fn pool_address(cluster_ip: Option<&str>) -> Option<String> {
+    cluster_ip.filter(|ip| !ip.is_empty() && *ip != "None").map(|ip| match ip.contains(':') {
+        true => format!("[{ip}]:{}", teifleet_wire::ports::MULTIPLEXER_GRPC),
+        false => format!("{ip}:{}", teifleet_wire::ports::MULTIPLEXER_GRPC),
+    })
+}
+
+/// Renders every child of `job`, its workers calling the pool at `pool_address` (host:port).
+/// Workers run `spec.image`, else `default_image` (the operator's
 /// `--job-image`, or the image a Job already running was made with: a Job's pods cannot change).
 /// Fails for a job without the name, namespace or uid its children's metadata and owner
 /// reference are built from (the API server always sets them), or with a deadline that is no
 /// duration (the CRD's rule refuses those).
-pub fn render(job: &EmbeddingJob, default_image: &str) -> Result<JobChildren> {
+pub fn render(job: &EmbeddingJob, default_image: &str, pool_address: &str) -> Result<JobChildren> {
     let owner = Owner::of(job)?;
     Ok(JobChildren {
         progress: ConfigMap { metadata: owner.meta(progress_config_map_name(&owner.name)), ..ConfigMap::default() },
@@ -66,7 +81,7 @@ pub fn render(job: &EmbeddingJob, default_image: &str) -> Result<JobChildren> {
         },
         role: role(&owner),
         role_binding: role_binding(&owner),
-        job: batch_job(&owner, job, default_image)?,
+        job: batch_job(&owner, job, default_image, pool_address)?,
     })
 }
 
@@ -205,13 +220,12 @@ fn lane_name(lane: LaneName) -> &'static str {
 
 /// `teifleet-job run`'s arguments. The worker index comes from `JOB_COMPLETION_INDEX`, which
 /// Kubernetes sets in an Indexed Job's pods.
-fn worker_args(owner: &Owner, job: &EmbeddingJob) -> Result<Vec<String>> {
+fn worker_args(owner: &Owner, job: &EmbeddingJob, pool_address: &str) -> Result<Vec<String>> {
     let spec = &job.spec;
     let pool = &spec.pool_ref.name;
-    let endpoints = Endpoints::of(pool, &owner.namespace, false);
     let mut args = vec![
         "run".to_owned(),
-        format!("--pool-url=http://{}", endpoints.grpc),
+        format!("--pool-url=http://{pool_address}"),
         format!("--pool={pool}"),
         format!("--input={}", store_url(&spec.input.store, INPUT_MOUNT, spec.input.path.as_deref(), false)),
         format!("--input-format={}", spec.input.format.as_str()),
@@ -396,7 +410,7 @@ pub fn container_security_context() -> SecurityContext {
     }
 }
 
-fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str) -> Result<Job> {
+fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool_address: &str) -> Result<Job> {
     let spec = &job.spec;
     let overrides = &spec.template;
     let (volumes, volume_mounts) = volumes(job);
@@ -405,7 +419,7 @@ fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str) -> Result<J
     let worker = Container {
         name: WORKER_CONTAINER.into(),
         image: Some(spec.image.clone().unwrap_or_else(|| default_image.to_owned())),
-        args: Some(worker_args(owner, job)?),
+        args: Some(worker_args(owner, job, pool_address)?),
         env: Some(worker_env(job)),
         resources: Some(with_defaults(overrides.resources.as_ref())),
         security_context: Some(container_security_context()),

@@ -138,7 +138,22 @@ fn job(yaml: &str) -> EmbeddingJob {
 }
 
 fn children(yaml: &str) -> JobChildren {
-    render::render(&job(yaml), IMAGE).expect("renders")
+    render_job(&job(yaml))
+}
+
+/// The job's children, its workers calling its pool by the Service's DNS name.
+fn render_job(job: &EmbeddingJob) -> JobChildren {
+    let address = render::pool_dns_address(&job.spec.pool_ref.name, job.metadata.namespace.as_deref().unwrap());
+    render::render(job, IMAGE, &address).expect("renders")
+}
+
+#[test]
+fn workers_call_the_pool_at_its_cluster_ip_when_it_has_one() {
+    assert_eq!(render::pool_address(Some("10.96.0.42")).as_deref(), Some("10.96.0.42:50051"));
+    assert_eq!(render::pool_address(Some("fd00::2a")).as_deref(), Some("[fd00::2a]:50051"));
+    assert_eq!(render::pool_address(Some("None")), None, "a headless Service");
+    assert_eq!(render::pool_address(None), None);
+    assert_eq!(render::pool_dns_address("bge", "ml"), "bge.ml.svc:50051");
 }
 
 fn check<T: Serialize>(file: &str, value: &T) {
@@ -265,9 +280,9 @@ fn the_workers_run_as_restricted_as_the_pool_pods() {
 
 #[test]
 fn the_worker_image_is_the_specs_else_the_default() {
-    let first = render::render(&job(PVC_JOB), IMAGE).unwrap();
+    let first = render_job(&job(PVC_JOB));
     assert_eq!(render::worker_image(&first.job), Some(IMAGE));
-    let s3 = render::render(&job(S3_JOB), IMAGE).unwrap();
+    let s3 = render_job(&job(S3_JOB));
     assert_eq!(render::worker_image(&s3.job), Some("registry.example.com/teifleet/job:dev"));
 }
 
