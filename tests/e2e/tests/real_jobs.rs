@@ -24,8 +24,8 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 use teifleet_crds::{EmbeddingJob, labels};
-use teifleet_e2e::pools::{create_pool, wait_until_ready};
-use teifleet_e2e::real::{NODE, install_chart, pool_template, prerequisites, restricted_namespace};
+use teifleet_e2e::pools::create_pool;
+use teifleet_e2e::real::{NODE, install_chart, pool_template, prerequisites, restricted_namespace, wait_ready_pods};
 use teifleet_e2e::{admin_client, built_image, eventually, helm, import_into_real_node, install_crd, repo_root};
 
 const RELEASE: &str = "tfjobs";
@@ -78,7 +78,9 @@ async fn a_job_embeds_a_corpus_once_per_row_through_a_worker_and_a_replica_lost(
         }),
     )
     .await;
-    wait_until_ready(&client, &namespace, POOL).await;
+    // Three pods starting at once on the machine's two cores: the real tests' own allowance.
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    wait_ready_pods(&pods, &labels::pool_selector(POOL), 3).await;
 
     let jobs = Api::<EmbeddingJob>::namespaced(client.clone(), &namespace);
     let job: EmbeddingJob = serde_json::from_value(json!({
@@ -105,7 +107,6 @@ async fn a_job_embeds_a_corpus_once_per_row_through_a_worker_and_a_replica_lost(
         (done >= 3).then_some(())
     })
     .await;
-    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
     let worker = pods
         .list(&ListParams::default().labels(&format!("job-name={JOB}")))
         .await
