@@ -15,6 +15,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::LaneName;
+use crate::pool::resource_requirements_schema;
 
 /// The CEL rule every duration field shares (Go's syntax, as `teifleet_wire::duration` parses).
 const DURATION: &str = r"self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$')";
@@ -432,28 +433,6 @@ pub struct WorkerPodOverrides {
     /// Labels added to every worker pod (the operator's own labels win on conflict).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
-}
-
-/// Most resource names one container's requests or limits may list; the API server bounds the
-/// cost of a CEL rule under a map by the map's size.
-const MAX_RESOURCE_NAMES: u32 = 10;
-
-/// The schema of `ResourceRequirements` with every request and limit checked to be a quantity, as
-/// the pool's resources are.
-fn resource_requirements_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
-    let mut schema = generator.subschema_for::<ResourceRequirements>();
-    for map in ["requests", "limits"] {
-        let Some(map_schema) = schema.get_mut("properties").and_then(|p| p.get_mut(map)) else { continue };
-        map_schema["maxProperties"] = MAX_RESOURCE_NAMES.into();
-        if let Some(quantity) = map_schema.get_mut("additionalProperties") {
-            quantity["x-kubernetes-validations"] = serde_json::json!([{
-                "rule": "isQuantity(string(self))",
-                "message": "must be a quantity such as 500m, 2 or 8Gi",
-            }]);
-        }
-    }
-    schema.insert("nullable".into(), true.into());
-    schema
 }
 
 /// Observed state of an EmbeddingJob.

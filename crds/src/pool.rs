@@ -703,7 +703,7 @@ const MAX_RESOURCE_NAMES: u32 = 10;
 
 /// The schema of `ResourceRequirements` with every request and limit checked to be a quantity,
 /// so a typo such as `8GB` is refused with the pool instead of failing the Deployment later.
-fn resource_requirements_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+pub(crate) fn resource_requirements_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
     let mut schema = generator.subschema_for::<ResourceRequirements>();
     for map in ["requests", "limits"] {
         let Some(map_schema) = schema.get_mut("properties").and_then(|p| p.get_mut(map)) else { continue };

@@ -12,8 +12,7 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::Resource;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use teifleet_crds::duration::parse_duration;
 use teifleet_crds::gpu_memory::quantity_bytes;
 use teifleet_crds::job::{
@@ -21,6 +20,7 @@ use teifleet_crds::job::{
 };
 use teifleet_crds::{EmbeddingJob, Endpoints, LaneName, StoreSpec, labels};
 
+use crate::render::Owner;
 use crate::{Error, Result};
 
 /// Where a PersistentVolumeClaim store is mounted in a worker: the input read-only.
@@ -70,7 +70,7 @@ pub fn pool_address(cluster_ip: Option<&str>) -> Option<String> {
 /// reference are built from (the API server always sets them), or with a deadline that is no
 /// duration (the CRD's rule refuses those).
 pub fn render(job: &EmbeddingJob, default_image: &str, pool_address: &str) -> Result<JobChildren> {
-    let owner = Owner::of(job)?;
+    let owner = owner(job)?;
     Ok(JobChildren {
         progress: ConfigMap { metadata: owner.meta(progress_config_map_name(&owner.name)), ..ConfigMap::default() },
         service_account: ServiceAccount {
@@ -91,44 +91,19 @@ pub fn worker_image(job: &Job) -> Option<&str> {
     containers.iter().find(|c| c.name == WORKER_CONTAINER)?.image.as_deref()
 }
 
-/// The identity of every child: name, namespace, labels and the controller owner reference that
-/// lets the garbage collector remove it with the EmbeddingJob.
-struct Owner {
-    name: String,
-    namespace: String,
-    reference: OwnerReference,
-}
-
-impl Owner {
-    fn of(job: &EmbeddingJob) -> Result<Self> {
-        let name = job.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        let namespace = job.metadata.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
-        let reference = job.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))?;
-        Ok(Self { name, namespace, reference })
-    }
-
-    /// Labels on every child and worker pod. Never the pool's label: the pool's controller takes
-    /// the pods carrying it for the pool's own.
-    fn labels(&self) -> BTreeMap<String, String> {
+/// The job as the owner of every child: labels on every child and worker pod. Never the pool's
+/// label: the pool's controller takes the pods carrying it for the pool's own.
+fn owner(job: &EmbeddingJob) -> Result<Owner> {
+    Owner::with_labels(job, |name| {
         BTreeMap::from([
             (labels::NAME_LABEL.into(), "teifleet-job".into()),
-            (labels::INSTANCE_LABEL.into(), self.name.clone()),
+            (labels::INSTANCE_LABEL.into(), name.to_owned()),
             (labels::COMPONENT_LABEL.into(), "embedding-job".into()),
             (labels::PART_OF_LABEL.into(), labels::PART_OF.into()),
             (labels::MANAGED_BY_LABEL.into(), labels::MANAGER.into()),
-            (JOB_LABEL.into(), self.name.clone()),
+            (JOB_LABEL.into(), name.to_owned()),
         ])
-    }
-
-    fn meta(&self, name: String) -> ObjectMeta {
-        ObjectMeta {
-            name: Some(name),
-            namespace: Some(self.namespace.clone()),
-            labels: Some(self.labels()),
-            owner_references: Some(vec![self.reference.clone()]),
-            ..ObjectMeta::default()
-        }
-    }
+    })
 }
 
 /// The workers may read and patch their job's progress ConfigMap, by name, and nothing else.

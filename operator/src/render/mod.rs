@@ -95,32 +95,46 @@ pub fn peer_secret(pool: &EmbeddingPool, key: &str) -> Result<Secret> {
     Ok(peer_secret::peer_secret(&Owner::of(pool)?, key))
 }
 
-/// The identity every child carries: name, namespace, labels and the owner reference that lets
-/// the garbage collector remove it with the pool.
+/// The identity every child carries: name, namespace, labels and the controller owner reference
+/// that lets the garbage collector remove it with its owner (a pool, or an EmbeddingJob).
 pub(crate) struct Owner {
-    name: String,
-    namespace: String,
+    pub(crate) name: String,
+    pub(crate) namespace: String,
     reference: OwnerReference,
+    labels: BTreeMap<String, String>,
 }
 
 impl Owner {
     fn of(pool: &EmbeddingPool) -> Result<Self> {
-        let name = pool.metadata.name.clone().ok_or(Error::MissingField("metadata.name"))?;
-        let namespace = pool.metadata.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
-        let reference = pool.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))?;
-        Ok(Self { name, namespace, reference })
+        Self::with_labels(pool, |name| {
+            BTreeMap::from([
+                (labels::NAME_LABEL.into(), "tei".into()),
+                (labels::INSTANCE_LABEL.into(), name.to_owned()),
+                (labels::COMPONENT_LABEL.into(), "embedding-server".into()),
+                (labels::PART_OF_LABEL.into(), "teifleet".into()),
+                (labels::MANAGED_BY_LABEL.into(), labels::MANAGER.into()),
+                (labels::POOL_LABEL.into(), name.to_owned()),
+            ])
+        })
     }
 
-    /// Labels on every child and pod of the pool.
-    fn labels(&self) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            (labels::NAME_LABEL.into(), "tei".into()),
-            (labels::INSTANCE_LABEL.into(), self.name.clone()),
-            (labels::COMPONENT_LABEL.into(), "embedding-server".into()),
-            (labels::PART_OF_LABEL.into(), "teifleet".into()),
-            (labels::MANAGED_BY_LABEL.into(), labels::MANAGER.into()),
-            (labels::POOL_LABEL.into(), self.name.clone()),
-        ])
+    /// The owner `object`, its children labelled with what `labels` gives for its name. Fails for
+    /// an object without the name, namespace or uid (the API server always sets them).
+    pub(crate) fn with_labels<K: Resource<DynamicType = ()>>(
+        object: &K,
+        labels: impl FnOnce(&str) -> BTreeMap<String, String>,
+    ) -> Result<Self> {
+        let meta = object.meta();
+        let name = meta.name.clone().ok_or(Error::MissingField("metadata.name"))?;
+        let namespace = meta.namespace.clone().ok_or(Error::MissingField("metadata.namespace"))?;
+        let reference = object.controller_owner_ref(&()).ok_or(Error::MissingField("metadata.uid"))?;
+        let labels = labels(&name);
+        Ok(Self { name, namespace, reference, labels })
+    }
+
+    /// Labels on every child and pod of the owner.
+    pub(crate) fn labels(&self) -> BTreeMap<String, String> {
+        self.labels.clone()
     }
 
     /// The stable label subset that selects the pool's pods.
@@ -128,7 +142,7 @@ impl Owner {
         BTreeMap::from([(labels::POOL_LABEL.into(), self.name.clone())])
     }
 
-    fn meta(&self, name: String) -> ObjectMeta {
+    pub(crate) fn meta(&self, name: String) -> ObjectMeta {
         ObjectMeta {
             name: Some(name),
             namespace: Some(self.namespace.clone()),

@@ -147,7 +147,8 @@ impl TeiManager {
         if let Some((service, info)) = self.wrapped.get(method.as_str()) {
             return self.wrapped(service, *info, request, charge, &connection).await;
         }
-        let request = request.map(|body| tonic::body::Body::new(Charged { body, charge: charge.clone() }));
+        let request = request
+            .map(|body| tonic::body::Body::new(Charged { body, charge: charge.clone(), per_byte: BUFFERED_PER_BYTE }));
         match method.as_str() {
             "EmbedArrow" => self.arrow_unary(request, false, charge).await,
             "EmbedSparseArrow" => self.arrow_unary(request, true, charge).await,
@@ -229,7 +230,7 @@ impl TeiManager {
         // The answer stays charged until the caller has taken it all (HTTP/2 flow control: a slow
         // reader holds it that long).
         unary::answer(framed, cx.max_message).map(|body| match held {
-            Some(charge) => tonic::body::Body::new(HeldUntilSent { body, _charge: charge }),
+            Some(charge) => tonic::body::Body::new(Charged { body, charge: Arc::new(charge), per_byte: 0 }),
             None => body,
         })
     }
@@ -343,11 +344,14 @@ impl Streaming {
 /// The `port` label of the gRPC port's refusals.
 const PORT: &str = Protocol::Grpc.as_str();
 
-/// An Arrow call's body, charged to the memory budget as it is read (the port's dispatch charges
-/// only tei.v1's own paths): a 100,000-row batch counts against the budget before it is decoded.
+/// A body and its memory charge, held until the body is dropped. An Arrow call's request body
+/// grows its charge by `per_byte` for each byte read (the port's dispatch charges only tei.v1's
+/// own paths): a 100,000-row batch counts against the budget before it is decoded. An answer's
+/// body (`per_byte` 0) keeps its charge until it is sent, or the caller is gone.
 struct Charged {
     body: tonic::body::Body,
     charge: Arc<Charge>,
+    per_byte: u64,
 }
 
 impl http_body::Body for Charged {
@@ -361,34 +365,12 @@ impl http_body::Body for Charged {
         let frame = std::task::ready!(std::pin::Pin::new(&mut self.body).poll_frame(cx));
         if let Some(Ok(frame)) = &frame
             && let Some(data) = frame.data_ref()
-            && let Err(over) = self.charge.grow(BUFFERED_PER_BYTE * data.len() as u64)
+            && self.per_byte > 0
+            && let Err(over) = self.charge.grow(self.per_byte * data.len() as u64)
         {
             return Poll::Ready(Some(Err(status::into_status(Error::Memory(over)))));
         }
         Poll::Ready(frame)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-}
-
-/// An answer's body, holding its memory charge until the body is dropped (sent, or the caller
-/// gone).
-struct HeldUntilSent {
-    body: tonic::body::Body,
-    _charge: Charge,
-}
-
-impl http_body::Body for HeldUntilSent {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut TaskContext<'_>,
-    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Status>>> {
-        std::pin::Pin::new(&mut self.body).poll_frame(cx)
     }
 
     fn is_end_stream(&self) -> bool {
