@@ -6,11 +6,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, ObjectFieldSelector,
+    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
     PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
     SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, ServiceAccount, Volume, VolumeMount,
 };
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use teifleet_crds::duration::parse_duration;
@@ -21,6 +21,7 @@ use teifleet_crds::job::{
 use teifleet_crds::{EmbeddingJob, Endpoints, LaneName, StoreSpec, labels};
 
 use crate::render::Owner;
+use crate::render::deployment::env_field;
 use crate::{Error, Result};
 
 /// Where a PersistentVolumeClaim store is mounted in a worker: the input read-only.
@@ -121,17 +122,7 @@ fn role(owner: &Owner) -> Role {
 }
 
 fn role_binding(owner: &Owner) -> RoleBinding {
-    let name = worker_account_name(&owner.name);
-    RoleBinding {
-        metadata: owner.meta(name.clone()),
-        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: name.clone() },
-        subjects: Some(vec![Subject {
-            kind: "ServiceAccount".into(),
-            name,
-            namespace: Some(owner.namespace.clone()),
-            ..Subject::default()
-        }]),
-    }
+    crate::render::rbac::account_role_binding(owner, worker_account_name(&owner.name))
 }
 
 /// `spec.deadline` in whole seconds, at least 1 (`activeDeadlineSeconds` must be positive).
@@ -240,17 +231,6 @@ fn worker_args(owner: &Owner, job: &EmbeddingJob, pool_address: &str) -> Result<
     }
     args.push(format!("--progress-configmap={}", progress_config_map_name(&owner.name)));
     Ok(args)
-}
-
-fn env_field(name: &str, field_path: &str) -> EnvVar {
-    EnvVar {
-        name: name.into(),
-        value_from: Some(EnvVarSource {
-            field_ref: Some(ObjectFieldSelector { field_path: field_path.into(), ..ObjectFieldSelector::default() }),
-            ..EnvVarSource::default()
-        }),
-        ..EnvVar::default()
-    }
 }
 
 fn env_secret(name: String, secret: &str, key: &str) -> EnvVar {

@@ -270,7 +270,7 @@ fn env_value(name: &str, value: impl Into<String>) -> EnvVar {
 }
 
 /// An env var filled in by the kubelet from the pod's own metadata (downward API).
-pub(super) fn env_field(name: &str, field_path: &str) -> EnvVar {
+pub(crate) fn env_field(name: &str, field_path: &str) -> EnvVar {
     EnvVar {
         name: name.into(),
         value_from: Some(EnvVarSource {

@@ -4,11 +4,11 @@
 //! operator's configuration, so each one is covered by golden tests without a cluster.
 
 pub mod activator;
-mod deployment;
+pub(crate) mod deployment;
 mod network_policy;
 mod pdb;
 mod peer_secret;
-mod rbac;
+pub(crate) mod rbac;
 mod services;
 
 use std::collections::BTreeMap;

@@ -62,7 +62,11 @@ fn named_reads(pool: &EmbeddingPool) -> (BTreeSet<String>, BTreeSet<String>) {
 }
 
 pub(super) fn role_binding(owner: &Owner) -> RoleBinding {
-    let name = labels::sidecar_account_name(&owner.name);
+    account_role_binding(owner, labels::sidecar_account_name(&owner.name))
+}
+
+/// Binds the Role `name` to the owner's ServiceAccount of the same name.
+pub(crate) fn account_role_binding(owner: &Owner, name: String) -> RoleBinding {
     RoleBinding {
         metadata: owner.meta(name.clone()),
         role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name: name.clone() },
