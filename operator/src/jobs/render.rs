@@ -6,9 +6,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
-    PersistentVolumeClaimVolumeSource, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
-    SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext, ServiceAccount, Volume, VolumeMount,
+    ConfigMap, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath, PersistentVolumeClaimVolumeSource,
+    PodSpec, PodTemplateSpec, ResourceRequirements, SecretKeySelector, SecretVolumeSource, ServiceAccount, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -21,7 +21,7 @@ use teifleet_crds::job::{
 use teifleet_crds::{EmbeddingJob, Endpoints, LaneName, StoreSpec, labels};
 
 use crate::render::Owner;
-use crate::render::deployment::env_field;
+use crate::render::deployment::{container_security_context, env_field, pod_security_context};
 use crate::{Error, Result};
 
 /// Where a PersistentVolumeClaim store is mounted in a worker: the input read-only.
@@ -33,9 +33,6 @@ pub const API_KEY_MOUNT: &str = "/var/run/teifleet/api-key";
 pub const WORKER_CONTAINER: &str = "worker";
 /// Retries of one worker index before it counts as failed (`backoffLimitPerIndex`).
 pub const RETRIES_PER_WORKER: i32 = 3;
-/// The uid and gid the workers run as: the pool pods' (the restricted Pod Security Standard
-/// forbids root), which the `teifleet-job` image declares too.
-const RUN_AS: i64 = 1000;
 const WORKER_REQUESTS: [(&str, &str); 2] = [("cpu", "100m"), ("memory", "128Mi")];
 const WORKER_LIMITS: [(&str, &str); 1] = [("memory", "512Mi")];
 
@@ -334,35 +331,6 @@ fn with_defaults(user: Option<&ResourceRequirements>) -> ResourceRequirements {
         }
     }
     resources
-}
-
-fn runtime_default_seccomp() -> SeccompProfile {
-    SeccompProfile { type_: "RuntimeDefault".into(), ..SeccompProfile::default() }
-}
-
-/// The pool pods' pod security context (render/deployment.rs): the restricted Pod Security
-/// Standard, as uid and gid 1000, volumes writable by that group.
-pub fn pod_security_context() -> PodSecurityContext {
-    PodSecurityContext {
-        run_as_non_root: Some(true),
-        run_as_user: Some(RUN_AS),
-        run_as_group: Some(RUN_AS),
-        fs_group: Some(RUN_AS),
-        seccomp_profile: Some(runtime_default_seccomp()),
-        ..PodSecurityContext::default()
-    }
-}
-
-/// The pool containers' security context (render/deployment.rs).
-pub fn container_security_context() -> SecurityContext {
-    SecurityContext {
-        allow_privilege_escalation: Some(false),
-        capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Capabilities::default() }),
-        read_only_root_filesystem: Some(true),
-        run_as_non_root: Some(true),
-        seccomp_profile: Some(runtime_default_seccomp()),
-        ..SecurityContext::default()
-    }
 }
 
 fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool_address: &str) -> Result<Job> {

@@ -206,7 +206,21 @@ fn tolerations(pool: &EmbeddingPool) -> Vec<Toleration> {
     tolerations
 }
 
-pub(super) fn container_security_context() -> SecurityContext {
+/// The pods' security context (the pool's, and the EmbeddingJob workers'): the restricted Pod
+/// Security Standard, as uid and gid 1000, volumes writable by that group.
+pub(crate) fn pod_security_context() -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(RUN_AS),
+        run_as_group: Some(RUN_AS),
+        fs_group: Some(RUN_AS),
+        seccomp_profile: Some(runtime_default_seccomp()),
+        ..PodSecurityContext::default()
+    }
+}
+
+/// Every container's security context (the pool's, and the EmbeddingJob workers').
+pub(crate) fn container_security_context() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), ..Capabilities::default() }),
@@ -516,14 +530,7 @@ fn pod_spec(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> PodSp
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
         termination_grace_period_seconds: Some(60),
-        security_context: Some(PodSecurityContext {
-            run_as_non_root: Some(true),
-            run_as_user: Some(RUN_AS),
-            run_as_group: Some(RUN_AS),
-            fs_group: Some(RUN_AS),
-            seccomp_profile: Some(runtime_default_seccomp()),
-            ..PodSecurityContext::default()
-        }),
+        security_context: Some(pod_security_context()),
         containers: vec![tei_container(pool, config), multiplexer_container(owner, pool, config)],
         volumes: Some(vec![
             model_cache_volume(owner, pool.spec.model_cache.as_ref()),
