@@ -232,3 +232,30 @@ async fn priorities_and_tenants_work_inside_the_ingest_lane() {
         "priority first, then tenants take turns"
     );
 }
+
+/// While queries come, ingest leaves a few permits free, so that a query arriving takes one at
+/// once instead of waiting behind ingest for the next to free; once the queries stop, the room
+/// fades and ingest takes the whole limit again.
+#[tokio::test(start_paused = true)]
+async fn ingest_leaves_room_for_queries_while_they_come() {
+    let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
+    // Eight queries in flight for a few seconds: the queries' mean is eight.
+    let queries: Vec<Permit> = (0..8).map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).unwrap()).collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    drop(queries);
+    let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
+    let mut held = Vec::new();
+    while let Some(permit) = admission.try_acquire(&ingest) {
+        held.push(permit);
+    }
+    let kept = (8.0 * query_room::ROOM_PER_QUERY_IN_FLIGHT).round() as usize;
+    assert_eq!(held.len(), 16 - kept, "ingest stops short of the limit by the room kept for queries");
+    let query = admission.try_acquire(&Ask::new(Priority::Standard));
+    assert!(query.is_some(), "a query walks in");
+
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    while let Some(permit) = admission.try_acquire(&ingest) {
+        held.push(permit);
+    }
+    assert_eq!(held.len(), 15, "the room fades: ingest fills the limit beside the one query");
+}

@@ -25,6 +25,7 @@ mod lane;
 mod lanes;
 pub mod memory;
 mod priority;
+mod query_room;
 mod queue;
 mod returning;
 mod standing;
@@ -51,6 +52,7 @@ pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Retry, Snapshot}
 use adaptive::Adaptive;
 use estimate::{ServiceTime, pushback};
 use lanes::Lanes;
+use query_room::QueryRoom;
 use queue::Grant;
 use returning::Returning;
 use standing::Standing;
@@ -79,6 +81,7 @@ struct State {
     in_flight: usize,
     in_flight_tokens: u64,
     queue: Lanes,
+    query_room: QueryRoom,
     service_time: ServiceTime,
     standing: Standing,
     returning: Returning,
@@ -94,6 +97,7 @@ struct State {
 #[must_use = "dropping a permit releases it at once"]
 pub struct Permit {
     shared: Arc<Shared>,
+    lane: Lane,
     cost: Cost,
     acquired: Instant,
     armed: bool,
@@ -120,7 +124,7 @@ impl Permit {
 impl Drop for Permit {
     fn drop(&mut self) {
         if self.armed {
-            self.shared.release(self.cost, self.acquired.elapsed());
+            self.shared.release(self.lane, self.cost, self.acquired.elapsed());
         }
     }
 }
@@ -151,6 +155,7 @@ impl Admission {
             in_flight: 0,
             in_flight_tokens: 0,
             queue: Lanes::default(),
+            query_room: QueryRoom::default(),
             service_time: ServiceTime::default(),
             standing: Standing::default(),
             returning: Returning::default(),
@@ -248,13 +253,14 @@ impl Admission {
     }
 
     fn take_if_free(&self, state: &mut State, lane: Lane, cost: Cost) -> Option<Permit> {
-        if !(state.queue.newcomer_first(lane, state.limits.ingest_share) && state.fits(cost)) {
+        let now = Instant::now();
+        if !(state.queue.newcomer_first(lane, state.limits.ingest_share) && state.fits_lane(lane, cost, now)) {
             return None;
         }
-        state.take(cost);
+        state.take(lane, cost, now);
         state.queue.admitted(lane);
         self.shared.notify(state, None);
-        Some(Permit { shared: self.shared.clone(), cost, acquired: Instant::now(), armed: true })
+        Some(Permit { shared: self.shared.clone(), lane, cost, acquired: now, armed: true })
     }
 
     /// Waits for a permit for `ask.cost`. Dropping the returned future leaves the queue.
@@ -381,10 +387,13 @@ impl Shared {
         }
     }
 
-    fn release(self: &Arc<Self>, cost: Cost, took: Duration) {
+    fn release(self: &Arc<Self>, lane: Lane, cost: Cost, took: Duration) {
         let mut state = self.lock();
         state.in_flight = state.in_flight.saturating_sub(cost.inputs as usize);
         state.in_flight_tokens = state.in_flight_tokens.saturating_sub(u64::from(cost.tokens));
+        if lane == Lane::Query {
+            state.query_room.released(cost.inputs as usize, Instant::now());
+        }
         state.service_time.observe(took);
         self.dispatch(&mut state);
         if state.queue.is_empty() && state.in_flight < state.effective_limit() {
@@ -419,17 +428,17 @@ impl Shared {
                 state.queue.forget_idle_tenants();
                 break;
             };
-            if !state.fits(next.cost) {
+            if !state.fits_lane(lane, next.cost, now) {
                 break;
             }
             let waiter = state.queue.queue_mut(lane).pop_next().expect("peeked");
-            state.take(waiter.cost);
+            state.take(lane, waiter.cost, now);
             state.queue.admitted(lane);
-            let permit = Permit { shared: self.clone(), cost: waiter.cost, acquired: now, armed: true };
+            let permit = Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, armed: true };
             if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
                 // The waiter is gone; take the room back here, without re-entering the lock.
                 unwanted.armed = false;
-                state.untake(unwanted.cost);
+                state.untake(lane, unwanted.cost, now);
             }
         }
     }
@@ -443,9 +452,23 @@ impl State {
         }
     }
 
-    /// Whether `cost` can go in flight now. A call larger than a whole limit goes alone.
-    fn fits(&self, cost: Cost) -> bool {
-        let inputs = self.in_flight == 0 || self.in_flight + cost.inputs as usize <= self.effective_limit();
+    /// Whether a call of `lane` costing `cost` can go in flight at `now`: ingest leaves the room
+    /// kept for queries (see `query_room`) unless queries wait, when it goes only on the turns
+    /// its floor is owed, and those it takes whole.
+    fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> bool {
+        let kept_free = match lane {
+            Lane::Ingest if self.queue.queue(Lane::Query).is_empty() => {
+                self.query_room.kept_free(now, self.effective_limit())
+            }
+            _ => 0,
+        };
+        self.fits_under(cost, self.effective_limit() - kept_free)
+    }
+
+    /// Whether `cost` can go in flight under `limit` inputs. A call larger than a whole limit goes
+    /// alone.
+    fn fits_under(&self, cost: Cost, limit: usize) -> bool {
+        let inputs = self.in_flight == 0 || self.in_flight + cost.inputs as usize <= limit;
         let tokens = match self.limits.max_in_flight_tokens {
             Some(max) => self.in_flight_tokens == 0 || self.in_flight_tokens + u64::from(cost.tokens) <= max as u64,
             None => true,
@@ -453,14 +476,20 @@ impl State {
         inputs && tokens && self.limits.max_in_flight > 0
     }
 
-    fn take(&mut self, cost: Cost) {
+    fn take(&mut self, lane: Lane, cost: Cost, now: Instant) {
         self.in_flight += cost.inputs as usize;
         self.in_flight_tokens += u64::from(cost.tokens);
+        if lane == Lane::Query {
+            self.query_room.took(cost.inputs as usize, now);
+        }
     }
 
-    fn untake(&mut self, cost: Cost) {
+    fn untake(&mut self, lane: Lane, cost: Cost, now: Instant) {
         self.in_flight -= cost.inputs as usize;
         self.in_flight_tokens -= u64::from(cost.tokens);
+        if lane == Lane::Query {
+            self.query_room.released(cost.inputs as usize, now);
+        }
     }
 
     /// Expected wait for a newcomer with `ahead` queued inputs before it.
