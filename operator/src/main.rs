@@ -75,11 +75,20 @@ struct Args {
     /// This replica's identity in the Lease and in Events; defaults to the host name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
+
+    /// Print every metric the operator exports, one series each with placeholder labels, in
+    /// Prometheus' text format, and exit (tools/check_metric_names.py reads it).
+    #[arg(long)]
+    print_metrics: bool,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if args.print_metrics {
+        print!("{}", teifleet_runtime::metrics::render(&Metrics::every_series().registry)?);
+        return Ok(());
+    }
     logging::init(args.log_format)?;
     let stop_signal = shutdown::signal()?;
     let identity = args.identity.clone().unwrap_or_else(|| {

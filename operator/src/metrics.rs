@@ -150,6 +150,39 @@ impl Metrics {
         Self { registry, reconciliations, errors, duration, status_writes, leader, refused_input, demand, autoscaling }
     }
 
+    /// A registry with a series in every family this operator exports, labelled with placeholders
+    /// (`namespace`, `pool`, `example`): what `teifleet-operator --print-metrics` prints, so checks
+    /// that dashboards and alert rules name only real metrics (tools/check_metric_names.py) read
+    /// the names from this code, not from a copy. A labelled family shows no series before its
+    /// first use; the destructuring below names every field, so a new family does not compile
+    /// until it is given one here, and the unit test compares the result with every family's
+    /// registration.
+    pub fn every_series() -> Self {
+        let metrics = Self::new();
+        let Self {
+            registry: _,
+            reconciliations,
+            errors,
+            duration,
+            status_writes,
+            leader,
+            refused_input,
+            demand,
+            autoscaling: AutoscalingGauges { desired, recommended },
+        } = &metrics;
+        let labels = ["namespace", "pool"];
+        demand.set(&labels, &PoolDemand::default());
+        desired.with_label_values(&labels).set(0);
+        recommended.with_label_values(&labels).set(0);
+        reconciliations.with_label_values(&["example"]).inc_by(0);
+        errors.with_label_values(&["example"]).inc_by(0);
+        duration.observe(0.0);
+        status_writes.inc_by(0);
+        leader.set(0);
+        refused_input.with_label_values(&["admin", "example"]).inc_by(0);
+        metrics
+    }
+
     /// Shows a pool's demand, the same numbers as its `status.demand`; `None` (no sidecar
     /// answered) removes its series, since an unknown load is not a zero one.
     pub fn pool_demand(&self, namespace: &str, pool: &str, demand: Option<&PoolDemand>) {
@@ -225,6 +258,50 @@ mod tests {
                 (labels, metric.get_gauge().get_value())
             })
             .collect()
+    }
+
+    #[test]
+    fn every_series_shows_every_registered_family() {
+        use prometheus::core::Collector;
+
+        let metrics = Metrics::every_series();
+        let Metrics {
+            registry,
+            reconciliations,
+            errors,
+            duration,
+            status_writes,
+            leader,
+            refused_input,
+            demand: DemandGauges { in_flight, queued, utilization, refused, spilled },
+            autoscaling: AutoscalingGauges { desired, recommended },
+        } = &metrics;
+        let collectors: [&dyn Collector; 13] = [
+            reconciliations,
+            errors,
+            duration,
+            status_writes,
+            leader,
+            refused_input,
+            in_flight,
+            queued,
+            utilization,
+            refused,
+            spilled,
+            desired,
+            recommended,
+        ];
+        let mut registered: Vec<String> =
+            collectors.iter().flat_map(|c| c.desc()).map(|desc| desc.fq_name.clone()).collect();
+        let mut shown: Vec<String> = registry
+            .gather()
+            .iter()
+            .filter(|family| !family.get_metric().is_empty())
+            .map(|family| family.name().to_owned())
+            .collect();
+        registered.sort();
+        shown.sort();
+        assert_eq!(shown, registered);
     }
 
     #[test]
