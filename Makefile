@@ -27,14 +27,14 @@ PGO_BIN := target/release-pgo
 
 .PHONY: help
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F ':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 .PHONY: prereqs
 prereqs: ## Install what builds and tests need (Debian packages, Rust components, cluster binaries)
 	tests/cluster/prereqs.sh
 
 .PHONY: test
-test: prereqs lint deny unit test-clients check-generated chart-check test-cluster test-images ## Everything CI runs
+test: prereqs lint deny unit test-clients test-observability check-generated chart-check test-cluster test-images ## Everything CI runs
 
 .PHONY: lint
 lint: ## cargo fmt --check, clippy -D warnings, and the multiplexer's rooms importing only downward
@@ -57,6 +57,10 @@ fuzz: ## Property fuzzing of the wire reader, HTTP parsers and request metadata,
 .PHONY: test-clients
 test-clients: ## Real HTTP clients from PyPI (openai, huggingface_hub, requests) against the multiplexer's HTTP front and tei-sim
 	tests/clients/run.sh
+
+.PHONY: test-observability
+test-observability: ## The alert rules (promtool check and unit tests) and every dashboard and rule query naming only metrics the binaries export
+	tests/observability/run.sh
 
 .PHONY: generate
 generate: ## Regenerate the CRDs' YAML, the chart's copies and the plain manifests

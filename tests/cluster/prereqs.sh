@@ -14,6 +14,15 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# promtool (`make test-observability`: the alert rules' checks and unit tests) comes with Debian's
+# prometheus package. Only the tool is wanted: no recommended packages (node-exporter), and the
+# server the package starts where systemd runs is stopped and disabled.
+if ! command -v promtool >/dev/null 2>&1; then
+  echo "[prereqs] installing prometheus (for promtool)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+  if [[ -d /run/systemd/system ]]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; fi
+fi
 
 if command -v rustup >/dev/null 2>&1; then
   for component in rustfmt clippy; do
