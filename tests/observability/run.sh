@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The alert rules and the Grafana dashboard, proven without a cluster (`make test-observability`):
 # 1. `promtool check rules` and `promtool test rules` on deploy/prometheus (every alert fires on
-#    its bad series once its `for:` has passed, and stays silent on healthy ones);
+#    its bad series once its `for:` has passed, and stays silent on healthy ones), and the
+#    PrometheusRule that prometheusrule.sh wraps around the file carrying its groups unchanged;
 # 2. every metric and label the dashboard and the rules name is one the binaries export
 #    (tools/check_metric_names.py), read from the debug binaries themselves: the multiplexer in
 #    front of tei-sim on loopback, serving TLS (so the certificate series exist) and answering a
@@ -20,6 +21,13 @@ dashboard=deploy/grafana/teifleet.json
 command -v promtool >/dev/null || { echo "promtool is missing: run tests/cluster/prereqs.sh (Debian's prometheus package)" >&2; exit 1; }
 promtool check rules "$rules"
 promtool test rules deploy/prometheus/teifleet-rules.test.yaml
+# The PrometheusRule wrapping (docs/operating.md#alerts) carries the file's groups unchanged.
+wrapped=$(deploy/prometheus/prometheusrule.sh monitoring release=prometheus)
+[[ $(sed -n 1,2p <<<"$wrapped") == $'apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule' ]] \
+    || { echo "prometheusrule.sh printed no PrometheusRule" >&2; exit 1; }
+diff <(sed -n '/^spec:/,$p' <<<"$wrapped" | tail -n +2 | sed 's/^  //') <(sed -n '/^groups:/,$p' "$rules") \
+    || { echo "prometheusrule.sh does not carry teifleet-rules.yaml's groups unchanged" >&2; exit 1; }
+echo "PrometheusRule wrapping: the rule file's groups, unchanged"
 
 cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-operator --bins
 bin=$root/target/debug
