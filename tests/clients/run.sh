@@ -2,6 +2,8 @@
 # Real client libraries from PyPI (the openai SDK, huggingface_hub, requests, grpcio) against the
 # multiplexer's fronts in front of the TEI simulator, both the debug binaries, on loopback: in
 # plain text, with API keys, and over TLS and mutual TLS with certificates made here every run.
+# An embedding job (the debug teifleet-job) also runs here, Parquet in and out of a real SeaweedFS
+# S3 server (tools/seaweedfs.sh builds `weed` once), for pyarrow to read back (test_job_output.py).
 # The venv lives in target/py-venv and is rebuilt only when requirements.txt changes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,26 +25,41 @@ if [[ ! -x $venv/bin/python || "$(cat "$venv/.requirements-sha256" 2>/dev/null)"
 fi
 
 cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim --bins
+cargo build --quiet -p teifleet-job --bin teifleet-job
+weed=$(tools/seaweedfs.sh)
 bin=$root/target/debug
 logs=$(mktemp -d)
 # Every port at once, all different, and below the kernel's ephemeral range: a port picked there
 # can be taken, before its server binds it, by an outgoing connection of a server started first.
-read -r sim_port sim_admin grpc admin http keyed_grpc keyed_admin keyed_http tls_grpc tls_admin tls_http \
-    mtls_grpc mtls_admin mtls_http rot_grpc rot_admin rot_http < <("$venv/bin/python" - 17 <<'PY'
+# SeaweedFS's four servers (master, volume, filer, S3) each listen for gRPC on their port + 10000
+# too: theirs come first, from the 2000 ports whose + 10000 is still below that range.
+read -r weed_master weed_volume weed_filer weed_s3 sim_port sim_admin grpc admin http keyed_grpc keyed_admin \
+    keyed_http tls_grpc tls_admin tls_http mtls_grpc mtls_admin mtls_http rot_grpc rot_admin rot_http \
+    < <("$venv/bin/python" - 4 17 <<'PY'
 import random, socket, sys
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 held, ports = [], []
-for port in random.sample(range(max(1024, low - 12000), low), 2000):
+def hold(port):
     s = socket.socket()
     try:
         s.bind(("127.0.0.1", port))
     except OSError:
         s.close()
-        continue
+        return False
     held.append(s)
-    ports.append(port)
+    return True
+start = max(1024, low - 12000)
+for port in random.sample(range(start, start + 2000), 2000):
     if len(ports) == int(sys.argv[1]):
         break
+    if hold(port) and hold(port + 10000):
+        ports.append(port)
+assert len(ports) == int(sys.argv[1]), "no free ports for SeaweedFS"
+for port in random.sample(range(start, low), low - start):
+    if len(ports) == int(sys.argv[1]) + int(sys.argv[2]):
+        break
+    if hold(port):
+        ports.append(port)
 print(*ports)
 PY
 )
@@ -62,6 +79,19 @@ pids+=($!)
     --model teifleet/sim-embedding \
     --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
     --http-listen "127.0.0.1:$http" --drain-delay 0s >"$logs/mux.log" 2>&1 &
+pids+=($!)
+
+# SeaweedFS (master, volume, filer and S3 gateway in one `weed server`), configured as the Rust
+# S3 tests start it (tools/testkit/src/seaweedfs.rs): one identity with every action, whose keys
+# the job and test_job_output.py sign with.
+s3_access=teifleet-test-access
+s3_secret=teifleet-test-secret-key
+mkdir -p "$logs/weed/data"
+printf '{"identities":[{"name":"teifleet","credentials":[{"accessKey":"%s","secretKey":"%s"}],"actions":["Admin","Read","Write","List","Tagging"]}]}\n' \
+    "$s3_access" "$s3_secret" >"$logs/weed/s3.json"
+(cd "$logs/weed" && exec "$weed" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -volume.max=8 -filer -s3 \
+    -dir="$logs/weed/data" -master.port="$weed_master" -volume.port="$weed_volume" -filer.port="$weed_filer" \
+    -s3.port="$weed_s3" -s3.config="$logs/weed/s3.json") >"$logs/weed.log" 2>&1 &
 pids+=($!)
 
 # A second multiplexer whose pool has API keys (test_auth.py), from a keys file beside its
@@ -156,7 +186,65 @@ for check in "$TEIFLEET_HTTP/health mux.log" "$TEIFLEET_HTTP_KEYED/health mux-ke
         exit 1
     fi
 done
+
+# The embedding job: a Parquet corpus written with pyarrow into a bucket, two workers of the debug
+# teifleet-job through the first multiplexer (pool `default`), Parquet parts out to another prefix.
+# Weed is up once its S3 gateway answers at all (unsigned: 403) and its filer answers too.
+s3=http://127.0.0.1:$weed_s3
+up() { [[ $(curl -s -o /dev/null -w '%{http_code}' "$1" 2>/dev/null) != 000 ]]; }
+for _ in $(seq 600); do
+    up "$s3/" && up "http://127.0.0.1:$weed_filer/" && break
+    sleep 0.1
+done
+if ! up "$s3/" || ! up "http://127.0.0.1:$weed_filer/"; then
+    echo "SeaweedFS is not up at $s3 after 60 s; its log:" >&2
+    tail -50 "$logs/weed.log" >&2
+    exit 1
+fi
+export TEIFLEET_S3_ENDPOINT=$s3 TEIFLEET_S3_ACCESS_KEY=$s3_access TEIFLEET_S3_SECRET_KEY=$s3_secret
+export TEIFLEET_JOB_INPUT=corpus/in/ TEIFLEET_JOB_OUTPUT=corpus/out/
+curl -sf -X POST "http://127.0.0.1:$weed_filer/buckets/corpus/?op=mkdir" >/dev/null
+# 3,000 rows in row groups of 500 (six shards), string ids; three rows are planted bad: an empty
+# text, a null text and one longer than the simulator takes (--max-batch-tokens 512).
+"$venv/bin/python" - <<'PY'
+import os, random
+import pyarrow as pa, pyarrow.fs, pyarrow.parquet as pq
+rng = random.Random(7)
+words = "vector index shard replica query corpus token batch model lane budget queue".split()
+ids = [f"doc-{i:05}" for i in range(3000)]
+texts = [f"{i} " + " ".join(rng.choices(words, k=rng.randint(3, 40))) for i in range(3000)]
+texts[17], texts[1234], texts[2500] = "", None, "overlong " * 4000
+s3 = pa.fs.S3FileSystem(access_key=os.environ["TEIFLEET_S3_ACCESS_KEY"], secret_key=os.environ["TEIFLEET_S3_SECRET_KEY"],
+                        endpoint_override=os.environ["TEIFLEET_S3_ENDPOINT"], scheme="http", region="us-east-1")
+table = pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string())})
+pq.write_table(table, os.environ["TEIFLEET_JOB_INPUT"] + "corpus.parquet", filesystem=s3, row_group_size=500)
+PY
+job() { # WORKER
+    TEIFLEET_INPUT_S3_ACCESS_KEY_ID=$s3_access TEIFLEET_INPUT_S3_SECRET_ACCESS_KEY=$s3_secret \
+        TEIFLEET_OUTPUT_S3_ACCESS_KEY_ID=$s3_access TEIFLEET_OUTPUT_S3_SECRET_ACCESS_KEY=$s3_secret \
+        "$bin/teifleet-job" run --pool-url "http://127.0.0.1:$grpc" --pool default --lane ingest \
+        --input "s3://$TEIFLEET_JOB_INPUT" --input-format parquet --output "s3://$TEIFLEET_JOB_OUTPUT" \
+        --input-s3-endpoint "$s3" --input-s3-allow-http --output-s3-endpoint "$s3" --output-s3-allow-http \
+        --workers 2 --worker "$1" --rows-per-call 128 --log-format pretty >"$logs/job-$1.log" 2>&1
+}
+job 0 &
+job_zero=$!
+job 1 &
+job_one=$!
+pids+=("$job_zero" "$job_one")
+failed=0
+wait "$job_zero" || failed=1
+wait "$job_one" || failed=1
+if ((failed)); then
+    echo "the embedding job failed; its workers' logs, the multiplexer's and SeaweedFS's:" >&2
+    tail -n 20 "$logs/job-0.log" "$logs/job-1.log" "$logs/mux.log" >&2
+    tail -30 "$logs/weed.log" >&2
+    exit 1
+fi
+
 if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/clients" "$@"; then
+    echo "--- embedding job, workers' logs" >&2; tail -n 10 "$logs/job-0.log" "$logs/job-1.log" >&2
+    echo "--- SeaweedFS log" >&2; tail -20 "$logs/weed.log" >&2
     echo "--- multiplexer log" >&2; tail -50 "$logs/mux.log" >&2
     echo "--- multiplexer with API keys, log" >&2; tail -20 "$logs/mux-keyed.log" >&2
     echo "--- multiplexer with TLS, log" >&2; tail -20 "$logs/mux-tls.log" >&2
