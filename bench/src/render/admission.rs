@@ -433,12 +433,19 @@ impl Render for Lanes {
             row(&name, "query", &run.queries, Some((w.query_rps(), 1.0 - w.ingest_share())));
             row(&name, "ingest", &run.ingest, Some((w.ingest_rps(), w.ingest_share())));
         }
+        let patient = format!(
+            "{} ingest callers, {:.0} s deadline, alone",
+            lanes::PATIENT_CALLERS,
+            lanes::PATIENT_DEADLINE.as_secs_f64()
+        );
+        row(&patient, "ingest", &self.patient, None);
         let _ = writeln!(
             out,
             "\nQueries at {}×: p99 {} ms beside ingest ÷ {} ms alone = {:.2}×. Ingest admitted {:.0}/s of the {:.0}/s \
              the queries (goodput {:.0}/s) left of the capacity: {:.3}×; both lanes {:.3}× capacity. Queries at {}×: \
              ingest {:.3} of the admissions against a floor of {:.2} ({:.2}× the floor), the queries' goodput {:.3}× \
-             capacity; ingest calls not answered OK in either run: {}.",
+             capacity; ingest calls not answered OK in either run: {}. The queue keeps its word: {} closed-loop \
+             ingest callers with a {:.0} s deadline, alone, got {:.3}× capacity with {} calls not answered OK.",
             lanes::LIGHT_FACTOR,
             number(self.light.queries.latency.p99_ms),
             number(self.alone.latency.p99_ms),
@@ -453,7 +460,11 @@ impl Render for Lanes {
             self.floor_share(),
             self.floor_ratio(),
             ratio(self.overload.queries.goodput_rps, self.capacity.rps),
-            self.ingest_not_ok()
+            self.ingest_not_ok(),
+            lanes::PATIENT_CALLERS,
+            lanes::PATIENT_DEADLINE.as_secs_f64(),
+            self.patient_goodput_ratio(),
+            self.patient_not_ok()
         );
     }
 }

@@ -7,7 +7,9 @@
 //!
 //! 1. queries at 0.6 C alone, for their p99 without a neighbour;
 //! 2. the same schedule beside the ingest client;
-//! 3. queries at 1.5 C beside the ingest client (the excess shed by the deadline).
+//! 3. queries at 1.5 C beside the ingest client (the excess shed by the deadline);
+//! 4. the queue keeps its word: 32 closed-loop ingest callers with a 10 s deadline alone, every
+//!    one of which fits the queue, so none may be refused and the pool stays busy.
 //!
 //! While queries and ingest run together, the multiplexer's `teifleet_lane_admissions_total` is
 //! read when the query schedule starts and again when it ends: that window's admissions per lane
@@ -16,7 +18,8 @@
 //!
 //! Targets: the queries' p99 beside ingest ≤ 1.3 × alone; ingest's admissions per second ≥ 0.9 ×
 //! what the queries leave of C; at 1.5 C, ingest's share of the admissions ≥ 0.9 × its floor
-//! share; no ingest call answered other than OK, in either run beside queries.
+//! share; no ingest call answered other than OK, in either run beside queries; the patient
+//! callers of run 4 refused nothing and got ≥ 0.97 × C.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -52,6 +55,14 @@ pub const FLOOR_TOLERANCE: f64 = 0.9;
 /// every permit the queries leave (and all of them fit the lane's queue, maxQueued 128).
 pub const INGEST_CALLERS: usize = 64;
 const INGEST_CONNECTIONS: usize = 4;
+/// Run 4's closed-loop ingest callers (issue 32's reproduction: 32 workers, a 10 s deadline):
+/// twice maxInFlight, all of them within the lane's queue, each call served in well under a
+/// second, so none has a reason to be refused.
+pub const PATIENT_CALLERS: usize = 32;
+pub const PATIENT_DEADLINE: Duration = Duration::from_secs(10);
+/// Run 4's goodput, at least this × capacity: the queue holds what TEI cannot take yet, so TEI
+/// is never idle for want of a call.
+pub const PATIENT_GOODPUT_LIMIT: f64 = 0.97;
 const QUERY_CONNECTIONS: usize = 4;
 /// The ingest client starts this long before the queries (its queue fills) and stops this long
 /// after them, so the window sees it at its steady state.
@@ -117,12 +128,16 @@ pub struct Lanes {
     pub light: Beside,
     /// Queries at [`OVERLOAD_FACTOR`] beside ingest.
     pub overload: Beside,
+    /// [`PATIENT_CALLERS`] closed-loop ingest callers with [`PATIENT_DEADLINE`], alone.
+    pub patient: Report,
 }
 
 const P99: &str = "query p99 beside ingest ÷ alone, queries at 0.6× capacity";
 const INGEST_GOODPUT: &str = "ingest admitted/s ÷ capacity the queries leave, queries at 0.6×";
 const FLOOR: &str = "ingest's share of admissions ÷ its floor share, queries at 1.5×";
 const INGEST_LOST: &str = "ingest calls refused or lost, queries at 0.6× and 1.5×";
+const PATIENT_REFUSED: &str = "calls refused to 32 closed-loop ingest callers with a 10 s deadline";
+const PATIENT_GOODPUT: &str = "goodput of 32 closed-loop ingest callers with a 10 s deadline ÷ capacity";
 
 impl Lanes {
     pub fn p99_ratio(&self) -> f64 {
@@ -149,6 +164,15 @@ impl Lanes {
     pub fn ingest_not_ok(&self) -> u64 {
         self.light.ingest_not_ok() + self.overload.ingest_not_ok()
     }
+
+    /// Run 4's calls not answered OK.
+    pub fn patient_not_ok(&self) -> u64 {
+        self.patient.sent.saturating_sub(self.patient.ok)
+    }
+
+    pub fn patient_goodput_ratio(&self) -> f64 {
+        ratio(self.patient.goodput_rps, self.capacity.rps)
+    }
 }
 
 fn queries(target: String, rate: f64, duration: Duration, seed: u64) -> LoadConfig {
@@ -173,6 +197,21 @@ fn ingest(target: String, capacity: f64, duration: Duration) -> LoadConfig {
         duration,
         seed: INGEST_SEED,
         ..LoadConfig::closed(target, INGEST_CALLERS, requests)
+    }
+}
+
+/// Run 4's callers: closed loop, a 10 s deadline each, bounded in requests at twice what the
+/// backend could serve meanwhile.
+fn patient(target: String, capacity: f64, duration: Duration) -> LoadConfig {
+    let requests = (2.0 * capacity * duration.as_secs_f64()).ceil() as u64;
+    LoadConfig {
+        connections: INGEST_CONNECTIONS,
+        inputs: words(TOKENS),
+        lane: Some("ingest".into()),
+        deadline: Some(PATIENT_DEADLINE),
+        duration,
+        seed: INGEST_SEED,
+        ..LoadConfig::closed(target, PATIENT_CALLERS, requests)
     }
 }
 
@@ -236,6 +275,9 @@ impl Measurement for Lanes {
             OVERLOAD_FACTOR * capacity.rps
         ));
         let overload = beside(&mux, capacity.rps, OVERLOAD_FACTOR, duration, OVERLOAD_SEED).await?;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!("lanes: {PATIENT_CALLERS} closed-loop ingest callers with a 10 s deadline, alone"));
+        let patient = measure(patient(mux.url(), capacity.rps, duration)).await?;
         ctx.say(&format!(
             "lanes: query p99 {:.1} ms alone, {:.1} ms beside ingest; ingest {:.0}/s beside 0.6×, {:.3} of the \
              admissions at 1.5×",
@@ -254,6 +296,7 @@ impl Measurement for Lanes {
             alone,
             light,
             overload,
+            patient,
         })
     }
 
@@ -268,10 +311,10 @@ impl Measurement for Lanes {
                  alone. A query takes the next permit that frees ahead of every waiting ingest call, but ingest \
                  holds all {} permits: TEI's running batch and the next one, prepared in TEI's first-come queue. \
                  Permits free a batch at a time, when the running batch ends; the query then waits in TEI's queue \
-                 for the prepared batch of ingest, which starts first, and then for its own: up to three batch times \
-                 against two alone (the remainder of the running batch, then its own). Keeping ingest below the \
-                 in-flight limit by the room the queries use, so the prepared batch has places left for them, would \
-                 take that batch out of their way; TEI's queue itself is out of the multiplexer's reach",
+                 for the prepared batch of ingest, which starts first, and then for its own. Ingest leaves a few \
+                 permits free while queries come (admission's query room), so the first queries of each batch time \
+                 ride the next batch; those beyond the room still wait a batch more. A larger room would cost \
+                 ingest the places of the queries that do not come, which TEI runs empty",
                 light.queries.latency.p99_ms,
                 self.alone.latency.p99_ms,
                 light.queries.latency.p50_ms,
@@ -306,6 +349,17 @@ impl Measurement for Lanes {
                     teifleet_load::render::codes(&overload.ingest)
                 ),
             ),
+            Target::at_most(&scenario, PATIENT_REFUSED, self.patient_not_ok() as f64, 0.0, "calls").note_if_not_passed(
+                format!(
+                    "every one of these calls fits the queue and would be served within its deadline: {}",
+                    teifleet_load::render::codes(&self.patient)
+                ),
+            ),
+            Target::at_least(&scenario, PATIENT_GOODPUT, self.patient_goodput_ratio(), PATIENT_GOODPUT_LIMIT, "×")
+                .note_if_not_passed(format!(
+                    "{:.0} OK/s against a capacity of {:.0}/s: TEI idled while callers waited",
+                    self.patient.goodput_rps, self.capacity.rps
+                )),
             Target::info(
                 &scenario,
                 "query p50 beside ingest ÷ alone, queries at 0.6× capacity",
@@ -334,6 +388,8 @@ impl Measurement for Lanes {
             Target::new(&scenario, INGEST_GOODPUT, None, Rule::AtLeast, INGEST_GOODPUT_LIMIT, "×"),
             Target::new(&scenario, FLOOR, None, Rule::AtLeast, FLOOR_TOLERANCE, "×"),
             Target::new(&scenario, INGEST_LOST, None, Rule::AtMost, 0.0, "calls"),
+            Target::new(&scenario, PATIENT_REFUSED, None, Rule::AtMost, 0.0, "calls"),
+            Target::new(&scenario, PATIENT_GOODPUT, None, Rule::AtLeast, PATIENT_GOODPUT_LIMIT, "×"),
         ]
     }
 }
@@ -390,6 +446,7 @@ pub(crate) mod example {
                 ingest: closed_loop(report(200 + ingest_refused, 200, 40.0, 1500.0, 2500.0)),
                 window: Window { seconds: 4.0, query: 1400.0 - overload_ingest, ingest: overload_ingest },
             },
+            patient: closed_loop(report(1380, 1380 - ingest_refused, 345.0 - ingest_refused as f64, 90.0, 95.0)),
         }
     }
 }
@@ -403,7 +460,7 @@ mod tests {
     #[test]
     fn queries_are_judged_against_themselves_alone_and_ingest_against_what_they_leave() {
         let t = result(48.0, 150.0, 0).targets();
-        assert_eq!(t.len(), 7);
+        assert_eq!(t.len(), 9);
         assert!((t[0].measured.unwrap() - 1.2).abs() < 1e-9);
         assert_eq!(t[0].verdict, Verdict::Pass);
         // 532 admissions in 4 s = 133/s of the 350 − 210 = 140/s left.
@@ -413,10 +470,13 @@ mod tests {
         assert!((t[2].measured.unwrap() - 150.0 / 1400.0 / 0.1).abs() < 1e-9);
         assert_eq!(t[2].verdict, Verdict::Pass);
         assert_eq!((t[3].measured, t[3].verdict), (Some(0.0), Verdict::Pass));
-        assert!((t[4].measured.unwrap() - 35.0 / 30.0).abs() < 1e-9);
-        assert!((t[5].measured.unwrap() - (210.0 + 133.0) / 350.0).abs() < 1e-9);
-        assert_eq!(t[6].verdict, Verdict::Info);
-        assert_eq!(Lanes::planned_targets().len(), 4);
+        assert_eq!((t[4].measured, t[4].verdict), (Some(0.0), Verdict::Pass));
+        assert!((t[5].measured.unwrap() - 345.0 / 350.0).abs() < 1e-9);
+        assert_eq!(t[5].verdict, Verdict::Pass);
+        assert!((t[6].measured.unwrap() - 35.0 / 30.0).abs() < 1e-9);
+        assert!((t[7].measured.unwrap() - (210.0 + 133.0) / 350.0).abs() < 1e-9);
+        assert_eq!(t[8].verdict, Verdict::Info);
+        assert_eq!(Lanes::planned_targets().len(), 6);
     }
 
     #[test]
@@ -429,6 +489,9 @@ mod tests {
         assert!(t[2].note.contains("after 9 queries pass it"), "{}", t[2].note);
         assert_eq!((t[3].measured, t[3].verdict), (Some(3.0), Verdict::Fail));
         assert!(t[3].note.contains("RESOURCE_EXHAUSTED"), "{}", t[3].note);
+        // Three of the patient callers refused: 342/s of 350.
+        assert_eq!((t[4].measured, t[4].verdict), (Some(3.0), Verdict::Fail));
+        assert!((t[5].measured.unwrap() - 342.0 / 350.0).abs() < 1e-9);
     }
 
     #[test]
