@@ -65,10 +65,17 @@ PY
 )
 
 pids=()
+weed_pid=
 cleanup() {
+    # weed's data is thrown away: it need not take its 15 to 30 s to stop.
+    [[ -z $weed_pid ]] || kill -KILL "$weed_pid" 2>/dev/null || true
     for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
     rm -rf "$logs"
+    # weed's gRPC servers listen on Unix sockets in /tmp too, named by port; it leaves them.
+    for port in "$weed_master" "$weed_volume" "$weed_filer" "$weed_s3"; do
+        rm -f "/tmp/seaweedfs-"{master,volume,filer,s3}"-grpc-$((port + 10000)).sock" "/tmp/seaweedfs-"{filer,s3}"-$port.sock"
+    done
 }
 trap cleanup EXIT
 "$bin/tei-sim" --listen "127.0.0.1:$sim_port" --admin-listen "127.0.0.1:$sim_admin" \
@@ -83,7 +90,8 @@ pids+=($!)
 
 # SeaweedFS (master, volume, filer and S3 gateway in one `weed server`), configured as the Rust
 # S3 tests start it (tools/testkit/src/seaweedfs.rs): one identity with every action, whose keys
-# the job and test_job_output.py sign with.
+# the job and test_job_output.py sign with. Not as there: its Iceberg and Lance servers, which
+# would take the fixed ports 8181 and 9101, are off.
 s3_access=teifleet-test-access
 s3_secret=teifleet-test-secret-key
 mkdir -p "$logs/weed/data"
@@ -91,7 +99,9 @@ printf '{"identities":[{"name":"teifleet","credentials":[{"accessKey":"%s","secr
     "$s3_access" "$s3_secret" >"$logs/weed/s3.json"
 (cd "$logs/weed" && exec "$weed" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -volume.max=8 -filer -s3 \
     -dir="$logs/weed/data" -master.port="$weed_master" -volume.port="$weed_volume" -filer.port="$weed_filer" \
-    -s3.port="$weed_s3" -s3.config="$logs/weed/s3.json") >"$logs/weed.log" 2>&1 &
+    -s3.port="$weed_s3" -s3.config="$logs/weed/s3.json" -s3.port.iceberg=0 -s3.port.lance=0) \
+    >"$logs/weed.log" 2>&1 &
+weed_pid=$!
 pids+=($!)
 
 # A second multiplexer whose pool has API keys (test_auth.py), from a keys file beside its
@@ -203,6 +213,8 @@ if ! up "$s3/" || ! up "http://127.0.0.1:$weed_filer/"; then
 fi
 export TEIFLEET_S3_ENDPOINT=$s3 TEIFLEET_S3_ACCESS_KEY=$s3_access TEIFLEET_S3_SECRET_KEY=$s3_secret
 export TEIFLEET_JOB_INPUT=corpus/in/ TEIFLEET_JOB_OUTPUT=corpus/out/
+# pyarrow's AWS SDK is given the endpoint, region and keys: no instance metadata to look for.
+export AWS_EC2_METADATA_DISABLED=true
 curl -sf -X POST "http://127.0.0.1:$weed_filer/buckets/corpus/?op=mkdir" >/dev/null
 # 3,000 rows in row groups of 500 (six shards), string ids; three rows are planted bad: an empty
 # text, a null text and one longer than the simulator takes (--max-batch-tokens 512).
