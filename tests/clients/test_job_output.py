@@ -134,6 +134,12 @@ def test_sampled_vectors_equal_tei_v1_embed(corpus, output, embed):
 
 
 def test_wrong_credentials_are_refused():
+    # SeaweedFS answers 403. pyarrow's AWS SDK names it ACCESS_DENIED on a HEAD (a 403 has no body
+    # there), and by the S3 error code the body carries on a listing.
+    wrong = s3("not-the-secret-key")
     with pytest.raises(OSError) as refused:
-        ds.dataset(os.environ["TEIFLEET_JOB_OUTPUT"], format="parquet", filesystem=s3("not-the-secret-key")).to_table()
-    assert "403" in str(refused.value) or "ACCESS_DENIED" in str(refused.value), str(refused.value)
+        ds.dataset(os.environ["TEIFLEET_JOB_OUTPUT"], format="parquet", filesystem=wrong).to_table()
+    assert "ACCESS_DENIED during HeadObject" in str(refused.value), str(refused.value)
+    with pytest.raises(OSError) as listed:
+        wrong.get_file_info(pyarrow.fs.FileSelector(os.environ["TEIFLEET_JOB_OUTPUT"]))
+    assert "SIGNATURE_DOES_NOT_MATCH during ListObjectsV2" in str(listed.value), str(listed.value)
