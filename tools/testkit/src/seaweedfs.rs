@@ -60,7 +60,10 @@ impl SeaweedFs {
             .arg(format!("-volume.port={volume}"))
             .arg(format!("-filer.port={filer}"))
             .arg(format!("-s3.port={s3}"))
-            .arg(format!("-s3.config={}", config.display()));
+            .arg(format!("-s3.config={}", config.display()))
+            // Its Iceberg and Lance servers listen on fixed ports (8181, 9101) by default: two
+            // servers at once (two tests, or the tests beside tests/clients/run.sh's) would clash.
+            .args(["-s3.port.iceberg=0", "-s3.port.lance=0"]);
         let mut weed = ChildGuard::spawn_logged("weed", command, dir.join("weed.log"))?;
         let (s3, filer) = (loopback(s3), loopback(filer));
         // Unsigned, the gateway answers 403: it is up. The filer must be up too, for buckets.
