@@ -166,7 +166,7 @@ demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the relay it recor
 	tests/cluster/down.sh
 
 .PHONY: bench
-bench: ## Benchmarks 1–17, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 21 min after the builds)
+bench: ## Benchmarks 1–19, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 21 min after the builds)
 	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
 	tools/pgo.sh --out $(PGO_BIN) --with-floor-proxy
 	TEIFLEET_BENCH_BIN_DIR=$(PGO_BIN) bench/run.sh full
