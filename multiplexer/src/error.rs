@@ -90,6 +90,25 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// [`Error::for_client`]'s message.
+pub struct ForClient<'a>(&'a Error);
+
+impl std::fmt::Display for ForClient<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Error::Unreachable { pool, .. } => write!(f, "upstream {pool} is unreachable"),
+            Error::Upstream { pool, status } if is_transport_failure(status) => {
+                write!(f, "upstream {pool} is unreachable")
+            }
+            Error::ForwardingLoop { .. } => f.write_str(
+                "this request was already forwarded by a teifleet sidecar; teifleet forwards a request at most once",
+            ),
+            Error::SpillRefused { pool, .. } => write!(f, "pool {pool}: no room for a call spilled from a sibling"),
+            other => write!(f, "{other}"),
+        }
+    }
+}
+
 /// When a call held for a pool starting from zero is told to come back: soon, since the pool's
 /// first replica is on its way.
 pub const COLD_START_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
@@ -104,6 +123,13 @@ impl From<MetaError> for Error {
 }
 
 impl Error {
+    /// What the caller is told: the error's message, less what names the inside of the
+    /// deployment (an upstream's URL or address, a sidecar's pod name), which stays in the log
+    /// (`report::call`). A client outside the cluster learns nothing of its topology from an error.
+    pub fn for_client(&self) -> ForClient<'_> {
+        ForClient(self)
+    }
+
     /// What kind of failure this is.
     pub fn kind(&self) -> ErrorKind {
         match self {

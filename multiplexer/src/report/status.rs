@@ -38,7 +38,7 @@ pub fn into_status(error: Error) -> Status {
     // Written into room for a typical message at once, not grown a few bytes at a time: every
     // refusal of a storm writes one.
     let mut message = String::with_capacity(MESSAGE_ROOM);
-    let _ = write!(message, "{error}");
+    let _ = write!(message, "{}", error.for_client());
     let mut status = Status::new(error.code(), message);
     if let Error::ColdStart { .. } = &error {
         let millis = u64::try_from(crate::error::COLD_START_RETRY.as_millis()).unwrap_or(u64::MAX);
@@ -198,6 +198,24 @@ mod tests {
         for (error, code) in cases {
             let shown = error.to_string();
             assert_eq!(into_status(error).code(), code, "{shown}");
+        }
+    }
+
+    /// The status names no upstream URL, pod address or pod name: what a caller outside the
+    /// cluster must not learn of it. The error itself (what the log writes) keeps them.
+    #[test]
+    fn a_status_names_nothing_inside_the_deployment() {
+        let inside = ["10.1.2.3", "bge-7c9f-abcde"];
+        let errors = [
+            Error::Unreachable { pool: "bge".into(), reason: "http://10.1.2.3:8080: connection refused".into() },
+            Error::ForwardingLoop { by: "bge-7c9f-abcde".into() },
+            Error::SpillRefused { pool: "bge".into(), from: "10.1.2.3".into() },
+        ];
+        for error in errors {
+            let logged = error.to_string();
+            assert!(inside.iter().any(|name| logged.contains(name)), "the log keeps it: {logged}");
+            let told = into_status(error).message().to_owned();
+            assert!(inside.iter().all(|name| !told.contains(name)), "{told}");
         }
     }
 

@@ -10,7 +10,7 @@ use http::{HeaderValue, StatusCode, header};
 use serde::Serialize;
 use tonic::Code;
 
-use crate::error::{Error, ErrorKind};
+use crate::error::{Error, ErrorKind, is_transport_failure};
 use teifleet_wire::headers::RETRY_PUSHBACK_MS;
 
 /// TEI's error types, spelled as its HTTP API spells them.
@@ -187,8 +187,8 @@ fn call_answer(error: &Error) -> Answer<'_> {
     };
     // The upstream's own words, not the multiplexer's wrapping of them.
     let message = match error {
-        Error::Upstream { status, .. } => status.message().into(),
-        other => other.to_string().into(),
+        Error::Upstream { status, .. } if !is_transport_failure(status) => status.message().into(),
+        other => other.for_client().to_string().into(),
     };
     let retry_after = match error {
         Error::Admission { source, .. } => source.retry_after(),
@@ -284,6 +284,18 @@ mod tests {
         );
         let routed = upstream(Status::unauthenticated("no"));
         assert_eq!(routed.answer().status, StatusCode::UNAUTHORIZED, "the pool routed to refused the key");
+    }
+
+    /// An HTTP client is told the upstream is unreachable, not where it lives (the log says).
+    #[test]
+    fn an_unreachable_upstream_names_no_address() {
+        let error = HttpError::Call(Error::Unreachable {
+            pool: "bge".into(),
+            reason: "http://10.1.2.3:8080: connection refused".into(),
+        });
+        let answer = error.answer();
+        assert_eq!(answer.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(answer.message, "upstream bge is unreachable");
     }
 
     /// What TEI 1.9's HTTP server answers for each of its error types, given what its gRPC
