@@ -75,6 +75,11 @@ pub async fn serve(
     serve_tls(listener, router, bounds, None, refused, shutdown).await
 }
 
+/// Which connection a request came on (in its extensions): unique in the process, so per-connection
+/// state (a pool's door keeps one line per connection) can be keyed by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConnectionNumber(pub u64);
+
 /// [`serve`], in TLS while `tls` says so: each connection shakes hands with the certificate in
 /// force when it arrives, within the header timeout, and its requests carry the client's
 /// identity (`Option<ClientIdentity>`, in their extensions) when it showed a certificate.
@@ -117,12 +122,15 @@ pub async fn serve_tls(
                 },
             };
             let client = stream.client().cloned();
+            let held = place.hold(stream);
+            let number = ConnectionNumber(held.number());
             let router = router.map_request(move |mut request: axum::http::Request<_>| {
                 request.extensions_mut().insert(client.clone());
+                request.extensions_mut().insert(number);
                 request
             });
             let service = TowerToHyperService::new(router);
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(place.hold(stream)), service);
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(held), service);
             // A client that resets or breaks its connection is its own business.
             drop(watcher.watch(connection.into_owned()).await);
         });

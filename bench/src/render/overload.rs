@@ -311,6 +311,10 @@ impl Render for ShedStorm {
             );
             storm_row(&mut table, &label, shed_storm::STORM_CLIENTS, short, capacity);
         }
+        if let Some(http) = &self.http_storm {
+            let label = "multiplexer, storm over HTTP/1.1 (a connection per caller, no deadline)";
+            storm_row(&mut table, label, shed_storm::STORM_CLIENTS, http, capacity);
+        }
         if let Some(after) = &self.capacity_after {
             storm_row(&mut table, "direct (capacity, again)", shed_storm::CAPACITY_CLIENTS, after, capacity);
         }

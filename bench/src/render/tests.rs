@@ -62,6 +62,7 @@ fn storm() -> Section {
             storm_fewer_connections: None,
             deadline_storms: vec![shed_storm::DeadlineStorm { connections: 1, run: run(2900, 2900, 290.0, 0.6) }],
             short_deadline_storm: None,
+            http_storm: Some(run(2850, 2850, 285.0, 0.7)),
         })),
     )
 }

@@ -8,14 +8,17 @@
 //! per served call. Then the same 512 clients with a 30 s deadline each (what most gRPC clients
 //! and load tools set) on 1, 8 and 16 connections: a deadline of many queue timeouts is patient,
 //! so they too wait their turn at the door; target goodput ≥ 0.9 × capacity on each, with the
-//! refusals per second reported.
+//! refusals per second reported. Last, the same 512 over HTTP/1.1 (TEI's `/embed`, a keep-alive
+//! connection per caller, no deadline): an HTTP request without a deadline waits at the same door,
+//! target goodput ≥ 0.9 × capacity.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use teifleet_load::{LoadConfig, Report};
+use teifleet_load::{LoadConfig, Protocol, Report};
 
-use super::{Context, Measurement, Scenario, gpu_model, measure, sim_and_mux, words};
+use super::http_overhead::sim_and_http_mux;
+use super::{Context, Measurement, Scenario, gpu_model, measure, words};
 use crate::procfs::CpuMeter;
 use crate::procs::{Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
@@ -85,6 +88,9 @@ pub struct ShedStorm {
     /// The same with a [`SHORT_DEADLINE`] on [`CONNECTIONS`]: told at once, not held.
     #[serde(default)]
     pub short_deadline_storm: Option<Run>,
+    /// 512 HTTP/1.1 clients without a deadline, resending every refusal: a connection each.
+    #[serde(default)]
+    pub http_storm: Option<Run>,
 }
 
 /// A storm of callers that set a deadline, on `connections` connections.
@@ -145,6 +151,10 @@ fn fewer_name() -> String {
     format!("goodput at c={STORM_CLIENTS} on {FEWER_CONNECTIONS} connections, resending ÷ capacity")
 }
 
+fn http_name() -> String {
+    format!("goodput at c={STORM_CLIENTS} over HTTP/1.1, resending ÷ capacity")
+}
+
 fn deadline_name(connections: usize) -> String {
     let deadline = STORM_DEADLINE.as_secs();
     format!("goodput at c={STORM_CLIENTS}, {deadline} s deadline, on {connections} connections, resending ÷ capacity")
@@ -167,15 +177,19 @@ pub fn limits() -> MuxLimits {
     }
 }
 
-async fn closed_run(
-    target: &str,
+/// One closed-loop run: what it sends, over which protocol, and for how long.
+struct ClosedRun<'a> {
+    target: &'a str,
+    protocol: Protocol,
     clients: usize,
     connections: usize,
     deadline: Option<Duration>,
-    duration: Duration,
-    meter: &[u32],
-) -> Result<Run> {
+}
+
+async fn closed_run(run: ClosedRun<'_>, duration: Duration, meter: &[u32]) -> Result<Run> {
+    let ClosedRun { target, protocol, clients, connections, deadline } = run;
     let config = LoadConfig {
+        protocol,
         connections,
         deadline,
         inputs: words(TOKENS),
@@ -200,12 +214,15 @@ impl Measurement for ShedStorm {
     async fn run(ctx: &Context) -> Result<Self> {
         let backend = gpu_model(512, Device::Spin).supported(ctx.features);
         let limits = limits();
-        let (sim, mux) = sim_and_mux(ctx, "storm", &backend, &limits, CONNECTIONS).await?;
+        let (sim, mux, http) = sim_and_http_mux(ctx, "storm", &backend, &limits, CONNECTIONS).await?;
         let meter = [mux.pid(), sim.pid(), std::process::id()];
         let duration = ctx.pick(Duration::from_secs(5), Duration::from_secs(20));
         let run_with = |target: &Proc, clients: usize, connections: usize, deadline: Option<Duration>| {
             let target = target.url();
-            async move { closed_run(&target, clients, connections, deadline, duration, &meter).await }
+            async move {
+                let run = ClosedRun { target: &target, protocol: Protocol::Grpc, clients, connections, deadline };
+                closed_run(run, duration, &meter).await
+            }
         };
         let run_on = |target: &Proc, clients: usize, connections: usize| run_with(target, clients, connections, None);
         let run = |target: &Proc, clients: usize| run_on(target, clients, CONNECTIONS);
@@ -237,6 +254,16 @@ impl Measurement for ShedStorm {
         ));
         let short_deadline_storm = Some(run_with(&mux, STORM_CLIENTS, CONNECTIONS, Some(SHORT_DEADLINE)).await?);
         tokio::time::sleep(Duration::from_secs(1)).await;
+        ctx.say(&format!("shed storm: {STORM_CLIENTS} HTTP/1.1 clients without a deadline, resending every refusal"));
+        let over_http = ClosedRun {
+            target: &http,
+            protocol: Protocol::Http,
+            clients: STORM_CLIENTS,
+            connections: 1,
+            deadline: None,
+        };
+        let http_storm = Some(closed_run(over_http, duration, &meter).await?);
+        tokio::time::sleep(Duration::from_secs(1)).await;
         ctx.say(&format!("shed storm: capacity again, {CAPACITY_CLIENTS} clients direct"));
         let capacity_after = Some(run(&sim, CAPACITY_CLIENTS).await?);
         let seconds = duration.as_secs_f64();
@@ -251,6 +278,7 @@ impl Measurement for ShedStorm {
             storm_fewer_connections,
             deadline_storms,
             short_deadline_storm,
+            http_storm,
         })
     }
 
@@ -310,6 +338,19 @@ impl Measurement for ShedStorm {
                 "×",
             ));
         }
+        if let Some(http) = &self.http_storm {
+            let measured = ratio(http.report.goodput_rps, self.capacity_rps());
+            targets.push(
+                spinning(Target::at_least(&scenario, &http_name(), measured, GOODPUT_LIMIT, "× capacity"))
+                    .note_if_not_passed(format!(
+                        "{} of {} HTTP answers were refusals ({:.0} a second): an HTTP request without a deadline \
+                         should wait at the pool's door as a gRPC call does",
+                        http.sheds(),
+                        http.report.answered,
+                        http.sheds() as f64 / self.seconds
+                    )),
+            );
+        }
         targets.extend([
             // No refusal at all: nothing to divide.
             Target::info(
@@ -330,6 +371,7 @@ impl Measurement for ShedStorm {
         [goodput_name(), fewer_name()]
             .iter()
             .chain(&deadlines)
+            .chain(&[http_name()])
             .map(|name| Target::new(&scenario, name, None, Rule::AtLeast, GOODPUT_LIMIT, "× capacity"))
             .collect()
     }
@@ -360,6 +402,7 @@ mod tests {
             storm_fewer_connections: Some(run(2500, 2600, 250.0, 0.6)),
             deadline_storms: Vec::new(),
             short_deadline_storm: None,
+            http_storm: None,
         };
         assert!((storm.mux_us_per_served() - 200.0).abs() < 1e-6);
         assert!((storm.mux_us_per_shed() - 50.0).abs() < 1e-6, "{}", storm.mux_us_per_shed());
@@ -391,6 +434,8 @@ mod tests {
             storm_fewer_connections: None,
             deadline_storms,
             short_deadline_storm: Some(run(1500, 60_000, 150.0, 4.0)),
+            // 270 OK/s of 300, and 4,000 refusals in 10 s.
+            http_storm: Some(run(2700, 6700, 270.0, 1.0)),
         };
         let targets = storm.targets();
         let named = |name: String| targets.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("{name}"));
@@ -400,5 +445,11 @@ mod tests {
         assert_eq!(named(deadline_refusals_name(16)).measured, Some(5000.0), "50,000 refusals in 10 s");
         let told_at_once = targets.iter().find(|t| t.name.contains("1500 ms deadline (told at once)")).unwrap();
         assert_eq!(told_at_once.measured, Some(5850.0), "58,500 refusals in 10 s");
+        let http = named(http_name());
+        assert_eq!((http.verdict, http.measured), (Verdict::Pass, Some(0.9)));
+        let refused = ShedStorm { http_storm: Some(run(2000, 42_000, 200.0, 3.0)), ..storm };
+        let http = refused.targets().into_iter().find(|t| t.name == http_name()).unwrap();
+        assert_eq!(http.verdict, Verdict::Fail);
+        assert!(http.note.contains("40000 of 42000 HTTP answers were refusals"), "{}", http.note);
     }
 }

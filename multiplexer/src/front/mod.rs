@@ -6,6 +6,7 @@
 //! batches over the whole pool. Both answer to one
 //! [`Readiness`]. Imports every room below it.
 
+pub mod door;
 pub mod grpc;
 pub mod http;
 pub mod tei_manager;

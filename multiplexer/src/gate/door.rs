@@ -12,6 +12,9 @@
 //! its queue), so callers that resend every refusal at once meet a line instead of tens of
 //! thousands of refusals a second that take the CPU TEI needs.
 //!
+//! Both fronts use it (`crate::front::door` says which calls wait): gRPC calls by their
+//! connection, HTTP requests by theirs, so an HTTP/1.1 caller is a line of one.
+//!
 //! Patient calls wait here: those without a deadline, and those whose deadline leaves at least
 //! [`PATIENT_DEADLINE_FACTOR`] times the pool's queue timeout ([`is_patient`]). Such a caller has
 //! said it will wait: it waits its turn, as it would in its client's HTTP/2 queue, instead of being

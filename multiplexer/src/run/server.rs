@@ -277,6 +277,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             settings.auth.clone(),
             settings.bounds.body_timeout,
             memory.clone(),
+            door.clone(),
         );
         if let Some(namespace) = settings.pool_from_authority.clone() {
             app = app.layer(name_pool_from_authority(namespace));

@@ -50,10 +50,12 @@ async fn a_full_queue_sheds_at_once_with_a_retry_hint() {
     })
     .await;
 
-    // TEI's HTTP API has no door: a request finding the queue full gets 429 at once, with a hint.
+    // An HTTP request with a short deadline finding the queue full gets 429 at once, with a hint
+    // (one without a deadline would wait at the door like the gRPC call above).
     let started = tokio::time::Instant::now();
     let body = br#"{"inputs":"one too many"}"#;
-    let answer = crate::http_front::request(mux.http_addr.unwrap(), "POST", "/embed", &[], body).await;
+    let hurried = [("x-teifleet-timeout-ms", "100")];
+    let answer = crate::http_front::request(mux.http_addr.unwrap(), "POST", "/embed", &hurried, body).await;
     assert!(started.elapsed() < Duration::from_secs(1), "refused at once");
     assert_eq!(answer.status, 429);
     assert!(answer.body.to_string().contains("queue is full"), "{}", answer.body);

@@ -133,3 +133,49 @@ async fn a_patient_call_whose_deadline_passes_at_the_door_leaves_it_as_expired()
     assert_eq!(answered(&mux, "ResourceExhausted"), 0.0, "waited, not refused");
     assert_eq!(sim.stats().requests_received, 1, "only the call in flight reached TEI");
 }
+
+/// HTTP requests meet the same door: one without a deadline waits its turn past the queue
+/// timeout instead of hearing 429 and coming back at once; one with a short deadline
+/// (`x-teifleet-timeout-ms: 100`) is told at once.
+#[tokio::test]
+async fn an_http_request_without_a_deadline_waits_at_the_door_and_a_hurried_one_is_told_at_once() {
+    let queue_timeout = Duration::from_millis(300);
+    let sim = sim(|_| {}).await;
+    sim.set_fault(Fault::Stall);
+    let settings = teifleet_multiplexer::run::server::Settings {
+        http_listen: Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..Default::default()
+    };
+    let (mux, table) = mux_with(vec![spec("pool-a", sim.addr(), Limits::new(1, 0, queue_timeout))], settings).await;
+    let http = mux.http_addr.expect("the HTTP front listens");
+    let admission = table.get("pool-a").unwrap().admission.clone();
+    let in_flight = tokio::spawn(crate::http_front::post(http, "/embed", serde_json::json!({"inputs": "in flight"})));
+    until("one in flight", Duration::from_secs(5), || admission.snapshot().in_flight == 1).await;
+
+    let patient = tokio::spawn(crate::http_front::post(http, "/embed", serde_json::json!({"inputs": "patient"})));
+    until("held at the door", Duration::from_secs(5), || {
+        metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]) == 1.0
+    })
+    .await;
+    tokio::time::sleep(queue_timeout * 2).await;
+    assert!(!patient.is_finished(), "still waiting at the door, past the queue timeout");
+
+    let hurried = crate::http_front::request(
+        http,
+        "POST",
+        "/embed",
+        &[("x-teifleet-timeout-ms", "100")],
+        br#"{"inputs": "hurried"}"#,
+    )
+    .await;
+    assert_eq!(hurried.status, 429, "{:?}", hurried.body);
+    assert!(hurried.header("retry-after").is_some(), "a retry hint");
+
+    sim.set_fault(Fault::None);
+    for request in [in_flight, patient] {
+        let answer = request.await.unwrap();
+        assert_eq!(answer.status, 200, "served once TEI moves: {:?}", answer.body);
+    }
+    assert_eq!(metric_sum(&metrics_text(&mux), "teifleet_held_at_door", &[]), 0.0);
+    assert_eq!(sim.stats().requests_received, 2, "the hurried request never reached TEI");
+}

@@ -373,13 +373,17 @@ async fn overload_is_429_with_retry_after_and_a_deadline_is_kept() {
     let busy = tokio::spawn(async move { post(http, "/embed", json!({"inputs": "slow"})).await.status });
     until("the first call holds the permit", Duration::from_secs(5), || sim.stats().in_flight == 1).await;
 
-    let refused = post(http, "/embed", json!({"inputs": "turned away"})).await;
+    // A request with a short deadline is told at once (one without would wait at the door).
+    let hurried = [("x-teifleet-timeout-ms", "100")];
+    let turned_away = json!({"inputs": "turned away"}).to_string();
+    let refused = request(http, "POST", "/embed", &hurried, turned_away.as_bytes()).await;
     assert_eq!(refused.status, 429, "{}", refused.body);
     assert_eq!(refused.body["error_type"], "Overloaded");
     let seconds: u64 = refused.header("retry-after").expect("Retry-After").parse().unwrap();
     assert!(seconds >= 1);
     assert!(refused.header("grpc-retry-pushback-ms").is_some());
-    let openai = post(http, "/v1/embeddings", json!({"input": "turned away"})).await;
+    let openai_body = json!({"input": "turned away"}).to_string();
+    let openai = request(http, "POST", "/v1/embeddings", &hurried, openai_body.as_bytes()).await;
     assert_eq!((openai.status, openai.body["type"].as_str()), (429, Some("Overloaded")));
     assert!(openai.header("retry-after").is_some());
     assert_eq!(busy.await.unwrap(), 200);

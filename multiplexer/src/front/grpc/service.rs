@@ -7,12 +7,10 @@ use std::time::Duration;
 
 use futures::FutureExt as _;
 use futures::future::BoxFuture;
-use tokio::time::Instant;
 use tonic::Status;
 use tracing::Instrument as _;
 
 use crate::admission::memory::Charge;
-use crate::admission::{AdmissionError, Priority};
 use crate::error::Error;
 use crate::error::refused_message;
 use crate::forward::charge::{Grant, cost_before_body};
@@ -22,7 +20,7 @@ use crate::front::grpc::body_deadline::BodyDeadline;
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::front::grpc::{stream_body, unary};
 use crate::gate::auth::Gate;
-use crate::gate::door::{self, ConnectionId, HoldBounds};
+use crate::gate::door::{ConnectionId, HoldBounds};
 use crate::gate::request_meta::RequestMeta;
 use crate::report::call::Call;
 use crate::report::metrics::Metrics;
@@ -141,24 +139,9 @@ where
         let Admitting { call, meta, pool, connection, door } = &mut admitting;
         let rpc = call.rpc;
         // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
-        let _inside = match holds_at_door(rpc, meta, pool) {
-            true => match pool.door.enter(&pool.admission, *connection, meta.deadline, door).await {
-                Ok(pass) => {
-                    meta.through_door = true;
-                    Some(pass)
-                }
-                Err(door::DoorRefusal::Deadline) => {
-                    let waited = call.arrived.elapsed();
-                    let source = AdmissionError::DeadlineExpired { waited };
-                    let error = Error::Admission { pool: pool.spec.name.clone(), source };
-                    return status::into_http(Status::from(call.fail(error)));
-                }
-                Err(source) => {
-                    let error = Error::Door { pool: pool.spec.name.clone(), source };
-                    return status::into_http(Status::from(call.fail(error)));
-                }
-            },
-            false => None,
+        let _inside = match crate::front::door::go_through(rpc, meta, pool, *connection, door, call.arrived).await {
+            Ok(pass) => pass,
+            Err(error) => return status::into_http(Status::from(call.fail(error))),
         };
         let coalescer = pool.coalescer.clone().filter(|_| rpc.shape == Shape::Unary && rpc.admit == Admit::Permit);
         // A unary call whose cost its RPC tells waits for its permit before its body is read; other
@@ -249,25 +232,6 @@ where
             (stream_body::answer(routed.take().bidi(request).await), routed)
         }),
     }
-}
-
-/// Patient unary calls for a budget kept here (no deadline, or one of several queue timeouts:
-/// `door::is_patient`) wait their turn at the pool's door (`crate::gate::door`); calls with a
-/// shorter deadline are told at once by the queue whether they can be served in time. Calls a
-/// sibling spilled here (its claim checked against the peer key, `crate::gate::peer`) do not wait,
-/// nor do critical calls: a connection's line is in arrival order, and a critical call must not
-/// wait behind the lower-priority calls it may evict from the queue. A call another pool's
-/// sidecar forwarded waits like any other: its hop mark is anyone's to write.
-fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
-    rpc.shape == Shape::Unary
-        && rpc.admit == Admit::Permit
-        && meta.priority != Priority::Critical
-        && !pool.spec.remote
-        && meta.spilled_from.is_none()
-        // The queue timeout in force is the spec's (limits change only with it, the pool with
-        // them): no lock taken. A pool without limits yet has no queue to be patient for.
-        && (meta.deadline.is_none()
-            || pool.spec.limits.is_some_and(|limits| door::is_patient(meta.deadline, limits.queue_timeout, Instant::now())))
 }
 
 /// The request body, cut off `timeout` from now: a caller that trickles its message holds its

@@ -30,6 +30,7 @@ use crate::admission::memory::MemoryBudget;
 use crate::forward::Forwarder;
 use crate::front::Readiness;
 use crate::gate::auth::{self, Gate};
+use crate::gate::door::HoldBounds;
 use crate::vocab::Protocol;
 
 /// TEI's `--payload-limit` default, as the pool spec defaults it.
@@ -86,6 +87,8 @@ pub struct Shared {
     memory: Arc<MemoryBudget>,
     /// Each pool's vector size, learned from its answers.
     dimensions: Arc<answer::Dimensions>,
+    /// How many requests the pools' doors may hold, and for how long (shared with the gRPC port).
+    door: Arc<HoldBounds>,
 }
 
 /// Every route of the HTTP front, behind the API-key gate.
@@ -96,6 +99,7 @@ pub fn router(
     gate: Arc<Gate>,
     body_timeout: std::time::Duration,
     memory: Arc<MemoryBudget>,
+    door: Arc<HoldBounds>,
 ) -> Router {
     let limit = settings.payload_limit;
     let bodies = memory::Bodies { memory: memory.clone(), payload_limit: limit, metrics: forwarder.metrics.clone() };
@@ -122,7 +126,15 @@ pub fn router(
         .layer(middleware::from_fn_with_state(bodies, memory::charge_body))
         .layer(middleware::from_fn_with_state(gate, require_key))
         .layer(middleware::map_response_with_state(forwarder.clone(), load_report))
-        .with_state(Shared { forwarder, readiness, settings, info: Arc::default(), memory, dimensions: Arc::default() })
+        .with_state(Shared {
+            forwarder,
+            readiness,
+            settings,
+            info: Arc::default(),
+            memory,
+            dimensions: Arc::default(),
+            door,
+        })
 }
 
 /// This replica's load on every answer, in the text form of ORCA's header that Envoy reads on

@@ -7,12 +7,14 @@
 //! are dropped (their upstream streams reset) when the client goes away.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::TryStreamExt as _;
 use http::HeaderMap;
 use prost::Message;
 use teifleet_proto::v1;
+use teifleet_runtime::http_server::ConnectionNumber;
 use teifleet_wire::headers::TIMEOUT_MS;
 use tonic::metadata::MetadataMap;
 
@@ -22,6 +24,7 @@ use crate::error::{Error, Result};
 use crate::forward::bulk::{Bulk, Chunk, Exchanged};
 use crate::forward::charge;
 use crate::forward::pools::Pool;
+use crate::gate::door::{ConnectionId, Pass};
 use crate::gate::request_meta::{InvalidMetadata, RequestMeta};
 use crate::report::call::Call;
 use crate::vocab::Protocol;
@@ -70,6 +73,19 @@ impl<'a> HttpCall<'a> {
             }
             Err(error) => Err(HttpError::Call(call.fail(error))),
         }
+    }
+
+    /// Takes the request through its pool's door when it is patient (`crate::front::door`): the
+    /// pass to hold until it is answered. A request without a connection number (a router
+    /// served without `teifleet_runtime::http_server`) gets a line of its own.
+    pub async fn through_door(&mut self, connection: Option<ConnectionNumber>) -> Result<Option<Pass>, HttpError> {
+        static UNNUMBERED: AtomicU64 = AtomicU64::new(u64::MAX);
+        let connection = connection.map_or_else(|| UNNUMBERED.fetch_sub(1, Ordering::Relaxed), |number| number.0);
+        let (rpc, arrived) = (self.call.rpc, self.call.arrived);
+        let bounds = &self.shared.door;
+        crate::front::door::go_through(rpc, &mut self.meta, &self.pool, ConnectionId(connection), bounds, arrived)
+            .await
+            .map_err(HttpError::Call)
     }
 
     pub fn settings(&self) -> &super::HttpSettings {

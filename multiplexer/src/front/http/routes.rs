@@ -1,6 +1,7 @@
 //! The routes: each parses TEI's JSON, checks what TEI checks before its queue, and sends the
 //! inputs as `tei.v1` calls through [`batch`](super::batch).
 
+use axum::Extension;
 use axum::extract::State;
 use axum::extract::rejection::BytesRejection;
 use axum::response::Response;
@@ -9,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::error::Category;
 use teifleet_proto::v1;
+use teifleet_runtime::http_server::ConnectionNumber;
 
 use super::Shared;
 use super::answer;
@@ -35,12 +37,25 @@ type Answer = Result<Response, HttpError>;
 /// the route's flavor.
 macro_rules! handler {
     ($name:ident, $inner:ident, $rpc:expr, $flavor:expr) => {
-        pub async fn $name(State(shared): State<Shared>, headers: HeaderMap, body: Body) -> Response {
+        pub async fn $name(
+            State(shared): State<Shared>,
+            connection: Option<Extension<ConnectionNumber>>,
+            headers: HeaderMap,
+            body: Body,
+        ) -> Response {
             let answer = match HttpCall::route(&shared, row($rpc), &headers) {
                 Ok(mut call) => {
-                    let result = match read(&shared, body) {
-                        Ok(body) => $inner(&mut call, &body).await,
-                        Err(error) => Err(error),
+                    // A patient request waits its turn at the pool's door, as a gRPC call does;
+                    // its pass is held until it is answered.
+                    let (_inside, result) = match call.through_door(connection.map(|Extension(n)| n)).await {
+                        Ok(inside) => {
+                            let result = match read(&shared, body) {
+                                Ok(body) => $inner(&mut call, &body).await,
+                                Err(error) => Err(error),
+                            };
+                            (inside, result)
+                        }
+                        Err(error) => (None, Err(error)),
                     };
                     call.finish(result)
                 }
