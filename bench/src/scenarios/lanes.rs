@@ -186,32 +186,18 @@ fn queries(target: String, rate: f64, duration: Duration, seed: u64) -> LoadConf
     }
 }
 
-/// The ingest client: `INGEST_CALLERS` in a closed loop for `duration`, no deadline. Bounded in
-/// requests too, at twice what the backend could serve meanwhile.
-fn ingest(target: String, capacity: f64, duration: Duration) -> LoadConfig {
+/// An ingest client: `callers` in a closed loop for `duration`, with `deadline` (the lanes' runs
+/// give none). Bounded in requests too, at twice what the backend could serve meanwhile.
+fn ingest(target: String, capacity: f64, duration: Duration, callers: usize, deadline: Option<Duration>) -> LoadConfig {
     let requests = (2.0 * capacity * duration.as_secs_f64()).ceil() as u64;
     LoadConfig {
         connections: INGEST_CONNECTIONS,
         inputs: words(TOKENS),
         lane: Some("ingest".into()),
+        deadline,
         duration,
         seed: INGEST_SEED,
-        ..LoadConfig::closed(target, INGEST_CALLERS, requests)
-    }
-}
-
-/// Run 4's callers: closed loop, a 10 s deadline each, bounded in requests at twice what the
-/// backend could serve meanwhile.
-fn patient(target: String, capacity: f64, duration: Duration) -> LoadConfig {
-    let requests = (2.0 * capacity * duration.as_secs_f64()).ceil() as u64;
-    LoadConfig {
-        connections: INGEST_CONNECTIONS,
-        inputs: words(TOKENS),
-        lane: Some("ingest".into()),
-        deadline: Some(PATIENT_DEADLINE),
-        duration,
-        seed: INGEST_SEED,
-        ..LoadConfig::closed(target, PATIENT_CALLERS, requests)
+        ..LoadConfig::closed(target, callers, requests)
     }
 }
 
@@ -226,7 +212,7 @@ async fn admissions(admin: SocketAddr) -> Result<(f64, f64)> {
 
 /// Queries at `factor` × capacity beside the ingest client, and the window's admissions.
 async fn beside(mux: &Proc, capacity: f64, factor: f64, duration: Duration, seed: u64) -> Result<Beside> {
-    let pushing = measure(ingest(mux.url(), capacity, INGEST_MARGIN + duration + INGEST_MARGIN));
+    let pushing = measure(ingest(mux.url(), capacity, INGEST_MARGIN + duration + INGEST_MARGIN, INGEST_CALLERS, None));
     let querying = async {
         tokio::time::sleep(INGEST_MARGIN).await;
         let start = tokio::time::Instant::now();
@@ -277,7 +263,8 @@ impl Measurement for Lanes {
         let overload = beside(&mux, capacity.rps, OVERLOAD_FACTOR, duration, OVERLOAD_SEED).await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
         ctx.say(&format!("lanes: {PATIENT_CALLERS} closed-loop ingest callers with a 10 s deadline, alone"));
-        let patient = measure(patient(mux.url(), capacity.rps, duration)).await?;
+        let patient =
+            measure(ingest(mux.url(), capacity.rps, duration, PATIENT_CALLERS, Some(PATIENT_DEADLINE))).await?;
         ctx.say(&format!(
             "lanes: query p99 {:.1} ms alone, {:.1} ms beside ingest; ingest {:.0}/s beside 0.6×, {:.3} of the \
              admissions at 1.5×",
