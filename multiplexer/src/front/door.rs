@@ -11,10 +11,15 @@ use crate::gate::door::{self, ConnectionId, DoorRefusal, HoldBounds, Pass};
 use crate::gate::request_meta::RequestMeta;
 use crate::vocab::rpc::{Admit, Rpc, Shape};
 
-/// Whether a call of `rpc` with `meta` waits at `pool`'s door when the pool is full: a patient
-/// unary call (no deadline, or one of several queue timeouts) that takes a permit, is not
-/// critical, and was not already counted at another door (spilled by a sibling, or bound for
-/// another pool's sidecar, whose door is there).
+/// Whether a call of `rpc` with `meta` waits at `pool`'s door when the pool is full. Patient
+/// unary calls for a budget kept here (no deadline, or one of several queue timeouts:
+/// `door::is_patient`) wait their turn; calls with a shorter deadline are told at once by the
+/// queue whether they can be served in time. Calls a sibling spilled here (the claim checked
+/// against the peer key by `Forwarder::route`) do not wait, nor do critical calls (a ceiling the
+/// gate grants by identity): a connection's line is in arrival order, and a critical call must
+/// not wait behind the lower-priority calls it may evict from the queue. Calls bound for another
+/// pool's sidecar wait at its door instead. A call another pool's sidecar forwarded here waits
+/// like any other: its hop mark is anyone's to write.
 pub fn holds_at_door(rpc: &Rpc, meta: &RequestMeta, pool: &Pool) -> bool {
     rpc.shape == Shape::Unary
         && rpc.admit == Admit::Permit
