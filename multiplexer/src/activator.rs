@@ -13,11 +13,13 @@
 //!
 //! Which pool a call is for: `x-teifleet-pool` or `-model` when the call names one, else the
 //! name the client dialled (gRPC's `:authority`, HTTP's `Host`): `<pool>`, `<pool>.<namespace>`,
-//! `<pool>.<namespace>.svc[.cluster.local]`, with any port. A client that dialled an IP address
-//! must name its pool in metadata.
+//! `<pool>.<namespace>.svc[.cluster.local]`, with any port; or, when the client dialled an address
+//! (`10.96.0.12:50051`, `[fd00::c]:8000`), the pool whose Service has that ClusterIP
+//! ([`set_pool_addresses`], kept from the namespace's Services by the activator's watch).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Uri};
@@ -192,31 +194,86 @@ impl Activations {
     }
 }
 
-/// Names the pool a call is for from the name its client dialled, unless it names one itself.
+/// The pools' Service addresses (ClusterIPs), by the activator namespace they are in. Kept for the
+/// whole process rather than by the server: the fronts name a call's pool knowing only the
+/// activator's namespace (`Settings::pool_from_authority`), and the Services' watch sets the map
+/// from outside the server. One activator serves one namespace; tests in one process use several.
+static POOL_ADDRESSES: RwLock<BTreeMap<String, Arc<BTreeMap<IpAddr, String>>>> = RwLock::new(BTreeMap::new());
+
+/// From now on a call to an address in `addresses` that names no pool is for the pool given there
+/// (the pools of `namespace`, whose Services have those ClusterIPs); an empty map forgets them.
+pub fn set_pool_addresses(namespace: &str, addresses: BTreeMap<IpAddr, String>) {
+    let addresses: BTreeMap<IpAddr, String> =
+        addresses.into_iter().map(|(address, pool)| (address.to_canonical(), pool)).collect();
+    let mut all = POOL_ADDRESSES.write().unwrap_or_else(PoisonError::into_inner);
+    if addresses.is_empty() {
+        all.remove(namespace);
+    } else {
+        all.insert(namespace.to_owned(), Arc::new(addresses));
+    }
+}
+
+/// The pool of `namespace` whose Service has the address `address`.
+fn pool_at(namespace: &str, address: IpAddr) -> Option<String> {
+    let all = POOL_ADDRESSES.read().unwrap_or_else(PoisonError::into_inner);
+    all.get(namespace)?.get(&address.to_canonical()).cloned()
+}
+
+/// What the client dialled: the URI's authority (gRPC, HTTP/2) or the `Host` header (HTTP/1.1),
+/// without its port; an IPv6 address keeps its brackets when it had them.
+fn dialled_host(headers: &HeaderMap, uri: &Uri) -> Option<String> {
+    if let Some(authority) = uri.authority() {
+        return Some(authority.host().to_owned());
+    }
+    let host = headers.get(http::header::HOST)?.to_str().ok()?.trim();
+    // An IPv6 address without brackets (and so without a port): its last group is no port.
+    if host.parse::<IpAddr>().is_ok() {
+        return Some(host.to_owned());
+    }
+    if let Some(bracketed) = host.strip_prefix('[') {
+        let (address, _port) = bracketed.split_once(']')?;
+        return Some(format!("[{address}]"));
+    }
+    Some(
+        host.rsplit_once(':')
+            .map_or(host, |(name, port)| if port.parse::<u16>().is_ok() { name } else { host })
+            .to_owned(),
+    )
+}
+
+/// The address `host` is, with or without brackets; `None` for a name.
+fn address_of(host: &str) -> Option<IpAddr> {
+    let bare = host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')).unwrap_or(host);
+    bare.parse().ok()
+}
+
+/// Names the pool a call is for from the name its client dialled, or the pool Service address it
+/// dialled, unless it names one itself.
 pub fn name_pool_from_authority(headers: &mut HeaderMap, uri: &Uri, namespace: &str) {
     if headers.contains_key(POOL) || headers.contains_key(MODEL) {
         return;
     }
-    let host = uri.authority().map(|a| a.host().to_owned()).or_else(|| {
-        let host = headers.get(http::header::HOST)?.to_str().ok()?;
-        Some(
-            host.rsplit_once(':')
-                .map_or(host, |(name, port)| if port.parse::<u16>().is_ok() { name } else { host })
-                .to_owned(),
-        )
-    });
-    let Some(host) = host else { return };
-    if host.parse::<std::net::IpAddr>().is_ok() || host.starts_with('[') {
-        return;
-    }
-    let mut labels = host.split('.');
-    let Some(pool) = labels.next() else { return };
-    if let Some(other) = labels.next()
-        && other != namespace
-    {
-        return;
-    }
-    if let Ok(value) = HeaderValue::from_str(pool) {
+    let Some(host) = dialled_host(headers, uri) else { return };
+    let pool = match address_of(&host) {
+        Some(address) => match pool_at(namespace, address) {
+            Some(pool) => pool,
+            // Not a pool's Service address (the activator's own pod address, say): the call must
+            // name its pool.
+            None => return,
+        },
+        None if host.starts_with('[') => return,
+        None => {
+            let mut labels = host.split('.');
+            let Some(pool) = labels.next() else { return };
+            if let Some(other) = labels.next()
+                && other != namespace
+            {
+                return;
+            }
+            pool.to_owned()
+        }
+    };
+    if let Ok(value) = HeaderValue::from_str(&pool) {
         headers.insert(POOL, value);
     }
 }
@@ -226,12 +283,55 @@ mod tests {
     use super::*;
 
     fn pool_named(uri: &str, host: Option<&str>) -> Option<String> {
+        pool_named_in("ml", uri, host)
+    }
+
+    fn pool_named_in(namespace: &str, uri: &str, host: Option<&str>) -> Option<String> {
         let mut headers = HeaderMap::new();
         if let Some(host) = host {
             headers.insert(http::header::HOST, host.parse().unwrap());
         }
-        name_pool_from_authority(&mut headers, &uri.parse().unwrap(), "ml");
+        name_pool_from_authority(&mut headers, &uri.parse().unwrap(), namespace);
         headers.get(POOL).map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    #[test]
+    fn a_pool_is_the_one_whose_service_address_the_client_dialled() {
+        // A namespace of its own: the map is the process's, and other tests run beside this one.
+        let ns = "dialled-addresses";
+        set_pool_addresses(
+            ns,
+            BTreeMap::from([
+                ("10.96.0.12".parse().unwrap(), "bge".to_owned()),
+                ("fd00:10:96::c".parse().unwrap(), "bge".to_owned()),
+                ("10.96.0.13".parse().unwrap(), "gte".to_owned()),
+            ]),
+        );
+        let named = |uri: &str, host: Option<&str>| pool_named_in(ns, uri, host);
+        assert_eq!(named("http://10.96.0.12:50051/tei.v1.Embed/Embed", None).as_deref(), Some("bge"));
+        assert_eq!(named("http://10.96.0.13/x", None).as_deref(), Some("gte"), "any port, or none");
+        assert_eq!(named("http://[fd00:10:96::c]:50051/x", None).as_deref(), Some("bge"), "IPv6");
+        assert_eq!(named("/embed", Some("10.96.0.13:8000")).as_deref(), Some("gte"));
+        assert_eq!(named("/embed", Some("10.96.0.12")).as_deref(), Some("bge"));
+        assert_eq!(named("/embed", Some("[fd00:10:96::c]:8000")).as_deref(), Some("bge"), "bracketed, a port");
+        assert_eq!(named("/embed", Some("[fd00:10:96::c]")).as_deref(), Some("bge"), "bracketed");
+        assert_eq!(named("/embed", Some("fd00:10:96::c")).as_deref(), Some("bge"), "bare: no port to strip");
+        assert_eq!(named("/embed", Some("fd00:10:96:0:0:0:0:c")).as_deref(), Some("bge"), "written out");
+        assert_eq!(named("/embed", Some("[::ffff:10.96.0.12]:8000")).as_deref(), Some("bge"), "IPv4 as IPv6");
+        assert_eq!(named("http://10.96.0.99:50051/x", None), None, "no pool's address");
+        assert_eq!(named("/embed", Some("[fd00:10:96::d]:8000")), None, "no pool's address");
+        assert_eq!(pool_named("http://10.96.0.12:50051/x", None), None, "another namespace's addresses");
+        assert_eq!(named("http://bge:50051/x", None).as_deref(), Some("bge"), "names still name");
+        let mut named_call = HeaderMap::new();
+        named_call.insert(POOL, "gte".parse().unwrap());
+        name_pool_from_authority(&mut named_call, &"http://10.96.0.12/x".parse().unwrap(), ns);
+        assert_eq!(named_call.get(POOL).unwrap(), "gte", "a pool the call names wins");
+
+        set_pool_addresses(ns, BTreeMap::from([("10.96.0.13".parse().unwrap(), "bge".to_owned())]));
+        assert_eq!(named("http://10.96.0.12/x", None), None, "a Service gone takes its address along");
+        assert_eq!(named("http://10.96.0.13/x", None).as_deref(), Some("bge"), "an address handed on");
+        set_pool_addresses(ns, BTreeMap::new());
+        assert_eq!(named("http://10.96.0.13/x", None), None);
     }
 
     #[test]
@@ -241,7 +341,7 @@ mod tests {
         assert_eq!(pool_named("/embed", Some("bge.ml:8000")).as_deref(), Some("bge"));
         assert_eq!(pool_named("/embed", Some("bge.ml.svc")).as_deref(), Some("bge"));
         assert_eq!(pool_named("http://bge.other.svc/x", None), None, "another namespace's name");
-        assert_eq!(pool_named("http://10.0.0.7:50051/x", None), None, "an address names nothing");
+        assert_eq!(pool_named("http://10.0.0.7:50051/x", None), None, "an address no pool's Service has names nothing");
         let mut named = HeaderMap::new();
         named.insert(POOL, "gte".parse().unwrap());
         name_pool_from_authority(&mut named, &"http://bge/x".parse().unwrap(), "ml");

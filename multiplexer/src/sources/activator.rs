@@ -2,13 +2,17 @@
 //! held until one of its replicas is ready (for as long as its `autoscaling.coldStartHold`), and
 //! each pool's ready replicas, from the EndpointSlices of its headless `<pool>-peers` Service; and
 //! the API keys of every pool with `spec.auth` (the Secret it names, watched as its sidecars do),
-//! so that a call without one of its keys is refused before it is held or counted as demand.
+//! so that a call without one of its keys is refused before it is held or counted as demand; and
+//! each pool's Service address (ClusterIP), so that a call whose client dialled an address rather
+//! than a name is held for the pool whose Service that is.
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use kube::{Api, Client, ResourceExt as _};
@@ -52,6 +56,32 @@ fn activated(pool: &EmbeddingPool) -> (PoolSpec, Duration) {
 /// The pool a `<pool>-peers` EndpointSlice belongs to.
 fn pool_of(slice: &EndpointSlice) -> Option<&str> {
     slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?.strip_suffix(teifleet_crds::labels::PEERS_SUFFIX)
+}
+
+/// The pools' Service addresses: each ClusterIP (both families' on a dual-stack Service) of a
+/// Service that is a live pool's own, the ClusterIP Service the operator names as the pool and
+/// labels and owns as its child. A headless Service has no address; a Service that only copies
+/// a pool's name label, or is not the pool's child, names nothing, so that no other Service's
+/// address can draw a pool's held calls.
+fn pool_addresses(services: &[Arc<Service>], pools: &[Arc<EmbeddingPool>]) -> BTreeMap<IpAddr, String> {
+    let mut addresses = BTreeMap::new();
+    for service in services {
+        let name = service.name_any();
+        let Some(pool) = pools.iter().find(|pool| pool.name_any() == name) else { continue };
+        let labelled = service.labels().get(teifleet_crds::labels::POOL_LABEL) == Some(&name);
+        let owned = service.owner_references().iter().any(|owner| {
+            owner.controller == Some(true) && owner.kind == "EmbeddingPool" && Some(&owner.uid) == pool.uid().as_ref()
+        });
+        if !(labelled && owned) {
+            continue;
+        }
+        let Some(spec) = &service.spec else { continue };
+        let ips = spec.cluster_ips.iter().flatten().chain(spec.cluster_ip.iter());
+        for address in ips.filter_map(|ip| ip.parse::<IpAddr>().ok()) {
+            addresses.insert(address, name.clone());
+        }
+    }
+    addresses
 }
 
 /// What one watch event asks of the loop.
@@ -126,21 +156,32 @@ pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, sto
     let mut keys = KeyWatches::default();
     let pools_api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
     let slices_api: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
+    let services_api: Api<Service> = Api::namespaced(client.clone(), &namespace);
     let (pools, pools_writer) = reflector::store();
     let (slices, slices_writer) = reflector::store();
+    let (services, services_writer) = reflector::store();
     let pool_events = reflector(pools_writer, watcher(pools_api, watcher::Config::default())).default_backoff();
     let slice_config = watcher::Config::default().labels(SERVICE_NAME_LABEL);
     let slice_events = reflector(slices_writer, watcher(slices_api, slice_config)).default_backoff();
+    let service_config = watcher::Config::default().labels(teifleet_crds::labels::POOL_LABEL);
+    let service_events = reflector(services_writer, watcher(services_api, service_config)).default_backoff();
     let mut pool_events = std::pin::pin!(pool_events.take_until(stop.clone().cancelled_owned()));
     let mut slice_events = std::pin::pin!(slice_events.take_until(stop.clone().cancelled_owned()));
-    let (mut pools_listed, mut slices_listed) = (false, false);
+    let mut service_events = std::pin::pin!(service_events.take_until(stop.clone().cancelled_owned()));
+    // The Services are not waited for: a pool's calls are held by name without them, and an
+    // activator whose Role cannot read Services yet (an older operator's) still holds those.
+    let (mut pools_listed, mut slices_listed, mut services_listed) = (false, false, false);
     loop {
         let step = tokio::select! {
             event = pool_events.next() => step(event, "EmbeddingPool", &mut pools_listed),
             event = slice_events.next() => step(event, "EndpointSlice", &mut slices_listed),
+            event = service_events.next() => step(event, "Service", &mut services_listed),
         };
         match step {
-            Step::Stop => return,
+            Step::Stop => {
+                crate::activator::set_pool_addresses(&namespace, BTreeMap::new());
+                return;
+            }
             Step::Nothing => continue,
             Step::Changed => {}
         }
@@ -178,6 +219,8 @@ pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, sto
         if let Err(error) = table.sync(specs) {
             tracing::warn!(%error, "could not apply the namespace's pools");
         }
+        // After the table: an address leads only to pools the table has.
+        crate::activator::set_pool_addresses(&namespace, pool_addresses(&services.state(), &live));
     }
 }
 
@@ -206,5 +249,62 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(pool_of(&slice), Some("bge"));
+    }
+
+    fn service(name: &str, pool_label: &str, owner_uid: &str, spec: serde_json::Value) -> Arc<Service> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "metadata": { "name": name, "namespace": "ml", "labels": { teifleet_crds::labels::POOL_LABEL: pool_label },
+                              "ownerReferences": [{ "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+                                                    "name": pool_label, "uid": owner_uid, "controller": true }] },
+                "spec": spec,
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_pools_service_addresses_lead_to_the_pool_and_no_other_services_do() {
+        let pool = |name: &str| -> Arc<EmbeddingPool> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+                    "metadata": { "name": name, "namespace": "ml", "uid": format!("uid-{name}") },
+                    "spec": { "model": { "id": "org/m" }, "concurrency": { "maxInFlight": 8 } },
+                }))
+                .unwrap(),
+            )
+        };
+        let pools = [pool("bge"), pool("gte")];
+        let services = [
+            service("bge", "bge", "uid-bge", json!({ "clusterIP": "10.96.0.12", "clusterIPs": ["10.96.0.12"] })),
+            // Dual-stack: both families' addresses.
+            service(
+                "gte",
+                "gte",
+                "uid-gte",
+                json!({ "clusterIP": "10.96.0.13", "clusterIPs": ["10.96.0.13", "fd00::13"] }),
+            ),
+            // The pool's headless peers Service: no address.
+            service("bge-peers", "bge", "uid-bge", json!({ "clusterIP": "None", "clusterIPs": ["None"] })),
+            // A Service that copies a pool's label, and one named as a pool but not its child.
+            service("copy", "bge", "uid-bge", json!({ "clusterIP": "10.96.0.20" })),
+            service("bge", "bge", "uid-other", json!({ "clusterIP": "10.96.0.21" })),
+            // A Service of a pool that is gone.
+            service("old", "old", "uid-old", json!({ "clusterIP": "10.96.0.22" })),
+            // Only clusterIP, as older API servers write it.
+            service("gte", "gte", "uid-gte", json!({ "clusterIP": "10.96.0.14" })),
+        ];
+        let addresses = pool_addresses(&services, &pools);
+        let found: Vec<(String, &str)> = addresses.iter().map(|(ip, pool)| (ip.to_string(), pool.as_str())).collect();
+        assert_eq!(
+            found,
+            [
+                ("10.96.0.12".to_owned(), "bge"),
+                ("10.96.0.13".to_owned(), "gte"),
+                ("10.96.0.14".to_owned(), "gte"),
+                ("fd00::13".to_owned(), "gte"),
+            ]
+        );
     }
 }

@@ -1,13 +1,15 @@
 //! The activator role: calls for a pool with no ready replica (gRPC unary and streams, HTTP) are
 //! held, counted for the operator, and served once a replica is ready; a call whose deadline is
 //! shorter than the wait gets DEADLINE_EXCEEDED at its deadline; one whose hold runs out gets
-//! UNAVAILABLE with a retry hint. The pool is the name the client dialled.
+//! UNAVAILABLE with a retry hint. The pool is the name the client dialled, or the pool whose
+//! Service address it dialled.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use teifleet_multiplexer::activator::Activations;
+use teifleet_multiplexer::activator::{Activations, set_pool_addresses};
 use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::gate::auth::{Gate, KeyRing, Policy};
 use teifleet_multiplexer::report::metrics::Metrics;
@@ -26,6 +28,15 @@ async fn activator(hold: Duration) -> (Running, Arc<Activations>) {
 
 /// The same, with `configure` run on its pool table before it starts.
 async fn activator_with(hold: Duration, configure: impl FnOnce(&PoolTable)) -> (Running, Arc<Activations>) {
+    activator_in("ml", hold, configure).await
+}
+
+/// The same, for pool `bge` of `namespace`.
+async fn activator_in(
+    namespace: &str,
+    hold: Duration,
+    configure: impl FnOnce(&PoolTable),
+) -> (Running, Arc<Activations>) {
     let activations = Arc::new(Activations::default());
     activations.sync(&[("bge".into(), hold)]);
     let metrics = Metrics::new();
@@ -44,7 +55,7 @@ async fn activator_with(hold: Duration, configure: impl FnOnce(&PoolTable)) -> (
     configure(&table);
     let settings = Settings {
         http_listen: Some("127.0.0.1:0".parse().unwrap()),
-        pool_from_authority: Some("ml".into()),
+        pool_from_authority: Some(namespace.into()),
         ..Settings::default()
     };
     (server::start(settings, table, metrics).await.expect("the activator starts"), activations)
@@ -149,4 +160,42 @@ async fn a_keyed_pools_calls_without_one_of_its_keys_are_refused_not_held() {
     let keyed = spawn_embed(&client, with_meta(embed_request("with the key"), &[("authorization", &authorization)]));
     until("the key holder's call held", Duration::from_secs(10), || held(&activations) == 1).await;
     keyed.abort();
+}
+
+#[tokio::test]
+async fn a_call_to_a_pools_service_address_is_held_for_that_pool_without_naming_it() {
+    // A namespace of its own: the pools' addresses are the process's, and other tests run beside.
+    const NAMESPACE: &str = "by-address";
+    let (activator, activations) = activator_in(NAMESPACE, Duration::from_secs(30), |_| {}).await;
+    // What the Services' watch keeps: here the activator's own loopback address stands for the
+    // pool's IPv4 ClusterIP (the client dials it as it is), and fd00:10:96::c for an IPv6 one.
+    let ipv6: IpAddr = "fd00:10:96::c".parse().unwrap();
+    set_pool_addresses(NAMESPACE, BTreeMap::from([(Ipv4Addr::LOCALHOST.into(), "bge".into()), (ipv6, "bge".into())]));
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", activator.grpc_addr)).unwrap();
+    let by_address = EmbedClient::new(endpoint.clone().connect_lazy());
+    let by_ipv6 =
+        EmbedClient::new(endpoint.clone().origin("http://[fd00:10:96::c]:50051".parse().unwrap()).connect_lazy());
+    let elsewhere = EmbedClient::new(endpoint.origin("http://10.96.0.99:50051".parse().unwrap()).connect_lazy());
+
+    let unknown = elsewhere.clone().embed(embed_request("no pool's address")).await.unwrap_err();
+    assert_ne!(unknown.code(), tonic::Code::Ok);
+    assert_eq!(held(&activations), 0, "an address no pool's Service has is not held: {unknown:?}");
+
+    let unary = spawn_embed(&by_address, embed_request("to the ClusterIP"));
+    let bracketed = spawn_embed(&by_ipv6, embed_request("to the IPv6 ClusterIP"));
+    let http_addr = activator.http_addr.unwrap();
+    // Host: 127.0.0.1:<port>, and no x-teifleet-pool.
+    let http =
+        tokio::spawn(async move { request(http_addr, "POST", "/embed", &[], br#"{"inputs":"curl to an IP"}"#).await });
+    until("three calls held", Duration::from_secs(10), || held(&activations) == 3).await;
+
+    let sim = sim(|_| {}).await;
+    let (replica, _) = mux_with(vec![spec("bge", sim.addr(), limits(8, 64))], Settings::default()).await;
+    activations.set_peers("bge", &[format!("http://{}", replica.grpc_addr)]).unwrap();
+    unary.await.unwrap().expect("the call to the address is served");
+    bracketed.await.unwrap().expect("the call to the IPv6 address is served");
+    assert_eq!(http.await.unwrap().status, 200);
+    let served = metric_sum(&metrics_text(&replica), "teifleet_requests_total", &[("outcome", "ok")]);
+    assert_eq!(served, 3.0, "the pool's replica served them");
+    set_pool_addresses(NAMESPACE, BTreeMap::new());
 }

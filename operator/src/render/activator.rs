@@ -1,6 +1,7 @@
 //! The namespace's activator, rendered while any of its pools may scale to zero
 //! (`autoscaling.minReplicas: 0`): a Deployment of the multiplexer in its `activator` role, with an
-//! identity that may read EmbeddingPools and EndpointSlices in the namespace and nothing more;
+//! identity that may read EmbeddingPools, EndpointSlices and Services in the namespace (and by
+//! name the keyed pools' key Secrets) and nothing more;
 //! and, for each such pool while it has no ready replica, an EndpointSlice that adds the
 //! activator's pods to the pool's Service, so calls reach the activator instead of nothing.
 //!
@@ -65,8 +66,8 @@ const API_SERVER_PORTS: [u16; 2] = [443, 6443];
 /// The activator's NetworkPolicy: its gRPC and HTTP ports take calls from anywhere in the cluster
 /// (it stands in for the pools' Services); its admin port only from the peers a pool's own admin
 /// port admits (the namespace, the operator's, the owners' metrics namespaces). Out, it reaches
-/// DNS, the API server (it watches pools and EndpointSlices) and the pools' sidecars, to which it
-/// hands the calls it held; nothing else.
+/// DNS, the API server (it watches pools, EndpointSlices and Services) and the pools' sidecars, to
+/// which it hands the calls it held; nothing else.
 fn network_policy(meta: &ObjectMeta, owners: &[&EmbeddingPool], config: &RenderConfig) -> NetworkPolicy {
     let mut admin_from: Vec<NetworkPolicyPeer> = Vec::new();
     for peer in owners.iter().flat_map(|pool| admin_peers(pool, config)) {
@@ -191,7 +192,13 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
         }),
         ..Deployment::default()
     };
-    let mut rules = vec![read_rule(GROUP, "embeddingpools"), read_rule("discovery.k8s.io", "endpointslices")];
+    // Services: a pool's ClusterIP names the pool of a call whose client dialled the address
+    // rather than the pool's name (the activator stands in behind that address at zero).
+    let mut rules = vec![
+        read_rule(GROUP, "embeddingpools"),
+        read_rule("discovery.k8s.io", "endpointslices"),
+        read_rule("", "services"),
+    ];
     // The key Secrets of the pools it holds calls for, by name: a call without one of a pool's
     // keys is refused before it is held (or wakes the pool). Watched with a field selector on the
     // name, which the API server authorizes as a request for that one Secret.
@@ -275,7 +282,7 @@ mod tests {
     }
 
     #[test]
-    fn the_activator_is_owned_by_every_pool_that_scales_to_zero_and_reads_only_pools_and_slices() {
+    fn the_activator_is_owned_by_every_pool_that_scales_to_zero_and_reads_only_pools_slices_and_services() {
         let (a, b) = (pool("a", 0), pool("b", 0));
         assert!(scales_to_zero(&a) && !scales_to_zero(&pool("c", 1)));
         assert!(render("ml", &[], &RenderConfig::default()).is_none(), "no such pool: no activator");
@@ -285,7 +292,7 @@ mod tests {
         assert!(owners.iter().all(|o| o.controller.is_none()), "no pool controls it alone");
         let rules = activator.role.rules.unwrap();
         let resources: Vec<String> = rules.iter().flat_map(|r| r.resources.clone().unwrap()).collect();
-        assert_eq!(resources, ["embeddingpools", "endpointslices"]);
+        assert_eq!(resources, ["embeddingpools", "endpointslices", "services"]);
         assert!(rules.iter().all(|r| r.verbs == ["get", "list", "watch"]));
         let pod = activator.deployment.spec.unwrap().template.spec.unwrap();
         assert_eq!(pod.node_selector.unwrap()["pool"], "cpu", "placed where the pool may run");
