@@ -10,15 +10,31 @@
 #    /upstream/metrics (TEI's te_* series, relayed), and `teifleet-operator --print-metrics`
 #    (every operator family, one series each, from the operator's own registration);
 # 3. the same check on copies with one name broken each, which must fail: a checker that passes
-#    everything proves nothing.
-# promtool comes from Debian's prometheus package (tests/cluster/prereqs.sh).
+#    everything proves nothing;
+# 4. a real Prometheus server scraping the real binaries with the shipped alert expressions loaded,
+#    and TeifleetShedding seen firing through Prometheus' own HTTP API while a pool sheds under a
+#    burst, after it stayed inactive over the healthy run before it. Prometheus scrapes both
+#    multiplexers' admin /metrics and /upstream/metrics every second and evaluates every second;
+#    it loads a copy of teifleet-rules.yaml in which only the `for:` lines differ, every one
+#    rewritten to `for: 5s` (the shipped 5 to 15 minutes would make a test of that long), and the
+#    script checks that every other line, every expression included, is byte for byte the shipped
+#    file's. The second multiplexer (pool `burst`, 2 in flight and 4 queued in front of a tei-sim
+#    taking 100 ms a call, so about 20 calls a second) gets 5 calls a second from teifleet-load
+#    first, then 200 a second on top, each with a 1 s deadline (not held at the door): its queue
+#    fills and it sheds most of them (shed_queue_full, shed_deadline).
+#    tests/observability/prom.py does the waiting: each wait ends on the state it waits for
+#    (bounded, 60 s), and a wait that fails prints Prometheus' view of the rule, its series and its
+#    targets. The first multiplexer (pool `default`, no burst) must stay without the alert.
+# promtool and prometheus come from Debian's prometheus package (tests/cluster/prereqs.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 rules=deploy/prometheus/teifleet-rules.yaml
 dashboard=deploy/grafana/teifleet.json
 
-command -v promtool >/dev/null || { echo "promtool is missing: run tests/cluster/prereqs.sh (Debian's prometheus package)" >&2; exit 1; }
+for tool in promtool prometheus; do
+    command -v $tool >/dev/null || { echo "$tool is missing: run tests/cluster/prereqs.sh (Debian's prometheus package)" >&2; exit 1; }
+done
 promtool check rules "$rules"
 promtool test rules deploy/prometheus/teifleet-rules.test.yaml
 # The PrometheusRule wrapping (docs/operating.md#alerts) carries the file's groups unchanged.
@@ -29,7 +45,7 @@ diff <(sed -n '/^spec:/,$p' <<<"$wrapped" | tail -n +2 | sed 's/^  //') <(sed -n
     || { echo "prometheusrule.sh does not carry teifleet-rules.yaml's groups unchanged" >&2; exit 1; }
 echo "PrometheusRule wrapping: the rule file's groups, unchanged"
 
-cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-operator --bins
+cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-operator -p teifleet-load --bins
 bin=$root/target/debug
 work=$(mktemp -d)
 pids=()
@@ -41,7 +57,8 @@ cleanup() {
 trap cleanup EXIT
 
 # Ports all different and below the kernel's ephemeral range (as tests/clients/run.sh picks them).
-read -r sim_grpc sim_admin grpc admin http < <(python3 - 5 <<'PY'
+read -r sim_grpc sim_admin grpc admin http burst_sim_grpc burst_sim_admin burst_grpc burst_admin prom \
+    < <(python3 - 10 <<'PY'
 import random, socket, sys
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 held, ports = [], []
@@ -111,3 +128,70 @@ sed 's/sum by (namespace, pool) (rate(teifleet_requests_total{outcome="upstream_
 must_fail "a label a metric does not have in the rules" "teifleet_requests_total has no label 'result'" "$work/wrong-label.yaml"
 sed 's/sum by (namespace, error)/sum by (namespace, reason)/' "$rules" >"$work/wrong-grouping.yaml"
 must_fail "a grouping by a label no metric has in the rules" "label 'reason' is on none of" "$work/wrong-grouping.yaml"
+
+# 4. A real Prometheus, the shipped expressions, one alert fired for real.
+mkdir "$work/prometheus"
+fast=$work/prometheus/teifleet-rules.yaml
+sed -E 's/^( +for: ).+$/\15s/' "$rules" >"$fast"
+diff <(grep -vE '^ +for: ' "$rules") <(grep -vE '^ +for: ' "$fast") \
+    || { echo "the rule copy differs from $rules beyond its for: lines" >&2; exit 1; }
+fors=$(grep -cE '^ +for: ' "$rules")
+[[ $fors -gt 0 && $(grep -cxE ' +for: 5s' "$fast") -eq $fors ]] \
+    || { echo "the rule copy does not have every one of its $fors for: lines at 5s" >&2; exit 1; }
+promtool check rules "$fast" >/dev/null
+echo "rules for Prometheus: $rules with its $fors for: lines at 5s, every other line unchanged"
+
+"$bin/tei-sim" --listen "127.0.0.1:$burst_sim_grpc" --admin-listen "127.0.0.1:$burst_sim_admin" \
+    --fixed-latency 100ms --per-token-latency 0s >"$work/burst-sim.log" 2>&1 &
+pids+=($!)
+"$bin/teifleet-multiplexer" static --pool burst --max-in-flight 2 --max-queued 4 --queue-timeout 2s \
+    --upstream "http://127.0.0.1:$burst_sim_grpc" --tei-metrics "http://127.0.0.1:$burst_sim_admin/metrics" \
+    --listen "127.0.0.1:$burst_grpc" --admin-listen "127.0.0.1:$burst_admin" --drain-delay 0s >"$work/burst-mux.log" 2>&1 &
+pids+=($!)
+# Both multiplexers, as a PodMonitor would find them: `namespace` and `pod` are the target labels.
+cat >"$work/prometheus/prometheus.yml" <<YAML
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+  evaluation_interval: 1s
+rule_files:
+  - $fast
+scrape_configs:
+  - job_name: teifleet-multiplexer
+    static_configs: &pods
+      - targets: ["127.0.0.1:$admin"]
+        labels: {namespace: observability, pod: default-0}
+      - targets: ["127.0.0.1:$burst_admin"]
+        labels: {namespace: observability, pod: burst-0}
+  - job_name: tei
+    metrics_path: /upstream/metrics
+    static_configs: *pods
+YAML
+prometheus --config.file="$work/prometheus/prometheus.yml" --storage.tsdb.path="$work/prometheus/data" \
+    --web.listen-address="127.0.0.1:$prom" >"$work/prometheus.log" 2>&1 &
+pids+=($!)
+promlogs() {
+    logs
+    echo "--- burst multiplexer log" >&2; tail -20 "$work/burst-mux.log" >&2
+    echo "--- prometheus log" >&2; tail -20 "$work/prometheus.log" >&2
+}
+for _ in $(seq 200); do
+    curl -sf "http://127.0.0.1:$burst_admin/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+curl -sf "http://127.0.0.1:$burst_admin/readyz" >/dev/null \
+    || { echo "the burst multiplexer is not ready after 20 s" >&2; promlogs; exit 1; }
+prom_url=http://127.0.0.1:$prom
+tests/observability/prom.py "$prom_url" up 60 || { promlogs; exit 1; }
+
+# Calls with an interactive caller's 1 s deadline: under four queue timeouts, so none waits at the
+# pool's door (docs/admission.md#the-door-back-pressure-before-refusal); the queue answers at once.
+load() { # RATE NAME: teifleet-load at RATE calls a second on the burst pool, until the end
+    "$bin/teifleet-load" --target "http://127.0.0.1:$burst_grpc" --mode open --arrivals constant \
+        --rate "$1" --deadline 1s --requests 1000000 --duration 300s --quiet >"$work/$2.log" 2>&1 &
+    pids+=($!)
+}
+load 5 healthy-load
+tests/observability/prom.py "$prom_url" quiet TeifleetShedding burst 60 || { promlogs; exit 1; }
+load 200 burst-load
+tests/observability/prom.py "$prom_url" firing TeifleetShedding burst 60 || { promlogs; exit 1; }
