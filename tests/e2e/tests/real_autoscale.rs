@@ -11,6 +11,9 @@
 //! - Load gone: back to zero after the stabilization window.
 //! - GPUs exhausted: a GPU pool asked for more replicas than the node has GPUs stops at what fits,
 //!   says `InsufficientGPU`, and does not keep asking.
+//! - By address (a test of its own): calls to a pool's ClusterIP at zero, gRPC and curl, naming
+//!   no pool (`:authority` and `Host` are the address), are held for that pool (not the other
+//!   pool at zero beside it) and answered once its replica is ready.
 //!
 //! Each replica is tei-sim with 200 ms per batch and a share of 4, so it serves about 10 calls a
 //! second: the devices, not the host's two cores, bound the pool. The timings are printed for the
@@ -448,4 +451,70 @@ async fn a_pool_scales_from_zero_with_load_and_back_and_stops_at_the_gpus_it_has
     assert!(held_desired <= gpus, "the autoscaler stopped at the {gpus} GPUs there are: desired {held_desired}");
     assert!(pending <= 1, "at most one pod waits for a GPU, not a pile of them: {pending}");
     assert!(gpu_warnings <= 2, "the GPU shortage is told once, not every reconcile: {gpu_warnings} events");
+}
+
+/// A release of its own, so the test runs alone as well as after the one above.
+const BY_ADDRESS_RELEASE: &str = "tfscaleip";
+
+#[tokio::test]
+async fn calls_to_a_pools_cluster_ip_at_zero_naming_no_pool_are_held_for_it_and_answered_on_real_pods() {
+    let client = admin_client().await;
+    let Some(images) = prerequisites(&client).await else { return };
+    for (tar, _) in images.values() {
+        import_into_real_node(tar);
+    }
+    install_crd(&client).await;
+    let ns = restricted_namespace("real-scale-ip").await;
+    let namespace = ns.name.clone();
+    install_chart(&client, &namespace, BY_ADDRESS_RELEASE).await;
+    let tei_sim = &images["tei-sim"].1;
+
+    // Two pools at zero behind the one activator: the address must tell them apart.
+    let (pool, other) = ("addressed", "beside");
+    create_pool(&client, &namespace, pool, autoscaled(tei_sim, "cpu", 0, 1)).await;
+    create_pool(&client, &namespace, other, autoscaled(tei_sim, "cpu", 0, 1)).await;
+    wait_at_zero_behind_the_activator(&client, &namespace, pool).await;
+    wait_at_zero_behind_the_activator(&client, &namespace, other).await;
+
+    // Dialled as an address: `:authority` is `<ClusterIP>:50051`, and no pool metadata.
+    let service = service_addr(&client, &namespace, pool).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{service}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect_lazy();
+    let started = Instant::now();
+    let unary = tokio::spawn(async move {
+        let answer =
+            EmbedClient::new(channel).embed(request("to the ClusterIP".into(), Duration::from_secs(180))).await;
+        (answer.map(drop), started.elapsed())
+    });
+    // curl to the address: `Host: <ClusterIP>:8000`.
+    let http = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("curl")
+            .args(["-sS", "--fail", "--max-time", "180"])
+            .args(["-H", "content-type: application/json", "-d", r#"{"inputs":"curl to the ClusterIP"}"#])
+            .arg(format!("http://{}:{}/embed", service.ip(), teifleet_wire::ports::MULTIPLEXER_HTTP))
+            .output()
+            .expect("curl runs")
+    });
+
+    let (unary, waited) = unary.await.unwrap();
+    let http = http.await.unwrap();
+    let api = Api::<EmbeddingPool>::namespaced(client.clone(), &namespace);
+    let beside = api.get(other).await.unwrap();
+    println!(
+        "by address: the gRPC call to {service} was answered after {waited:?}; the pool beside it desired {:?}",
+        desired(&beside)
+    );
+    let (ok, output) = helm(&["uninstall", BY_ADDRESS_RELEASE, "-n", &namespace, "--wait", "--timeout", "60s"]);
+    assert!(ok, "{output}");
+
+    unary.expect("the gRPC call to the pool's ClusterIP is held and answered");
+    assert!(http.status.success(), "curl to the ClusterIP: {}", String::from_utf8_lossy(&http.stderr));
+    assert!(String::from_utf8_lossy(&http.stdout).starts_with("[["), "embeddings: {:?}", http.stdout);
+    assert_eq!(
+        (desired(&beside), ready(&beside)),
+        (Some(0), 0),
+        "the calls woke the pool whose address they dialled, not the other"
+    );
 }
