@@ -133,13 +133,17 @@ must_fail "a grouping by a label no metric has in the rules" "label 'reason' is 
 mkdir "$work/prometheus"
 fast=$work/prometheus/teifleet-rules.yaml
 sed -E 's/^( +for: ).+$/\15s/' "$rules" >"$fast"
-diff <(grep -vE '^ +for: ' "$rules") <(grep -vE '^ +for: ' "$fast") \
-    || { echo "the rule copy differs from $rules beyond its for: lines" >&2; exit 1; }
+same_but_for() { diff <(grep -vE '^ +for: ' "$rules") <(grep -vE '^ +for: ' "$1"); }
+same_but_for "$fast" || { echo "the rule copy differs from $rules beyond its for: lines" >&2; exit 1; }
+# Its self-test: a copy with one threshold changed must not pass for the shipped rules.
+sed 's/> 0\.05$/> 0.5/' "$fast" >"$work/prometheus/edited.yaml"
+! same_but_for "$work/prometheus/edited.yaml" >/dev/null \
+    || { echo "the check that the rule copy is the shipped file missed a changed threshold" >&2; exit 1; }
 fors=$(grep -cE '^ +for: ' "$rules")
 [[ $fors -gt 0 && $(grep -cxE ' +for: 5s' "$fast") -eq $fors ]] \
     || { echo "the rule copy does not have every one of its $fors for: lines at 5s" >&2; exit 1; }
 promtool check rules "$fast" >/dev/null
-echo "rules for Prometheus: $rules with its $fors for: lines at 5s, every other line unchanged"
+echo "rules for Prometheus: $rules with its $fors for: lines at 5s, every other line unchanged (self-test: a changed threshold caught)"
 
 "$bin/tei-sim" --listen "127.0.0.1:$burst_sim_grpc" --admin-listen "127.0.0.1:$burst_sim_admin" \
     --fixed-latency 100ms --per-token-latency 0s >"$work/burst-sim.log" 2>&1 &
