@@ -178,6 +178,8 @@ async fn a_call_to_a_pools_service_address_is_held_for_that_pool_without_naming_
     let elsewhere = EmbedClient::new(endpoint.origin("http://10.96.0.99:50051".parse().unwrap()).connect_lazy());
 
     let unknown = elsewhere.clone().embed(embed_request("no pool's address")).await.unwrap_err();
+    // Refused at once (today UNAVAILABLE, "pool  has no limits yet": the table's answer to a call
+    // naming no pool), never held as any pool's.
     assert_ne!(unknown.code(), tonic::Code::Ok);
     assert_eq!(held(&activations), 0, "an address no pool's Service has is not held: {unknown:?}");
 
