@@ -15,11 +15,11 @@
 //! name the client dialled (gRPC's `:authority`, HTTP's `Host`): `<pool>`, `<pool>.<namespace>`,
 //! `<pool>.<namespace>.svc[.cluster.local]`, with any port; or, when the client dialled an address
 //! (`10.96.0.12:50051`, `[fd00::c]:8000`), the pool whose Service has that ClusterIP
-//! ([`set_pool_addresses`], kept from the namespace's Services by the activator's watch).
+//! ([`PoolNaming`], its addresses kept from the namespace's Services by the activator's watch).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Uri};
@@ -194,29 +194,69 @@ impl Activations {
     }
 }
 
-/// The pools' Service addresses (ClusterIPs), by the activator namespace they are in. Kept for the
-/// whole process rather than by the server: the fronts name a call's pool knowing only the
-/// activator's namespace (`Settings::pool_from_authority`), and the Services' watch sets the map
-/// from outside the server. One activator serves one namespace; tests in one process use several.
-static POOL_ADDRESSES: RwLock<BTreeMap<String, Arc<BTreeMap<IpAddr, String>>>> = RwLock::new(BTreeMap::new());
-
-/// From now on a call to an address in `addresses` that names no pool is for the pool given there
-/// (the pools of `namespace`, whose Services have those ClusterIPs); an empty map forgets them.
-pub fn set_pool_addresses(namespace: &str, addresses: BTreeMap<IpAddr, String>) {
-    let addresses: BTreeMap<IpAddr, String> =
-        addresses.into_iter().map(|(address, pool)| (address.to_canonical(), pool)).collect();
-    let mut all = POOL_ADDRESSES.write().unwrap_or_else(PoisonError::into_inner);
-    if addresses.is_empty() {
-        all.remove(namespace);
-    } else {
-        all.insert(namespace.to_owned(), Arc::new(addresses));
-    }
+/// How the activator names the pool of a call that names none: from what its client dialled,
+/// among the pools of its namespace. One per activator, shared by both fronts (which read it for
+/// every call) and the Services' watch (which keeps the pools' addresses current).
+#[derive(Debug)]
+pub struct PoolNaming {
+    namespace: String,
+    /// The pools' Service addresses (ClusterIPs), canonical, each with its pool.
+    addresses: RwLock<BTreeMap<IpAddr, String>>,
 }
 
-/// The pool of `namespace` whose Service has the address `address`.
-fn pool_at(namespace: &str, address: IpAddr) -> Option<String> {
-    let all = POOL_ADDRESSES.read().unwrap_or_else(PoisonError::into_inner);
-    all.get(namespace)?.get(&address.to_canonical()).cloned()
+impl PoolNaming {
+    /// Naming the pools of `namespace`; no address leads to a pool until [`Self::set_addresses`].
+    pub fn new(namespace: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), addresses: RwLock::default() }
+    }
+
+    /// The namespace whose pools are named.
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// From now on a call to an address in `addresses` that names no pool is for the pool given
+    /// there (the pools whose Services have those ClusterIPs); an empty map forgets them all.
+    pub fn set_addresses(&self, addresses: BTreeMap<IpAddr, String>) {
+        let addresses = addresses.into_iter().map(|(address, pool)| (address.to_canonical(), pool)).collect();
+        *self.addresses.write().unwrap_or_else(PoisonError::into_inner) = addresses;
+    }
+
+    /// The pool whose Service has the address `address`.
+    fn pool_at(&self, address: IpAddr) -> Option<String> {
+        self.addresses.read().unwrap_or_else(PoisonError::into_inner).get(&address.to_canonical()).cloned()
+    }
+
+    /// Names the pool a call is for from the name its client dialled, or the pool Service address
+    /// it dialled, unless it names one itself.
+    pub fn name_pool(&self, headers: &mut HeaderMap, uri: &Uri) {
+        if headers.contains_key(POOL) || headers.contains_key(MODEL) {
+            return;
+        }
+        let Some(host) = dialled_host(headers, uri) else { return };
+        let pool = match address_of(&host) {
+            Some(address) => match self.pool_at(address) {
+                Some(pool) => pool,
+                // Not a pool's Service address (the activator's own pod address, say): the call
+                // names no pool, and is not found (`Error::NoPoolNamed`).
+                None => return,
+            },
+            None if host.starts_with('[') => return,
+            None => {
+                let mut labels = host.split('.');
+                let Some(pool) = labels.next() else { return };
+                if let Some(other) = labels.next()
+                    && other != self.namespace
+                {
+                    return;
+                }
+                pool.to_owned()
+            }
+        };
+        if let Ok(value) = HeaderValue::from_str(&pool) {
+            headers.insert(POOL, value);
+        }
+    }
 }
 
 /// What the client dialled: the URI's authority (gRPC, HTTP/2) or the `Host` header (HTTP/1.1),
@@ -247,67 +287,32 @@ fn address_of(host: &str) -> Option<IpAddr> {
     bare.parse().ok()
 }
 
-/// Names the pool a call is for from the name its client dialled, or the pool Service address it
-/// dialled, unless it names one itself.
-pub fn name_pool_from_authority(headers: &mut HeaderMap, uri: &Uri, namespace: &str) {
-    if headers.contains_key(POOL) || headers.contains_key(MODEL) {
-        return;
-    }
-    let Some(host) = dialled_host(headers, uri) else { return };
-    let pool = match address_of(&host) {
-        Some(address) => match pool_at(namespace, address) {
-            Some(pool) => pool,
-            // Not a pool's Service address (the activator's own pod address, say): the call must
-            // name its pool.
-            None => return,
-        },
-        None if host.starts_with('[') => return,
-        None => {
-            let mut labels = host.split('.');
-            let Some(pool) = labels.next() else { return };
-            if let Some(other) = labels.next()
-                && other != namespace
-            {
-                return;
-            }
-            pool.to_owned()
-        }
-    };
-    if let Ok(value) = HeaderValue::from_str(&pool) {
-        headers.insert(POOL, value);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn pool_named(uri: &str, host: Option<&str>) -> Option<String> {
-        pool_named_in("ml", uri, host)
+        pool_named_by(&PoolNaming::new("ml"), uri, host)
     }
 
-    fn pool_named_in(namespace: &str, uri: &str, host: Option<&str>) -> Option<String> {
+    fn pool_named_by(naming: &PoolNaming, uri: &str, host: Option<&str>) -> Option<String> {
         let mut headers = HeaderMap::new();
         if let Some(host) = host {
             headers.insert(http::header::HOST, host.parse().unwrap());
         }
-        name_pool_from_authority(&mut headers, &uri.parse().unwrap(), namespace);
+        naming.name_pool(&mut headers, &uri.parse().unwrap());
         headers.get(POOL).map(|v| v.to_str().unwrap().to_owned())
     }
 
     #[test]
     fn a_pool_is_the_one_whose_service_address_the_client_dialled() {
-        // A namespace of its own: the map is the process's, and other tests run beside this one.
-        let ns = "dialled-addresses";
-        set_pool_addresses(
-            ns,
-            BTreeMap::from([
-                ("10.96.0.12".parse().unwrap(), "bge".to_owned()),
-                ("fd00:10:96::c".parse().unwrap(), "bge".to_owned()),
-                ("10.96.0.13".parse().unwrap(), "gte".to_owned()),
-            ]),
-        );
-        let named = |uri: &str, host: Option<&str>| pool_named_in(ns, uri, host);
+        let naming = PoolNaming::new("ml");
+        naming.set_addresses(BTreeMap::from([
+            ("10.96.0.12".parse().unwrap(), "bge".to_owned()),
+            ("fd00:10:96::c".parse().unwrap(), "bge".to_owned()),
+            ("10.96.0.13".parse().unwrap(), "gte".to_owned()),
+        ]));
+        let named = |uri: &str, host: Option<&str>| pool_named_by(&naming, uri, host);
         assert_eq!(named("http://10.96.0.12:50051/tei.v1.Embed/Embed", None).as_deref(), Some("bge"));
         assert_eq!(named("http://10.96.0.13/x", None).as_deref(), Some("gte"), "any port, or none");
         assert_eq!(named("http://[fd00:10:96::c]:50051/x", None).as_deref(), Some("bge"), "IPv6");
@@ -320,17 +325,17 @@ mod tests {
         assert_eq!(named("/embed", Some("[::ffff:10.96.0.12]:8000")).as_deref(), Some("bge"), "IPv4 as IPv6");
         assert_eq!(named("http://10.96.0.99:50051/x", None), None, "no pool's address");
         assert_eq!(named("/embed", Some("[fd00:10:96::d]:8000")), None, "no pool's address");
-        assert_eq!(pool_named("http://10.96.0.12:50051/x", None), None, "another namespace's addresses");
+        assert_eq!(pool_named("http://10.96.0.12:50051/x", None), None, "another activator's addresses");
         assert_eq!(named("http://bge:50051/x", None).as_deref(), Some("bge"), "names still name");
         let mut named_call = HeaderMap::new();
         named_call.insert(POOL, "gte".parse().unwrap());
-        name_pool_from_authority(&mut named_call, &"http://10.96.0.12/x".parse().unwrap(), ns);
+        naming.name_pool(&mut named_call, &"http://10.96.0.12/x".parse().unwrap());
         assert_eq!(named_call.get(POOL).unwrap(), "gte", "a pool the call names wins");
 
-        set_pool_addresses(ns, BTreeMap::from([("10.96.0.13".parse().unwrap(), "bge".to_owned())]));
+        naming.set_addresses(BTreeMap::from([("10.96.0.13".parse().unwrap(), "bge".to_owned())]));
         assert_eq!(named("http://10.96.0.12/x", None), None, "a Service gone takes its address along");
         assert_eq!(named("http://10.96.0.13/x", None).as_deref(), Some("bge"), "an address handed on");
-        set_pool_addresses(ns, BTreeMap::new());
+        naming.set_addresses(BTreeMap::new());
         assert_eq!(named("http://10.96.0.13/x", None), None);
     }
 
@@ -344,7 +349,7 @@ mod tests {
         assert_eq!(pool_named("http://10.0.0.7:50051/x", None), None, "an address no pool's Service has names nothing");
         let mut named = HeaderMap::new();
         named.insert(POOL, "gte".parse().unwrap());
-        name_pool_from_authority(&mut named, &"http://bge/x".parse().unwrap(), "ml");
+        PoolNaming::new("ml").name_pool(&mut named, &"http://bge/x".parse().unwrap());
         assert_eq!(named.get(POOL).unwrap(), "gte", "a pool the call names wins");
     }
 

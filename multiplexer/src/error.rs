@@ -57,6 +57,13 @@ pub enum Error {
     #[error("pool {0} has no limits yet (waiting for its EmbeddingPool status)")]
     PoolNotReady(String),
 
+    /// At the activator, a call that names no pool, by a header or by what its client dialled:
+    /// no pool's to hold, and no retry will make it one.
+    #[error(
+        "the call names no pool: dial the pool's Service by its name or address, or name the pool in x-teifleet-pool"
+    )]
+    NoPoolNamed,
+
     #[error("the multiplexer is shutting down")]
     Draining,
 
@@ -147,7 +154,7 @@ impl Error {
             Self::SpillRefused { .. } => ErrorKind::Shed(Shed::QueueFull),
             Self::InvalidPriority(_) | Self::InvalidMetadata(_) | Self::SlowMessage { .. } => ErrorKind::InvalidRequest,
             Self::Message(status) => refused_message(status.code()).map_or(ErrorKind::InvalidRequest, |(kind, _)| kind),
-            Self::UnknownPool { .. } | Self::UnknownModel { .. } => ErrorKind::NotFound,
+            Self::UnknownPool { .. } | Self::UnknownModel { .. } | Self::NoPoolNamed => ErrorKind::NotFound,
             Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,
             Self::PoolNotReady(_) | Self::Draining | Self::ColdStart { .. } => ErrorKind::Unavailable,
             Self::Unreachable { .. } => ErrorKind::Unreachable,

@@ -324,14 +324,16 @@ async fn run(source: Source) -> anyhow::Result<()> {
     }
     // The API-key gate of the own pool; its keys come from the same source as the pools.
     let gate_for = |pool: &str, policy| Gate::new(pool, &metrics.registry, policy).map(Arc::new);
-    let mut pool_from_authority = None;
+    let mut pool_naming = None;
     let (table, gate, serve) = match source {
         Source::Activator { namespace, max_held_per_pool, serve } => {
             let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
             let activations = Arc::new(teifleet_multiplexer::activator::Activations::new(max_held_per_pool));
             let table = Arc::new(PoolTable::activator(metrics.clone(), activations));
-            tokio::spawn(sources::activator::watch(client, namespace.clone(), table.clone(), helpers.clone()));
-            pool_from_authority = Some(namespace);
+            // Read by both fronts for each call, kept by the watch from the pools' Services.
+            let naming = Arc::new(teifleet_multiplexer::activator::PoolNaming::new(namespace));
+            tokio::spawn(sources::activator::watch(client, naming.clone(), table.clone(), helpers.clone()));
+            pool_naming = Some(naming);
             // Keys are the pools' sidecars' to check: a call carries its key to them.
             (table, Arc::new(Gate::off()), serve)
         }
@@ -427,7 +429,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         drain_timeout: serve.drain_timeout,
         tei_metrics: tei_metrics_url(serve.tei_metrics.as_deref())?,
         tls: certificates.tls().clone(),
-        pool_from_authority,
+        pool_naming,
         ..Settings::default()
     };
     let running = server::start(settings, table, metrics).await?;

@@ -186,9 +186,11 @@ impl PoolTable {
     }
 
     /// Picks the pool for a request. A request some multiplexer already forwarded may only be
-    /// served by a pool whose upstream is its own TEI, never forwarded again.
+    /// served by a pool whose upstream is its own TEI, never forwarded again. At the activator
+    /// (no own pool) a request that names none is not found: no pool's status will make it one.
     pub fn resolve(&self, target: &Target, forwarded_by: Option<&str>) -> Result<Arc<Pool>> {
         let pool = match target {
+            Target::Own if self.activations.is_some() => return Err(Error::NoPoolNamed),
             Target::Own => self.get(&self.own).ok_or_else(|| Error::PoolNotReady(self.own.clone()))?,
             Target::Pool(name) => {
                 self.get(name).ok_or_else(|| Error::UnknownPool { requested: name.clone(), known: self.known() })?
@@ -292,5 +294,20 @@ mod tests {
         let table = PoolTable::new("bge", Metrics::new());
         table.sync(vec![PoolSpec { limits: None, ..spec("bge", "m", false, 1) }]).unwrap();
         assert!(matches!(table.resolve(&Target::Own, None), Err(Error::PoolNotReady(_))));
+    }
+
+    #[tokio::test]
+    async fn at_the_activator_a_call_naming_no_pool_is_not_found_and_a_named_pool_not_ready_is_unavailable() {
+        let activations = Arc::new(Activations::default());
+        activations.sync(&[("bge".into(), Duration::from_secs(10))]);
+        let table = PoolTable::activator(Metrics::new(), activations);
+        let bge = PoolSpec { upstream: "activated://bge".into(), limits: None, ..spec("bge", "m", true, 1) };
+        table.sync(vec![bge]).unwrap();
+        let unnamed = table.resolve(&Target::Own, None).err().unwrap();
+        assert!(matches!(unnamed, Error::NoPoolNamed), "{unnamed}");
+        assert_eq!(unnamed.code(), tonic::Code::NotFound, "no retry makes it a pool's");
+        let waiting = table.resolve(&Target::Pool("bge".into()), None).err().unwrap();
+        assert!(matches!(waiting, Error::PoolNotReady(_)), "{waiting}");
+        assert_eq!(waiting.code(), tonic::Code::Unavailable, "its status is on its way");
     }
 }

@@ -187,6 +187,7 @@ mod tests {
             ),
             (Error::InvalidMetadata(InvalidMetadata { header: "x", reason: "y".into() }), Code::InvalidArgument),
             (Error::UnknownPool { requested: "a".into(), known: "b".into() }, Code::NotFound),
+            (Error::NoPoolNamed, Code::NotFound),
             (Error::ForwardingLoop { by: "pod".into() }, Code::FailedPrecondition),
             (Error::Draining, Code::Unavailable),
             (Error::Auth(AuthFailure::InvalidKey), Code::Unauthenticated),

@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic_health::server::HealthReporter;
 
+use crate::activator::PoolNaming;
 use crate::admission::memory::{MemoryBudget, MemorySettings};
 use crate::forward::Forwarder;
 use crate::forward::pools::PoolTable;
@@ -64,9 +65,10 @@ pub struct Settings {
     /// TLS on the gRPC and HTTP ports (plain text while off); a source changes it live. Calls to
     /// `https://` upstreams use the same certificate set (`PoolTable::with_dialer`).
     pub tls: Arc<ServerTls>,
-    /// The activator role, in this namespace: a call that names no pool is for the pool whose
-    /// name its client dialled (`crate::activator`).
-    pub pool_from_authority: Option<String>,
+    /// The activator role: a call that names no pool is for the pool of the naming's namespace
+    /// whose Service name or address its client dialled (`crate::activator::PoolNaming`, kept
+    /// current by the activator's source).
+    pub pool_naming: Option<Arc<PoolNaming>>,
     /// The process's memory budget (`crate::admission::memory`).
     pub memory: MemorySettings,
     /// How many calls the pools' doors hold, and how long (`crate::gate::door`).
@@ -131,7 +133,7 @@ impl Default for Settings {
             tei_metrics: None,
             bounds: InputBounds::default(),
             tls: Arc::new(ServerTls::off()),
-            pool_from_authority: None,
+            pool_naming: None,
             memory: MemorySettings::default(),
             door: DoorSettings::default(),
         }
@@ -241,7 +243,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let dispatch = Dispatch::new(
         |rpc| RpcService::new(rpc, forwarder.clone(), gate.clone(), body_timeout, door.clone()),
         routes,
-        settings.pool_from_authority.clone(),
+        settings.pool_naming.clone(),
         memory.clone(),
         Arc::new(metrics.refusal_counter(Protocol::Grpc.as_str())),
     );
@@ -279,8 +281,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             memory.clone(),
             door.clone(),
         );
-        if let Some(namespace) = settings.pool_from_authority.clone() {
-            app = app.layer(name_pool_from_authority(namespace));
+        if let Some(naming) = settings.pool_naming.clone() {
+            app = app.layer(name_pool_from_authority(naming));
         }
         let stopped = server_stop.clone().cancelled_owned();
         // Small: an HTTP/2 stream is one whole request, its body buffered, where a gRPC stream's
@@ -335,13 +337,13 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     Ok(Running { grpc_addr, admin_addr, http_addr, forwarder, readiness, metrics, memory, stop, task })
 }
 
-/// The activator's layer naming each call's pool from the name its client dialled.
+/// The activator's layer naming each call's pool from the name or address its client dialled.
 fn name_pool_from_authority<B>(
-    namespace: String,
+    naming: Arc<PoolNaming>,
 ) -> tower::util::MapRequestLayer<impl Fn(http::Request<B>) -> http::Request<B> + Clone> {
     tower::util::MapRequestLayer::new(move |mut request: http::Request<B>| {
         let uri = request.uri().clone();
-        crate::activator::name_pool_from_authority(request.headers_mut(), &uri, &namespace);
+        naming.name_pool(request.headers_mut(), &uri);
         request
     })
 }

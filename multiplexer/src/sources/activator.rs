@@ -20,6 +20,7 @@ use teifleet_crds::EmbeddingPool;
 use teifleet_crds::duration::parse_duration;
 use tokio_util::sync::CancellationToken;
 
+use crate::activator::PoolNaming;
 use crate::admission::Limits;
 use crate::forward::pools::{PoolSpec, PoolTable};
 use crate::gate::auth::{Gate, Policy};
@@ -149,10 +150,11 @@ impl KeyWatches {
     }
 }
 
-/// Keeps `table` and `activations` in step with the namespace's pools and their ready replicas
-/// until `stop`.
-pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, stop: CancellationToken) {
+/// Keeps `table` and `activations` in step with the pools of `naming`'s namespace and their ready
+/// replicas, and `naming` with their Services' addresses, until `stop`.
+pub async fn watch(client: Client, naming: Arc<PoolNaming>, table: Arc<PoolTable>, stop: CancellationToken) {
     let Some(activations) = table.activations().cloned() else { return };
+    let namespace = naming.namespace().to_owned();
     let mut keys = KeyWatches::default();
     let pools_api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
     let slices_api: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
@@ -179,7 +181,7 @@ pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, sto
         };
         match step {
             Step::Stop => {
-                crate::activator::set_pool_addresses(&namespace, BTreeMap::new());
+                naming.set_addresses(BTreeMap::new());
                 return;
             }
             Step::Nothing => continue,
@@ -220,7 +222,7 @@ pub async fn watch(client: Client, namespace: String, table: Arc<PoolTable>, sto
             tracing::warn!(%error, "could not apply the namespace's pools");
         }
         // After the table: an address leads only to pools the table has.
-        crate::activator::set_pool_addresses(&namespace, pool_addresses(&services.state(), &live));
+        naming.set_addresses(pool_addresses(&services.state(), &live));
     }
 }
 

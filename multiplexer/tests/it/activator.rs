@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use teifleet_multiplexer::activator::{Activations, set_pool_addresses};
+use teifleet_multiplexer::activator::{Activations, PoolNaming};
 use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::gate::auth::{Gate, KeyRing, Policy};
 use teifleet_multiplexer::report::metrics::Metrics;
@@ -28,12 +28,13 @@ async fn activator(hold: Duration) -> (Running, Arc<Activations>) {
 
 /// The same, with `configure` run on its pool table before it starts.
 async fn activator_with(hold: Duration, configure: impl FnOnce(&PoolTable)) -> (Running, Arc<Activations>) {
-    activator_in("ml", hold, configure).await
+    activator_naming(Arc::new(PoolNaming::new("ml")), hold, configure).await
 }
 
-/// The same, for pool `bge` of `namespace`.
-async fn activator_in(
-    namespace: &str,
+/// The same, naming calls' pools by `naming` (whose addresses a test sets as the Services' watch
+/// would).
+async fn activator_naming(
+    naming: Arc<PoolNaming>,
     hold: Duration,
     configure: impl FnOnce(&PoolTable),
 ) -> (Running, Arc<Activations>) {
@@ -55,7 +56,7 @@ async fn activator_in(
     configure(&table);
     let settings = Settings {
         http_listen: Some("127.0.0.1:0".parse().unwrap()),
-        pool_from_authority: Some(namespace.into()),
+        pool_naming: Some(naming),
         ..Settings::default()
     };
     (server::start(settings, table, metrics).await.expect("the activator starts"), activations)
@@ -164,13 +165,12 @@ async fn a_keyed_pools_calls_without_one_of_its_keys_are_refused_not_held() {
 
 #[tokio::test]
 async fn a_call_to_a_pools_service_address_is_held_for_that_pool_without_naming_it() {
-    // A namespace of its own: the pools' addresses are the process's, and other tests run beside.
-    const NAMESPACE: &str = "by-address";
-    let (activator, activations) = activator_in(NAMESPACE, Duration::from_secs(30), |_| {}).await;
+    let naming = Arc::new(PoolNaming::new("ml"));
+    let (activator, activations) = activator_naming(naming.clone(), Duration::from_secs(30), |_| {}).await;
     // What the Services' watch keeps: here the activator's own loopback address stands for the
     // pool's IPv4 ClusterIP (the client dials it as it is), and fd00:10:96::c for an IPv6 one.
     let ipv6: IpAddr = "fd00:10:96::c".parse().unwrap();
-    set_pool_addresses(NAMESPACE, BTreeMap::from([(Ipv4Addr::LOCALHOST.into(), "bge".into()), (ipv6, "bge".into())]));
+    naming.set_addresses(BTreeMap::from([(Ipv4Addr::LOCALHOST.into(), "bge".into()), (ipv6, "bge".into())]));
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", activator.grpc_addr)).unwrap();
     let by_address = EmbedClient::new(endpoint.clone().connect_lazy());
     let by_ipv6 =
@@ -178,10 +178,11 @@ async fn a_call_to_a_pools_service_address_is_held_for_that_pool_without_naming_
     let elsewhere = EmbedClient::new(endpoint.origin("http://10.96.0.99:50051".parse().unwrap()).connect_lazy());
 
     let unknown = elsewhere.clone().embed(embed_request("no pool's address")).await.unwrap_err();
-    // Refused at once (today UNAVAILABLE, "pool  has no limits yet": the table's answer to a call
-    // naming no pool), never held as any pool's.
-    assert_ne!(unknown.code(), tonic::Code::Ok);
     assert_eq!(held(&activations), 0, "an address no pool's Service has is not held: {unknown:?}");
+    // Not found, not UNAVAILABLE: a retry would not make the call any pool's.
+    assert_eq!(unknown.code(), tonic::Code::NotFound, "{unknown:?}");
+    assert!(unknown.message().contains("x-teifleet-pool"), "says how to name the pool: {unknown:?}");
+    assert!(unknown.metadata().get("grpc-retry-pushback-ms").is_none(), "{unknown:?}");
 
     let unary = spawn_embed(&by_address, embed_request("to the ClusterIP"));
     let bracketed = spawn_embed(&by_ipv6, embed_request("to the IPv6 ClusterIP"));
@@ -199,5 +200,38 @@ async fn a_call_to_a_pools_service_address_is_held_for_that_pool_without_naming_
     assert_eq!(http.await.unwrap().status, 200);
     let served = metric_sum(&metrics_text(&replica), "teifleet_requests_total", &[("outcome", "ok")]);
     assert_eq!(served, 3.0, "the pool's replica served them");
-    set_pool_addresses(NAMESPACE, BTreeMap::new());
+}
+
+#[tokio::test]
+async fn a_call_naming_no_pool_is_not_found_and_one_for_a_pool_not_described_yet_is_unavailable() {
+    // No address is any pool's: a call to the activator's own address names nothing.
+    let (activator, activations) = activator(Duration::from_secs(30)).await;
+    let http_addr = activator.http_addr.unwrap();
+    let unnamed = request(http_addr, "POST", "/embed", &[], br#"{"inputs":"to the pod IP"}"#).await;
+    assert_eq!(unnamed.status, 404, "{}", unnamed.body);
+    assert_eq!(unnamed.body["error_type"], "Validation", "TEI's error shape: {}", unnamed.body);
+    let message = unnamed.body["error"].as_str().unwrap();
+    assert!(message.contains("Service") && message.contains("x-teifleet-pool"), "{message}");
+    assert_eq!(unnamed.header("retry-after"), None, "no retry makes it a pool's");
+    assert_eq!(held(&activations), 0);
+
+    // A pool named while its EmbeddingPool status (its limits) is not there yet: retry shortly.
+    let (waiting, waiting_activations) = activator_with(Duration::from_secs(30), |table| {
+        table
+            .sync(vec![PoolSpec {
+                name: "bge".into(),
+                model: Some(MODEL.into()),
+                upstream: "activated://bge".into(),
+                limits: None,
+                remote: true,
+                coalesce: false,
+                tenants: BTreeMap::new(),
+            }])
+            .unwrap();
+    })
+    .await;
+    let status = dialling_the_pool(&waiting).embed(embed_request("too early")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains("no limits yet"), "{status:?}");
+    assert_eq!(held(&waiting_activations), 0);
 }

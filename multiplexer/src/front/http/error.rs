@@ -298,6 +298,17 @@ mod tests {
         assert_eq!(answer.message, "upstream bge is unreachable");
     }
 
+    /// At the activator, a request naming no pool is 404 in TEI's shape, with no retry hint.
+    #[test]
+    fn a_call_naming_no_pool_is_404_not_a_retry() {
+        let response = HttpError::Call(Error::NoPoolNamed).into_response(Flavor::Tei);
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+        assert!(!response.headers().contains_key(header::RETRY_AFTER));
+        let answer = HttpError::Call(Error::NoPoolNamed);
+        assert_eq!(answer.answer().error_type, ErrorType::Validation);
+        assert!(answer.answer().message.contains("x-teifleet-pool"), "{}", answer.answer().message);
+    }
+
     /// What TEI 1.9's HTTP server answers for each of its error types, given what its gRPC
     /// server answers for the same error.
     #[test]

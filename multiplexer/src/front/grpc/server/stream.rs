@@ -24,6 +24,7 @@ use http_body_util::BodyExt as _;
 use tonic::Status;
 use tower::ServiceExt as _;
 
+use crate::activator::PoolNaming;
 use crate::admission::memory::{Charge, MemoryBudget, OverBudget, Use};
 use crate::error::Error;
 use crate::front::grpc::connections::ConnectionInfo;
@@ -53,8 +54,8 @@ pub struct Dispatch {
     /// One per row of [`RPCS`], in its order.
     rpcs: Arc<[RpcService]>,
     routes: tonic::service::Routes,
-    /// The activator role's namespace: a call naming no pool is for the pool its client dialled.
-    pool_from_authority: Option<Arc<str>>,
+    /// The activator role's naming: a call naming no pool is for the pool its client dialled.
+    pool_naming: Option<Arc<PoolNaming>>,
     /// The process's memory budget every RPC's stream is charged to.
     memory: Arc<MemoryBudget>,
     /// Counts a stream refused for memory.
@@ -66,17 +67,11 @@ impl Dispatch {
     pub fn new(
         rpc_service: impl Fn(&'static crate::vocab::rpc::Rpc) -> RpcService,
         routes: tonic::service::Routes,
-        pool_from_authority: Option<String>,
+        pool_naming: Option<Arc<PoolNaming>>,
         memory: Arc<MemoryBudget>,
         refused: Arc<dyn Fn(&'static str) + Send + Sync>,
     ) -> Self {
-        Self {
-            rpcs: RPCS.iter().map(rpc_service).collect(),
-            routes: routes.prepare(),
-            pool_from_authority: pool_from_authority.map(Arc::from),
-            memory,
-            refused,
-        }
+        Self { rpcs: RPCS.iter().map(rpc_service).collect(), routes: routes.prepare(), pool_naming, memory, refused }
     }
 
     /// The charge of a new stream on `path`: none for health and reflection (small, and what
@@ -95,9 +90,9 @@ impl Dispatch {
     }
 
     fn call(&self, mut request: http::Request<RequestBody>, connection: &ConnectionInfo) -> BoxFuture<'static, Answer> {
-        if let Some(namespace) = &self.pool_from_authority {
+        if let Some(naming) = &self.pool_naming {
             let uri = request.uri().clone();
-            crate::activator::name_pool_from_authority(request.headers_mut(), &uri, namespace);
+            naming.name_pool(request.headers_mut(), &uri);
         }
         match RPCS.iter().position(|rpc| rpc.path == request.uri().path()) {
             Some(row) => self.rpcs[row].call(request, connection),
