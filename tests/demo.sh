@@ -324,17 +324,6 @@ else
   echo "  pods changed after the patch!" >&2; echo "$restarts_before" >&2; restarts >&2; exit 1
 fi
 
-heading "10/11  Over-asking for GPUs: $((REAL_NODE_GPUS + 1)) replicas on $REAL_NODE_NAME's $REAL_NODE_GPUS GPUs" \
-  "Ready=False, reason InsufficientGPU, naming the GPU type; the running replicas keep serving"
-show kubectl scale epool "$POOL" -n "$NS" --replicas=$((REAL_NODE_GPUS + 1))
-kubectl wait -n "$NS" --for=jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'=InsufficientGPU \
-  "embeddingpool/$POOL" --timeout=60s >/dev/null
-show kubectl get epool -n "$NS"
-show kubectl get pods -n "$NS" -o wide
-pool_conditions
-kubectl get events -n "$NS" --field-selector involvedObject.kind=EmbeddingPool | tail -n 4
-show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency 4 --requests 40 --connections 4
-
 JOB=corpus JOB_ROWS="${DEMO_JOB_ROWS:-6000}"
 JOB_DIR="$RUN/job"
 job_state() { kubectl get embeddingjob "$JOB" -n "$NS" -o jsonpath='{.status.conditions[?(@.status=="True")].type}'; }
@@ -388,7 +377,7 @@ spec:
   output: {store: {pvc: {claimName: vectors}}}
   workers: 2
   shardBytes: 64Ki
-  rowsPerCall: 64
+  rowsPerCall: 32
   template:
     nodeSelector: {kubernetes.io/hostname: $REAL_NODE_NAME}
     tolerations: [{key: $REAL_NODE_TAINT_KEY, operator: Exists, effect: NoSchedule}]
@@ -397,7 +386,9 @@ YAML
 job_started=$(now_ms)
 kubectl apply -n "$NS" -f "$RUN/$JOB.yaml" >/dev/null
 printf '\033[2m$ kubectl get embeddingjob %s -n %s -w\033[0m   (each line stamped with the time it came)\n' "$JOB" "$NS"
-kubectl get embeddingjob "$JOB" -n "$NS" -w > >(while IFS= read -r line; do printf '  %s  %s\n' "$(date +%T)" "$line"; done) 2>&1 &
+# The binary itself, not the kubectl function, so that $! is kubectl's own PID.
+"$TEIFLEET_CACHE/current/kubectl" get embeddingjob "$JOB" -n "$NS" -w \
+  > >(while IFS= read -r line; do printf '  %s  %s\n' "$(date +%T)" "$line"; done) 2>&1 &
 watch_pid=$!
 pids+=("$watch_pid")
 for _ in $(seq 600); do
@@ -432,6 +423,17 @@ dim = t.schema.field("embedding").type.list_size
 print("  read back with pyarrow: %d rows, %d distinct ids of %s, %d with a %d-float vector, %d with an error"
       % (len(t), len(set(ids)), sys.argv[2], len(ok), dim, len(t) - len(ok)))' "$JOB_DIR/out" "$JOB_ROWS"
 fi
+
+heading "10/11  Over-asking for GPUs: $((REAL_NODE_GPUS + 1)) replicas on $REAL_NODE_NAME's $REAL_NODE_GPUS GPUs" \
+  "Ready=False, reason InsufficientGPU, naming the GPU type; the running replicas keep serving"
+show kubectl scale epool "$POOL" -n "$NS" --replicas=$((REAL_NODE_GPUS + 1))
+kubectl wait -n "$NS" --for=jsonpath='{.status.conditions[?(@.type=="Ready")].reason}'=InsufficientGPU \
+  "embeddingpool/$POOL" --timeout=60s >/dev/null
+show kubectl get epool -n "$NS"
+show kubectl get pods -n "$NS" -o wide
+pool_conditions
+kubectl get events -n "$NS" --field-selector involvedObject.kind=EmbeddingPool | tail -n 4
+show "$BIN/teifleet-load" --target "$TARGET" --mode closed --concurrency 4 --requests 40 --connections 4
 
 SCALED=elastic
 SCALED_RELAY_PORT="${DEMO_SCALED_RELAY_PORT:-50052}"
