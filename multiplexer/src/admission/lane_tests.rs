@@ -233,29 +233,43 @@ async fn priorities_and_tenants_work_inside_the_ingest_lane() {
     );
 }
 
-/// While queries come, ingest leaves a few permits free, so that a query arriving takes one at
-/// once instead of waiting behind ingest for the next to free; once the queries stop, the room
-/// fades and ingest takes the whole limit again.
+/// While queries come, ingest waits for the last quarter of TEI's running batch (read from the
+/// permits coming back and TEI's reported batch time) before it takes the permits left free, so a
+/// query arriving earlier takes one at once; the gate opens on its own timer, with no permit
+/// back, and stays open once the queries stop.
 #[tokio::test(start_paused = true)]
-async fn ingest_leaves_room_for_queries_while_they_come() {
+async fn ingest_waits_for_the_end_of_teis_batch_while_queries_come() {
+    const BATCH: Duration = Duration::from_millis(24);
     let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
-    // Eight queries in flight for a few seconds: the queries' mean is eight.
-    let queries: Vec<Permit> = (0..8).map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).unwrap()).collect();
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    drop(queries);
     let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
-    let mut held = Vec::new();
-    while let Some(permit) = admission.try_acquire(&ingest) {
-        held.push(permit);
-    }
-    let kept = (8.0 * query_room::ROOM_PER_QUERY_IN_FLIGHT).round() as usize;
-    assert_eq!(held.len(), 16 - kept, "ingest stops short of the limit by the room kept for queries");
-    let query = admission.try_acquire(&Ask::new(Priority::Standard));
-    assert!(query.is_some(), "a query walks in");
+    // Eight queries in flight for a few seconds, TEI reporting 24 ms batches.
+    let mut queries: Vec<Permit> =
+        (0..8).map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).unwrap()).collect();
+    queries[0].observe(Observation { tei_inference: BATCH, ..Default::default() });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    // Four come back: their batch ended and the next one started.
+    queries.truncate(4);
+    let batch_start = Instant::now();
 
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(admission.try_acquire(&ingest).is_none(), "twelve permits free, but the batch just started");
+    let waiting = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(ingest).await.map(|permit| (permit, Instant::now())) })
+    };
+    settle().await;
+    let query = admission.try_acquire(&Ask::new(Priority::Standard));
+    assert!(query.is_some(), "a query walks in while ingest waits");
+    let (permit, admitted) = waiting.await.unwrap().unwrap();
+    assert_eq!(admitted - batch_start, BATCH.mul_f64(ingest_gate::OPENS_AFTER), "let in by the gate's timer");
+    let mut held = vec![permit];
     while let Some(permit) = admission.try_acquire(&ingest) {
         held.push(permit);
     }
-    assert_eq!(held.len(), 15, "the room fades: ingest fills the limit beside the one query");
+    assert_eq!(held.len(), 16 - 5, "in the batch's last quarter ingest takes every place left");
+
+    // The queries stop; seconds later a permit coming back no longer closes the gate.
+    drop((queries, query));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    held.pop();
+    assert!(admission.try_acquire(&ingest).is_some(), "no queries: ingest goes at once");
 }

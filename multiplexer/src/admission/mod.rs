@@ -21,11 +21,11 @@
 
 mod adaptive;
 mod estimate;
+mod ingest_gate;
 mod lane;
 mod lanes;
 pub mod memory;
 mod priority;
-mod query_room;
 mod queue;
 mod returning;
 mod standing;
@@ -51,8 +51,8 @@ pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Retry, Snapshot}
 
 use adaptive::Adaptive;
 use estimate::{ServiceTime, pushback};
+use ingest_gate::IngestGate;
 use lanes::Lanes;
-use query_room::QueryRoom;
 use queue::Grant;
 use returning::Returning;
 use standing::Standing;
@@ -81,7 +81,9 @@ struct State {
     in_flight: usize,
     in_flight_tokens: u64,
     queue: Lanes,
-    query_room: QueryRoom,
+    ingest_gate: IngestGate,
+    /// When a task wakes to let ingest through the gate, if one is armed.
+    ingest_wake: Option<Instant>,
     service_time: ServiceTime,
     standing: Standing,
     returning: Returning,
@@ -155,7 +157,8 @@ impl Admission {
             in_flight: 0,
             in_flight_tokens: 0,
             queue: Lanes::default(),
-            query_room: QueryRoom::default(),
+            ingest_gate: IngestGate::default(),
+            ingest_wake: None,
             service_time: ServiceTime::default(),
             standing: Standing::default(),
             returning: Returning::default(),
@@ -319,8 +322,9 @@ impl Admission {
             };
             // No dispatch needed: release() and set_limits() keep "nobody waits while there is
             // room", and the fast path above admits whenever there is room and nobody waits
-            // before the newcomer.
+            // before the newcomer; ingest stopped only by its gate is let through by a timer.
             let id = state.queue.push(ask.lane, ask.priority, tenant, weight, cost, units, grant);
+            self.shared.wake_ingest_when_the_gate_opens(&mut state, arrived);
             self.shared.notify(&state, None);
             let patience = match ask.deadline {
                 Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
@@ -391,9 +395,8 @@ impl Shared {
         let mut state = self.lock();
         state.in_flight = state.in_flight.saturating_sub(cost.inputs as usize);
         state.in_flight_tokens = state.in_flight_tokens.saturating_sub(u64::from(cost.tokens));
-        if lane == Lane::Query {
-            state.query_room.released(cost.inputs as usize, Instant::now());
-        }
+        let query_inputs = if lane == Lane::Query { cost.inputs as usize } else { 0 };
+        state.ingest_gate.released(query_inputs, Instant::now());
         state.service_time.observe(took);
         self.dispatch(&mut state);
         if state.queue.is_empty() && state.in_flight < state.effective_limit() {
@@ -405,6 +408,7 @@ impl Shared {
     fn observe(self: &Arc<Self>, observation: Observation) {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
+        state.ingest_gate.observed_batch(observation.tei_inference);
         let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
         let ceiling = state.limits.max_in_flight;
         let Some(adaptive) = &mut state.adaptive else { return };
@@ -441,6 +445,34 @@ impl Shared {
                 state.untake(lane, unwanted.cost, now);
             }
         }
+        self.wake_ingest_when_the_gate_opens(state, now);
+    }
+
+    /// Ingest waiting at a closed gate (see `ingest_gate`) is let through by a timer when it
+    /// opens, since no permit may come back then to dispatch it. One timer at a time: one that
+    /// fires no later than the gate opens re-arms itself if it is still closed then.
+    fn wake_ingest_when_the_gate_opens(self: &Arc<Self>, state: &mut State, now: Instant) {
+        if state.queue.queue(Lane::Ingest).is_empty() {
+            return;
+        }
+        let Some(opens) = state.ingest_gate.closed_until(now, state.in_flight) else { return };
+        if state.ingest_wake.is_some_and(|armed| armed <= opens) {
+            return;
+        }
+        // Outside a runtime nothing can wait: the next permit back dispatches instead.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        state.ingest_wake = Some(opens);
+        let shared = Arc::downgrade(self);
+        runtime.spawn(async move {
+            tokio::time::sleep_until(opens).await;
+            let Some(shared) = shared.upgrade() else { return };
+            let mut state = shared.lock();
+            if state.ingest_wake == Some(opens) {
+                state.ingest_wake = None;
+            }
+            shared.dispatch(&mut state);
+            shared.notify(&state, None);
+        });
     }
 }
 
@@ -452,17 +484,14 @@ impl State {
         }
     }
 
-    /// Whether a call of `lane` costing `cost` can go in flight at `now`: ingest leaves the room
-    /// kept for queries (see `query_room`) unless queries wait, when it goes only on the turns
-    /// its floor is owed, and those it takes whole.
+    /// Whether a call of `lane` costing `cost` can go in flight at `now`: ingest waits while the
+    /// gate kept for queries is closed (see `ingest_gate`) unless queries wait, when it goes
+    /// only on the turns its floor is owed, and those it takes whole.
     fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> bool {
-        let kept_free = match lane {
-            Lane::Ingest if self.queue.queue(Lane::Query).is_empty() => {
-                self.query_room.kept_free(now, self.effective_limit())
-            }
-            _ => 0,
-        };
-        self.fits_under(cost, self.effective_limit() - kept_free)
+        let gated = lane == Lane::Ingest
+            && self.queue.queue(Lane::Query).is_empty()
+            && self.ingest_gate.closed_until(now, self.in_flight).is_some();
+        !gated && self.fits_under(cost, self.effective_limit())
     }
 
     /// Whether `cost` can go in flight under `limit` inputs. A call larger than a whole limit goes
@@ -480,7 +509,7 @@ impl State {
         self.in_flight += cost.inputs as usize;
         self.in_flight_tokens += u64::from(cost.tokens);
         if lane == Lane::Query {
-            self.query_room.took(cost.inputs as usize, now);
+            self.ingest_gate.query_took(cost.inputs as usize, now);
         }
     }
 
@@ -488,7 +517,7 @@ impl State {
         self.in_flight -= cost.inputs as usize;
         self.in_flight_tokens -= u64::from(cost.tokens);
         if lane == Lane::Query {
-            self.query_room.released(cost.inputs as usize, now);
+            self.ingest_gate.query_untook(cost.inputs as usize, now);
         }
     }
 
