@@ -11,15 +11,27 @@
 //! process's memory budget by the fronts, like every request's); one more is refused at once
 //! with a retry hint. A keyed pool's calls are checked against its keys before they are held.
 //!
+//! The activator runs as several replicas, each holding any pool's calls; none depends on
+//! another. One that shuts down ([`Activations::stop_holding`], once its drain delay has given
+//! the operator time to take it out of the pools' Services) answers every call it still holds
+//! UNAVAILABLE with the same retry hint, so a client that retries reaches another replica; a call
+//! whose pool became ready meanwhile is passed on and finishes.
+//!
 //! Which pool a call is for: `x-teifleet-pool` or `-model` when the call names one, else the
 //! name the client dialled (gRPC's `:authority`, HTTP's `Host`): `<pool>`, `<pool>.<namespace>`,
 //! `<pool>.<namespace>.svc[.cluster.local]`, with any port; or, when the client dialled an address
 //! (`10.96.0.12:50051`, `[fd00::c]:8000`), the pool whose Service has that ClusterIP
 //! ([`PoolNaming`], its addresses kept from the namespace's Services by the activator's watch).
+//!
+//! A pool with `spec.tls` is served here in TLS with its own certificate, picked by the name the
+//! client asked for (`transport::tls::PoolCertificates`), and its held calls go to its replicas
+//! in TLS, with its own set, as its sidecars call each other: trusting its `ca.crt`, verifying
+//! the replica as the pool Service (`<pool>.<namespace>.svc`) and showing the pool's certificate.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Uri};
@@ -31,6 +43,7 @@ use tonic::transport::channel::Change;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::error::Error;
+use crate::transport::tls::{PoolCertificates, TlsReplicas};
 use crate::vocab::SetupError;
 
 /// How many peer changes may wait for the balancer at once; more is a bug, not load.
@@ -47,6 +60,10 @@ pub struct Activations {
     peers_changed: Notify,
     /// Calls held at once for one pool; one more is refused with a retry hint.
     max_held_per_pool: u32,
+    /// Set when this activator shuts down: no call is held any more (see [`Self::stop_holding`]).
+    stopped: AtomicBool,
+    /// The TLS pools' sets: their replicas are called in TLS with them.
+    certificates: Option<Arc<PoolCertificates>>,
 }
 
 impl Default for Activations {
@@ -65,15 +82,17 @@ struct Activation {
     /// Every ready replica's sidecar, balanced.
     channel: Channel,
     changes: tokio::sync::mpsc::Sender<Change<String, Endpoint>>,
-    /// The replicas `channel` balances over now, by URL.
+    /// The ready replicas now, by URL.
     peers: BTreeSet<String>,
+    /// With `spec.tls`: the channel to its replicas in TLS, and the replicas it dials.
+    tls: Option<TlsReplicas>,
 }
 
 impl Activation {
     fn new(hold: Duration) -> Self {
         let (channel, changes) = Channel::balance_channel(CHANGES_BUFFERED);
         let started = Instant::now();
-        Self { hold, held: 0, last_arrival: None, started, channel, changes, peers: BTreeSet::new() }
+        Self { hold, held: 0, last_arrival: None, started, channel, changes, peers: BTreeSet::new(), tls: None }
     }
 }
 
@@ -94,7 +113,41 @@ impl Drop for Held<'_> {
 impl Activations {
     /// Holding at most `max_held_per_pool` calls at once for each pool.
     pub fn new(max_held_per_pool: u32) -> Self {
-        Self { pools: Mutex::default(), peers_changed: Notify::new(), max_held_per_pool }
+        Self {
+            pools: Mutex::default(),
+            peers_changed: Notify::new(),
+            max_held_per_pool,
+            stopped: AtomicBool::new(false),
+            certificates: None,
+        }
+    }
+
+    /// Calling the replicas of pools with `spec.tls` in TLS, with their sets in `certificates`.
+    pub fn with_certificates(mut self, certificates: Arc<PoolCertificates>) -> Self {
+        self.certificates = Some(certificates);
+        self
+    }
+
+    /// Whether `pool` serves TLS (its replicas are called in TLS, over a channel of their own);
+    /// the replicas known so far are forgotten when that changes (they are named in the other
+    /// scheme), until [`Self::set_peers`] names them again.
+    pub fn set_tls(&self, pool: &str, tls: bool) -> Result<(), SetupError> {
+        let mut activations = self.lock();
+        let Some(activation) = activations.get_mut(pool) else { return Ok(()) };
+        if activation.tls.is_some() == tls {
+            return Ok(());
+        }
+        for gone in std::mem::take(&mut activation.peers) {
+            let _ = activation.changes.try_send(Change::Remove(gone));
+        }
+        activation.tls = match (tls, &self.certificates) {
+            (false, _) => None,
+            (true, Some(certificates)) => Some(TlsReplicas::new(pool, certificates)?),
+            (true, None) => {
+                return Err(SetupError::Config(format!("pool {pool} serves TLS, and this activator serves none")));
+            }
+        };
+        Ok(())
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Activation>> {
@@ -111,9 +164,13 @@ impl Activations {
         }
     }
 
-    /// The channel balancing over `pool`'s ready replicas.
+    /// The channel to `pool`'s ready replicas: balancing over them, or in TLS for a pool with
+    /// `spec.tls` ([`Self::set_tls`]).
     pub fn channel(&self, pool: &str) -> Option<Channel> {
-        self.lock().get(pool).map(|activation| activation.channel.clone())
+        self.lock().get(pool).map(|activation| match &activation.tls {
+            Some(tls) => tls.channel(),
+            None => activation.channel.clone(),
+        })
     }
 
     /// `pool`'s ready replicas are the sidecars at `urls` from now on.
@@ -121,6 +178,16 @@ impl Activations {
         let mut activations = self.lock();
         let Some(activation) = activations.get_mut(pool) else { return Ok(()) };
         let wanted: BTreeSet<String> = urls.iter().cloned().collect();
+        if let Some(tls) = &activation.tls {
+            tls.set_addresses(&wanted);
+            if activation.peers != wanted {
+                tracing::info!(pool, ready = wanted.len(), "the pool's ready replicas changed");
+            }
+            activation.peers = wanted;
+            drop(activations);
+            self.peers_changed.notify_waiters();
+            return Ok(());
+        }
         for gone in activation.peers.difference(&wanted) {
             let _ = activation.changes.try_send(Change::Remove(gone.clone()));
         }
@@ -144,6 +211,20 @@ impl Activations {
         self.lock().get(pool).is_some_and(|activation| !activation.peers.is_empty())
     }
 
+    /// Stops holding calls, for good (the process is shutting down): each call held now whose
+    /// pool still has no ready replica is answered at once as a hold that ran out (UNAVAILABLE,
+    /// 503, with the retry hint), and so is each call that arrives from now on for such a pool. A
+    /// client that retries reaches another activator replica, or the pool once it is ready; a
+    /// pool with a ready replica still gets its calls passed on.
+    pub fn stop_holding(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+        self.peers_changed.notify_waiters();
+    }
+
+    fn stopped(&self) -> bool {
+        self.stopped.load(Ordering::Relaxed)
+    }
+
     /// Counts a call for `pool`, and, while the pool has no ready replica, holds it until one
     /// is (or its hold runs out: UNAVAILABLE with a retry hint). `None`: not an activated pool.
     pub async fn wait_for_replica(&self, pool: &str) -> Option<Result<(), Error>> {
@@ -154,6 +235,9 @@ impl Activations {
             if !activation.peers.is_empty() {
                 return Some(Ok(()));
             }
+            if self.stopped() {
+                return Some(Err(Error::ColdStart { pool: pool.to_owned(), waited: Duration::ZERO }));
+            }
             if activation.held >= self.max_held_per_pool {
                 let limit = u64::from(self.max_held_per_pool);
                 return Some(Err(Error::HoldsFull { pool: pool.to_owned(), what: "calls", limit }));
@@ -163,19 +247,32 @@ impl Activations {
         };
         let _held = Held { activations: self, pool: pool.to_owned() };
         let started = Instant::now();
+        // Ready: a replica is (`true`), or this activator stopped holding (`false`).
         let ready = async {
             loop {
+                // Registered before the checks: a change or a stop between them still wakes it.
                 let changed = self.peers_changed.notified();
                 if self.has_peers(pool) {
-                    return;
+                    return true;
+                }
+                if self.stopped() {
+                    return false;
                 }
                 changed.await;
             }
         };
         Some(match tokio::time::timeout(hold, ready).await {
-            Ok(()) => {
+            Ok(true) => {
                 tracing::debug!(pool, waited_ms = started.elapsed().as_millis() as u64, "held call released");
                 Ok(())
+            }
+            Ok(false) => {
+                tracing::debug!(
+                    pool,
+                    waited_ms = started.elapsed().as_millis() as u64,
+                    "held call let go: shutting down"
+                );
+                Err(Error::ColdStart { pool: pool.to_owned(), waited: started.elapsed() })
             }
             Err(_) => Err(Error::ColdStart { pool: pool.to_owned(), waited: hold }),
         })
@@ -397,5 +494,33 @@ mod tests {
         let report = activations.report();
         assert_eq!((report.pools[0].held, report.pools[0].idle_seconds < 1.0), (0, true));
         assert!(activations.wait_for_replica("bge").await.unwrap().is_ok(), "a ready pool holds nothing");
+    }
+
+    #[tokio::test]
+    async fn an_activator_that_stops_holding_answers_its_held_calls_at_once_and_passes_on_a_ready_pools() {
+        let activations = std::sync::Arc::new(Activations::default());
+        activations.sync(&[("bge".into(), Duration::from_secs(60)), ("gte".into(), Duration::from_secs(60))]);
+        activations.set_peers("gte", &["http://10.0.0.6:50051".into()]).unwrap();
+        let held: Vec<_> = (0..3)
+            .map(|_| {
+                let activations = activations.clone();
+                tokio::spawn(async move { activations.wait_for_replica("bge").await })
+            })
+            .collect();
+        while activations.report().pools[0].held < 3 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        activations.stop_holding();
+        for call in held {
+            let answer = tokio::time::timeout(Duration::from_secs(1), call).await.expect("answered at once");
+            let refused = answer.unwrap().unwrap().unwrap_err();
+            assert!(matches!(refused, Error::ColdStart { .. }), "{refused}");
+            assert!(refused.retry_after().is_some(), "with the retry hint");
+        }
+        assert_eq!(activations.report().pools[0].held, 0);
+        let late = activations.wait_for_replica("bge").await.unwrap().unwrap_err();
+        assert!(matches!(late, Error::ColdStart { .. }), "a call after the stop is not held: {late}");
+        assert_eq!(activations.report().pools[0].held, 0);
+        assert!(activations.wait_for_replica("gte").await.unwrap().is_ok(), "a ready pool's call still goes on");
     }
 }

@@ -2,6 +2,11 @@
 //! may scale to zero routed to it while it has no ready replica: the activator's pods are added to
 //! the pool's Service (an EndpointSlice of the operator's) before the pool's last replica goes,
 //! and taken out once a replica is ready again.
+//!
+//! The activator runs several pods, none special: every ready one that is not being deleted is in
+//! each such pool's slice, every one is asked for the calls it holds (summed per pool, see
+//! `Reports::held_calls`), and one being deleted leaves the slices at the pool's next look, while
+//! it still serves its drain delay.
 
 use std::net::IpAddr;
 
@@ -9,6 +14,7 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::ListParams;
 use kube::{Api, ResourceExt as _};
@@ -45,6 +51,10 @@ pub async fn reconcile(
                 None => delete_if_present::<NetworkPolicy>(client, namespace, NAME).await?,
             }
             let applied = apply(client, namespace, &objects.deployment).await?;
+            match &objects.pdb {
+                Some(pdb) => drop(apply(client, namespace, pdb).await?),
+                None => delete_if_present::<PodDisruptionBudget>(client, namespace, NAME).await?,
+            }
             (true, run_by_activator(ctx, namespace, &applied, activator_pods).await?)
         }
         None => (remove(ctx, namespace).await?, Vec::new()),
@@ -82,6 +92,7 @@ async fn remove(ctx: &Context, namespace: &str) -> Result<bool> {
     }
     tracing::info!(%namespace, "no pool scales to zero here any more: removing the activator");
     delete_if_present::<Deployment>(client, namespace, NAME).await?;
+    delete_if_present::<PodDisruptionBudget>(client, namespace, NAME).await?;
     delete_if_present::<NetworkPolicy>(client, namespace, NAME).await?;
     delete_if_present::<RoleBinding>(client, namespace, NAME).await?;
     delete_if_present::<Role>(client, namespace, NAME).await?;
@@ -148,5 +159,31 @@ mod tests {
         let mut fixed = pool.clone();
         fixed.spec.autoscaling.as_mut().unwrap().min_replicas = 1;
         assert!(!needs_activator(&fixed, &deployment(1, 0)), "never at zero: no activator");
+    }
+
+    #[test]
+    fn every_ready_activator_pod_not_being_deleted_is_behind_a_pool_at_zero() {
+        let pod = |ip: &str, ready: &str, deleting: bool| -> Pod {
+            let mut pod: Pod = serde_json::from_value(json!({
+                "metadata": { "name": format!("teifleet-activator-{ip}") },
+                "status": { "podIP": ip, "conditions": [{ "type": "Ready", "status": ready }] },
+            }))
+            .unwrap();
+            if deleting {
+                pod.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ));
+            }
+            pod
+        };
+        let pods = [
+            pod("10.0.0.1", "True", false),
+            pod("10.0.0.2", "True", false),
+            pod("10.0.0.3", "True", false),
+            pod("10.0.0.4", "False", false),
+            pod("10.0.0.5", "True", true),
+        ];
+        let addresses: Vec<String> = ready_addresses(&pods).iter().map(ToString::to_string).collect();
+        assert_eq!(addresses, ["10.0.0.1", "10.0.0.2", "10.0.0.3"], "not the unready one, nor the one stopping");
     }
 }

@@ -72,6 +72,11 @@ struct Args {
     #[arg(long, env = "TEIFLEET_ACTIVATOR_NETWORK_POLICY", default_value_t = true, action = clap::ArgAction::Set)]
     activator_network_policy: bool,
 
+    /// Replicas of each namespace's activator (at least 1): with two or more, spread over nodes
+    /// and under a PodDisruptionBudget, calls for pools at zero are answered while one restarts.
+    #[arg(long, env = "TEIFLEET_ACTIVATOR_REPLICAS", default_value_t = 2, value_parser = clap::value_parser!(i32).range(1..))]
+    activator_replicas: i32,
+
     /// This replica's identity in the Lease and in Events; defaults to the host name.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
@@ -149,6 +154,7 @@ async fn main() -> anyhow::Result<()> {
             multiplexer_image: args.multiplexer_image,
             operator_namespace: Some(args.lease_namespace.clone()),
             activator_network_policy: args.activator_network_policy,
+            activator_replicas: args.activator_replicas,
         },
         recorder: Recorder::new(client, reporter),
         metrics: metrics.clone(),

@@ -154,8 +154,8 @@ fn addresses(pods: &[Pod]) -> Vec<SocketAddr> {
 pub struct Reports {
     latest: Mutex<HashMap<String, Vec<SidecarAdmission>>>,
     asking: Mutex<HashSet<String>>,
-    /// Per namespace, what its activator pods last said.
-    activators: Mutex<HashMap<String, Vec<ActivatorReport>>>,
+    /// Per namespace, how many activator pods were last asked, and what those that answered said.
+    activators: Mutex<HashMap<String, (usize, Vec<ActivatorReport>)>>,
 }
 
 impl Reports {
@@ -177,20 +177,10 @@ impl Reports {
     }
 
     /// What the activator pods of `namespace` last said about `pool`'s calls, all pods together
-    /// (see [`Reports::ask_activators`]).
+    /// (see [`Reports::ask_activators`] and [`held_over`]).
     pub fn held_calls(&self, namespace: &str, pool: &str) -> Option<HeldCalls> {
-        let latest = lock(&self.activators).get(namespace).cloned().unwrap_or_default();
-        let mine = latest.iter().flat_map(|report| report.pools.iter()).filter(|held| held.pool == pool);
-        mine.fold(None, |sum: Option<HeldCalls>, held| {
-            Some(match sum {
-                None => held.clone(),
-                Some(sum) => HeldCalls {
-                    pool: sum.pool,
-                    held: sum.held.saturating_add(held.held),
-                    idle_seconds: sum.idle_seconds.min(held.idle_seconds),
-                },
-            })
-        })
+        let (asked, answers) = lock(&self.activators).get(namespace).cloned().unwrap_or_default();
+        held_over(&answers, asked, pool)
     }
 
     /// Starts a new ask of the activator pods of `namespace` (`pods`: those the activator's own
@@ -202,7 +192,7 @@ impl Reports {
             let (reports, namespace, addresses) = (self.clone(), namespace.to_owned(), addresses(pods));
             tokio::spawn(async move {
                 let answers = ask_all(&addresses, ACTIVATIONS_PATH).await;
-                lock(&reports.activators).insert(namespace, answers);
+                lock(&reports.activators).insert(namespace, (addresses.len(), answers));
                 lock(&reports.asking).remove(&key);
             });
         }
@@ -212,6 +202,27 @@ impl Reports {
     pub fn forget(&self, pool: &str) {
         lock(&self.latest).remove(pool);
     }
+}
+
+/// `pool`'s calls at the activator from the `answers` of the `asked` activator pods: the calls
+/// held at each, summed (a call is held at one pod), and the shortest time any has been without
+/// one. When fewer pods than were asked report the pool (one did not answer, or does not know the
+/// pool yet), the idle time is unknown, NaN: a pod's last call is never taken for long ago, so the
+/// pool does not go to zero on the others' word (`autoscale`), and `lastCallTime` stays. `None`
+/// when no pod reports the pool.
+pub fn held_over(answers: &[ActivatorReport], asked: usize, pool: &str) -> Option<HeldCalls> {
+    let mine: Vec<&HeldCalls> =
+        answers.iter().flat_map(|report| report.pools.iter().filter(|held| held.pool == pool).take(1)).collect();
+    let first = mine.first()?;
+    let mut sum = HeldCalls { pool: first.pool.clone(), held: 0, idle_seconds: f64::INFINITY };
+    for held in &mine {
+        sum.held = sum.held.saturating_add(held.held);
+        sum.idle_seconds = sum.idle_seconds.min(held.idle_seconds);
+    }
+    if mine.len() < asked {
+        sum.idle_seconds = f64::NAN;
+    }
+    Some(sum)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -406,6 +417,25 @@ mod tests {
         assert_eq!(activator.pools[0], held(&long[..MAX_REPORTED_CHARS], 1_000_000, MAX_REPORTED_IDLE_SECONDS));
         let sane = ActivatorReport { pools: vec![held("bge", 3, 12.5)] };
         assert_eq!(sane.clone().bounded(), sane);
+    }
+
+    #[test]
+    fn the_calls_held_are_summed_over_every_activator_pod_and_an_unheard_pods_idle_time_is_unknown() {
+        let held = |pool: &str, held: u32, idle_seconds: f64| HeldCalls { pool: pool.into(), held, idle_seconds };
+        let a = ActivatorReport { pools: vec![held("bge", 3, 40.0), held("gte", 0, 900.0)] };
+        let b = ActivatorReport { pools: vec![held("bge", 4, 700.0), held("gte", 0, 5.0)] };
+        let both = [a.clone(), b];
+        assert_eq!(held_over(&both, 2, "bge"), Some(held("bge", 7, 40.0)), "summed; the latest call of any pod");
+        assert_eq!(held_over(&both, 2, "gte"), Some(held("gte", 0, 5.0)));
+        assert_eq!(held_over(&both, 2, "e5"), None, "no pod reports it");
+        assert_eq!(held_over(&[], 0, "bge"), None, "no activator pod to ask");
+        // Two pods asked, one answered: its calls count, but nobody knows the other's last call.
+        let one = held_over(std::slice::from_ref(&a), 2, "bge").unwrap();
+        assert_eq!(one.held, 3);
+        assert!(one.idle_seconds.is_nan(), "{one:?}");
+        // One pod that does not list the pool yet (it started a moment ago) is as unheard.
+        let new_pod = ActivatorReport { pools: vec![] };
+        assert!(held_over(&[a, new_pod], 2, "bge").unwrap().idle_seconds.is_nan());
     }
 
     #[tokio::test]

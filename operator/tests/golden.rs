@@ -366,3 +366,15 @@ fn activator_network_policy_opens_the_call_ports_and_can_be_turned_off() {
     let off = RenderConfig { activator_network_policy: false, ..in_cluster };
     assert!(activator::render("ml", &[&pool], &off).unwrap().network_policy.is_none());
 }
+
+#[test]
+fn activator_deployment_runs_two_replicas_spread_and_rolled_one_at_a_time_under_a_budget() {
+    use teifleet_operator::render::activator;
+    let mut pool = pool(BASE);
+    pool.spec.replicas = None;
+    pool.spec.autoscaling = Some(serde_norway::from_str("{ minReplicas: 0, maxReplicas: 2 }").unwrap());
+    let in_cluster = RenderConfig { operator_namespace: Some("teifleet-system".into()), ..RenderConfig::default() };
+    let rendered = activator::render("ml", &[&pool], &in_cluster).expect("a pool scales to zero");
+    check("activator-deployment.yaml", &rendered.deployment);
+    check("activator-pdb.yaml", &rendered.pdb.expect("two replicas: a budget"));
+}

@@ -301,14 +301,28 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
 
     let task = {
         let (stop, readiness, forwarder) = (stop.clone(), readiness.clone(), forwarder.clone());
+        let activations = pools.activations().cloned();
         tokio::spawn(async move {
             stop.cancelled().await;
             tracing::info!("draining: not ready, then refusing new calls and finishing in-flight ones");
             readiness.accepting.store(false, Ordering::Relaxed);
             set_serving(&reporter, false).await;
-            wait_out_drain_delay(&forwarder, settings.drain_delay).await;
+            match &activations {
+                // The operator takes an activator out of the pools' Services at its next look at
+                // them, not when the pod stops being ready: calls may arrive, on new connections
+                // too, for the whole delay, idle or not. Those held meanwhile are served if their
+                // pool becomes ready.
+                Some(_) => tokio::time::sleep(settings.drain_delay).await,
+                None => wait_out_drain_delay(&forwarder, settings.drain_delay).await,
+            }
             forwarder.start_draining();
             server_stop.cancel();
+            if let Some(activations) = &activations {
+                // Every call still held is answered UNAVAILABLE with a retry hint, on connections
+                // now closing: the client's retry reaches another activator replica.
+                tracing::info!("the activator stops holding calls: those held are answered with a retry hint");
+                activations.stop_holding();
+            }
             let both = async {
                 if let Some(http_server) = http_server {
                     match http_server.await {

@@ -2,7 +2,8 @@
 //! held, counted for the operator, and served once a replica is ready; a call whose deadline is
 //! shorter than the wait gets DEADLINE_EXCEEDED at its deadline; one whose hold runs out gets
 //! UNAVAILABLE with a retry hint. The pool is the name the client dialled, or the pool whose
-//! Service address it dialled.
+//! Service address it dialled. An activator that shuts down answers every call it holds, OK once
+//! the pool is ready or UNAVAILABLE with a retry hint, and a client that retries loses none.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -38,34 +39,46 @@ async fn activator_naming(
     hold: Duration,
     configure: impl FnOnce(&PoolTable),
 ) -> (Running, Arc<Activations>) {
+    activator_of(&["bge"], naming, hold, configure, Settings::default()).await
+}
+
+/// An activator for `pools` of namespace `ml`, with `settings` (its ports and naming set here).
+async fn activator_of(
+    pools: &[&str],
+    naming: Arc<PoolNaming>,
+    hold: Duration,
+    configure: impl FnOnce(&PoolTable),
+    settings: Settings,
+) -> (Running, Arc<Activations>) {
     let activations = Arc::new(Activations::default());
-    activations.sync(&[("bge".into(), hold)]);
+    activations.sync(&pools.iter().map(|pool| ((*pool).to_owned(), hold)).collect::<Vec<_>>());
     let metrics = Metrics::new();
     let table = Arc::new(PoolTable::activator(metrics.clone(), activations.clone()));
-    table
-        .sync(vec![PoolSpec {
-            name: "bge".into(),
-            model: Some(MODEL.into()),
-            upstream: "activated://bge".into(),
-            limits: Some(limits(1 << 20, 1 << 20)),
-            remote: true,
-            coalesce: false,
-            tenants: BTreeMap::new(),
-        }])
-        .unwrap();
-    configure(&table);
-    let settings = Settings {
-        http_listen: Some("127.0.0.1:0".parse().unwrap()),
-        pool_naming: Some(naming),
-        ..Settings::default()
+    let spec = |pool: &str| PoolSpec {
+        name: pool.into(),
+        model: Some(MODEL.into()),
+        upstream: format!("activated://{pool}"),
+        limits: Some(limits(1 << 20, 1 << 20)),
+        remote: true,
+        coalesce: false,
+        tenants: BTreeMap::new(),
     };
+    table.sync(pools.iter().map(|pool| spec(pool)).collect()).unwrap();
+    configure(&table);
+    let settings =
+        Settings { http_listen: Some("127.0.0.1:0".parse().unwrap()), pool_naming: Some(naming), ..settings };
     (server::start(settings, table, metrics).await.expect("the activator starts"), activations)
 }
 
 /// A client of the activator that dialled the pool Service by name, as clients of the pool do.
 fn dialling_the_pool(activator: &Running) -> EmbedClient<Channel> {
+    dialling(activator, "bge")
+}
+
+/// A client of the activator that dialled `pool`'s Service by name.
+fn dialling(activator: &Running, pool: &str) -> EmbedClient<Channel> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", activator.grpc_addr)).unwrap();
-    EmbedClient::new(endpoint.origin("http://bge.ml.svc:50051".parse().unwrap()).connect_lazy())
+    EmbedClient::new(endpoint.origin(format!("http://{pool}.ml.svc:50051").parse().unwrap()).connect_lazy())
 }
 
 fn held(activations: &Activations) -> u32 {
@@ -234,4 +247,125 @@ async fn a_call_naming_no_pool_is_not_found_and_one_for_a_pool_not_described_yet
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(status.message().contains("no limits yet"), "{status:?}");
     assert_eq!(held(&waiting_activations), 0);
+}
+
+/// An activator shut down while it holds 50 calls (gRPC and HTTP) for two pools at zero, one of
+/// which becomes ready during its drain delay: that pool's calls are served, the other's are
+/// answered UNAVAILABLE with the retry hint as soon as the drain delay ends, none near its
+/// deadline, and the activator stops.
+#[tokio::test]
+async fn an_activator_shut_down_holding_50_calls_answers_each_ok_or_unavailable_before_its_deadline() {
+    const DEADLINE: Duration = Duration::from_secs(20);
+    let drain_delay = Duration::from_millis(600);
+    let settings = Settings { drain_delay, ..Settings::default() };
+    let naming = Arc::new(PoolNaming::new("ml"));
+    // Held far longer than the test: only the shutdown can end these holds.
+    let (activator, activations) =
+        activator_of(&["bge", "gte"], naming, Duration::from_secs(120), |_| {}, settings).await;
+    let mut grpc = Vec::new();
+    for (pool, calls) in [("bge", 20), ("gte", 20)] {
+        let client = dialling(&activator, pool);
+        for call in 0..calls {
+            let mut request = tonic::Request::new(embed_request(&format!("{pool} call {call} at zero")));
+            request.set_timeout(DEADLINE);
+            grpc.push((pool, spawn_embed(&client, request)));
+        }
+    }
+    let http_addr = activator.http_addr.unwrap();
+    let http: Vec<_> = ["bge", "gte"]
+        .into_iter()
+        .flat_map(|pool| std::iter::repeat_n(pool, 5))
+        .map(|pool| {
+            (
+                pool,
+                tokio::spawn(async move {
+                    request(http_addr, "POST", "/embed", &[(POOL_HEADER, pool)], b"{\"inputs\":\"x\"}").await
+                }),
+            )
+        })
+        .collect();
+    until("50 calls held", Duration::from_secs(10), || held(&activations) == 50).await;
+
+    let stopping = std::time::Instant::now();
+    let shutdown = tokio::spawn(activator.shutdown());
+    // Within the drain delay, bge's first replica becomes ready; gte stays at zero.
+    tokio::time::sleep(drain_delay / 3).await;
+    let sim = sim(|_| {}).await;
+    let (replica, _) = mux_with(vec![spec("bge", sim.addr(), limits(64, 64))], Settings::default()).await;
+    activations.set_peers("bge", &[format!("http://{}", replica.grpc_addr)]).unwrap();
+
+    let (mut served, mut unavailable) = (0, 0);
+    for (pool, call) in grpc {
+        let answer = tokio::time::timeout(DEADLINE, call).await.expect("no call hangs").unwrap();
+        match (pool, answer) {
+            ("bge", Ok(_)) => served += 1,
+            ("gte", Err(status)) if status.code() == tonic::Code::Unavailable => {
+                assert_eq!(status.metadata().get("grpc-retry-pushback-ms").unwrap(), "1000", "{status:?}");
+                unavailable += 1;
+            }
+            (pool, answer) => panic!("{pool}: neither served nor UNAVAILABLE: {answer:?}"),
+        }
+    }
+    for (pool, call) in http {
+        let answer = call.await.unwrap();
+        match pool {
+            "bge" => assert_eq!(answer.status, 200, "{}", answer.body),
+            _ => {
+                assert_eq!(answer.status, 503, "{}", answer.body);
+                assert_eq!(answer.header("retry-after"), Some("1"));
+            }
+        }
+    }
+    let answered_within = stopping.elapsed();
+    assert_eq!((served, unavailable), (20, 20));
+    assert!(answered_within < DEADLINE / 2, "answered {answered_within:?} after the shutdown began");
+    assert_eq!(held(&activations), 0);
+    tokio::time::timeout(Duration::from_secs(10), shutdown).await.expect("the activator stops").unwrap().unwrap();
+    let served = metric_sum(&metrics_text(&replica), "teifleet_requests_total", &[("outcome", "ok")]);
+    assert_eq!(served, 25.0, "bge's replica served its 25 held calls");
+}
+
+/// Two activator replicas behind a pool's Service: one shuts down holding 50 calls. A client that
+/// retries UNAVAILABLE (after the hint, reaching the other replica as the Service now routes) gets
+/// every call held there and served once the pool is ready: none is lost.
+#[tokio::test]
+async fn a_client_retrying_unavailable_loses_no_call_when_one_of_two_activators_shuts_down() {
+    let settings = || Settings { drain_delay: Duration::from_millis(200), ..Settings::default() };
+    let hold = Duration::from_secs(120);
+    let (going, going_held) = activator_of(&["bge"], Arc::new(PoolNaming::new("ml")), hold, |_| {}, settings()).await;
+    let (staying, staying_held) =
+        activator_of(&["bge"], Arc::new(PoolNaming::new("ml")), hold, |_| {}, settings()).await;
+    // The Service's endpoints, as each retry finds them: the replica going, then the one staying.
+    let (first, then) = (dialling_the_pool(&going), dialling_the_pool(&staying));
+    let calls: Vec<_> = (0..50)
+        .map(|call| {
+            let (mut first, mut then) = (first.clone(), then.clone());
+            tokio::spawn(async move {
+                let mut request = tonic::Request::new(embed_request(&format!("call {call}")));
+                request.set_timeout(Duration::from_secs(30));
+                match first.embed(request).await {
+                    Err(status) if status.code() == tonic::Code::Unavailable => {
+                        let pushback = status.metadata().get("grpc-retry-pushback-ms").expect("a retry hint");
+                        let pushback: u64 = pushback.to_str().unwrap().parse().unwrap();
+                        tokio::time::sleep(Duration::from_millis(pushback)).await;
+                        then.embed(embed_request(&format!("call {call}, again"))).await.map(|_| "retried")
+                    }
+                    answer => answer.map(|_| "first"),
+                }
+            })
+        })
+        .collect();
+    until("50 calls held at the replica going", Duration::from_secs(10), || held(&going_held) == 50).await;
+    let shutdown = tokio::spawn(going.shutdown());
+    until("every call held again at the replica staying", Duration::from_secs(10), || held(&staying_held) == 50).await;
+    tokio::time::timeout(Duration::from_secs(10), shutdown).await.expect("the activator stops").unwrap().unwrap();
+
+    let sim = sim(|_| {}).await;
+    let (replica, _) = mux_with(vec![spec("bge", sim.addr(), limits(64, 64))], Settings::default()).await;
+    staying_held.set_peers("bge", &[format!("http://{}", replica.grpc_addr)]).unwrap();
+    for call in calls {
+        let answer = tokio::time::timeout(Duration::from_secs(20), call).await.expect("no call hangs").unwrap();
+        assert_eq!(answer.expect("served after one retry"), "retried");
+    }
+    assert_eq!(held(&staying_held), 0);
 }

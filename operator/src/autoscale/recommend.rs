@@ -256,8 +256,9 @@ fn needed_replicas(needed: f64) -> i32 {
 }
 
 /// Whether the pool may go to zero: it may (`minReplicas: 0`), every ready sidecar answered and
-/// has had no call for `scaleToZeroAfter`, nothing is in flight or queued, and the activator has
-/// had no call for it for as long either.
+/// has had no call for `scaleToZeroAfter`, nothing is in flight or queued, and no activator pod
+/// has had a call for it for as long either (the held calls' idle time is the shortest of every
+/// pod's, and unknown, NaN, when one of them did not say: then the pool stays).
 fn idle_long_enough(policy: &Policy, seen: &Observed<'_>) -> bool {
     let after = policy.scale_to_zero_after.as_secs_f64();
     policy.min == 0
@@ -266,7 +267,7 @@ fn idle_long_enough(policy: &Policy, seen: &Observed<'_>) -> bool {
             .reports
             .iter()
             .all(|r| r.in_flight == 0 && r.queued == 0 && r.idle_seconds.is_some_and(|idle| idle >= after))
-        && seen.held.is_none_or(|held| held.held == 0 && held.idle_seconds >= after)
+        && seen.held.is_none_or(|held| held.held == 0 && !held.idle_seconds.is_nan() && held.idle_seconds >= after)
 }
 
 #[cfg(test)]
@@ -467,6 +468,12 @@ pub(super) mod tests {
         assert_eq!(recommend(&policy, 2, &seen(2, &both, Some(&recent)), load).replicas, 1, "the activator had a call");
         let quiet = HeldCalls { idle_seconds: 3600.0, ..recent };
         assert_eq!(recommend(&policy, 2, &seen(2, &both, Some(&quiet)), load).replicas, 0);
+        let unheard = HeldCalls { idle_seconds: f64::NAN, ..quiet.clone() };
+        assert_eq!(
+            recommend(&policy, 2, &seen(2, &both, Some(&unheard)), load).replicas,
+            1,
+            "an activator pod that did not say when it last had a call"
+        );
 
         let kept = Policy { min: 1, ..policy };
         let one = recommend(&kept, 2, &seen(2, &both, None), load);

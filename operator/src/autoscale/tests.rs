@@ -234,6 +234,29 @@ fn min_replicas_1_never_goes_to_zero_and_an_unknown_idle_time_is_not_idle() {
 }
 
 #[test]
+fn a_pool_waits_for_every_activator_pods_word_before_going_to_zero() {
+    let mut sim = Sim::new(256, 16, json!({ "minReplicas": 0, "maxReplicas": 4, "scaleToZeroAfter": "1m" }), 1);
+    sim.run(10, 5);
+    let placed = Placement { placed: 1, gpu_short: false };
+    let quiet = report(16, 0, 0);
+    let sidecar = |sim: &Sim| SidecarAdmission { idle_seconds: Some(sim.second as f64), ..quiet.clone() };
+    // Two activator pods: one answered, idle long enough; the other did not (`held_over`: NaN).
+    let unheard = HeldCalls { pool: "bge".into(), held: 0, idle_seconds: f64::NAN };
+    let mut kept = Vec::new();
+    for _ in 0..30 {
+        let idle = sidecar(&sim);
+        kept.push(sim.look_at(1, std::slice::from_ref(&idle), Some(&unheard), placed));
+    }
+    assert_eq!(counts(&kept), [1; 30], "no pod's last call is taken for long ago");
+    let shown = kept[0].status.last_call_time.clone();
+    assert!(kept.iter().all(|d| d.status.last_call_time == shown), "nor for just now: lastCallTime stays");
+    // Both answer, neither had a call for a minute: zero.
+    let heard = HeldCalls { idle_seconds: 600.0, ..unheard };
+    let idle = sidecar(&sim);
+    assert_eq!(sim.look_at(1, std::slice::from_ref(&idle), Some(&heard), placed).desired, 0);
+}
+
+#[test]
 fn gpus_that_run_out_stop_the_pool_at_what_fits_with_one_warning_and_a_try_every_5_minutes() {
     let mut sim = Sim::new(64, 16, json!({ "minReplicas": 1, "maxReplicas": 4 }), 2);
     sim.run(60, 22);

@@ -7,19 +7,27 @@
 //!
 //! Every pool that may scale to zero owns the activator (owner references, none a controller),
 //! so it goes with the last of them.
+//!
+//! The activator runs as `--activator-replicas` pods (2 by default), any of which holds any
+//! pool's calls: spread over nodes where the scheduler can, under a PodDisruptionBudget that lets
+//! a drain take one at a time, rolled one new pod ready before an old one goes. One that stops
+//! keeps serving through its drain delay, long enough for the operator to take it out of the
+//! pools' Services at its next look, then answers what it still holds with a retry hint.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
 use k8s_openapi::api::core::v1::{
     Container, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, ServiceAccount,
+    TopologySpreadConstraint,
 };
 use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
 };
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -43,6 +51,19 @@ const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 const REQUESTS: [(&str, &str); 2] = [("cpu", "50m"), ("memory", "64Mi")];
 const LIMITS: [(&str, &str); 1] = [("memory", "256Mi")];
 
+/// How long a stopping activator keeps taking and holding calls: the operator takes it out of
+/// the pools' EndpointSlices at its next look at each pool (every 10 s for a pool that may scale
+/// to zero), and kube-proxy follows within a second or two. Calls held meanwhile are served if
+/// their pool becomes ready; at the end those still held are answered with a retry hint.
+pub const DRAIN_DELAY_SECONDS: i64 = 15;
+/// How long calls it already passed on to a ready replica may then take to finish.
+const DRAIN_TIMEOUT_SECONDS: i64 = 30;
+/// The kubelet's wait after SIGTERM: the drain delay, the drain and a margin.
+const TERMINATION_GRACE_SECONDS: i64 = DRAIN_DELAY_SECONDS + DRAIN_TIMEOUT_SECONDS + 5;
+/// A new activator pod counts as available (and an old one may go in a rollout) only after it
+/// has been ready this long: time for the operator to add it to the pools' EndpointSlices.
+const MIN_READY_SECONDS: i32 = 10;
+
 /// Whether `pool` may scale to zero, and so needs the activator.
 pub fn scales_to_zero(pool: &EmbeddingPool) -> bool {
     pool.spec.autoscaling.as_ref().is_some_and(|autoscaling| autoscaling.min_replicas == 0)
@@ -54,6 +75,9 @@ pub struct Activator {
     pub role: Role,
     pub role_binding: RoleBinding,
     pub deployment: Deployment,
+    /// Lets voluntary disruptions (a node drain) take one activator pod at a time; none for a
+    /// single replica, as for a pool's.
+    pub pdb: Option<PodDisruptionBudget>,
     /// Present unless the operator runs with `--activator-network-policy=false`.
     pub network_policy: Option<NetworkPolicy>,
 }
@@ -145,23 +169,54 @@ fn meta(namespace: &str, owners: &[&EmbeddingPool]) -> ObjectMeta {
     }
 }
 
+/// Spreads the activator's pods over nodes where the scheduler can (a node lost takes one, not
+/// all); a cluster of one node still runs them all. Nodes only: a zone constraint would leave
+/// every node unscored, and the pods unspread, on a cluster whose nodes carry no zone label.
+fn spread() -> Vec<TopologySpreadConstraint> {
+    vec![TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: "kubernetes.io/hostname".into(),
+        when_unsatisfiable: "ScheduleAnyway".into(),
+        label_selector: Some(LabelSelector { match_labels: Some(selector()), ..LabelSelector::default() }),
+        ..TopologySpreadConstraint::default()
+    }]
+}
+
+/// The activator's PodDisruptionBudget: one pod at a time, when it runs more than one.
+fn pdb(meta: &ObjectMeta, replicas: i32) -> Option<PodDisruptionBudget> {
+    (replicas > 1).then(|| PodDisruptionBudget {
+        metadata: meta.clone(),
+        spec: Some(PodDisruptionBudgetSpec {
+            max_unavailable: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector { match_labels: Some(selector()), ..LabelSelector::default() }),
+            // Evicting an already-unhealthy pod never costs availability.
+            unhealthy_pod_eviction_policy: Some("AlwaysAllow".into()),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        ..PodDisruptionBudget::default()
+    })
+}
+
 /// The activator of `namespace`, owned by `owners` (the pools that may scale to zero, by name);
 /// `None` when there are none. It is placed where the first of them may run (its node selector
 /// and tolerations), without its GPUs.
 pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig) -> Option<Activator> {
     let placement = &owners.first()?.spec.template;
     let meta = meta(namespace, owners);
+    let replicas = config.activator_replicas.max(1);
     let resources = ResourceRequirements {
         requests: Some(quantities(REQUESTS)),
         limits: Some(quantities(LIMITS)),
         ..ResourceRequirements::default()
     };
+    let args =
+        vec![format!("--drain-delay={DRAIN_DELAY_SECONDS}s"), format!("--drain-timeout={DRAIN_TIMEOUT_SECONDS}s")];
     let container = Container {
         env: Some(vec![
             env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
             env_field(labels::ENV_POD_NAME, "metadata.name"),
         ]),
-        ..multiplexer_in_role("activator", "activator", Vec::new(), config, resources)
+        ..multiplexer_in_role("activator", "activator", args, config, resources)
     };
     let pod = PodSpec {
         service_account_name: Some(NAME.into()),
@@ -177,12 +232,23 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
         tolerations: Some(placement.tolerations.clone()).filter(|t| !t.is_empty()),
         node_selector: Some(placement.node_selector.clone()).filter(|s| !s.is_empty()),
         image_pull_secrets: Some(placement.image_pull_secrets.clone()).filter(|s| !s.is_empty()),
+        topology_spread_constraints: Some(spread()),
+        termination_grace_period_seconds: Some(TERMINATION_GRACE_SECONDS),
         ..PodSpec::default()
     };
     let deployment = Deployment {
         metadata: meta.clone(),
         spec: Some(DeploymentSpec {
-            replicas: Some(1),
+            replicas: Some(replicas),
+            // A new pod ready (and in the pools' slices) before an old one goes.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_surge: Some(IntOrString::Int(1)),
+                    max_unavailable: Some(IntOrString::Int(0)),
+                }),
+            }),
+            min_ready_seconds: Some(MIN_READY_SECONDS),
             selector: LabelSelector { match_labels: Some(selector()), ..LabelSelector::default() },
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta { labels: Some(pod_labels()), ..ObjectMeta::default() }),
@@ -219,8 +285,9 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
         }]),
     };
     let network_policy = config.activator_network_policy.then(|| network_policy(&meta, owners, config));
+    let pdb = pdb(&meta, replicas);
     let service_account = ServiceAccount { metadata: meta, ..ServiceAccount::default() };
-    Some(Activator { service_account, role, role_binding, deployment, network_policy })
+    Some(Activator { service_account, role, role_binding, deployment, pdb, network_policy })
 }
 
 /// The name of the EndpointSlice that sends `pool`'s Service to the activator.
@@ -298,6 +365,36 @@ mod tests {
         assert_eq!(pod.node_selector.unwrap()["pool"], "cpu", "placed where the pool may run");
         assert_eq!(pod.containers[0].args.as_ref().unwrap()[0], "activator");
         assert!(pod.containers[0].resources.as_ref().unwrap().limits.as_ref().unwrap().get("nvidia.com/gpu").is_none());
+    }
+
+    #[test]
+    fn the_activator_runs_two_replicas_spread_rolled_one_at_a_time_under_a_budget_unless_told_otherwise() {
+        let a = pool("a", 0);
+        let activator = render("ml", &[&a], &RenderConfig::default()).unwrap();
+        let spec = activator.deployment.spec.unwrap();
+        assert_eq!(spec.replicas, Some(2));
+        let rolling = spec.strategy.unwrap().rolling_update.unwrap();
+        assert_eq!(
+            (rolling.max_surge, rolling.max_unavailable),
+            (Some(IntOrString::Int(1)), Some(IntOrString::Int(0)))
+        );
+        let pod = spec.template.spec.unwrap();
+        let spread = pod.topology_spread_constraints.unwrap();
+        assert!(spread.iter().any(|c| c.topology_key == "kubernetes.io/hostname"));
+        assert!(spread.iter().all(|c| c.when_unsatisfiable == "ScheduleAnyway"), "soft: one node still runs them");
+        let args = pod.containers[0].args.clone().unwrap();
+        assert!(args.contains(&format!("--drain-delay={DRAIN_DELAY_SECONDS}s")), "{args:?}");
+        assert!(pod.termination_grace_period_seconds.unwrap() > DRAIN_DELAY_SECONDS + DRAIN_TIMEOUT_SECONDS);
+        let pdb = activator.pdb.expect("a budget for two").spec.unwrap();
+        assert_eq!(pdb.max_unavailable, Some(IntOrString::Int(1)));
+        assert_eq!(pdb.selector.unwrap().match_labels.unwrap(), selector(), "the activator's pods alone");
+
+        let three = RenderConfig { activator_replicas: 3, ..RenderConfig::default() };
+        assert_eq!(render("ml", &[&a], &three).unwrap().deployment.spec.unwrap().replicas, Some(3));
+        let one = RenderConfig { activator_replicas: 1, ..RenderConfig::default() };
+        let single = render("ml", &[&a], &one).unwrap();
+        assert_eq!(single.deployment.spec.unwrap().replicas, Some(1));
+        assert!(single.pdb.is_none(), "one pod: nothing to keep while it moves");
     }
 
     #[test]

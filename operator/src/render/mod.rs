@@ -42,6 +42,9 @@ pub struct RenderConfig {
     /// Whether each namespace's activator gets its NetworkPolicy (the chart's
     /// `networkPolicy.enabled`). Pools' own policies follow their `spec.networkPolicy`.
     pub activator_network_policy: bool,
+    /// How many replicas each namespace's activator runs (`--activator-replicas`, the chart's
+    /// `activator.replicas`): two or more keep the pools at zero answered while one restarts.
+    pub activator_replicas: i32,
 }
 
 impl Default for RenderConfig {
@@ -52,6 +55,7 @@ impl Default for RenderConfig {
             multiplexer_image: format!("ghcr.io/teifleet/multiplexer:{}", env!("CARGO_PKG_VERSION")),
             operator_namespace: None,
             activator_network_policy: true,
+            activator_replicas: 2,
         }
     }
 }
