@@ -27,8 +27,9 @@ use teifleet_multiplexer::report::metrics::Metrics;
 use teifleet_multiplexer::run::server::{self, InputBounds, Settings};
 use teifleet_multiplexer::sources::tls_files::TlsFiles;
 use teifleet_multiplexer::sources::{self, budget};
-use teifleet_multiplexer::transport::tls::Certificates;
+use teifleet_multiplexer::transport::tls::{Certificates, PoolCertificates};
 use teifleet_runtime::logging::{self, LogFormat};
+use teifleet_runtime::tls::ServerTls;
 use teifleet_runtime::{duration, shutdown};
 use teifleet_wire::ports;
 use tokio_util::sync::CancellationToken;
@@ -315,7 +316,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
     if tls_files.enabled() {
         if matches!(source, Source::Kubernetes { .. } | Source::Activator { .. }) {
             anyhow::bail!(
-                "--tls-cert is for the static and file modes: in kubernetes mode the pool's spec.tls sets TLS, and the activator serves none"
+                "--tls-cert is for the static and file modes: in kubernetes mode the pool's spec.tls sets TLS, and the activator serves each pool's own"
             );
         }
         let loaded = tls_files.load(&certificates)?;
@@ -325,14 +326,22 @@ async fn run(source: Source) -> anyhow::Result<()> {
     // The API-key gate of the own pool; its keys come from the same source as the pools.
     let gate_for = |pool: &str, policy| Gate::new(pool, &metrics.registry, policy).map(Arc::new);
     let mut pool_naming = None;
+    let mut activator_tls = None;
     let (table, gate, serve) = match source {
         Source::Activator { namespace, max_held_per_pool, serve } => {
             let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
-            let activations = Arc::new(teifleet_multiplexer::activator::Activations::new(max_held_per_pool));
-            let table = Arc::new(PoolTable::activator(metrics.clone(), activations));
+            // Each pool with spec.tls its own certificate, picked by the name its client asks for;
+            // plain text on the same ports for a client that opens in plain text.
+            let pool_certificates = Arc::new(PoolCertificates::new(namespace.clone(), &certificates));
+            activator_tls = Some(Arc::new(ServerTls::by_server_name(pool_certificates.clone())));
+            let activations = teifleet_multiplexer::activator::Activations::new(max_held_per_pool)
+                .with_certificates(pool_certificates.clone());
+            let table = Arc::new(PoolTable::activator(metrics.clone(), Arc::new(activations)));
             // Read by both fronts for each call, kept by the watch from the pools' Services.
             let naming = Arc::new(teifleet_multiplexer::activator::PoolNaming::new(namespace));
-            tokio::spawn(sources::activator::watch(client, naming.clone(), table.clone(), helpers.clone()));
+            let watch =
+                sources::activator::watch(client, naming.clone(), table.clone(), pool_certificates, helpers.clone());
+            tokio::spawn(watch);
             pool_naming = Some(naming);
             // Keys are the pools' sidecars' to check: a call carries its key to them.
             (table, Arc::new(Gate::off()), serve)
@@ -428,7 +437,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         drain_delay: serve.drain_delay,
         drain_timeout: serve.drain_timeout,
         tei_metrics: tei_metrics_url(serve.tei_metrics.as_deref())?,
-        tls: certificates.tls().clone(),
+        tls: activator_tls.unwrap_or_else(|| certificates.tls().clone()),
         pool_naming,
         ..Settings::default()
     };

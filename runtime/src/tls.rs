@@ -10,13 +10,18 @@
 //! The same set makes the client side of calls between servers ([`ServerTls::client`]): it trusts
 //! the set's CA bundle (the Secret's `ca.crt`; the system's roots without one) and presents the
 //! set's own certificate, for peers that ask for one.
+//!
+//! A port that stands in for several servers (the activator, for every pool of its namespace)
+//! picks the set by the name its client asked for ([`ServerTls::by_server_name`], SNI), and
+//! serves a client that opens in plain text (its first byte is no TLS handshake record) in plain
+//! text on the same port.
 
 mod io;
 mod material;
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-pub use io::{ClientIdentity, MaybeTls, accept, certificate_name};
+pub use io::{ClientIdentity, MaybeTls, PeekFirst, accept, certificate_name};
 pub use material::{CertificateInfo, Loaded, Material, TlsError, openssl_serial, serial_of};
 use rustls::ClientConfig;
 
@@ -27,12 +32,25 @@ pub const REFUSED_TLS_NOT_LOADED: &str = "tls_not_loaded";
 /// not from the client CA, none where one is required) or did not finish within the deadline.
 pub const REFUSED_TLS_HANDSHAKE: &str = "tls_handshake";
 
+/// Why a connection opened in TLS was closed before its handshake: it asked for a server name
+/// the port serves no certificate for (or for none at all), on a port that picks by name.
+pub const REFUSED_TLS_UNKNOWN_NAME: &str = "tls_unknown_name";
+
+/// The sets of a port that stands in for several servers, by the server name (SNI) a client asks
+/// for.
+pub trait ServerNames: Send + Sync + std::fmt::Debug {
+    /// The set a handshake asking for `server_name` gets; none: the connection is closed.
+    fn pick(&self, server_name: Option<&str>) -> Option<Arc<Loaded>>;
+}
+
 #[derive(Clone, Debug, Default)]
 enum Mode {
     #[default]
     Off,
     Waiting,
     Serving(Arc<Loaded>),
+    /// Plain text, or TLS with the set picked by the name the client asks for.
+    ByName(Arc<dyn ServerNames>),
 }
 
 /// A port's TLS, changed live by whatever source follows its certificates.
@@ -78,6 +96,15 @@ impl ServerTls {
         *self.rejected.write().unwrap_or_else(PoisonError::into_inner) = error;
     }
 
+    /// A port that stands in for several servers: a connection that opens with a TLS handshake
+    /// gets the set `names` picks by the server name the client asks for (closed when it picks
+    /// none); one that opens otherwise is served in plain text.
+    pub fn by_server_name(names: Arc<dyn ServerNames>) -> Self {
+        let tls = Self::default();
+        tls.set_mode(Mode::ByName(names));
+        tls
+    }
+
     /// Back to plain text for new connections.
     pub fn turn_off(&self) {
         self.set_mode(Mode::Off);
@@ -119,7 +146,8 @@ impl ServerTls {
     /// The set new handshakes use: `Ok(None)` in plain text, `Err` while waiting.
     pub fn in_force(&self) -> Result<Option<Arc<Loaded>>, &'static str> {
         match self.mode() {
-            Mode::Off => Ok(None),
+            // By name: no one set; `accept` picks each connection's.
+            Mode::Off | Mode::ByName(_) => Ok(None),
             Mode::Waiting => Err(REFUSED_TLS_NOT_LOADED),
             Mode::Serving(loaded) => Ok(Some(loaded)),
         }
@@ -129,7 +157,7 @@ impl ServerTls {
     pub fn client(&self) -> Option<Arc<ClientConfig>> {
         match self.mode() {
             Mode::Serving(loaded) => Some(loaded.client_config()),
-            Mode::Off | Mode::Waiting => None,
+            Mode::Off | Mode::Waiting | Mode::ByName(_) => None,
         }
     }
 
@@ -137,7 +165,7 @@ impl ServerTls {
     pub fn report(&self) -> Option<Report> {
         let error = self.rejected.read().unwrap_or_else(PoisonError::into_inner).clone();
         match self.mode() {
-            Mode::Off => None,
+            Mode::Off | Mode::ByName(_) => None,
             Mode::Waiting => Some(Report { serving: None, client_auth: false, error }),
             Mode::Serving(loaded) => {
                 Some(Report { serving: Some(loaded.info().clone()), client_auth: loaded.client_auth(), error })

@@ -490,14 +490,14 @@ mod tests {
         assert_eq!(priority(BATCH_KEY, "urgent"), "urgent", "left for request_meta to refuse");
 
         let open = Gate::off();
-        let certified = ClientIdentity { name: "batch".to_owned(), sibling: false };
+        let certified = ClientIdentity { name: "batch".to_owned(), sibling: false, served: None };
         let mut call = headers(&[("x-teifleet-priority", "critical")]);
         open.admit(&mut call, Some(&certified), Protocol::Grpc).unwrap();
         assert_eq!(call["x-teifleet-priority"], "standard", "a certificate is an identity too");
         let mut anonymous = headers(&[("x-teifleet-priority", "critical")]);
         open.admit(&mut anonymous, None, Protocol::Grpc).unwrap();
         assert_eq!(anonymous["x-teifleet-priority"], "critical", "no identity: nothing to hold it against");
-        let sibling = ClientIdentity { name: "bge".to_owned(), sibling: true };
+        let sibling = ClientIdentity { name: "bge".to_owned(), sibling: true, served: None };
         let mut passed_on = headers(&[("x-teifleet-priority", "critical")]);
         open.admit(&mut passed_on, Some(&sibling), Protocol::Grpc).unwrap();
         assert_eq!(passed_on["x-teifleet-priority"], "critical", "a sibling's gate held it already");
@@ -587,7 +587,7 @@ mod tests {
     #[test]
     fn a_client_certificate_names_the_tenant_unless_keys_do_or_a_sibling_passes_a_call_on() {
         let gate = Gate::off();
-        let certified = |name: &str, sibling| ClientIdentity { name: name.to_owned(), sibling };
+        let certified = |name: &str, sibling| ClientIdentity { name: name.to_owned(), sibling, served: None };
         let tenant = |call: &HeaderMap| call.get(TENANT).map(|v| v.to_str().unwrap().to_owned());
         let mut call = headers(&[(TENANT, "batch")]);
         gate.admit(&mut call, Some(&certified("search", false)), Protocol::Grpc).unwrap();

@@ -4,7 +4,9 @@
 //! the API keys of every pool with `spec.auth` (the Secret it names, watched as its sidecars do),
 //! so that a call without one of its keys is refused before it is held or counted as demand; and
 //! each pool's Service address (ClusterIP), so that a call whose client dialled an address rather
-//! than a name is held for the pool whose Service that is.
+//! than a name is held for the pool whose Service that is; and the certificate set of every pool
+//! with `spec.tls` (its TLS Secret, and its client CA, watched by name as its sidecars do), which
+//! the activator serves that pool's clients and calls its replicas with.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -24,6 +26,7 @@ use crate::activator::PoolNaming;
 use crate::admission::Limits;
 use crate::forward::pools::{PoolSpec, PoolTable};
 use crate::gate::auth::{Gate, Policy};
+use crate::transport::tls::PoolCertificates;
 
 /// The hold of a pool without `spec.autoscaling` (the CRD's default `coldStartHold`).
 const DEFAULT_HOLD: Duration = Duration::from_secs(60);
@@ -41,8 +44,10 @@ fn activated(pool: &EmbeddingPool) -> (PoolSpec, Duration) {
         .as_ref()
         .and_then(|autoscaling| parse_duration(&autoscaling.cold_start_hold).ok())
         .unwrap_or(DEFAULT_HOLD);
+    // A pool's calls are passed on over another channel when it turns TLS on or off.
+    let scheme = if pool.spec.tls.is_some() { "activated-tls" } else { "activated" };
     let spec = PoolSpec {
-        upstream: format!("activated://{name}"),
+        upstream: format!("{scheme}://{name}"),
         model: Some(pool.spec.model.id.clone()),
         // Admission is the replicas' business; here a call only waits for one to be ready.
         limits: Some(Limits::new(usize::MAX >> 1, usize::MAX >> 1, hold)),
@@ -150,12 +155,61 @@ impl KeyWatches {
     }
 }
 
+/// The TLS sets followed for each pool with `spec.tls`, and the token ending each watch.
+#[derive(Default)]
+struct TlsWatches {
+    following: BTreeMap<String, (teifleet_crds::TlsSpec, CancellationToken)>,
+}
+
+impl TlsWatches {
+    /// Follows the TLS Secrets (and client CAs) `live` pools name now; a pool whose `spec.tls`
+    /// went, or changed, is served no set until its new one is read.
+    fn follow(
+        &mut self,
+        client: &Client,
+        namespace: &str,
+        certificates: &Arc<PoolCertificates>,
+        live: &[Arc<EmbeddingPool>],
+        stop: &CancellationToken,
+    ) {
+        let wanted: BTreeMap<String, teifleet_crds::TlsSpec> =
+            live.iter().filter_map(|pool| Some((pool.name_any(), pool.spec.tls.clone()?))).collect();
+        self.following.retain(|pool, (spec, token)| {
+            let keep = wanted.get(pool) == Some(spec);
+            if !keep {
+                token.cancel();
+                certificates.remove(pool);
+            }
+            keep
+        });
+        for (pool, spec) in wanted {
+            if self.following.contains_key(&pool) {
+                continue;
+            }
+            let token = stop.child_token();
+            let set = certificates.of_pool(&pool);
+            let watch =
+                super::tls_secret::watch(client.clone(), namespace.to_owned(), spec.clone(), set, token.clone());
+            tokio::spawn(watch);
+            self.following.insert(pool, (spec, token));
+        }
+    }
+}
+
 /// Keeps `table` and `activations` in step with the pools of `naming`'s namespace and their ready
-/// replicas, and `naming` with their Services' addresses, until `stop`.
-pub async fn watch(client: Client, naming: Arc<PoolNaming>, table: Arc<PoolTable>, stop: CancellationToken) {
+/// replicas, `naming` with their Services' addresses, and `certificates` with the sets of the pools
+/// with `spec.tls`, until `stop`.
+pub async fn watch(
+    client: Client,
+    naming: Arc<PoolNaming>,
+    table: Arc<PoolTable>,
+    certificates: Arc<PoolCertificates>,
+    stop: CancellationToken,
+) {
     let Some(activations) = table.activations().cloned() else { return };
     let namespace = naming.namespace().to_owned();
     let mut keys = KeyWatches::default();
+    let mut tls = TlsWatches::default();
     let pools_api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
     let slices_api: Api<EndpointSlice> = Api::namespaced(client.clone(), &namespace);
     let services_api: Api<Service> = Api::namespaced(client.clone(), &namespace);
@@ -202,18 +256,24 @@ pub async fn watch(client: Client, naming: Arc<PoolNaming>, table: Arc<PoolTable
             .unzip();
         // Keys before the pools become routable: never hold a keyed pool's call unchecked.
         keys.follow(&client, &namespace, &table, &live, &stop);
+        tls.follow(&client, &namespace, &certificates, &live, &stop);
         // Balancers first, so the table's new pools find theirs.
         activations.sync(&holds);
         let slices = slices.state();
         for (pool, _) in &holds {
             let own: Vec<Arc<EndpointSlice>> = slices.iter().filter(|s| pool_of(s) == Some(pool)).cloned().collect();
-            let tls = live.iter().any(|p| p.name_any() == *pool && p.spec.tls.is_some());
-            if tls {
-                // The activator serves no certificate of the pool's and calls its replicas in
-                // plain text: a pool with TLS cannot be held here (docs/operating.md).
+            let tls = live.iter().find(|p| p.name_any() == *pool).and_then(|p| p.spec.tls.as_ref());
+            if let Err(error) = activations.set_tls(pool, tls.is_some()) {
+                tracing::warn!(pool, %error, "could not follow the pool's replicas in TLS");
                 continue;
             }
-            let urls = super::siblings::urls(&own, "", false);
+            if tls.is_some_and(|tls| tls.client_ca.is_some()) {
+                // Mutual TLS: not passed on from here yet (the pool's replicas would take the
+                // activator, which shows the pool's own certificate, for a sibling whose tenant
+                // they believe); such a pool's calls are held until their hold runs out.
+                continue;
+            }
+            let urls = super::siblings::urls(&own, "", tls.is_some());
             if let Err(error) = activations.set_peers(pool, &urls) {
                 tracing::warn!(pool, %error, "could not follow the pool's replicas");
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use teifleet_runtime::tls::Material;
 use tokio_util::sync::CancellationToken;
 
-use crate::transport::tls::Certificates;
+use crate::transport::tls::{Certificates, Offered as _};
 use crate::vocab::SetupError;
 
 /// Where the certificate set's files are; TLS is off without `--tls-cert`.

@@ -19,7 +19,7 @@ use teifleet_crds::{ClientCaSpec, TlsSpec};
 use teifleet_runtime::tls::Material;
 use tokio_util::sync::CancellationToken;
 
-use crate::transport::tls::Certificates;
+use crate::transport::tls::Offered;
 
 /// What a watch of one named object has shown so far.
 #[derive(Clone, Debug, PartialEq)]
@@ -130,12 +130,13 @@ enum Change {
     ClientCa(Seen<Option<Vec<u8>>>),
 }
 
-/// Offers `spec`'s set to `certificates` whenever what it names changes, until `stop`.
-pub async fn watch(
+/// Offers `spec`'s set to `certificates` (the sidecar's, or one pool's at the activator)
+/// whenever what it names changes, until `stop`.
+pub async fn watch<O: Offered + ?Sized>(
     client: Client,
     namespace: String,
     spec: TlsSpec,
-    certificates: Arc<Certificates>,
+    certificates: Arc<O>,
     stop: CancellationToken,
 ) {
     let secret = follow(Api::<Secret>::namespaced(client.clone(), &namespace), spec.secret_name.clone());

@@ -2,6 +2,7 @@
 //! each module drives the real gRPC and HTTP fronts on loopback against the TEI simulator.
 
 mod activator;
+mod activator_tls;
 mod admission;
 mod attacks;
 mod auth;

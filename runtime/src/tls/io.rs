@@ -6,12 +6,40 @@ use std::task::{Context, Poll};
 
 use rustls::pki_types::CertificateDer;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
+use tokio_rustls::{LazyConfigAcceptor, TlsAcceptor};
 use x509_parser::prelude::{FromDer as _, GeneralName, X509Certificate};
 
-use super::{REFUSED_TLS_HANDSHAKE, ServerTls};
+use super::{Loaded, Mode, REFUSED_TLS_HANDSHAKE, REFUSED_TLS_UNKNOWN_NAME, ServerTls};
+
+/// The first byte of a TLS handshake record: what a client that opens in TLS sends first.
+const TLS_HANDSHAKE_RECORD: u8 = 0x16;
+
+/// A connection whose first byte can be read without taking it: how a port that serves TLS and
+/// plain text side by side tells them apart.
+pub trait PeekFirst {
+    /// The first byte the client sent, left in place; an error when the connection closed first.
+    fn peek_first(&self) -> impl Future<Output = io::Result<u8>> + Send;
+}
+
+impl PeekFirst for TcpStream {
+    async fn peek_first(&self) -> io::Result<u8> {
+        let mut first = [0; 1];
+        match self.peek(&mut first).await? {
+            0 => Err(io::ErrorKind::UnexpectedEof.into()),
+            _ => Ok(first[0]),
+        }
+    }
+}
+
+/// In-memory pipes (tests) cannot be peeked: a port that picks by name refuses them.
+impl PeekFirst for tokio::io::DuplexStream {
+    async fn peek_first(&self) -> io::Result<u8> {
+        Err(io::ErrorKind::Unsupported.into())
+    }
+}
 
 /// Who a client certificate, checked against the client CA, says its holder is. What a front
 /// makes of it (a tenant) is the front's business.
@@ -23,6 +51,10 @@ pub struct ClientIdentity {
     /// pool (they serve one Secret), passing a call on (whose tenant it carries along). A
     /// certificate merely named like the pool is a client like any other.
     pub sibling: bool,
+    /// On a port that picks its certificate by name ([`ServerTls::by_server_name`]), the server
+    /// name the client asked for, whose set (and client CA) checked this certificate; none on a
+    /// port with one set.
+    pub served: Option<String>,
 }
 
 /// The name a certificate gives its holder: the subject's common name, else its first DNS name.
@@ -59,18 +91,20 @@ impl<Io> MaybeTls<Io> {
 /// `deadline`) with TLS on. `Err` holds the refusal reason; the connection is then dropped.
 pub async fn accept<Io>(tls: &ServerTls, io: Io, deadline: Instant) -> Result<MaybeTls<Io>, &'static str>
 where
-    Io: AsyncRead + AsyncWrite + Unpin,
+    Io: AsyncRead + AsyncWrite + Unpin + PeekFirst,
 {
+    if let Mode::ByName(names) = tls.mode() {
+        return match tokio::time::timeout_at(deadline, accept_by_name(&*names, io)).await {
+            Ok(accepted) => accepted,
+            Err(_) => {
+                tracing::debug!("TLS handshake not finished within the header timeout");
+                Err(REFUSED_TLS_HANDSHAKE)
+            }
+        };
+    }
     let Some(loaded) = tls.in_force()? else { return Ok(MaybeTls::Plain(io)) };
     match tokio::time::timeout_at(deadline, TlsAcceptor::from(loaded.server_config()).accept(io)).await {
-        Ok(Ok(stream)) => {
-            let shown = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first());
-            let client = shown
-                .and_then(certificate_name)
-                .zip(shown)
-                .map(|(name, shown)| ClientIdentity { sibling: loaded.is_own_certificate(shown), name });
-            Ok(MaybeTls::Tls { stream: Box::new(stream), client })
-        }
+        Ok(Ok(stream)) => Ok(tls_stream(stream, &loaded, None)),
         Ok(Err(error)) => {
             tracing::debug!(%error, "TLS handshake failed");
             Err(REFUSED_TLS_HANDSHAKE)
@@ -80,6 +114,52 @@ where
             Err(REFUSED_TLS_HANDSHAKE)
         }
     }
+}
+
+/// A port that picks by name: plain text unless the client opens with a TLS handshake, then the
+/// set `names` picks for the name its hello asks for.
+async fn accept_by_name<Io>(names: &dyn super::ServerNames, io: Io) -> Result<MaybeTls<Io>, &'static str>
+where
+    Io: AsyncRead + AsyncWrite + Unpin + PeekFirst,
+{
+    match io.peek_first().await {
+        Ok(TLS_HANDSHAKE_RECORD) => {}
+        Ok(_) => return Ok(MaybeTls::Plain(io)),
+        Err(error) => {
+            tracing::debug!(%error, "connection closed before its first byte");
+            return Err(REFUSED_TLS_HANDSHAKE);
+        }
+    }
+    let started = match LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await {
+        Ok(started) => started,
+        Err(error) => {
+            tracing::debug!(%error, "TLS hello unreadable");
+            return Err(REFUSED_TLS_HANDSHAKE);
+        }
+    };
+    let asked = started.client_hello().server_name().map(str::to_owned);
+    let Some(loaded) = names.pick(asked.as_deref()) else {
+        tracing::debug!(server_name = ?asked, "no certificate for the server name asked for");
+        return Err(REFUSED_TLS_UNKNOWN_NAME);
+    };
+    match started.into_stream(loaded.server_config()).await {
+        Ok(stream) => Ok(tls_stream(stream, &loaded, asked)),
+        Err(error) => {
+            tracing::debug!(%error, server_name = ?asked, "TLS handshake failed");
+            Err(REFUSED_TLS_HANDSHAKE)
+        }
+    }
+}
+
+/// A finished handshake with `loaded`, and who the client certificate, if any, names.
+fn tls_stream<Io>(stream: TlsStream<Io>, loaded: &Loaded, served: Option<String>) -> MaybeTls<Io> {
+    let shown = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first());
+    let client = shown.and_then(certificate_name).zip(shown).map(|(name, shown)| ClientIdentity {
+        sibling: loaded.is_own_certificate(shown),
+        name,
+        served,
+    });
+    MaybeTls::Tls { stream: Box::new(stream), client }
 }
 
 #[cfg(feature = "tonic")]

@@ -151,3 +151,91 @@ fn serials_read_as_openssl_prints_them() {
     let issued = Authority::new("test CA").server(&["localhost"]);
     assert_eq!(serial_of(&issued.der), Some(issued.serial));
 }
+
+/// Two servers' sets, picked by the name asked for.
+#[derive(Debug)]
+struct TwoNames(Arc<Loaded>, Arc<Loaded>);
+
+impl ServerNames for TwoNames {
+    fn pick(&self, server_name: Option<&str>) -> Option<Arc<Loaded>> {
+        match server_name? {
+            "a.ml.svc" => Some(self.0.clone()),
+            "b.ml.svc" => Some(self.1.clone()),
+            _ => None,
+        }
+    }
+}
+
+type Served = Result<(bool, Option<ClientIdentity>, u8), &'static str>;
+
+/// One connection to a port of `tls` over TCP, made by `client`: whether the server took it in
+/// plain text, who its certificate names and the first byte it read; and what the client got.
+async fn serve_once<F, T>(tls: &ServerTls, client: impl FnOnce(std::net::SocketAddr) -> F) -> (Served, T)
+where
+    F: Future<Output = T>,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = async {
+        let (tcp, _) = listener.accept().await.unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        let mut stream = accept(tls, tcp, deadline).await?;
+        let plain = matches!(stream, MaybeTls::Plain(_));
+        let identity = stream.client().cloned();
+        let mut first = [0; 1];
+        let _ = stream.read(&mut first).await;
+        Ok((plain, identity, first[0]))
+    };
+    tokio::join!(server, client(addr))
+}
+
+/// A TLS client of `addr` asking for `name`: the serial it was shown (kept open meanwhile).
+async fn dial_at(
+    addr: std::net::SocketAddr,
+    name: &'static str,
+    config: Arc<ClientConfig>,
+) -> Option<(tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String)> {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut stream = TlsConnector::from(config).connect(ServerName::try_from(name).unwrap(), tcp).await.ok()?;
+    stream.write_all(b"x").await.ok()?;
+    stream.flush().await.ok()?;
+    let serial = serial_of(stream.get_ref().1.peer_certificates()?.first()?)?;
+    Some((stream, serial))
+}
+
+#[tokio::test]
+async fn a_port_by_name_serves_each_name_its_set_and_plain_text_beside_them() {
+    let (ca_a, ca_b, clients) = (Authority::new("a CA"), Authority::new("b CA"), Authority::new("b clients"));
+    let (a, b) = (ca_a.server(&["a.ml.svc"]), ca_b.server(&["b.ml.svc"]));
+    let loaded_a = Arc::new(Loaded::check(&material(&ca_a, &a)).unwrap());
+    let with_clients = Material { client_ca: Some(clients.pem.clone().into()), ..material(&ca_b, &b) };
+    let loaded_b = Arc::new(Loaded::check(&with_clients).unwrap());
+    let tls = ServerTls::by_server_name(Arc::new(TwoNames(loaded_a, loaded_b)));
+    assert_eq!((tls.report(), tls.client().is_none()), (None, true), "no one set to report or call with");
+
+    // In plain text: served in plain text, its first byte left for the server to read.
+    let plain = |addr| async move {
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"P").await.unwrap();
+        tcp
+    };
+    let (served, _open) = serve_once(&tls, plain).await;
+    assert_eq!(served, Ok((true, None, b'P')));
+
+    // Each name gets its own set, as a client trusting only that server's CA checks.
+    let (served, seen) = serve_once(&tls, |addr| dial_at(addr, "a.ml.svc", client_config(&ca_a, None))).await;
+    assert_eq!((served, seen.map(|(_, serial)| serial)), (Ok((false, None, b'x')), Some(a.serial.clone())));
+    let search = clients.client("search");
+    let (served, seen) = serve_once(&tls, |addr| dial_at(addr, "b.ml.svc", client_config(&ca_b, Some(&search)))).await;
+    assert_eq!(seen.map(|(_, serial)| serial), Some(b.serial.clone()));
+    let identity = served.unwrap().1.unwrap();
+    assert_eq!((identity.name.as_str(), identity.served.as_deref()), ("search", Some("b.ml.svc")));
+    let (_, seen) = serve_once(&tls, |addr| dial_at(addr, "a.ml.svc", client_config(&ca_b, None))).await;
+    assert!(seen.is_none(), "a's certificate is not from b's CA");
+
+    // b's client CA is b's alone; a name no set is for, or none, is refused.
+    let (served, _) = serve_once(&tls, |addr| dial_at(addr, "b.ml.svc", client_config(&ca_b, None))).await;
+    assert_eq!(served.unwrap_err(), REFUSED_TLS_HANDSHAKE, "no client certificate");
+    let (served, _) = serve_once(&tls, |addr| dial_at(addr, "c.ml.svc", client_config(&ca_a, None))).await;
+    assert_eq!(served.unwrap_err(), REFUSED_TLS_UNKNOWN_NAME);
+}
