@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Real client libraries from PyPI (the openai SDK, huggingface_hub, requests, grpcio) against the
-# multiplexer's fronts in front of the TEI simulator, both the debug binaries, on loopback: in
+# Real client libraries from PyPI (the openai SDK, huggingface_hub, requests, grpcio) and grpcurl
+# (tools/grpcurl.sh builds it once) against the multiplexer's fronts in front of the TEI simulator,
+# both the debug binaries, on loopback: in
 # plain text, with API keys, and over TLS and mutual TLS with certificates made here every run.
 # An embedding job (the debug teifleet-job) also runs here, Parquet in and out of a real SeaweedFS
 # S3 server (tools/seaweedfs.sh builds `weed` once), for pyarrow to read back (test_job_output.py).
@@ -27,6 +28,9 @@ fi
 cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim --bins
 cargo build --quiet -p teifleet-job --bin teifleet-job
 weed=$(tools/seaweedfs.sh)
+# grpcurl (test_grpcurl.py), built once per version like weed.
+TEIFLEET_GRPCURL=$(tools/grpcurl.sh)
+export TEIFLEET_GRPCURL
 bin=$root/target/debug
 logs=$(mktemp -d)
 # Every port at once, all different, and below the kernel's ephemeral range: a port picked there
@@ -169,7 +173,7 @@ serve mux-rotating.log "$rot_grpc" "$rot_admin" "$rot_http" --tls-cert "$tls/rot
     --tls-key "$tls/rotating/tls.key"
 
 export TEIFLEET_HTTP="http://127.0.0.1:$http" TEIFLEET_HTTP_KEYED="http://127.0.0.1:$keyed_http"
-export TEIFLEET_GRPC="127.0.0.1:$grpc" TEIFLEET_SIM_GRPC="127.0.0.1:$sim_port"
+export TEIFLEET_GRPC="127.0.0.1:$grpc" TEIFLEET_SIM_GRPC="127.0.0.1:$sim_port" TEIFLEET_ADMIN="http://127.0.0.1:$admin"
 export TEIFLEET_API_KEY="$api_key"
 export TEIFLEET_TLS_DIR="$tls"
 export TEIFLEET_TLS_HTTP="https://127.0.0.1:$tls_http" TEIFLEET_TLS_GRPC="127.0.0.1:$tls_grpc"
