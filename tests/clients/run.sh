@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Real client libraries from PyPI (the openai SDK, huggingface_hub, requests, grpcio) and grpcurl
-# (tools/grpcurl.sh builds it once) against the multiplexer's fronts in front of the TEI simulator,
+# Real client libraries from PyPI (the openai SDK, huggingface_hub, requests, grpcio), grpcurl and
+# ghz (tools/grpcurl.sh and tools/ghz.sh build them once) against the multiplexer's fronts in front of the TEI simulator,
 # both the debug binaries, on loopback: in
 # plain text, with API keys, and over TLS and mutual TLS with certificates made here every run.
 # An embedding job (the debug teifleet-job) also runs here, Parquet in and out of a real SeaweedFS
@@ -28,9 +28,10 @@ fi
 cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim --bins
 cargo build --quiet -p teifleet-job --bin teifleet-job
 weed=$(tools/seaweedfs.sh)
-# grpcurl (test_grpcurl.py), built once per version like weed.
+# grpcurl (test_grpcurl.py) and ghz (test_ghz.py), built once per version like weed.
 TEIFLEET_GRPCURL=$(tools/grpcurl.sh)
-export TEIFLEET_GRPCURL
+TEIFLEET_GHZ=$(tools/ghz.sh)
+export TEIFLEET_GRPCURL TEIFLEET_GHZ
 bin=$root/target/debug
 logs=$(mktemp -d)
 # Every port at once, all different, and below the kernel's ephemeral range: a port picked there
@@ -39,7 +40,8 @@ logs=$(mktemp -d)
 # too: theirs come first, from the 2000 ports whose + 10000 is still below that range.
 read -r weed_master weed_volume weed_filer weed_s3 sim_port sim_admin grpc admin http keyed_grpc keyed_admin \
     keyed_http tls_grpc tls_admin tls_http mtls_grpc mtls_admin mtls_http rot_grpc rot_admin rot_http \
-    < <("$venv/bin/python" - 4 17 <<'PY'
+    slow_sim slow_sim_admin patient_grpc patient_admin \
+    < <("$venv/bin/python" - 4 21 <<'PY'
 import random, socket, sys
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 held, ports = [], []
@@ -90,6 +92,16 @@ pids+=($!)
     --model teifleet/sim-embedding \
     --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
     --http-listen "127.0.0.1:$http" --drain-delay 0s >"$logs/mux.log" 2>&1 &
+pids+=($!)
+
+# Issue 32's reproduction of a queue that did not keep its word (test_ghz.py): a slower simulator
+# (20 ms a batch) behind a multiplexer with room in its queue for every one of ghz's 64 callers.
+"$bin/tei-sim" --listen "127.0.0.1:$slow_sim" --admin-listen "127.0.0.1:$slow_sim_admin" \
+    --fixed-latency 20ms >"$logs/slow-sim.log" 2>&1 &
+pids+=($!)
+"$bin/teifleet-multiplexer" static --max-in-flight 4 --max-queued 64 --queue-timeout 3s \
+    --upstream "http://127.0.0.1:$slow_sim" --listen "127.0.0.1:$patient_grpc" \
+    --admin-listen "127.0.0.1:$patient_admin" --drain-delay 0s >"$logs/mux-patient.log" 2>&1 &
 pids+=($!)
 
 # SeaweedFS (master, volume, filer and S3 gateway in one `weed server`), configured as the Rust
@@ -175,6 +187,7 @@ serve mux-rotating.log "$rot_grpc" "$rot_admin" "$rot_http" --tls-cert "$tls/rot
 export TEIFLEET_HTTP="http://127.0.0.1:$http" TEIFLEET_HTTP_KEYED="http://127.0.0.1:$keyed_http"
 export TEIFLEET_GRPC="127.0.0.1:$grpc" TEIFLEET_SIM_GRPC="127.0.0.1:$sim_port" TEIFLEET_ADMIN="http://127.0.0.1:$admin"
 export TEIFLEET_API_KEY="$api_key"
+export TEIFLEET_SLOW_SIM_GRPC="127.0.0.1:$slow_sim" TEIFLEET_PATIENT_GRPC="127.0.0.1:$patient_grpc"
 export TEIFLEET_TLS_DIR="$tls"
 export TEIFLEET_TLS_HTTP="https://127.0.0.1:$tls_http" TEIFLEET_TLS_GRPC="127.0.0.1:$tls_grpc"
 export TEIFLEET_TLS_ADMIN="http://127.0.0.1:$tls_admin"
@@ -192,7 +205,7 @@ ready() { # URL: true once it answers, within 20 s
 }
 for check in "$TEIFLEET_HTTP/health mux.log" "$TEIFLEET_HTTP_KEYED/health mux-keyed.log" \
     "$TEIFLEET_TLS_ADMIN/readyz mux-tls.log" "$TEIFLEET_MTLS_ADMIN/readyz mux-mtls.log" \
-    "$TEIFLEET_ROTATING_ADMIN/readyz mux-rotating.log"; do
+    "$TEIFLEET_ROTATING_ADMIN/readyz mux-rotating.log" "http://127.0.0.1:$patient_admin/readyz mux-patient.log"; do
     read -r url log <<<"$check"
     if ! ready "$url"; then
         echo "the multiplexer logging to $log is not ready at $url after 20 s; its log, and the simulator's:" >&2
