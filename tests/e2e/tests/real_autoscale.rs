@@ -14,6 +14,9 @@
 //! - By address (a test of its own): calls to a pool's ClusterIP at zero, gRPC and curl, naming
 //!   no pool (`:authority` and `Host` are the address), are held for that pool (not the other
 //!   pool at zero beside it) and answered once its replica is ready.
+//! - An activator pod killed (a test of its own): of the two activator pods behind a pool at zero,
+//!   the one holding calls is deleted; a client that retries UNAVAILABLE after its hint gets every
+//!   call answered, whether the stopping pod passed it on or the other pod held it again.
 //!
 //! Each replica is tei-sim with 200 ms per batch and a share of 4, so it serves about 10 calls a
 //! second: the devices, not the host's two cores, bound the pool. The timings are printed for the
@@ -35,7 +38,7 @@ use serde_json::json;
 use teifleet_crds::{EmbeddingPool, labels};
 use teifleet_e2e::pools::create_pool;
 use teifleet_e2e::real::{NODE, install_chart, pool_template, prerequisites, restricted_namespace, service_addr};
-use teifleet_e2e::{admin_client, eventually, helm, import_into_real_node, install_crd};
+use teifleet_e2e::{admin_client, eventually, helm, http_get, import_into_real_node, install_crd};
 use teifleet_proto::v1::EmbedRequest;
 use teifleet_proto::v1::embed_client::EmbedClient;
 use tonic::Code;
@@ -517,4 +520,147 @@ async fn calls_to_a_pools_cluster_ip_at_zero_naming_no_pool_are_held_for_it_and_
         (Some(0), 0),
         "the calls woke the pool whose address they dialled, not the other"
     );
+}
+
+/// A release of its own, so the test runs alone as well as after the others.
+const SURVIVES_RELEASE: &str = "tfscaleha";
+/// A node label the held-for pool's pods require, put on the real node only once the killed
+/// activator pod has answered its calls: until then the pool cannot start a replica.
+const LATE_NODE_LABEL: &str = "teifleet.dev/e2e-activator-late";
+
+/// One Embed call through `channel` that, like a gRPC client with a retry policy for UNAVAILABLE,
+/// tries again after the server's pushback (1 s without one) until its deadline: how many tries
+/// it took, or the last failure.
+async fn retrying_embed(channel: Channel, text: String, deadline: Duration) -> Result<u32, tonic::Status> {
+    let until = Instant::now() + deadline;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let left = until.saturating_duration_since(Instant::now());
+        match EmbedClient::new(channel.clone()).embed(request(text.clone(), left)).await {
+            Ok(_) => return Ok(tries),
+            Err(status) if status.code() == Code::Unavailable && Instant::now() < until => {
+                let pushback = status.metadata().get("grpc-retry-pushback-ms").and_then(|v| v.to_str().ok());
+                let wait =
+                    pushback.and_then(|ms| ms.parse().ok()).map_or(Duration::from_secs(1), Duration::from_millis);
+                tokio::time::sleep(wait).await;
+            }
+            Err(status) => return Err(status),
+        }
+    }
+}
+
+/// The calls each activator pod of `namespace` holds, by its own report (`/activations` on its
+/// admin port, by pod IP); `None` until every pod listed answers.
+async fn held_per_pod(pods: &Api<Pod>) -> Option<Vec<(String, u64)>> {
+    let mut holding = Vec::new();
+    for pod in pods.list(&ListParams::default().labels(&labels::activator_selector())).await.ok()?.items {
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let ip: std::net::IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+        let admin = SocketAddr::new(ip, teifleet_wire::ports::MULTIPLEXER_ADMIN);
+        let report: serde_json::Value = serde_json::from_str(&http_get(admin, "/activations").await?).ok()?;
+        let held: u64 = report["pools"].as_array()?.iter().filter_map(|p| p["held"].as_u64()).sum();
+        holding.push((pod.metadata.name.clone()?, held));
+    }
+    Some(holding)
+}
+
+async fn label_real_node(client: &Client, value: Option<&str>) {
+    let patch = json!({ "metadata": { "labels": { LATE_NODE_LABEL: value } } });
+    Api::<Node>::all(client.clone())
+        .patch(NODE, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))
+        .await
+        .expect("the real node's labels");
+}
+
+#[tokio::test]
+async fn a_client_that_retries_loses_no_call_when_an_activator_pod_holding_them_is_killed_on_real_pods() {
+    let client = admin_client().await;
+    let Some(images) = prerequisites(&client).await else { return };
+    for (tar, _) in images.values() {
+        import_into_real_node(tar);
+    }
+    install_crd(&client).await;
+    label_real_node(&client, None).await;
+    let ns = restricted_namespace("real-scale-ha").await;
+    let namespace = ns.name.clone();
+    install_chart(&client, &namespace, SURVIVES_RELEASE).await;
+    let tei_sim = &images["tei-sim"].1;
+
+    // "anchor" comes first by name, so the activator is placed as it is (on the real node); the
+    // pool called cannot start a replica until the node gets LATE_NODE_LABEL.
+    create_pool(&client, &namespace, "anchor", autoscaled(tei_sim, "cpu", 0, 1)).await;
+    let pool = "survives";
+    let mut late = autoscaled(tei_sim, "cpu", 0, 1);
+    late["template"]["nodeSelector"][LATE_NODE_LABEL] = json!("true");
+    create_pool(&client, &namespace, pool, late).await;
+    wait_at_zero_behind_the_activator(&client, &namespace, pool).await;
+    // Both activator pods (the default two) ready and behind the pool's Service.
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), &namespace);
+    let slice = format!("{pool}-{}", labels::ACTIVATOR_COMPONENT);
+    eventually("both activator pods behind the pool's Service", Duration::from_secs(120), || async {
+        let slice = slices.get_opt(&slice).await.ok()??;
+        (slice.endpoints.len() == 2).then_some(())
+    })
+    .await;
+    let budget = Api::<k8s_openapi::api::policy::v1::PodDisruptionBudget>::namespaced(client.clone(), &namespace)
+        .get("teifleet-activator")
+        .await
+        .expect("the activator's PodDisruptionBudget");
+    assert_eq!(
+        budget.spec.and_then(|spec| spec.max_unavailable),
+        Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1))
+    );
+
+    // Calls at zero, each on a connection of its own, so the Service spreads them over both pods.
+    let service = service_addr(&client, &namespace, pool).await;
+    let started = Instant::now();
+    let calls: Vec<_> = (0..20)
+        .map(|call| {
+            let channel = by_name(service, pool, &namespace);
+            tokio::spawn(retrying_embed(channel, format!("held call {call}"), Duration::from_secs(180)))
+        })
+        .collect();
+    let pods = Api::<Pod>::namespaced(client.clone(), &namespace);
+    let (victim, held_there) =
+        eventually("the activator pods holding the 20 calls", Duration::from_secs(60), || async {
+            let holding = held_per_pod(&pods).await?;
+            let total: u64 = holding.iter().map(|(_, held)| held).sum();
+            (total == 20).then(|| holding.into_iter().max_by_key(|(_, held)| *held))?
+        })
+        .await;
+    pods.delete(&victim, &Default::default()).await.expect("the activator pod is deleted");
+    let deleted = Instant::now();
+    // The pod stopping answers its calls UNAVAILABLE after its drain delay; retried, they are
+    // held again at the other pod (or the one replacing it).
+    eventually("every call held again by the pods staying", Duration::from_secs(90), || async {
+        let holding = held_per_pod(&pods).await?;
+        (holding.iter().all(|(name, _)| *name != victim) && holding.iter().map(|(_, held)| held).sum::<u64>() == 20)
+            .then_some(())
+    })
+    .await;
+    let held_again_after = deleted.elapsed();
+    // Now the pool may start its replica.
+    label_real_node(&client, Some("true")).await;
+
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    label_real_node(&client, None).await;
+    let answered_after = started.elapsed();
+    let retried = answers.iter().filter(|answer| answer.as_ref().is_ok_and(|tries| *tries > 1)).count();
+    println!(
+        "an activator pod killed: {victim} held {held_there} of 20 calls; {held_again_after:?} after its deletion the \
+         other pod held all 20; all answered {answered_after:?} after they were sent, {retried} after a retry"
+    );
+    let (ok, output) = helm(&["uninstall", SURVIVES_RELEASE, "-n", &namespace, "--wait", "--timeout", "60s"]);
+    assert!(ok, "{output}");
+    for answer in &answers {
+        answer.as_ref().expect("every call is answered after its retries");
+    }
+    assert!(held_there > 0, "the pod killed held calls");
+    assert_eq!(retried as u64, held_there, "the calls of the pod killed, each retried, and no other");
 }
