@@ -83,7 +83,6 @@ use crate::gpu::GpuType;
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.autoscaling) || !has(self.replicas)").message("spec.autoscaling owns this pool's replicas: remove spec.replicas (kubectl scale and HorizontalPodAutoscalers included), or remove spec.autoscaling to size the pool by hand"))]
-#[x_kube(validation = Rule::new("!has(self.autoscaling) || self.autoscaling.minReplicas > 0 || !has(self.tls)").message("autoscaling.minReplicas: 0 is not available with spec.tls yet: the activator that holds calls while the pool is at zero serves no pool's certificate"))]
 #[x_kube(validation = Rule::new("!has(self.autoscaling) || has(self.concurrency.maxInFlightPerReplica)").message("spec.autoscaling needs concurrency.maxInFlightPerReplica: what one replica lets in, so capacity grows with the pool"))]
 pub struct EmbeddingPoolSpec {
     /// The model every replica serves.
@@ -832,4 +831,28 @@ pub struct AdmissionStatus {
     /// as they reported them at the operator's last check.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effective: Option<crate::EffectiveLimits>,
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::CustomResourceExt as _;
+
+    use super::*;
+
+    /// The rules on the whole spec, as the API server gets them.
+    fn spec_rules() -> Vec<String> {
+        let crd = serde_json::to_value(EmbeddingPool::crd()).unwrap();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let rules = spec["x-kubernetes-validations"].as_array().cloned().unwrap_or_default();
+        rules.iter().filter_map(|rule| Some(rule["rule"].as_str()?.to_owned())).collect()
+    }
+
+    #[test]
+    fn a_pool_with_tls_or_mutual_tls_may_scale_to_zero() {
+        // The activator serves each TLS pool's own certificate and passes a client certificate's
+        // tenant on (docs/operating.md, TLS at zero): no rule ties spec.tls to autoscaling.
+        let rules = spec_rules();
+        assert!(rules.iter().any(|rule| rule.contains("self.autoscaling")), "{rules:?}");
+        assert!(!rules.iter().any(|rule| rule.contains("self.tls")), "{rules:?}");
+    }
 }

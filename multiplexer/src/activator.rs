@@ -42,6 +42,8 @@ use tokio::time::Instant;
 use tonic::transport::channel::Change;
 use tonic::transport::{Channel, Endpoint};
 
+use teifleet_runtime::tls::ClientIdentity;
+
 use crate::error::Error;
 use crate::transport::tls::{PoolCertificates, TlsReplicas};
 use crate::vocab::SetupError;
@@ -299,12 +301,59 @@ pub struct PoolNaming {
     namespace: String,
     /// The pools' Service addresses (ClusterIPs), canonical, each with its pool.
     addresses: RwLock<BTreeMap<IpAddr, String>>,
+    /// The pools with mutual TLS, each with its model: their calls are passed on only from a
+    /// connection whose client certificate their client CA checked.
+    mutual: RwLock<BTreeMap<String, Option<String>>>,
 }
 
 impl PoolNaming {
     /// Naming the pools of `namespace`; no address leads to a pool until [`Self::set_addresses`].
     pub fn new(namespace: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), addresses: RwLock::default() }
+        Self { namespace: namespace.into(), addresses: RwLock::default(), mutual: RwLock::default() }
+    }
+
+    /// From now on the pools in `mutual` (each with its model) take calls only from clients whose
+    /// certificate their own client CA checked ([`Self::name_pool_for`]).
+    pub fn set_mutual(&self, mutual: BTreeMap<String, Option<String>>) {
+        *self.mutual.write().unwrap_or_else(PoisonError::into_inner) = mutual;
+    }
+
+    /// [`Self::name_pool`] for a call on a connection whose client showed `client`: a connection
+    /// in TLS whose certificate a pool's client CA checked (the activator picked that pool's set by
+    /// the name the client asked for) names that pool for a call that names none; and a call for
+    /// a pool with mutual TLS is refused unless it came on such a connection for that very pool.
+    /// Its tenant is the certificate's (the gate names it), and the pool's replicas believe it
+    /// from the activator, which calls them as one of their siblings.
+    pub fn name_pool_for(
+        &self,
+        headers: &mut HeaderMap,
+        uri: &Uri,
+        client: Option<&ClientIdentity>,
+    ) -> Result<(), Error> {
+        let served = client
+            .and_then(|client| client.served.as_deref())
+            .and_then(|name| crate::transport::tls::pool_of_server_name(name, &self.namespace));
+        match &served {
+            Some(pool) if !headers.contains_key(POOL) && !headers.contains_key(MODEL) => {
+                if let Ok(value) = HeaderValue::from_str(pool) {
+                    headers.insert(POOL, value);
+                }
+            }
+            _ => self.name_pool(headers, uri),
+        }
+        let mutual = self.mutual.read().unwrap_or_else(PoisonError::into_inner);
+        let named = |header| headers.get(header).and_then(|value: &HeaderValue| value.to_str().ok());
+        let wanted = match (named(POOL), named(MODEL)) {
+            (Some(pool), _) => mutual.get_key_value(pool).map(|(pool, _)| pool),
+            (None, Some(model)) => {
+                mutual.iter().find(|(_, served_model)| served_model.as_deref() == Some(model)).map(|(pool, _)| pool)
+            }
+            (None, None) => None,
+        };
+        match wanted {
+            Some(pool) if served.as_ref() != Some(pool) => Err(Error::CertificateRequired { pool: pool.clone() }),
+            _ => Ok(()),
+        }
     }
 
     /// The namespace whose pools are named.
@@ -448,6 +497,48 @@ mod tests {
         named.insert(POOL, "gte".parse().unwrap());
         PoolNaming::new("ml").name_pool(&mut named, &"http://bge/x".parse().unwrap());
         assert_eq!(named.get(POOL).unwrap(), "gte", "a pool the call names wins");
+    }
+
+    #[test]
+    fn a_pool_with_mutual_tls_takes_only_calls_whose_certificate_it_checked() {
+        let naming = PoolNaming::new("ml");
+        naming.set_mutual(BTreeMap::from([("secure".to_owned(), Some("org/secure".to_owned()))]));
+        let certified =
+            |served: &str| ClientIdentity { name: "search".into(), sibling: false, served: Some(served.into()) };
+        let call = |uri: &str, headers: &[(&'static str, &str)], client: Option<&ClientIdentity>| {
+            let mut map = HeaderMap::new();
+            for (name, value) in headers {
+                map.insert(*name, value.parse().unwrap());
+            }
+            let named = naming.name_pool_for(&mut map, &uri.parse().unwrap(), client);
+            named.map(|()| map.get(POOL).map(|v| v.to_str().unwrap().to_owned()))
+        };
+        let refused = |result: Result<Option<String>, Error>| match result {
+            Err(Error::CertificateRequired { pool }) => pool,
+            other => panic!("not refused: {other:?}"),
+        };
+
+        // Checked for the pool: held for it, named by the server name when the call names none
+        // (whatever address it dialled).
+        let secure = certified("secure.ml.svc");
+        assert_eq!(call("http://secure.ml.svc/x", &[], Some(&secure)).unwrap().as_deref(), Some("secure"));
+        assert_eq!(call("http://10.0.0.7:50051/x", &[], Some(&secure)).unwrap().as_deref(), Some("secure"));
+        assert_eq!(call("/x", &[(POOL, "secure")], Some(&secure)).unwrap().as_deref(), Some("secure"));
+        assert!(call("/x", &[(MODEL, "org/secure")], Some(&secure)).is_ok());
+
+        // Not checked for it: in plain text (by name, address-less header or model), or with a
+        // certificate another pool's client CA checked, or on a port with one set.
+        assert_eq!(refused(call("http://secure.ml.svc/x", &[], None)), "secure");
+        assert_eq!(refused(call("/x", &[(POOL, "secure")], None)), "secure");
+        assert_eq!(refused(call("/x", &[(MODEL, "org/secure")], None)), "secure");
+        let other = certified("other.ml.svc");
+        assert_eq!(refused(call("http://other.ml.svc/x", &[(POOL, "secure")], Some(&other))), "secure");
+        let unnamed = ClientIdentity { served: None, ..secure.clone() };
+        assert_eq!(refused(call("http://secure.ml.svc/x", &[], Some(&unnamed))), "secure");
+
+        // Other pools are as before, from any connection.
+        assert_eq!(call("http://bge.ml.svc/x", &[], None).unwrap().as_deref(), Some("bge"));
+        assert_eq!(call("/x", &[(POOL, "bge")], Some(&secure)).unwrap().as_deref(), Some("bge"));
     }
 
     #[tokio::test]

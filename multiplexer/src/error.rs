@@ -64,6 +64,13 @@ pub enum Error {
     )]
     NoPoolNamed,
 
+    /// At the activator, a call for a pool with mutual TLS that did not come on a connection
+    /// whose client certificate that pool's client CA checked.
+    #[error(
+        "pool {pool} takes calls only with a client certificate from its client CA: dial the pool's Service in TLS with one"
+    )]
+    CertificateRequired { pool: String },
+
     #[error("the multiplexer is shutting down")]
     Draining,
 
@@ -141,9 +148,8 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Auth(AuthFailure::KeysNotLoaded) => ErrorKind::Unavailable,
-            Self::Auth(AuthFailure::Missing | AuthFailure::Malformed | AuthFailure::InvalidKey) => {
-                ErrorKind::Unauthenticated
-            }
+            Self::Auth(AuthFailure::Missing | AuthFailure::Malformed | AuthFailure::InvalidKey)
+            | Self::CertificateRequired { .. } => ErrorKind::Unauthenticated,
             Self::Admission { source, .. } => match source {
                 AdmissionError::QueueFull { .. } | AdmissionError::Evicted { .. } => ErrorKind::Shed(Shed::QueueFull),
                 AdmissionError::DeadlineUnmeetable { .. } => ErrorKind::Shed(Shed::Deadline),

@@ -193,6 +193,7 @@ mod tests {
             (Error::Auth(AuthFailure::InvalidKey), Code::Unauthenticated),
             (Error::Auth(AuthFailure::Missing), Code::Unauthenticated),
             (Error::Auth(AuthFailure::KeysNotLoaded), Code::Unavailable),
+            (Error::CertificateRequired { pool: "p".into() }, Code::Unauthenticated),
             (Error::Upstream { pool: "p".into(), status: Status::unavailable("down") }, Code::Unavailable),
             (Error::Upstream { pool: "p".into(), status: Status::resource_exhausted("full") }, Code::ResourceExhausted),
         ];

@@ -282,7 +282,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
             door.clone(),
         );
         if let Some(naming) = settings.pool_naming.clone() {
-            app = app.layer(name_pool_from_authority(naming));
+            app = app.layer(axum::middleware::from_fn_with_state(naming, name_pool_from_authority));
         }
         let stopped = server_stop.clone().cancelled_owned();
         // Small: an HTTP/2 stream is one whole request, its body buffered, where a gRPC stream's
@@ -351,15 +351,22 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     Ok(Running { grpc_addr, admin_addr, http_addr, forwarder, readiness, metrics, memory, stop, task })
 }
 
-/// The activator's layer naming each call's pool from the name or address its client dialled.
-fn name_pool_from_authority<B>(
-    naming: Arc<PoolNaming>,
-) -> tower::util::MapRequestLayer<impl Fn(http::Request<B>) -> http::Request<B> + Clone> {
-    tower::util::MapRequestLayer::new(move |mut request: http::Request<B>| {
-        let uri = request.uri().clone();
-        naming.name_pool(request.headers_mut(), &uri);
-        request
-    })
+/// The activator's step naming each request's pool from the name or address its client dialled
+/// (or the pool whose client CA checked its certificate), and refusing a request for a pool with
+/// mutual TLS that did not come with a certificate checked for it.
+async fn name_pool_from_authority(
+    axum::extract::State(naming): axum::extract::State<Arc<PoolNaming>>,
+    mut request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let uri = request.uri().clone();
+    let client = crate::gate::auth::certified(request.extensions()).cloned();
+    match naming.name_pool_for(request.headers_mut(), &uri, client.as_ref()) {
+        Ok(()) => next.run(request).await,
+        Err(refused) => {
+            crate::front::http::error::HttpError::Call(refused).into_response(crate::front::http::error::Flavor::Tei)
+        }
+    }
 }
 
 /// Keeps serving through the drain delay while endpoints stop routing here; a multiplexer that

@@ -90,6 +90,14 @@ fn pool_addresses(services: &[Arc<Service>], pools: &[Arc<EmbeddingPool>]) -> BT
     addresses
 }
 
+/// The pools with mutual TLS (`spec.tls.clientCA`), each with its model.
+fn mutual_pools(live: &[Arc<EmbeddingPool>]) -> BTreeMap<String, Option<String>> {
+    live.iter()
+        .filter(|pool| pool.spec.tls.as_ref().is_some_and(|tls| tls.client_ca.is_some()))
+        .map(|pool| (pool.name_any(), Some(pool.spec.model.id.clone())))
+        .collect()
+}
+
 /// What one watch event asks of the loop.
 enum Step {
     Stop,
@@ -172,8 +180,11 @@ impl TlsWatches {
         live: &[Arc<EmbeddingPool>],
         stop: &CancellationToken,
     ) {
+        // Only the pools that may scale to zero: the activator stands in for no other, and its
+        // Role grants their Secrets alone.
+        let at_zero = |pool: &&Arc<EmbeddingPool>| pool.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0);
         let wanted: BTreeMap<String, teifleet_crds::TlsSpec> =
-            live.iter().filter_map(|pool| Some((pool.name_any(), pool.spec.tls.clone()?))).collect();
+            live.iter().filter(at_zero).filter_map(|pool| Some((pool.name_any(), pool.spec.tls.clone()?))).collect();
         self.following.retain(|pool, (spec, token)| {
             let keep = wanted.get(pool) == Some(spec);
             if !keep {
@@ -257,6 +268,10 @@ pub async fn watch(
         // Keys before the pools become routable: never hold a keyed pool's call unchecked.
         keys.follow(&client, &namespace, &table, &live, &stop);
         tls.follow(&client, &namespace, &certificates, &live, &stop);
+        // The pools with mutual TLS, whose replicas take the activator (which shows the pool's
+        // own certificate) for a sibling and believe the tenant it passes on: only calls whose
+        // certificate the pool's client CA checked here go to them. Before they are routable.
+        naming.set_mutual(mutual_pools(&live));
         // Balancers first, so the table's new pools find theirs.
         activations.sync(&holds);
         let slices = slices.state();
@@ -265,12 +280,6 @@ pub async fn watch(
             let tls = live.iter().find(|p| p.name_any() == *pool).and_then(|p| p.spec.tls.as_ref());
             if let Err(error) = activations.set_tls(pool, tls.is_some()) {
                 tracing::warn!(pool, %error, "could not follow the pool's replicas in TLS");
-                continue;
-            }
-            if tls.is_some_and(|tls| tls.client_ca.is_some()) {
-                // Mutual TLS: not passed on from here yet (the pool's replicas would take the
-                // activator, which shows the pool's own certificate, for a sibling whose tenant
-                // they believe); such a pool's calls are held until their hold runs out.
                 continue;
             }
             let urls = super::siblings::urls(&own, "", tls.is_some());

@@ -111,6 +111,20 @@ impl Offered for Certificates {
     }
 }
 
+/// The pool of `namespace` whose Service `server_name` names: `<pool>`, `<pool>.<namespace>`,
+/// `<pool>.<namespace>.svc` or `<pool>.<namespace>.svc.<cluster domain>`, in any case.
+pub fn pool_of_server_name(server_name: &str, namespace: &str) -> Option<String> {
+    let name = server_name.trim_end_matches('.').to_ascii_lowercase();
+    let mut labels = name.split('.');
+    let pool = labels.next().filter(|pool| !pool.is_empty())?;
+    match (labels.next(), labels.next()) {
+        (None, _) => {}
+        (Some(within), None | Some("svc")) if within == namespace => {}
+        _ => return None,
+    }
+    Some(pool.to_owned())
+}
+
 /// The activator's sets: each pool with `spec.tls` its own, as its TLS Secret holds it.
 #[derive(Debug)]
 pub struct PoolCertificates {
@@ -132,19 +146,9 @@ impl PoolCertificates {
         &self.namespace
     }
 
-    /// The pool whose Service `server_name` names: `<pool>`, `<pool>.<namespace>`,
-    /// `<pool>.<namespace>.svc` or `<pool>.<namespace>.svc.<cluster domain>`, in any case.
+    /// The pool whose Service `server_name` names (see [`pool_of_server_name`]).
     pub fn pool_named(&self, server_name: &str) -> Option<String> {
-        let name = server_name.trim_end_matches('.').to_ascii_lowercase();
-        let mut labels = name.split('.');
-        let pool = labels.next().filter(|pool| !pool.is_empty())?;
-        match (labels.next(), labels.next(), labels.next()) {
-            (None, _, _) => {}
-            (Some(namespace), None, _) if namespace == self.namespace => {}
-            (Some(namespace), Some("svc"), _) if namespace == self.namespace => {}
-            _ => return None,
-        }
-        Some(pool.to_owned())
+        pool_of_server_name(server_name, &self.namespace)
     }
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, BTreeMap<String, Arc<Loaded>>> {

@@ -42,12 +42,14 @@ impl PoolCert {
         Self { ca, issued }
     }
 
+    /// The pool's set; under mutual TLS the client CA bundle holds the pool's own CA too, as it
+    /// must (docs/clients.md): its sidecars, and the activator, show the pool's certificate.
     fn material(&self, client_ca: Option<&Authority>) -> Material {
         Material {
             chain: self.issued.chain_pem.clone().into(),
             key: self.issued.key_pem.clone().into(),
             ca: Some(self.ca.pem.clone().into()),
-            client_ca: client_ca.map(|ca| ca.pem.clone().into()),
+            client_ca: client_ca.map(|ca| format!("{}{}", ca.pem, self.ca.pem).into()),
         }
     }
 }
@@ -88,11 +90,12 @@ pub fn tls_dialling(addr: SocketAddr, name: &'static str, config: Arc<ClientConf
     EmbedClient::new(channel)
 }
 
-/// An HTTP/1.1 request in TLS to the activator's HTTP port, asking for `name`: its status line's
-/// code and its body.
+/// An HTTP/1.1 request in TLS to the activator's HTTP port, asking for `name` (and sending it as
+/// `Host` too, unless `host` names another): its status line's code and its body.
 pub async fn https_post(
     addr: SocketAddr,
     name: &'static str,
+    host: Option<&'static str>,
     config: Arc<ClientConfig>,
     path: &str,
     body: &str,
@@ -100,8 +103,9 @@ pub async fn https_post(
     let tcp = TcpStream::connect(addr).await.unwrap();
     let mut stream =
         TlsConnector::from(config).connect(ServerName::try_from(name).unwrap(), tcp).await.expect("handshake");
+    let host = host.unwrap_or(name);
     let head = format!(
-        "POST {path} HTTP/1.1\r\nHost: {name}:8000\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        "POST {path} HTTP/1.1\r\nHost: {host}:8000\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await.unwrap();
@@ -157,9 +161,13 @@ pub async fn tls_activator(
         }
     };
     table.sync(pools.iter().map(|pool| spec(pool)).collect()).unwrap();
+    let naming = PoolNaming::new("ml");
+    // The pools with mutual TLS, as the activator's watch finds them.
+    let mutual = tls.iter().filter(|(_, material)| material.client_ca.is_some());
+    naming.set_mutual(mutual.map(|(pool, _)| ((*pool).to_owned(), Some(format!("{MODEL}/{pool}")))).collect());
     let settings = Settings {
         http_listen: Some("127.0.0.1:0".parse().unwrap()),
-        pool_naming: Some(Arc::new(PoolNaming::new("ml"))),
+        pool_naming: Some(Arc::new(naming)),
         tls: Arc::new(ServerTls::by_server_name(pool_certificates.clone())),
         ..Settings::default()
     };
@@ -173,8 +181,9 @@ pub async fn replica(pool: &str, material: Option<Material>) -> (Running, SimHan
     if let Some(material) = material {
         tls.offer(&material).expect("a valid set");
     }
-    let (running, _) =
-        mux_with(vec![spec(pool, sim.addr(), limits(8, 64))], Settings { tls, ..Settings::default() }).await;
+    let tenants = BTreeMap::from([("search".to_owned(), 1), ("forged".to_owned(), 1)]);
+    let spec = PoolSpec { tenants, ..spec(pool, sim.addr(), limits(8, 64)) };
+    let (running, _) = mux_with(vec![spec], Settings { tls, ..Settings::default() }).await;
     (running, sim)
 }
 
@@ -208,6 +217,7 @@ async fn each_tls_pool_is_served_its_own_certificate_held_and_answered_and_a_pla
     let gte_https = tokio::spawn(https_post(
         http,
         "gte.ml.svc",
+        None,
         trusting(&gte.ca, None, &[]),
         "/embed",
         r#"{"inputs":"over HTTPS"}"#,
@@ -234,4 +244,65 @@ async fn each_tls_pool_is_served_its_own_certificate_held_and_answered_and_a_pla
     assert_eq!(status, 200, "{body}");
     assert_eq!(held(&activations), 0);
     assert_eq!((served(&bge_replica), served(&gte_replica), served(&plain_replica)), (1.0, 2.0, 1.0));
+}
+
+#[tokio::test]
+async fn under_mutual_tls_only_a_client_certificate_from_the_pools_client_ca_is_held_and_its_tenant_kept() {
+    let (secure, bge) = (PoolCert::new("secure"), PoolCert::new("bge"));
+    let (clients, stranger) = (Authority::new("secure's clients"), Authority::new("someone else"));
+    let tls = [("secure", secure.material(Some(&clients))), ("bge", bge.material(None))];
+    let (activator, activations, _) = tls_activator(&["secure", "bge"], &tls, Duration::from_secs(30)).await;
+    let (grpc, http) = (activator.grpc_addr, activator.http_addr.unwrap());
+    let h2: &[&[u8]] = &[b"h2"];
+    let search = clients.client("search");
+
+    // No certificate, or one from another CA: refused at the handshake.
+    assert!(!shakes_hands(grpc, "secure.ml.svc", trusting(&secure.ca, None, h2)).await);
+    assert!(!shakes_hands(grpc, "secure.ml.svc", trusting(&secure.ca, Some(&stranger.client("search")), h2)).await);
+    assert!(shakes_hands(grpc, "secure.ml.svc", trusting(&secure.ca, Some(&search), h2)).await);
+
+    // Naming the pool in plain text, or in TLS to another pool: refused at once, not held.
+    let plain = {
+        let endpoint = Endpoint::from_shared(format!("http://{grpc}")).unwrap();
+        EmbedClient::new(endpoint.origin("http://secure.ml.svc:50051".parse().unwrap()).connect_lazy())
+    };
+    let status = plain.clone().embed(embed_request("no certificate")).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unauthenticated, "{status:?}");
+    let via_bge = tls_dialling(grpc, "bge.ml.svc", trusting(&bge.ca, None, h2));
+    let named = with_meta(embed_request("through bge"), &[(teifleet_wire::headers::POOL, "secure")]);
+    assert_eq!(via_bge.clone().embed(named).await.unwrap_err().code(), tonic::Code::Unauthenticated);
+    let (status, body) = https_post(
+        http,
+        "bge.ml.svc",
+        Some("secure.ml.svc"),
+        trusting(&bge.ca, None, &[]),
+        "/embed",
+        r#"{"inputs":"x"}"#,
+    )
+    .await;
+    assert_eq!(status, 401, "{body}");
+    assert_eq!(held(&activations), 0, "none of them held");
+
+    // With a certificate from the pool's client CA: held, passed on, and counted at the replica
+    // for the certificate's tenant, not the one the call names itself.
+    let certified = tls_dialling(grpc, "secure.ml.svc", trusting(&secure.ca, Some(&search), h2));
+    let forged = with_meta(embed_request("mutual at zero"), &[(teifleet_wire::headers::TENANT, "forged")]);
+    let call = spawn_embed(&certified, forged);
+    let https = tokio::spawn(https_post(
+        http,
+        "secure.ml.svc",
+        None,
+        trusting(&secure.ca, Some(&search), &[]),
+        "/embed",
+        r#"{"inputs":"mutual over HTTPS"}"#,
+    ));
+    until("two calls held", Duration::from_secs(10), || held(&activations) == 2).await;
+    let (replica, _sim) = replica("secure", Some(secure.material(Some(&clients)))).await;
+    activations.set_peers("secure", &[format!("https://{}", replica.grpc_addr)]).unwrap();
+    call.await.unwrap().expect("the certified call is answered");
+    let (status, body) = https.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let text = metrics_text(&replica);
+    let tenant = |name: &str| metric_sum(&text, "teifleet_tenant_requests_total", &[("tenant", name)]);
+    assert_eq!((tenant("search"), tenant("forged")), (2.0, 0.0), "{text}");
 }

@@ -1,7 +1,8 @@
 //! The namespace's activator, rendered while any of its pools may scale to zero
 //! (`autoscaling.minReplicas: 0`): a Deployment of the multiplexer in its `activator` role, with an
 //! identity that may read EmbeddingPools, EndpointSlices and Services in the namespace (and by
-//! name the keyed pools' key Secrets) and nothing more;
+//! name the keyed pools' key Secrets and the TLS pools' certificate Secrets and client CAs) and
+//! nothing more;
 //! and, for each such pool while it has no ready replica, an EndpointSlice that adds the
 //! activator's pods to the pool's Service, so calls reach the activator instead of nothing.
 //!
@@ -268,10 +269,21 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
     // The key Secrets of the pools it holds calls for, by name: a call without one of a pool's
     // keys is refused before it is held (or wakes the pool). Watched with a field selector on the
     // name, which the API server authorizes as a request for that one Secret.
-    let key_secrets: BTreeSet<String> =
+    // And the TLS Secrets and client CAs (Secret or ConfigMap) of the pools with `spec.tls`, the
+    // same way: it serves each such pool's certificate, and calls its replicas with it.
+    let mut secrets: BTreeSet<String> =
         owners.iter().filter_map(|pool| Some(pool.spec.auth.as_ref()?.secret_name.clone())).collect();
-    if !key_secrets.is_empty() {
-        rules.push(PolicyRule { resource_names: Some(key_secrets.into_iter().collect()), ..read_rule("", "secrets") });
+    let mut config_maps = BTreeSet::new();
+    for tls in owners.iter().filter_map(|pool| pool.spec.tls.as_ref()) {
+        secrets.insert(tls.secret_name.clone());
+        let client_ca = tls.client_ca.as_ref();
+        secrets.extend(client_ca.and_then(|ca| ca.secret_name.clone()));
+        config_maps.extend(client_ca.and_then(|ca| ca.config_map_name.clone()));
+    }
+    for (resource, names) in [("secrets", secrets), ("configmaps", config_maps)] {
+        if !names.is_empty() {
+            rules.push(PolicyRule { resource_names: Some(names.into_iter().collect()), ..read_rule("", resource) });
+        }
     }
     let role = Role { metadata: meta.clone(), rules: Some(rules) };
     let role_binding = RoleBinding {
@@ -408,6 +420,33 @@ mod tests {
         assert_eq!(secrets.len(), 1, "{rules:?}");
         assert_eq!(secrets[0].resource_names.as_deref(), Some(&["a-keys".to_owned()][..]));
         assert_eq!(secrets[0].verbs, ["get", "list", "watch"]);
+    }
+
+    #[test]
+    fn the_activator_reads_by_name_the_tls_secrets_and_client_cas_of_the_tls_pools_it_holds_calls_for() {
+        let mut keyed = pool("a", 0);
+        keyed.spec.auth = Some(serde_json::from_value(json!({ "secretName": "a-keys" })).unwrap());
+        keyed.spec.tls = Some(serde_json::from_value(json!({ "secretName": "a-tls" })).unwrap());
+        let mut mutual = pool("b", 0);
+        mutual.spec.tls = Some(
+            serde_json::from_value(json!({ "secretName": "b-tls", "clientCA": { "configMapName": "clients" } }))
+                .unwrap(),
+        );
+        let mut by_secret = pool("c", 0);
+        by_secret.spec.tls = Some(
+            serde_json::from_value(json!({ "secretName": "c-tls", "clientCA": { "secretName": "a-tls" } })).unwrap(),
+        );
+        let activator = render("ml", &[&keyed, &mutual, &by_secret, &pool("d", 0)], &RenderConfig::default()).unwrap();
+        let rules = activator.role.rules.unwrap();
+        let named = |resource: &str| -> Vec<String> {
+            let found: Vec<&PolicyRule> =
+                rules.iter().filter(|r| r.resources.as_deref() == Some(&[resource.to_owned()][..])).collect();
+            assert_eq!(found.len(), 1, "{resource}: {rules:?}");
+            assert_eq!(found[0].verbs, ["get", "list", "watch"]);
+            found[0].resource_names.clone().unwrap()
+        };
+        assert_eq!(named("secrets"), ["a-keys", "a-tls", "b-tls", "c-tls"], "each name once");
+        assert_eq!(named("configmaps"), ["clients"]);
     }
 
     #[test]

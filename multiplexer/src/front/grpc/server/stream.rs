@@ -92,7 +92,9 @@ impl Dispatch {
     fn call(&self, mut request: http::Request<RequestBody>, connection: &ConnectionInfo) -> BoxFuture<'static, Answer> {
         if let Some(naming) = &self.pool_naming {
             let uri = request.uri().clone();
-            naming.name_pool(request.headers_mut(), &uri);
+            if let Err(refused) = naming.name_pool_for(request.headers_mut(), &uri, connection.transport.as_ref()) {
+                return futures::future::ready(status::into_http(status::into_status(refused))).boxed();
+            }
         }
         match RPCS.iter().position(|rpc| rpc.path == request.uri().path()) {
             Some(row) => self.rpcs[row].call(request, connection),
