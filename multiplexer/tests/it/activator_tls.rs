@@ -209,6 +209,10 @@ async fn each_tls_pool_is_served_its_own_certificate_held_and_answered_and_a_pla
     assert!(!shakes_hands(grpc, "gte.ml.svc", trusting(&bge.ca, None, h2)).await, "gte's is not bge's");
     assert!(!shakes_hands(grpc, "plain.ml.svc", trusting(&bge.ca, None, h2)).await, "no TLS for the plain pool");
     assert!(!shakes_hands(grpc, "bge.other.svc", trusting(&bge.ca, None, h2)).await, "another namespace's");
+    until("the unknown names counted", Duration::from_secs(5), || {
+        refused(&activator, "grpc", "tls_unknown_name") >= 2.0
+    })
+    .await;
 
     let bge_call =
         spawn_embed(&tls_dialling(grpc, "bge.ml.svc", trusting(&bge.ca, None, h2)), embed_request("bge at zero"));
