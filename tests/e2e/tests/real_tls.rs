@@ -5,6 +5,12 @@
 //! new one; a corrupt certificate in the Secret leaves the good one served and turns `TLSReady`
 //! False with the reason.
 //!
+//!
+//! And TLS at zero: a pool with `spec.tls` and `minReplicas: 0` is at zero with the activator behind
+//! its Service; a client trusting only the pool's CA is shown the pool's certificate there, and its
+//! first gRPC call and an HTTPS request (curl with the CA) are held and answered once a replica is
+//! ready.
+//!
 //! Needs the real node and the images (see `real_pods.rs`); without them it says it was skipped
 //! and passes.
 
@@ -16,6 +22,7 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
@@ -248,5 +255,101 @@ async fn a_pool_with_tls_serves_rotates_and_survives_a_corrupt_certificate_on_re
     InfoClient::new(channel).info(InfoRequest {}).await.expect("new connections still served");
 
     let (ok, output) = helm(&["uninstall", RELEASE, "-n", &ns.name, "--wait", "--timeout", "60s"]);
+    assert!(ok, "{output}");
+}
+
+#[tokio::test]
+async fn a_tls_pool_at_zero_is_served_its_own_certificate_by_the_activator_and_its_first_calls_answered_on_real_pods() {
+    let client = admin_client().await;
+    let Some(images) = prerequisites(&client).await else { return };
+    for (tar, _) in images.values() {
+        import_into_real_node(tar);
+    }
+    install_crd(&client).await;
+    let ns = restricted_namespace("real-tls-zero").await;
+    let release = "tftlszero";
+    install_chart(&client, &ns.name, release).await;
+
+    let ca = Authority::new("teifleet e2e CA at zero");
+    let names = pool_names(&ns.name);
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let issued = ca.peer(&names);
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &ns.name);
+    secrets.create(&PostParams::default(), &tls_secret(&ca, &issued)).await.expect("the TLS Secret");
+    // Accepted by the API server: no rule refuses spec.tls with minReplicas 0 any more.
+    create_pool(
+        &client,
+        &ns.name,
+        POOL,
+        json!({
+            "replicas": null,
+            "gpu": { "type": "cpu" },
+            "tei": { "image": images["tei-sim"].1, "extraArgs": ["--fixed-latency=20ms"] },
+            "concurrency": { "maxInFlight": 4, "maxInFlightPerReplica": 4, "maxQueued": 64 },
+            "autoscaling": { "minReplicas": 0, "maxReplicas": 1, "scaleToZeroAfter": "30s", "coldStartHold": "180s" },
+            "tls": { "secretName": SECRET },
+            "template": pool_template(),
+        }),
+    )
+    .await;
+
+    // At zero, the activator behind the pool's Service.
+    let pools = Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name);
+    eventually("the pool at zero", Duration::from_secs(120), || async {
+        let pool = pools.get(POOL).await.ok()?;
+        let status = pool.status?;
+        (status.autoscaling?.desired_replicas == 0 && status.ready_replicas == 0).then_some(())
+    })
+    .await;
+    let slices = Api::<EndpointSlice>::namespaced(client.clone(), &ns.name);
+    let slice = format!("{POOL}-{}", labels::ACTIVATOR_COMPONENT);
+    eventually("the activator behind the pool's Service", Duration::from_secs(120), || async {
+        (!slices.get_opt(&slice).await.ok()??.endpoints.is_empty()).then_some(())
+    })
+    .await;
+    let service = service_addr(&client, &ns.name, POOL).await;
+    let clients = Clients::new(&ca, service, &ns.name);
+
+    // The activator shows the pool's own certificate to a client trusting only the pool's CA.
+    let serial = eventually("the activator serving the pool's certificate", Duration::from_secs(60), || async {
+        clients.served_serial().await
+    })
+    .await;
+    assert_eq!(serial, issued.serial, "the pool's certificate, from its Secret");
+
+    // The first calls at zero: a gRPC call in TLS and an HTTPS request, held and answered.
+    let started = std::time::Instant::now();
+    let grpc = tokio::spawn({
+        let channel = clients.channel();
+        async move {
+            let mut call = tonic::Request::new(EmbedRequest { inputs: "TLS at zero".into(), ..Default::default() });
+            call.set_timeout(Duration::from_secs(180));
+            let answer = EmbedClient::new(channel).embed(call).await;
+            (answer.map(drop), started.elapsed())
+        }
+    });
+    let ca_file = teifleet_e2e::log_dir().join(format!("{}-ca.crt", ns.name));
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    let https = tokio::task::spawn_blocking({
+        let name = clients.name.clone();
+        move || {
+            let resolve = format!("{name}:{}:{}", teifleet_wire::ports::MULTIPLEXER_HTTP, service.ip());
+            std::process::Command::new("curl")
+                .args(["-sS", "--fail", "--max-time", "180", "--cacert"])
+                .arg(&ca_file)
+                .args(["--resolve", &resolve, "-H", "content-type: application/json"])
+                .args(["-d", r#"{"inputs":"HTTPS at zero"}"#])
+                .arg(format!("https://{name}:{}/embed", teifleet_wire::ports::MULTIPLEXER_HTTP))
+                .output()
+                .expect("curl runs")
+        }
+    });
+    let (answer, waited) = grpc.await.unwrap();
+    answer.expect("the held gRPC call in TLS is answered");
+    let https = https.await.unwrap();
+    assert!(https.status.success(), "HTTPS at zero: {}", String::from_utf8_lossy(&https.stderr));
+    println!("TLS at zero: the first gRPC call waited {waited:?}");
+
+    let (ok, output) = helm(&["uninstall", release, "-n", &ns.name, "--wait", "--timeout", "60s"]);
     assert!(ok, "{output}");
 }
