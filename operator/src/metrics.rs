@@ -5,8 +5,10 @@ use std::time::Duration;
 use prometheus::{
     GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
-use teifleet_crds::{AutoscalingStatus, PoolDemand};
+use teifleet_crds::{AutoscalingStatus, EmbeddingJobStatus, PoolDemand};
 use teifleet_runtime::metrics::register;
+
+use crate::jobs::status::{PHASES, shown_phase};
 
 #[derive(Clone)]
 pub struct Metrics {
@@ -19,6 +21,7 @@ pub struct Metrics {
     refused_input: IntCounterVec,
     demand: DemandGauges,
     autoscaling: AutoscalingGauges,
+    jobs: JobGauges,
 }
 
 /// Each pool's `status.demand` as gauges, by `namespace` and `pool`, for autoscalers that read
@@ -99,6 +102,92 @@ impl AutoscalingGauges {
     }
 }
 
+/// Each EmbeddingJob's status as gauges, by `namespace` and `job_name` (not `job`: that is the
+/// label Prometheus gives every series for its scrape job; kube-state-metrics names a batch Job
+/// `job_name` too, and the EmbeddingJob's batch Job has its name).
+#[derive(Clone)]
+struct JobGauges {
+    /// `state`: `total` (absent while unknown), `done`, `failed`.
+    rows: IntGaugeVec,
+    rows_per_second: GaugeVec,
+    /// `state`: `total` (absent until a worker planned the input), `done`.
+    shards: IntGaugeVec,
+    /// `phase`: one of [`PHASES`], 1 for the one the status shows and 0 for the others.
+    phase: IntGaugeVec,
+}
+
+const JOB_LABELS: [&str; 2] = ["namespace", "job_name"];
+
+impl JobGauges {
+    fn new() -> Self {
+        let with = |name: &str, help: &str, extra: &str| {
+            IntGaugeVec::new(Opts::new(name, help), &[JOB_LABELS[0], JOB_LABELS[1], extra]).expect("valid metric")
+        };
+        Self {
+            rows: with(
+                "teifleet_job_rows",
+                "An EmbeddingJob's rows by state: total (in the input, estimated for JSONL until the end), done (written), failed (written with an error).",
+                "state",
+            ),
+            rows_per_second: GaugeVec::new(
+                Opts::new(
+                    "teifleet_job_rows_per_second",
+                    "An EmbeddingJob's rows done per second since its workers started (over the whole run once it ended).",
+                ),
+                &JOB_LABELS,
+            )
+            .expect("valid metric"),
+            shards: with(
+                "teifleet_job_shards",
+                "An EmbeddingJob's shards by state: total (planned), done (written and reported).",
+                "state",
+            ),
+            phase: with(
+                "teifleet_job_phase",
+                "1 for the phase an EmbeddingJob's status shows (Pending, Running, Suspended, Blocked, Complete, Failed), 0 for the others.",
+                "phase",
+            ),
+        }
+    }
+
+    fn set(&self, labels: &[&str; 2], status: &EmbeddingJobStatus) {
+        let [namespace, job] = *labels;
+        let optional = |family: &IntGaugeVec, state: &str, value: Option<i64>| match value {
+            Some(value) => family.with_label_values(&[namespace, job, state]).set(value),
+            // Unknown is not zero.
+            None => drop(family.remove_label_values(&[namespace, job, state])),
+        };
+        optional(&self.rows, "total", status.rows_total);
+        self.rows.with_label_values(&[namespace, job, "done"]).set(status.rows_done);
+        self.rows.with_label_values(&[namespace, job, "failed"]).set(status.rows_failed);
+        match status.rows_per_second {
+            Some(rate) => self.rows_per_second.with_label_values(labels).set(rate),
+            None => drop(self.rows_per_second.remove_label_values(labels)),
+        }
+        optional(&self.shards, "total", status.shards_total);
+        self.shards.with_label_values(&[namespace, job, "done"]).set(status.shards_done);
+        let shown = shown_phase(status);
+        for phase in PHASES {
+            self.phase.with_label_values(&[namespace, job, phase]).set(i64::from(phase == shown));
+        }
+    }
+
+    fn remove(&self, labels: &[&str; 2]) {
+        let [namespace, job] = *labels;
+        // Absent already is fine: a job not reconciled since the operator started has no series.
+        for state in ["total", "done", "failed"] {
+            drop(self.rows.remove_label_values(&[namespace, job, state]));
+        }
+        drop(self.rows_per_second.remove_label_values(labels));
+        for state in ["total", "done"] {
+            drop(self.shards.remove_label_values(&[namespace, job, state]));
+        }
+        for phase in PHASES {
+            drop(self.phase.remove_label_values(&[namespace, job, phase]));
+        }
+    }
+}
+
 impl Metrics {
     pub fn new() -> Self {
         let registry = Registry::new();
@@ -127,6 +216,7 @@ impl Metrics {
         let refused_input = teifleet_runtime::metrics::refused_input();
         let demand = DemandGauges::new();
         let autoscaling = AutoscalingGauges::new();
+        let jobs = JobGauges::new();
         let d = &demand;
         register(
             &registry,
@@ -144,14 +234,29 @@ impl Metrics {
                 &d.spilled,
                 &autoscaling.desired,
                 &autoscaling.recommended,
+                &jobs.rows,
+                &jobs.rows_per_second,
+                &jobs.shards,
+                &jobs.phase,
             ],
         )
         .expect("metric names are unique");
-        Self { registry, reconciliations, errors, duration, status_writes, leader, refused_input, demand, autoscaling }
+        Self {
+            registry,
+            reconciliations,
+            errors,
+            duration,
+            status_writes,
+            leader,
+            refused_input,
+            demand,
+            autoscaling,
+            jobs,
+        }
     }
 
     /// A registry with a series in every family this operator exports, labelled with placeholders
-    /// (`namespace`, `pool`, `example`): what `teifleet-operator --print-metrics` prints, so checks
+    /// (`namespace`, `pool`, `job_name`, `example`): what `teifleet-operator --print-metrics` prints, so checks
     /// that dashboards and alert rules name only real metrics (tools/check_metric_names.py) read
     /// the names from this code, not from a copy. A labelled family shows no series before its
     /// first use; the destructuring below names every field, so a new family does not compile
@@ -169,7 +274,16 @@ impl Metrics {
             refused_input,
             demand,
             autoscaling: AutoscalingGauges { desired, recommended },
+            jobs,
         } = &metrics;
+        // Every optional field set, so that every state has its series.
+        let job = EmbeddingJobStatus {
+            rows_total: Some(0),
+            shards_total: Some(0),
+            rows_per_second: Some(0.0),
+            ..EmbeddingJobStatus::default()
+        };
+        jobs.set(&JOB_LABELS, &job);
         let labels = ["namespace", "pool"];
         demand.set(&labels, &PoolDemand::default());
         desired.with_label_values(&labels).set(0);
@@ -203,6 +317,17 @@ impl Metrics {
             }
             None => self.autoscaling.remove(&labels),
         }
+    }
+
+    /// Shows an EmbeddingJob's status (what the operator wrote, or found already written):
+    /// rows, rate, shards and phase. A count the status does not know yet has no series.
+    pub fn job_status(&self, namespace: &str, job: &str, status: &EmbeddingJobStatus) {
+        self.jobs.set(&[namespace, job], status);
+    }
+
+    /// Drops every series of an EmbeddingJob that is gone (or going).
+    pub fn forget_job(&self, namespace: &str, job: &str) {
+        self.jobs.remove(&[namespace, job]);
     }
 
     /// Drops the series of a pool that is gone.
@@ -275,8 +400,9 @@ mod tests {
             refused_input,
             demand: DemandGauges { in_flight, queued, utilization, refused, spilled },
             autoscaling: AutoscalingGauges { desired, recommended },
+            jobs: JobGauges { rows, rows_per_second, shards, phase },
         } = &metrics;
-        let collectors: [&dyn Collector; 13] = [
+        let collectors: [&dyn Collector; 17] = [
             reconciliations,
             errors,
             duration,
@@ -290,6 +416,10 @@ mod tests {
             spilled,
             desired,
             recommended,
+            rows,
+            rows_per_second,
+            shards,
+            phase,
         ];
         let mut registered: Vec<String> =
             collectors.iter().flat_map(|c| c.desc()).map(|desc| desc.fq_name.clone()).collect();
@@ -333,6 +463,148 @@ mod tests {
         for name in ["teifleet_pool_in_flight", "teifleet_pool_utilization", "teifleet_pool_spilled_per_second"] {
             assert!(samples(&metrics, name).is_empty(), "{name}");
         }
+    }
+
+    /// The value of the sample of `name` whose labels include every one of `labels`.
+    fn value(metrics: &Metrics, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        let families = metrics.registry.gather();
+        let family = families.iter().find(|family| family.name() == name)?;
+        let has = |metric: &prometheus::proto::Metric, (key, want): &(&str, &str)| {
+            metric.get_label().iter().any(|label| label.name() == *key && label.value() == *want)
+        };
+        family.get_metric().iter().find(|metric| labels.iter().all(|pair| has(metric, pair))).map(|metric| match family
+            .get_field_type()
+        {
+            prometheus::proto::MetricType::GAUGE => metric.get_gauge().get_value(),
+            _ => f64::NAN,
+        })
+    }
+
+    fn job_status(running: (&str, &str), complete: bool, failed: bool) -> EmbeddingJobStatus {
+        use teifleet_crds::job::job_conditions::{COMPLETE, FAILED, RUNNING};
+        let condition =
+            |type_: &str, status: bool, reason: &str| k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: type_.into(),
+                status: if status { "True" } else { "False" }.into(),
+                reason: reason.into(),
+                message: String::new(),
+                observed_generation: Some(1),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                ),
+            };
+        let (status, reason) = running;
+        EmbeddingJobStatus {
+            conditions: vec![
+                condition(RUNNING, status == "True", reason),
+                condition(COMPLETE, complete, reason),
+                condition(FAILED, failed, reason),
+            ],
+            ..EmbeddingJobStatus::default()
+        }
+    }
+
+    #[test]
+    fn a_jobs_status_is_shown_by_namespace_and_job_name_and_removed_when_it_is_gone() {
+        let metrics = Metrics::new();
+        let running = EmbeddingJobStatus {
+            shards_total: Some(40),
+            shards_done: 10,
+            rows_done: 10_000,
+            rows_failed: 20,
+            rows_total: Some(40_000),
+            rows_total_estimated: true,
+            rows_per_second: Some(100.0),
+            ..job_status(("True", "WorkersRunning"), false, false)
+        };
+        metrics.job_status("ml", "wiki", &running);
+        metrics.job_status("ml", "news", &job_status(("True", "WorkersPending"), false, false));
+        let wiki =
+            |name, extra: (&str, &str)| value(&metrics, name, &[("namespace", "ml"), ("job_name", "wiki"), extra]);
+        assert_eq!(wiki("teifleet_job_rows", ("state", "total")), Some(40_000.0));
+        assert_eq!(wiki("teifleet_job_rows", ("state", "done")), Some(10_000.0));
+        assert_eq!(wiki("teifleet_job_rows", ("state", "failed")), Some(20.0));
+        assert_eq!(wiki("teifleet_job_rows_per_second", ("job_name", "wiki")), Some(100.0));
+        assert_eq!(wiki("teifleet_job_shards", ("state", "total")), Some(40.0));
+        assert_eq!(wiki("teifleet_job_shards", ("state", "done")), Some(10.0));
+        assert_eq!(wiki("teifleet_job_phase", ("phase", "Running")), Some(1.0));
+        for phase in ["Pending", "Suspended", "Blocked", "Complete", "Failed"] {
+            assert_eq!(wiki("teifleet_job_phase", ("phase", phase)), Some(0.0), "{phase}");
+        }
+        // A job not planned yet: no totals and no rate, which are unknown, not zero.
+        let news = |name, extra: (&str, &str)| value(&metrics, name, &[("job_name", "news"), extra]);
+        assert_eq!(news("teifleet_job_rows", ("state", "total")), None);
+        assert_eq!(news("teifleet_job_rows", ("state", "done")), Some(0.0));
+        assert_eq!(news("teifleet_job_shards", ("state", "total")), None);
+        assert_eq!(news("teifleet_job_rows_per_second", ("namespace", "ml")), None);
+        assert_eq!(news("teifleet_job_phase", ("phase", "Pending")), Some(1.0));
+
+        // The job moves on: the phase moves with it, and a count that became unknown goes.
+        let failed = EmbeddingJobStatus {
+            conditions: job_status(("False", "WorkersFailed"), false, true).conditions,
+            rows_total: None,
+            rows_per_second: None,
+            ..running
+        };
+        metrics.job_status("ml", "wiki", &failed);
+        assert_eq!(wiki("teifleet_job_phase", ("phase", "Failed")), Some(1.0));
+        assert_eq!(wiki("teifleet_job_phase", ("phase", "Running")), Some(0.0));
+        assert_eq!(wiki("teifleet_job_rows", ("state", "total")), None);
+        assert_eq!(wiki("teifleet_job_rows_per_second", ("job_name", "wiki")), None);
+        assert_eq!(samples(&metrics, "teifleet_job_phase").len(), 12, "six phases each for two jobs");
+
+        metrics.forget_job("ml", "wiki");
+        metrics.forget_job("ml", "never-reconciled");
+        for name in ["teifleet_job_rows", "teifleet_job_shards", "teifleet_job_phase"] {
+            assert!(samples(&metrics, name).iter().all(|(labels, _)| labels.contains(&"news".to_owned())), "{name}");
+        }
+        assert_eq!(samples(&metrics, "teifleet_job_phase").len(), 6, "news stays");
+        metrics.forget_job("ml", "news");
+        for name in ["teifleet_job_rows", "teifleet_job_rows_per_second", "teifleet_job_shards", "teifleet_job_phase"] {
+            assert!(samples(&metrics, name).is_empty(), "{name}: no stale series");
+        }
+    }
+
+    #[test]
+    fn a_jobs_phase_is_the_one_its_conditions_show() {
+        let phase_of = |running, complete, failed| {
+            let metrics = Metrics::new();
+            metrics.job_status("ml", "wiki", &job_status(running, complete, failed));
+            let shown: Vec<String> = metrics
+                .registry
+                .gather()
+                .iter()
+                .filter(|family| family.name() == "teifleet_job_phase")
+                .flat_map(|family| family.get_metric().to_vec())
+                .filter(|metric| metric.get_gauge().get_value() == 1.0)
+                .flat_map(|metric| {
+                    metric
+                        .get_label()
+                        .iter()
+                        .filter(|l| l.name() == "phase")
+                        .map(|l| l.value().to_owned())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            assert_eq!(shown.len(), 1, "exactly one phase holds: {shown:?}");
+            shown[0].clone()
+        };
+        assert_eq!(phase_of(("True", "WorkersPending"), false, false), "Pending");
+        assert_eq!(phase_of(("True", "WorkersRunning"), false, false), "Running");
+        assert_eq!(phase_of(("False", "Suspended"), false, false), "Suspended");
+        for blocker in
+            ["PoolNotFound", "PoolUsesTLS", "APIKeyRequired", "JobNameTaken", "InputUnreadable", "OutputUnwritable"]
+        {
+            assert_eq!(phase_of(("False", blocker), false, false), "Blocked", "{blocker}");
+        }
+        assert_eq!(phase_of(("False", "Completed"), true, false), "Complete");
+        for failure in ["WorkersFailed", "DeadlineExceeded", "JobFailed"] {
+            assert_eq!(phase_of(("False", failure), false, true), "Failed", "{failure}");
+        }
+        // A job the operator has not written a status for yet.
+        let metrics = Metrics::new();
+        metrics.job_status("ml", "new", &EmbeddingJobStatus::default());
+        assert_eq!(value(&metrics, "teifleet_job_phase", &[("job_name", "new"), ("phase", "Pending")]), Some(1.0));
     }
 
     #[test]

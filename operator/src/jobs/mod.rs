@@ -96,8 +96,13 @@ impl StatusMemo {
 /// Brings the job's children to their rendered state and reports its status. A job whose
 /// namespace is being deleted is going away with it.
 pub async fn reconcile(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Action> {
-    match reconcile_job(job, ctx).await {
-        Err(error) if error.is_namespace_terminating() => Ok(Action::await_change()),
+    match reconcile_job(job.clone(), ctx.clone()).await {
+        Err(error) if error.is_namespace_terminating() => {
+            // Nothing may be created there any more, so no child's removal will bring the job
+            // back here once it is gone: its series go now.
+            ctx.metrics.forget_job(&job.namespace().unwrap_or_default(), &job.name_any());
+            Ok(Action::await_change())
+        }
         outcome => outcome,
     }
 }
@@ -109,6 +114,7 @@ async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Acti
     if job.meta().deletion_timestamp.is_some() {
         // Owner references hand the children to the garbage collector.
         ctx.status_memo.forget(&job);
+        ctx.metrics.forget_job(&namespace, &name);
         return Ok(Action::await_change());
     }
 
@@ -161,6 +167,7 @@ async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Acti
         announce_changes(&ctx, &job, &desired).await;
         ctx.status_memo.written(&job, desired.clone());
     }
+    ctx.metrics.job_status(&namespace, &name, &desired);
     ctx.metrics.reconciled(started.elapsed());
     Ok(next_look(&desired))
 }
@@ -379,6 +386,7 @@ pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationT
     if !served(&client).await {
         return;
     }
+    let metrics = ctx.metrics.clone();
     tracing::info!("EmbeddingJob controller running");
     Controller::new(Api::<EmbeddingJob>::all(client.clone()), watcher::Config::default().any_semantic())
         .owns(Api::<Job>::all(client.clone()), managed())
@@ -392,6 +400,11 @@ pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationT
                 Err(controller::Error::QueueError(error)) => {
                     tracing::warn!(%error, "EmbeddingJob watch failed");
                     health.watches.error(Instant::now());
+                }
+                // A job without finalizers is gone before any reconcile sees it deleted; this is
+                // where the controller next hears of it (its children's removal, or its requeue).
+                Err(controller::Error::ObjectNotFound(job)) => {
+                    metrics.forget_job(job.namespace.as_deref().unwrap_or_default(), &job.name);
                 }
                 Err(error) => tracing::debug!(%error, "EmbeddingJob controller event"),
             }

@@ -322,3 +322,28 @@ pub fn finished(job: &Job) -> bool {
             .any(|type_| condition(status, type_).is_some())
     })
 }
+
+/// The phases a job's status shows, as `teifleet_job_phase{phase}` names them: exactly one holds.
+pub const PHASES: [&str; 6] = ["Pending", "Running", "Suspended", "Blocked", "Complete", "Failed"];
+
+/// Which of [`PHASES`] a job's status shows: `Complete` or `Failed` when that condition holds;
+/// else the `Running` condition's reason says: `Pending` (no worker pod runs yet, or no status
+/// yet), `Running`, `Suspended`, or `Blocked` (a reason the job cannot start: its pool missing or
+/// unusable, a claim missing, its Job name taken).
+pub fn shown_phase(status: &EmbeddingJobStatus) -> &'static str {
+    if conditions::is_true(&status.conditions, COMPLETE) {
+        return "Complete";
+    }
+    if conditions::is_true(&status.conditions, FAILED) {
+        return "Failed";
+    }
+    match conditions::find(&status.conditions, RUNNING) {
+        None => "Pending",
+        Some(running) if running.status == "True" => match running.reason.as_str() {
+            reasons::WORKERS_PENDING => "Pending",
+            _ => "Running",
+        },
+        Some(running) if running.reason == reasons::SUSPENDED => "Suspended",
+        Some(_) => "Blocked",
+    }
+}

@@ -862,3 +862,86 @@ async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
     assert_eq!(status["rowsDone"], 10_000);
     assert_eq!(status["conditions"][0]["reason"], "WorkersPending", "the applied Job has no pods yet");
 }
+
+/// The value of the gauge `name` of job ml/wiki whose labels include `extra`.
+fn wiki_gauge(metrics: &Metrics, name: &str, extra: (&str, &str)) -> Option<f64> {
+    let wanted = [("namespace", "ml"), ("job_name", "wiki"), extra];
+    metrics.registry.gather().iter().filter(|family| family.name() == name).find_map(|family| {
+        family
+            .get_metric()
+            .iter()
+            .find(|metric| {
+                wanted.iter().all(|(key, value)| {
+                    metric.get_label().iter().any(|label| label.name() == *key && label.value() == *value)
+                })
+            })
+            .map(|metric| metric.get_gauge().get_value())
+    })
+}
+
+fn job_series(metrics: &Metrics) -> usize {
+    metrics
+        .registry
+        .gather()
+        .iter()
+        .filter(|family| family.name().starts_with("teifleet_job_"))
+        .map(|family| family.get_metric().len())
+        .sum()
+}
+
+#[tokio::test]
+async fn reconciling_shows_the_jobs_status_as_metrics_and_deleting_it_removes_them() {
+    let objects = HashMap::from([
+        ("/apis/teifleet.dev/v1alpha1/namespaces/ml/embeddingpools/bge-small".to_owned(), pool_json()),
+        ("/api/v1/namespaces/ml/persistentvolumeclaims/corpora".to_owned(), claim_json("corpora")),
+        ("/api/v1/namespaces/ml/persistentvolumeclaims/vectors".to_owned(), claim_json("vectors")),
+        (
+            "/api/v1/namespaces/ml/configmaps/wiki-progress".to_owned(),
+            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "wiki-progress" }, "data": progress(10) }),
+        ),
+    ]);
+    let (client, _) = mock_api(objects, serde_json::to_value(job(PVC_JOB)).unwrap());
+    let ctx = context(client);
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(PVC_JOB)), ctx.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    let metrics = &ctx.metrics;
+    assert_eq!(wiki_gauge(metrics, "teifleet_job_rows", ("state", "done")), Some(10_000.0));
+    assert_eq!(wiki_gauge(metrics, "teifleet_job_rows", ("state", "failed")), Some(20.0));
+    assert_eq!(wiki_gauge(metrics, "teifleet_job_shards", ("state", "done")), Some(10.0));
+    assert_eq!(wiki_gauge(metrics, "teifleet_job_shards", ("state", "total")), Some(40.0));
+    assert_eq!(wiki_gauge(metrics, "teifleet_job_phase", ("phase", "Pending")), Some(1.0), "no pod runs yet");
+    assert_eq!(wiki_gauge(metrics, "teifleet_job_phase", ("phase", "Running")), Some(0.0));
+
+    // The job is being deleted: its series go with it.
+    let mut deleted = job(PVC_JOB);
+    deleted.metadata.deletion_timestamp = Some(Time(at(0)));
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(deleted), ctx.clone())).await.unwrap().unwrap();
+    assert_eq!(job_series(metrics), 0, "no stale series of a deleted job");
+}
+
+#[tokio::test]
+async fn a_blocked_job_shows_as_blocked_and_a_steady_one_keeps_its_series() {
+    let job_json = serde_json::to_value(job(PVC_JOB)).unwrap();
+    let (client, seen) = mock_api(HashMap::new(), job_json);
+    let ctx = context(client);
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(PVC_JOB)), ctx.clone()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(wiki_gauge(&ctx.metrics, "teifleet_job_phase", ("phase", "Blocked")), Some(1.0), "PoolNotFound");
+    assert_eq!(wiki_gauge(&ctx.metrics, "teifleet_job_rows", ("state", "total")), None, "unknown, not zero");
+
+    // Read again with the status it now shows: nothing to write, the same series (as after an
+    // operator restart, when every job's status is read and none written).
+    let written = seen.lock().unwrap().iter().find(|s| s.path.ends_with("/status")).unwrap().body["status"].clone();
+    let mut steady = job(PVC_JOB);
+    steady.status = Some(serde_json::from_value(written).unwrap());
+    let (client, sent) = mock_api(HashMap::new(), json!({}));
+    let fresh = context(client);
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(steady), fresh.clone())).await.unwrap().unwrap();
+    assert!(sent.lock().unwrap().iter().all(|s| s.method == "GET"), "nothing written");
+    assert_eq!(wiki_gauge(&fresh.metrics, "teifleet_job_phase", ("phase", "Blocked")), Some(1.0));
+    assert_eq!(job_series(&fresh.metrics), job_series(&ctx.metrics));
+}
