@@ -367,6 +367,9 @@ spec:
 YAML
 }
 { claim_yaml corpus "$JOB_DIR/in"; echo ---; claim_yaml vectors "$JOB_DIR/out"; } | kubectl apply -f - >/dev/null
+# Small calls, so that each shard takes a few seconds against the simulator's 20 ms a call: the
+# operator reads the workers' reports once they pause for a second, so a job whose shards all finish
+# within a second of each other would go from 0 to done in one line.
 cat <<YAML | tee "$RUN/$JOB.yaml"
 apiVersion: teifleet.dev/v1alpha1
 kind: EmbeddingJob
@@ -377,7 +380,7 @@ spec:
   output: {store: {pvc: {claimName: vectors}}}
   workers: 2
   shardBytes: 64Ki
-  rowsPerCall: 32
+  rowsPerCall: 8
   template:
     nodeSelector: {kubernetes.io/hostname: $REAL_NODE_NAME}
     tolerations: [{key: $REAL_NODE_TAINT_KEY, operator: Exists, effect: NoSchedule}]
