@@ -11,8 +11,8 @@
 //! So while queries come, ingest waits for the last part of TEI's running batch and then takes
 //! every place left: queries that arrive before that take places in the next batch as they would
 //! alone, and the batch still starts full. The running batch's start is read from the permits
-//! (calls come back when their batch ends, so the last release marks the start of the batch after
-//! it) and its length from TEI's own `inference_time` (a moving mean). Without those (nothing
+//! (calls come back when their batch ends, so the first of a batch's calls back marks the start of
+//! the batch after it) and its length from TEI's own `inference_time` (a moving mean). Without those (nothing
 //! came back yet, an upstream that reports no times, nothing in flight) ingest goes at once, and
 //! it always does when no query came for a few seconds. Ingest owed its floor turn (queries
 //! waiting) ignores the gate.
@@ -38,8 +38,10 @@ pub(super) struct IngestGate {
     queries: usize,
     queries_mean: f64,
     since: Option<Instant>,
-    /// When a call last came back: the start of TEI's batch running now.
-    last_release: Option<Instant>,
+    /// When the first call of the last batch to end came back: the start of TEI's batch running
+    /// now. The rest of a batch's calls come back over the next few moments (more of them on a
+    /// busy machine), and are not taken for a new start.
+    batch_started: Option<Instant>,
     /// TEI's batch time, a moving mean of what it reports.
     batch_time: Option<Duration>,
 }
@@ -58,10 +60,17 @@ impl IngestGate {
         self.queries = self.queries.saturating_sub(inputs);
     }
 
-    /// A call of either lane came back (`query_inputs` of them queries): its batch ended.
+    /// A call of either lane came back (`query_inputs` of them queries): its batch ended, unless
+    /// it is one more call of a batch that ended less than half a batch time ago.
     pub fn released(&mut self, query_inputs: usize, now: Instant) {
         self.query_untook(query_inputs, now);
-        self.last_release = Some(now);
+        let same_batch = match (self.batch_started, self.batch_time) {
+            (Some(started), Some(batch_time)) => now.saturating_duration_since(started) < batch_time / 2,
+            _ => false,
+        };
+        if !same_batch {
+            self.batch_started = Some(now);
+        }
     }
 
     /// TEI reported `batch_time` for a call's batch.
@@ -80,7 +89,7 @@ impl IngestGate {
         if in_flight == 0 || self.queries_mean_at(now) < QUERIES_COME {
             return None;
         }
-        let opens = self.last_release? + self.batch_time?.mul_f64(OPENS_AFTER);
+        let opens = self.batch_started? + self.batch_time?.mul_f64(OPENS_AFTER);
         (now < opens).then_some(opens)
     }
 
@@ -138,6 +147,22 @@ mod tests {
         assert_eq!(gate.closed_until(batch_start + Duration::from_millis(10), 8), Some(opens));
         assert_eq!(gate.closed_until(opens, 8), None, "open for the batch's last quarter");
         assert_eq!(gate.closed_until(batch_start, 0), None, "nothing in flight: TEI is idle");
+    }
+
+    #[test]
+    fn the_calls_of_one_batch_coming_back_one_after_another_mark_one_start() {
+        let start = Instant::now();
+        let mut gate = with_queries(start);
+        let batch_start = start + SMOOTHING * 5;
+        gate.released(0, batch_start);
+        // The batch's other calls come back over the next few milliseconds.
+        gate.released(0, batch_start + Duration::from_millis(5));
+        let opens = batch_start + BATCH.mul_f64(OPENS_AFTER);
+        assert_eq!(gate.closed_until(batch_start + Duration::from_millis(5), 8), Some(opens));
+        // The next batch's first call, a batch time later, starts the next one.
+        let next = batch_start + BATCH;
+        gate.released(0, next);
+        assert_eq!(gate.closed_until(next, 8), Some(next + BATCH.mul_f64(OPENS_AFTER)));
     }
 
     #[test]
