@@ -340,10 +340,15 @@ mod tests {
         assert_eq!(serial(None), None, "no name asked for");
         assert!(pools.client("bge").is_some() && pools.client("plain").is_none());
 
-        // A broken set leaves the one in force; a removed pool is served no more.
+        // A renewal is in force for the next handshake; a broken set leaves the one in force; a
+        // removed pool is served no more.
+        let (renewed, renewed_serial) = material(&bge_ca, &["bge.ml.svc"]);
+        pools.of_pool("bge").offer(&renewed, "Secret bge-tls");
+        assert_eq!(serial(Some("bge.ml.svc")), Some(renewed_serial.clone()));
+        assert_ne!(renewed_serial, bge_serial);
         let broken = Material { key: b"nonsense".to_vec(), ..bge };
         pools.of_pool("bge").offer(&broken, "Secret bge-tls");
-        assert_eq!(serial(Some("bge.ml.svc")), Some(bge_serial));
+        assert_eq!(serial(Some("bge.ml.svc")), Some(renewed_serial));
         pools.remove("bge");
         assert_eq!(serial(Some("bge.ml.svc")), None);
     }

@@ -34,7 +34,7 @@ impl PeekFirst for TcpStream {
     }
 }
 
-/// In-memory pipes (tests) cannot be peeked: a port that picks by name refuses them.
+/// In-memory pipes (tests) cannot be peeked: a port that picks by name serves them in plain text.
 impl PeekFirst for tokio::io::DuplexStream {
     async fn peek_first(&self) -> io::Result<u8> {
         Err(io::ErrorKind::Unsupported.into())
@@ -94,6 +94,12 @@ where
     Io: AsyncRead + AsyncWrite + Unpin + PeekFirst,
 {
     if let Mode::ByName(names) = tls.mode() {
+        // A client that opens with anything but a TLS handshake (or sends nothing, or closes) is
+        // the plain-text port's to serve or to close, as it would be on a port without TLS.
+        match tokio::time::timeout_at(deadline, io.peek_first()).await {
+            Ok(Ok(TLS_HANDSHAKE_RECORD)) => {}
+            _ => return Ok(MaybeTls::Plain(io)),
+        }
         return match tokio::time::timeout_at(deadline, accept_by_name(&*names, io)).await {
             Ok(accepted) => accepted,
             Err(_) => {
@@ -116,20 +122,12 @@ where
     }
 }
 
-/// A port that picks by name: plain text unless the client opens with a TLS handshake, then the
-/// set `names` picks for the name its hello asks for.
+/// A port that picks by name, for a client that opened with a TLS handshake: the set `names`
+/// picks for the name its hello asks for.
 async fn accept_by_name<Io>(names: &dyn super::ServerNames, io: Io) -> Result<MaybeTls<Io>, &'static str>
 where
-    Io: AsyncRead + AsyncWrite + Unpin + PeekFirst,
+    Io: AsyncRead + AsyncWrite + Unpin,
 {
-    match io.peek_first().await {
-        Ok(TLS_HANDSHAKE_RECORD) => {}
-        Ok(_) => return Ok(MaybeTls::Plain(io)),
-        Err(error) => {
-            tracing::debug!(%error, "connection closed before its first byte");
-            return Err(REFUSED_TLS_HANDSHAKE);
-        }
-    }
     let started = match LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await {
         Ok(started) => started,
         Err(error) => {

@@ -221,6 +221,9 @@ async fn a_port_by_name_serves_each_name_its_set_and_plain_text_beside_them() {
     };
     let (served, _open) = serve_once(&tls, plain).await;
     assert_eq!(served, Ok((true, None, b'P')));
+    // One that closes, or sends nothing in time, is the plain-text port's to close.
+    let (served, ()) = serve_once(&tls, |addr| async move { drop(tokio::net::TcpStream::connect(addr).await) }).await;
+    assert_eq!(served, Ok((true, None, 0)));
 
     // Each name gets its own set, as a client trusting only that server's CA checks.
     let (served, seen) = serve_once(&tls, |addr| dial_at(addr, "a.ml.svc", client_config(&ca_a, None))).await;
