@@ -90,6 +90,13 @@ fn pool_addresses(services: &[Arc<Service>], pools: &[Arc<EmbeddingPool>]) -> BT
     addresses
 }
 
+/// The `spec.tls` of each pool that may scale to zero: the activator stands in for no other, and
+/// its Role grants their Secrets alone.
+fn tls_specs(live: &[Arc<EmbeddingPool>]) -> BTreeMap<String, teifleet_crds::TlsSpec> {
+    let at_zero = |pool: &&Arc<EmbeddingPool>| pool.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0);
+    live.iter().filter(at_zero).filter_map(|pool| Some((pool.name_any(), pool.spec.tls.clone()?))).collect()
+}
+
 /// The pools with mutual TLS (`spec.tls.clientCA`), each with its model.
 fn mutual_pools(live: &[Arc<EmbeddingPool>]) -> BTreeMap<String, Option<String>> {
     live.iter()
@@ -180,11 +187,7 @@ impl TlsWatches {
         live: &[Arc<EmbeddingPool>],
         stop: &CancellationToken,
     ) {
-        // Only the pools that may scale to zero: the activator stands in for no other, and its
-        // Role grants their Secrets alone.
-        let at_zero = |pool: &&Arc<EmbeddingPool>| pool.spec.autoscaling.as_ref().is_some_and(|a| a.min_replicas == 0);
-        let wanted: BTreeMap<String, teifleet_crds::TlsSpec> =
-            live.iter().filter(at_zero).filter_map(|pool| Some((pool.name_any(), pool.spec.tls.clone()?))).collect();
+        let wanted = tls_specs(live);
         self.following.retain(|pool, (spec, token)| {
             let keep = wanted.get(pool) == Some(spec);
             if !keep {
@@ -320,6 +323,38 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(pool_of(&slice), Some("bge"));
+    }
+
+    #[test]
+    fn the_tls_sets_followed_are_the_zero_pools_and_every_mutual_tls_pool_is_guarded() {
+        let pool = |name: &str, min: i32, tls: serde_json::Value| -> Arc<EmbeddingPool> {
+            let mut spec = json!({ "model": { "id": format!("org/{name}") },
+                                   "concurrency": { "maxInFlight": 8, "maxInFlightPerReplica": 4 },
+                                   "autoscaling": { "minReplicas": min, "maxReplicas": 2 } });
+            if !tls.is_null() {
+                spec["tls"] = tls;
+            }
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingPool",
+                    "metadata": { "name": name, "namespace": "ml" }, "spec": spec,
+                }))
+                .unwrap(),
+            )
+        };
+        let mutual = json!({ "secretName": "m-tls", "clientCA": { "configMapName": "clients" } });
+        let live = [
+            pool("tls", 0, json!({ "secretName": "tls-tls" })),
+            pool("mutual", 0, mutual.clone()),
+            pool("plain", 0, serde_json::Value::Null),
+            pool("busy", 1, json!({ "secretName": "busy-tls" })),
+            pool("busy-mutual", 1, mutual),
+        ];
+        let followed: Vec<String> = tls_specs(&live).into_keys().collect();
+        assert_eq!(followed, ["mutual", "tls"], "only the pools that may be at zero (the Role's names)");
+        let guarded = mutual_pools(&live);
+        assert_eq!(guarded.keys().collect::<Vec<_>>(), ["busy-mutual", "mutual"], "any pool with mutual TLS");
+        assert_eq!(guarded["mutual"].as_deref(), Some("org/mutual"));
     }
 
     fn service(name: &str, pool_label: &str, owner_uid: &str, spec: serde_json::Value) -> Arc<Service> {
