@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Real client libraries from PyPI (the openai SDK, huggingface_hub, requests, grpcio), grpcurl and
-# ghz (tools/grpcurl.sh and tools/ghz.sh build them once) against the multiplexer's fronts in front of the TEI simulator,
+# ghz (tools/go-tool.sh builds them once) against the multiplexer's fronts in front of the TEI simulator,
 # both the debug binaries, on loopback: in
 # plain text, with API keys, and over TLS and mutual TLS with certificates made here every run.
 # An embedding job (the debug teifleet-job) also runs here, Parquet in and out of a real SeaweedFS
@@ -29,8 +29,8 @@ cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim --bins
 cargo build --quiet -p teifleet-job --bin teifleet-job
 weed=$(tools/seaweedfs.sh)
 # grpcurl (test_grpcurl.py) and ghz (test_ghz.py), built once per version like weed.
-TEIFLEET_GRPCURL=$(tools/grpcurl.sh)
-TEIFLEET_GHZ=$(tools/ghz.sh)
+TEIFLEET_GRPCURL=$(tools/go-tool.sh grpcurl)
+TEIFLEET_GHZ=$(tools/go-tool.sh ghz)
 export TEIFLEET_GRPCURL TEIFLEET_GHZ
 bin=$root/target/debug
 logs=$(mktemp -d)

@@ -3,7 +3,7 @@
 queueTimeout 3s (room in its queue for every caller) in front of a simulator at 20 ms a batch.
 Issue 32 found 542 of 600 refused ("the queue is standing") where TEI alone served all 600; every
 call must be served through the sidecar as TEI alone serves it. ghz is the real one, built from
-the Go module proxy by tools/ghz.sh (TEIFLEET_GHZ)."""
+the Go module proxy by tools/go-tool.sh (TEIFLEET_GHZ)."""
 
 import json
 import os

@@ -1,7 +1,7 @@
 """The bulk calls docs/clients.md shows from a shell, run as written there: grpcurl streaming JSON
 messages from standard input on one EmbedStream in the ingest lane, grpcurl listing the services
 by reflection and calling tei-manager's Embed, and curl sending an HTTP batch in the ingest lane.
-grpcurl is the real one, built from the Go module proxy by tools/grpcurl.sh (TEIFLEET_GRPCURL)."""
+grpcurl is the real one, built from the Go module proxy by tools/go-tool.sh (TEIFLEET_GRPCURL)."""
 
 import json
 import os

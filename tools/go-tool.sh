@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Prints the path of a Go command-line tool the tests run as users do, building it once per
+# version from the Go module proxy into a cache outside the repository:
+#
+#   grpcurl=$(tools/go-tool.sh grpcurl)   # docs/clients.md's shell examples (test_grpcurl.py)
+#   ghz=$(tools/go-tool.sh ghz)           # the gRPC load tool users point at TEI (test_ghz.py)
+set -euo pipefail
+case "${1:-}" in
+  grpcurl) package=github.com/fullstorydev/grpcurl/cmd/grpcurl version=v1.9.3 ;;
+  ghz) package=github.com/bojand/ghz/cmd/ghz version=v0.120.0 ;;
+  *) echo "usage: $0 grpcurl|ghz" >&2; exit 2 ;;
+esac
+name=$1
+root="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}/$name-$version"
+if [[ ! -x "$root/$name" ]]; then
+  command -v go >/dev/null 2>&1 || { echo "[$name] Go is required to build $name" >&2; exit 1; }
+  echo "[$name] building $name $version into $root (once per version)" >&2
+  mkdir -p "$root"
+  GOBIN="$root" GOFLAGS=-trimpath go install "$package@$version" >&2
+fi
+echo "$root/$name"
