@@ -69,12 +69,27 @@ impl StatusMemo {
             memo.remove(&Self::key(pool));
             return false;
         }
-        memo.get(&Self::key(pool)) != Some(desired)
+        memo.get(&Self::key(pool)).is_none_or(|written| !same_but_for_transition_times(written, desired))
     }
 
     fn written(&self, pool: &EmbeddingPool, status: EmbeddingPoolStatus) {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).insert(Self::key(pool), status);
     }
+}
+
+/// Whether two statuses differ at most in their conditions' `lastTransitionTime`. A reconcile in
+/// the window where the cache lags computes its conditions from the status before our write, so a
+/// condition that changed there gets a new transition time, a second later at most; what we wrote
+/// already says the same with the first one.
+fn same_but_for_transition_times(a: &EmbeddingPoolStatus, b: &EmbeddingPoolStatus) -> bool {
+    let timeless = |status: &EmbeddingPoolStatus| {
+        let mut status = status.clone();
+        for condition in &mut status.conditions {
+            condition.last_transition_time = Time(Timestamp::UNIX_EPOCH);
+        }
+        status
+    };
+    a.conditions.len() == b.conditions.len() && timeless(a) == timeless(b)
 }
 
 fn apply_params() -> PatchParams {
@@ -394,5 +409,26 @@ mod tests {
 
         let unknown = EmbeddingPoolStatus::default();
         assert!(memo.needs_write(&pool_showing(Some(busy)), &unknown), "no sidecar answered: the demand goes");
+    }
+
+    #[test]
+    fn a_lagging_cache_across_a_second_boundary_is_no_reason_to_write_again() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+        let ready = |status: &str, second: i64| EmbeddingPoolStatus {
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: status.into(),
+                reason: "Reason".into(),
+                message: String::new(),
+                observed_generation: Some(1),
+                last_transition_time: Time(Timestamp::from_second(second).unwrap()),
+            }],
+            ..EmbeddingPoolStatus::default()
+        };
+        let memo = StatusMemo::default();
+        let stale = pool_showing(None);
+        memo.written(&stale, ready("True", 100));
+        assert!(!memo.needs_write(&stale, &ready("True", 101)), "the same condition, computed a second later");
+        assert!(memo.needs_write(&stale, &ready("False", 101)), "a condition that changed is written");
     }
 }
