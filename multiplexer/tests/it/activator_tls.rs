@@ -9,9 +9,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
 use teifleet_multiplexer::activator::{Activations, PoolNaming};
 use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::report::metrics::Metrics;
@@ -56,23 +55,7 @@ impl PoolCert {
 
 /// A client trusting only `ca`, showing `certificate` when it has one.
 pub fn trusting(ca: &Authority, certificate: Option<&Issued>, alpn: &[&[u8]]) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(ca.pem.as_bytes()).unwrap()).unwrap();
-    let builder = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    let mut config = match certificate {
-        None => builder.with_no_client_auth(),
-        Some(issued) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(issued.chain_pem.as_bytes()).collect::<Result<_, _>>().unwrap(),
-                PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-    };
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    Arc::new(config)
+    ca.client_config(certificate, alpn)
 }
 
 /// A gRPC client of the activator at `addr` that dialled `name` in TLS with `config` (asking for

@@ -1,9 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use rustls::{ClientConfig, RootCertStore};
+use rustls::ClientConfig;
+use rustls::pki_types::ServerName;
 use teifleet_testkit::certs::{Authority, Issued};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio_rustls::TlsConnector;
@@ -20,21 +19,7 @@ fn material(ca: &Authority, issued: &Issued) -> Material {
 }
 
 fn client_config(trusted: &Authority, certificate: Option<&Issued>) -> Arc<ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    roots.add(CertificateDer::from_pem_slice(trusted.pem.as_bytes()).unwrap()).unwrap();
-    let builder = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots);
-    Arc::new(match certificate {
-        None => builder.with_no_client_auth(),
-        Some(issued) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(issued.chain_pem.as_bytes()).collect::<Result<_, _>>().unwrap(),
-                PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-    })
+    trusted.client_config(certificate, &[])
 }
 
 /// Shakes hands over an in-memory pipe: the server's outcome, and the serial the client saw

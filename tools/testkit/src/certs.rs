@@ -1,10 +1,15 @@
 //! Certificates for TLS tests, made on the spot: a CA, and server and client certificates it
 //! signs, in the PEM a `kubernetes.io/tls` Secret holds. Panics on failure, as a test wants.
 
+use std::sync::Arc;
+
 use rcgen::{
     BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose,
     SerialNumber,
 };
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore};
 
 /// A certificate and its key, as PEM.
 #[derive(Clone, Debug)]
@@ -83,6 +88,30 @@ impl Authority {
     }
 
     /// A client certificate whose subject's common name is `name`.
+    /// A TLS client (rustls on ring) trusting only this CA, showing `certificate` when given and
+    /// offering `alpn`.
+    pub fn client_config(&self, certificate: Option<&Issued>, alpn: &[&[u8]]) -> Arc<ClientConfig> {
+        let mut roots = RootCertStore::empty();
+        roots.add(CertificateDer::from_pem_slice(self.pem.as_bytes()).expect("the CA's PEM")).expect("a CA root");
+        let builder = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_root_certificates(roots);
+        let mut config = match certificate {
+            None => builder.with_no_client_auth(),
+            Some(issued) => builder
+                .with_client_auth_cert(
+                    CertificateDer::pem_slice_iter(issued.chain_pem.as_bytes())
+                        .collect::<Result<_, _>>()
+                        .expect("the chain's PEM"),
+                    PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes()).expect("the key's PEM"),
+                )
+                .expect("a client certificate"),
+        };
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        Arc::new(config)
+    }
+
     pub fn client(&self, name: &str) -> Issued {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("client parameters");
         params.distinguished_name.push(DnType::CommonName, name);
