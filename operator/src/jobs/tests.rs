@@ -825,9 +825,10 @@ async fn a_job_whose_pool_is_missing_creates_nothing_and_says_why() {
     assert_eq!(event["reason"], "PoolNotFound");
 }
 
-#[tokio::test]
-async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
-    let objects = HashMap::from([
+/// What the API server holds for a job whose pool and claims exist and whose workers have
+/// reported ten shards' progress.
+fn a_running_jobs_objects() -> HashMap<String, serde_json::Value> {
+    HashMap::from([
         ("/apis/teifleet.dev/v1alpha1/namespaces/ml/embeddingpools/bge-small".to_owned(), pool_json()),
         ("/api/v1/namespaces/ml/persistentvolumeclaims/corpora".to_owned(), claim_json("corpora")),
         ("/api/v1/namespaces/ml/persistentvolumeclaims/vectors".to_owned(), claim_json("vectors")),
@@ -835,7 +836,12 @@ async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
             "/api/v1/namespaces/ml/configmaps/wiki-progress".to_owned(),
             json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "wiki-progress" }, "data": progress(10) }),
         ),
-    ]);
+    ])
+}
+
+#[tokio::test]
+async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
+    let objects = a_running_jobs_objects();
     let job_json = serde_json::to_value(job(PVC_JOB)).unwrap();
     let (client, seen) = mock_api(objects, job_json);
     tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(PVC_JOB)), context(client)))
@@ -891,15 +897,7 @@ fn job_series(metrics: &Metrics) -> usize {
 
 #[tokio::test]
 async fn reconciling_shows_the_jobs_status_as_metrics_and_deleting_it_removes_them() {
-    let objects = HashMap::from([
-        ("/apis/teifleet.dev/v1alpha1/namespaces/ml/embeddingpools/bge-small".to_owned(), pool_json()),
-        ("/api/v1/namespaces/ml/persistentvolumeclaims/corpora".to_owned(), claim_json("corpora")),
-        ("/api/v1/namespaces/ml/persistentvolumeclaims/vectors".to_owned(), claim_json("vectors")),
-        (
-            "/api/v1/namespaces/ml/configmaps/wiki-progress".to_owned(),
-            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "wiki-progress" }, "data": progress(10) }),
-        ),
-    ]);
+    let objects = a_running_jobs_objects();
     let (client, _) = mock_api(objects, serde_json::to_value(job(PVC_JOB)).unwrap());
     let ctx = context(client);
     tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(PVC_JOB)), ctx.clone()))
