@@ -64,7 +64,7 @@ test-clients: ## Real HTTP clients from PyPI (openai, huggingface_hub, requests)
 	tests/clients/run.sh
 
 .PHONY: test-observability
-test-observability: ## The alert rules (promtool check and unit tests) and every dashboard and rule query naming only metrics the binaries export
+test-observability: ## The alert rules (promtool check and unit tests, and one fired on a real Prometheus under a burst) and every dashboard and rule query naming only metrics the binaries export
 	tests/observability/run.sh
 
 .PHONY: generate
