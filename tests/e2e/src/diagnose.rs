@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{ListParams, LogParams};
 use teifleet_testkit::poll::try_eventually;
 
 use crate::kubeconfig_path;
@@ -29,10 +29,17 @@ where
     }
 }
 
-async fn report(pods: &Api<Pod>) -> String {
+/// The pods of `pods`' namespace (with the last log lines of each container not ready), the
+/// namespace's latest warnings and the kubelet's latest errors.
+pub async fn report(pods: &Api<Pod>) -> String {
     let mut out = String::new();
     match pods.list(&ListParams::default()).await {
-        Ok(list) => list.items.iter().for_each(|pod| describe(pod, &mut out)),
+        Ok(list) => {
+            for pod in &list.items {
+                describe(pod, &mut out);
+                log_tails(pods, pod, &mut out).await;
+            }
+        }
         Err(error) => _ = writeln!(out, "pods could not be listed: {error}"),
     }
     let events: Api<Event> = Api::namespaced(pods.clone().into_client(), pods.namespace().unwrap_or("default"));
@@ -54,6 +61,30 @@ async fn report(pods: &Api<Pod>) -> String {
         }
     }
     out
+}
+
+/// The last lines each container that is not ready wrote (its previous run's, if it restarted):
+/// why a process that runs never became ready is often only in its own log.
+async fn log_tails(pods: &Api<Pod>, pod: &Pod, out: &mut String) {
+    let name = pod.metadata.name.as_deref().unwrap_or("?");
+    let statuses = pod.status.iter().flat_map(|s| s.container_statuses.iter().flatten());
+    for container in statuses.filter(|c| !c.ready) {
+        let params = LogParams {
+            container: Some(container.name.clone()),
+            previous: container.restart_count > 0,
+            tail_lines: Some(REPORT_LINES as i64),
+            ..LogParams::default()
+        };
+        match pods.logs(name, &params).await {
+            Ok(text) => {
+                let _ = writeln!(out, "  {} log (last {REPORT_LINES} lines):", container.name);
+                for line in text.lines() {
+                    let _ = writeln!(out, "    {}", line.chars().take(400).collect::<String>());
+                }
+            }
+            Err(error) => _ = writeln!(out, "  {} log unreadable: {error}", container.name),
+        }
+    }
 }
 
 fn describe(pod: &Pod, out: &mut String) {

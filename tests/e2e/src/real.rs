@@ -100,8 +100,14 @@ pub async fn install_chart(client: &Client, namespace: &str, release: &str) -> P
         "--set",
         "leaderElection.leaseDuration=5s",
     ]);
-    assert!(ok, "helm install failed: {output}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    if !ok {
+        panic!(
+            "helm install failed: {output}\n{}\n{}",
+            crate::diagnose::report(&pods).await,
+            node_report(client).await
+        );
+    }
     wait_ready_pods(&pods, &format!("app.kubernetes.io/instance={release}"), 1).await.remove(0)
 }
 
@@ -276,4 +282,47 @@ pub async fn steady_load(channel: Channel, stop: Arc<AtomicBool>, retry: bool) -
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     tally
+}
+
+/// The real node's conditions that are not as they should be, and every pod bound to it with its
+/// CPU and memory requests: a pod that never becomes Ready is often one the node has no room for.
+pub async fn node_report(client: &Client) -> String {
+    let mut out = String::new();
+    match Api::<Node>::all(client.clone()).get_opt(NODE).await {
+        Ok(Some(node)) => {
+            let status = node.status.unwrap_or_default();
+            for condition in status.conditions.iter().flatten() {
+                let healthy = if condition.type_ == "Ready" { "True" } else { "False" };
+                if condition.status != healthy {
+                    let message = condition.message.as_deref().unwrap_or("");
+                    out.push_str(&format!("node {NODE} {} {}: {message}\n", condition.type_, condition.status));
+                }
+            }
+            let allocatable = status.allocatable.unwrap_or_default();
+            let quantity = |name: &str| allocatable.get(name).map_or("?", |q| q.0.as_str()).to_owned();
+            out.push_str(&format!("node {NODE} allocatable: cpu {}, memory {}\n", quantity("cpu"), quantity("memory")));
+        }
+        Ok(None) => out.push_str(&format!("node {NODE} is not registered\n")),
+        Err(error) => out.push_str(&format!("node {NODE} unreadable: {error}\n")),
+    }
+    let bound = ListParams::default().fields(&format!("spec.nodeName={NODE}"));
+    if let Ok(list) = Api::<Pod>::all(client.clone()).list(&bound).await {
+        for pod in list.items {
+            let requests: Vec<String> = pod
+                .spec
+                .iter()
+                .flat_map(|spec| spec.containers.iter())
+                .filter_map(|c| c.resources.as_ref()?.requests.as_ref())
+                .flat_map(|r| r.iter().map(|(k, v)| format!("{k} {}", v.0)))
+                .collect();
+            let phase = pod.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
+            out.push_str(&format!(
+                "on {NODE}: {}/{} {phase} requests [{}]\n",
+                pod.metadata.namespace.unwrap_or_default(),
+                pod.metadata.name.unwrap_or_default(),
+                requests.join(", ")
+            ));
+        }
+    }
+    out
 }
