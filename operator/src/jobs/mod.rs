@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::{self, Action};
@@ -38,8 +39,11 @@ use crate::{Error, Result};
 /// How often a job is looked at again while its workers run (its rate and time left move with the
 /// clock) or while it waits for a pool or a claim, which the operator does not watch for it.
 pub const REFRESH: Duration = Duration::from_secs(10);
-/// Workers report a shard at a time; a burst of reports is read once.
-const DEBOUNCE: Duration = Duration::from_secs(1);
+/// Progress alone (rows, shards, rate, time left) is written at most this often per job, so a
+/// job whose many workers report a shard each a few times a second writes its status once a
+/// second. A trailing debounce would not do: reports that never pause would hide every one of them
+/// until the job ended (kube's `Config::debounce` keeps delaying while updates come).
+pub const PROGRESS_PACE: Duration = Duration::from_secs(1);
 /// The pod annotation holding an Indexed Job pod's worker index.
 const COMPLETION_INDEX_ANNOTATION: &str = "batch.kubernetes.io/job-completion-index";
 /// The label the Job controller puts on its pods.
@@ -59,38 +63,89 @@ pub struct Context {
     pub status_memo: StatusMemo,
 }
 
-/// The last status written per job. The controller's cache can lag behind our own status write by
-/// a moment; without this, a reconcile in that window would send the same status again.
+/// The last status written per job, and when. The controller's cache can lag behind our own status
+/// write by a moment; without this, a reconcile in that window would send the same status again.
 #[derive(Default)]
-pub struct StatusMemo(Mutex<HashMap<String, EmbeddingJobStatus>>);
+pub struct StatusMemo(Mutex<HashMap<String, Written>>);
+
+#[derive(Clone)]
+struct Written {
+    /// `None` once the cache showed it: later outside edits are then seen.
+    status: Option<EmbeddingJobStatus>,
+    at: Instant,
+}
+
+/// Whether a computed status is to be written.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Due {
+    /// The job shows it, or it was just written.
+    No,
+    Now,
+    /// Only progress moved, and the last write was less than [`PROGRESS_PACE`] ago.
+    After(Duration),
+}
 
 impl StatusMemo {
     fn key(job: &EmbeddingJob) -> String {
         job.uid().unwrap_or_default()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, EmbeddingJobStatus>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Written>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Whether `desired` differs from what the job shows and from what we last wrote.
-    pub fn needs_write(&self, job: &EmbeddingJob, desired: &EmbeddingJobStatus) -> bool {
+    /// Whether `desired` is to be written at `now`: not when the job shows it or we last wrote
+    /// it; later when it differs from what was last written only in progress and that write was
+    /// less than [`PROGRESS_PACE`] ago; else at once.
+    pub fn due(&self, job: &EmbeddingJob, desired: &EmbeddingJobStatus, now: Instant) -> Due {
         let mut memo = self.lock();
+        let key = Self::key(job);
         if job.status.as_ref() == Some(desired) {
-            // The cache has caught up; forget the memo so later outside edits are seen.
-            memo.remove(&Self::key(job));
-            return false;
+            // The cache has caught up; forget the status so later outside edits are seen, keep
+            // the time so the pace holds.
+            if let Some(written) = memo.get_mut(&key) {
+                written.status = None;
+            }
+            return Due::No;
         }
-        memo.get(&Self::key(job)) != Some(desired)
+        let Some(written) = memo.get(&key) else { return Due::Now };
+        if written.status.as_ref() == Some(desired) {
+            return Due::No;
+        }
+        let shown = written.status.as_ref().or(job.status.as_ref());
+        let since = now.saturating_duration_since(written.at);
+        match shown.is_some_and(|shown| only_progress_differs(shown, desired)) && since < PROGRESS_PACE {
+            true => Due::After(PROGRESS_PACE - since),
+            false => Due::Now,
+        }
     }
 
-    pub fn written(&self, job: &EmbeddingJob, status: EmbeddingJobStatus) {
-        self.lock().insert(Self::key(job), status);
+    pub fn written(&self, job: &EmbeddingJob, status: EmbeddingJobStatus, at: Instant) {
+        self.lock().insert(Self::key(job), Written { status: Some(status), at });
     }
 
     pub fn forget(&self, job: &EmbeddingJob) {
         self.lock().remove(&Self::key(job));
     }
+}
+
+/// Whether `a` and `b` differ at most in what moves with every shard: the counts, the rate, the
+/// time left and the conditions' messages (`Running` quotes the shards done). A condition's
+/// status or reason, the times, the plan's shard count and the generation are news, written at
+/// once.
+fn only_progress_differs(a: &EmbeddingJobStatus, b: &EmbeddingJobStatus) -> bool {
+    let without_progress = |status: &EmbeddingJobStatus| EmbeddingJobStatus {
+        conditions: status.conditions.iter().map(|c| Condition { message: String::new(), ..c.clone() }).collect(),
+        shards_done: 0,
+        rows_done: 0,
+        rows_failed: 0,
+        rows_total: None,
+        rows_total_estimated: false,
+        rows_per_second: None,
+        eta: None,
+        ..status.clone()
+    };
+    without_progress(a) == without_progress(b)
 }
 
 /// Brings the job's children to their rendered state and reports its status. A job whose
@@ -161,15 +216,19 @@ async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Acti
         now,
     };
     let desired = status::compute(&job, &seen);
-    if ctx.status_memo.needs_write(&job, &desired) {
+    ctx.metrics.job_status(&namespace, &name, &desired);
+    let due = ctx.status_memo.due(&job, &desired, Instant::now());
+    if due == Due::Now {
         tracing::debug!(job = %name, %namespace, old = ?job.status, new = ?desired, "status changed");
         write_status(&ctx, &job, &namespace, &desired).await?;
         announce_changes(&ctx, &job, &desired).await;
-        ctx.status_memo.written(&job, desired.clone());
+        ctx.status_memo.written(&job, desired.clone(), Instant::now());
     }
-    ctx.metrics.job_status(&namespace, &name, &desired);
     ctx.metrics.reconciled(started.elapsed());
-    Ok(next_look(&desired))
+    Ok(match due {
+        Due::After(wait) => Action::requeue(wait),
+        Due::No | Due::Now => next_look(&desired),
+    })
 }
 
 /// Whether `batch` is this EmbeddingJob's own.
@@ -391,7 +450,6 @@ pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationT
     Controller::new(Api::<EmbeddingJob>::all(client.clone()), watcher::Config::default().any_semantic())
         .owns(Api::<Job>::all(client.clone()), managed())
         .owns(Api::<ConfigMap>::all(client), managed())
-        .with_config(controller::Config::default().debounce(DEBOUNCE))
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {

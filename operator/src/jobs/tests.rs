@@ -25,7 +25,7 @@ use teifleet_crds::{EmbeddingJob, EmbeddingJobStatus, EmbeddingPool};
 
 use super::render::{self, JobChildren, deadline_seconds, store_url};
 use super::status::{self, Blocker, Progress, Seen, format_duration, last_line};
-use super::{Context, StatusMemo, events, next_look, quote_failed_workers, reconcile};
+use super::{Context, Due, PROGRESS_PACE, StatusMemo, events, next_look, quote_failed_workers, reconcile};
 use crate::metrics::Metrics;
 
 const IMAGE: &str = "ghcr.io/teifleet/job:0.1.0";
@@ -589,7 +589,8 @@ fn an_unchanged_job_keeps_its_transition_times_and_needs_no_write() {
     let again = status::compute(&shown, &seen(Some(&running), Some(&data), 100, &[]));
     assert_eq!(Some(&again), shown.status.as_ref());
     let memo = StatusMemo::default();
-    assert!(!memo.needs_write(&shown, &again), "the same status: no write");
+    let now = std::time::Instant::now();
+    assert_eq!(memo.due(&shown, &again, now), Due::No, "the same status: no write");
 
     // Later, more done: the conditions keep their times, the counts move.
     let more = progress(20);
@@ -599,9 +600,44 @@ fn an_unchanged_job_keeps_its_transition_times_and_needs_no_write() {
     };
     assert_eq!(transition(&later), transition(shown.status.as_ref().unwrap()));
     assert_eq!(later.shards_done, 20);
-    assert!(memo.needs_write(&shown, &later));
-    memo.written(&shown, later.clone());
-    assert!(!memo.needs_write(&shown, &later), "written, the cache not caught up yet: no repeat");
+    assert_eq!(memo.due(&shown, &later, now), Due::Now, "nothing written yet: at once");
+    memo.written(&shown, later.clone(), now);
+    assert_eq!(memo.due(&shown, &later, now), Due::No, "written, the cache not caught up yet: no repeat");
+}
+
+#[test]
+fn progress_alone_is_written_once_a_pace_and_news_at_once() {
+    let running =
+        batch(JobStatus { active: Some(4), ready: Some(4), start_time: Some(Time(at(0))), ..JobStatus::default() });
+    let mut shown = job(PVC_JOB);
+    shown.status = Some(status::compute(&shown, &seen(Some(&running), Some(&progress(10)), 100, &[])));
+    let memo = StatusMemo::default();
+    let start = std::time::Instant::now();
+    let eleven = status::compute(&shown, &seen(Some(&running), Some(&progress(11)), 101, &[]));
+    assert_eq!(memo.due(&shown, &eleven, start), Due::Now);
+    memo.written(&shown, eleven.clone(), start);
+
+    // Shards keep coming a tenth of a second apart: each waits out the pace, never longer.
+    let quarter = start + PROGRESS_PACE / 4;
+    let twelve = status::compute(&shown, &seen(Some(&running), Some(&progress(12)), 101, &[]));
+    assert_eq!(memo.due(&shown, &twelve, quarter), Due::After(PROGRESS_PACE - PROGRESS_PACE / 4));
+    // The cache catching up keeps the time of the last write.
+    shown.status = Some(eleven);
+    assert_eq!(memo.due(&shown, shown.status.as_ref().unwrap(), quarter), Due::No);
+    assert_eq!(memo.due(&shown, &twelve, quarter), Due::After(PROGRESS_PACE - PROGRESS_PACE / 4));
+    assert_eq!(memo.due(&shown, &twelve, start + PROGRESS_PACE), Due::Now, "the pace is over");
+
+    // A condition is news: a finished job is written at once, however recent the last write.
+    let done = batch(JobStatus {
+        succeeded: Some(4),
+        start_time: Some(Time(at(0))),
+        completion_time: Some(Time(at(101))),
+        conditions: Some(vec![job_condition("Complete", "CompletionsReached", "", 101)]),
+        ..JobStatus::default()
+    });
+    let complete = status::compute(&shown, &seen(Some(&done), Some(&progress(40)), 101, &[]));
+    assert_ne!(complete.conditions, twelve.conditions);
+    assert_eq!(memo.due(&shown, &complete, quarter), Due::Now);
 }
 
 #[test]
