@@ -19,6 +19,7 @@ use serde_json::{Value, json};
 use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_proto::v1::info_client::InfoClient;
 use teifleet_proto::v1::{EmbedRequest, InfoRequest};
+use teifleet_testkit::poll::try_eventually;
 use teifleet_wire::{ports, tei_health};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -76,8 +77,14 @@ pub fn operator_name(release: &str) -> String {
     format!("{release}-teifleet-operator")
 }
 
+/// How long the chart's operator may take to be Ready: the first pod of a run on the real node
+/// also waits for containerd to unpack the image, on a machine still busy with the tests before.
+const INSTALL: Duration = Duration::from_secs(240);
+
 /// `helm install`s the chart as `release` in `namespace`, its operator on the real node, and
-/// waits until the operator's pod is Ready; returns that pod.
+/// waits until the operator's pod is Ready; returns that pod. The wait is the test's, not helm's
+/// (`--wait` says only "context deadline exceeded"): one that runs out reports the namespace's
+/// pods, their logs and warnings, the kubelet's errors and what the real node holds.
 pub async fn install_chart(client: &Client, namespace: &str, release: &str) -> Pod {
     // A run that failed half-way left the release's cluster-wide RBAC behind its deleted
     // namespace; helm refuses to adopt it into a release in another namespace.
@@ -90,9 +97,6 @@ pub async fn install_chart(client: &Client, namespace: &str, release: &str) -> P
         "charts/teifleet",
         "-n",
         namespace,
-        "--wait",
-        "--timeout",
-        "120s",
         "--set-json",
         &format!(r#"nodeSelector={{"kubernetes.io/hostname":"{NODE}"}}"#),
         "--set-json",
@@ -100,15 +104,19 @@ pub async fn install_chart(client: &Client, namespace: &str, release: &str) -> P
         "--set",
         "leaderElection.leaseDuration=5s",
     ]);
+    assert!(ok, "helm install failed: {output}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    if !ok {
-        panic!(
-            "helm install failed: {output}\n{}\n{}",
-            crate::diagnose::report(&pods).await,
-            node_report(client).await
-        );
+    let selector = format!("app.kubernetes.io/instance={release}");
+    let ready = try_eventually(&format!("the operator's pod ({selector}) Ready"), INSTALL, || async {
+        let list = pods.list(&ListParams::default().labels(&selector)).await.ok()?.items;
+        let live: Vec<Pod> = list.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();
+        (live.len() == 1 && is_ready(&live[0])).then(|| live[0].clone())
+    })
+    .await;
+    match ready {
+        Ok(pod) => pod,
+        Err(error) => panic!("{error}\n{}{}", crate::diagnose::report(&pods).await, node_report(client).await),
     }
-    wait_ready_pods(&pods, &format!("app.kubernetes.io/instance={release}"), 1).await.remove(0)
 }
 
 /// `spec.template` of a pool whose pods run on the real node, with small CPU and memory
