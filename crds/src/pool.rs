@@ -134,6 +134,10 @@ pub struct EmbeddingPoolSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
 
+    /// The sidecar's gRPC port beyond `tei.v1`: whether it serves server reflection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc: Option<GrpcSpec>,
+
     /// Optional tuning passed to TEI itself.
     #[serde(default)]
     pub tei: TeiSpec,
@@ -422,6 +426,13 @@ pub struct TlsSpec {
     // `clientCA`, as Kubernetes spells initialisms (camelCase would make it `clientCa`).
     #[serde(default, rename = "clientCA", skip_serializing_if = "Option::is_none")]
     pub client_ca: Option<ClientCaSpec>,
+
+    /// Calls routed from this pool to another (`x-teifleet-pool`, `x-teifleet-model`) arrive in
+    /// TLS; a pool without `spec.tls` would get them in clear text, so they are refused
+    /// (FAILED_PRECONDITION, HTTP 400) unless this is true. Routes to pools with TLS, and calls
+    /// served by this pool's own TEI (over the pod's loopback), are never affected.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plaintext_routes: bool,
 }
 
 /// Where the CA bundle of mutual TLS lives: exactly one of a Secret or a ConfigMap.
@@ -522,6 +533,20 @@ pub const TEI_DEFAULT_PAYLOAD_LIMIT: i32 = 2_000_000;
 pub const TEI_DEFAULT_MAX_CLIENT_BATCH_SIZE: i32 = 32;
 /// TEI's `--auto-truncate` default (TEI 1.9).
 pub const TEI_DEFAULT_AUTO_TRUNCATE: bool = true;
+/// What the sidecar's gRPC port serves beside `tei.v1`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GrpcSpec {
+    /// gRPC server reflection (`grpc.reflection.v1` and `v1alpha`, what `grpcurl list` asks),
+    /// answered without a key: it describes the whole API to anyone who can connect. Unset: on
+    /// for a pool without `spec.auth`, off for a pool with it (a caller without a key learns
+    /// nothing; clients there use the `.proto` files). Off, reflection calls are UNIMPLEMENTED, as
+    /// TEI answers them without reflection. The sidecars follow it live; the namespace's
+    /// activator serves no reflection while any pool it stands in for has it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reflection: Option<bool>,
+}
+
 /// Most inputs in one HTTP request by default: OpenAI's embeddings API takes at most 2048 inputs
 /// per request, so clients written for it (LangChain sends 1000 at a time) stay under it.
 pub const DEFAULT_MAX_REQUEST_INPUTS: i32 = 2048;
@@ -563,6 +588,18 @@ impl EmbeddingPoolSpec {
     /// TEI's default.
     pub fn auto_truncate(&self) -> bool {
         self.tei.auto_truncate.unwrap_or(TEI_DEFAULT_AUTO_TRUNCATE)
+    }
+
+    /// Whether the sidecars serve gRPC server reflection: `grpc.reflection`, else on unless the
+    /// pool has API keys (`auth`), whose callers without a key must learn nothing of the API.
+    pub fn grpc_reflection(&self) -> bool {
+        self.grpc.as_ref().and_then(|grpc| grpc.reflection).unwrap_or(self.auth.is_none())
+    }
+
+    /// Whether calls that arrived in TLS may be routed to a pool served in plain text:
+    /// `tls.allowPlaintextRoutes` (a pool without TLS has nothing to protect).
+    pub fn allows_plaintext_routes(&self) -> bool {
+        self.tls.as_ref().is_none_or(|tls| tls.allow_plaintext_routes)
     }
 
     /// Most inputs in one TEI call: `tei.maxClientBatchSize`, else TEI's default.
@@ -854,5 +891,34 @@ mod tests {
         let rules = spec_rules();
         assert!(rules.iter().any(|rule| rule.contains("self.autoscaling")), "{rules:?}");
         assert!(!rules.iter().any(|rule| rule.contains("self.tls")), "{rules:?}");
+    }
+
+    fn spec(extra: serde_json::Value) -> EmbeddingPoolSpec {
+        let mut spec = serde_json::json!({ "model": { "id": "BAAI/bge-small-en-v1.5" } });
+        spec.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        serde_json::from_value(spec).unwrap()
+    }
+
+    #[test]
+    fn reflection_is_served_unless_the_pool_has_keys_or_says_otherwise() {
+        let keys = serde_json::json!({ "secretName": "bge-keys" });
+        assert!(spec(serde_json::json!({})).grpc_reflection(), "no keys: as TEI serves it");
+        assert!(!spec(serde_json::json!({ "auth": keys })).grpc_reflection(), "keys: off unless asked for");
+        let on = spec(serde_json::json!({ "auth": keys, "grpc": { "reflection": true } }));
+        assert!(on.grpc_reflection());
+        assert!(!spec(serde_json::json!({ "grpc": { "reflection": false } })).grpc_reflection());
+        // Unset stays unset: a pool written back carries no default it never asked for.
+        let written = serde_json::to_value(spec(serde_json::json!({ "grpc": {} }))).unwrap();
+        assert_eq!(written["grpc"], serde_json::json!({}));
+    }
+
+    #[test]
+    fn plaintext_routes_are_refused_from_a_tls_pool_unless_it_allows_them() {
+        assert!(spec(serde_json::json!({})).allows_plaintext_routes(), "plain text: nothing to protect");
+        let tls = spec(serde_json::json!({ "tls": { "secretName": "bge-tls" } }));
+        assert!(!tls.allows_plaintext_routes());
+        assert!(!serde_json::to_value(&tls).unwrap()["tls"].as_object().unwrap().contains_key("allowPlaintextRoutes"));
+        let allowed = spec(serde_json::json!({ "tls": { "secretName": "bge-tls", "allowPlaintextRoutes": true } }));
+        assert!(allowed.allows_plaintext_routes());
     }
 }

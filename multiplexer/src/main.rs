@@ -21,6 +21,7 @@ use clap::{Parser, Subcommand};
 use teifleet_crds::{ConcurrencySpec, TenantWeight, labels};
 use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::forward::upstream::Dialer;
+use teifleet_multiplexer::front::grpc::reflection::Reflection;
 use teifleet_multiplexer::front::http::HttpSettings;
 use teifleet_multiplexer::gate::auth::{Gate, Grant, Policy};
 use teifleet_multiplexer::report::metrics::Metrics;
@@ -214,6 +215,11 @@ struct Serve {
     /// not relayed.
     #[arg(long)]
     tei_metrics: Option<String>,
+    /// gRPC server reflection (`grpc.reflection.v1` and `v1alpha`, what `grpcurl list` asks),
+    /// answered without a key; `false`: reflection calls are UNIMPLEMENTED. Default: served. In
+    /// kubernetes mode the pool's spec.grpc.reflection decides, live (off while the pool is unseen).
+    #[arg(long, action = clap::ArgAction::Set)]
+    grpc_reflection: Option<bool>,
     /// Name in the hop marker of forwarded requests.
     #[arg(long, env = labels::ENV_POD_NAME, default_value = "teifleet-multiplexer")]
     identity: String,
@@ -323,6 +329,15 @@ async fn run(source: Source) -> anyhow::Result<()> {
         let certificates = certificates.clone();
         tokio::spawn(tls_files.watch(loaded, certificates, Duration::from_secs(1), helpers.clone()));
     }
+    let kubernetes = matches!(source, Source::Kubernetes { .. });
+    let reflection_flag = source.serve().grpc_reflection;
+    if kubernetes && reflection_flag.is_some() {
+        anyhow::bail!(
+            "--grpc-reflection is for the other modes: in kubernetes mode the pool's spec.grpc.reflection sets it"
+        );
+    }
+    // In kubernetes mode, off until the pool says (a pool with keys keeps it off).
+    let reflection = Arc::new(Reflection::new(reflection_flag.unwrap_or(!kubernetes)));
     // The API-key gate of the own pool; its keys come from the same source as the pools.
     let gate_for = |pool: &str, policy| Gate::new(pool, &metrics.registry, policy).map(Arc::new);
     let mut pool_naming = None;
@@ -414,6 +429,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
                 gate: gate.clone(),
                 certificates: certificates.clone(),
                 serves_tls,
+                reflection: reflection.clone(),
             };
             tokio::spawn(sources::kubernetes::watch(client, namespace, own, table.clone(), helpers.clone()));
             (table, gate, serve)
@@ -439,6 +455,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         tei_metrics: tei_metrics_url(serve.tei_metrics.as_deref())?,
         tls: activator_tls.unwrap_or_else(|| certificates.tls().clone()),
         pool_naming,
+        reflection,
         ..Settings::default()
     };
     let running = server::start(settings, table, metrics).await?;

@@ -19,6 +19,7 @@ use crate::admission::memory::{MemoryBudget, MemorySettings};
 use crate::forward::Forwarder;
 use crate::forward::pools::PoolTable;
 use crate::front::Readiness;
+use crate::front::grpc::reflection::Reflection;
 use crate::front::grpc::server::{self as grpc, Dispatch};
 use crate::front::grpc::service::RpcService;
 use crate::front::http::HttpSettings;
@@ -73,6 +74,8 @@ pub struct Settings {
     pub memory: MemorySettings,
     /// How many calls the pools' doors hold, and how long (`crate::gate::door`).
     pub door: DoorSettings,
+    /// Whether gRPC server reflection is served; a source may switch it live.
+    pub reflection: Arc<Reflection>,
 }
 
 /// Bounds on what one client can make a front hold before admission sees a call. Declared once:
@@ -136,6 +139,7 @@ impl Default for Settings {
             pool_naming: None,
             memory: MemorySettings::default(),
             door: DoorSettings::default(),
+            reflection: Arc::default(),
         }
     }
 }
@@ -210,7 +214,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     }
     tokio::spawn(check_upstream(readiness.clone(), reporter.clone(), settings.health_interval, helpers.clone()));
 
-    // Both reflection versions, as TEI serves them: grpcurl and ghz still speak v1alpha.
+    // Both reflection versions, as TEI serves them: grpcurl and ghz still speak v1alpha. Always
+    // registered; `settings.reflection` says whether a call reaches them.
     let reflection = || {
         tonic_reflection::server::Builder::configure()
             // tei-manager's package, with tei.v1 (which it imports) inside it.
@@ -246,6 +251,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         settings.pool_naming.clone(),
         memory.clone(),
         Arc::new(metrics.refusal_counter(Protocol::Grpc.as_str())),
+        settings.reflection.clone(),
     );
     let h2_bounds = grpc::Bounds {
         max_concurrent_streams: settings.max_concurrent_streams,

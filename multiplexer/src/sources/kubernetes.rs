@@ -1,7 +1,8 @@
 //! Kubernetes mode: the EmbeddingPools of the namespace, watched. This replica's own pool is
 //! served by the TEI beside it, with the per-replica shares the operator publishes in status;
 //! every other pool is reachable through its Service, for `x-teifleet-pool`/`-model` routing.
-//! The own pool's `spec.auth` says which Secret's keys the gate enforces (`super::secret`).
+//! The own pool's `spec.auth` says which Secret's keys the gate enforces (`super::secret`), and,
+//! with `spec.grpc.reflection`, whether the gRPC port serves reflection.
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::budget;
 use crate::admission::Limits;
 use crate::forward::pools::{PoolSpec, PoolTable};
+use crate::front::grpc::reflection::Reflection;
 use crate::gate::auth::{Gate, Policy, grants_of};
 use crate::transport::tls::Certificates;
 
@@ -175,12 +177,14 @@ pub struct OwnPool {
     pub certificates: Arc<Certificates>,
     /// Told whether the pool serves TLS (`spec.tls`), as it changes.
     pub serves_tls: watch::Sender<bool>,
+    /// Whether the gRPC port serves reflection (`spec.grpc.reflection`, off with `spec.auth`).
+    pub reflection: Arc<Reflection>,
 }
 
 /// Watches the namespace's EmbeddingPools and keeps `table` and the own pool's key gate and
 /// certificates in step until `stop`.
 pub async fn watch(client: Client, namespace: String, own: OwnPool, table: Arc<PoolTable>, stop: CancellationToken) {
-    let OwnPool { name: own, upstream: own_upstream, gate, certificates, serves_tls } = own;
+    let OwnPool { name: own, upstream: own_upstream, gate, certificates, serves_tls, reflection } = own;
     let api: Api<EmbeddingPool> = Api::namespaced(client.clone(), &namespace);
     let mut tls = TlsSource {
         client: client.clone(),
@@ -205,6 +209,7 @@ pub async fn watch(client: Client, namespace: String, own: OwnPool, table: Arc<P
                     keys.follow(keys_secret_of(pool));
                     keys.gate.set_grants(grants_of(&pool.spec.concurrency.tenants));
                     tls.follow(pool.spec.tls.clone());
+                    reflection.serve(pool.spec.grpc_reflection());
                 }
                 let specs = specs(&pools, &namespace, &own, &own_upstream);
                 if let Err(error) = table.sync(specs) {

@@ -184,7 +184,7 @@ mod tests {
     }
 
     fn spec(client_ca: Option<ClientCaSpec>) -> TlsSpec {
-        TlsSpec { secret_name: "bge-tls".into(), client_ca }
+        TlsSpec { secret_name: "bge-tls".into(), client_ca, allow_plaintext_routes: false }
     }
 
     #[test]

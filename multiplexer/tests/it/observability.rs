@@ -1,10 +1,12 @@
 //! What operators see: TEI's own errors passed through and counted, the three-way time split,
-//! gRPC health that follows TEI, reflection, and connections recycled by age without failures.
+//! gRPC health that follows TEI, reflection (and reflection switched off), and connections recycled by age without failures.
 
 use std::error::Error as _;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
+use teifleet_multiplexer::front::grpc::reflection::Reflection;
 use teifleet_multiplexer::run::server::Settings;
 use teifleet_tei_sim::Fault;
 use tonic::Code;
@@ -101,14 +103,39 @@ async fn health_follows_tei_and_reflection_lists_the_services() {
     // Both reflection versions, as TEI serves them (grpcurl and ghz still speak v1alpha).
     let expected =
         ["tei.v1.Embed", "tei.v1.Info", "tei.v1.Rerank", "tei.v1.Tokenize", "tei.v1.Predict", "grpc.health.v1.Health"];
-    let names = reflected_services_v1(channel.clone()).await;
+    let names = reflected_services_v1(channel.clone()).await.unwrap();
     for service in expected {
         assert!(names.iter().any(|n| n == service), "v1: {service} missing from {names:?}");
     }
-    let names = reflected_services_v1alpha(channel.clone()).await;
+    let names = reflected_services_v1alpha(channel.clone()).await.unwrap();
     for service in expected {
         assert!(names.iter().any(|n| n == service), "v1alpha: {service} missing from {names:?}");
     }
+}
+
+/// Reflection switched off (a pool with keys, by default) is UNIMPLEMENTED in both versions, as
+/// TEI answers without reflection, while health and calls are served; switched on again, it
+/// answers from the next call, on the same connection.
+#[tokio::test]
+async fn reflection_switched_off_is_unimplemented_and_switches_back_live() {
+    let sim = sim(|_| {}).await;
+    let reflection = Arc::new(Reflection::new(false));
+    let settings = Settings { reflection: reflection.clone(), ..Settings::default() };
+    let (mux, _) = mux_with(vec![spec("pool-a", sim.addr(), limits(2, 8))], settings).await;
+    let channel = channel(mux.grpc_addr).await;
+    for refused in [reflected_services_v1(channel.clone()).await, reflected_services_v1alpha(channel.clone()).await] {
+        let status = refused.expect_err("not served");
+        assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+        assert!(!status.message().contains("tei.v1"), "tells nothing of the API: {status:?}");
+    }
+    let mut health = HealthClient::new(channel.clone());
+    health.check(HealthCheckRequest { service: String::new() }).await.expect("health is served");
+    embed_client(mux.grpc_addr).await.embed(embed_request("served")).await.expect("calls are served");
+
+    reflection.serve(true);
+    let names = reflected_services_v1(channel.clone()).await.unwrap();
+    assert!(names.iter().any(|n| n == "tei.v1.Embed"), "{names:?}");
+    assert!(reflected_services_v1alpha(channel).await.is_ok());
 }
 
 /// Connections older than the maximum age are closed with a GOAWAY, so clients move to new
@@ -158,24 +185,20 @@ macro_rules! list_services {
             host: String::new(),
             message_request: Some(MessageRequest::ListServices(String::new())),
         };
-        let mut answers = ServerReflectionClient::new($channel)
-            .server_reflection_info(tokio_stream::iter([request]))
-            .await
-            .unwrap()
-            .into_inner();
-        match answers.message().await.unwrap().unwrap().message_response {
+        let answers = ServerReflectionClient::new($channel).server_reflection_info(tokio_stream::iter([request])).await;
+        match answers?.into_inner().message().await?.unwrap().message_response {
             Some(MessageResponse::ListServicesResponse(list)) => {
-                list.service.into_iter().map(|s| s.name).collect::<Vec<String>>()
+                Ok(list.service.into_iter().map(|s| s.name).collect::<Vec<String>>())
             }
             other => panic!("expected a service list, got {other:?}"),
         }
     }};
 }
 
-async fn reflected_services_v1(channel: tonic::transport::Channel) -> Vec<String> {
+async fn reflected_services_v1(channel: tonic::transport::Channel) -> Result<Vec<String>, tonic::Status> {
     list_services!(v1, channel)
 }
 
-async fn reflected_services_v1alpha(channel: tonic::transport::Channel) -> Vec<String> {
+async fn reflected_services_v1alpha(channel: tonic::transport::Channel) -> Result<Vec<String>, tonic::Status> {
     list_services!(v1alpha, channel)
 }

@@ -210,8 +210,13 @@ pub fn render(namespace: &str, owners: &[&EmbeddingPool], config: &RenderConfig)
         limits: Some(quantities(LIMITS)),
         ..ResourceRequirements::default()
     };
-    let args =
+    let mut args =
         vec![format!("--drain-delay={DRAIN_DELAY_SECONDS}s"), format!("--drain-timeout={DRAIN_TIMEOUT_SECONDS}s")];
+    // The activator answers for every pool at zero on one port: no reflection there if any of
+    // them keeps it from callers without a key. (A pool's own sidecars follow its spec live.)
+    if owners.iter().any(|pool| !pool.spec.grpc_reflection()) {
+        args.push("--grpc-reflection=false".to_owned());
+    }
     let container = Container {
         env: Some(vec![
             env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
@@ -407,6 +412,25 @@ mod tests {
         let single = render("ml", &[&a], &one).unwrap();
         assert_eq!(single.deployment.spec.unwrap().replicas, Some(1));
         assert!(single.pdb.is_none(), "one pod: nothing to keep while it moves");
+    }
+
+    #[test]
+    fn the_activator_serves_no_reflection_while_a_pool_it_stands_in_for_keeps_it_from_callers_without_a_key() {
+        let args = |owners: &[&EmbeddingPool]| {
+            let pod = render("ml", owners, &RenderConfig::default()).unwrap().deployment.spec.unwrap().template.spec;
+            pod.unwrap().containers[0].args.clone().unwrap()
+        };
+        let off = "--grpc-reflection=false".to_owned();
+        let open = pool("b", 0);
+        assert!(!args(&[&open]).contains(&off), "served, as TEI serves it");
+        let mut keyed = pool("a", 0);
+        keyed.spec.auth = Some(serde_json::from_value(json!({ "secretName": "a-keys" })).unwrap());
+        assert!(args(&[&keyed, &open]).contains(&off), "a keyed pool: off by default");
+        keyed.spec.grpc = Some(serde_json::from_value(json!({ "reflection": true })).unwrap());
+        assert!(!args(&[&keyed, &open]).contains(&off), "unless the pool asks for it");
+        let mut closed = pool("c", 0);
+        closed.spec.grpc = Some(serde_json::from_value(json!({ "reflection": false })).unwrap());
+        assert!(args(&[&open, &closed]).contains(&off));
     }
 
     #[test]

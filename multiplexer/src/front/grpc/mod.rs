@@ -3,10 +3,11 @@
 //! (`connections`), a unary call's message in and answer out (`unary`) or a stream's
 //! (`stream_body`), a request body cut off at its deadline (`body_deadline`), and the one generic
 //! service that serves every row of the RPC table through the gate, admission and forwarding
-//! (`service`).
+//! (`service`); server reflection, switched off for pools with keys (`reflection`).
 
 pub mod body_deadline;
 pub mod connections;
+pub mod reflection;
 pub mod server;
 pub mod service;
 pub mod stream_body;

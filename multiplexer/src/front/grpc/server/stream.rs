@@ -28,6 +28,7 @@ use crate::activator::PoolNaming;
 use crate::admission::memory::{Charge, MemoryBudget, OverBudget, Use};
 use crate::error::Error;
 use crate::front::grpc::connections::ConnectionInfo;
+use crate::front::grpc::reflection::Reflection;
 use crate::front::grpc::service::RpcService;
 use crate::gate::request_meta::{GRPC_TIMEOUT, parse_grpc_timeout};
 use crate::report::status;
@@ -60,6 +61,8 @@ pub struct Dispatch {
     memory: Arc<MemoryBudget>,
     /// Counts a stream refused for memory.
     refused: Arc<dyn Fn(&'static str) + Send + Sync>,
+    /// Whether reflection calls reach `routes` or are UNIMPLEMENTED.
+    reflection: Arc<Reflection>,
 }
 
 impl Dispatch {
@@ -70,8 +73,10 @@ impl Dispatch {
         pool_naming: Option<Arc<PoolNaming>>,
         memory: Arc<MemoryBudget>,
         refused: Arc<dyn Fn(&'static str) + Send + Sync>,
+        reflection: Arc<Reflection>,
     ) -> Self {
-        Self { rpcs: RPCS.iter().map(rpc_service).collect(), routes: routes.prepare(), pool_naming, memory, refused }
+        let rpcs = RPCS.iter().map(rpc_service).collect();
+        Self { rpcs, routes: routes.prepare(), pool_naming, memory, refused, reflection }
     }
 
     /// The charge of a new stream on `path`: none for health and reflection (small, and what
@@ -98,6 +103,10 @@ impl Dispatch {
         }
         match RPCS.iter().position(|rpc| rpc.path == request.uri().path()) {
             Some(row) => self.rpcs[row].call(request, connection),
+            // As tonic's routes answer a service they do not have.
+            None if self.reflection.refuses(request.uri().path()) => {
+                futures::future::ready(status::into_http(Status::unimplemented(""))).boxed()
+            }
             None => {
                 // tonic's routes carry no connection of their own: tei-manager's API takes its
                 // turn at the door in its connection's line, and its tenant from its certificate.
