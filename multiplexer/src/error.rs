@@ -54,6 +54,13 @@ pub enum Error {
     #[error("this request was already forwarded by {by}; teifleet forwards a request at most once")]
     ForwardingLoop { by: String },
 
+    /// The call came in TLS and names a pool served in plain text: passed on, it would cross the
+    /// network in clear text. Its pool allows that with `spec.tls.allowPlaintextRoutes`.
+    #[error(
+        "pool {pool} is served in plain text, and this call came in TLS: it is not passed on unencrypted (the pool it came to may allow it with spec.tls.allowPlaintextRoutes)"
+    )]
+    PlaintextRoute { pool: String },
+
     #[error("pool {0} has no limits yet (waiting for its EmbeddingPool status)")]
     PoolNotReady(String),
 
@@ -161,7 +168,7 @@ impl Error {
             Self::InvalidPriority(_) | Self::InvalidMetadata(_) | Self::SlowMessage { .. } => ErrorKind::InvalidRequest,
             Self::Message(status) => refused_message(status.code()).map_or(ErrorKind::InvalidRequest, |(kind, _)| kind),
             Self::UnknownPool { .. } | Self::UnknownModel { .. } | Self::NoPoolNamed => ErrorKind::NotFound,
-            Self::ForwardingLoop { .. } => ErrorKind::ForwardingLoop,
+            Self::ForwardingLoop { .. } | Self::PlaintextRoute { .. } => ErrorKind::RouteRefused,
             Self::PoolNotReady(_) | Self::Draining | Self::ColdStart { .. } => ErrorKind::Unavailable,
             Self::Unreachable { .. } => ErrorKind::Unreachable,
             Self::DeadlineAtUpstream { .. } => ErrorKind::ExpiredAtUpstream,
@@ -201,7 +208,8 @@ impl ErrorKind {
             // As gRPC answers a message over its size limit.
             Self::TooLarge => Code::OutOfRange,
             Self::NotFound => Code::NotFound,
-            Self::ForwardingLoop => Code::FailedPrecondition,
+            // The route is not open to the call as it came: no retry of the same call opens it.
+            Self::RouteRefused => Code::FailedPrecondition,
             Self::Shed(_) | Self::QueueTimedOut => Code::ResourceExhausted,
             Self::ExpiredInQueue | Self::ExpiredAtUpstream => Code::DeadlineExceeded,
             Self::Unavailable | Self::Unreachable => Code::Unavailable,

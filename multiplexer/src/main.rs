@@ -319,6 +319,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
     let certificates = Arc::new(Certificates::new(&metrics.registry)?);
     let dialer = Dialer::new(certificates.tls().clone());
     let tls_files = source.serve().tls.clone();
+    let allow_plaintext_routes = tls_files.allow_plaintext_routes;
     if tls_files.enabled() {
         if matches!(source, Source::Kubernetes { .. } | Source::Activator { .. }) {
             anyhow::bail!(
@@ -366,6 +367,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
             let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
             gate.set_grants(loaded.grants.clone());
             let table = Arc::new(PoolTable::with_dialer(&loaded.default, metrics.clone(), dialer));
+            table.allow_plaintext_routes(allow_plaintext_routes);
             table.sync(loaded.pools)?;
             let interval = Duration::from_secs(1);
             tokio::spawn(sources::file::watch(config, table.clone(), gate.clone(), interval, helpers.clone()));

@@ -64,6 +64,8 @@ pub struct PoolTable {
     keys: RwLock<BTreeMap<String, Arc<Gate>>>,
     /// A source has described the pools at least once.
     synced: std::sync::atomic::AtomicBool,
+    /// Calls that came in TLS may be routed to pools served in plain text (`spec.tls.allowPlaintextRoutes`).
+    plaintext_routes: std::sync::atomic::AtomicBool,
 }
 
 impl PoolTable {
@@ -75,8 +77,9 @@ impl PoolTable {
     pub fn with_dialer(own: &str, metrics: Metrics, dialer: Dialer) -> Self {
         let siblings = Arc::new(Siblings::new(dialer.clone()));
         let synced = false.into();
-        let (pools, keys) = (RwLock::default(), RwLock::default());
-        Self { own: own.to_owned(), metrics, pools, siblings, dialer, activations: None, keys, synced }
+        let (pools, keys, plaintext_routes) = (RwLock::default(), RwLock::default(), false.into());
+        let own = own.to_owned();
+        Self { own, metrics, pools, siblings, dialer, activations: None, keys, synced, plaintext_routes }
     }
 
     /// The activator's table: no own pool; every pool's upstream is the balancer `activations`
@@ -166,6 +169,15 @@ impl PoolTable {
         if names.is_empty() { "none".to_owned() } else { names.join(", ") }
     }
 
+    /// Lets calls that came in TLS be routed to pools served in plain text (`true`), or refuses
+    /// them ([`Error::PlaintextRoute`], the default).
+    pub fn allow_plaintext_routes(&self, allowed: bool) {
+        let was = self.plaintext_routes.swap(allowed, std::sync::atomic::Ordering::Relaxed);
+        if was != allowed {
+            tracing::info!(allowed, "routes from TLS to pools in plain text");
+        }
+    }
+
     /// Puts `gate` (or, with `None`, no key check) in force for `pool`'s calls held here.
     pub fn set_keys(&self, pool: &str, gate: Option<Arc<Gate>>) {
         let mut keys = self.keys.write().unwrap_or_else(|p| p.into_inner());
@@ -181,13 +193,24 @@ impl PoolTable {
         self.keys.read().unwrap_or_else(|p| p.into_inner()).get(pool).cloned()
     }
 
+    /// Whether a call this sidecar took would leave it in clear text for `upstream` when it had
+    /// come encrypted. The activator's upstreams are its balancers (their pools' own TLS).
+    fn refuses_in_plain_text(&self, upstream: &str) -> bool {
+        self.activations.is_none()
+            && upstream.starts_with("http://")
+            && self.dialer.serves_tls()
+            && !self.plaintext_routes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn get(&self, name: &str) -> Option<Arc<Pool>> {
         self.pools.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
     }
 
     /// Picks the pool for a request. A request some multiplexer already forwarded may only be
-    /// served by a pool whose upstream is its own TEI, never forwarded again. At the activator
-    /// (no own pool) a request that names none is not found: no pool's status will make it one.
+    /// served by a pool whose upstream is its own TEI, never forwarded again. A request that came
+    /// in TLS (this sidecar's ports serve it) is not routed to another pool's sidecar in plain
+    /// text unless the table allows it. At the activator (no own pool) a request that names none
+    /// is not found: no pool's status will make it one.
     pub fn resolve(&self, target: &Target, forwarded_by: Option<&str>) -> Result<Arc<Pool>> {
         let pool = match target {
             Target::Own if self.activations.is_some() => return Err(Error::NoPoolNamed),
@@ -212,6 +235,10 @@ impl PoolTable {
             && pool.spec.remote
         {
             return Err(Error::ForwardingLoop { by: by.to_owned() });
+        }
+        if pool.spec.remote && self.refuses_in_plain_text(&pool.spec.upstream) {
+            tracing::debug!(pool = %pool.spec.name, upstream = %pool.spec.upstream, "a call that came in TLS refused a route in plain text");
+            return Err(Error::PlaintextRoute { pool: pool.spec.name.clone() });
         }
         Ok(pool)
     }
@@ -273,6 +300,26 @@ mod tests {
         assert!(table.resolve(&Target::Own, Some("bge-0")).is_ok(), "served locally");
         let error = table.resolve(&Target::Pool("gte".into()), Some("bge-0")).err().unwrap();
         assert!(matches!(error, Error::ForwardingLoop { .. }));
+    }
+
+    #[tokio::test]
+    async fn a_tls_sidecar_routes_to_a_pool_in_plain_text_only_when_allowed() {
+        let tls = Arc::new(teifleet_runtime::tls::ServerTls::waiting());
+        let table = PoolTable::with_dialer("bge", Metrics::new(), Dialer::new(tls.clone()));
+        let secure = PoolSpec { upstream: "https://e5.ml.svc:50051".into(), ..spec("e5", "intfloat/e5", true, 1) };
+        table.sync(vec![spec("bge", "BAAI/bge", false, 2), spec("gte", "thenlper/gte", true, 3), secure]).unwrap();
+        let refused = table.resolve(&Target::Model("thenlper/gte".into()), None).err().unwrap();
+        assert!(matches!(&refused, Error::PlaintextRoute { pool } if pool == "gte"), "{refused}");
+        assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+        let told = refused.for_client().to_string();
+        assert!(told.contains("pool gte") && !told.contains("svc") && !told.contains("http"), "{told}");
+        assert!(table.resolve(&Target::Own, None).is_ok(), "the own TEI, over loopback");
+        assert!(table.resolve(&Target::Pool("e5".into()), None).is_ok(), "TLS to TLS");
+        table.allow_plaintext_routes(true);
+        assert!(table.resolve(&Target::Pool("gte".into()), None).is_ok(), "allowed");
+        table.allow_plaintext_routes(false);
+        tls.turn_off();
+        assert!(table.resolve(&Target::Pool("gte".into()), None).is_ok(), "plain text to plain text");
     }
 
     #[tokio::test]

@@ -189,6 +189,7 @@ mod tests {
             (Error::UnknownPool { requested: "a".into(), known: "b".into() }, Code::NotFound),
             (Error::NoPoolNamed, Code::NotFound),
             (Error::ForwardingLoop { by: "pod".into() }, Code::FailedPrecondition),
+            (Error::PlaintextRoute { pool: "p".into() }, Code::FailedPrecondition),
             (Error::Draining, Code::Unavailable),
             (Error::Auth(AuthFailure::InvalidKey), Code::Unauthenticated),
             (Error::Auth(AuthFailure::Missing), Code::Unauthenticated),

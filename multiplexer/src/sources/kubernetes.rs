@@ -2,7 +2,8 @@
 //! served by the TEI beside it, with the per-replica shares the operator publishes in status;
 //! every other pool is reachable through its Service, for `x-teifleet-pool`/`-model` routing.
 //! The own pool's `spec.auth` says which Secret's keys the gate enforces (`super::secret`), and,
-//! with `spec.grpc.reflection`, whether the gRPC port serves reflection.
+//! with `spec.grpc.reflection`, whether the gRPC port serves reflection; `spec.tls`, whether calls
+//! that came in TLS may be routed to pools in plain text.
 
 use std::sync::Arc;
 
@@ -208,7 +209,11 @@ pub async fn watch(client: Client, namespace: String, own: OwnPool, table: Arc<P
                 if let Some(pool) = pools.iter().find(|pool| pool.name_any() == own) {
                     keys.follow(keys_secret_of(pool));
                     keys.gate.set_grants(grants_of(&pool.spec.concurrency.tenants));
-                    tls.follow(pool.spec.tls.clone());
+                    // The certificate's watch follows what names certificates: allowing routes
+                    // in plain text starts no new one.
+                    let certificate = |tls: &TlsSpec| TlsSpec { allow_plaintext_routes: false, ..tls.clone() };
+                    tls.follow(pool.spec.tls.as_ref().map(certificate));
+                    table.allow_plaintext_routes(pool.spec.allows_plaintext_routes());
                     reflection.serve(pool.spec.grpc_reflection());
                 }
                 let specs = specs(&pools, &namespace, &own, &own_upstream);

@@ -29,6 +29,10 @@ pub struct TlsFiles {
     /// PEM CA bundle of client certificates: mutual TLS, and the certificate names the tenant.
     #[arg(long, requires = "tls_cert")]
     pub tls_client_ca: Option<PathBuf>,
+    /// Calls that came in TLS may be routed to pools whose upstream is `http://` (another
+    /// multiplexer in plain text); without it they are refused with FAILED_PRECONDITION.
+    #[arg(long, requires = "tls_cert")]
+    pub allow_plaintext_routes: bool,
 }
 
 impl TlsFiles {

@@ -15,8 +15,9 @@ pub enum ErrorKind {
     TooLarge,
     /// It names a pool or a model that is not served here.
     NotFound,
-    /// It was forwarded by a multiplexer already.
-    ForwardingLoop,
+    /// It may not take the route it asks for: a multiplexer forwarded it already, or it came in
+    /// TLS and names a pool served in plain text.
+    RouteRefused,
     /// Refused at once to protect the pool, with a hint on when to retry.
     Shed(Shed),
     /// Waited the pool's whole queue timeout without a permit; may be retried.
@@ -86,7 +87,7 @@ impl From<ErrorKind> for Outcome {
             | ErrorKind::InvalidRequest
             | ErrorKind::TooLarge
             | ErrorKind::NotFound
-            | ErrorKind::ForwardingLoop => Self::Rejected,
+            | ErrorKind::RouteRefused => Self::Rejected,
             ErrorKind::Shed(Shed::QueueFull) => Self::ShedQueueFull,
             ErrorKind::Shed(Shed::Deadline) => Self::ShedDeadline,
             ErrorKind::Shed(Shed::QueueTimeout) => Self::ShedQueueTimeout,

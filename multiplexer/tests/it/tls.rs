@@ -1,6 +1,7 @@
 //! TLS on the pool's ports: gRPC in TLS with a certificate that rotates under load, mutual TLS
 //! naming the tenant, nothing served in plain text while a certificate is awaited, and sidecars
-//! calling each other (spillover, routing to another pool) in TLS, verifying each other.
+//! calling each other (spillover, routing to another pool) in TLS, verifying each other, and a
+//! call that came in TLS routed on in plain text only where its pool allows it.
 //! Real clients (grpcio, the OpenAI SDK, curl) are in tests/clients/test_tls.py.
 
 use std::collections::BTreeMap;
@@ -10,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
-use teifleet_multiplexer::forward::pools::PoolSpec;
+use teifleet_multiplexer::forward::pools::{PoolSpec, PoolTable};
 use teifleet_multiplexer::forward::upstream::{Dialer, Upstream};
 use teifleet_multiplexer::run::server::{InputBounds, Running, Settings};
 use teifleet_proto::v1::embed_client::EmbedClient;
@@ -225,4 +226,59 @@ async fn sidecars_spill_and_route_to_each_other_in_tls_verifying_each_other() {
     // pool-b is not a pool the second sidecar serves: it answers NOT_FOUND, in TLS, which proves
     // the hop was made and verified.
     assert_eq!(routed.unwrap_err().code(), tonic::Code::NotFound);
+}
+
+/// A sidecar serving TLS, its own pool first in `specs`, reaching `https://` pools with its own
+/// certificate set.
+async fn tls_sidecar(tls: Arc<ServerTls>, specs: Vec<PoolSpec>) -> (Running, Arc<PoolTable>) {
+    let metrics = teifleet_multiplexer::report::metrics::Metrics::new();
+    let table = Arc::new(PoolTable::with_dialer(&specs[0].name, metrics.clone(), Dialer::new(tls.clone())));
+    table.sync(specs).unwrap();
+    let settings = Settings { tls, health_interval: Duration::from_millis(100), ..Settings::default() };
+    (teifleet_multiplexer::run::server::start(settings, table.clone(), metrics).await.unwrap(), table)
+}
+
+/// A call that came in TLS is not routed to a pool served in plain text, where it would cross the
+/// network in clear text, unless the pool it came to allows it (`spec.tls.allowPlaintextRoutes`);
+/// TLS to TLS is served as ever (plain text to plain text: `routing.rs`).
+#[tokio::test]
+async fn a_call_that_came_in_tls_goes_on_in_plain_text_only_where_its_pool_allows_it() {
+    let ca = Authority::new("pool CA");
+    let certificate = ca.peer(&["127.0.0.1"]);
+    let (tei_a, tei_plain, tei_tls) =
+        (sim(|_| {}).await, sim(|c| c.dimensions = 12).await, sim(|c| c.dimensions = 6).await);
+    let (plain, _) = mux_with(vec![spec("plain", tei_plain.addr(), limits(2, 8))], Settings::default()).await;
+    let (secure, _) =
+        tls_sidecar(serving(&ca, &certificate, None), vec![spec("secure", tei_tls.addr(), limits(2, 8))]).await;
+    let routes = vec![
+        spec("a", tei_a.addr(), limits(2, 8)),
+        PoolSpec { remote: true, ..spec("plain", plain.grpc_addr, limits(2, 8)) },
+        PoolSpec {
+            remote: true,
+            upstream: format!("https://{}", secure.grpc_addr),
+            ..spec("secure", secure.grpc_addr, limits(2, 8))
+        },
+    ];
+    let (a, table) = tls_sidecar(serving(&ca, &certificate, None), routes).await;
+    let client = tls_client(a.grpc_addr, &ca, &ca.client("search"));
+    let to = |pool: &'static str| {
+        let mut client = client.clone();
+        async move { client.embed(with_meta(embed_request("routed"), &[(POOL_HEADER, pool)])).await }
+    };
+
+    let refused = to("plain").await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    let message = refused.message();
+    assert!(message.contains("pool plain") && message.contains("allowPlaintextRoutes"), "{message}");
+    let port = plain.grpc_addr.port().to_string();
+    assert!(!message.contains("127.0.0.1") && !message.contains(&port) && !message.contains("http"), "{message}");
+    assert_eq!(tei_plain.stats().requests_received, 0, "nothing went out in clear text");
+
+    let served = to("secure").await.expect("TLS to TLS");
+    assert_eq!(served.into_inner().embeddings.len(), 6);
+
+    table.allow_plaintext_routes(true);
+    let served = to("plain").await.expect("allowed");
+    assert_eq!(served.into_inner().embeddings.len(), 12);
+    assert_eq!(tei_plain.stats().requests_received, 1);
 }

@@ -48,6 +48,13 @@ impl Dialer {
         Self { tls, ip_peers_named: Arc::default() }
     }
 
+    /// Whether this sidecar's own ports serve TLS (or wait for a certificate to): its certificate
+    /// set is the ports' (`crate::run::server::Settings::tls`), so every call it takes then came
+    /// encrypted.
+    pub fn serves_tls(&self) -> bool {
+        !matches!(self.tls.in_force(), Ok(None))
+    }
+
     /// Peers reached by IP address are verified as `name` from now on.
     pub fn name_ip_peers(&self, name: Option<String>) {
         *self.ip_peers_named.write().unwrap_or_else(PoisonError::into_inner) = name;

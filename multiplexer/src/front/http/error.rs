@@ -175,7 +175,7 @@ impl HttpError {
 fn call_answer(error: &Error) -> Answer<'_> {
     let (status, error_type) = match error.kind() {
         ErrorKind::Unauthenticated => (StatusCode::UNAUTHORIZED, ErrorType::Unauthorized),
-        ErrorKind::InvalidRequest | ErrorKind::ForwardingLoop => (StatusCode::BAD_REQUEST, ErrorType::Validation),
+        ErrorKind::InvalidRequest | ErrorKind::RouteRefused => (StatusCode::BAD_REQUEST, ErrorType::Validation),
         ErrorKind::TooLarge => (StatusCode::PAYLOAD_TOO_LARGE, ErrorType::Validation),
         ErrorKind::NotFound => (StatusCode::NOT_FOUND, ErrorType::Validation),
         ErrorKind::Shed(_) | ErrorKind::QueueTimedOut => (StatusCode::TOO_MANY_REQUESTS, ErrorType::Overloaded),
@@ -284,6 +284,16 @@ mod tests {
         );
         let routed = upstream(Status::unauthenticated("no"));
         assert_eq!(routed.answer().status, StatusCode::UNAUTHORIZED, "the pool routed to refused the key");
+    }
+
+    /// A route from a TLS pool to one in plain text is the caller's to change: 400 in TEI's shape,
+    /// naming the pool it asked for.
+    #[test]
+    fn a_route_refused_in_plain_text_is_a_400_naming_the_pool() {
+        let error = HttpError::Call(Error::PlaintextRoute { pool: "gte".into() });
+        let answer = error.answer();
+        assert_eq!((answer.status, answer.error_type), (StatusCode::BAD_REQUEST, ErrorType::Validation));
+        assert!(answer.message.starts_with("pool gte is served in plain text"), "{}", answer.message);
     }
 
     /// An HTTP client is told the upstream is unreachable, not where it lives (the log says).
