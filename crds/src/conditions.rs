@@ -28,6 +28,9 @@ pub mod reasons {
     pub const AS_EXPECTED: &str = "AsExpected";
     pub const CERTIFICATE_SERVED: &str = "CertificateServed";
     pub const CERTIFICATE_INVALID: &str = "CertificateInvalid";
+    /// The certificate a sidecar serves has passed its `notAfter` since it was put in force:
+    /// every client refuses it until the Secret holds a renewed one.
+    pub const CERTIFICATE_EXPIRED: &str = "CertificateExpired";
     pub const CERTIFICATE_MISSING: &str = "CertificateMissing";
     pub const CLIENT_CA_MISSING: &str = "ClientCAMissing";
     pub const NO_REPORTS: &str = "NoReports";

@@ -49,6 +49,11 @@ pub struct SidecarTls {
     /// Why the last certificate, key or CA bundle given was not put in force (the one before
     /// stays); none when the last one given is the one served.
     pub error: Option<String>,
+    /// The certificate served has passed its `notAfter` while in force: it is still what new
+    /// handshakes get (nothing better was given), and clients refuse it. Absent (false) from a
+    /// sidecar of a release before; the operator checks `notAfter` against its own clock too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub expired: bool,
 }
 
 /// A certificate, as people look one up.
@@ -167,6 +172,23 @@ mod tests {
         });
         let report: SidecarAdmission = serde_json::from_value(older).unwrap();
         assert_eq!((report.in_flight, report.refused_per_second, report.spilled_per_second), (3, 0.0, 0.0));
+    }
+
+    #[test]
+    fn tls_state_says_expired_only_when_it_is_and_reads_a_release_before_as_not() {
+        let serving = CertificateSummary {
+            serial: "0A".into(),
+            subject: "CN=bge".into(),
+            not_after: "2027-01-01T00:00:00Z".into(),
+        };
+        let state = SidecarTls { serving: Some(serving), client_auth: false, error: None, expired: false };
+        let json = serde_json::to_value(&state).unwrap();
+        assert_eq!(json.get("expired"), None, "what a sidecar of the release before sends");
+        assert_eq!(serde_json::from_value::<SidecarTls>(json).unwrap(), state);
+        let expired = SidecarTls { expired: true, ..state };
+        let json = serde_json::to_value(&expired).unwrap();
+        assert_eq!(json["expired"], true);
+        assert_eq!(serde_json::from_value::<SidecarTls>(json).unwrap(), expired);
     }
 }
 

@@ -82,6 +82,7 @@ impl Bounded for SidecarAdmission {
             }),
             client_auth: tls.client_auth,
             error: tls.error.map(text),
+            expired: tls.expired,
         });
         Self {
             pool: text(self.pool),
@@ -392,6 +393,7 @@ mod tests {
                 }),
                 client_auth: true,
                 error: Some(long.clone()),
+                expired: true,
             }),
         }
         .bounded();

@@ -147,7 +147,8 @@ fn gpu_share_status(pool: &EmbeddingPool, share: &Share) -> GpuShareStatus {
 }
 
 /// Computes the full status from the pool, its Deployment and pods, and the `reports` of the
-/// sidecars that answered (see `sidecars`). `now` stamps conditions that changed status.
+/// sidecars that answered (see `sidecars`). `now` stamps conditions that changed status, and
+/// tells whether a certificate the sidecars serve has expired (`TLSReady`).
 pub fn compute(
     pool: &EmbeddingPool,
     deployment: Option<&Deployment>,
@@ -262,7 +263,7 @@ pub fn compute(
             previous,
             [ready_condition, progressing_condition, degraded_condition]
                 .into_iter()
-                .chain(tls_ready(pool, reports))
+                .chain(tls_ready(pool, reports, now.0))
                 .collect(),
             generation,
             now,

@@ -20,6 +20,7 @@ mod io;
 mod material;
 
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::SystemTime;
 
 pub use io::{ClientIdentity, MaybeTls, PeekFirst, accept, certificate_name};
 pub use material::{CertificateInfo, Loaded, Material, TlsError, openssl_serial, serial_of};
@@ -69,6 +70,9 @@ pub struct Report {
     pub client_auth: bool,
     /// Why the last set offered was refused.
     pub error: Option<String>,
+    /// The certificate served has passed its `notAfter` since it was put in force: clients
+    /// refuse it, so every handshake fails until a renewed set is offered.
+    pub expired: bool,
 }
 
 impl ServerTls {
@@ -161,15 +165,24 @@ impl ServerTls {
         }
     }
 
-    /// What is served and what went wrong; none in plain text.
+    /// What is served and what went wrong; none in plain text. The certificate served is checked
+    /// against the clock at each report.
     pub fn report(&self) -> Option<Report> {
+        self.report_at(SystemTime::now())
+    }
+
+    /// [`Self::report`] as of `now`.
+    pub fn report_at(&self, now: SystemTime) -> Option<Report> {
         let error = self.rejected.read().unwrap_or_else(PoisonError::into_inner).clone();
         match self.mode() {
             Mode::Off | Mode::ByName(_) => None,
-            Mode::Waiting => Some(Report { serving: None, client_auth: false, error }),
-            Mode::Serving(loaded) => {
-                Some(Report { serving: Some(loaded.info().clone()), client_auth: loaded.client_auth(), error })
-            }
+            Mode::Waiting => Some(Report { serving: None, client_auth: false, error, expired: false }),
+            Mode::Serving(loaded) => Some(Report {
+                serving: Some(loaded.info().clone()),
+                client_auth: loaded.client_auth(),
+                error,
+                expired: loaded.info().expired_at(now),
+            }),
         }
     }
 }

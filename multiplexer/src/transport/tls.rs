@@ -1,6 +1,7 @@
 //! The sidecar's certificates: sources (files in `static` and `file` mode, the pool's Secret in
 //! Kubernetes) offer sets here; this puts them in force on both ports and for calls to peers
-//! (`teifleet_runtime::tls`), logs and counts what happened, and reports what is served.
+//! (`teifleet_runtime::tls`), logs and counts what happened, and reports what is served, and
+//! whether it has expired since (one warning when it does, by a timer set to its end).
 //!
 //! The activator stands in for every pool of its namespace on one pair of ports: it serves each
 //! pool with `spec.tls` that pool's own set, picked by the name the client asked for (SNI, one of
@@ -10,16 +11,17 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, PoisonError, RwLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::{Duration, SystemTime};
 
 use hyper_util::rt::TokioIo;
 use prometheus::{IntCounterVec, IntGauge, Opts, Registry};
 use rustls::ClientConfig;
 use rustls::pki_types::ServerName;
 use teifleet_crds::{CertificateSummary, SidecarTls};
-use teifleet_runtime::tls::{Loaded, Material, ServerNames, ServerTls};
+use teifleet_runtime::tls::{CertificateInfo, Loaded, Material, ServerNames, ServerTls};
 use tokio::net::TcpStream;
+use tokio::task::AbortHandle;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint, Uri};
 
@@ -30,6 +32,26 @@ pub struct Certificates {
     tls: Arc<ServerTls>,
     reloads: IntCounterVec,
     expiry: IntGauge,
+    /// The timer that says so when the certificate in force expires; replaced with the set.
+    expiry_timer: Mutex<Option<AbortHandle>>,
+}
+
+/// The longest the expiry timer sleeps before it reads the wall clock again: the timer runs on
+/// the monotonic clock, the certificate's end is on the wall clock, and the two drift apart (a
+/// clock step, a suspended host) over weeks.
+const EXPIRY_TIMER_NAP: Duration = Duration::from_secs(3600);
+
+/// Returns once `certificate` has expired by the wall clock: sleeps until its end, in naps of at
+/// most [`EXPIRY_TIMER_NAP`].
+async fn until_expired(certificate: &CertificateInfo) {
+    loop {
+        let now = SystemTime::now();
+        let Ok(left) = certificate.expires_at().duration_since(now) else { return };
+        if left.is_zero() {
+            return;
+        }
+        tokio::time::sleep(left.min(EXPIRY_TIMER_NAP)).await;
+    }
 }
 
 impl Certificates {
@@ -51,7 +73,7 @@ impl Certificates {
         .expect("valid gauge");
         teifleet_runtime::metrics::register(registry, &[&reloads, &expiry])
             .map_err(|e| SetupError::Config(format!("TLS metrics: {e}")))?;
-        Ok(Self { tls: Arc::new(ServerTls::off()), reloads, expiry })
+        Ok(Self { tls: Arc::new(ServerTls::off()), reloads, expiry, expiry_timer: Mutex::default() })
     }
 
     /// What the ports and the dialer read.
@@ -66,6 +88,7 @@ impl Certificates {
                 self.reloads.with_label_values(&["applied"]).inc();
                 self.expiry.set(info.not_after_unix);
                 tracing::info!(from, serial = %info.serial, subject = %info.subject, not_after = %info.not_after, "TLS certificate in force");
+                self.watch_expiry(info);
             }
             Err(error) => {
                 self.reloads.with_label_values(&["rejected"]).inc();
@@ -88,7 +111,42 @@ impl Certificates {
     pub fn turn_off(&self) {
         self.tls.turn_off();
         self.expiry.set(0);
+        self.replace_expiry_timer(None);
         tracing::info!("TLS off: plain text");
+    }
+
+    /// Starts the timer that warns, once, when `certificate` (just put in force) expires while
+    /// still in force; the timer of the set before goes. (The report checks the clock itself,
+    /// at each asking: `ServerTls::report`.) Outside a Tokio runtime there is no timer.
+    fn watch_expiry(&self, certificate: CertificateInfo) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let tls = self.tls.clone();
+        let timer = runtime.spawn(async move {
+            until_expired(&certificate).await;
+            let still_in_force = tls.in_force().ok().flatten().is_some_and(|loaded| *loaded.info() == certificate);
+            if still_in_force {
+                tracing::warn!(
+                    serial = %certificate.serial,
+                    subject = %certificate.subject,
+                    not_after = %certificate.not_after,
+                    "the TLS certificate in force has expired: clients refuse it, so TLS handshakes fail until a renewed certificate is given"
+                );
+            }
+        });
+        self.replace_expiry_timer(Some(timer.abort_handle()));
+    }
+
+    fn replace_expiry_timer(&self, timer: Option<AbortHandle>) {
+        let before = std::mem::replace(&mut *self.expiry_timer.lock().unwrap_or_else(PoisonError::into_inner), timer);
+        if let Some(before) = before {
+            before.abort();
+        }
+    }
+}
+
+impl Drop for Certificates {
+    fn drop(&mut self) {
+        self.replace_expiry_timer(None);
     }
 }
 
@@ -286,6 +344,7 @@ pub fn report(tls: &ServerTls) -> Option<SidecarTls> {
         }),
         client_auth: report.client_auth,
         error: report.error,
+        expired: report.expired,
     })
 }
 

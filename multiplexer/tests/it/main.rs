@@ -28,4 +28,5 @@ mod support;
 mod tei_manager;
 mod tei_parity;
 mod tls;
+mod tls_expiry;
 mod units_and_tenants;

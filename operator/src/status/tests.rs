@@ -89,7 +89,7 @@ fn serving(serial: &str, error: Option<&str>) -> SidecarAdmission {
         subject: "CN=embed.ml.svc".into(),
         not_after: "2027-01-01T00:00:00Z".into(),
     };
-    let tls = SidecarTls { serving: Some(serving), client_auth: false, error: error.map(Into::into) };
+    let tls = SidecarTls { serving: Some(serving), client_auth: false, error: error.map(Into::into), expired: false };
     SidecarAdmission { tls: Some(tls), ..report(32, 0, 0, 0.0, 0.0) }
 }
 

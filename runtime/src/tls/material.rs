@@ -2,6 +2,7 @@
 //! settings of both sides: serving, and calling peers.
 
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject as _;
@@ -58,6 +59,21 @@ pub struct CertificateInfo {
     /// RFC 3339.
     pub not_after: String,
     pub not_after_unix: i64,
+}
+
+impl CertificateInfo {
+    /// The first instant the certificate is no longer valid: the second after its `notAfter`
+    /// (X.509 validity includes `notAfter` itself, and peers check it to the second).
+    pub fn expires_at(&self) -> SystemTime {
+        let after = self.not_after_unix.saturating_add(1);
+        let offset = Duration::from_secs(after.unsigned_abs());
+        if after >= 0 { UNIX_EPOCH + offset } else { UNIX_EPOCH - offset }
+    }
+
+    /// Whether the certificate has expired at `now`: every peer that checks it refuses it.
+    pub fn expired_at(&self, now: SystemTime) -> bool {
+        now >= self.expires_at()
+    }
 }
 
 /// A checked set: what new handshakes use.

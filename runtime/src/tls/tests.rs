@@ -90,6 +90,31 @@ async fn a_broken_set_leaves_the_one_in_force_and_says_why() {
     assert_eq!(tls.report().unwrap().error, None, "a good set clears the error");
 }
 
+#[test]
+fn a_certificate_that_expires_in_force_stays_served_and_is_reported_expired_until_replaced() {
+    let ca = Authority::new("test CA");
+    // Whole seconds, as the certificate holds its end.
+    let end = std::time::UNIX_EPOCH
+        + Duration::from_secs(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs())
+        + Duration::from_secs(3600);
+    let ending = ca.server_valid_until(&["pool.ml.svc"], end);
+    let tls = ServerTls::off();
+    let info = tls.offer(&material(&ca, &ending)).unwrap();
+    assert_eq!(info.expires_at(), end + Duration::from_secs(1), "valid through its notAfter second");
+
+    let at = |moment| tls.report_at(moment).unwrap();
+    assert!(!at(end).expired, "still valid in its last second");
+    let after = at(end + Duration::from_secs(1));
+    assert!(after.expired);
+    assert_eq!((after.serving.map(|s| s.serial), after.error), (Some(ending.serial), None), "still served");
+
+    let renewed = ca.server(&["pool.ml.svc"]);
+    tls.offer(&material(&ca, &renewed)).unwrap();
+    let rotated = at(end + Duration::from_secs(1));
+    assert_eq!((rotated.serving.map(|s| s.serial), rotated.expired), (Some(renewed.serial), false), "renewed");
+    assert!(!tls.report().unwrap().expired);
+}
+
 #[tokio::test]
 async fn waiting_closes_connections_and_a_failed_first_set_keeps_waiting() {
     let ca = Authority::new("test CA");

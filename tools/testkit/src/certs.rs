@@ -78,16 +78,21 @@ impl Authority {
 
     /// The same, expired a day ago.
     pub fn expired_server(&self, names: &[&str]) -> Issued {
+        let now = std::time::SystemTime::now();
+        self.server_valid_until(names, now - std::time::Duration::from_secs(86_400))
+    }
+
+    /// A server certificate for `names` valid from two days before `not_after` until
+    /// `not_after` (to the second, as X.509 holds it): one that expires while in force, when
+    /// `not_after` is a moment ahead.
+    pub fn server_valid_until(&self, names: &[&str], not_after: std::time::SystemTime) -> Issued {
         let mut params =
             CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).expect("names");
-        let day = std::time::Duration::from_secs(86_400);
-        let now = std::time::SystemTime::now();
-        params.not_before = (now - 3 * day).into();
-        params.not_after = (now - day).into();
+        params.not_before = (not_after - std::time::Duration::from_secs(2 * 86_400)).into();
+        params.not_after = not_after.into();
         self.issue(params, &[ExtendedKeyUsagePurpose::ServerAuth])
     }
 
-    /// A client certificate whose subject's common name is `name`.
     /// A TLS client (rustls on ring) trusting only this CA, showing `certificate` when given and
     /// offering `alpn`.
     pub fn client_config(&self, certificate: Option<&Issued>, alpn: &[&[u8]]) -> Arc<ClientConfig> {
@@ -112,6 +117,7 @@ impl Authority {
         Arc::new(config)
     }
 
+    /// A client certificate whose subject's common name is `name`.
     pub fn client(&self, name: &str) -> Issued {
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("client parameters");
         params.distinguished_name.push(DnType::CommonName, name);
