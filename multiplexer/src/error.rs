@@ -249,8 +249,11 @@ pub fn refused_message(code: Code) -> Option<(ErrorKind, Option<&'static str>)> 
     }
 }
 
-/// A call tonic could not make (connection refused or reset), as opposed to an answer.
+/// A call tonic could not make (connection refused or reset), as opposed to an answer: whatever
+/// code tonic gives it (UNKNOWN, or UNAVAILABLE for a connection refused on the activator's
+/// balancer), its words are the transport's, not the upstream's, and may say where the upstream
+/// lives. An answer read from the wire has no source.
 pub fn is_transport_failure(status: &tonic::Status) -> bool {
     use std::error::Error as _;
-    status.code() == Code::Unknown && status.source().is_some_and(|source| source.is::<tonic::transport::Error>())
+    status.source().is_some_and(|source| source.is::<tonic::transport::Error>())
 }

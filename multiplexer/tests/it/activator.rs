@@ -369,3 +369,30 @@ async fn a_client_retrying_unavailable_loses_no_call_when_one_of_two_activators_
     }
     assert_eq!(held(&staying_held), 0);
 }
+
+/// A replica the activator believes ready that refuses connections: the held call fails
+/// UNAVAILABLE in the sidecar's words (tonic's balancer gives its own transport's), without the
+/// replica's pod address, port or URL in what the client is told.
+#[tokio::test]
+async fn a_replica_that_refuses_connections_is_not_named_by_its_address() {
+    let (activator, activations) = activator(Duration::from_secs(2)).await;
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    activations.set_peers("bge", &[format!("http://{gone}")]).unwrap();
+    let client = dialling_the_pool(&activator);
+    let mut call = tonic::Request::new(embed_request("to a replica that is gone"));
+    call.set_timeout(Duration::from_secs(5));
+    let failed = client.clone().embed(call).await.unwrap_err();
+    assert_eq!(failed.code(), tonic::Code::Unavailable, "{failed:?}");
+    assert_eq!(failed.message(), "upstream bge is unreachable", "the sidecar's words, not the transport's");
+    let port = gone.port().to_string();
+    for inside in ["127.0.0.1", port.as_str(), "http://"] {
+        assert!(!failed.message().contains(inside), "{inside:?} told: {failed:?}");
+    }
+    let http =
+        request(activator.http_addr.unwrap(), "POST", "/embed", &[(POOL_HEADER, "bge")], br#"{"inputs":"x"}"#).await;
+    assert_eq!(http.status, 503, "{}", http.body);
+    assert_eq!(http.body["error"], "upstream bge is unreachable", "{}", http.body);
+    for inside in ["127.0.0.1", port.as_str(), "http://"] {
+        assert!(!http.body.to_string().contains(inside), "{inside:?} told: {}", http.body);
+    }
+}

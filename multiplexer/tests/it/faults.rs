@@ -120,3 +120,71 @@ async fn ten_thousand_requests_with_random_cancellations_and_deadlines_all_answe
     // two can overlap for a moment. The strict bound without cancellations is tested in
     // admission.rs.
 }
+
+/// A port on loopback where nothing listens (bound, then let go).
+fn closed_port() -> std::net::SocketAddr {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+}
+
+/// What a client is told must not say where the upstream lives.
+fn names_nothing_inside(told: &str, upstream: std::net::SocketAddr) {
+    let port = upstream.port().to_string();
+    for inside in ["127.0.0.1", port.as_str(), "http://", "https://"] {
+        assert!(!told.contains(inside), "{inside:?} in what the client was told: {told}");
+    }
+}
+
+/// An upstream that refuses connections (its own TEI, or another pool's sidecar) is UNAVAILABLE
+/// to a gRPC call, unary or stream, and 503 to an HTTP request, naming the pool but not its URL,
+/// address or port: those stay in the sidecar's log.
+#[tokio::test]
+async fn an_upstream_that_refuses_connections_is_unavailable_and_named_by_its_pool_only() {
+    let (own, other) = (closed_port(), closed_port());
+    let remote = teifleet_multiplexer::forward::pools::PoolSpec { remote: true, ..spec("other", other, limits(2, 8)) };
+    let settings = teifleet_multiplexer::run::server::Settings {
+        http_listen: Some("127.0.0.1:0".parse().unwrap()),
+        ..Default::default()
+    };
+    let (mux, _) = mux_with(vec![spec("pool-a", own, limits(2, 8)), remote], settings).await;
+    let client = embed_client(mux.grpc_addr).await;
+
+    let unary = client.clone().embed(embed_request("nobody home")).await.unwrap_err();
+    assert_eq!(unary.code(), Code::Unavailable, "{unary:?}");
+    assert!(unary.message().contains("pool-a"), "{unary:?}");
+    names_nothing_inside(unary.message(), own);
+
+    let messages = tokio_stream::iter([embed_request("one"), embed_request("two")]);
+    let stream = match client.clone().embed_stream(messages).await {
+        Err(status) => status,
+        Ok(answers) => match answers.into_inner().message().await {
+            Err(status) => status,
+            Ok(answer) => panic!("no upstream, yet {answer:?}"),
+        },
+    };
+    assert_eq!(stream.code(), Code::Unavailable, "{stream:?}");
+    names_nothing_inside(stream.message(), own);
+
+    let routed = client
+        .clone()
+        .embed(with_meta(embed_request("to the other pool"), &[(teifleet_wire::headers::POOL, "other")]))
+        .await
+        .unwrap_err();
+    assert_eq!(routed.code(), Code::Unavailable, "{routed:?}");
+    assert!(routed.message().contains("other"), "{routed:?}");
+    names_nothing_inside(routed.message(), other);
+
+    let http = crate::http_front::request(mux.http_addr.unwrap(), "POST", "/embed", &[], br#"{"inputs":"x"}"#).await;
+    assert_eq!(http.status, 503, "{}", http.body);
+    assert_eq!(http.body["error_type"], "Unhealthy", "TEI's shape: {}", http.body);
+    names_nothing_inside(&http.body.to_string(), own);
+    let openai = crate::http_front::request(
+        mux.http_addr.unwrap(),
+        "POST",
+        "/v1/embeddings",
+        &[],
+        br#"{"input":"x","model":"m"}"#,
+    )
+    .await;
+    assert_eq!(openai.status, 503, "{}", openai.body);
+    names_nothing_inside(&openai.body.to_string(), own);
+}
