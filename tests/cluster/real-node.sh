@@ -150,7 +150,12 @@ ctr_node() { ctr --address "$(real_node_dir)/containerd/containerd.sock" -n k8s.
 # mounts an overlay there, else native (copies instead of layers). An overlay cannot have its
 # upper directory on another overlay, so a checkout on an overlay filesystem (a CI runner's, say)
 # leaves every pod sandbox failing with "failed to mount rootfs component" under overlayfs.
+# TEIFLEET_REAL_NODE_SNAPSHOTTER=native picks native anyway: how to run here what such a runner runs.
 real_node_snapshotter() {
+  if [[ -n "${TEIFLEET_REAL_NODE_SNAPSHOTTER:-}" ]]; then
+    echo "$TEIFLEET_REAL_NODE_SNAPSHOTTER"
+    return
+  fi
   local probe; probe="$(mktemp -d "$(real_node_dir)/overlay-probe.XXXXXX")"
   mkdir -p "$probe"/{lower,upper,work,merged}
   if mount -t overlay overlay -o "lowerdir=$probe/lower,upperdir=$probe/upper,workdir=$probe/work" "$probe/merged" 2>/dev/null; then
