@@ -18,6 +18,16 @@ mkdir -p "$BIN"
 
 log() { echo "[install-binaries] $*" >&2; }
 
+# Go's module and build caches of a cold build (several GB for Kubernetes) are thrown away once the
+# binaries are cached: they would be read again only for a new version, and on a CI machine they
+# fill the disk the real node's kubelet watches for DiskPressure.
+scratch_go_caches() {
+  [[ -n "${SCRATCH_GO:-}" ]] && return
+  SCRATCH_GO="$(mktemp -d)"
+  trap 'chmod -R u+w "$SCRATCH_GO" 2>/dev/null || true; rm -rf "$SCRATCH_GO"' EXIT
+  export GOCACHE="$SCRATCH_GO/build" GOMODCACHE="$SCRATCH_GO/mod" GOFLAGS=-modcacherw
+}
+
 ensure_etcd() {
   if command -v etcd >/dev/null 2>&1; then return; fi
   log "installing etcd-server from Debian"
@@ -58,6 +68,7 @@ build_kubernetes() {
   for b in "${wanted[@]}"; do [[ -x "$out/$b" ]] || missing=1; done
   [[ $missing == 0 ]] && return
   log "building Kubernetes $K8S_VERSION (about 10 minutes cold on 2 cores)"
+  scratch_go_caches
   local mod tmp; mod="$(mktemp -d)"
   # Built beside the cache entry and renamed into place, so a concurrent run never sees half of it.
   tmp="$(mktemp -d "$out.tmp.XXXXXX")"; chmod 755 "$tmp"
@@ -100,6 +111,7 @@ go_install() { # name module version
   local out="$BIN/$name-$version"
   [[ -x "$out/$name" ]] && return
   log "go install $module@$version"
+  scratch_go_caches
   mkdir -p "$out.tmp"
   CGO_ENABLED=0 GOBIN="$out.tmp" go install "$module@$version"
   rm -rf "$out"; mv "$out.tmp" "$out"

@@ -269,8 +269,10 @@ podLogsDir: "$node/pod-logs"
 resolvConf: /etc/resolv.conf
 registerWithTaints:
 - {key: $REAL_NODE_TAINT_KEY, value: "true", effect: NoSchedule}
-# A shared build machine: evict nothing, collect no images.
-evictionHard: {memory.available: "100Mi", nodefs.available: "1%", nodefs.inodesFree: "1%", imagefs.available: "1%"}
+# A shared build machine: evict nothing, collect no images. Disk thresholds are absolute: 1% of a
+# large disk that a cold build has nearly filled is gigabytes, and DiskPressure would taint the
+# node NoSchedule, leaving every pod Pending.
+evictionHard: {memory.available: "100Mi", nodefs.available: "100Mi", nodefs.inodesFree: "1%", imagefs.available: "100Mi"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
