@@ -51,13 +51,9 @@ fn observe(states: &[&SidecarTls], mutual: bool, answered: usize, now: Timestamp
 
     // Before a refused set: an expired certificate in force fails every handshake, while a
     // refused one alone leaves a good one serving.
-    let mut expired_served: BTreeMap<&str, (&CertificateSummary, usize)> = BTreeMap::new();
-    for certificate in states.iter().filter_map(|state| expired(state, now)) {
-        expired_served.entry(certificate.serial.as_str()).or_insert((certificate, 0)).1 += 1;
-    }
-    if !expired_served.is_empty() {
-        let sidecars: usize = expired_served.values().map(|(_, sidecars)| sidecars).sum();
-        let served: Vec<(&CertificateSummary, usize)> = expired_served.into_values().collect();
+    let served = by_serial(states.iter().filter_map(|state| expired(state, now)));
+    if !served.is_empty() {
+        let sidecars: usize = served.iter().map(|(_, sidecars)| sidecars).sum();
         let what = match served.as_slice() {
             [(certificate, _)] => format!(
                 "serve certificate {} ({}), which expired at {}",
@@ -116,11 +112,7 @@ fn observe(states: &[&SidecarTls], mutual: bool, answered: usize, now: Timestamp
         return Observed::new(TLS_READY, false, reasons::CLIENT_CA_MISSING, message);
     }
 
-    let mut served: BTreeMap<&str, (&CertificateSummary, usize)> = BTreeMap::new();
-    for certificate in states.iter().filter_map(|state| state.serving.as_ref()) {
-        served.entry(certificate.serial.as_str()).or_insert((certificate, 0)).1 += 1;
-    }
-    let served: Vec<(&CertificateSummary, usize)> = served.into_values().collect();
+    let served = by_serial(states.iter().filter_map(|state| state.serving.as_ref()));
     let mut message = match served.as_slice() {
         [(certificate, _)] => format!(
             "serving certificate {} ({}), valid until {}",
@@ -140,6 +132,16 @@ fn observe(states: &[&SidecarTls], mutual: bool, answered: usize, now: Timestamp
         message.push_str("; clients must present a certificate signed by the clientCA bundle");
     }
     Observed::new(TLS_READY, true, reasons::CERTIFICATE_SERVED, message)
+}
+
+/// The certificates named, each once with how many sidecars named it, in serial order (reports
+/// arrive in no particular order; the message must not change with it).
+fn by_serial<'a>(certificates: impl Iterator<Item = &'a CertificateSummary>) -> Vec<(&'a CertificateSummary, usize)> {
+    let mut counted: BTreeMap<&str, (&CertificateSummary, usize)> = BTreeMap::new();
+    for certificate in certificates {
+        counted.entry(certificate.serial.as_str()).or_insert((certificate, 0)).1 += 1;
+    }
+    counted.into_values().collect()
 }
 
 #[cfg(test)]
