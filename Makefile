@@ -129,6 +129,7 @@ test-cluster: ## End-to-end tests on a fresh local control plane with its real n
 	TEIFLEET_FAKE_GPU_PLUGIN_BIN=$(CURDIR)/target/debug/teifleet-fake-gpu-plugin tests/cluster/up.sh; \
 	TEIFLEET_KUBECONFIG=$(KUBECONFIG_FILE) TEIFLEET_OPERATOR_BIN=$(CURDIR)/target/debug/teifleet-operator \
 	  TEIFLEET_MULTIPLEXER_BIN=$(CURDIR)/target/debug/teifleet-multiplexer \
+	  TEIFLEET_PROMETHEUS_BIN=$$(tools/prometheus.sh) \
 	  cargo test --locked -p teifleet-e2e -- --test-threads=1
 
 .PHONY: images

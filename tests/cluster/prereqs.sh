@@ -42,6 +42,9 @@ fi
 
 # SeaweedFS's weed, the real S3 store of the embedding-job tests (built once per version).
 "$HERE/../../tools/seaweedfs.sh" >/dev/null
+# A Prometheus server with Kubernetes service discovery, which Debian's lacks: real_pods.rs scrapes
+# the real node's pods with it (built once per version).
+"$HERE/../../tools/prometheus.sh" >/dev/null
 "$HERE/install-binaries.sh"
 # crane, for building, checking and pushing images without a Docker engine.
 "$HERE/../../images/install-tools.sh" >/dev/null

@@ -22,6 +22,7 @@ use teifleet_testkit::process::{ChildGuard, OnDrop};
 
 pub mod diagnose;
 pub mod pools;
+pub mod prometheus;
 pub mod real;
 
 pub use diagnose::eventually_pods;

@@ -4,6 +4,8 @@
 //! TEI) with the multiplexer image as their sidecar; the real kubelet runs them and probes them; a
 //! client on the host calls the pool's ClusterIP Service through kube-proxy, over gRPC and HTTP;
 //! TEI, listening on its pod's loopback only, refuses everyone else, on the host and in other pods.
+//! A real Prometheus, with docs/operating.md's scrape jobs and the shipped alert rules, scrapes the
+//! operator and the sidecars through Kubernetes service discovery and raises no alert.
 //!
 //! Needs the real node (`make test-cluster` starts it) and the images in `target/images`
 //! (`make images`, or `make test-cluster`, which builds them from the debug binaries when missing).
@@ -23,6 +25,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use teifleet_crds::{EmbeddingPool, labels};
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
+use teifleet_e2e::prometheus::{Prometheus, check_healthy_pool};
 use teifleet_e2e::real::{
     NODE, START, TAINT, Tally, answering_channel, connect, embed, install_chart, ip_of, is_ready, limit_in_flight,
     node_of, operator_name, pool_template, prerequisites, requests_total, restarts, restricted_namespace, service_addr,
@@ -200,6 +203,10 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
         })
         .await;
     }
+    // A real Prometheus scraping this namespace's pods through Kubernetes service discovery, with
+    // docs/operating.md's scrape jobs and the shipped alert rules; it scrapes while steps 3 and 4
+    // call the pool, and is read after them.
+    let prometheus = Prometheus::scraping("real-pods", &ns.name).await;
 
     // 3. Stock tei.v1 calls from the host, through the pool's ClusterIP Service and kube-proxy.
     let service = service_addr(&client, &ns.name, POOL).await;
@@ -272,6 +279,16 @@ async fn the_chart_operator_and_a_pool_run_as_real_pods_and_serve_through_kube_p
     let policy = Api::<NetworkPolicy>::namespaced(client.clone(), &ns.name).get(POOL).await.expect("the pool's policy");
     let owner = policy.metadata.owner_references.unwrap_or_default();
     assert!(owner.iter().any(|o| o.kind == "EmbeddingPool" && o.name == POOL), "owned by the pool: {owner:?}");
+
+    // What Prometheus makes of the serving pool: every target up, the sidecars' and the
+    // operator's series with the pool's labels, the shipped rules loaded and healthy, no alert.
+    if let Some(prometheus) = prometheus {
+        let checked = Instant::now();
+        let pool_pod_names: Vec<String> = pool_pods.iter().filter_map(|p| p.metadata.name.clone()).collect();
+        let operator_pod = operator.metadata.name.as_deref().expect("the operator's pod name");
+        check_healthy_pool(&prometheus, &ns.name, POOL, operator_pod, &pool_pod_names).await;
+        println!("Prometheus checks passed in {:?}", checked.elapsed());
+    }
 
     // 5. A budget edit reaches the running sidecars within seconds, without restarting a pod.
     Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
