@@ -15,11 +15,14 @@ root="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}/$name-$version"
 if [[ ! -x "$root/$name" ]]; then
   command -v go >/dev/null 2>&1 || { echo "[$name] Go is required to build $name" >&2; exit 1; }
   echo "[$name] building $name $version into $root (once per version)" >&2
-  # Go's caches of this one build go with it (they would be read again only for a new version).
-  scratch=$(mktemp -d)
-  trap 'chmod -R u+w "$scratch" 2>/dev/null || true; rm -rf "$scratch"' EXIT
-  export GOCACHE="$scratch/build" GOMODCACHE="$scratch/mod" GOFLAGS="${GOFLAGS:-} -modcacherw"
+  # Go's caches of this build go with it (read again only for a new version), unless
+  # tests/cluster/prereqs.sh made the caches every tool it builds shares (TEIFLEET_GO_SCRATCH).
+  if [[ -z "${TEIFLEET_GO_SCRATCH:-}" ]]; then
+    scratch=$(mktemp -d)
+    trap 'chmod -R u+w "$scratch" 2>/dev/null || true; rm -rf "$scratch"' EXIT
+    export GOCACHE="$scratch/build" GOMODCACHE="$scratch/mod" GOFLAGS="${GOFLAGS:-} -modcacherw"
+  fi
   mkdir -p "$root"
-  GOBIN="$root" GOFLAGS="$GOFLAGS -trimpath" go install "$package@$version" >&2
+  GOBIN="$root" GOFLAGS="${GOFLAGS:-} -trimpath" go install "$package@$version" >&2
 fi
 echo "$root/$name"

@@ -15,10 +15,13 @@ out="$CACHE/seaweedfs-$SEAWEEDFS_VERSION/weed"
 if [[ ! -x "$out" ]]; then
   command -v go >/dev/null 2>&1 || { echo "[seaweedfs] Go is required to build weed" >&2; exit 1; }
   echo "[seaweedfs] building weed $SEAWEEDFS_VERSION into $out (once per version)" >&2
-  # Go's caches of this one build go with it (they would be read again only for a new version).
-  scratch=$(mktemp -d)
-  trap 'chmod -R u+w "$scratch" 2>/dev/null || true; rm -rf "$scratch"' EXIT
-  export GOCACHE="$scratch/build" GOMODCACHE="$scratch/mod" GOFLAGS="${GOFLAGS:-} -modcacherw"
+  # Go's caches of this build go with it (read again only for a new version), unless
+  # tests/cluster/prereqs.sh made the caches every tool it builds shares (TEIFLEET_GO_SCRATCH).
+  if [[ -z "${TEIFLEET_GO_SCRATCH:-}" ]]; then
+    scratch=$(mktemp -d)
+    trap 'chmod -R u+w "$scratch" 2>/dev/null || true; rm -rf "$scratch"' EXIT
+    export GOCACHE="$scratch/build" GOMODCACHE="$scratch/mod" GOFLAGS="${GOFLAGS:-} -modcacherw"
+  fi
   dir=$(go mod download -json "$MODULE@$SEAWEEDFS_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
   [[ -d "$dir" ]] || { echo "[seaweedfs] could not download $MODULE@$SEAWEEDFS_VERSION" >&2; exit 1; }
   mkdir -p "$(dirname "$out")"

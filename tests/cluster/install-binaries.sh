@@ -21,11 +21,12 @@ log() { echo "[install-binaries] $*" >&2; }
 # Go's module and build caches of a cold build (several GB for Kubernetes) are thrown away once the
 # binaries are cached: they would be read again only for a new version, and on a CI machine they
 # fill the disk the real node's kubelet watches for DiskPressure.
+# tests/cluster/prereqs.sh shares one set (TEIFLEET_GO_SCRATCH) among every tool it builds.
 scratch_go_caches() {
-  [[ -n "${SCRATCH_GO:-}" ]] && return
-  SCRATCH_GO="$(mktemp -d)"
-  trap 'chmod -R u+w "$SCRATCH_GO" 2>/dev/null || true; rm -rf "$SCRATCH_GO"' EXIT
-  export GOCACHE="$SCRATCH_GO/build" GOMODCACHE="$SCRATCH_GO/mod" GOFLAGS=-modcacherw
+  [[ -n "${TEIFLEET_GO_SCRATCH:-}" ]] && return
+  export TEIFLEET_GO_SCRATCH; TEIFLEET_GO_SCRATCH="$(mktemp -d)"
+  trap 'chmod -R u+w "$TEIFLEET_GO_SCRATCH" 2>/dev/null || true; rm -rf "$TEIFLEET_GO_SCRATCH"' EXIT
+  export GOCACHE="$TEIFLEET_GO_SCRATCH/build" GOMODCACHE="$TEIFLEET_GO_SCRATCH/mod" GOFLAGS=-modcacherw
 }
 
 ensure_etcd() {

@@ -40,8 +40,20 @@ if [[ ! -x "$deny_root/bin/cargo-deny" ]]; then
   cargo install --locked --quiet --version "$CARGO_DENY_VERSION" --root "$deny_root" cargo-deny
 fi
 
+# The Go tools below are built once per version into the cache; the first builds on a machine share
+# one throwaway set of Go caches (the standard library and many modules in common), removed when
+# they are done: they would be read again only for a new version, and on a CI machine they fill
+# the disk the real node's kubelet watches for DiskPressure.
+TEIFLEET_GO_SCRATCH="$(mktemp -d)"
+export TEIFLEET_GO_SCRATCH GOCACHE="$TEIFLEET_GO_SCRATCH/build" GOMODCACHE="$TEIFLEET_GO_SCRATCH/mod"
+export GOFLAGS="${GOFLAGS:-} -modcacherw"
+trap 'chmod -R u+w "$TEIFLEET_GO_SCRATCH" 2>/dev/null || true; rm -rf "$TEIFLEET_GO_SCRATCH"' EXIT
+
 # SeaweedFS's weed, the real S3 store of the embedding-job tests (built once per version).
 "$HERE/../../tools/seaweedfs.sh" >/dev/null
+# grpcurl and ghz, which the client tests run as users do (docs/clients.md; issue 32's ghz run).
+"$HERE/../../tools/go-tool.sh" grpcurl >/dev/null
+"$HERE/../../tools/go-tool.sh" ghz >/dev/null
 # A Prometheus server with Kubernetes service discovery, which Debian's lacks: real_pods.rs scrapes
 # the real node's pods with it (built once per version).
 "$HERE/../../tools/prometheus.sh" >/dev/null
