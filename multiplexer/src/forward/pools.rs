@@ -210,7 +210,9 @@ impl PoolTable {
     /// served by a pool whose upstream is its own TEI, never forwarded again. A request that came
     /// in TLS (this sidecar's ports serve it) is not routed to another pool's sidecar in plain
     /// text unless the table allows it. At the activator (no own pool) a request that names none
-    /// is not found: no pool's status will make it one.
+    /// is not found: no pool's status will make it one. By model, the own pool comes first, then
+    /// the others serving the model by name; the first that may take the call is picked, and when
+    /// none may, the first one's reason is the answer.
     pub fn resolve(&self, target: &Target, forwarded_by: Option<&str>) -> Result<Arc<Pool>> {
         let pool = match target {
             Target::Own if self.activations.is_some() => return Err(Error::NoPoolNamed),
@@ -218,16 +220,34 @@ impl PoolTable {
             Target::Pool(name) => {
                 self.get(name).ok_or_else(|| Error::UnknownPool { requested: name.clone(), known: self.known() })?
             }
-            Target::Model(model) => {
-                let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
-                // Prefer our own pool when it serves the model: no extra hop.
-                let mut serving = pools.values().filter(|p| p.spec.model.as_deref() == Some(model.as_str()));
-                let first = serving.next().cloned();
-                let own = pools.get(&self.own).filter(|p| p.spec.model.as_deref() == Some(model.as_str())).cloned();
-                drop(pools);
-                own.or(first).ok_or_else(|| Error::UnknownModel { model: model.clone(), known: self.known() })?
-            }
+            Target::Model(model) => return self.resolve_model(model, forwarded_by),
         };
+        self.may_take(pool, forwarded_by)
+    }
+
+    fn resolve_model(&self, model: &str, forwarded_by: Option<&str>) -> Result<Arc<Pool>> {
+        let serving = |p: &&Arc<Pool>| p.spec.model.as_deref() == Some(model);
+        let candidates: Vec<Arc<Pool>> = {
+            let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
+            // Our own pool first when it serves the model: no extra hop.
+            let own = pools.get(&self.own).filter(serving).cloned();
+            let others = pools.values().filter(serving).filter(|p| p.spec.name != self.own).cloned();
+            own.into_iter().chain(others).collect()
+        };
+        let mut refused = None;
+        for pool in candidates {
+            match self.may_take(pool, forwarded_by) {
+                Ok(pool) => return Ok(pool),
+                Err(error) => {
+                    refused.get_or_insert(error);
+                }
+            }
+        }
+        Err(refused.unwrap_or_else(|| Error::UnknownModel { model: model.to_owned(), known: self.known() }))
+    }
+
+    /// `pool` if it may take a call that `forwarded_by` forwarded (or none did) here.
+    fn may_take(&self, pool: Arc<Pool>, forwarded_by: Option<&str>) -> Result<Arc<Pool>> {
         if pool.spec.limits.is_none() {
             return Err(Error::PoolNotReady(pool.spec.name.clone()));
         }
@@ -320,6 +340,28 @@ mod tests {
         table.allow_plaintext_routes(false);
         tls.turn_off();
         assert!(table.resolve(&Target::Pool("gte".into()), None).is_ok(), "plain text to plain text");
+    }
+
+    #[tokio::test]
+    async fn by_model_the_first_pool_that_may_take_the_call_is_picked() {
+        let tls = Arc::new(teifleet_runtime::tls::ServerTls::waiting());
+        let table = PoolTable::with_dialer("bge", Metrics::new(), Dialer::new(tls.clone()));
+        // Two pools serve gte: "a-gte" in plain text (first by name), "b-gte" in TLS.
+        let plain = spec("a-gte", "thenlper/gte", true, 3);
+        let secure =
+            PoolSpec { upstream: "https://b-gte.ml.svc:50051".into(), ..spec("b-gte", "thenlper/gte", true, 1) };
+        let not_ready = PoolSpec { limits: None, ..spec("a-e5", "intfloat/e5", true, 1) };
+        let ready = PoolSpec { upstream: "https://b-e5.ml.svc:50051".into(), ..spec("b-e5", "intfloat/e5", true, 1) };
+        table.sync(vec![spec("bge", "BAAI/bge", false, 2), plain, secure, not_ready, ready]).unwrap();
+        let picked = table.resolve(&Target::Model("thenlper/gte".into()), None).unwrap();
+        assert_eq!(picked.spec.name, "b-gte", "the TLS pool, not the plain-text one first by name");
+        let picked = table.resolve(&Target::Model("intfloat/e5".into()), None).unwrap();
+        assert_eq!(picked.spec.name, "b-e5", "the ready pool, not the one without limits");
+        tls.turn_off();
+        let picked = table.resolve(&Target::Model("thenlper/gte".into()), None).unwrap();
+        assert_eq!(picked.spec.name, "a-gte", "without TLS the first by name");
+        let refused = table.resolve(&Target::Model("thenlper/gte".into()), Some("bge-0")).err().unwrap();
+        assert!(matches!(&refused, Error::ForwardingLoop { .. }), "none may: the first one's reason: {refused}");
     }
 
     #[tokio::test]
