@@ -536,6 +536,68 @@ pub async fn start_haproxy(bins: &Bins, name: &str, upstream: &Proc, mode: Hapro
     Ok(proc)
 }
 
+/// The embedding-job worker (`teifleet-job run`), scenario 20's client.
+pub const JOB: &str = "teifleet-job";
+
+/// The `teifleet-job` binary: in the bins dir, or beside the plain release build's binaries
+/// (`target/release`) when the bins dir is the profile-guided one, which holds only the
+/// multiplexer and the floor proxy.
+pub fn job_program(bins: &Bins, repo_root: &Path) -> Result<PathBuf> {
+    [bins.path(JOB), repo_root.join("target/release").join(JOB)].into_iter().find(|p| p.is_file()).ok_or_else(|| {
+        Error::Process(format!(
+            "{} is missing: build it with `cargo build --release --locked -p teifleet-job`",
+            bins.path(JOB).display()
+        ))
+    })
+}
+
+/// One `teifleet-job run` worker, its output in `<name>.log` beside the others; killed (SIGKILL)
+/// when dropped.
+#[derive(Debug)]
+pub struct JobWorker {
+    guard: ChildGuard,
+}
+
+impl JobWorker {
+    pub fn pid(&self) -> u32 {
+        self.guard.id()
+    }
+
+    /// How it ended, if it has.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.guard.exit_status()
+    }
+
+    /// Waits until it exits, polling every 10 ms (a scenario times the job to its last exit).
+    pub async fn exited(&mut self) -> std::process::ExitStatus {
+        loop {
+            if let Some(status) = self.guard.exit_status() {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// SIGKILL, as a node that goes or an OOM kill ends a pod: nothing is flushed.
+    pub fn kill(&mut self) {
+        tokio::task::block_in_place(|| self.guard.kill());
+    }
+
+    /// Its log's last line (its summary, or why it failed).
+    pub fn last_line(&self) -> String {
+        self.guard.log_text().lines().rev().find(|l| !l.trim().is_empty()).unwrap_or_default().to_owned()
+    }
+}
+
+/// Starts `program` (from [`job_program`]) as `teifleet-job run` with `args`.
+pub fn start_job_worker(bins: &Bins, name: &str, program: &Path, args: &[String]) -> Result<JobWorker> {
+    let log = bins.logs.join(format!("{name}.log"));
+    let _ = std::fs::remove_file(&log);
+    let mut command = Command::new(program);
+    command.arg("run").args(args);
+    Ok(JobWorker { guard: ChildGuard::spawn_logged(name, command, log)? })
+}
+
 /// The multiplexer in Kubernetes mode: pool and limits from the EmbeddingPool in `namespace`.
 pub async fn start_sidecar(
     bins: &Bins,

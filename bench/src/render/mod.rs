@@ -11,6 +11,7 @@ mod colocation;
 mod cost;
 mod hop;
 mod http;
+mod job;
 mod overload;
 pub mod plots;
 mod pool;

@@ -18,6 +18,7 @@ pub mod cost;
 pub mod fairness;
 pub mod http_overhead;
 pub mod http_overload;
+pub mod job;
 pub mod lanes;
 pub mod live_limits;
 pub mod overhead;
@@ -118,6 +119,7 @@ macro_rules! for_each_scenario {
             Colocation => colocation::Colocation,
             Bulk => bulk::Bulk,
             Lanes => lanes::Lanes,
+            Job => job::Job,
         }
     };
 }
@@ -226,7 +228,10 @@ mod tests {
         assert_eq!(Scenario::parse("19"), Some(Scenario::Lanes));
         assert_eq!(Scenario::parse("lanes"), Some(Scenario::Lanes));
         assert_eq!(Scenario::Lanes.label(), "19 lanes");
-        assert_eq!(Scenario::parse("20"), None);
+        assert_eq!(Scenario::parse("20"), Some(Scenario::Job));
+        assert_eq!(Scenario::parse("job"), Some(Scenario::Job));
+        assert_eq!(Scenario::Job.label(), "20 job");
+        assert_eq!(Scenario::parse("21"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));
