@@ -44,11 +44,14 @@ async fn settle() {
     }
 }
 
-/// A closed-loop caller of `lane` until `end`: each admitted call holds its permit for `hold`;
-/// a refused one tries again a millisecond later. Records the order of admissions.
+/// A closed-loop caller of `lane` until `end`, each call of `cost`: each admitted call holds its
+/// permit for `hold`; a refused one tries again a millisecond later. Records the order of
+/// admissions.
+#[allow(clippy::too_many_arguments)]
 fn worker(
     admission: &Admission,
     lane: Lane,
+    cost: Cost,
     deadline: Option<Duration>,
     hold: Duration,
     end: Instant,
@@ -58,7 +61,7 @@ fn worker(
     tokio::spawn(async move {
         let mut refused = 0;
         while Instant::now() < end {
-            let ask = Ask::new(Priority::Standard).lane(lane).deadline(deadline.map(|d| Instant::now() + d));
+            let ask = Ask::new(Priority::Standard).lane(lane).cost(cost).deadline(deadline.map(|d| Instant::now() + d));
             match admission.acquire(ask).await {
                 Ok(permit) => {
                     order.lock().unwrap().push(lane);
@@ -88,9 +91,10 @@ async fn ingest_keeps_its_floor_under_query_overload() {
     let end = Instant::now() + Duration::from_secs(3);
     let order = Arc::new(Mutex::new(Vec::new()));
     let hold = Duration::from_millis(10);
-    let ingest: Vec<_> = (0..8).map(|_| worker(&admission, Lane::Ingest, None, hold, end, &order)).collect();
-    let queries: Vec<_> =
-        (0..64).map(|_| worker(&admission, Lane::Query, Some(Duration::from_secs(1)), hold, end, &order)).collect();
+    let ingest: Vec<_> = (0..8).map(|_| worker(&admission, Lane::Ingest, Cost::ONE, None, hold, end, &order)).collect();
+    let queries: Vec<_> = (0..64)
+        .map(|_| worker(&admission, Lane::Query, Cost::ONE, Some(Duration::from_secs(1)), hold, end, &order))
+        .collect();
     let mut refused_queries = 0;
     for task in queries {
         refused_queries += task.await.unwrap();
@@ -110,6 +114,37 @@ async fn ingest_keeps_its_floor_under_query_overload() {
     assert_eq!(seen.count(Lane::Ingest, ADMITTED), order.iter().filter(|l| **l == Lane::Ingest).count());
 }
 
+/// The floor is a share of the inputs, not of the calls: ingest calls of 8 inputs (a bulk
+/// call's sub-batches) beside single-input queries overloading the pool get about a tenth of the
+/// inputs admitted, not one call in ten (8 of every 17 inputs).
+#[tokio::test(start_paused = true)]
+async fn the_floor_counts_inputs_so_bulk_sub_batches_get_a_tenth_not_more() {
+    const BULK: u32 = 8;
+    let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
+    let end = Instant::now() + Duration::from_secs(3);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let hold = Duration::from_millis(10);
+    let bulk = Cost { inputs: BULK, tokens: 0 };
+    let ingest: Vec<_> = (0..4).map(|_| worker(&admission, Lane::Ingest, bulk, None, hold, end, &order)).collect();
+    let queries: Vec<_> = (0..128)
+        .map(|_| worker(&admission, Lane::Query, Cost::ONE, Some(Duration::from_secs(1)), hold, end, &order))
+        .collect();
+    let mut refused_queries = 0;
+    for task in queries {
+        refused_queries += task.await.unwrap();
+    }
+    for task in ingest {
+        assert_eq!(task.await.unwrap(), 0, "no ingest call refused");
+    }
+    assert!(refused_queries > 0, "the queries did overload the pool");
+    let order = order.lock().unwrap().clone();
+    let steady = &order[40..order.len() - 40];
+    let ingest_calls = steady.iter().filter(|l| **l == Lane::Ingest).count();
+    let ingest_inputs = (ingest_calls * BULK as usize) as f64;
+    let share = ingest_inputs / (ingest_inputs + (steady.len() - ingest_calls) as f64);
+    assert!((0.09..=0.16).contains(&share), "ingest got {share:.3} of the inputs ({ingest_calls} calls of {BULK})");
+}
+
 /// Without queries, ingest takes the whole pool; a query that then arrives takes the next slot
 /// that frees, ahead of every waiting ingest call: it waits behind the ingest in flight only.
 #[tokio::test(start_paused = true)]
@@ -117,8 +152,9 @@ async fn a_query_waits_only_behind_the_ingest_in_flight() {
     let admission = Admission::new(Limits::new(2, 16, Duration::from_secs(1)));
     let end = Instant::now() + Duration::from_secs(2);
     let order = Arc::new(Mutex::new(Vec::new()));
-    let ingest: Vec<_> =
-        (0..10).map(|_| worker(&admission, Lane::Ingest, None, Duration::from_millis(10), end, &order)).collect();
+    let ingest: Vec<_> = (0..10)
+        .map(|_| worker(&admission, Lane::Ingest, Cost::ONE, None, Duration::from_millis(10), end, &order))
+        .collect();
     tokio::time::sleep(Duration::from_millis(105)).await;
     let snapshot = admission.snapshot();
     assert_eq!((snapshot.in_flight, snapshot.queued_total()), (2, 8), "ingest fills the pool and waits");

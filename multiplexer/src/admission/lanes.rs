@@ -3,10 +3,12 @@
 //!
 //! Each lane has a queue of its own (priorities and tenants order it as before). Queries are
 //! served before waiting ingest, so ingest takes exactly the room queries leave; but a waiting
-//! ingest call may be passed by at most `allowed_overtakes(share)` queries before it is owed the
-//! next turn, so under query overload ingest still gets `share` percent of the admissions. The
-//! bound works both ways: a query waits behind at most one ingest admission per that many
-//! queries, beside the ingest already in flight. Each lane's queue is bounded by `maxQueued` on
+//! ingest call of `c` inputs may be passed by at most `allowed_overtakes(share) × c` inputs of
+//! queries before it is owed the next turn, so under query overload ingest still gets `share`
+//! percent of the inputs admitted. Counted in inputs, not calls: a bulk call's sub-batch of 32
+//! texts is 32 units of TEI's work, and a turn per nine one-text queries would give it 78% of the
+//! pool instead of a tenth. The bound works both ways: a query waits behind at most one ingest
+//! admission per that many query inputs, beside the ingest already in flight. Each lane's queue is bounded by `maxQueued` on
 //! its own and evicts only within itself: a flood of queries never evicts ingest, and ingest
 //! never fills the queries' room.
 
@@ -57,8 +59,9 @@ pub const OUTCOMES: [&str; 8] = [
     CANCELLED,
 ];
 
-/// Queries that may pass a waiting ingest call before it is owed a turn, for a floor of `share`
-/// percent (rounded down, so ingest gets at least its share); `None` without a floor.
+/// Query inputs that may pass a waiting ingest call before it is owed a turn, per input of that
+/// call, for a floor of `share` percent (rounded down, so ingest gets at least its share); `None`
+/// without a floor.
 pub fn allowed_overtakes(share: u8) -> Option<u32> {
     let share = u32::from(share.min(MAX_INGEST_SHARE));
     (share > 0).then(|| (100 - share) / share)
@@ -68,8 +71,8 @@ pub fn allowed_overtakes(share: u8) -> Option<u32> {
 #[derive(Default)]
 pub(super) struct Lanes {
     queues: [WaitQueue; 2],
-    /// Queries admitted since ingest last was, while ingest waited.
-    overtaken: u32,
+    /// Query inputs admitted since ingest last was, while ingest waited.
+    overtaken: usize,
 }
 
 impl Lanes {
@@ -96,7 +99,9 @@ impl Lanes {
     }
 
     fn ingest_owed(&self, share: u8) -> bool {
-        !self.queue(Lane::Ingest).is_empty() && allowed_overtakes(share).is_some_and(|n| self.overtaken >= n)
+        let Some(next) = self.queue(Lane::Ingest).peek_next() else { return false };
+        let turn = next.cost.inputs.max(1) as usize;
+        allowed_overtakes(share).is_some_and(|n| self.overtaken >= n as usize * turn)
     }
 
     /// The lane whose waiter goes next: queries, unless ingest is owed its turn.
@@ -119,10 +124,11 @@ impl Lanes {
         }
     }
 
-    /// Keeps the count of queries passing waiting ingest, for a call of `lane` just admitted.
-    pub fn admitted(&mut self, lane: Lane) {
+    /// Keeps the count of query inputs passing waiting ingest, for a call of `lane` and `inputs`
+    /// just admitted.
+    pub fn admitted(&mut self, lane: Lane, inputs: u32) {
         match lane {
-            Lane::Query if !self.queue(Lane::Ingest).is_empty() => self.overtaken += 1,
+            Lane::Query if !self.queue(Lane::Ingest).is_empty() => self.overtaken += inputs as usize,
             Lane::Query => self.overtaken = 0,
             Lane::Ingest => self.overtaken = 0,
         }
@@ -166,9 +172,13 @@ impl Lanes {
         let taken_by_other = match (lane, allowed_overtakes(share)) {
             (_, _) if other.is_empty() => 0,
             (Lane::Query, None) => 0,
-            (Lane::Query, Some(n)) => (self.overtaken as usize + calls_ahead) / n as usize * other.mean_cost(),
+            // An ingest turn of the mean ingest call per `n` of its inputs of queries ahead.
+            (Lane::Query, Some(n)) => {
+                let turn = n as usize * other.mean_cost();
+                (self.overtaken + own) / turn * other.mean_cost()
+            }
             (Lane::Ingest, None) => other.inputs(),
-            (Lane::Ingest, Some(n)) => (calls_ahead + 1) * n as usize * other.mean_cost(),
+            (Lane::Ingest, Some(n)) => (calls_ahead + 1) * n as usize * mine.mean_cost(),
         };
         own + taken_by_other.min(other.inputs())
     }

@@ -261,7 +261,7 @@ impl Admission {
             return None;
         }
         state.take(lane, cost, now);
-        state.queue.admitted(lane);
+        state.queue.admitted(lane, cost.inputs);
         self.shared.notify(state, None);
         Some(Permit { shared: self.shared.clone(), lane, cost, acquired: now, armed: true })
     }
@@ -437,7 +437,7 @@ impl Shared {
             }
             let waiter = state.queue.queue_mut(lane).pop_next().expect("peeked");
             state.take(lane, waiter.cost, now);
-            state.queue.admitted(lane);
+            state.queue.admitted(lane, waiter.cost.inputs);
             let permit = Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, armed: true };
             if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
                 // The waiter is gone; take the room back here, without re-entering the lock.
