@@ -431,7 +431,7 @@ impl Routed {
     fn spread(self, request: Request<MessageStream>, unary: &'static Rpc) -> Response<MessageStream> {
         let Self { forwarder, call, meta, pool, .. } = self;
         let (metadata, _, inbound) = request.into_parts();
-        let size = bulk::sub_batch(&pool, SPREAD_SUB_BATCH);
+        let size = bulk::sub_batch(&pool, SPREAD_SUB_BATCH, meta.lane);
         let window = bulk::window(&pool, size);
         let spread = bulk::Spread { forwarder, pool, meta, carried: metadata, rpc: unary };
         let answers =

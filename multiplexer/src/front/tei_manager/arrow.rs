@@ -246,7 +246,7 @@ async fn embed(
 ) -> Result<(), ManagerError> {
     let rpc = options.rpc();
     let pool = &*routed.pool;
-    let size = bulk::sub_batch(pool, cx.max_client_batch_size);
+    let size = bulk::sub_batch(pool, cx.max_client_batch_size, routed.meta.lane);
     let window = bulk::window(pool, size);
     let messages = (0..texts.len()).filter_map(|row| texts.get(row).map(|text| options.message(text)));
     let chunks = Chunks { messages, size };
