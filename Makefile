@@ -191,13 +191,13 @@ demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the relay it recor
 	tests/cluster/down.sh
 
 .PHONY: bench
-bench: ## Benchmarks 1–19, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 21 min after the builds)
-	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
+bench: ## Benchmarks 1–20, direct vs multiplexer (vs a bare proxy), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 30 min after the builds)
+	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator -p teifleet-job --bins
 	tools/pgo.sh --out $(PGO_BIN) --with-floor-proxy
 	TEIFLEET_BENCH_BIN_DIR=$(PGO_BIN) bench/run.sh full
 
 .PHONY: bench-quick
-bench-quick: ## The same benchmarks, shorter (about 7 min after the build); results in target/bench-quick
-	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator --bins
+bench-quick: ## The same benchmarks, shorter (about 8 min after the build); results in target/bench-quick
+	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator -p teifleet-job --bins
 	tools/pgo.sh --out $(PGO_BIN) --with-floor-proxy
 	TEIFLEET_BENCH_BIN_DIR=$(PGO_BIN) bench/run.sh quick
