@@ -72,11 +72,7 @@ impl SharedDevice {
     pub(crate) fn open(path: &Path) -> Result<Self, SimError> {
         let mut counter = path.as_os_str().to_owned();
         counter.push(".turn");
-        Ok(Self {
-            line: open_lock_file(path)?,
-            counter: open_lock_file(Path::new(&counter))?,
-            path: path.to_owned(),
-        })
+        Ok(Self { line: open_lock_file(path)?, counter: open_lock_file(Path::new(&counter))?, path: path.to_owned() })
     }
 
     /// Takes the next ticket and holds its place in the line (byte `ticket` locked).
