@@ -78,6 +78,33 @@ fn worker(
     })
 }
 
+/// `ingest` closed-loop ingest callers of `cost` beside `queries` closed-loop one-input query
+/// callers with a 1 s deadline, each call held 10 ms, until `end`: the queries overload the pool
+/// and no ingest call is refused. The order of the admissions.
+async fn overload_beside_ingest(
+    admission: &Admission,
+    ingest: usize,
+    cost: Cost,
+    queries: usize,
+    end: Instant,
+) -> Vec<Lane> {
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let hold = Duration::from_millis(10);
+    let ingest: Vec<_> = (0..ingest).map(|_| worker(admission, Lane::Ingest, cost, None, hold, end, &order)).collect();
+    let queries: Vec<_> = (0..queries)
+        .map(|_| worker(admission, Lane::Query, Cost::ONE, Some(Duration::from_secs(1)), hold, end, &order))
+        .collect();
+    let mut refused_queries = 0;
+    for task in queries {
+        refused_queries += task.await.unwrap();
+    }
+    for task in ingest {
+        assert_eq!(task.await.unwrap(), 0, "no ingest call refused");
+    }
+    assert!(refused_queries > 0, "the queries did overload the pool");
+    order.lock().unwrap().clone()
+}
+
 fn longest_run(order: &[Lane], lane: Lane) -> usize {
     order.split(|l| *l != lane).map(<[Lane]>::len).max().unwrap_or(0)
 }
@@ -89,21 +116,7 @@ fn longest_run(order: &[Lane], lane: Lane) -> usize {
 async fn ingest_keeps_its_floor_under_query_overload() {
     let (admission, seen) = observed(Limits::new(2, 16, Duration::from_secs(1)));
     let end = Instant::now() + Duration::from_secs(3);
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let hold = Duration::from_millis(10);
-    let ingest: Vec<_> = (0..8).map(|_| worker(&admission, Lane::Ingest, Cost::ONE, None, hold, end, &order)).collect();
-    let queries: Vec<_> = (0..64)
-        .map(|_| worker(&admission, Lane::Query, Cost::ONE, Some(Duration::from_secs(1)), hold, end, &order))
-        .collect();
-    let mut refused_queries = 0;
-    for task in queries {
-        refused_queries += task.await.unwrap();
-    }
-    for task in ingest {
-        assert_eq!(task.await.unwrap(), 0, "no ingest call refused");
-    }
-    assert!(refused_queries > 0, "the queries did overload the pool");
-    let order = order.lock().unwrap().clone();
+    let order = overload_beside_ingest(&admission, 8, Cost::ONE, 64, end).await;
     let share = order.iter().filter(|l| **l == Lane::Ingest).count() as f64 / order.len() as f64;
     assert!((0.095..=0.15).contains(&share), "ingest got {share:.3} of {} admissions", order.len());
     // Leaving out the start (before ingest waits) and the end (once the queries stopped).
@@ -122,22 +135,7 @@ async fn the_floor_counts_inputs_so_bulk_sub_batches_get_a_tenth_not_more() {
     const BULK: u32 = 8;
     let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
     let end = Instant::now() + Duration::from_secs(3);
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let hold = Duration::from_millis(10);
-    let bulk = Cost { inputs: BULK, tokens: 0 };
-    let ingest: Vec<_> = (0..4).map(|_| worker(&admission, Lane::Ingest, bulk, None, hold, end, &order)).collect();
-    let queries: Vec<_> = (0..128)
-        .map(|_| worker(&admission, Lane::Query, Cost::ONE, Some(Duration::from_secs(1)), hold, end, &order))
-        .collect();
-    let mut refused_queries = 0;
-    for task in queries {
-        refused_queries += task.await.unwrap();
-    }
-    for task in ingest {
-        assert_eq!(task.await.unwrap(), 0, "no ingest call refused");
-    }
-    assert!(refused_queries > 0, "the queries did overload the pool");
-    let order = order.lock().unwrap().clone();
+    let order = overload_beside_ingest(&admission, 4, Cost { inputs: BULK, tokens: 0 }, 128, end).await;
     let steady = &order[40..order.len() - 40];
     let ingest_calls = steady.iter().filter(|l| **l == Lane::Ingest).count();
     let ingest_inputs = (ingest_calls * BULK as usize) as f64;
