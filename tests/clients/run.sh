@@ -219,11 +219,15 @@ done
 # Weed is up once its S3 gateway answers at all (unsigned: 403) and its filer answers too.
 s3=http://127.0.0.1:$weed_s3
 up() { [[ $(curl -s -o /dev/null -w '%{http_code}' "$1" 2>/dev/null) != 000 ]]; }
+# A volume server must have joined the master too: the gateway and the filer answer seconds before
+# it does, and a write in between waits for a volume until the client gives up.
+volume_joined() { curl -s "http://127.0.0.1:$weed_master/dir/status" 2>/dev/null | grep -q '"DataNodes":\[{'; }
+weed_up() { up "$s3/" && up "http://127.0.0.1:$weed_filer/" && volume_joined; }
 for _ in $(seq 600); do
-    up "$s3/" && up "http://127.0.0.1:$weed_filer/" && break
+    weed_up && break
     sleep 0.1
 done
-if ! up "$s3/" || ! up "http://127.0.0.1:$weed_filer/"; then
+if ! weed_up; then
     echo "SeaweedFS is not up at $s3 after 60 s; its log:" >&2
     tail -50 "$logs/weed.log" >&2
     exit 1
@@ -244,7 +248,8 @@ ids = [f"doc-{i:05}" for i in range(3000)]
 texts = [f"{i} " + " ".join(rng.choices(words, k=rng.randint(3, 40))) for i in range(3000)]
 texts[17], texts[1234], texts[2500] = "", None, "overlong " * 4000
 s3 = pa.fs.S3FileSystem(access_key=os.environ["TEIFLEET_S3_ACCESS_KEY"], secret_key=os.environ["TEIFLEET_S3_SECRET_KEY"],
-                        endpoint_override=os.environ["TEIFLEET_S3_ENDPOINT"], scheme="http", region="us-east-1")
+                        endpoint_override=os.environ["TEIFLEET_S3_ENDPOINT"], scheme="http", region="us-east-1",
+                        connect_timeout=10, request_timeout=60)
 table = pa.table({"id": pa.array(ids, pa.string()), "text": pa.array(texts, pa.string())})
 pq.write_table(table, os.environ["TEIFLEET_JOB_INPUT"] + "corpus.parquet", filesystem=s3, row_group_size=500)
 PY

@@ -35,6 +35,9 @@ def s3(secret_key=None):
         endpoint_override=os.environ["TEIFLEET_S3_ENDPOINT"],
         scheme="http",
         region="us-east-1",
+        # The SDK's defaults give up after 3 s without a byte: a busy CI machine is slower.
+        connect_timeout=10,
+        request_timeout=60,
     )
 
 

@@ -65,11 +65,13 @@ impl SeaweedFs {
             // servers at once (two tests, or the tests beside tests/clients/run.sh's) would clash.
             .args(["-s3.port.iceberg=0", "-s3.port.lance=0"]);
         let mut weed = ChildGuard::spawn_logged("weed", command, dir.join("weed.log"))?;
-        let (s3, filer) = (loopback(s3), loopback(filer));
-        // Unsigned, the gateway answers 403: it is up. The filer must be up too, for buckets.
+        let (s3, filer, master) = (loopback(s3), loopback(filer), loopback(master));
+        // Unsigned, the gateway answers 403: it is up. The filer must be up too, for buckets, and
+        // a volume server must have joined the master: the gateway and the filer answer seconds
+        // before it does, and a write in between waits for a volume until the client times out.
         weed.wait_ready(READY_WITHIN, || async move {
             let gateway = crate::http::request(s3, "GET", "/").await.is_some();
-            gateway && crate::http::request(filer, "GET", "/").await.is_some()
+            gateway && crate::http::request(filer, "GET", "/").await.is_some() && has_volume_server(master).await
         })
         .await?;
         Ok(Self { _weed: weed, s3, filer })
@@ -88,6 +90,13 @@ impl SeaweedFs {
             other => Err(Error::Refused { what: format!("making bucket {name}"), answer: format!("{other:?}") }),
         }
     }
+}
+
+/// Whether the master's topology lists a volume server (`/dir/status`: `"DataNodes":[{...}]`).
+async fn has_volume_server(master: SocketAddr) -> bool {
+    crate::http::request(master, "GET", "/dir/status")
+        .await
+        .is_some_and(|answer| answer.body.contains(r#""DataNodes":[{"#))
 }
 
 /// Four loopback ports, each free with its port + [`GRPC_OFFSET`] free too.
