@@ -136,6 +136,10 @@ struct StaticPool {
     /// 0: no floor).
     #[arg(long, default_value_t = i32::from(teifleet_multiplexer::admission::DEFAULT_INGEST_SHARE))]
     ingest_share: i32,
+    /// Percent of the in-flight limit the `ingest` lane leaves to queries while they come (0 to
+    /// 50; 0: ingest takes every place queries leave).
+    #[arg(long, default_value_t = 0)]
+    query_reserve: i32,
     /// Another replica of this pool, as its multiplexer's gRPC URL (repeat for several): calls
     /// spill there when this replica's budget is full and it has room. Each replica runs with the
     /// same flags, so the pool's budget is each replica's times the replicas.
@@ -177,6 +181,7 @@ impl StaticPool {
             adaptive: self.adaptive,
             tenants: self.tenants.clone(),
             ingest_share: Some(self.ingest_share),
+            query_reserve: Some(self.query_reserve),
             ..ConcurrencySpec::default()
         }
     }

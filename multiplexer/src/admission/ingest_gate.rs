@@ -16,10 +16,19 @@
 //! came back yet, an upstream that reports no times, nothing in flight) ingest goes at once, and
 //! it always does when no query came for a few seconds. Ingest owed its floor turn (queries
 //! waiting) ignores the gate.
+//!
+//! Where TEI's batch time grows with the batch, a next batch filled to the brim makes every query
+//! beside ingest ride a longer batch than alone, and one that arrives after ingest filled it waits
+//! a batch more. A pool's `queryReserve` keeps that share of the next batch for queries: while
+//! they come, ingest fills the next batch (the inputs let in since the running one started) only
+//! up to the rest. A batch is taken as half the in-flight limit: the two batches TEI needs to stay
+//! busy, and what the adaptive limit finds.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use super::lane::Lane;
 
 /// How quickly the queries' mean follows them: a second, many TEI batches, few query bursts.
 const SMOOTHING: Duration = Duration::from_secs(1);
@@ -31,6 +40,13 @@ const QUERIES_COME: f64 = 0.5;
 pub(super) const OPENS_AFTER: f64 = 0.75;
 /// The weight of each new batch time in the moving mean.
 const BATCH_TIME_WEIGHT: f64 = 0.2;
+
+/// The places of TEI's next batch ingest may fill under an in-flight `limit` of two batches, with
+/// `reserve` percent of them kept for queries (rounded up).
+pub(super) fn ingest_places(limit: usize, reserve: u8) -> usize {
+    let batch = limit / 2;
+    batch - (batch * usize::from(reserve)).div_ceil(100).min(batch)
+}
 
 #[derive(Debug, Default)]
 pub(super) struct IngestGate {
@@ -44,18 +60,28 @@ pub(super) struct IngestGate {
     batch_started: Option<Instant>,
     /// TEI's batch time, a moving mean of what it reports.
     batch_time: Option<Duration>,
+    /// Inputs let in (either lane) since the running batch started: TEI's next batch.
+    next_batch: usize,
 }
 
 impl IngestGate {
-    /// Queries of `inputs` went in flight.
-    pub fn query_took(&mut self, inputs: usize, now: Instant) {
-        self.settle(now);
-        self.queries += inputs;
+    /// A call of `inputs` in `lane` went in flight.
+    pub fn took(&mut self, lane: Lane, inputs: usize, now: Instant) {
+        if lane == Lane::Query {
+            self.settle(now);
+            self.queries += inputs;
+        }
+        self.next_batch += inputs;
     }
 
-    /// Queries of `inputs` went out of flight without an answer from TEI (a waiter gone before
-    /// its permit reached it).
-    pub fn query_untook(&mut self, inputs: usize, now: Instant) {
+    /// A call of `inputs` in `lane` went out of flight without an answer from TEI (a waiter gone
+    /// before its permit reached it).
+    pub fn untook(&mut self, lane: Lane, inputs: usize, now: Instant) {
+        self.query_untook(if lane == Lane::Query { inputs } else { 0 }, now);
+        self.next_batch = self.next_batch.saturating_sub(inputs);
+    }
+
+    fn query_untook(&mut self, inputs: usize, now: Instant) {
         self.settle(now);
         self.queries = self.queries.saturating_sub(inputs);
     }
@@ -70,6 +96,8 @@ impl IngestGate {
         };
         if !same_batch {
             self.batch_started = Some(now);
+            // What was let in since the last start is TEI's running batch now.
+            self.next_batch = 0;
         }
     }
 
@@ -84,9 +112,24 @@ impl IngestGate {
         });
     }
 
+    /// Whether queries come (see [`QUERIES_COME`]) at `now`.
+    pub fn queries_come(&self, now: Instant) -> bool {
+        self.queries_mean_at(now) >= QUERIES_COME
+    }
+
+    /// Whether ingest of `inputs` fits TEI's next batch under an in-flight `limit` with `reserve`
+    /// percent of the batch kept for queries: always while no query comes or without a reserve,
+    /// and a call larger than the places goes alone into an empty next batch.
+    pub fn ingest_fits(&self, inputs: usize, limit: usize, reserve: u8, now: Instant) -> bool {
+        reserve == 0
+            || !self.queries_come(now)
+            || self.next_batch == 0
+            || self.next_batch + inputs <= ingest_places(limit, reserve)
+    }
+
     /// When ingest may go in flight, if not at `now`, with `in_flight` inputs in flight.
     pub fn closed_until(&self, now: Instant, in_flight: usize) -> Option<Instant> {
-        if in_flight == 0 || self.queries_mean_at(now) < QUERIES_COME {
+        if in_flight == 0 || !self.queries_come(now) {
             return None;
         }
         let opens = self.batch_started? + self.batch_time?.mul_f64(OPENS_AFTER);
@@ -118,7 +161,7 @@ mod tests {
     fn with_queries(start: Instant) -> IngestGate {
         let mut gate = IngestGate::default();
         gate.observed_batch(BATCH);
-        gate.query_took(4, start);
+        gate.took(Lane::Query, 4, start);
         gate
     }
 
@@ -131,7 +174,7 @@ mod tests {
         assert_eq!(gate.closed_until(now, 8), None, "no query came");
 
         let mut unknown = IngestGate::default();
-        unknown.query_took(4, now);
+        unknown.took(Lane::Query, 4, now);
         unknown.released(0, now + SMOOTHING * 5);
         assert_eq!(unknown.closed_until(now + SMOOTHING * 5, 8), None, "no batch time reported");
     }
@@ -181,10 +224,18 @@ mod tests {
         let start = Instant::now();
         let mut gate = IngestGate::default();
         gate.observed_batch(BATCH);
-        gate.query_took(20, start);
+        gate.took(Lane::Query, 20, start);
         let end = start + Duration::from_millis(20);
         gate.released(20, end);
         assert_eq!(gate.closed_until(end, 8), None, "20 ms of 20 weigh under a half");
+    }
+
+    #[test]
+    fn the_reserve_is_a_share_of_the_next_batch() {
+        assert_eq!(ingest_places(64, 25), 24, "a batch of 32, 8 kept");
+        assert_eq!(ingest_places(16, 10), 7, "rounded up for queries");
+        assert_eq!(ingest_places(64, 0), 32);
+        assert_eq!(ingest_places(1, 50), 0, "a limit of one: ingest only into an empty next batch");
     }
 
     #[test]

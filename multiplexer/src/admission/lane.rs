@@ -64,6 +64,9 @@ impl FromStr for Lane {
 pub const DEFAULT_INGEST_SHARE: u8 = 10;
 /// The most a pool may give ingest: beyond half, queries would be the lane that waits.
 pub const MAX_INGEST_SHARE: u8 = 50;
+/// The most of a replica's in-flight budget a pool may keep for queries from ingest: beyond half,
+/// a bulk job beside a trickle of queries would idle most of TEI.
+pub const MAX_QUERY_RESERVE: u8 = 50;
 /// How long an ingest call without a deadline may wait in the queue: as long as a pool's door
 /// holds a call by default (`--max-door-hold`). Bulk callers would rather wait than be told to
 /// come back, and the queue timeout is the interactive callers' promise, not theirs.

@@ -307,3 +307,39 @@ async fn ingest_waits_for_the_end_of_teis_batch_while_queries_come() {
     held.pop();
     assert!(admission.try_acquire(&ingest).is_some(), "no queries: ingest goes at once");
 }
+
+/// With `queryReserve`, ingest fills TEI's next batch (half the in-flight limit) only up to the
+/// places the reserve leaves while queries come: the rest is there for a query that arrives late
+/// in the running batch. The next batch starts empty when a call comes back, and once the queries
+/// stop, ingest takes every place.
+#[tokio::test(start_paused = true)]
+async fn ingest_leaves_the_query_reserve_of_the_next_batch_while_queries_come() {
+    let limits = Limits { query_reserve: 25, ..Limits::new(16, 64, Duration::from_secs(1)) };
+    let admission = Admission::new(limits);
+    let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
+    let take_all = |held: &mut Vec<Permit>| {
+        while let Some(permit) = admission.try_acquire(&ingest) {
+            held.push(permit);
+        }
+    };
+    // Two queries in flight for a few seconds: they come. TEI reports no batch times, so the
+    // gate's timing is out of play and only the reserve holds ingest back.
+    let mut queries: Vec<Permit> =
+        (0..2).map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).unwrap()).collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut held = Vec::new();
+    take_all(&mut held);
+    assert_eq!(held.len(), 6 - 2, "a batch of 8, a quarter kept for queries, two places theirs already");
+    queries.push(admission.try_acquire(&Ask::new(Priority::Standard)).expect("a late query takes a kept place"));
+
+    // A query comes back: its batch ended, the next one runs, and a new next batch opens.
+    queries.pop();
+    take_all(&mut held);
+    assert_eq!(held.len(), 4 + 6, "six more for the new next batch");
+
+    // The queries stop; seconds later ingest fills every place of the limit.
+    drop(queries);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    take_all(&mut held);
+    assert_eq!(held.len(), 16, "no queries: ingest takes every place");
+}

@@ -14,7 +14,7 @@
 
 use tokio::time::Instant;
 
-pub use super::lane::{DEFAULT_INGEST_SHARE, INGEST_PATIENCE, Lane, MAX_INGEST_SHARE, UnknownLane};
+pub use super::lane::{DEFAULT_INGEST_SHARE, INGEST_PATIENCE, Lane, MAX_INGEST_SHARE, MAX_QUERY_RESERVE, UnknownLane};
 use super::priority::Priority;
 use super::queue::{WaitQueue, Waiter};
 use super::tenants::TenantId;

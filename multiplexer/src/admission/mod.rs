@@ -42,8 +42,8 @@ use tokio::time::Instant;
 
 pub use adaptive::{Change, Reason as LimitReason};
 pub use lanes::{
-    ADMITTED, DEFAULT_INGEST_SHARE, INGEST_PATIENCE, Lane, LaneObserver, MAX_INGEST_SHARE, OUTCOMES as LANE_OUTCOMES,
-    UnknownLane,
+    ADMITTED, DEFAULT_INGEST_SHARE, INGEST_PATIENCE, Lane, LaneObserver, MAX_INGEST_SHARE, MAX_QUERY_RESERVE,
+    OUTCOMES as LANE_OUTCOMES, UnknownLane,
 };
 pub use priority::{Priority, UnknownPriority};
 pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
@@ -488,10 +488,13 @@ impl State {
     /// gate kept for queries is closed (see `ingest_gate`) unless queries wait, when it goes
     /// only on the turns its floor is owed, and those it takes whole.
     fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> bool {
-        let gated = lane == Lane::Ingest
-            && self.queue.queue(Lane::Query).is_empty()
-            && self.ingest_gate.closed_until(now, self.in_flight).is_some();
-        !gated && self.fits_under(cost, self.effective_limit())
+        let limit = self.effective_limit();
+        if lane == Lane::Query || !self.queue.queue(Lane::Query).is_empty() {
+            return self.fits_under(cost, limit);
+        }
+        self.ingest_gate.closed_until(now, self.in_flight).is_none()
+            && self.ingest_gate.ingest_fits(cost.inputs as usize, limit, self.limits.query_reserve, now)
+            && self.fits_under(cost, limit)
     }
 
     /// Whether `cost` can go in flight under `limit` inputs. A call larger than a whole limit goes
@@ -508,17 +511,13 @@ impl State {
     fn take(&mut self, lane: Lane, cost: Cost, now: Instant) {
         self.in_flight += cost.inputs as usize;
         self.in_flight_tokens += u64::from(cost.tokens);
-        if lane == Lane::Query {
-            self.ingest_gate.query_took(cost.inputs as usize, now);
-        }
+        self.ingest_gate.took(lane, cost.inputs as usize, now);
     }
 
     fn untake(&mut self, lane: Lane, cost: Cost, now: Instant) {
         self.in_flight -= cost.inputs as usize;
         self.in_flight_tokens -= u64::from(cost.tokens);
-        if lane == Lane::Query {
-            self.ingest_gate.query_untook(cost.inputs as usize, now);
-        }
+        self.ingest_gate.untook(lane, cost.inputs as usize, now);
     }
 
     /// Expected wait for a newcomer with `ahead` queued inputs before it.

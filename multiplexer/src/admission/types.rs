@@ -22,6 +22,8 @@ pub struct Limits {
     pub adaptive: bool,
     /// Percent of admissions ingest is owed while queries would take them all (see `lanes`).
     pub ingest_share: u8,
+    /// Percent of the in-flight limit ingest leaves to queries while they come (see `ingest_gate`).
+    pub query_reserve: u8,
 }
 
 impl Limits {
@@ -33,6 +35,7 @@ impl Limits {
             max_in_flight_tokens: None,
             adaptive: false,
             ingest_share: DEFAULT_INGEST_SHARE,
+            query_reserve: 0,
         }
     }
 }

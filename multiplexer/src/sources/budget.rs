@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use teifleet_crds::duration::parse_duration;
 use teifleet_crds::{ConcurrencySpec, Shares, split_budget};
 
-use crate::admission::{DEFAULT_INGEST_SHARE, Limits, MAX_INGEST_SHARE};
+use crate::admission::{DEFAULT_INGEST_SHARE, Limits, MAX_INGEST_SHARE, MAX_QUERY_RESERVE};
 
 /// One replica's limits under its `share` of the pool's budget. The budget's own checks (the API
 /// server makes them for an EmbeddingPool) hold here too, for budgets from a file or flags.
@@ -27,6 +27,13 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
             .filter(|share| *share <= MAX_INGEST_SHARE)
             .ok_or_else(|| format!("ingestShare must be between 0 and {MAX_INGEST_SHARE} (got {share})"))?,
     };
+    let query_reserve = match concurrency.query_reserve {
+        None => 0,
+        Some(reserve) => u8::try_from(reserve)
+            .ok()
+            .filter(|reserve| *reserve <= MAX_QUERY_RESERVE)
+            .ok_or_else(|| format!("queryReserve must be between 0 and {MAX_QUERY_RESERVE} (got {reserve})"))?,
+    };
     // The token budget is split like the others: rounded up, so the pool never gets less.
     let tokens = concurrency.max_in_flight_tokens.map(|tokens| {
         let split_over = i64::from(share.split_over.max(1));
@@ -37,6 +44,7 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
         max_in_flight_tokens: tokens,
         adaptive: concurrency.adaptive,
         ingest_share,
+        query_reserve,
         ..Limits::new(in_flight, usize::try_from(share.queued_per_replica).unwrap_or(0), queue_timeout)
     })
 }
@@ -92,6 +100,11 @@ mod tests {
         assert_eq!(whole(&ConcurrencySpec::default()).unwrap().ingest_share, 10);
         let none = ConcurrencySpec { ingest_share: Some(0), ..ConcurrencySpec::default() };
         assert_eq!(whole(&none).unwrap().ingest_share, 0);
+        assert_eq!(whole(&ConcurrencySpec::default()).unwrap().query_reserve, 0, "ingest takes every place by default");
+        let reserve = ConcurrencySpec { query_reserve: Some(25), ..ConcurrencySpec::default() };
+        assert_eq!(whole(&reserve).unwrap().query_reserve, 25);
+        let greedy = ConcurrencySpec { query_reserve: Some(51), ..ConcurrencySpec::default() };
+        assert!(whole(&greedy).unwrap_err().contains("queryReserve must be between 0 and 50"));
     }
 
     #[test]

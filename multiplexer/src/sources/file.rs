@@ -19,6 +19,7 @@
 //!     adaptive: true      # the in-flight limit finds itself below maxInFlight
 //!     tenants: {search: 3, batch: 1}
 //!     ingestShare: 10     # percent of admissions the ingest lane keeps under query overload (0-50, default 10)
+//!     queryReserve: 0     # percent of in-flight places ingest leaves to queries while they come (0-50, default 0)
 //! ```
 
 use std::collections::BTreeMap;
@@ -82,6 +83,8 @@ struct FilePool {
     tenants: BTreeMap<String, u32>,
     /// The ingest lane's floor, in percent of admissions.
     ingest_share: Option<u8>,
+    /// Percent of the in-flight limit ingest leaves to queries while they come.
+    query_reserve: Option<u8>,
 }
 
 /// A parsed configuration: the default pool's name, every pool, and where the API keys are.
@@ -112,6 +115,7 @@ pub fn parse(text: &str) -> Result<Loaded> {
             max_in_flight_tokens: pool.max_in_flight_tokens.map(|t| i64::try_from(t).unwrap_or(i64::MAX)),
             adaptive: pool.adaptive,
             ingest_share: pool.ingest_share.map(i32::from),
+            query_reserve: pool.query_reserve.map(i32::from),
             tenants: pool
                 .tenants
                 .iter()
