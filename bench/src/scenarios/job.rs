@@ -376,7 +376,7 @@ impl Measurement for Job {
                  then its own, both filled by the job: alone, the same queries ride batches about half as full, and \
                  this backend's batch time grows with the batch ({} ms fixed, {} µs a token). Ingest waits for the \
                  last quarter of each batch before it fills the next (`admission/ingest_gate.rs`) and leaves {}% of \
-                 each replica's places to queries (`--query-reserve`): a query over the TEI queue p99 either \
+                 TEI's next batch to queries (`--query-reserve`): a query over the TEI queue p99 either \
                  arrived after the reserve was taken or found the next batch full; a larger reserve shortens the \
                  batches beside queries, at that cost in the job's rows/s",
                 self.beside.queries.latency.p99_ms,
@@ -814,7 +814,7 @@ mod tests {
         assert!(t[0].note.contains("2500 rows/s against the pool's 4000"), "{}", t[0].note);
         assert_eq!(t[2].verdict, Verdict::Fail);
         assert!(
-            t[2].note.contains("a turn after 9 queries") && t[2].note.contains("32/(32+9) = 0.78"),
+            t[2].note.contains("(10 ms fixed, 20 µs a token)") && t[2].note.contains("leaves 33% of TEI's next batch"),
             "{}",
             t[2].note
         );
