@@ -118,10 +118,13 @@ impl IngestGate {
     }
 
     /// Whether ingest of `inputs` fits TEI's next batch under an in-flight `limit` with `reserve`
-    /// percent of the batch kept for queries: always while no query comes or without a reserve,
-    /// and a call larger than the places goes alone into an empty next batch.
-    pub fn ingest_fits(&self, inputs: usize, limit: usize, reserve: u8, now: Instant) -> bool {
+    /// percent of the batch kept for queries, with `in_flight` inputs in flight: always while no
+    /// query comes, without a reserve, or with nothing in flight (TEI idle: whatever was counted
+    /// came back early, and no call back would let the ingest in later); and a call larger than
+    /// the places goes alone into an empty next batch.
+    pub fn ingest_fits(&self, inputs: usize, in_flight: usize, limit: usize, reserve: u8, now: Instant) -> bool {
         reserve == 0
+            || in_flight == 0
             || !self.queries_come(now)
             || self.next_batch == 0
             || self.next_batch + inputs <= ingest_places(limit, reserve)
@@ -228,6 +231,16 @@ mod tests {
         let end = start + Duration::from_millis(20);
         gate.released(20, end);
         assert_eq!(gate.closed_until(end, 8), None, "20 ms of 20 weigh under a half");
+    }
+
+    #[test]
+    fn with_nothing_in_flight_ingest_fits_whatever_was_counted() {
+        let now = Instant::now();
+        let mut gate = with_queries(now);
+        gate.took(Lane::Ingest, 20, now + SMOOTHING * 5);
+        let later = now + SMOOTHING * 5;
+        assert!(!gate.ingest_fits(8, 24, 64, 25, later), "four queries and twenty ingest fill the 24 places");
+        assert!(gate.ingest_fits(8, 0, 64, 25, later), "TEI idle: its next batch is empty");
     }
 
     #[test]

@@ -493,7 +493,7 @@ impl State {
             return self.fits_under(cost, limit);
         }
         self.ingest_gate.closed_until(now, self.in_flight).is_none()
-            && self.ingest_gate.ingest_fits(cost.inputs as usize, limit, self.limits.query_reserve, now)
+            && self.ingest_gate.ingest_fits(cost.inputs as usize, self.in_flight, limit, self.limits.query_reserve, now)
             && self.fits_under(cost, limit)
     }
 
