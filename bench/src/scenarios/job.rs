@@ -87,7 +87,8 @@ pub const KILL_AT: f64 = 0.4;
 /// the job fills make every query wait longer. Measured quick (the queries' p99 beside the job ÷
 /// alone, the job's rows/s beside them ÷ capacity): 0 (the default) 1.63× and 0.48×; 25%
 /// 1.32–1.33× and 0.37×; 33% 1.24× and 0.31×; 40% 1.20× and 0.28×. Scenario 19's device, whose
-/// batch time is mostly fixed, keeps the default: there a reserve only idles TEI.
+/// batch time is mostly fixed, keeps the default: there a first form of the reserve (a share of the
+/// in-flight places) only idled TEI.
 pub const QUERY_RESERVE_PERCENT: u8 = 33;
 /// The pool's name in static mode (`--pool`'s default).
 const POOL: &str = "default";

@@ -20,20 +20,8 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
         return Err("maxQueued must be 0 or more".into());
     }
     let queue_timeout = parse_duration(&concurrency.queue_timeout).map_err(|e| format!("queueTimeout: {e}"))?;
-    let ingest_share = match concurrency.ingest_share {
-        None => DEFAULT_INGEST_SHARE,
-        Some(share) => u8::try_from(share)
-            .ok()
-            .filter(|share| *share <= MAX_INGEST_SHARE)
-            .ok_or_else(|| format!("ingestShare must be between 0 and {MAX_INGEST_SHARE} (got {share})"))?,
-    };
-    let query_reserve = match concurrency.query_reserve {
-        None => 0,
-        Some(reserve) => u8::try_from(reserve)
-            .ok()
-            .filter(|reserve| *reserve <= MAX_QUERY_RESERVE)
-            .ok_or_else(|| format!("queryReserve must be between 0 and {MAX_QUERY_RESERVE} (got {reserve})"))?,
-    };
+    let ingest_share = percent(concurrency.ingest_share, DEFAULT_INGEST_SHARE, MAX_INGEST_SHARE, "ingestShare")?;
+    let query_reserve = percent(concurrency.query_reserve, 0, MAX_QUERY_RESERVE, "queryReserve")?;
     // The token budget is split like the others: rounded up, so the pool never gets less.
     let tokens = concurrency.max_in_flight_tokens.map(|tokens| {
         let split_over = i64::from(share.split_over.max(1));
@@ -47,6 +35,16 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
         query_reserve,
         ..Limits::new(in_flight, usize::try_from(share.queued_per_replica).unwrap_or(0), queue_timeout)
     })
+}
+
+/// A percent field: `default` when unset, refused beyond `max` (the API server's CEL rule, for
+/// budgets from a file or flags).
+fn percent(value: Option<i32>, default: u8, max: u8, field: &str) -> Result<u8, String> {
+    let Some(value) = value else { return Ok(default) };
+    u8::try_from(value)
+        .ok()
+        .filter(|percent| *percent <= max)
+        .ok_or_else(|| format!("{field} must be between 0 and {max} (got {value})"))
 }
 
 /// The whole budget as one multiplexer's limits.
