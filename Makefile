@@ -42,9 +42,10 @@ prereqs: ## Install what builds and tests need (Debian packages, Rust components
 test: prereqs lint deny unit test-clients test-observability check-generated chart-check test-cluster test-images ## Everything CI runs
 
 .PHONY: lint
-lint: ## cargo fmt --check, clippy -D warnings, and the multiplexer's rooms importing only downward
+lint: ## cargo fmt --check, clippy -D warnings, the multiplexer's rooms importing only downward, and the e2e tests sharing make unit's build
 	cargo fmt --all -- --check
 	tools/rooms.py --check multiplexer/src
+	tools/feature-drift.sh
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 
 .PHONY: deny
@@ -118,7 +119,11 @@ cluster-down: ## Stop the local control plane
 
 .PHONY: test-cluster
 test-cluster: ## End-to-end tests on a fresh local control plane with its real node (TEIFLEET_REAL_NODE=0: without)
-	cargo build --locked -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-job -p teifleet-fake-gpu-plugin -p teifleet-e2e --bins --tests
+	@# The same selection as make unit's (all targets, so the same features): after it, nothing to
+	@# compile but the binaries' own links; then the e2e tests, whose shared dependencies
+	@# tools/feature-drift.sh keeps on that same build.
+	cargo build --locked --workspace --exclude teifleet-e2e --all-targets
+	cargo test --locked -p teifleet-e2e --no-run
 	@# The real-pod tests run the images: build them from the debug binaries unless images newer than those exist.
 	images=target/images/images.txt; \
 	[[ -f $$images && $$images -nt target/debug/teifleet-operator && $$images -nt target/debug/teifleet-multiplexer \
