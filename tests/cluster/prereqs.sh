@@ -61,13 +61,13 @@ trap 'chmod -R u+w "$TEIFLEET_GO_SCRATCH" 2>/dev/null || true; rm -rf "$TEIFLEET
 # crane, for building, checking and pushing images without a Docker engine.
 "$HERE/../../images/install-tools.sh" >/dev/null
 
-# The rest of `make test` writes about 7 GB: the debug build (3.3 GB measured without incremental
-# caches, which .ci/run turns off), the images and the real node's copies of them. A disk short of
-# that fails late and obscurely (a linker's bus error, a kubelet evicting pods under DiskPressure),
-# so say so now, with the numbers.
+# The rest of `make test` writes about 6 GB: the debug builds (4.2 GB measured on a fresh clone
+# without incremental caches, which .ci/run turns off), the control plane's state, the images and
+# the real node's copies of them. A disk short of that fails late and obscurely (a linker's bus
+# error, a kubelet evicting pods under DiskPressure), so say so now, with the numbers.
 repo_root="$(cd "$HERE/../.." && pwd)"
 free_kb=$(df -Pk "$repo_root" | awk 'NR == 2 { print $4 }')
 echo "[prereqs] $((free_kb / 1024 / 1024)) GiB free on the repository's filesystem ($repo_root)" >&2
 if ((free_kb < 8 * 1024 * 1024)); then
-  echo "[prereqs] WARNING: make test needs about 7 GiB free there; expect it to fail for lack of disk" >&2
+  echo "[prereqs] WARNING: make test needs about 6 GiB free there; expect it to fail for lack of disk" >&2
 fi
