@@ -71,18 +71,20 @@ test-observability: ## The alert rules (promtool check and unit tests, and one f
 .PHONY: generate
 generate: ## Regenerate the CRDs' YAML, the chart's copies and the plain manifests
 	mkdir -p $(CHART)/crds
+	tools/build-debug.sh --quiet
 	for crd in $(CRDS); do \
-	  cargo run --quiet --locked -p teifleet-crds --bin crdgen -- $$crd > crds/teifleet.dev_$$crd.yaml; \
+	  target/debug/crdgen $$crd > crds/teifleet.dev_$$crd.yaml; \
 	  cp crds/teifleet.dev_$$crd.yaml $(CHART)/crds/; \
 	done
 	$(BIN)/helm template $(MANIFEST_ARGS) > $(MANIFESTS)
 
 .PHONY: check-generated
 check-generated: ## Fail when checked-in generated files differ from what the code generates
+	@tools/build-debug.sh --quiet
 	@tmp=$$(mktemp -d); \
 	for crd in $(CRDS); do \
 	  file=crds/teifleet.dev_$$crd.yaml; \
-	  cargo run --quiet --locked -p teifleet-crds --bin crdgen -- $$crd > $$tmp/$$crd.yaml; \
+	  target/debug/crdgen $$crd > $$tmp/$$crd.yaml; \
 	  diff -u $$file $$tmp/$$crd.yaml || { echo "$$file is stale: run make generate"; exit 1; }; \
 	  diff -u $$file $(CHART)/crds/teifleet.dev_$$crd.yaml || { echo "the chart's copy of $$file is stale: run make generate"; exit 1; }; \
 	done; \
@@ -119,10 +121,9 @@ cluster-down: ## Stop the local control plane
 
 .PHONY: test-cluster
 test-cluster: ## End-to-end tests on a fresh local control plane with its real node (TEIFLEET_REAL_NODE=0: without)
-	@# The same selection as make unit's (all targets, so the same features): after it, nothing to
-	@# compile but the binaries' own links; then the e2e tests, whose shared dependencies
-	@# tools/feature-drift.sh keeps on that same build.
-	cargo build --locked --workspace --exclude teifleet-e2e --all-targets
+	@# make unit's build (nothing to compile after it), then the e2e tests, whose shared
+	@# dependencies tools/feature-drift.sh keeps on that same build.
+	tools/build-debug.sh
 	cargo test --locked -p teifleet-e2e --no-run
 	@# The real-pod tests run the images: build them from the debug binaries unless images newer than those exist.
 	images=target/images/images.txt; \

@@ -8,6 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# The selection of tools/build-debug.sh and make unit.
 tree() { cargo tree --locked -e normal,dev,build -f '{p} [{f}]' --prefix none "$@" | sed 's/ (\*)$//' | sort -u; }
 
 workspace=$(mktemp) e2e=$(mktemp)

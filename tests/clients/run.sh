@@ -25,8 +25,8 @@ if [[ ! -x $venv/bin/python || "$(cat "$venv/.requirements-sha256" 2>/dev/null)"
     echo "$want" >"$venv/.requirements-sha256"
 fi
 
-cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim --bins
-cargo build --quiet -p teifleet-job --bin teifleet-job
+# The binaries of make unit's build (nothing to compile after it; tools/build-debug.sh says why).
+tools/build-debug.sh --quiet
 weed=$(tools/seaweedfs.sh)
 # grpcurl (test_grpcurl.py) and ghz (test_ghz.py), built once per version like weed.
 TEIFLEET_GRPCURL=$(tools/go-tool.sh grpcurl)

@@ -45,7 +45,8 @@ diff <(sed -n '/^spec:/,$p' <<<"$wrapped" | tail -n +2 | sed 's/^  //') <(sed -n
     || { echo "prometheusrule.sh does not carry teifleet-rules.yaml's groups unchanged" >&2; exit 1; }
 echo "PrometheusRule wrapping: the rule file's groups, unchanged"
 
-cargo build --quiet -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-operator -p teifleet-load --bins
+# The binaries of make unit's build (nothing to compile after it; tools/build-debug.sh says why).
+tools/build-debug.sh --quiet
 bin=$root/target/debug
 work=$(mktemp -d)
 pids=()
