@@ -328,6 +328,19 @@ pub struct ConcurrencySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 50").message("concurrency.queryReserve must be between 0 and 50 (percent)"))]
     pub query_reserve: Option<i32>,
+
+    /// The most of TEI's time each replica keeps it busy while its calls queue, in percent (1 to
+    /// 100; unset: no cap). Meant for a pool on a time-sliced GPU (`gpu.sharing.strategy:
+    /// time-slicing`), which hands its turns to whichever replica has work and isolates nothing:
+    /// a flooding pool there runs batch after batch, and every neighbour's call waits for them.
+    /// With a cap of its share (25 for one of 4 replicas of a GPU) its sidecar lets calls in only
+    /// while its time with TEI busy stays under the cap (over a burst of 50 ms), so neighbours
+    /// find the device free most of the time. The price: the pool never uses more than the cap,
+    /// even of an idle GPU. Put it on the pools that flood (bulk ingestion), not on the quiet,
+    /// latency-bound ones: the time counted includes waiting for a neighbour's turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("concurrency.deviceTimeCap must be between 1 and 100 (percent)"))]
+    pub device_time_cap: Option<i32>,
 }
 
 /// One tenant's weight.
@@ -403,6 +416,7 @@ impl Default for ConcurrencySpec {
             tenants: Vec::new(),
             ingest_share: None,
             query_reserve: None,
+            device_time_cap: None,
         }
     }
 }

@@ -140,6 +140,10 @@ struct StaticPool {
     /// 50; 0: ingest takes every place queries leave).
     #[arg(long, default_value_t = 0)]
     query_reserve: i32,
+    /// Percent of the time calls may keep TEI busy while more queue (1 to 100; unset: no cap): a
+    /// pool's share of a time-sliced GPU, e.g. 25 for one of 4 replicas.
+    #[arg(long)]
+    device_time_cap: Option<i32>,
     /// Another replica of this pool, as its multiplexer's gRPC URL (repeat for several): calls
     /// spill there when this replica's budget is full and it has room. Each replica runs with the
     /// same flags, so the pool's budget is each replica's times the replicas.
@@ -182,6 +186,7 @@ impl StaticPool {
             tenants: self.tenants.clone(),
             ingest_share: Some(self.ingest_share),
             query_reserve: Some(self.query_reserve),
+            device_time_cap: self.device_time_cap,
             ..ConcurrencySpec::default()
         }
     }

@@ -65,7 +65,11 @@ impl Render for Colocation {
         };
         let light = ["B", "C", "D"];
         for mode in &self.modes {
-            let name = if mode.adaptive { "adaptive" } else { "static" };
+            let name = match (mode.adaptive, mode.cap) {
+                (false, None) => "static".to_owned(),
+                (true, None) => "adaptive".to_owned(),
+                (adaptive, Some(cap)) => format!("{}, A capped {cap} %", if adaptive { "adaptive" } else { "static" }),
+            };
             for (pool, alone) in light.iter().zip(&mode.alone) {
                 row(&format!("{name}, without A"), pool, alone, None);
             }
@@ -82,12 +86,17 @@ impl Render for Colocation {
             let _ = writeln!(
                 out,
                 "\n{}: the worst light pool kept {:.3} of its calls and its p99 was {:.2}× its p99 without A.",
-                if mode.adaptive { "Adaptive limit" } else { "Static limit" },
+                capitalized(&mode.name()),
                 mode.worst_light_share(),
                 mode.worst_p99_ratio()
             );
         }
     }
+}
+
+fn capitalized(name: &str) -> String {
+    let mut chars = name.chars();
+    chars.next().map(|first| first.to_uppercase().chain(chars).collect()).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -106,6 +115,7 @@ mod tests {
     fn every_pool_of_every_run_has_a_row_and_the_light_ones_their_ratio() {
         let mode = |adaptive| Mode {
             adaptive,
+            cap: None,
             alone: vec![report(100, 100, 5.0); 3],
             shared: Side { flood: report(5000, 900, 900.0), light: vec![report(100, 99, 7.5); 3] },
         };

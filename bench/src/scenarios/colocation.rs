@@ -27,6 +27,11 @@ pub const FLOOD_FACTOR: f64 = 5.0;
 pub const LIGHT_FACTOR: f64 = 0.2;
 pub const LIGHT_GOODPUT_LIMIT: f64 = 0.95;
 pub const LIGHT_P99_LIMIT: f64 = 2.0;
+/// A's `deviceTimeCap` in the capped runs: its share of the device.
+pub const DEVICE_TIME_CAP: u8 = (100 / POOLS) as u8;
+/// The runs: the static limit and the adaptive one, A uncapped and then capped at its share.
+const MODES: [(bool, Option<u8>); 4] =
+    [(false, None), (true, None), (false, Some(DEVICE_TIME_CAP)), (true, Some(DEVICE_TIME_CAP))];
 const TOKENS: usize = 16;
 /// Requests of one device batch; each pool's multiplexer lets in its quarter of it.
 const BATCH_REQUESTS: usize = 8;
@@ -56,7 +61,7 @@ pub fn slice_limits() -> MuxLimits {
 }
 
 /// The flooding pool's run and the three light pools', side by side.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Side {
     pub flood: Report,
     pub light: Vec<Report>,
@@ -66,14 +71,21 @@ pub struct Side {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Mode {
     pub adaptive: bool,
+    /// Pool A's `deviceTimeCap` (its share of the device), if it has one.
+    #[serde(default)]
+    pub cap: Option<u8>,
     /// B, C and D at their rates with A idle.
     pub alone: Vec<Report>,
     pub shared: Side,
 }
 
 impl Mode {
-    fn name(&self) -> &'static str {
-        if self.adaptive { "adaptive limit" } else { "static limit" }
+    pub fn name(&self) -> String {
+        let limit = if self.adaptive { "adaptive limit" } else { "static limit" };
+        match self.cap {
+            Some(cap) => format!("{limit}, A's device time capped at {cap} %"),
+            None => limit.to_owned(),
+        }
     }
 
     /// The worst light pool's OK answers in time ÷ what it sent, A flooding.
@@ -182,18 +194,26 @@ impl Measurement for Colocation {
         let duration = ctx.pick(Duration::from_secs(4), Duration::from_secs(12));
 
         let mut modes = Vec::new();
-        for adaptive in [false, true] {
-            let extra: Vec<String> = if adaptive { vec!["--adaptive".into()] } else { Vec::new() };
+        for (adaptive, cap) in MODES {
             let mut muxes = Vec::new();
             for (n, sim) in sims.iter().enumerate() {
-                let name = format!("colocation-mux-{n}{}", if adaptive { "-adaptive" } else { "" });
+                let mut extra: Vec<String> = if adaptive { vec!["--adaptive".into()] } else { Vec::new() };
+                // A alone: the cap is for the pool that floods, not the quiet ones beside it.
+                if let Some(cap) = cap.filter(|_| n == 0) {
+                    extra.push(format!("--device-time-cap={cap}"));
+                }
+                let name = format!(
+                    "colocation-mux-{n}{}{}",
+                    if adaptive { "-adaptive" } else { "" },
+                    if cap.is_some() { "-capped" } else { "" }
+                );
                 muxes.push(procs::start_mux_with(&ctx.bins, &name, sim, &limits, &extra).await?);
             }
             let targets: Vec<String> = muxes.iter().map(Proc::url).collect();
             for target in &targets {
                 warm_up(target, 2).await?;
             }
-            let mode = if adaptive { "adaptive" } else { "static" };
+            let mode = Mode { adaptive, cap, alone: Vec::new(), shared: Side::default() }.name();
             ctx.say(&format!("colocation ({mode}): B, C, D at {:.0} req/s each, without A", LIGHT_FACTOR * share_rps));
             let alone = loads(&targets, share_rps, duration, false).await?.light;
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -201,7 +221,7 @@ impl Measurement for Colocation {
             let shared = loads(&targets, share_rps, duration, true).await?;
             let got: Vec<String> = shared.light.iter().map(|r| format!("{}/{}", r.ok_in_time, r.sent)).collect();
             ctx.say(&format!("colocation ({mode}): light pools got {}", got.join(", ")));
-            modes.push(Mode { adaptive, alone, shared });
+            modes.push(Mode { adaptive, cap, alone, shared });
             for mux in muxes {
                 mux.terminate(Duration::from_secs(5));
             }
@@ -223,7 +243,7 @@ impl Measurement for Colocation {
             targets.push(
                 Target::at_least(
                     &scenario,
-                    &label(name, LIGHT_GOODPUT),
+                    &label(&name, LIGHT_GOODPUT),
                     mode.worst_light_share(),
                     LIGHT_GOODPUT_LIMIT,
                     "×",
@@ -242,7 +262,7 @@ impl Measurement for Colocation {
                 .map(|(s, a)| format!("{:.1} ms against {:.1} ms", s.latency.p99_ms, a.latency.p99_ms))
                 .collect();
             targets.push(
-                Target::at_most(&scenario, &label(name, LIGHT_P99), mode.worst_p99_ratio(), LIGHT_P99_LIMIT, "×")
+                Target::at_most(&scenario, &label(&name, LIGHT_P99), mode.worst_p99_ratio(), LIGHT_P99_LIMIT, "×")
                     .note_if_not_passed(format!(
                         "light pools' p99 beside the flood and without it: {}. A light call waits for the batch \
                          holding the device (A's, at most its multiplexer's {} in flight) and any other light \
@@ -265,7 +285,9 @@ impl Measurement for Colocation {
     fn planned_targets() -> Vec<Target> {
         let scenario = Scenario::Colocation.label();
         let mut targets = Vec::new();
-        for name in ["static limit", "adaptive limit"] {
+        for (adaptive, cap) in MODES {
+            let name = Mode { adaptive, cap, alone: Vec::new(), shared: Side::default() }.name();
+            let name = name.as_str();
             targets.push(Target::new(
                 &scenario,
                 &label(name, LIGHT_GOODPUT),
@@ -295,6 +317,7 @@ mod tests {
     fn the_worst_light_pool_is_judged_against_itself_without_the_flood() {
         let mode = |adaptive, light: Vec<Report>| Mode {
             adaptive,
+            cap: None,
             alone: vec![report(100, 100, 5.0), report(100, 100, 6.0), report(100, 100, 4.0)],
             shared: Side { flood: report(5000, 900, 900.0), light },
         };
@@ -322,7 +345,7 @@ mod tests {
         assert!((t[3].measured.unwrap() - 2.2).abs() < 1e-9);
         assert_eq!(t[3].verdict, Verdict::Fail);
         assert_eq!(t[4].verdict, Verdict::Info);
-        let planned: Vec<String> = Colocation::planned_targets().into_iter().map(|t| t.name).collect();
+        let planned: Vec<String> = Colocation::planned_targets().into_iter().take(4).map(|t| t.name).collect();
         let judged: Vec<String> = t.into_iter().take(4).map(|t| t.name).collect();
         assert_eq!(planned, judged);
     }

@@ -17,9 +17,11 @@
 //! whose deadline or queue timeout passes, or whose caller goes away, leaves the queue without
 //! ever reaching TEI. A standing queue (see `standing`) is reported, never refused for. Two lanes
 //! (see `lanes`), `query` and `ingest`, share the pool: queries first, ingest with a floor share
-//! and patience. Limits change live.
+//! and patience. A pool's `deviceTimeCap` bounds how much of TEI's time its calls take (see
+//! `device_time`). Limits change live.
 
 mod adaptive;
+mod device_time;
 mod estimate;
 mod ingest_gate;
 mod lane;
@@ -50,6 +52,7 @@ pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
 pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Retry, Snapshot};
 
 use adaptive::Adaptive;
+use device_time::DeviceTime;
 use estimate::{ServiceTime, pushback};
 use ingest_gate::IngestGate;
 use lanes::Lanes;
@@ -82,8 +85,11 @@ struct State {
     in_flight_tokens: u64,
     queue: Lanes,
     ingest_gate: IngestGate,
-    /// When a task wakes to let ingest through the gate, if one is armed.
-    ingest_wake: Option<Instant>,
+    /// TEI time this replica may still take under the pool's `deviceTimeCap`.
+    device_time: DeviceTime,
+    /// When a task wakes to let waiters through a gate (ingest's, or the device time's), if one
+    /// is armed.
+    gate_wake: Option<Instant>,
     service_time: ServiceTime,
     standing: Standing,
     returning: Returning,
@@ -158,7 +164,8 @@ impl Admission {
             in_flight_tokens: 0,
             queue: Lanes::default(),
             ingest_gate: IngestGate::default(),
-            ingest_wake: None,
+            device_time: DeviceTime::default(),
+            gate_wake: None,
             service_time: ServiceTime::default(),
             standing: Standing::default(),
             returning: Returning::default(),
@@ -215,6 +222,8 @@ impl Admission {
             return;
         }
         state.limits = limits;
+        // A cap set or lifted counts from now.
+        state.note_busy(Instant::now());
         match (&mut state.adaptive, limits.adaptive) {
             (Some(adaptive), true) => adaptive.set_bounds(ADAPTIVE_FLOOR, limits.max_in_flight),
             (slot, true) => *slot = Some(Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
@@ -324,7 +333,7 @@ impl Admission {
             // room", and the fast path above admits whenever there is room and nobody waits
             // before the newcomer; ingest stopped only by its gate is let through by a timer.
             let id = state.queue.push(ask.lane, ask.priority, tenant, weight, cost, units, grant);
-            self.shared.wake_ingest_when_the_gate_opens(&mut state, arrived);
+            self.shared.wake_when_a_gate_opens(&mut state, arrived);
             self.shared.notify(&state, None);
             let patience = match ask.deadline {
                 Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
@@ -396,7 +405,9 @@ impl Shared {
         state.in_flight = state.in_flight.saturating_sub(cost.inputs as usize);
         state.in_flight_tokens = state.in_flight_tokens.saturating_sub(u64::from(cost.tokens));
         let query_inputs = if lane == Lane::Query { cost.inputs as usize } else { 0 };
-        state.ingest_gate.released(query_inputs, Instant::now());
+        let now = Instant::now();
+        state.ingest_gate.released(query_inputs, now);
+        state.note_busy(now);
         state.service_time.observe(took);
         self.dispatch(&mut state);
         if state.queue.is_empty() && state.in_flight < state.effective_limit() {
@@ -445,30 +456,36 @@ impl Shared {
                 state.untake(lane, unwanted.cost, now);
             }
         }
-        self.wake_ingest_when_the_gate_opens(state, now);
+        self.wake_when_a_gate_opens(state, now);
     }
 
-    /// Ingest waiting at a closed gate (see `ingest_gate`) is let through by a timer when it
-    /// opens, since no permit may come back then to dispatch it. One timer at a time: one that
-    /// fires no later than the gate opens re-arms itself if it is still closed then.
-    fn wake_ingest_when_the_gate_opens(self: &Arc<Self>, state: &mut State, now: Instant) {
-        if state.queue.queue(Lane::Ingest).is_empty() {
-            return;
-        }
-        let Some(opens) = state.ingest_gate.closed_until(now, state.in_flight) else { return };
-        if state.ingest_wake.is_some_and(|armed| armed <= opens) {
+    /// Waiters stopped by a closed gate (ingest's, see `ingest_gate`, or the device time's, see
+    /// `device_time`) are let through by a timer when it opens, since no permit may come back
+    /// then to dispatch them. One timer at a time: one that fires no later than a gate opens
+    /// re-arms itself if a gate is still closed then.
+    fn wake_when_a_gate_opens(self: &Arc<Self>, state: &mut State, now: Instant) {
+        let ingest = match state.queue.queue(Lane::Ingest).is_empty() {
+            true => None,
+            false => state.ingest_gate.closed_until(now, state.in_flight),
+        };
+        let device = match state.queue.is_empty() {
+            true => None,
+            false => state.device_time.closed_until(state.limits.device_time_cap, now),
+        };
+        let Some(opens) = [ingest, device].into_iter().flatten().min() else { return };
+        if state.gate_wake.is_some_and(|armed| armed <= opens) {
             return;
         }
         // Outside a runtime nothing can wait: the next permit back dispatches instead.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        state.ingest_wake = Some(opens);
+        state.gate_wake = Some(opens);
         let shared = Arc::downgrade(self);
         runtime.spawn(async move {
             tokio::time::sleep_until(opens).await;
             let Some(shared) = shared.upgrade() else { return };
             let mut state = shared.lock();
-            if state.ingest_wake == Some(opens) {
-                state.ingest_wake = None;
+            if state.gate_wake == Some(opens) {
+                state.gate_wake = None;
             }
             shared.dispatch(&mut state);
             shared.notify(&state, None);
@@ -488,6 +505,9 @@ impl State {
     /// gate kept for queries is closed (see `ingest_gate`) unless queries wait, when it goes
     /// only on the turns its floor is owed, and those it takes whole.
     fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> bool {
+        if self.device_time.closed_until(self.limits.device_time_cap, now).is_some() {
+            return false;
+        }
         let limit = self.effective_limit();
         if lane == Lane::Query || !self.queue.queue(Lane::Query).is_empty() {
             return self.fits_under(cost, limit);
@@ -512,12 +532,19 @@ impl State {
         self.in_flight += cost.inputs as usize;
         self.in_flight_tokens += u64::from(cost.tokens);
         self.ingest_gate.took(lane, cost.inputs as usize, now);
+        self.note_busy(now);
+    }
+
+    /// Tells the device time's credit whether calls are in flight from `now` on.
+    fn note_busy(&mut self, now: Instant) {
+        self.device_time.set_busy(self.in_flight > 0, self.limits.device_time_cap, now);
     }
 
     fn untake(&mut self, lane: Lane, cost: Cost, now: Instant) {
         self.in_flight -= cost.inputs as usize;
         self.in_flight_tokens -= u64::from(cost.tokens);
         self.ingest_gate.untook(lane, cost.inputs as usize, now);
+        self.note_busy(now);
     }
 
     /// Expected wait for a newcomer with `ahead` queued inputs before it.
@@ -631,6 +658,8 @@ impl Drop for Waiting {
     }
 }
 
+#[cfg(test)]
+mod device_time_tests;
 #[cfg(test)]
 mod lane_tests;
 #[cfg(test)]

@@ -24,6 +24,9 @@ pub struct Limits {
     pub ingest_share: u8,
     /// Percent of the in-flight limit ingest leaves to queries while they come (see `ingest_gate`).
     pub query_reserve: u8,
+    /// Percent of the time this replica may keep TEI busy while its calls queue (see
+    /// `device_time`); none: no cap.
+    pub device_time_cap: Option<u8>,
 }
 
 impl Limits {
@@ -36,6 +39,7 @@ impl Limits {
             adaptive: false,
             ingest_share: DEFAULT_INGEST_SHARE,
             query_reserve: 0,
+            device_time_cap: None,
         }
     }
 }

@@ -278,6 +278,7 @@ const NOT_READY: Limits = Limits {
     adaptive: false,
     ingest_share: 0,
     query_reserve: 0,
+    device_time_cap: None,
 };
 
 #[cfg(test)]

@@ -22,6 +22,11 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
     let queue_timeout = parse_duration(&concurrency.queue_timeout).map_err(|e| format!("queueTimeout: {e}"))?;
     let ingest_share = percent(concurrency.ingest_share, DEFAULT_INGEST_SHARE, MAX_INGEST_SHARE, "ingestShare")?;
     let query_reserve = percent(concurrency.query_reserve, 0, MAX_QUERY_RESERVE, "queryReserve")?;
+    let device_time_cap = match concurrency.device_time_cap {
+        Some(cap @ 1..=100) => u8::try_from(cap).ok(),
+        Some(cap) => return Err(format!("deviceTimeCap must be between 1 and 100 (got {cap})")),
+        None => None,
+    };
     // The token budget is split like the others: rounded up, so the pool never gets less.
     let tokens = concurrency.max_in_flight_tokens.map(|tokens| {
         let split_over = i64::from(share.split_over.max(1));
@@ -33,6 +38,7 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
         adaptive: concurrency.adaptive,
         ingest_share,
         query_reserve,
+        device_time_cap,
         ..Limits::new(in_flight, usize::try_from(share.queued_per_replica).unwrap_or(0), queue_timeout)
     })
 }
@@ -103,6 +109,17 @@ mod tests {
         assert_eq!(whole(&reserve).unwrap().query_reserve, 25);
         let greedy = ConcurrencySpec { query_reserve: Some(51), ..ConcurrencySpec::default() };
         assert!(whole(&greedy).unwrap_err().contains("queryReserve must be between 0 and 50"));
+    }
+
+    #[test]
+    fn the_device_time_cap_is_unset_by_default_and_a_percent_when_set() {
+        assert_eq!(whole(&ConcurrencySpec::default()).unwrap().device_time_cap, None);
+        let quarter = ConcurrencySpec { device_time_cap: Some(25), ..ConcurrencySpec::default() };
+        assert_eq!(whole(&quarter).unwrap().device_time_cap, Some(25));
+        for wrong in [0, 101, -5] {
+            let cap = ConcurrencySpec { device_time_cap: Some(wrong), ..ConcurrencySpec::default() };
+            assert!(whole(&cap).unwrap_err().contains("deviceTimeCap must be between 1 and 100"), "{wrong}");
+        }
     }
 
     #[test]

@@ -85,6 +85,8 @@ struct FilePool {
     ingest_share: Option<u8>,
     /// Percent of the in-flight limit ingest leaves to queries while they come.
     query_reserve: Option<u8>,
+    /// Percent of the time calls may keep TEI busy while more queue.
+    device_time_cap: Option<u8>,
 }
 
 /// A parsed configuration: the default pool's name, every pool, and where the API keys are.
@@ -116,6 +118,7 @@ pub fn parse(text: &str) -> Result<Loaded> {
             adaptive: pool.adaptive,
             ingest_share: pool.ingest_share.map(i32::from),
             query_reserve: pool.query_reserve.map(i32::from),
+            device_time_cap: pool.device_time_cap.map(i32::from),
             tenants: pool
                 .tenants
                 .iter()

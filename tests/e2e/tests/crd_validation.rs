@@ -71,6 +71,7 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         ),
         ("/http", json!({ "maxRequestInputs": 0 }), "http.maxRequestInputs must be between 1 and 1000000"),
         ("/concurrency/queryReserve", json!(51), "concurrency.queryReserve must be between 0 and 50 (percent)"),
+        ("/concurrency/deviceTimeCap", json!(0), "concurrency.deviceTimeCap must be between 1 and 100 (percent)"),
         ("/concurrency/tenants", json!([{ "name": "a" }, { "name": "a" }]), "concurrency.tenants names must be unique"),
         ("/concurrency/tenants", json!([{ "name": "" }]), "concurrency.tenants[].name must be 1 to 128 characters"),
         (

@@ -1,0 +1,149 @@
+//! How much of TEI's time one replica may keep it busy: a pool's `deviceTimeCap`.
+//!
+//! A time-sliced GPU gives its turns to whichever process has work and isolates nothing, so a
+//! pool flooding its TEI runs batch after batch and every neighbour's call waits for one of them
+//! (scenario 17 measured the light pools' p99 at 2.2× beside such a flood, with each sidecar
+//! bounding what is in flight). Bounding in-flight calls bounds each batch, not how often batches
+//! come. This bounds how often: a credit of TEI time grows at the cap's rate (25 % of every
+//! second for a cap of 25) and shrinks while any of this replica's calls is in flight; while it
+//! is below zero no call is let in, so the device goes quiet for the neighbours until the credit
+//! is back. The credit holds at most [`BURST`], so a quiet pool's occasional run of calls passes
+//! untouched and a pool cannot save up idle time for a long flood later.
+//!
+//! The time counted is wall time with calls in flight, as the sidecar sees it: it includes a
+//! batch's wait for a neighbour's turn, so a capped pool gets somewhat less than its cap of the
+//! device while neighbours are busy. Queued calls are let in by a timer when the credit is back
+//! (no permit may come back to dispatch them), and still leave at their deadline or the queue
+//! timeout.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The most TEI time a replica saves up while idle.
+pub(super) const BURST: Duration = Duration::from_millis(50);
+/// The shortest wait for the credit to come back.
+const TICK: Duration = Duration::from_millis(1);
+
+#[derive(Debug, Default)]
+pub(super) struct DeviceTime {
+    /// TEI time this replica may still use, in seconds: below zero, what it has overdrawn.
+    credit: f64,
+    /// When `credit` was last brought up to date; none while there is no cap.
+    updated: Option<Instant>,
+    /// Whether calls of this replica are in flight (TEI busy with them) since `updated`.
+    busy: bool,
+}
+
+/// A cap in percent as the share of each second it allows.
+fn rate(cap: Option<u8>) -> Option<f64> {
+    cap.filter(|cap| *cap < 100).map(|cap| f64::from(cap) / 100.0)
+}
+
+impl DeviceTime {
+    /// The credit at `now` under `rate`, without recording it.
+    fn credit_at(&self, rate: f64, now: Instant) -> f64 {
+        let Some(updated) = self.updated else { return BURST.as_secs_f64() };
+        let elapsed = now.saturating_duration_since(updated).as_secs_f64();
+        let spent = if self.busy { elapsed } else { 0.0 };
+        (self.credit + elapsed * rate - spent).min(BURST.as_secs_f64())
+    }
+
+    /// Calls of this replica are in flight (`busy`) or none are, from `now` on, under `cap`.
+    pub fn set_busy(&mut self, busy: bool, cap: Option<u8>, now: Instant) {
+        match rate(cap) {
+            Some(rate) => {
+                self.credit = self.credit_at(rate, now);
+                self.updated = Some(now);
+            }
+            // Without a cap nothing is owed: a cap set later starts from a full burst.
+            None => self.updated = None,
+        }
+        self.busy = busy;
+    }
+
+    /// When calls may go in flight again under `cap`, if not now.
+    pub fn closed_until(&self, cap: Option<u8>, now: Instant) -> Option<Instant> {
+        let rate = rate(cap)?;
+        let credit = self.credit_at(rate, now);
+        if credit >= 0.0 {
+            return None;
+        }
+        // While calls are still in flight the credit keeps falling: the moment is re-checked then.
+        // At least a tick of tokio's timer (1 ms), so a credit a rounding error below zero never
+        // wakes a timer for the instant it was armed in.
+        Some(now + Duration::from_secs_f64(-credit / rate).max(TICK))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    /// Busy `busy_ms`, then idle until the gate opens, `rounds` times: the busy share of the time.
+    fn duty_cycle(cap: u8, busy_ms: u32, rounds: usize) -> f64 {
+        let mut device = DeviceTime::default();
+        let start = Instant::now();
+        let mut now = start;
+        let mut busy = Duration::ZERO;
+        for _ in 0..rounds {
+            if let Some(opens) = device.closed_until(Some(cap), now) {
+                now = opens;
+            }
+            device.set_busy(true, Some(cap), now);
+            now += busy_ms * MS;
+            busy += busy_ms * MS;
+            device.set_busy(false, Some(cap), now);
+        }
+        busy.as_secs_f64() / (now - start).as_secs_f64()
+    }
+
+    #[test]
+    fn a_pool_busy_without_pause_is_held_to_its_cap() {
+        for cap in [10, 25, 50] {
+            let share = duty_cycle(cap, 4, 2_000);
+            let expected = f64::from(cap) / 100.0;
+            assert!((share - expected).abs() < 0.01, "cap {cap}: busy {share:.3} of the time");
+        }
+    }
+
+    #[test]
+    fn a_quiet_pool_passes_untouched_and_saves_up_at_most_a_burst() {
+        let mut device = DeviceTime::default();
+        let mut now = Instant::now();
+        let cap = Some(25);
+        // Idle for a minute: the credit is one burst, not fifteen seconds.
+        device.set_busy(false, cap, now);
+        now += Duration::from_secs(60);
+        device.set_busy(true, cap, now);
+        assert_eq!(device.closed_until(cap, now + BURST - MS), None, "a burst of TEI time goes at once");
+        // Busy 80 ms: 20 ms earned meanwhile, 10 ms overdrawn.
+        let after = now + 80 * MS;
+        let opens = device.closed_until(cap, after).expect("overdrawn once busy past the burst");
+        // 10 ms overdrawn at 25 % a second: 40 ms, while still busy (re-checked then).
+        let wait = (opens - after).as_secs_f64();
+        assert!((wait - 0.040).abs() < 1e-6, "{wait}");
+    }
+
+    #[test]
+    fn without_a_cap_or_at_100_the_gate_never_closes() {
+        for cap in [None, Some(100)] {
+            let mut device = DeviceTime::default();
+            let now = Instant::now();
+            device.set_busy(true, cap, now);
+            assert_eq!(device.closed_until(cap, now + Duration::from_secs(10)), None);
+        }
+    }
+
+    #[test]
+    fn a_cap_set_on_a_busy_pool_starts_from_a_full_burst() {
+        let mut device = DeviceTime::default();
+        let now = Instant::now();
+        device.set_busy(true, None, now);
+        let later = now + Duration::from_secs(5);
+        device.set_busy(true, Some(25), later);
+        assert_eq!(device.closed_until(Some(25), later + BURST / 2), None, "the uncapped past is not owed");
+    }
+}
