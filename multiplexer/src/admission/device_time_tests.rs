@@ -108,3 +108,20 @@ async fn lifting_the_cap_lets_waiters_in_at_once() {
     assert_eq!(asked.elapsed(), Duration::ZERO);
     drop(permit);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_that_ends_before_the_credit_is_back_is_refused_at_once() {
+    let admission = Admission::new(capped(4, Some(25)));
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    drop(permit);
+    // The credit is back in 250 ms: a caller with 100 ms left is told now, not at its deadline.
+    let ask = Ask::new(Priority::Standard).deadline(Some(Instant::now() + Duration::from_millis(100)));
+    let asked = Instant::now();
+    let refused = admission.acquire(ask).await.unwrap_err();
+    assert!(matches!(refused, AdmissionError::DeadlineUnmeetable { .. }), "{refused:?}");
+    assert_eq!(asked.elapsed(), Duration::ZERO);
+    // One with time enough for the credit and its own call (150 ms, as the last one) waits.
+    let ask = Ask::new(Priority::Standard).deadline(Some(Instant::now() + Duration::from_millis(500)));
+    drop(admission.acquire(ask).await.unwrap());
+}

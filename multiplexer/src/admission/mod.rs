@@ -548,8 +548,20 @@ impl State {
     }
 
     /// Expected wait for a newcomer with `ahead` queued inputs before it.
+    /// While the device-time cap holds the pool back, the queue starts moving when the credit is
+    /// back and then drains at the cap's pace, not the in-flight limit's.
     fn expected_wait(&self, ahead: usize) -> Option<Duration> {
-        self.service_time.wait_for(ahead, self.draining_slots())
+        let wait = self.service_time.wait_for(ahead, self.draining_slots());
+        let now = Instant::now();
+        let cap = self.limits.device_time_cap;
+        match (cap, self.device_time.closed_until(cap, now), self.service_time.mean()) {
+            (Some(cap), Some(opens), Some(own)) => {
+                let before = wait.unwrap_or_default().saturating_sub(own);
+                Some(opens - now + before.mul_f64(100.0 / f64::from(cap.max(1))) + own)
+            }
+            (Some(_), Some(opens), None) => Some(opens - now),
+            _ => wait,
+        }
     }
 
     /// Inputs that drain the queue at once: this replica's own limit, and what its siblings take.

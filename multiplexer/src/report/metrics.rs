@@ -76,6 +76,7 @@ struct Families {
     limit_in_flight: IntGaugeVec,
     limit_in_flight_share: IntGaugeVec,
     limit_queued: IntGaugeVec,
+    limit_device_time: IntGaugeVec,
     in_flight_tokens: IntGaugeVec,
     limit_in_flight_tokens: IntGaugeVec,
     chars_per_token: GaugeVec,
@@ -148,6 +149,11 @@ impl Metrics {
                 &["pool"],
             ),
             limit_queued: gauge("teifleet_limit_queued", "Queue limit of this replica, in inputs.", &["pool"]),
+            limit_device_time: gauge(
+                "teifleet_limit_device_time_percent",
+                "The most of the time this replica keeps TEI busy while calls queue (deviceTimeCap; 100: no cap).",
+                &["pool"],
+            ),
             in_flight_tokens: gauge("teifleet_in_flight_tokens", "Estimated tokens in flight to TEI.", &["pool"]),
             limit_in_flight_tokens: gauge(
                 "teifleet_limit_in_flight_tokens",
@@ -251,6 +257,7 @@ impl Metrics {
                 &f.limit_in_flight,
                 &f.limit_in_flight_share,
                 &f.limit_queued,
+                &f.limit_device_time,
                 &f.in_flight_tokens,
                 &f.limit_in_flight_tokens,
                 &f.chars_per_token,
@@ -286,6 +293,7 @@ impl Metrics {
         let limit_in_flight = f.limit_in_flight.with_label_values(&[pool]);
         let share = f.limit_in_flight_share.with_label_values(&[pool]);
         let limit_queued = f.limit_queued.with_label_values(&[pool]);
+        let limit_device_time = f.limit_device_time.with_label_values(&[pool]);
         let tokens = f.in_flight_tokens.with_label_values(&[pool]);
         let (token_budget, token_family) =
             (f.limit_in_flight_tokens.with_label_values(&[pool]), f.limit_in_flight_tokens.clone());
@@ -307,6 +315,7 @@ impl Metrics {
             limit_in_flight.set(snapshot.effective_limit as i64);
             share.set(snapshot.limits.max_in_flight as i64);
             limit_queued.set(snapshot.limits.max_queued as i64);
+            limit_device_time.set(i64::from(snapshot.limits.device_time_cap.unwrap_or(100)));
             tokens.set(i64::try_from(snapshot.in_flight_tokens).unwrap_or(i64::MAX));
             // Shown only while the pool has a token budget; removing the series is a hash and a
             // lock, so it happens once, when the budget goes away, not on every change.

@@ -19,6 +19,11 @@ fn config(upstream: std::net::SocketAddr, in_flight: usize) -> String {
     )
 }
 
+/// The file of [`config`], with a `deviceTimeCap`.
+fn capped_config(upstream: std::net::SocketAddr, in_flight: usize, cap: u8) -> String {
+    format!("{}  deviceTimeCap: {cap}\n", config(upstream, in_flight))
+}
+
 #[tokio::test]
 async fn editing_the_file_raises_the_limit_without_dropping_requests() {
     let sim = sim(|_| {}).await;
@@ -64,6 +69,52 @@ async fn editing_the_file_raises_the_limit_without_dropping_requests() {
     sim.set_fault(Fault::None);
     let results = join_all(calls).await;
     assert!(results.into_iter().all(|r| r.unwrap().is_ok()), "no request dropped");
+    stop.cancel();
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A pool whose calls took more than its cap of TEI's time lets no call in until its credit is
+/// back, however much room its in-flight limit has; lifting the cap in the file lets the held
+/// calls in at once, and every one is answered.
+#[tokio::test]
+async fn a_device_time_cap_holds_calls_back_and_lifting_it_in_the_file_lets_them_in() {
+    // One call keeps TEI busy 200 ms: four times the burst, at a cap of 1 % (20 s to earn back).
+    let sim = sim(|c| c.fixed_latency = Duration::from_millis(200)).await;
+    let dir = std::env::temp_dir().join(format!("teifleet-device-time-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("pools.yaml");
+    std::fs::write(&path, capped_config(sim.addr(), 4, 1)).unwrap();
+
+    let loaded = file::load(&path).unwrap();
+    let metrics = Metrics::new();
+    let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
+    table.sync(loaded.pools).unwrap();
+    let stop = CancellationToken::new();
+    let gate = Arc::new(teifleet_multiplexer::gate::auth::Gate::off());
+    tokio::spawn(file::watch(path.clone(), table.clone(), gate, Duration::from_millis(50), stop.clone()));
+    let mux = server::start(Settings::default(), table.clone(), metrics).await.unwrap();
+    let mut client = embed_client(mux.grpc_addr).await;
+    let admission = table.get("pool-a").unwrap().admission.clone();
+    assert_eq!(admission.snapshot().limits.device_time_cap, Some(1));
+
+    client.embed(embed_request("the call that spends the credit")).await.unwrap();
+    let calls: Vec<_> = (0..3)
+        .map(|i| {
+            let mut client = client.clone();
+            tokio::spawn(async move { client.embed(embed_request(&format!("held {i}"))).await })
+        })
+        .collect();
+    until("three calls queued", Duration::from_secs(5), || admission.snapshot().queued_total() == 3).await;
+    // Room for four, none let in: the cap holds them, not the in-flight limit.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let held = admission.snapshot();
+    assert_eq!((held.in_flight, held.queued_total()), (0, 3), "held by the cap");
+    assert_eq!(sim.stats().in_flight, 0, "TEI left idle for the neighbours");
+
+    std::fs::write(&path, config(sim.addr(), 4)).unwrap();
+    let results = join_all(calls).await;
+    assert!(results.into_iter().all(|r| r.unwrap().is_ok()), "every held call answered once the cap is lifted");
+    assert_eq!(admission.snapshot().limits.device_time_cap, None);
     stop.cancel();
     std::fs::remove_dir_all(&dir).ok();
 }
