@@ -22,8 +22,9 @@ impl Render for Colocation {
              multiplexer: {}, a quarter of a device batch, as the operator sizes a slice's budget. Pool A sends {}× its \
              share over 8 connections while B, C and D send {}× theirs over 2 each, open loop (Poisson), {:.0} s, 1 s \
              deadline, all at once; B, C and D first without A, the same schedules. With the static limit, then the \
-             adaptive one (the share as ceiling); then the same four loads straight to the simulators. Latency columns \
-             are of all answers.\n",
+             adaptive one (the share as ceiling); both again with A's `deviceTimeCap` at its share ({} %: its sidecar \
+             keeps the device busy at most that share of the time); then the same four loads straight to the \
+             simulators. Latency columns are of all answers.\n",
             colocation::POOLS,
             backend(&self.backend),
             self.capacity.rps,
@@ -31,7 +32,8 @@ impl Render for Colocation {
             limits(&self.limits),
             colocation::FLOOD_FACTOR,
             colocation::LIGHT_FACTOR,
-            self.seconds
+            self.seconds,
+            colocation::DEVICE_TIME_CAP
         );
         let mut table = Table::new(
             out,
