@@ -62,6 +62,12 @@ impl DeviceTime {
         self.busy = busy;
     }
 
+    /// Whether the cap is holding this replica back at `now`: its credit has run below half a
+    /// burst, so its queue drains at the cap's pace rather than its in-flight limit's.
+    pub fn binding(&self, cap: Option<u8>, now: Instant) -> bool {
+        rate(cap).is_some_and(|rate| self.credit_at(rate, now) < BURST.as_secs_f64() / 2.0)
+    }
+
     /// When calls may go in flight again under `cap`, if not now.
     pub fn closed_until(&self, cap: Option<u8>, now: Instant) -> Option<Instant> {
         let rate = rate(cap)?;

@@ -125,3 +125,30 @@ async fn a_deadline_that_ends_before_the_credit_is_back_is_refused_at_once() {
     let ask = Ask::new(Priority::Standard).deadline(Some(Instant::now() + Duration::from_millis(500)));
     drop(admission.acquire(ask).await.unwrap());
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_queue_held_by_the_cap_is_expected_to_drain_at_the_caps_pace() {
+    let admission = Admission::new(capped(1, Some(25)));
+    // Teach a service time of 10 ms and spend the credit down to the gate.
+    for _ in 0..3 {
+        let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        drop(permit);
+    }
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    drop(permit);
+    let mut queued = Vec::new();
+    for _ in 0..20 {
+        let admission = admission.clone();
+        queued.push(tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await }));
+    }
+    tokio::task::yield_now().await;
+    // 20 calls ahead at 10 ms each: 200 ms at the in-flight limit's pace, four times that at 25 %.
+    let ask = Ask::new(Priority::Standard).deadline(Some(Instant::now() + Duration::from_millis(400)));
+    let refused = admission.acquire(ask).await.unwrap_err();
+    assert!(matches!(refused, AdmissionError::DeadlineUnmeetable { .. }), "{refused:?}");
+    for call in queued {
+        drop(call.await.unwrap().unwrap());
+    }
+}

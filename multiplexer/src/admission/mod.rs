@@ -554,14 +554,11 @@ impl State {
         let wait = self.service_time.wait_for(ahead, self.draining_slots());
         let now = Instant::now();
         let cap = self.limits.device_time_cap;
-        match (cap, self.device_time.closed_until(cap, now), self.service_time.mean()) {
-            (Some(cap), Some(opens), Some(own)) => {
-                let before = wait.unwrap_or_default().saturating_sub(own);
-                Some(opens - now + before.mul_f64(100.0 / f64::from(cap.max(1))) + own)
-            }
-            (Some(_), Some(opens), None) => Some(opens - now),
-            _ => wait,
-        }
+        let (Some(percent), true) = (cap, self.device_time.binding(cap, now)) else { return wait };
+        let opens = self.device_time.closed_until(cap, now).map_or(Duration::ZERO, |opens| opens - now);
+        let Some(own) = self.service_time.mean() else { return Some(opens) };
+        let before = wait.unwrap_or_default().saturating_sub(own);
+        Some(opens + before.mul_f64(100.0 / f64::from(percent.max(1))) + own)
     }
 
     /// Inputs that drain the queue at once: this replica's own limit, and what its siblings take.
