@@ -106,4 +106,23 @@ async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
     for call in join_all(calls).await {
         call.unwrap().expect("no request dropped by the live change");
     }
+
+    // A cap on TEI time, as for a pool that floods a time-sliced GPU, reaches the sidecar live.
+    let device_time = || async {
+        let text = http_get(loopback(admin), "/metrics").await?;
+        teifleet_testkit::prom::value(&text, "teifleet_limit_device_time_percent{pool=\"live\"}")
+    };
+    assert_eq!(device_time().await, Some(100.0), "no cap by default");
+    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
+        .patch(
+            "live",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "concurrency": { "deviceTimeCap": 25 } } })),
+        )
+        .await
+        .unwrap();
+    eventually("the cap at the sidecar", Duration::from_secs(10), || async {
+        (device_time().await? == 25.0).then_some(())
+    })
+    .await;
 }
