@@ -13,6 +13,13 @@ fn capped(in_flight: usize, cap: Option<u8>) -> Limits {
     Limits { device_time_cap: cap, ..Limits::new(in_flight, 64, Duration::from_secs(5)) }
 }
 
+/// Holds one permit of `admission` for `busy`: TEI busy that long with one call.
+async fn busy_for(admission: &Admission, busy: Duration) {
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    tokio::time::sleep(busy).await;
+    drop(permit);
+}
+
 /// How long at least one of `spans` was open.
 fn covered(mut spans: Vec<(Instant, Instant)>) -> Duration {
     spans.sort();
@@ -93,9 +100,7 @@ async fn a_waiter_held_by_the_cap_is_let_in_when_the_credit_is_back_without_any_
 #[tokio::test(start_paused = true)]
 async fn lifting_the_cap_lets_waiters_in_at_once() {
     let admission = Admission::new(capped(4, Some(10)));
-    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    drop(permit);
+    busy_for(&admission, Duration::from_millis(200)).await;
     let waiter = {
         let admission = admission.clone();
         tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await })
@@ -112,9 +117,7 @@ async fn lifting_the_cap_lets_waiters_in_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_deadline_that_ends_before_the_credit_is_back_is_refused_at_once() {
     let admission = Admission::new(capped(4, Some(25)));
-    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    drop(permit);
+    busy_for(&admission, Duration::from_millis(150)).await;
     // The credit is back in 250 ms: a caller with 100 ms left is told now, not at its deadline.
     let ask = Ask::new(Priority::Standard).deadline(Some(Instant::now() + Duration::from_millis(100)));
     let asked = Instant::now();
@@ -131,13 +134,9 @@ async fn a_queue_held_by_the_cap_is_expected_to_drain_at_the_caps_pace() {
     let admission = Admission::new(capped(1, Some(25)));
     // Teach a service time of 10 ms and spend the credit down to the gate.
     for _ in 0..3 {
-        let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        drop(permit);
+        busy_for(&admission, Duration::from_millis(10)).await;
     }
-    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(60)).await;
-    drop(permit);
+    busy_for(&admission, Duration::from_millis(60)).await;
     let mut queued = Vec::new();
     for _ in 0..20 {
         let admission = admission.clone();

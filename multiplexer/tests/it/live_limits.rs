@@ -19,6 +19,19 @@ fn config(upstream: std::net::SocketAddr, in_flight: usize) -> String {
     )
 }
 
+/// A multiplexer serving the pools of the file at `path` and following its edits until `stop`.
+async fn serve_file(path: &std::path::Path) -> (Arc<PoolTable>, server::Running, CancellationToken) {
+    let loaded = file::load(path).unwrap();
+    let metrics = Metrics::new();
+    let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
+    table.sync(loaded.pools).unwrap();
+    let stop = CancellationToken::new();
+    let gate = Arc::new(teifleet_multiplexer::gate::auth::Gate::off());
+    tokio::spawn(file::watch(path.to_owned(), table.clone(), gate, Duration::from_millis(50), stop.clone()));
+    let mux = server::start(Settings::default(), table.clone(), metrics).await.unwrap();
+    (table, mux, stop)
+}
+
 /// The file of [`config`], with a `deviceTimeCap`.
 fn capped_config(upstream: std::net::SocketAddr, in_flight: usize, cap: u8) -> String {
     format!("{}  deviceTimeCap: {cap}\n", config(upstream, in_flight))
@@ -33,14 +46,7 @@ async fn editing_the_file_raises_the_limit_without_dropping_requests() {
     let path = dir.join("pools.yaml");
     std::fs::write(&path, config(sim.addr(), 1)).unwrap();
 
-    let loaded = file::load(&path).unwrap();
-    let metrics = Metrics::new();
-    let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
-    table.sync(loaded.pools).unwrap();
-    let stop = CancellationToken::new();
-    let gate = Arc::new(teifleet_multiplexer::gate::auth::Gate::off());
-    tokio::spawn(file::watch(path.clone(), table.clone(), gate, Duration::from_millis(50), stop.clone()));
-    let mux = server::start(Settings::default(), table.clone(), metrics).await.unwrap();
+    let (table, mux, stop) = serve_file(&path).await;
     let client = embed_client(mux.grpc_addr).await;
     let admission = table.get("pool-a").unwrap().admission.clone();
 
@@ -85,14 +91,7 @@ async fn a_device_time_cap_holds_calls_back_and_lifting_it_in_the_file_lets_them
     let path = dir.join("pools.yaml");
     std::fs::write(&path, capped_config(sim.addr(), 4, 1)).unwrap();
 
-    let loaded = file::load(&path).unwrap();
-    let metrics = Metrics::new();
-    let table = Arc::new(PoolTable::new(&loaded.default, metrics.clone()));
-    table.sync(loaded.pools).unwrap();
-    let stop = CancellationToken::new();
-    let gate = Arc::new(teifleet_multiplexer::gate::auth::Gate::off());
-    tokio::spawn(file::watch(path.clone(), table.clone(), gate, Duration::from_millis(50), stop.clone()));
-    let mux = server::start(Settings::default(), table.clone(), metrics).await.unwrap();
+    let (table, mux, stop) = serve_file(&path).await;
     let mut client = embed_client(mux.grpc_addr).await;
     let admission = table.get("pool-a").unwrap().admission.clone();
     assert_eq!(admission.snapshot().limits.device_time_cap, Some(1));
