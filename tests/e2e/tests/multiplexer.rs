@@ -23,6 +23,14 @@ async fn limit_in_flight(admin: u16, pool: &str) -> Option<f64> {
     teifleet_testkit::prom::value(&text, &format!("teifleet_limit_in_flight{{pool=\"{pool}\"}}"))
 }
 
+/// Merges `concurrency` into pool `live`'s `spec.concurrency`.
+async fn edit_concurrency(client: &kube::Client, namespace: &str, concurrency: serde_json::Value) {
+    Api::<EmbeddingPool>::namespaced(client.clone(), namespace)
+        .patch("live", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "concurrency": concurrency } })))
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
     let client = admin_client().await;
@@ -83,14 +91,7 @@ async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
     eventually("two calls at TEI", Duration::from_secs(10), || async { (sim.stats().in_flight == 2).then_some(()) })
         .await;
 
-    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
-        .patch(
-            "live",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "concurrency": { "maxInFlight": 12 } } })),
-        )
-        .await
-        .unwrap();
+    edit_concurrency(&client, &ns.name, json!({ "maxInFlight": 12 })).await;
     let edited = std::time::Instant::now();
     eventually("the new share at the sidecar", Duration::from_secs(10), || async {
         (limit_in_flight(admin, "live").await? == 6.0).then_some(())
@@ -113,14 +114,7 @@ async fn sidecar_applies_budget_edits_live_with_its_own_serviceaccount() {
         teifleet_testkit::prom::value(&text, "teifleet_limit_device_time_percent{pool=\"live\"}")
     };
     assert_eq!(device_time().await, Some(100.0), "no cap by default");
-    Api::<EmbeddingPool>::namespaced(client.clone(), &ns.name)
-        .patch(
-            "live",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "concurrency": { "deviceTimeCap": 25 } } })),
-        )
-        .await
-        .unwrap();
+    edit_concurrency(&client, &ns.name, json!({ "deviceTimeCap": 25 })).await;
     eventually("the cap at the sidecar", Duration::from_secs(10), || async {
         (device_time().await? == 25.0).then_some(())
     })
