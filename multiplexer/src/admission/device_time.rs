@@ -25,6 +25,9 @@ pub(super) const BURST: Duration = Duration::from_millis(50);
 /// The shortest wait for the credit to come back.
 const TICK: Duration = Duration::from_millis(1);
 
+/// The weight of each busy period in the moving mean of inputs served per busy second.
+const PACE_WEIGHT: f64 = 0.2;
+
 #[derive(Debug, Default)]
 pub(super) struct DeviceTime {
     /// TEI time this replica may still use, in seconds: below zero, what it has overdrawn.
@@ -33,6 +36,11 @@ pub(super) struct DeviceTime {
     updated: Option<Instant>,
     /// Whether calls of this replica are in flight (TEI busy with them) since `updated`.
     busy: bool,
+    /// The busy period running now: when it began, and the inputs answered in it so far.
+    period: Option<(Instant, usize)>,
+    /// Inputs answered per second of TEI time, a moving mean over busy periods: what the queue
+    /// drains at, times the cap, while the cap binds.
+    inputs_per_busy_second: Option<f64>,
 }
 
 /// A cap in percent as the share of each second it allows.
@@ -49,8 +57,30 @@ impl DeviceTime {
         (self.credit + elapsed * rate - spent).min(BURST.as_secs_f64())
     }
 
+    /// `inputs` of a call were answered (or given up) in the busy period running now.
+    pub fn answered(&mut self, inputs: usize) {
+        if let Some((_, answered)) = &mut self.period {
+            *answered += inputs;
+        }
+    }
+
     /// Calls of this replica are in flight (`busy`) or none are, from `now` on, under `cap`.
     pub fn set_busy(&mut self, busy: bool, cap: Option<u8>, now: Instant) {
+        match (self.period, busy) {
+            (None, true) => self.period = Some((now, 0)),
+            (Some((began, answered)), false) => {
+                self.period = None;
+                let seconds = now.saturating_duration_since(began).as_secs_f64();
+                if seconds > 0.0 && answered > 0 {
+                    let pace = answered as f64 / seconds;
+                    self.inputs_per_busy_second = Some(match self.inputs_per_busy_second {
+                        Some(mean) => mean * (1.0 - PACE_WEIGHT) + pace * PACE_WEIGHT,
+                        None => pace,
+                    });
+                }
+            }
+            _ => {}
+        }
         match rate(cap) {
             Some(rate) => {
                 self.credit = self.credit_at(rate, now);
@@ -66,6 +96,15 @@ impl DeviceTime {
     /// burst, so its queue drains at the cap's pace rather than its in-flight limit's.
     pub fn binding(&self, cap: Option<u8>, now: Instant) -> bool {
         rate(cap).is_some_and(|rate| self.credit_at(rate, now) < BURST.as_secs_f64() / 2.0)
+    }
+
+    /// How long `inputs` take to be let through while `cap` binds: at the cap's share of each
+    /// second, at the pace TEI answered this replica's inputs in its busy periods. None until a
+    /// busy period has been seen.
+    pub fn drain_time(&self, inputs: usize, cap: Option<u8>) -> Option<Duration> {
+        let rate = rate(cap)?;
+        let pace = self.inputs_per_busy_second.filter(|pace| *pace > 0.0)?;
+        Some(Duration::from_secs_f64(inputs as f64 / (pace * rate)))
     }
 
     /// When calls may go in flight again under `cap`, if not now.
@@ -131,6 +170,26 @@ mod tests {
         // 10 ms overdrawn at 25 % a second: 40 ms, while still busy (re-checked then).
         let wait = (opens - after).as_secs_f64();
         assert!((wait - 0.040).abs() < 1e-6, "{wait}");
+    }
+
+    #[test]
+    fn the_queue_drains_at_the_pace_of_busy_periods_times_the_cap() {
+        let mut device = DeviceTime::default();
+        let cap = Some(25);
+        let mut now = Instant::now();
+        assert_eq!(device.drain_time(10, cap), None, "nothing seen yet");
+        // Two inputs answered in each 4 ms busy period: 500 a busy second, 125 a second at 25 %.
+        for _ in 0..10 {
+            device.set_busy(true, cap, now);
+            now += 4 * MS;
+            device.answered(1);
+            device.answered(1);
+            device.set_busy(false, cap, now);
+            now += 20 * MS;
+        }
+        let drain = device.drain_time(125, cap).unwrap().as_secs_f64();
+        assert!((drain - 1.0).abs() < 1e-6, "{drain}");
+        assert_eq!(device.drain_time(125, None), None, "no cap, no pace of its own");
     }
 
     #[test]

@@ -407,6 +407,7 @@ impl Shared {
         let query_inputs = if lane == Lane::Query { cost.inputs as usize } else { 0 };
         let now = Instant::now();
         state.ingest_gate.released(query_inputs, now);
+        state.device_time.answered(cost.inputs as usize);
         state.note_busy(now);
         state.service_time.observe(took);
         self.dispatch(&mut state);
@@ -549,16 +550,21 @@ impl State {
 
     /// Expected wait for a newcomer with `ahead` queued inputs before it.
     /// While the device-time cap holds the pool back, the queue starts moving when the credit is
-    /// back and then drains at the cap's pace, not the in-flight limit's.
+    /// back and then drains at the cap's pace (see `device_time`), not the in-flight limit's.
     fn expected_wait(&self, ahead: usize) -> Option<Duration> {
         let wait = self.service_time.wait_for(ahead, self.draining_slots());
         let now = Instant::now();
         let cap = self.limits.device_time_cap;
-        let (Some(percent), true) = (cap, self.device_time.binding(cap, now)) else { return wait };
+        if !self.device_time.binding(cap, now) {
+            return wait;
+        }
+        // The credit back, the inputs ahead let through at the cap's pace, then its own call.
         let opens = self.device_time.closed_until(cap, now).map_or(Duration::ZERO, |opens| opens - now);
-        let Some(own) = self.service_time.mean() else { return Some(opens) };
-        let before = wait.unwrap_or_default().saturating_sub(own);
-        Some(opens + before.mul_f64(100.0 / f64::from(percent.max(1))) + own)
+        let own = self.service_time.mean().unwrap_or_default();
+        match self.device_time.drain_time(ahead, cap) {
+            Some(drain) => Some(opens + drain + own),
+            None => Some(opens + wait.unwrap_or_default()),
+        }
     }
 
     /// Inputs that drain the queue at once: this replica's own limit, and what its siblings take.
