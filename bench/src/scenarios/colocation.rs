@@ -32,7 +32,7 @@ pub const LIGHT_P99_LIMIT: f64 = 2.0;
 pub const DEVICE_TIME_CAP: u8 = (100 / POOLS) as u8;
 /// The runs: the static limit and the adaptive one, A uncapped and then capped at its share. The
 /// targets are judged with the cap, as docs/admission.md says to run a pool that floods a
-/// time-sliced GPU; the uncapped runs are reported for comparison (they measured 2.1–2.5×).
+/// time-sliced GPU; the uncapped runs are reported for comparison (they measured 2.1–2.4×).
 const MODES: [(bool, Option<u8>); 4] =
     [(false, None), (true, None), (false, Some(DEVICE_TIME_CAP)), (true, Some(DEVICE_TIME_CAP))];
 const TOKENS: usize = 16;
