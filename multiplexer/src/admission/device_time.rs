@@ -2,7 +2,7 @@
 //!
 //! A time-sliced GPU gives its turns to whichever process has work and isolates nothing, so a
 //! pool flooding its TEI runs batch after batch and every neighbour's call waits for one of them
-//! (scenario 17 measured the light pools' p99 at 2.2× beside such a flood, with each sidecar
+//! (scenario 17 measured the light pools' p99 at 2.1–2.4× beside such a flood, with each sidecar
 //! bounding what is in flight). Bounding in-flight calls bounds each batch, not how often batches
 //! come. This bounds how often: a credit of TEI time grows at the cap's rate (25 % of every
 //! second for a cap of 25) and shrinks while any of this replica's calls is in flight; while it
@@ -14,7 +14,9 @@
 //! batch's wait for a neighbour's turn, so a capped pool gets somewhat less than its cap of the
 //! device while neighbours are busy. Queued calls are let in by a timer when the credit is back
 //! (no permit may come back to dispatch them), and still leave at their deadline or the queue
-//! timeout.
+//! timeout; while the cap binds, the queue's expected wait is taken at the cap's pace (the inputs
+//! TEI answered per busy second, times the cap), so a call that pace cannot serve in time is
+//! refused at once.
 
 use std::time::Duration;
 
