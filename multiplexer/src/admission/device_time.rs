@@ -36,9 +36,8 @@ pub(super) struct DeviceTime {
     credit: f64,
     /// When `credit` was last brought up to date; none while there is no cap.
     updated: Option<Instant>,
-    /// Whether calls of this replica are in flight (TEI busy with them) since `updated`.
-    busy: bool,
-    /// The busy period running now: when it began, and the inputs answered in it so far.
+    /// The busy period running now (calls of this replica in flight, TEI busy with them): when
+    /// it began, and the inputs answered in it so far. Kept only under a cap.
     period: Option<(Instant, usize)>,
     /// Inputs answered per second of TEI time, a moving mean over busy periods: what the queue
     /// drains at, times the cap, while the cap binds.
@@ -55,7 +54,7 @@ impl DeviceTime {
     fn credit_at(&self, rate: f64, now: Instant) -> f64 {
         let Some(updated) = self.updated else { return BURST.as_secs_f64() };
         let elapsed = now.saturating_duration_since(updated).as_secs_f64();
-        let spent = if self.busy { elapsed } else { 0.0 };
+        let spent = if self.period.is_some() { elapsed } else { 0.0 };
         (self.credit + elapsed * rate - spent).min(BURST.as_secs_f64())
     }
 
@@ -67,7 +66,16 @@ impl DeviceTime {
     }
 
     /// Calls of this replica are in flight (`busy`) or none are, from `now` on, under `cap`.
+    /// Without a cap nothing is kept: nothing is owed, and a cap set later starts from a full
+    /// burst and learns its pace anew.
     pub fn set_busy(&mut self, busy: bool, cap: Option<u8>, now: Instant) {
+        let Some(rate) = rate(cap) else {
+            self.updated = None;
+            self.period = None;
+            return;
+        };
+        self.credit = self.credit_at(rate, now);
+        self.updated = Some(now);
         match (self.period, busy) {
             (None, true) => self.period = Some((now, 0)),
             (Some((began, answered)), false) => {
@@ -83,15 +91,6 @@ impl DeviceTime {
             }
             _ => {}
         }
-        match rate(cap) {
-            Some(rate) => {
-                self.credit = self.credit_at(rate, now);
-                self.updated = Some(now);
-            }
-            // Without a cap nothing is owed: a cap set later starts from a full burst.
-            None => self.updated = None,
-        }
-        self.busy = busy;
     }
 
     /// Whether the cap is holding this replica back at `now`: its credit has run below half a

@@ -553,8 +553,11 @@ impl State {
     /// back and then drains at the cap's pace (see `device_time`), not the in-flight limit's.
     fn expected_wait(&self, ahead: usize) -> Option<Duration> {
         let wait = self.service_time.wait_for(ahead, self.draining_slots());
-        let now = Instant::now();
         let cap = self.limits.device_time_cap;
+        if cap.is_none() {
+            return wait;
+        }
+        let now = Instant::now();
         if !self.device_time.binding(cap, now) {
             return wait;
         }
