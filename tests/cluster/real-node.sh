@@ -66,8 +66,9 @@ real_node_prepare() {
   done
   if [[ -f "$REAL_NODE_LOCK" ]]; then
     local owner; owner="$(cat "$REAL_NODE_LOCK")"
-    # A cluster directory that is gone left a stale lock; one that still has its node does not.
-    if [[ "$owner" != "$DIR" && -d "$owner/node" ]]; then
+    # The lock is stale unless its owner's kubelet or containerd still runs: a cluster directory
+    # can outlive its processes (a machine restarted, or its disk copied to another).
+    if [[ "$owner" != "$DIR" ]] && { node_process_runs "$owner" kubelet || node_process_runs "$owner" containerd; }; then
       log "another cluster ($owner) runs the real node on this machine: stop it (TEIFLEET_CLUSTER_DIR=$owner tests/cluster/down.sh) or set TEIFLEET_REAL_NODE=0"
       return 1
     fi
@@ -334,6 +335,23 @@ stop_pids() {
 
 alive() { [[ -f "$DIR/pids/$1.pid" ]] && kill -0 "$(cat "$DIR/pids/$1.pid")" 2>/dev/null; }
 
+# node_process_runs CLUSTER_DIR NAME: whether the process that cluster started as NAME still runs.
+# The command name is compared too, since a recorded pid may since belong to another process.
+node_process_runs() {
+  local pidfile="$1/pids/$2.pid" pid
+  [[ -f "$pidfile" ]] || return 1
+  pid="$(cat "$pidfile")"
+  [[ "$pid" =~ ^[0-9]+$ && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2"* ]]
+}
+
+# unmount_under DIR: every mount below DIR, deepest first.
+unmount_under() {
+  local mount
+  while read -r mount; do
+    umount "$mount" 2>/dev/null || umount -l "$mount" 2>/dev/null || true
+  done < <(awk -v prefix="$1/" 'index($2, prefix) == 1 {print $2}' /proc/self/mounts | sort -r)
+}
+
 # Stops the real node and removes what it added to the machine; safe to run at any stage.
 real_node_stop() {
   local node; node="$(real_node_dir)"
@@ -381,11 +399,8 @@ real_node_stop() {
     fi
   done < <(find "$node/containerd/state" -name init.pid 2>/dev/null)
 
-  # Mounts under the node's directory (pod volumes, container root filesystems), deepest first.
-  local mount
-  while read -r mount; do
-    umount "$mount" 2>/dev/null || umount -l "$mount" 2>/dev/null || true
-  done < <(awk -v prefix="$node/" 'index($2, prefix) == 1 {print $2}' /proc/self/mounts | sort -r)
+  # Mounts under the node's directory (pod volumes, container root filesystems).
+  unmount_under "$node"
 
   local link
   for link in $(ip -o link show master "$REAL_NODE_BRIDGE" 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1); do
@@ -412,6 +427,8 @@ real_node_stop() {
   local path
   for path in "${REAL_NODE_HOST_PATHS[@]}"; do
     if [[ -f "$node/host-paths-before" ]] && ! grep -qxF "$path" "$node/host-paths-before"; then
+      # Pods' network namespaces stay mounted when containerd died before it could remove them.
+      unmount_under "$path"
       rm -rf --one-file-system "$path"
     fi
   done
