@@ -66,9 +66,8 @@ real_node_prepare() {
   done
   if [[ -f "$REAL_NODE_LOCK" ]]; then
     local owner; owner="$(cat "$REAL_NODE_LOCK")"
-    # The lock is stale unless its owner's kubelet or containerd still runs: a cluster directory
-    # can outlive its processes (a machine restarted, or its disk copied to another).
-    if [[ "$owner" != "$DIR" ]] && { node_process_runs "$owner" kubelet || node_process_runs "$owner" containerd; }; then
+    # The lock is stale unless its owner's kubelet or containerd still runs.
+    if [[ "$owner" != "$DIR" ]] && { alive kubelet "$owner" || alive containerd "$owner"; }; then
       log "another cluster ($owner) runs the real node on this machine: stop it (TEIFLEET_CLUSTER_DIR=$owner tests/cluster/down.sh) or set TEIFLEET_REAL_NODE=0"
       return 1
     fi
@@ -333,15 +332,14 @@ stop_pids() {
   done
 }
 
-alive() { [[ -f "$DIR/pids/$1.pid" ]] && kill -0 "$(cat "$DIR/pids/$1.pid")" 2>/dev/null; }
-
-# node_process_runs CLUSTER_DIR NAME: whether the process that cluster started as NAME still runs.
-# The command name is compared too, since a recorded pid may since belong to another process.
-node_process_runs() {
-  local pidfile="$1/pids/$2.pid" pid
+# alive NAME [CLUSTER_DIR]: whether the process that cluster (this one by default) started as NAME
+# still runs. The command name is compared too, since a recorded pid may since belong to another
+# process (a cluster directory can outlive its processes: a machine restarted, its disk copied).
+alive() {
+  local pidfile="${2:-$DIR}/pids/$1.pid" pid
   [[ -f "$pidfile" ]] || return 1
   pid="$(cat "$pidfile")"
-  [[ "$pid" =~ ^[0-9]+$ && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2"* ]]
+  [[ "$pid" =~ ^[0-9]+$ && "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$1"* ]]
 }
 
 # unmount_under DIR: every mount below DIR, deepest first.
