@@ -17,6 +17,8 @@ use serde::{Deserialize, Serialize};
 use crate::LaneName;
 use crate::pool::resource_requirements_schema;
 
+pub mod validation;
+
 /// The CEL rule every duration field shares (Go's syntax, as `teifleet_wire::duration` parses).
 const DURATION: &str = r"self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$')";
 /// A Kubernetes object name (DNS subdomain).
@@ -90,6 +92,7 @@ const FIXED_SPEC: &str = "self.poolRef == oldSelf.poolRef && self.input == oldSe
 )]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(FIXED_SPEC).message("an EmbeddingJob's spec is fixed once created, except suspend and deadline: delete it and create it again to change anything else"))]
+#[x_kube(validation = Rule::new(validation::IMAGE_RULE).message(validation::IMAGE_MESSAGE))]
 pub struct EmbeddingJobSpec {
     /// The EmbeddingPool that embeds the texts, in the job's namespace. The workers call its
     /// Service's gRPC port (`<pool>.<namespace>.svc:50051`).
@@ -145,7 +148,9 @@ pub struct EmbeddingJobSpec {
     pub api_key_secret: Option<ApiKeySecret>,
 
     /// The worker image; unset: the operator's `--job-image`, the `teifleet-job` build of its own
-    /// release.
+    /// release. Refused beside anything the workers mount (a claim, S3 credentials, an API key),
+    /// which an image of the job's own would read: as every store mounts one, jobs run the
+    /// operator's image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 512))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("image must name an image, or be left out"))]
@@ -426,12 +431,17 @@ pub struct WorkerPodOverrides {
     #[x_kube(validation = Rule::new("self.all(s, s.name.size() > 0)").message("template.imagePullSecrets: every entry needs the name of a Secret"))]
     pub image_pull_secrets: Vec<LocalObjectReference>,
 
-    /// Annotations added to every worker pod.
+    /// Annotations added to every worker pod; not teifleet's own (`teifleet.dev/`), the Job
+    /// controller's (`batch.kubernetes.io/`) or AppArmor's and seccomp's.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new(validation::annotations_rule()).message(validation::annotations_message().as_str()))]
     pub annotations: BTreeMap<String, String>,
 
-    /// Labels added to every worker pod (the operator's own labels win on conflict).
+    /// Labels added to every worker pod; not those that make a pod a pool's, the activator's or
+    /// the Job's own (`teifleet.dev/`, `batch.kubernetes.io/`, the `app.kubernetes.io` labels the
+    /// operator sets, `job-name`, `controller-uid`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[x_kube(validation = Rule::new(validation::labels_rule()).message(validation::labels_message().as_str()))]
     pub labels: BTreeMap<String, String>,
 }
 
@@ -663,7 +673,7 @@ mod tests {
     #[test]
     fn everything_but_suspend_and_deadline_is_fixed_once_created() {
         let crd = crd();
-        let fixed = rules(spec_schema(&crd));
+        let fixed: Vec<&str> = rules(spec_schema(&crd)).into_iter().filter(|rule| rule.contains("oldSelf")).collect();
         assert_eq!(fixed.len(), 1);
         for field in ["poolRef", "input", "output", "embedding", "lane", "workers", "rowsPerCall", "template"] {
             assert!(fixed[0].contains(&format!("self.{field} == oldSelf.{field}")), "{field} is not fixed");
@@ -672,6 +682,54 @@ mod tests {
             assert!(fixed[0].contains(&format!("has(self.{field}) == has(oldSelf.{field})")), "{field} is not fixed");
         }
         assert!(!fixed[0].contains("suspend") && !fixed[0].contains("deadline"));
+    }
+
+    fn messages(schema: &Value) -> Vec<(&str, &str)> {
+        schema["x-kubernetes-validations"]
+            .as_array()
+            .map(|rules| {
+                rules.iter().filter_map(|rule| Some((rule["rule"].as_str()?, rule["message"].as_str()?))).collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn worker_pod_labels_and_annotations_refuse_the_reserved_keys_in_words() {
+        let crd = crd();
+        let template = &spec_schema(&crd)["properties"]["template"]["properties"];
+        let labels = messages(&template["labels"]);
+        assert_eq!(labels.len(), 1);
+        assert_eq!(labels[0].0, validation::labels_rule());
+        assert!(labels[0].0.contains("k.startsWith('teifleet.dev/')"), "the pool's label among them");
+        assert!(labels[0].1.starts_with("template.labels must not set the labels that make a pod a pool's"));
+        let annotations = messages(&template["annotations"]);
+        assert_eq!(
+            annotations,
+            [(validation::annotations_rule().as_str(), validation::annotations_message().as_str())]
+        );
+    }
+
+    #[test]
+    fn an_image_is_refused_beside_a_claim_or_a_secret_in_words() {
+        let crd = crd();
+        let spec = messages(spec_schema(&crd));
+        let image = spec.iter().find(|(rule, _)| rule.starts_with("!has(self.image)")).expect("the image rule");
+        for mounted in ["apiKeySecret", "input.store.pvc", "input.store.s3", "output.store.pvc", "output.store.s3"] {
+            assert!(image.0.contains(&format!("!has(self.{mounted})")), "{mounted}");
+        }
+        assert!(image.1.starts_with("image cannot be set on a job whose workers mount a claim or a Secret"));
+        // What the rule says, the operator knows: every store mounts something.
+        let job: EmbeddingJob = serde_json::from_value(json!({
+            "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingJob",
+            "metadata": { "name": "corpus", "namespace": "ml" },
+            "spec": {
+                "poolRef": { "name": "bge" },
+                "input": { "store": { "pvc": { "claimName": "corpus" } } },
+                "output": { "store": { "pvc": { "claimName": "vectors" } } },
+            },
+        }))
+        .unwrap();
+        assert!(validation::mounts_namespace_data(&job.spec));
     }
 
     #[test]
