@@ -47,6 +47,11 @@ pub struct RunArgs {
     /// Rows per EmbedArrow call.
     #[arg(long, default_value_t = 512)]
     pub rows_per_call: usize,
+    /// The largest gRPC message the pool takes and sends (the multiplexer's --max-message-bytes):
+    /// each call is cut so its request and its answer fit, and a text no call can carry is its
+    /// row's error. Bytes, or a quantity such as 4Mi.
+    #[arg(long, default_value = "4Mi", value_parser = parse_bytes)]
+    pub max_message_bytes: u64,
     /// EmbedArrow calls in flight at once.
     #[arg(long, default_value_t = 4)]
     pub calls_in_flight: usize,
@@ -122,6 +127,7 @@ impl RunArgs {
             shard_bytes: self.shard_bytes,
             rows_per_call: self.rows_per_call,
             calls_in_flight: self.calls_in_flight,
+            max_message_bytes: self.max_message_bytes,
         };
         let sink = self.progress_file.map(FileSink::new);
         Ok((Worker::new(settings, input, output, pool)?, sink))
@@ -190,6 +196,7 @@ mod tests {
         assert_eq!((args.id_field.as_str(), args.text_field.as_str()), ("id", "text"));
         assert_eq!(args.shard_bytes, 8 << 20);
         assert_eq!(args.rows_per_call, 512);
+        assert_eq!(args.max_message_bytes, 4 << 20);
         assert!(args.normalize && !args.truncate);
         assert_eq!((args.dtype, args.lane), (Dtype::F32, Lane::Ingest));
         assert_eq!((args.worker, args.workers), (3, 4));

@@ -5,6 +5,7 @@ use std::fmt;
 use std::time::Instant;
 
 use crate::embed::PoolClient;
+use crate::embed::sizing::{DEFAULT_MAX_MESSAGE_BYTES, MIN_MAX_MESSAGE_BYTES};
 use crate::output::existing::finished_part;
 use crate::output::part_path;
 use crate::plan::JobPlan;
@@ -26,6 +27,8 @@ pub struct JobSettings {
     pub shard_bytes: u64,
     pub rows_per_call: usize,
     pub calls_in_flight: usize,
+    /// The largest gRPC message the pool takes and sends: calls are cut to fit it both ways.
+    pub max_message_bytes: u64,
 }
 
 impl Default for JobSettings {
@@ -38,6 +41,7 @@ impl Default for JobSettings {
             shard_bytes: 8 << 20,
             rows_per_call: 512,
             calls_in_flight: 4,
+            max_message_bytes: DEFAULT_MAX_MESSAGE_BYTES,
         }
     }
 }
@@ -63,8 +67,10 @@ pub struct Summary {
     /// Rows over all its shards, and of those, rows with an error.
     pub rows: u64,
     pub failed: u64,
-    /// Rows embedded by this run (not resumed), and how long the run took.
+    /// Rows embedded by this run (not resumed), the EmbedArrow calls it made for them (retries
+    /// and split halves included), and how long it took.
     pub rows_this_run: u64,
+    pub calls: u64,
     pub seconds: f64,
 }
 
@@ -78,13 +84,14 @@ impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "worker {}/{}: {} shards ({} already done), {} rows, {} failed, {:.0} rows/s",
+            "worker {}/{}: {} shards ({} already done), {} rows, {} failed, {} calls, {:.0} rows/s",
             self.worker,
             self.workers,
             self.shards,
             self.resumed,
             self.rows,
             self.failed,
+            self.calls,
             self.rows_per_second()
         )
     }
@@ -104,6 +111,10 @@ impl Worker {
         }
         if settings.calls_in_flight == 0 {
             return Err(Error::flag("calls-in-flight", "must be at least 1"));
+        }
+        if settings.max_message_bytes < MIN_MAX_MESSAGE_BYTES {
+            let reason = format!("{} is below the least taken, {MIN_MAX_MESSAGE_BYTES}", settings.max_message_bytes);
+            return Err(Error::flag("max-message-bytes", reason));
         }
         Ok(Self { settings, input, output, pool })
     }
@@ -133,7 +144,9 @@ impl Worker {
             fields: &settings.fields,
             rows_per_call: settings.rows_per_call,
             calls_in_flight: settings.calls_in_flight,
+            max_message_bytes: settings.max_message_bytes,
         };
+        let calls_before = self.pool.calls();
         // Learnt from the first answer (or the flag) only when a shard needs embedding, so a
         // worker whose shards are all done never calls the pool.
         let mut dimensions = self.pool.settings().options.dimensions.map(|d| d as usize);
@@ -185,6 +198,7 @@ impl Worker {
             rows: progress.rows,
             failed: progress.failed,
             rows_this_run,
+            calls: self.pool.calls() - calls_before,
             seconds: started.elapsed().as_secs_f64(),
         })
     }
@@ -297,6 +311,10 @@ mod tests {
         assert_eq!(
             refused(JobSettings { rows_per_call: 0, ..JobSettings::default() }),
             "--rows-per-call: must be at least 1"
+        );
+        assert_eq!(
+            refused(JobSettings { max_message_bytes: 1000, ..JobSettings::default() }),
+            "--max-message-bytes: 1000 is below the least taken, 262144"
         );
     }
 }

@@ -138,4 +138,8 @@ async fn parquet_in_a_bucket_comes_out_as_parquet_parts_with_every_id_once() {
     let refused = worker(&pool, &wrong, 0);
     let refused = refused.run(&()).await.unwrap_err().to_string();
     assert!(refused.contains(&format!("s3://{BUCKET}/in")) && refused.contains("403 Forbidden"), "{refused}");
+    // The S3 error code and the HTTP status, never the body: the server's error document quotes
+    // the access key id (and what it signed), and this line becomes the job's status.
+    assert!(refused.contains("<Code>SignatureDoesNotMatch</Code>"), "{refused}");
+    assert!(!refused.contains(ACCESS_KEY) && !refused.contains("StringToSign"), "{refused}");
 }

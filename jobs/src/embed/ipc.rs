@@ -5,16 +5,17 @@ use std::io::Cursor;
 use std::sync::Arc;
 
 use arrow_array::cast::AsArray as _;
-use arrow_array::{FixedSizeListArray, RecordBatch, StringArray};
+use arrow_array::{ArrayRef, FixedSizeListArray, Float16Array, Float32Array, RecordBatch, StringArray};
+use arrow_buffer::NullBuffer;
 use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::StreamWriter;
-use arrow_schema::{DataType, Field, Schema};
+use arrow_schema::{ArrowError, DataType, Field, Schema};
 use bytes::Bytes;
 
 use crate::settings::Dtype;
 
 /// Encodes texts as one batch with a non-null `text` column.
-pub fn encode_texts(texts: &[&str]) -> Result<Bytes, arrow_schema::ArrowError> {
+pub fn encode_texts(texts: &[&str]) -> Result<Bytes, ArrowError> {
     let schema = Arc::new(Schema::new(vec![Field::new("text", DataType::Utf8, false)]));
     let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(texts.to_vec()))])?;
     let mut out = Vec::with_capacity(texts.iter().map(|text| text.len() + 8).sum::<usize>() + 512);
@@ -33,6 +34,23 @@ pub struct Answer {
 }
 
 impl Answer {
+    /// An answer of `rows` rows without vectors, each failed with `reason`: what a row the pool
+    /// refuses for its size becomes.
+    pub fn failed(rows: usize, dimensions: usize, dtype: Dtype, reason: &str) -> Result<Self, ArrowError> {
+        let length = i32::try_from(dimensions)
+            .map_err(|_| ArrowError::InvalidArgumentError(format!("{dimensions} dimensions")))?;
+        // Zeros under the nulls: a list's child holds every row's slot, null or not.
+        let slots = rows.saturating_mul(dimensions);
+        let (item_type, child): (DataType, ArrayRef) = match dtype {
+            Dtype::F32 => (DataType::Float32, Arc::new(Float32Array::from(vec![0.0; slots]))),
+            Dtype::F16 => (DataType::Float16, Arc::new(Float16Array::from(vec![half::f16::ZERO; slots]))),
+        };
+        let item = Arc::new(Field::new("item", item_type, false));
+        let embeddings = FixedSizeListArray::try_new(item, length, child, Some(NullBuffer::new_null(rows)))?;
+        let errors = StringArray::from(vec![Some(reason); rows]);
+        Ok(Self { embeddings, errors })
+    }
+
     /// The vectors' length.
     pub fn dimensions(&self) -> usize {
         usize::try_from(self.embeddings.value_length()).unwrap_or(0)

@@ -1,6 +1,8 @@
 //! The pool's bulk path: tei-manager's `EmbedArrow` on the pool's gRPC Service, with the lane and
 //! key in the metadata, each call retried through transient failures for up to the retry budget.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow_array::Array as _;
@@ -24,6 +26,16 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 const MAX_MESSAGE_BYTES: usize = 256 << 20;
 /// What the dimension probe embeds.
 const PROBE_TEXT: &str = "teifleet-job dimension probe";
+/// Load refusals in a row after which a call of several rows is split rather than retried whole.
+pub const SHED_BEFORE_SPLIT: u32 = 3;
+
+/// The pool refused a call for its size: its code and message, for the row error of a single
+/// row refused so.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TooLarge {
+    pub code: tonic::Code,
+    pub message: String,
+}
 
 /// A client of one pool, cheap to share between concurrent calls.
 #[derive(Debug, Clone)]
@@ -33,6 +45,8 @@ pub struct PoolClient {
     lane: MetadataValue<Ascii>,
     pool_name: MetadataValue<Ascii>,
     authorization: Option<MetadataValue<Ascii>>,
+    /// EmbedArrow calls sent, retries and split halves included (for the run's summary).
+    calls: Arc<AtomicU64>,
 }
 
 impl PoolClient {
@@ -63,24 +77,55 @@ impl PoolClient {
             ),
             None => None,
         };
-        Ok(Self { client, settings, lane, pool_name, authorization })
+        Ok(Self { client, settings, lane, pool_name, authorization, calls: Arc::default() })
     }
 
-    /// Embeds `texts`: one answer row per text, in order.
+    /// Embeds `texts`: one answer row per text, in order. A call the pool refuses for its size
+    /// is a failure here (the probe's one short text is never too large); [`Self::embed_sized`]
+    /// tells it apart so the caller can split the call.
     pub async fn embed(&self, texts: &[&str]) -> Result<Answer> {
+        match self.embed_sized(texts).await? {
+            Ok(answer) => Ok(answer),
+            Err(too_large) => Err(Error::Pool {
+                pool: self.settings.pool.clone(),
+                status_code: too_large.code,
+                message: too_large.message,
+            }),
+        }
+    }
+
+    /// Embeds `texts`, or says the pool refused the call for its size: OUT_OF_RANGE (a message
+    /// over the pool's limit, either way), RESOURCE_EXHAUSTED with a negative retry pushback (a
+    /// call that will never fit), or RESOURCE_EXHAUSTED [`SHED_BEFORE_SPLIT`] times in a row on
+    /// a call of several rows (the memory budget may refuse the call for its size, and smaller
+    /// calls fit where one large one waits for room). Retrying such a call whole would fail the
+    /// same way: the caller splits it.
+    pub async fn embed_sized(&self, texts: &[&str]) -> Result<Result<Answer, TooLarge>> {
         let ipc = encode_texts(texts)?;
         let started = Instant::now();
         let mut backoff = Backoff::default();
+        let mut shed_in_a_row = 0u32;
         loop {
             let status = match self.call_once(ipc.clone()).await {
                 Ok(answer) => {
                     return decode_answer(&answer.arrow_ipc, texts.len(), self.settings.options.dtype)
+                        .map(Ok)
                         .map_err(|reason| Error::MalformedAnswer { pool: self.settings.pool.clone(), reason });
                 }
                 Err(status) => status,
             };
-            let wait = match verdict(&status) {
-                Verdict::Fail => return Err(self.failure(&status, "")),
+            let verdict = verdict(&status);
+            shed_in_a_row = if status.code() == tonic::Code::ResourceExhausted { shed_in_a_row + 1 } else { 0 };
+            let too_large = match verdict {
+                Verdict::TooLarge => true,
+                Verdict::Retry { .. } => texts.len() > 1 && shed_in_a_row >= SHED_BEFORE_SPLIT,
+                Verdict::Fail => false,
+            };
+            if too_large {
+                return Ok(Err(TooLarge { code: status.code(), message: status.message().to_owned() }));
+            }
+            let wait = match verdict {
+                Verdict::Fail | Verdict::TooLarge => return Err(self.failure(&status, "")),
                 Verdict::Retry { hint } => hint.unwrap_or_else(|| backoff.next_wait()),
             };
             let elapsed = started.elapsed();
@@ -117,7 +162,13 @@ impl PoolClient {
         &self.settings
     }
 
+    /// EmbedArrow calls sent so far by this client and its clones.
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
     async fn call_once(&self, arrow_ipc: Bytes) -> Result<mux::EmbedArrowResponse, Status> {
+        self.calls.fetch_add(1, Ordering::Relaxed);
         let options = &self.settings.options;
         let message = mux::EmbedArrowRequest {
             target: Some(mux::Target { routing: Some(mux::target::Routing::InstanceName(self.settings.pool.clone())) }),

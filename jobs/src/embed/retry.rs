@@ -13,16 +13,22 @@ use tonic::{Code, Status};
 pub enum Verdict {
     /// Try again; after the server's hint when it gave one, else after the backoff.
     Retry { hint: Option<Duration> },
+    /// The pool refused the call for its size: the same rows in fewer calls' worth may pass.
+    TooLarge,
     /// Give up: trying again would fail the same way.
     Fail,
 }
 
 /// Judges a failed call. UNAVAILABLE, RESOURCE_EXHAUSTED and DEADLINE_EXCEEDED are retried, and so
 /// is any status the client made itself from a transport failure (those carry their cause as a
-/// source; statuses a server sends never do).
+/// source; statuses a server sends never do). OUT_OF_RANGE (a message over the pool's limit, the
+/// request's or the answer's) and RESOURCE_EXHAUSTED with a negative pushback (gRPC's "do not
+/// retry": the multiplexer's word for a call that can never fit) are about the call's size.
 pub fn verdict(status: &Status) -> Verdict {
     let transport_failure = std::error::Error::source(status).is_some();
     match status.code() {
+        Code::OutOfRange if !transport_failure => Verdict::TooLarge,
+        Code::ResourceExhausted if futile(status) => Verdict::TooLarge,
         Code::Unavailable | Code::ResourceExhausted | Code::DeadlineExceeded => Verdict::Retry { hint: hint(status) },
         _ if transport_failure => Verdict::Retry { hint: None },
         _ => Verdict::Fail,
@@ -35,6 +41,12 @@ pub fn verdict(status: &Status) -> Verdict {
 fn hint(status: &Status) -> Option<Duration> {
     let text = status.metadata().get(RETRY_PUSHBACK_MS)?.to_str().ok()?;
     text.trim().parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// Whether the pushback is negative: gRPC's "do not retry this call".
+fn futile(status: &Status) -> bool {
+    let pushback = status.metadata().get(RETRY_PUSHBACK_MS).and_then(|value| value.to_str().ok());
+    pushback.is_some_and(|text| text.trim().starts_with('-'))
 }
 
 /// Capped exponential backoff with jitter: each wait is drawn between half and all of
@@ -80,14 +92,9 @@ mod tests {
         for code in [Code::Unavailable, Code::ResourceExhausted, Code::DeadlineExceeded] {
             assert_eq!(verdict(&Status::new(code, "x")), Verdict::Retry { hint: None }, "{code:?}");
         }
-        for code in [
-            Code::InvalidArgument,
-            Code::NotFound,
-            Code::Unauthenticated,
-            Code::PermissionDenied,
-            Code::Internal,
-            Code::OutOfRange,
-        ] {
+        for code in
+            [Code::InvalidArgument, Code::NotFound, Code::Unauthenticated, Code::PermissionDenied, Code::Internal]
+        {
             assert_eq!(verdict(&Status::new(code, "x")), Verdict::Fail, "{code:?}");
         }
     }
@@ -103,8 +110,17 @@ mod tests {
         let mut status = Status::resource_exhausted("shed");
         status.metadata_mut().insert(RETRY_PUSHBACK_MS, "1500".parse().unwrap());
         assert_eq!(verdict(&status), Verdict::Retry { hint: Some(Duration::from_millis(1500)) });
-        status.metadata_mut().insert(RETRY_PUSHBACK_MS, "-1".parse().unwrap());
+        status.metadata_mut().insert(RETRY_PUSHBACK_MS, "soon".parse().unwrap());
         assert_eq!(verdict(&status), Verdict::Retry { hint: None });
+    }
+
+    #[test]
+    fn refusals_for_size_are_told_apart() {
+        let decode_limit = Status::out_of_range("decoded message length too large: found 6193368 bytes");
+        assert_eq!(verdict(&decode_limit), Verdict::TooLarge);
+        let mut never_fits = Status::resource_exhausted("over the memory budget");
+        never_fits.metadata_mut().insert(RETRY_PUSHBACK_MS, "-1".parse().unwrap());
+        assert_eq!(verdict(&never_fits), Verdict::TooLarge);
     }
 
     #[test]

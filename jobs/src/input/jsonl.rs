@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use arrow_array::{ArrayRef, StringArray};
 
-use super::jsonl_row::parse_line;
-use super::lines::{lines_before, read_lines};
+use super::jsonl_row::{ParsedLine, parse_line};
+use super::lines::{MAX_LINE_BYTES, lines_before, read_lines};
 use super::{RowPiece, RowText};
 use crate::Result;
 use crate::listing::InputObject;
@@ -31,7 +31,14 @@ pub async fn read_range(input: &Store, object: &InputObject, range: Range<u64>, 
     let mut texts = Vec::with_capacity(lines.len());
     let mut bad_lines = Vec::new();
     for (line_index, (offset, line)) in lines.iter().enumerate() {
-        let Some(parsed) = parse_line(line, fields) else { continue };
+        let parsed = match line {
+            Ok(line) => parse_line(line, fields),
+            Err(bytes) => Some(ParsedLine {
+                id: None,
+                text: Err(format!("the line is {bytes} bytes, over the {MAX_LINE_BYTES} a line may have")),
+            }),
+        };
+        let Some(parsed) = parsed else { continue };
         ids.push(parsed.id);
         match parsed.text {
             Ok(text) => texts.push(RowText::Embed(text)),

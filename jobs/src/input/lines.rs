@@ -2,6 +2,10 @@
 //! first byte: a range skips the partial line it starts inside (unless it starts at 0 or right
 //! after a newline), and reads past its end to finish its last line. So every line of a file lands
 //! in exactly one of its ranges, whatever their size.
+//!
+//! A line longer than [`MAX_LINE_BYTES`] is not held: its bytes past the range are read in pieces
+//! and dropped until its newline, and it comes back as its length alone (its row's error). So a
+//! range's reading holds at most the range, [`LOOKAHEAD`] and one line of [`MAX_LINE_BYTES`].
 
 use std::ops::Range;
 
@@ -15,22 +19,38 @@ use crate::store::Store;
 /// How far past a range's end the first read goes, so most ranges finish their last line in one
 /// read. Lines longer than this take more reads, each as long as all before it.
 const LOOKAHEAD: u64 = 64 * 1024;
+/// The longest line read: four times the largest text a call to the pool carries at the default
+/// `--max-message-bytes` (4 MiB), room for a text that fits a call with its JSON escapes.
+pub const MAX_LINE_BYTES: u64 = 16 << 20;
+/// The pieces a line over [`MAX_LINE_BYTES`] is read in while its end is looked for.
+const SKIP_READ_BYTES: u64 = 4 << 20;
 /// Counting the lines before a range reads everything before it: done only for a range with a
 /// bad line (so its error can say which line), and only this far into a file.
 const LINE_COUNT_LIMIT: u64 = 256 << 20;
+
+/// A line's bytes in the buffer, or the length of one too long to hold.
+#[derive(Debug, Clone)]
+enum Span {
+    Held(Range<usize>),
+    TooLong(u64),
+}
 
 /// The lines that start in a range, each without its `\n` or `\r\n`.
 #[derive(Debug)]
 pub struct RangeLines {
     buffer: Vec<u8>,
-    /// Each line's file offset and its bytes in `buffer`.
-    spans: Vec<(u64, Range<usize>)>,
+    /// Each line's file offset and where its bytes are.
+    spans: Vec<(u64, Span)>,
 }
 
 impl RangeLines {
-    /// Each line's file offset and bytes.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &[u8])> {
-        self.spans.iter().map(|(offset, span)| (*offset, &self.buffer[span.clone()]))
+    /// Each line's file offset and bytes, or (`Err`) the length of a line over
+    /// [`MAX_LINE_BYTES`].
+    pub fn iter(&self) -> impl Iterator<Item = (u64, Result<&[u8], u64>)> {
+        self.spans.iter().map(|(offset, span)| match span {
+            Span::Held(span) => (*offset, Ok(&self.buffer[span.clone()])),
+            Span::TooLong(bytes) => (*offset, Err(*bytes)),
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -39,6 +59,11 @@ impl RangeLines {
 
     pub fn is_empty(&self) -> bool {
         self.spans.is_empty()
+    }
+
+    /// The bytes held for the range's lines (tests check the bound).
+    pub fn held_bytes(&self) -> usize {
+        self.buffer.capacity()
     }
 }
 
@@ -62,26 +87,64 @@ pub async fn read_lines(input: &Store, object: &InputObject, range: Range<u64>) 
     };
     let mut line_start = first_line;
     while line_start < range.end {
-        let from = usize::try_from(line_start - buffer_offset).unwrap_or(usize::MAX);
+        // The buffer's tail holds the file up to `fetched_to` without a gap from the line's start
+        // (a dropped long line is cut out before what follows it is appended).
+        let from = buffer.len() - usize::try_from(fetched_to - line_start).unwrap_or(usize::MAX);
         match buffer[from..].iter().position(|byte| *byte == b'\n') {
             Some(length) => {
-                lines.spans.push((line_start, without_carriage_return(&buffer, from..from + length)));
+                lines.spans.push((line_start, held_or_too_long(&buffer, from..from + length)));
                 line_start += length as u64 + 1;
             }
             None if fetched_to >= size => {
                 // The file's last line, without a newline after it.
-                lines.spans.push((line_start, without_carriage_return(&buffer, from..buffer.len())));
+                lines.spans.push((line_start, held_or_too_long(&buffer, from..buffer.len())));
                 break;
             }
+            None if (buffer.len() - from) as u64 > MAX_LINE_BYTES => {
+                buffer.truncate(from);
+                let (length, rest) = skip_line(input, object, &mut fetched_to, line_start).await?;
+                lines.spans.push((line_start, Span::TooLong(length)));
+                buffer.extend_from_slice(&rest);
+                line_start += length + 1;
+            }
             None => {
-                let more_to = fetched_to.saturating_add(LOOKAHEAD.max(buffer.len() as u64)).min(size);
-                buffer.extend_from_slice(&fetch(input, object, fetched_to..more_to).await?);
+                // Up to one byte past the longest line: enough to tell whether this one is.
+                let growth = LOOKAHEAD.max((buffer.len() - from) as u64);
+                let more_to = fetched_to.saturating_add(growth).min(size).min(line_start + MAX_LINE_BYTES + 1);
+                let more = fetch(input, object, fetched_to..more_to).await?;
+                buffer.reserve_exact(more.len());
+                buffer.extend_from_slice(&more);
                 fetched_to = more_to;
             }
         }
     }
     lines.buffer = buffer;
     Ok(lines)
+}
+
+/// Reads on from `fetched_to` to the end of the line starting at `line_start`, dropping its
+/// bytes: its length, and what was read after its newline (the next lines' first bytes).
+async fn skip_line(input: &Store, object: &InputObject, fetched_to: &mut u64, line_start: u64) -> Result<(u64, Bytes)> {
+    loop {
+        if *fetched_to >= object.size {
+            return Ok((object.size - line_start, Bytes::new()));
+        }
+        let read_to = fetched_to.saturating_add(SKIP_READ_BYTES).min(object.size);
+        let piece = fetch(input, object, *fetched_to..read_to).await?;
+        let piece_start = *fetched_to;
+        *fetched_to = read_to;
+        if let Some(newline) = piece.iter().position(|byte| *byte == b'\n') {
+            return Ok((piece_start + newline as u64 - line_start, piece.slice(newline + 1..)));
+        }
+    }
+}
+
+/// A line's span without its `\r`, or its length if it is too long to hand on.
+fn held_or_too_long(buffer: &[u8], span: Range<usize>) -> Span {
+    if span.len() as u64 > MAX_LINE_BYTES {
+        return Span::TooLong(span.len() as u64);
+    }
+    Span::Held(without_carriage_return(buffer, span))
 }
 
 /// How many lines come before `offset` in the file (so the line at `offset` is that plus one);
@@ -156,7 +219,7 @@ mod tests {
             let lines = read_lines(&store, &object, start..end).await.unwrap();
             for (offset, line) in lines.iter() {
                 assert!((start..end).contains(&offset), "a line starting at {offset} read by range {start}..{end}");
-                found.push((offset, line.to_vec()));
+                found.push((offset, line.expect("no line over the bound").to_vec()));
             }
             start = end;
         }
@@ -235,6 +298,46 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[tokio::test]
+    async fn a_line_over_the_bound_is_its_length_and_is_never_held() {
+        let long = MAX_LINE_BYTES as usize + 3 * SKIP_READ_BYTES as usize + 12_345;
+        let mut content = b"{\"id\": 1}\n".to_vec();
+        content.extend(std::iter::repeat_n(b'x', long));
+        content.extend_from_slice(b"\n{\"id\": 2}\n");
+        let last_start = content.len() as u64;
+        content.extend(std::iter::repeat_n(b'y', long));
+        let (store, object) = store_with(&content).await;
+        for shard_bytes in [1 << 20, 8 << 20] {
+            let mut found = Vec::new();
+            let mut start = 0;
+            while start < object.size {
+                let end = (start + shard_bytes).min(object.size);
+                let lines = read_lines(&store, &object, start..end).await.unwrap();
+                let bound = shard_bytes + LOOKAHEAD + MAX_LINE_BYTES + 1 + SKIP_READ_BYTES;
+                assert!(lines.held_bytes() as u64 <= bound, "{} held for a range of {shard_bytes}", lines.held_bytes());
+                found.extend(lines.iter().map(|(offset, line)| (offset, line.map(<[u8]>::to_vec))));
+                start = end;
+            }
+            let expected = [
+                (0, Ok(b"{\"id\": 1}".to_vec())),
+                (11, Err(long as u64)),
+                (11 + long as u64 + 1, Ok(b"{\"id\": 2}".to_vec())),
+                (last_start, Err(long as u64)),
+            ];
+            assert_eq!(found, expected, "ranges of {shard_bytes}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_line_of_exactly_the_bound_is_held() {
+        let mut content = vec![b'z'; MAX_LINE_BYTES as usize];
+        content.extend_from_slice(b"\nnext\n");
+        let (store, object) = store_with(&content).await;
+        let lines = read_lines(&store, &object, 0..1024).await.unwrap();
+        let found: Vec<_> = lines.iter().map(|(offset, line)| (offset, line.map(<[u8]>::len))).collect();
+        assert_eq!(found, [(0, Ok(MAX_LINE_BYTES as usize))]);
     }
 
     #[tokio::test]
