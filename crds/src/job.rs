@@ -553,6 +553,12 @@ pub fn worker_account_name(job: &str) -> String {
     format!("{job}-worker")
 }
 
+/// Name of the Role (and RoleBinding) that lets the operator read a job's progress ConfigMap, by
+/// name, in the job's namespace: it reads no other ConfigMap.
+pub fn progress_reader_name(job: &str) -> String {
+    format!("{job}-progress-reader")
+}
+
 /// The data key of the workers' plan in the progress ConfigMap: [`ProgressPlan`] as JSON.
 pub const PROGRESS_PLAN_KEY: &str = "plan";
 /// The prefix of each finished shard's data key: `shard-000042`, [`ShardProgress`] as JSON.

@@ -144,6 +144,9 @@ async fn main() -> anyhow::Result<()> {
         recorder: Recorder::new(client.clone(), reporter.clone()),
         metrics: metrics.clone(),
         image: args.job_image,
+        // Each job's progress reader Role is bound to this identity: the operator reads no other
+        // ConfigMap.
+        operator: jobs::identity::whoami(&client).await,
         status_memo: Default::default(),
     });
     let ctx = Arc::new(Context {

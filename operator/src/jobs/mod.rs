@@ -3,11 +3,18 @@
 //! with server-side apply under the operator's field manager and owned by the EmbeddingJob, so
 //! deleting it removes them (and the Job's pods) by garbage collection. Its status is the Job's,
 //! with the workers' progress read from that ConfigMap; written only when it changed.
+//!
+//! The operator holds no right to read ConfigMaps: it creates the progress ConfigMap (create
+//! only, as it does each pool's peer Secret) and reads it through the job's own
+//! `<job>-progress-reader` Role, which names that one ConfigMap. With no cluster-wide watch of
+//! ConfigMaps, progress is read by looking again every [`PROGRESS_POLL`] while the workers run.
 
+pub mod identity;
 pub mod render;
 pub mod status;
 #[cfg(test)]
 mod tests;
+pub mod worker_message;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -16,9 +23,10 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod, Service};
+use k8s_openapi::api::rbac::v1::Subject;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{self, Action};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::{Controller, watcher};
@@ -36,9 +44,12 @@ use crate::controller::apply;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
-/// How often a job is looked at again while its workers run (its rate and time left move with the
-/// clock) or while it waits for a pool or a claim, which the operator does not watch for it.
+/// How often a job is looked at again while it waits for a pool or a claim, which the operator
+/// does not watch for it.
 pub const REFRESH: Duration = Duration::from_secs(10);
+/// How often a job is looked at again while its workers start or run: their progress (which the
+/// operator may read but not watch), the rate and the time left move meanwhile.
+pub const PROGRESS_POLL: Duration = Duration::from_secs(2);
 /// Progress alone (rows, shards, rate, time left) is written at most this often per job, so a
 /// job whose many workers report a shard each a few times a second writes its status once a
 /// second. A trailing debounce would not do: reports that never pause would hide every one of them
@@ -60,6 +71,10 @@ pub struct Context {
     pub metrics: Metrics,
     /// The worker image of jobs that name none (`--job-image`).
     pub image: String,
+    /// The operator itself as an RBAC subject, which each job's progress reader Role is bound to
+    /// ([`identity::whoami`]); `None`: no such Role, and progress read only where the operator
+    /// may read ConfigMaps anyway.
+    pub operator: Option<Subject>,
     pub status_memo: StatusMemo,
 }
 
@@ -198,10 +213,7 @@ async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Acti
         }
     }
 
-    let progress = Api::<ConfigMap>::namespaced(client.clone(), &namespace)
-        .get_opt(&progress_config_map_name(&name))
-        .await?
-        .and_then(|config_map| config_map.data);
+    let progress = read_progress(client, &job, &namespace).await?;
     // What the failed workers said is quoted once the Job failed.
     let worker_messages = match batch.as_ref().is_some_and(status::failed) {
         true => worker_messages(client, &namespace, &name).await?,
@@ -233,19 +245,50 @@ async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Acti
 
 /// Whether `batch` is this EmbeddingJob's own.
 fn owned_by(batch: &Job, job: &EmbeddingJob) -> bool {
-    let uid = job.uid();
-    batch.owner_references().iter().any(|owner| owner.controller == Some(true) && Some(&owner.uid) == uid.as_ref())
+    owns(job, batch)
 }
 
-/// When to look again: soon while the workers run or the job waits for something unwatched;
-/// on the next change once it finished or is suspended (the watches bring that).
+/// When to look again: every [`PROGRESS_POLL`] while the workers start or run, every
+/// [`REFRESH`] while the job waits for something unwatched; on the next change once it finished
+/// or is suspended (the watches bring that).
 pub fn next_look(status: &EmbeddingJobStatus) -> Action {
     let finished = conditions::is_true(&status.conditions, COMPLETE) || conditions::is_true(&status.conditions, FAILED);
     let suspended = conditions::find(&status.conditions, RUNNING).is_some_and(|c| c.reason == reasons::SUSPENDED);
-    match finished || suspended {
-        true => Action::await_change(),
-        false => Action::requeue(REFRESH),
+    let working = conditions::is_true(&status.conditions, RUNNING);
+    match (finished || suspended, working) {
+        (true, _) => Action::await_change(),
+        (false, true) => Action::requeue(PROGRESS_POLL),
+        (false, false) => Action::requeue(REFRESH),
     }
+}
+
+/// The workers' progress: the data of the job's progress ConfigMap, when this job owns it. One
+/// the job does not own (made before the job, under its name) is not read: the status would show
+/// what someone else wrote. The operator may read it only through the job's progress reader
+/// Role: refused (the Role not made yet, or the operator not knowing who it is), the status shows
+/// no progress until a later look.
+async fn read_progress(
+    client: &Client,
+    job: &EmbeddingJob,
+    namespace: &str,
+) -> Result<Option<BTreeMap<String, String>>> {
+    let name = progress_config_map_name(&job.name_any());
+    match Api::<ConfigMap>::namespaced(client.clone(), namespace).get_opt(&name).await {
+        Ok(config_map) => {
+            Ok(config_map.filter(|config_map| owns(job, config_map)).and_then(|config_map| config_map.data))
+        }
+        Err(kube::Error::Api(refusal)) if refusal.code == 403 => {
+            tracing::debug!(job = %job.name_any(), %namespace, error = %refusal.message, "progress not readable (yet)");
+            Ok(None)
+        }
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// Whether `object` is one of `job`'s children (its controller owner reference).
+fn owns(job: &EmbeddingJob, object: &impl Resource) -> bool {
+    let uid = job.uid();
+    object.owner_references().iter().any(|owner| owner.controller == Some(true) && Some(&owner.uid) == uid.as_ref())
 }
 
 /// What keeps a job from starting: its pool missing or unable to serve it, its claims missing.
@@ -271,7 +314,11 @@ async fn find_blocker(client: &Client, job: &EmbeddingJob, namespace: &str) -> R
 /// change the API server still refuses (a rendering that changed between operator releases) leaves
 /// the Job as it is.
 async fn apply_children(ctx: &Context, job: &EmbeddingJob, namespace: &str, existing: Option<Job>) -> Result<Job> {
-    let image = existing.as_ref().and_then(render::worker_image).unwrap_or(&ctx.image);
+    // Only an operator's default image is carried over from a Job made by an earlier operator,
+    // never the creator's own, which the CRD now refuses beside mounted claims and Secrets.
+    let carried =
+        existing.as_ref().and_then(render::worker_image).filter(|image| Some(*image) != job.spec.image.as_deref());
+    let image = render::image_for(job, carried.unwrap_or(&ctx.image));
     let client = &ctx.client;
     // The pool's Service by its ClusterIP: workers reach it without cluster DNS (they name the
     // pool in their calls' metadata, which is what the activator of a pool at zero reads).
@@ -279,8 +326,12 @@ async fn apply_children(ctx: &Context, job: &EmbeddingJob, namespace: &str, exis
     let service = Api::<Service>::namespaced(client.clone(), namespace).get_opt(pool).await?;
     let cluster_ip = service.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.cluster_ip.as_deref());
     let address = render::pool_address(cluster_ip).unwrap_or_else(|| render::pool_dns_address(pool, namespace));
-    let children = render::render(job, image, &address)?;
-    apply(client, namespace, &children.progress).await?;
+    let children = render::render(job, image, &address, ctx.operator.as_ref())?;
+    if let Some((role, binding)) = &children.progress_reader {
+        apply(client, namespace, role).await?;
+        apply(client, namespace, binding).await?;
+    }
+    create_progress(client, namespace, &children.progress).await?;
     apply(client, namespace, &children.service_account).await?;
     apply(client, namespace, &children.role).await?;
     apply(client, namespace, &children.role_binding).await?;
@@ -294,8 +345,19 @@ async fn apply_children(ctx: &Context, job: &EmbeddingJob, namespace: &str, exis
     }
 }
 
-/// The last line each failed worker wrote (its termination message: the tail of its log), the
-/// latest failure of each index, in index order.
+/// Creates the progress ConfigMap, once: the operator may create ConfigMaps but not change one, and
+/// the workers write its data. One that exists already is left as it is (and read only if this
+/// job owns it, [`read_progress`]).
+async fn create_progress(client: &Client, namespace: &str, progress: &ConfigMap) -> Result<()> {
+    match Api::<ConfigMap>::namespaced(client.clone(), namespace).create(&PostParams::default(), progress).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(refusal)) if refusal.code == 409 => Ok(()),
+        Err(error) => Err(error.into()),
+    }
+}
+
+/// What each failed worker said ([`worker_message`]), the latest failure of each index, in
+/// index order.
 async fn worker_messages(client: &Client, namespace: &str, job: &str) -> Result<Vec<String>> {
     let pods = Api::<Pod>::namespaced(client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("{JOB_NAME_LABEL}={job}")))
@@ -319,10 +381,10 @@ pub fn quote_failed_workers(pods: &[Pod]) -> Vec<String> {
         else {
             continue;
         };
-        let message = terminated.message.as_deref().map(status::last_line).unwrap_or_default();
-        if terminated.exit_code == 0 || message.is_empty() {
+        if terminated.exit_code == 0 {
             continue;
         }
+        let message = worker_message::worker_message(terminated);
         let at = terminated.finished_at.as_ref().map(|time| time.0).unwrap_or_default();
         if latest.get(&index).is_none_or(|(seen, _)| *seen <= at) {
             latest.insert(index, (at, message));
@@ -448,8 +510,7 @@ pub async fn run(ctx: Arc<Context>, health: Arc<Health>, shutdown: CancellationT
     let metrics = ctx.metrics.clone();
     tracing::info!("EmbeddingJob controller running");
     Controller::new(Api::<EmbeddingJob>::all(client.clone()), watcher::Config::default().any_semantic())
-        .owns(Api::<Job>::all(client.clone()), managed())
-        .owns(Api::<ConfigMap>::all(client), managed())
+        .owns(Api::<Job>::all(client), managed())
         .graceful_shutdown_on(shutdown.cancelled_owned())
         .run(reconcile, error_policy, ctx)
         .for_each(|result| {

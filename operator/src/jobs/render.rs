@@ -1,6 +1,11 @@
 //! Pure functions from an EmbeddingJob to the objects the operator keeps for it: the progress
 //! ConfigMap (its metadata only: the workers own its data), the workers' ServiceAccount, Role and
-//! RoleBinding, and the Indexed `batch/v1` Job of `teifleet-job` workers.
+//! RoleBinding, the Role and RoleBinding that let the operator itself read that one ConfigMap,
+//! and the Indexed `batch/v1` Job of `teifleet-job` workers.
+//!
+//! What the creator writes reaches the workers' pods only where it cannot make them something
+//! else: reserved labels and annotations are left out (the CRD refuses them too), and a worker
+//! image of the job's own runs only where the pods mount nothing of the namespace.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,13 +15,15 @@ use k8s_openapi::api::core::v1::{
     PodSpec, PodTemplateSpec, ResourceRequirements, SecretKeySelector, SecretVolumeSource, ServiceAccount, Volume,
     VolumeMount,
 };
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use teifleet_crds::duration::parse_duration;
 use teifleet_crds::gpu_memory::quantity_bytes;
+use teifleet_crds::job::validation::{mounts_namespace_data, reserved_annotation, reserved_label};
 use teifleet_crds::job::{
-    JOB_LABEL, S3_ACCESS_KEY_ID_KEY, S3_SECRET_ACCESS_KEY_KEY, progress_config_map_name, worker_account_name,
+    JOB_LABEL, S3_ACCESS_KEY_ID_KEY, S3_SECRET_ACCESS_KEY_KEY, progress_config_map_name, progress_reader_name,
+    worker_account_name,
 };
 use teifleet_crds::{EmbeddingJob, Endpoints, LaneName, StoreSpec, labels};
 
@@ -44,6 +51,9 @@ pub struct JobChildren {
     pub service_account: ServiceAccount,
     pub role: Role,
     pub role_binding: RoleBinding,
+    /// `<job>-progress-reader`: the operator may get `<job>-progress`, and no other ConfigMap.
+    /// Absent when the operator does not know who it is (see `jobs::identity`).
+    pub progress_reader: Option<(Role, RoleBinding)>,
     pub job: Job,
 }
 
@@ -61,13 +71,19 @@ pub fn pool_address(cluster_ip: Option<&str>) -> Option<String> {
     })
 }
 
-/// Renders every child of `job`, its workers calling the pool at `pool_address` (host:port).
-/// Workers run `spec.image`, else `default_image` (the operator's
-/// `--job-image`, or the image a Job already running was made with: a Job's pods cannot change).
+/// Renders every child of `job`, its workers calling the pool at `pool_address` (host:port), the
+/// operator (`operator`, as an RBAC subject) allowed to read their progress.
+/// Workers run `default_image` (the operator's `--job-image`, or the image a Job already running
+/// was made with: a Job's pods cannot change), or `spec.image` where the CRD allows one.
 /// Fails for a job without the name, namespace or uid its children's metadata and owner
 /// reference are built from (the API server always sets them), or with a deadline that is no
 /// duration (the CRD's rule refuses those).
-pub fn render(job: &EmbeddingJob, default_image: &str, pool_address: &str) -> Result<JobChildren> {
+pub fn render(
+    job: &EmbeddingJob,
+    default_image: &str,
+    pool_address: &str,
+    operator: Option<&Subject>,
+) -> Result<JobChildren> {
     let owner = owner(job)?;
     Ok(JobChildren {
         progress: ConfigMap { metadata: owner.meta(progress_config_map_name(&owner.name)), ..ConfigMap::default() },
@@ -79,6 +95,7 @@ pub fn render(job: &EmbeddingJob, default_image: &str, pool_address: &str) -> Re
         },
         role: role(&owner),
         role_binding: role_binding(&owner),
+        progress_reader: operator.map(|operator| progress_reader(&owner, operator)),
         job: batch_job(&owner, job, default_image, pool_address)?,
     })
 }
@@ -120,6 +137,44 @@ fn role(owner: &Owner) -> Role {
 
 fn role_binding(owner: &Owner) -> RoleBinding {
     crate::render::rbac::account_role_binding(owner, worker_account_name(&owner.name))
+}
+
+/// The operator may get its job's progress ConfigMap, by name, in the job's namespace: the
+/// grant that replaces reading every ConfigMap of the cluster. It holds no such right itself, so
+/// writing this Role takes `escalate` and binding it `bind`, as the sidecars' Roles do.
+fn progress_reader(owner: &Owner, operator: &Subject) -> (Role, RoleBinding) {
+    let name = progress_reader_name(&owner.name);
+    let role = Role {
+        metadata: owner.meta(name.clone()),
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["configmaps".into()]),
+            resource_names: Some(vec![progress_config_map_name(&owner.name)]),
+            verbs: vec!["get".into()],
+            ..PolicyRule::default()
+        }]),
+    };
+    let binding = RoleBinding {
+        metadata: owner.meta(name.clone()),
+        role_ref: RoleRef { api_group: "rbac.authorization.k8s.io".into(), kind: "Role".into(), name },
+        subjects: Some(vec![operator.clone()]),
+    };
+    (role, binding)
+}
+
+/// The image the workers run: the job's own only where they mount nothing of the namespace (the
+/// CRD's image rule; a job made before it still gets the operator's image).
+pub fn image_for<'a>(job: &'a EmbeddingJob, default_image: &'a str) -> &'a str {
+    match (&job.spec.image, mounts_namespace_data(&job.spec)) {
+        (Some(image), false) => image,
+        _ => default_image,
+    }
+}
+
+/// The creator's labels and annotations without the reserved keys, which the CRD refuses: one
+/// left from before that rule must still not make a worker look like a pool's pod.
+fn unreserved(map: &BTreeMap<String, String>, reserved: fn(&str) -> bool) -> BTreeMap<String, String> {
+    map.iter().filter(|(key, _)| !reserved(key)).map(|(key, value)| (key.clone(), value.clone())).collect()
 }
 
 /// `spec.deadline` in whole seconds, at least 1 (`activeDeadlineSeconds` must be positive).
@@ -337,11 +392,12 @@ fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool_addres
     let spec = &job.spec;
     let overrides = &spec.template;
     let (volumes, volume_mounts) = volumes(job);
-    let mut pod_labels = overrides.labels.clone();
+    let mut pod_labels = unreserved(&overrides.labels, reserved_label);
     pod_labels.extend(owner.labels());
+    let annotations = unreserved(&overrides.annotations, reserved_annotation);
     let worker = Container {
         name: WORKER_CONTAINER.into(),
-        image: Some(spec.image.clone().unwrap_or_else(|| default_image.to_owned())),
+        image: Some(image_for(job, default_image).to_owned()),
         args: Some(worker_args(owner, job, pool_address)?),
         env: Some(worker_env(job)),
         resources: Some(with_defaults(overrides.resources.as_ref())),
@@ -367,7 +423,7 @@ fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool_addres
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(pod_labels),
-                    annotations: Some(overrides.annotations.clone()).filter(|a| !a.is_empty()),
+                    annotations: Some(annotations).filter(|a| !a.is_empty()),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(PodSpec {

@@ -27,7 +27,8 @@ pub struct Seen<'a> {
     pub job: Option<&'a Job>,
     /// The progress ConfigMap's data, once a worker wrote any.
     pub progress: Option<&'a BTreeMap<String, String>>,
-    /// What failed worker pods said last (`worker 3: ...`), quoted when the job fails.
+    /// What failed worker pods said (`worker 3: ...`), quoted when the job fails: each already
+    /// sanitized and bounded (`super::worker_message`), at most four.
     pub worker_messages: &'a [String],
     pub now: Timestamp,
 }
@@ -159,19 +160,6 @@ fn failure_reason(job_reason: Option<&str>) -> &'static str {
         }
         _ => reasons::JOB_FAILED,
     }
-}
-
-/// Most of a quoted worker message kept in a condition.
-const MAX_WORKER_MESSAGE: usize = 512;
-
-/// The last line a worker wrote (its error, as a rule), at most [`MAX_WORKER_MESSAGE`] bytes.
-pub fn last_line(message: &str) -> String {
-    let line = message.lines().rev().map(str::trim).find(|line| !line.is_empty()).unwrap_or_default();
-    let mut end = line.len().min(MAX_WORKER_MESSAGE);
-    while !line.is_char_boundary(end) {
-        end -= 1;
-    }
-    line[..end].to_owned()
 }
 
 fn phase(job: &EmbeddingJob, seen: &Seen<'_>) -> Phase {

@@ -24,7 +24,8 @@ use teifleet_crds::job::{ProgressPlan, ShardProgress, progress_shard_key};
 use teifleet_crds::{EmbeddingJob, EmbeddingJobStatus, EmbeddingPool};
 
 use super::render::{self, JobChildren, deadline_seconds, store_url};
-use super::status::{self, Blocker, Progress, Seen, format_duration, last_line};
+use super::status::{self, Blocker, Progress, Seen, format_duration};
+use super::worker_message::{MAX_WORKER_MESSAGE, sanitize, worker_message};
 use super::{Context, Due, PROGRESS_PACE, StatusMemo, events, next_look, quote_failed_workers, reconcile};
 use crate::metrics::Metrics;
 
@@ -141,10 +142,15 @@ fn children(yaml: &str) -> JobChildren {
     render_job(&job(yaml))
 }
 
+/// The operator as the chart runs it.
+fn operator() -> k8s_openapi::api::rbac::v1::Subject {
+    super::identity::subject_of("system:serviceaccount:teifleet-system:teifleet-operator")
+}
+
 /// The job's children, its workers calling its pool by the Service's DNS name.
 fn render_job(job: &EmbeddingJob) -> JobChildren {
     let address = render::pool_dns_address(&job.spec.pool_ref.name, job.metadata.namespace.as_deref().unwrap());
-    render::render(job, IMAGE, &address).expect("renders")
+    render::render(job, IMAGE, &address, Some(&operator())).expect("renders")
 }
 
 #[test]
@@ -179,6 +185,9 @@ fn golden_jsonl_on_claims() {
     check("serviceaccount.yaml", &children.service_account);
     check("role.yaml", &children.role);
     check("rolebinding.yaml", &children.role_binding);
+    let (reader, reader_binding) = children.progress_reader.expect("the operator knows who it is");
+    check("progress-reader-role.yaml", &reader);
+    check("progress-reader-rolebinding.yaml", &reader_binding);
 }
 
 #[test]
@@ -279,11 +288,60 @@ fn the_workers_run_as_restricted_as_the_pool_pods() {
 }
 
 #[test]
-fn the_worker_image_is_the_specs_else_the_default() {
+fn the_worker_image_is_the_operators_wherever_the_workers_mount_a_claim_or_a_secret() {
     let first = render_job(&job(PVC_JOB));
     assert_eq!(render::worker_image(&first.job), Some(IMAGE));
+    // The S3 job names its own image beside its credentials and API key (made before the CRD
+    // refused that): its workers still run the operator's.
     let s3 = render_job(&job(S3_JOB));
-    assert_eq!(render::worker_image(&s3.job), Some("registry.example.com/teifleet/job:dev"));
+    assert_eq!(render::worker_image(&s3.job), Some(IMAGE));
+    let mut mounting_nothing = job(S3_JOB);
+    mounting_nothing.spec.api_key_secret = None;
+    assert_eq!(render::image_for(&mounting_nothing, IMAGE), IMAGE, "the stores' credentials are still mounted");
+}
+
+/// A job whose creator set every reserved label and annotation (a job made before the CRD
+/// refused them, or a CRD not yet updated).
+const RESERVED_JOB_TEMPLATE: &str = r#"
+labels:
+  team: search
+  teifleet.dev/pool: bge-small
+  teifleet.dev/job: other
+  shadow.teifleet.dev/x: y
+  app.kubernetes.io/component: embedding-server
+  app.kubernetes.io/part-of: teifleet
+  app.kubernetes.io/version: "3"
+  batch.kubernetes.io/job-name: other
+  job-name: other
+  controller-uid: x
+annotations:
+  example.com/team: search
+  teifleet.dev/pool: bge-small
+  batch.kubernetes.io/job-completion-index: "0"
+  container.apparmor.security.beta.kubernetes.io/worker: unconfined
+"#;
+
+#[test]
+fn worker_pods_never_carry_a_reserved_label_or_annotation() {
+    let mut job = job(PVC_JOB);
+    job.spec.template = serde_norway::from_str(RESERVED_JOB_TEMPLATE).unwrap();
+    let rendered = render_job(&job).job;
+    let meta = rendered.spec.unwrap().template.metadata.unwrap();
+    let labels = meta.labels.unwrap();
+    let expected_labels = BTreeMap::from([
+        ("app.kubernetes.io/component", "embedding-job"),
+        ("app.kubernetes.io/instance", "wiki"),
+        ("app.kubernetes.io/managed-by", "teifleet-operator"),
+        ("app.kubernetes.io/name", "teifleet-job"),
+        ("app.kubernetes.io/part-of", "teifleet"),
+        ("app.kubernetes.io/version", "3"),
+        ("team", "search"),
+        ("teifleet.dev/job", "wiki"),
+    ]);
+    let labels: BTreeMap<&str, &str> = labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    assert_eq!(labels, expected_labels, "no pool's label: the pool's Services never select a worker");
+    let annotations = meta.annotations.unwrap();
+    assert_eq!(annotations.keys().collect::<Vec<_>>(), ["example.com/team"]);
 }
 
 #[test]
@@ -393,7 +451,7 @@ fn running_mid_way_counts_shards_and_estimates_rows_rate_and_time_left() {
     assert_eq!(status.eta.as_deref(), Some("5m0s"), "a quarter in 100 s: 300 s left");
     assert_eq!((status.start_time.clone(), status.completion_time.clone()), (Some(Time(at(0))), None));
     assert_eq!(status.observed_generation, Some(1));
-    assert_eq!(next_look(&status), Action::requeue(Duration::from_secs(10)));
+    assert_eq!(next_look(&status), Action::requeue(super::PROGRESS_POLL), "progress is read, not watched");
 }
 
 #[test]
@@ -660,11 +718,46 @@ fn durations_print_as_go_prints_them() {
     assert_eq!(format_duration(90_000), "25h0m0s");
 }
 
+fn terminated(exit_code: i32, reason: Option<&str>, message: &str) -> ContainerStateTerminated {
+    ContainerStateTerminated {
+        exit_code,
+        reason: reason.map(Into::into),
+        message: Some(message.into()),
+        ..ContainerStateTerminated::default()
+    }
+}
+
 #[test]
-fn a_worker_message_is_its_last_line_within_bounds() {
-    assert_eq!(last_line("starting\nreading shard 3\nerror: no such file\n\n"), "error: no such file");
-    assert_eq!(last_line(&"é".repeat(400)).len(), 512);
-    assert_eq!(last_line(""), "");
+fn a_worker_message_is_its_error_line_and_never_the_rest_of_its_log() {
+    let log = "{\"level\":\"INFO\",\"message\":\"shard 3\",\"secret\":\"hunter2\"}\n\
+               teifleet-job: pool bge: Unavailable: no replica\n\n";
+    assert_eq!(worker_message(&terminated(1, Some("Error"), log)), "pool bge: Unavailable: no replica");
+    // No error line (a crash, an image of another build): Kubernetes' words only, never the log.
+    let crash = "{\"level\":\"INFO\",\"message\":\"row text: my password\"}\nthread panicked at x.rs";
+    assert_eq!(worker_message(&terminated(101, Some("Error"), crash)), "exited with code 101 (Error)");
+    assert_eq!(worker_message(&terminated(137, Some("OOMKilled"), "")), "exited with code 137 (OOMKilled)");
+    assert_eq!(worker_message(&terminated(1, Some("\u{1b}[31m<b>"), "")), "exited with code 1 (31mb)");
+    assert_eq!(worker_message(&terminated(2, None, "")), "exited with code 2");
+}
+
+#[test]
+fn a_worker_message_is_one_bounded_line_without_an_answer_body_or_a_key() {
+    // An S3 error as object_store quotes it: the XML body names the access key id.
+    let s3 = "teifleet-job: s3://vectors/catalog/: Generic S3 error: Error performing PUT \
+              <?xml version=\"1.0\"?><Error><Code>InvalidAccessKeyId</Code>\
+              <AWSAccessKeyId>AKIAIOSFODNN7EXAMPLE</AWSAccessKeyId></Error>";
+    let said = worker_message(&terminated(1, None, s3));
+    assert_eq!(said, "s3://vectors/catalog/: Generic S3 error: Error performing PUT [answer body left out]");
+    assert_eq!(
+        sanitize("access key AKIAIOSFODNN7EXAMPLE, secret wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEYwJalrXUtnFEMI9"),
+        "access key [redacted], secret wJalrXUtnFEMI/K7MDENG/[redacted]"
+    );
+    assert_eq!(sanitize("a\u{7}b\rc\u{202e}d\te\u{85}f   g"), "a b c d e f g", "control and bidi characters");
+    let long = sanitize(&format!("{}é", "x ".repeat(200)));
+    assert!(long.len() <= MAX_WORKER_MESSAGE + '…'.len_utf8() && long.ends_with('…'), "{long}");
+    assert!(!long.contains('\n'));
+    let hash = "sha256 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    assert_eq!(sanitize(hash), hash, "a digest is not a secret");
 }
 
 fn failed_pod(index: &str, finished: i64, exit_code: i32, message: &str) -> Pod {
@@ -696,12 +789,12 @@ fn failed_pod(index: &str, finished: i64, exit_code: i32, message: &str) -> Pod 
 #[test]
 fn each_failed_worker_is_quoted_once_by_its_latest_failure() {
     let pods = [
-        failed_pod("3", 10, 1, "first try\nerror: pool unavailable"),
-        failed_pod("3", 20, 1, "error: input unreadable"),
+        failed_pod("3", 10, 1, "first try\nteifleet-job: pool unavailable"),
+        failed_pod("3", 20, 1, "teifleet-job: input unreadable"),
         failed_pod("1", 15, 2, "panic: out of memory"),
         failed_pod("0", 30, 0, "done"),
     ];
-    assert_eq!(quote_failed_workers(&pods), ["worker 1: panic: out of memory", "worker 3: error: input unreadable"]);
+    assert_eq!(quote_failed_workers(&pods), ["worker 1: exited with code 2", "worker 3: input unreadable"]);
 }
 
 #[test]
@@ -791,6 +884,10 @@ fn mock_api(objects: HashMap<String, Value>, job: Value) -> (Client, Arc<Mutex<V
                 }
                 "PATCH" => (StatusCode::OK, body),
                 "GET" => match objects.get(&path) {
+                    // A refusal stands in for the object: `{"code": 403}`.
+                    Some(object) if object["kind"] == "Status" => {
+                        (StatusCode::from_u16(object["code"].as_u64().unwrap_or(500) as u16).unwrap(), object.clone())
+                    }
                     Some(object) => (StatusCode::OK, object.clone()),
                     None if path.split("/namespaces/").nth(1).is_some_and(|rest| rest.split('/').count() == 3) => {
                         not_found()
@@ -816,6 +913,7 @@ fn context(client: Client) -> Arc<Context> {
         recorder: Recorder::new(client, Reporter { controller: "teifleet-operator".into(), instance: None }),
         metrics: Metrics::new(),
         image: IMAGE.into(),
+        operator: Some(operator()),
         status_memo: Default::default(),
     })
 }
@@ -870,7 +968,11 @@ fn a_running_jobs_objects() -> HashMap<String, serde_json::Value> {
         ("/api/v1/namespaces/ml/persistentvolumeclaims/vectors".to_owned(), claim_json("vectors")),
         (
             "/api/v1/namespaces/ml/configmaps/wiki-progress".to_owned(),
-            json!({ "apiVersion": "v1", "kind": "ConfigMap", "metadata": { "name": "wiki-progress" }, "data": progress(10) }),
+            json!({ "apiVersion": "v1", "kind": "ConfigMap", "data": progress(10), "metadata": {
+                "name": "wiki-progress",
+                "ownerReferences": [{ "apiVersion": "teifleet.dev/v1alpha1", "kind": "EmbeddingJob", "name": "wiki",
+                                      "uid": "9b3e6c1a-0000-4000-8000-000000000001", "controller": true }],
+            } }),
         ),
     ])
 }
@@ -890,19 +992,56 @@ async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
         .filter(|s| s.method == "PATCH" && !s.path.ends_with("/status"))
         .map(|s| s.path.rsplit('/').nth(1).unwrap())
         .collect();
-    assert_eq!(applied, ["configmaps", "serviceaccounts", "roles", "rolebindings", "jobs"]);
+    assert_eq!(applied, ["roles", "rolebindings", "serviceaccounts", "roles", "rolebindings", "jobs"]);
+    let applied_names: Vec<&str> =
+        seen.iter().filter(|s| s.method == "PATCH").filter_map(|s| s.body["metadata"]["name"].as_str()).collect();
+    assert_eq!(applied_names[..2], ["wiki-progress-reader", "wiki-progress-reader"], "the reader Role, bound first");
     for request in seen.iter().filter(|s| s.method == "PATCH") {
         assert!(request.query.contains("fieldManager=teifleet-operator"), "{request:?}");
         assert!(request.query.contains("force=true"), "{request:?}");
     }
-    let config_map = seen.iter().find(|s| s.method == "PATCH" && s.path.contains("/configmaps/")).unwrap();
-    assert_eq!(config_map.body.get("data"), None, "the workers' data is not the operator's to apply");
-    assert_eq!(config_map.path, "/api/v1/namespaces/ml/configmaps/wiki-progress");
+    // Created, never patched: the operator may create ConfigMaps and read this one, nothing more.
+    let config_map = seen.iter().find(|s| s.path.contains("/configmaps")).unwrap();
+    assert_eq!((config_map.method.as_str(), config_map.path.as_str()), ("POST", "/api/v1/namespaces/ml/configmaps"));
+    assert_eq!(config_map.body["metadata"]["name"], "wiki-progress");
+    assert_eq!(config_map.body.get("data"), None, "the workers' data is not the operator's to write");
+    assert!(!seen.iter().any(|s| s.method == "PATCH" && s.path.contains("/configmaps")));
 
     let status = &seen.iter().find(|s| s.path.ends_with("/status")).unwrap().body["status"];
     assert_eq!((status["shardsDone"].clone(), status["shardsTotal"].clone()), (json!(10), json!(40)));
     assert_eq!(status["rowsDone"], 10_000);
     assert_eq!(status["conditions"][0]["reason"], "WorkersPending", "the applied Job has no pods yet");
+}
+
+/// The `shardsDone` the job's status was written with, after one reconcile against `objects`.
+async fn shards_done_with(objects: HashMap<String, Value>) -> Value {
+    let (client, seen) = mock_api(objects, serde_json::to_value(job(PVC_JOB)).unwrap());
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(PVC_JOB)), context(client)))
+        .await
+        .unwrap()
+        .expect("reconciles");
+    let seen = seen.lock().unwrap().clone();
+    seen.iter().find(|s| s.path.ends_with("/status")).unwrap().body["status"]["shardsDone"].clone()
+}
+
+#[tokio::test]
+async fn progress_is_read_only_from_the_jobs_own_config_map_and_only_where_the_operator_may() {
+    let path = "/api/v1/namespaces/ml/configmaps/wiki-progress";
+    assert_eq!(shards_done_with(a_running_jobs_objects()).await, 10);
+
+    // A ConfigMap of that name made before the job, by someone else: not the job's progress.
+    let mut foreign = a_running_jobs_objects();
+    foreign.get_mut(path).unwrap()["metadata"]["ownerReferences"] = json!([]);
+    assert_eq!(shards_done_with(foreign).await, 0);
+
+    // The reader Role not in force yet: no progress this time, and no failed reconcile.
+    let mut refused = a_running_jobs_objects();
+    refused.insert(
+        path.into(),
+        json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                "message": "configmaps \"wiki-progress\" is forbidden", "metadata": {} }),
+    );
+    assert_eq!(shards_done_with(refused).await, 0);
 }
 
 /// The value of the gauge `name` of job ml/wiki whose labels include `extra`.
