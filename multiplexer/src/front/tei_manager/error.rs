@@ -28,8 +28,18 @@ pub enum ManagerError {
     Undecodable { what: &'static str },
     #[error("Invalid Arrow IPC: {0}")]
     MalformedIpc(String),
-    #[error("the RecordBatch has no `text` column (Utf8 or LargeUtf8); its columns: {columns:?}")]
-    NoTextColumn { columns: Vec<String> },
+    /// `columns`: the first few names, each cut short, and how many more (a schema of 1,000 long
+    /// names would not fit in a status).
+    #[error("the RecordBatch has no `text` column (Utf8 or LargeUtf8); its columns: {columns}")]
+    NoTextColumn { columns: String },
+    #[error("Arrow IPC this sidecar does not read: {0}")]
+    Unserved(String),
+    #[error("the RecordBatch has {rows} rows, over the {limit} one call may have: send fewer rows per call")]
+    TooManyRows { rows: i64, limit: i64 },
+    #[error(
+        "the `text` column would inflate to {bytes} bytes, over the {limit} one call may decode: send fewer rows per call"
+    )]
+    InflatesTooLarge { bytes: u64, limit: u64 },
     #[error("the `text` column must be Utf8 or LargeUtf8, not {0}")]
     TextNotUtf8(String),
     #[error("unknown {field} value {value}")]
@@ -46,7 +56,28 @@ pub enum ManagerError {
     Call(#[from] Error),
 }
 
+/// Column names a `NoTextColumn` refusal shows, and how many characters of each.
+pub const NAMES_SHOWN: usize = 8;
+const NAME_CHARS: usize = 64;
+
 impl ManagerError {
+    /// `names`: the schema's first column names (at most [`NAMES_SHOWN`] are shown), of `total`.
+    pub fn no_text_column(names: Vec<String>, total: usize) -> Self {
+        let shown: Vec<String> = names
+            .iter()
+            .take(NAMES_SHOWN)
+            .map(|name| match name.char_indices().nth(NAME_CHARS) {
+                Some((cut, _)) => format!("{}…", &name[..cut]),
+                None => name.clone(),
+            })
+            .collect();
+        let mut columns = format!("{shown:?}");
+        if total > shown.len() {
+            columns.push_str(&format!(" and {} more", total - shown.len()));
+        }
+        Self::NoTextColumn { columns }
+    }
+
     /// Every variant placed on purpose: no wildcard arm.
     pub fn into_status(self) -> Status {
         let message = self.to_string();
@@ -60,10 +91,13 @@ impl ManagerError {
             | Self::Undecodable { .. }
             | Self::MalformedIpc(_)
             | Self::NoTextColumn { .. }
+            | Self::Unserved(_)
             | Self::TextNotUtf8(_)
             | Self::UnknownEnum { .. } => Status::invalid_argument(message),
             // tonic's own words and code for a message over the limit.
-            Self::AnswerTooLarge { .. } => Status::out_of_range(message),
+            Self::AnswerTooLarge { .. } | Self::TooManyRows { .. } | Self::InflatesTooLarge { .. } => {
+                Status::out_of_range(message)
+            }
             Self::InconsistentDimensions { .. } | Self::Build(_) => Status::internal(message),
             Self::Call(error) => status::into_status(error),
         }
@@ -79,6 +113,9 @@ impl ManagerError {
             Self::EmptyStream | Self::Undecodable { .. } => Some("tei_manager_message"),
             Self::MalformedIpc(_)
             | Self::NoTextColumn { .. }
+            | Self::Unserved(_)
+            | Self::TooManyRows { .. }
+            | Self::InflatesTooLarge { .. }
             | Self::TextNotUtf8(_)
             | Self::UnknownEnum { .. }
             | Self::AnswerTooLarge { .. }

@@ -3,7 +3,6 @@
 //! per input row, `embeddings` (FixedSizeList<Float32|Float16>[dim]) or `sparse_embeddings`
 //! (List<Struct<index:u32, value:f32>>) null where the row failed, and `error` (Utf8) saying why.
 
-use std::io::Cursor;
 use std::sync::Arc;
 
 use arrow_array::builder::BooleanBufferBuilder;
@@ -13,7 +12,6 @@ use arrow_array::{
 };
 use arrow_buffer::{NullBuffer, OffsetBuffer};
 use arrow_ipc::CompressionType;
-use arrow_ipc::reader::StreamReader;
 use arrow_ipc::writer::{IpcWriteOptions, StreamEncoder};
 use arrow_schema::{DataType, Field, Fields, Schema};
 
@@ -36,6 +34,10 @@ impl Texts {
         }
     }
 
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Row `i`'s text; `None` for a null.
     pub fn get(&self, i: usize) -> Option<&str> {
         match self {
@@ -43,30 +45,30 @@ impl Texts {
             Self::LargeUtf8(a) => a.is_valid(i).then(|| a.value(i)),
         }
     }
-}
 
-/// The `text` column of the IPC stream's first RecordBatch.
-pub fn texts(ipc: &[u8]) -> Result<Texts, ManagerError> {
-    let malformed = |e: arrow_schema::ArrowError| ManagerError::MalformedIpc(e.to_string());
-    let mut reader = StreamReader::try_new(Cursor::new(ipc), None).map_err(malformed)?;
-    let batch = match reader.next() {
-        Some(batch) => batch.map_err(malformed)?,
-        None => return Err(ManagerError::MalformedIpc("the stream holds no RecordBatch".into())),
-    };
-    let Some(column) = batch.column_by_name(TEXT) else {
-        return Err(ManagerError::NoTextColumn {
-            columns: batch.schema().fields().iter().map(|f| f.name().clone()).collect(),
-        });
-    };
-    let wrong = || ManagerError::TextNotUtf8(column.data_type().to_string());
-    match column.data_type() {
-        DataType::Utf8 => column.as_any().downcast_ref::<StringArray>().cloned().map(Texts::Utf8).ok_or_else(wrong),
-        DataType::LargeUtf8 => {
-            column.as_any().downcast_ref::<LargeStringArray>().cloned().map(Texts::LargeUtf8).ok_or_else(wrong)
+    /// Why row `i` is answered here, without a TEI call: null, or empty (TEI refuses it, and
+    /// 100,000 empty rows would be 100,000 calls to be told so); `None` for a text TEI embeds.
+    pub fn refused_here(&self, i: usize) -> Option<&'static str> {
+        match self.get(i) {
+            None => Some(NULL_INPUT),
+            Some("") => Some(EMPTY_INPUT),
+            Some(_) => None,
         }
-        _ => Err(wrong()),
+    }
+
+    /// The bytes its buffers hold (sliced from the request, or inflated from it).
+    pub fn memory_size(&self) -> usize {
+        match self {
+            Self::Utf8(a) => a.get_buffer_memory_size(),
+            Self::LargeUtf8(a) => a.get_buffer_memory_size(),
+        }
     }
 }
+
+/// A null input row's reason, in tei-manager's words.
+pub const NULL_INPUT: &str = "input text is null";
+/// An empty row's reason, in TEI's words (its gRPC status for an empty `inputs`).
+pub const EMPTY_INPUT: &str = "Input validation error: `inputs` cannot be empty";
 
 /// Element type of the dense `embeddings` column.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -91,7 +93,8 @@ pub struct Dense {
     /// Rows that failed before the vector size was known: their zeros go in once it is.
     failed_before_dim: usize,
     ok: Vec<bool>,
-    /// The failed rows' reasons, by row: few, so not one slot per row.
+    /// TEI's reasons for the rows it refused, by row: few, so not one slot per row. Rows refused
+    /// here (null, empty) have none: their reason is read from the input as the column is built.
     errors: Vec<(usize, String)>,
 }
 
@@ -100,11 +103,26 @@ impl Dense {
         Self { dim: None, values: Vec::new(), failed_before_dim: 0, ok: Vec::with_capacity(rows), errors: Vec::new() }
     }
 
+    /// The rows it was made for.
+    pub fn rows(&self) -> usize {
+        self.ok.capacity()
+    }
+
+    /// Row vectors of `len` numbers from here on: the whole answer's room taken at once (the
+    /// rows it was made for), the rows failed so far zeroed. The caller charged it first.
+    pub fn start(&mut self, len: usize) {
+        if self.dim.is_some() {
+            return;
+        }
+        let rows = self.ok.capacity().max(self.ok.len() + 1);
+        self.values = Vec::with_capacity(rows.saturating_mul(len));
+        self.values.resize(self.failed_before_dim * len, 0.0);
+        self.dim = Some(len);
+    }
+
     pub fn push_ok(&mut self, vector: &[f32]) -> Result<(), ManagerError> {
-        let dim = *self.dim.get_or_insert_with(|| {
-            self.values.resize(self.failed_before_dim * vector.len(), 0.0);
-            vector.len()
-        });
+        self.start(vector.len());
+        let dim = self.dim.unwrap_or(vector.len());
         if vector.len() != dim {
             return Err(ManagerError::InconsistentDimensions { first: dim, now: vector.len() });
         }
@@ -113,23 +131,24 @@ impl Dense {
         Ok(())
     }
 
-    pub fn push_err(&mut self, reason: String) {
+    /// A failed row: `reason` is TEI's, `None` for one refused here (its reason is the input's).
+    pub fn push_err(&mut self, reason: Option<String>) {
         match self.dim {
             Some(dim) => self.values.resize(self.values.len() + dim, 0.0),
             None => self.failed_before_dim += 1,
         }
-        self.errors.push((self.ok.len(), reason));
+        if let Some(reason) = reason {
+            self.errors.push((self.ok.len(), reason));
+        }
         self.ok.push(false);
     }
 
-    pub fn reserve(&mut self, rows: usize) {
-        if let Some(dim) = self.dim {
-            self.values.reserve(rows * dim);
-        }
-    }
-
     /// `embeddings: FixedSizeList<f32|f16>[dim]?`, `error: Utf8?`.
-    pub fn batch(self, dtype: Dtype) -> Result<RecordBatch, ManagerError> {
+    pub fn batch(
+        self,
+        dtype: Dtype,
+        here: &dyn Fn(usize) -> Option<&'static str>,
+    ) -> Result<RecordBatch, ManagerError> {
         let dim = self.dim.unwrap_or(0);
         let (element, values): (DataType, ArrayRef) = match dtype {
             Dtype::F32 => (DataType::Float32, Arc::new(Float32Array::from(self.values))),
@@ -146,7 +165,7 @@ impl Dense {
             Field::new("embeddings", DataType::FixedSizeList(item, size), true),
             Field::new("error", DataType::Utf8, true),
         ]);
-        let errors = error_column(self.ok.len(), &self.errors);
+        let errors = error_column(&self.ok, &self.errors, here);
         RecordBatch::try_new(Arc::new(schema), vec![Arc::new(embeddings), errors])
             .map_err(|e| ManagerError::Build(e.to_string()))
     }
@@ -158,7 +177,8 @@ pub struct Sparse {
     indices: Vec<u32>,
     values: Vec<f32>,
     ok: Vec<bool>,
-    /// The failed rows' reasons, by row: few, so not one slot per row.
+    /// TEI's reasons for the rows it refused, by row: few, so not one slot per row. Rows refused
+    /// here (null, empty) have none: their reason is read from the input as the column is built.
     errors: Vec<(usize, String)>,
 }
 
@@ -181,10 +201,18 @@ impl Sparse {
         Ok(())
     }
 
-    pub fn push_err(&mut self, reason: String) {
+    /// A failed row: `reason` is TEI's, `None` for one refused here (its reason is the input's).
+    pub fn push_err(&mut self, reason: Option<String>) {
         self.offsets.push(*self.offsets.last().unwrap_or(&0));
-        self.errors.push((self.ok.len(), reason));
+        if let Some(reason) = reason {
+            self.errors.push((self.ok.len(), reason));
+        }
         self.ok.push(false);
+    }
+
+    /// The rows it was made for.
+    pub fn rows(&self) -> usize {
+        self.ok.capacity()
     }
 
     /// Bytes held so far (for the answer's memory charge).
@@ -193,7 +221,7 @@ impl Sparse {
     }
 
     /// `sparse_embeddings: List<Struct<index:u32, value:f32>>?`, `error: Utf8?`.
-    pub fn batch(self) -> Result<RecordBatch, ManagerError> {
+    pub fn batch(self, here: &dyn Fn(usize) -> Option<&'static str>) -> Result<RecordBatch, ManagerError> {
         let fields = Fields::from(vec![
             Field::new("index", DataType::UInt32, false),
             Field::new("value", DataType::Float32, false),
@@ -216,19 +244,22 @@ impl Sparse {
             Field::new("sparse_embeddings", DataType::List(item), true),
             Field::new("error", DataType::Utf8, true),
         ]);
-        let errors = error_column(self.ok.len(), &self.errors);
+        let errors = error_column(&self.ok, &self.errors, here);
         RecordBatch::try_new(Arc::new(schema), vec![Arc::new(list), errors])
             .map_err(|e| ManagerError::Build(e.to_string()))
     }
 }
 
-/// `error`: each failed row's reason, null elsewhere.
-fn error_column(rows: usize, errors: &[(usize, String)]) -> ArrayRef {
+/// `error`: each failed row's reason (TEI's, or `here`'s for a row refused here), null elsewhere.
+fn error_column(ok: &[bool], errors: &[(usize, String)], here: &dyn Fn(usize) -> Option<&'static str>) -> ArrayRef {
     let mut failed = errors.iter().peekable();
-    let column: StringArray = (0..rows)
-        .map(|row| match failed.peek() {
+    let column: StringArray = ok
+        .iter()
+        .enumerate()
+        .map(|(row, ok)| match failed.peek() {
             Some((at, _)) if *at == row => failed.next().map(|(_, reason)| reason.as_str()),
-            _ => None,
+            _ if *ok => None,
+            _ => here(row),
         })
         .collect();
     Arc::new(column)

@@ -9,8 +9,10 @@
 //! [`ConnectionInfo`] in each call's extensions, so a call waits in its connection's line at the
 //! pool's door and a client certificate names its tenant, as for tei.v1 calls.
 
+mod answers;
 mod arrow;
 mod error;
+mod inbound;
 mod ipc;
 mod target;
 mod wrap;
@@ -28,9 +30,11 @@ use futures::future::BoxFuture;
 use http::HeaderMap;
 use prost::Message as _;
 use teifleet_proto::tei_multiplexer::v1 as mux;
-use tonic::{Response, Status};
+use tonic::Status;
 
 pub use self::error::ManagerError;
+pub use self::inbound::{Decoded, MAX_INFLATED_BYTES, MAX_ROWS, decode_texts};
+pub use self::ipc::{EMPTY_INPUT, NULL_INPUT, Texts};
 use crate::admission::memory::{Charge, MemoryBudget, Use};
 use crate::error::Error;
 use crate::forward::Forwarder;
@@ -79,6 +83,19 @@ pub struct Context {
     /// TEI's max client batch size (the HTTP front's `--max-client-batch-size`): the largest
     /// sub-batch of an Arrow call.
     pub max_client_batch_size: usize,
+}
+
+/// The largest Arrow batch message (request or answer) the service takes or sends, whatever the
+/// port's own limit below it: tei-manager's default `grpc_max_message_size_mb`, so a call
+/// tei-manager answers is answered here (20,000 rows of 384 f32 numbers are 30 MB). Each is
+/// charged to the memory budget before it is built, and held charged until it is sent.
+pub const ARROW_MAX_MESSAGE: usize = 40 << 20;
+
+impl Context {
+    /// The largest Arrow batch message: [`ARROW_MAX_MESSAGE`], or the port's limit if larger.
+    pub fn arrow_max_message(&self) -> usize {
+        self.max_message.max(ARROW_MAX_MESSAGE)
+    }
 }
 
 /// The `tei_multiplexer.v1.TeiMultiplexer` service, one of the gRPC port's routes.
@@ -152,7 +169,7 @@ impl TeiManager {
         match method.as_str() {
             "EmbedArrow" => self.arrow_unary(request, false, charge).await,
             "EmbedSparseArrow" => self.arrow_unary(request, true, charge).await,
-            "EmbedArrowStream" => self.arrow_stream(request),
+            "EmbedArrowStream" => self.arrow_stream(request, charge),
             _ => status::into_http(Status::unimplemented(format!("{SERVICE}/{method} is not a method of {SERVICE}"))),
         }
     }
@@ -189,7 +206,7 @@ impl TeiManager {
         charge: Arc<Charge>,
     ) -> http::Response<tonic::body::Body> {
         let cx = &*self.cx;
-        let reading = unary::read_request(request, cx.max_message);
+        let reading = unary::read_request(request, cx.arrow_max_message());
         let message = match tokio::time::timeout(cx.message_timeout, reading).await {
             Ok(Ok(message)) => message,
             Ok(Err(status)) => return status::into_http(status),
@@ -221,26 +238,30 @@ impl TeiManager {
             Ok(routed) => routed,
             Err(error) => return status::into_http(status::into_status(error)),
         };
-        let result = arrow::batch(cx, &mut routed, &options, ipc_in, Some(&charge)).await;
+        let result = arrow::batch(cx, &mut routed, &options, ipc_in, &charge).await;
         drop(charge);
-        let (framed, held) = match routed.finish(result) {
-            Ok(answer) => (Ok(Response::new(answer.framed)), Some(answer.charge)),
-            Err(error) => (Err(error.into_status()), None),
-        };
-        // The answer stays charged until the caller has taken it all (HTTP/2 flow control: a slow
-        // reader holds it that long).
-        unary::answer(framed, cx.max_message).map(|body| match held {
-            Some(charge) => tonic::body::Body::new(Charged { body, charge: Arc::new(charge), per_byte: 0 }),
-            None => body,
-        })
+        // The answer stays charged until the socket has taken it all (a slow reader holds it
+        // that long).
+        match routed.finish(result) {
+            Ok(answer) => answers::unary(answers::charged(answer, None)),
+            Err(error) => status::into_http(error.into_status()),
+        }
     }
 
     /// EmbedArrowStream: one answer per request batch, in order; the first request's target and
     /// options hold for the whole stream (later requests' are ignored, as tei-manager does). A
-    /// batch that fails ends the stream with its status; each batch uses the whole pool.
-    fn arrow_stream(&self, request: http::Request<tonic::body::Body>) -> http::Response<tonic::body::Body> {
+    /// batch that fails ends the stream with its status; each batch uses the whole pool. Each
+    /// request message is charged until its answer is made, each answer until the socket took it.
+    fn arrow_stream(
+        &self,
+        mut request: http::Request<tonic::body::Body>,
+        charge: Arc<Charge>,
+    ) -> http::Response<tonic::body::Body> {
         let metrics = self.cx.forwarder.metrics.clone();
-        let incoming = match stream_body::incoming(request, self.cx.max_message, metrics) {
+        // The body's charge for bytes read is given back as each message is taken from it
+        // (`stream_body::incoming`); the message itself is charged on its own until answered.
+        request.extensions_mut().insert(charge);
+        let incoming = match stream_body::incoming(request, self.cx.arrow_max_message(), metrics) {
             Ok(incoming) => incoming,
             Err(status) => return status::into_http(status),
         };
@@ -251,7 +272,7 @@ impl TeiManager {
             let answer = state.next().await?;
             Some((answer, state))
         });
-        stream_body::answer(Ok(Response::new(Box::pin(answers) as MessageStream)))
+        answers::stream(answers)
     }
 
     /// A refusal before the call is routed, counted by its reason.
@@ -275,7 +296,7 @@ struct Streaming {
 
 impl Streaming {
     /// The next answer, or the status that ends the stream; `None` once it has ended.
-    async fn next(&mut self) -> Option<Result<Bytes, Status>> {
+    async fn next(&mut self) -> Option<Result<(Bytes, Arc<answers::Taken>), Status>> {
         if self.done {
             return None;
         }
@@ -290,6 +311,11 @@ impl Streaming {
                 }
                 return None;
             }
+        };
+        // This message's bytes, held until its answer is made: a long stream holds one at a time.
+        let held = match self.cx.memory.charge(Use::RequestBodies, message.len() as u64) {
+            Ok(held) => held,
+            Err(over) => return Some(Err(self.end_with(ManagerError::Call(Error::Memory(over))))),
         };
         let request = match mux::EmbedArrowRequest::decode(message) {
             Ok(request) => request,
@@ -307,11 +333,13 @@ impl Streaming {
             }
         }
         let (routed, options) = self.call.as_mut()?;
-        let result = arrow::batch(&self.cx, routed, options, request.arrow_ipc, None).await;
-        // The stream's next request is read only once this answer is taken: one batch's answer
-        // at a time, its charge given back as it goes out.
+        let result = arrow::batch(&self.cx, routed, options, request.arrow_ipc, &held).await;
+        drop(held);
         Some(match result {
-            Ok(answer) => Ok(answer.framed.into_message()),
+            Ok(answer) => {
+                let taken = Arc::new(answers::Taken::default());
+                Ok((answers::charged(answer, Some(taken.clone())), taken))
+            }
             Err(error) => Err(self.end_with(error)),
         })
     }
