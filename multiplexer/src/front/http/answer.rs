@@ -1,8 +1,8 @@
 //! An answer's size, estimated before any of it is asked for: `/embed_all` answers one vector per
 //! token, `/tokenize` an object per token, `/embed_sparse` several pairs per token, so a small
 //! request can ask for an answer hundreds of times its size (issue 31: a 231 KB request, a 540 MB
-//! answer). The estimate is inputs x tokens (the pool's token estimate, capped at the model's
-//! input length) x numbers per token (a vector's size, learned from the pool's answers); past
+//! answer). The estimate is inputs x tokens (at most each text's bytes, capped at the model's
+//! input length when TEI truncates: [`most_tokens`]) x numbers per token (a vector's size, learned from the pool's answers); past
 //! `--max-answer-bytes` of JSON the request is refused with 413, else the estimate is charged to
 //! the memory budget (429 when there is no room) and corrected once the answer is in.
 
@@ -28,6 +28,20 @@ pub const TOKEN: Cost = Cost { json: 80, decoded: 64 };
 pub const SPARSE_VALUE: Cost = Cost { json: 36, decoded: 8 };
 /// Pairs assumed per token of a sparse answer (SPLADE's weights over the vocabulary).
 pub const SPARSE_VALUES_PER_TOKEN: u64 = 4;
+
+/// Tokens TEI adds to every input (`[CLS]` and `[SEP]`, `<s>` and `</s>`).
+pub const SPECIAL_TOKENS: u64 = 2;
+
+/// The most tokens a text of `bytes` bytes can become, whatever was learned: every token of a
+/// text covers at least one of its bytes, and TEI adds its special tokens; `prompt` more when the
+/// request names one of the model's prompts (its tokens are not the caller's to count); at most
+/// `cap` when TEI truncates to it. Not the pool's learned characters per token
+/// (`crate::admission`), which follows what callers send: a run of one long word made a 167 KB
+/// `/embed_all` look 13 times smaller than it was (issue 43).
+pub fn most_tokens(bytes: usize, prompt: u64, cap: Option<u32>) -> u64 {
+    let most = (bytes as u64).saturating_add(SPECIAL_TOKENS).saturating_add(prompt);
+    cap.map_or(most, |cap| most.min(u64::from(cap.max(1))))
+}
 
 /// What one unit of an answer costs in bytes.
 #[derive(Clone, Copy, Debug)]
@@ -79,6 +93,15 @@ pub fn settle(charge: &AnswerCharge, units: u64, cost: Cost, limit: u64) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_most_tokens_are_the_bytes_and_the_specials_within_the_cap() {
+        assert_eq!(most_tokens(10, 0, None), 12);
+        assert_eq!(most_tokens(10, 0, Some(8)), 8, "truncated to the model's input length");
+        assert_eq!(most_tokens(10, 512, None), 524, "a prompt's tokens on top");
+        assert_eq!(most_tokens(usize::MAX, u64::MAX, None), u64::MAX);
+        assert_eq!(most_tokens(10, 0, Some(0)), 1);
+    }
 
     #[test]
     fn an_answer_past_the_limit_is_refused_and_one_within_it_charged() {

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http_body::{Body, Frame, SizeHint};
 
-use super::error::{Flavor, HttpError};
+use super::error::HttpError;
 use crate::admission::memory::{Charge, MemoryBudget, OverBudget, Use};
 use crate::error::Error;
 use crate::report::metrics::Metrics;
@@ -53,8 +53,7 @@ pub async fn charge_body(State(bodies): State<Bodies>, request: Request, next: N
         Ok(charge) => Arc::new(charge),
         Err(over) => {
             bodies.metrics.refused_input("http", crate::front::grpc::server::REFUSED_MEMORY);
-            let path = request.uri().path();
-            let flavor = if matches!(path, "/v1/embeddings" | "/embeddings") { Flavor::OpenAi } else { Flavor::Tei };
+            let flavor = super::table::flavor(request.uri().path());
             return HttpError::Call(Error::Memory(over)).into_response(flavor);
         }
     };

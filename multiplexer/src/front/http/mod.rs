@@ -2,7 +2,8 @@
 //! translated to `tei.v1` calls that take the gRPC front's path (routing headers, admission,
 //! deadlines, metrics) through the same `Forwarder`.
 //!
-//! Layout: `routes` (one handler per route), `types` (the JSON of TEI and OpenAI), `request` (one
+//! Layout: `table` (every route, one row each: the router is built from it), `routes` (one
+//! handler per route), `types` (the JSON of TEI and OpenAI), `request` (one
 //! request: its call, its input cap, its inputs as unary upstream calls admitted per chunk),
 //! `info` (each pool's Info, fetched once) and `error` (the one place failures become status
 //! codes and error bodies).
@@ -13,7 +14,9 @@ pub mod info;
 pub mod memory;
 pub mod request;
 pub mod routes;
+pub mod table;
 pub mod types;
+pub mod upstream;
 
 use std::sync::Arc;
 
@@ -21,11 +24,11 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
 use http::{HeaderValue, Method, StatusCode, header};
 use serde::Serialize;
 
-use self::error::{Flavor, HttpError};
+use self::error::HttpError;
+pub use self::table::{ROUTES, Route, RouteKind, RouteMethod, example_body};
 use crate::admission::memory::MemoryBudget;
 use crate::forward::Forwarder;
 use crate::front::Readiness;
@@ -91,7 +94,7 @@ pub struct Shared {
     door: Arc<HoldBounds>,
 }
 
-/// Every route of the HTTP front, behind the API-key gate.
+/// Every route of the HTTP front ([`ROUTES`]), behind the API-key gate.
 pub fn router(
     forwarder: Arc<Forwarder>,
     readiness: Arc<Readiness>,
@@ -103,22 +106,9 @@ pub fn router(
 ) -> Router {
     let limit = settings.payload_limit;
     let bodies = memory::Bodies { memory: memory.clone(), payload_limit: limit, metrics: forwarder.metrics.clone() };
-    Router::new()
-        .route("/", post(routes::dispatch).get(routes::health))
-        .route("/invocations", post(routes::dispatch))
-        .route("/embed", post(routes::embed))
-        .route("/embed_sparse", post(routes::embed_sparse))
-        .route("/embed_all", post(routes::embed_all))
-        .route("/predict", post(routes::predict))
-        .route("/rerank", post(routes::rerank))
-        .route("/similarity", post(routes::similarity))
-        .route("/tokenize", post(routes::tokenize))
-        .route("/decode", post(routes::decode))
-        .route("/info", get(routes::info))
-        .route("/health", get(routes::health))
-        .route("/ping", get(routes::health))
-        .route("/v1/embeddings", post(routes::openai))
-        .route("/embeddings", post(routes::openai))
+    table::ROUTES
+        .iter()
+        .fold(Router::new(), |router, route| router.route(route.path, route.handlers()))
         .layer(DefaultBodyLimit::max(limit))
         // A body trickled in a byte at a time holds its connection and buffer no longer than this.
         .layer(tower_http::timeout::RequestBodyDeadlineLayer::new(body_timeout))
@@ -148,14 +138,15 @@ async fn load_report(State(forwarder): State<Arc<Forwarder>>, mut response: Resp
 
 /// The API-key gate, before any route reads the body: every route needs a key when the pool has
 /// keys, except the health checks, which load balancers and probes call without one and which
-/// tell nothing but readiness. Routes not listed here (a new one included) need a key.
+/// tell nothing but readiness ([`Route::keyless_get`]). Every other route (a new one included)
+/// needs a key.
 async fn require_key(State(gate): State<Arc<Gate>>, mut request: Request, next: Next) -> Response {
     let path = request.uri().path();
-    if request.method() == Method::GET && matches!(path, "/" | "/health" | "/ping") {
+    if request.method() == Method::GET && table::route(path).is_some_and(table::Route::keyless_get) {
         return next.run(request).await;
     }
     // OpenAI's clients read OpenAI's error shape; every other route answers in TEI's.
-    let flavor = if matches!(path, "/v1/embeddings" | "/embeddings") { Flavor::OpenAi } else { Flavor::Tei };
+    let flavor = table::flavor(path);
     let certified = auth::certified(request.extensions()).cloned();
     match gate.admit(request.headers_mut(), certified.as_ref(), Protocol::Http) {
         Ok(()) => next.run(request).await,

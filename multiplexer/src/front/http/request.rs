@@ -20,9 +20,10 @@ use tonic::metadata::MetadataMap;
 
 use super::Shared;
 use super::error::HttpError;
+use super::upstream::Each;
+use crate::admission::memory::Use;
 use crate::error::{Error, Result};
 use crate::forward::bulk::{Bulk, Chunk, Exchanged};
-use crate::forward::charge;
 use crate::forward::pools::Pool;
 use crate::gate::door::{ConnectionId, Pass};
 use crate::gate::request_meta::{InvalidMetadata, RequestMeta};
@@ -52,6 +53,8 @@ pub struct HttpCall<'a> {
     pool: Arc<Pool>,
     /// The caller's headers that go along when the pool is another pool's sidecar.
     carried: MetadataMap,
+    /// The size of the request's body, once read.
+    body_bytes: usize,
 }
 
 impl<'a> HttpCall<'a> {
@@ -69,7 +72,7 @@ impl<'a> HttpCall<'a> {
         match routed {
             Ok((meta, pool)) => {
                 let carried = crate::gate::request_meta::carried_to_peers(headers);
-                Ok(Self { shared, call, meta, pool, carried })
+                Ok(Self { shared, call, meta, pool, carried, body_bytes: 0 })
             }
             Err(error) => Err(HttpError::Call(call.fail(error))),
         }
@@ -92,15 +95,22 @@ impl<'a> HttpCall<'a> {
         &self.shared.settings
     }
 
-    /// The estimated tokens of each text, at most `cap` each (the model's input length, when
-    /// the request lets TEI truncate).
-    pub fn tokens_of<'t>(&self, texts: impl IntoIterator<Item = &'t str>, cap: Option<u32>) -> u64 {
-        let admission = &self.pool.admission;
-        let one = |text: &str| {
-            let tokens = admission.estimate_tokens(text.len(), 1);
-            u64::from(cap.map_or(tokens, |cap| tokens.min(cap.max(1))))
+    /// The most tokens `texts` can become upstream
+    /// ([`most_tokens`](super::answer::most_tokens)): each text's bytes and the special
+    /// tokens, the model's input length more when a prompt is named, at most that length each
+    /// when TEI truncates. From the model's Info and the texts alone, so no caller can move it.
+    pub async fn most_tokens(&self, texts: &[String], truncate: bool, prompt: bool) -> Result<u64, HttpError> {
+        let max_input_length = match truncate || prompt {
+            true => Some(self.info().await?.max_input_length),
+            false => None,
         };
-        texts.into_iter().map(one).sum()
+        let prompt = match prompt {
+            true => max_input_length.map_or(0, u64::from),
+            false => 0,
+        };
+        let cap = max_input_length.filter(|_| truncate);
+        let one = |text: &String| super::answer::most_tokens(text.len(), prompt, cap);
+        Ok(texts.iter().map(one).fold(0, u64::saturating_add))
     }
 
     /// The charge of an answer of `units` of `cost` (`super::answer`), and the pool's learned
@@ -148,22 +158,29 @@ impl<'a> HttpCall<'a> {
         }
     }
 
-    /// Sends each request as one unary call of `rpc` and decodes the answers, in order. `per_permit`
-    /// requests share one permit. Refused whole, before anything is sent, when it carries more
-    /// inputs than one request may.
-    pub async fn unary_all<Req: Message, Resp: Message + Default>(
+    /// Sends each of `each`'s messages as one unary call of `rpc` and decodes the answers, in
+    /// order; `per_permit` messages share one permit. Refused whole before any message is built
+    /// when the request carries more than `inputs` allows, or when what its messages would hold
+    /// at once finds no room in the memory budget (`super::upstream`).
+    pub async fn send_each<M, T, Resp>(
         &mut self,
         rpc: &'static Rpc,
-        requests: &[Req],
+        mut each: Each<M, T>,
+        inputs: usize,
         per_permit: usize,
-    ) -> Result<Vec<Resp>, HttpError> {
+    ) -> Result<Vec<Resp>, HttpError>
+    where
+        M: Message + Clone + Send + 'static,
+        T: Default + Send + 'static,
+        Resp: Message + Default,
+    {
         self.call.rpc = rpc;
-        let messages: Vec<Framed> = requests.iter().map(Framed::encode).collect();
-        let limit = self.shared.settings.max_request_inputs;
-        let inputs = charge::cost_of_all(&self.pool, rpc, messages.iter().map(|m| m.as_ref())).inputs as usize;
-        if inputs > limit {
-            return Err(HttpError::TooManyInputs { inputs, limit });
-        }
+        self.within_cap(inputs)?;
+        let plan = each.plan(per_permit, super::upstream::chunk_bytes(self.body_bytes), CHUNKS_AT_ONCE);
+        let _messages = self.shared.memory.charge(Use::RequestBodies, plan.peak).map_err(|over| {
+            self.shared.forwarder.metrics.refused_input("http", crate::front::grpc::server::REFUSED_MEMORY);
+            HttpError::Call(Error::Memory(over))
+        })?;
         let pool = &*self.pool;
         let bulk = Bulk { forwarder: &self.shared.forwarder, pool, meta: &self.meta, carried: &self.carried, rpc };
         // Decoded as they come, so the answer bytes do not outlive their chunk.
@@ -171,7 +188,7 @@ impl<'a> HttpCall<'a> {
             let (response, _) = exchanged?;
             Resp::decode(response.get_ref().as_ref()).map_err(|e| undecodable(pool, &e))
         };
-        let chunks = bulk.run(messages.chunks(per_permit.max(1)).map(<[Framed]>::to_vec), CHUNKS_AT_ONCE, decode);
+        let chunks = bulk.run(each.chunks(plan.chunks), CHUNKS_AT_ONCE, decode);
         let done: Vec<Chunk<Resp>> = chunks.try_collect().await.map_err(HttpError::Call)?;
         if let Some(first) = done.first()
             && rpc.admit == Admit::Permit
@@ -180,6 +197,21 @@ impl<'a> HttpCall<'a> {
         }
         self.call.observe(done.last().and_then(|chunk| chunk.timing));
         Ok(done.into_iter().flat_map(|chunk| chunk.answers).collect())
+    }
+
+    /// More inputs than a request may carry are refused as such, before anything is built for
+    /// them or their answer estimated.
+    pub fn within_cap(&self, inputs: usize) -> Result<(), HttpError> {
+        let limit = self.shared.settings.max_request_inputs;
+        match inputs > limit {
+            true => Err(HttpError::TooManyInputs { inputs, limit }),
+            false => Ok(()),
+        }
+    }
+
+    /// The request's body was `bytes` long: the measure of what its messages may hold per chunk.
+    pub fn read_body(&mut self, bytes: usize) {
+        self.body_bytes = bytes;
     }
 
     /// The pool's `tei.v1.Info`, from the pool's cache when fresh (one upstream call per pool and

@@ -18,6 +18,7 @@ use super::error::{Flavor, HttpError};
 use super::memory::AnswerCharge;
 use super::request::{HttpCall, INFO, row};
 use super::types::*;
+use super::upstream::Each;
 use crate::error::Error;
 
 const EMBED: &str = "/tei.v1.Embed/Embed";
@@ -50,7 +51,10 @@ macro_rules! handler {
                     let (_inside, result) = match call.through_door(connection.map(|Extension(n)| n)).await {
                         Ok(inside) => {
                             let result = match read(&shared, body) {
-                                Ok(body) => $inner(&mut call, &body).await,
+                                Ok(body) => {
+                                    call.read_body(body.len());
+                                    $inner(&mut call, &body).await
+                                }
                                 Err(error) => Err(error),
                             };
                             (inside, result)
@@ -133,22 +137,20 @@ async fn embed_calls(
 ) -> Result<(Vec<v1::EmbedResponse>, AnswerCharge), HttpError> {
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let texts = texts(request.inputs)?;
-    within_cap(call, &texts)?;
+    call.within_cap(texts.len())?;
     let dimensions = request.dimensions.map_or_else(|| call.dimensions(), u64::from);
     let charge = call.answer_charge(texts.len() as u64 * dimensions, answer::NUMBER)?;
-    let messages: Vec<v1::EmbedRequest> = texts
-        .into_iter()
-        .map(|inputs| v1::EmbedRequest {
-            inputs,
-            truncate,
-            normalize: Some(request.normalize),
-            truncation_direction: request.truncation_direction.into(),
-            prompt_name: request.prompt_name.clone(),
-            dimensions: request.dimensions,
-        })
-        .collect();
-    let batch = call.settings().max_client_batch_size;
-    let answers: Vec<v1::EmbedResponse> = call.unary_all(row(EMBED), &messages, batch).await?;
+    let template = v1::EmbedRequest {
+        inputs: String::new(),
+        truncate,
+        normalize: Some(request.normalize),
+        truncation_direction: request.truncation_direction.into(),
+        prompt_name: request.prompt_name,
+        dimensions: request.dimensions,
+    };
+    let (inputs, batch) = (texts.len(), call.settings().max_client_batch_size);
+    let each = Each { template, field: |m| &mut m.inputs, items: texts };
+    let answers: Vec<v1::EmbedResponse> = call.send_each(row(EMBED), each, inputs, batch).await?;
     if request.dimensions.is_none()
         && let Some(first) = answers.first()
     {
@@ -170,42 +172,22 @@ async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     Ok(charged(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()), charge))
 }
 
-/// More inputs than a request may carry are refused as such, before their answer is estimated.
-fn within_cap(call: &HttpCall<'_>, texts: &[String]) -> Result<(), HttpError> {
-    let limit = call.settings().max_request_inputs;
-    match texts.len() > limit {
-        true => Err(HttpError::TooManyInputs { inputs: texts.len(), limit }),
-        false => Ok(()),
-    }
-}
-
-/// The estimated tokens of `texts`, each at most the model's input length when TEI truncates.
-async fn tokens_of(call: &HttpCall<'_>, texts: &[String], truncate: bool) -> Result<u64, HttpError> {
-    within_cap(call, texts)?;
-    let cap = match truncate {
-        true => Some(call.info().await?.max_input_length),
-        false => None,
-    };
-    Ok(call.tokens_of(texts.iter().map(String::as_str), cap))
-}
-
 async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: EmbedRequest = parse(body)?;
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let texts = texts(request.inputs)?;
-    let tokens = tokens_of(call, &texts, truncate).await?;
-    let charge = call.answer_charge(tokens * answer::SPARSE_VALUES_PER_TOKEN, answer::SPARSE_VALUE)?;
-    let messages: Vec<v1::EmbedSparseRequest> = texts
-        .into_iter()
-        .map(|inputs| v1::EmbedSparseRequest {
-            inputs,
-            truncate,
-            truncation_direction: request.truncation_direction.into(),
-            prompt_name: request.prompt_name.clone(),
-        })
-        .collect();
-    let batch = call.settings().max_client_batch_size;
-    let answers: Vec<v1::EmbedSparseResponse> = call.unary_all(row(EMBED_SPARSE), &messages, batch).await?;
+    call.within_cap(texts.len())?;
+    let tokens = call.most_tokens(&texts, truncate, request.prompt_name.is_some()).await?;
+    let charge = call.answer_charge(tokens.saturating_mul(answer::SPARSE_VALUES_PER_TOKEN), answer::SPARSE_VALUE)?;
+    let template = v1::EmbedSparseRequest {
+        inputs: String::new(),
+        truncate,
+        truncation_direction: request.truncation_direction.into(),
+        prompt_name: request.prompt_name,
+    };
+    let (inputs, batch) = (texts.len(), call.settings().max_client_batch_size);
+    let each = Each { template, field: |m| &mut m.inputs, items: texts };
+    let answers: Vec<v1::EmbedSparseResponse> = call.send_each(row(EMBED_SPARSE), each, inputs, batch).await?;
     let values: usize = answers.iter().map(|a| a.sparse_embeddings.len()).sum();
     call.settle(&charge, values as u64, answer::SPARSE_VALUE)?;
     let sparse: Vec<Vec<SparseValue>> = answers
@@ -219,19 +201,18 @@ async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: EmbedRequest = parse(body)?;
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let texts = texts(request.inputs)?;
-    let tokens = tokens_of(call, &texts, truncate).await?;
-    let charge = call.answer_charge(tokens * call.dimensions(), answer::NUMBER)?;
-    let messages: Vec<v1::EmbedAllRequest> = texts
-        .into_iter()
-        .map(|inputs| v1::EmbedAllRequest {
-            inputs,
-            truncate,
-            truncation_direction: request.truncation_direction.into(),
-            prompt_name: request.prompt_name.clone(),
-        })
-        .collect();
-    let batch = call.settings().max_client_batch_size;
-    let answers: Vec<v1::EmbedAllResponse> = call.unary_all(row(EMBED_ALL), &messages, batch).await?;
+    call.within_cap(texts.len())?;
+    let tokens = call.most_tokens(&texts, truncate, request.prompt_name.is_some()).await?;
+    let charge = call.answer_charge(tokens.saturating_mul(call.dimensions()), answer::NUMBER)?;
+    let template = v1::EmbedAllRequest {
+        inputs: String::new(),
+        truncate,
+        truncation_direction: request.truncation_direction.into(),
+        prompt_name: request.prompt_name,
+    };
+    let (inputs, batch) = (texts.len(), call.settings().max_client_batch_size);
+    let each = Each { template, field: |m| &mut m.inputs, items: texts };
+    let answers: Vec<v1::EmbedAllResponse> = call.send_each(row(EMBED_ALL), each, inputs, batch).await?;
     if let Some(token) = answers.iter().find_map(|a| a.token_embeddings.first()) {
         call.learn_dimensions(token.embeddings.len());
     }
@@ -270,17 +251,15 @@ async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let truncation_direction = request.truncation_direction.into();
     let batch = call.settings().max_client_batch_size;
     let answers: Vec<v1::PredictResponse> = if pairs.is_empty() {
-        let messages: Vec<_> = singles
-            .into_iter()
-            .map(|inputs| v1::PredictRequest { inputs, truncate, raw_scores, truncation_direction })
-            .collect();
-        call.unary_all(row(PREDICT), &messages, batch).await?
+        let template = v1::PredictRequest { inputs: String::new(), truncate, raw_scores, truncation_direction };
+        let inputs = singles.len();
+        let each = Each { template, field: |m| &mut m.inputs, items: singles };
+        call.send_each(row(PREDICT), each, inputs, batch).await?
     } else {
-        let messages: Vec<_> = pairs
-            .into_iter()
-            .map(|inputs| v1::PredictPairRequest { inputs, truncate, raw_scores, truncation_direction })
-            .collect();
-        call.unary_all(row(PREDICT_PAIR), &messages, batch).await?
+        let template = v1::PredictPairRequest { inputs: Vec::new(), truncate, raw_scores, truncation_direction };
+        let inputs = pairs.len();
+        let each = Each { template, field: |m| &mut m.inputs, items: pairs };
+        call.send_each(row(PREDICT_PAIR), each, inputs, batch).await?
     };
     let mut predictions: Vec<Vec<Prediction>> =
         answers.into_iter().map(|a| a.predictions.into_iter().map(Prediction::from).collect()).collect();
@@ -294,22 +273,25 @@ async fn rerank_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     }
     // More texts than TEI takes in one call: one call per slice, each admitted for its texts,
     // the ranks put back on the caller's indices and sorted together.
+    // The query goes into every slice: each slice is built only as it is sent (`super::upstream`).
+    let inputs = request.texts.len();
+    call.within_cap(inputs)?;
     let size = call.settings().max_client_batch_size.max(1);
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
-    let messages: Vec<v1::RerankRequest> = request
-        .texts
-        .chunks(size)
-        .map(|texts| v1::RerankRequest {
-            query: request.query.clone(),
-            texts: texts.to_vec(),
-            truncate,
-            raw_scores: request.raw_scores,
-            return_text: request.return_text,
-            truncation_direction: request.truncation_direction.into(),
-        })
-        .collect();
+    let mut texts = request.texts.into_iter();
+    let slices: Vec<Vec<String>> =
+        std::iter::from_fn(|| Some(texts.by_ref().take(size).collect::<Vec<_>>()).filter(|s| !s.is_empty())).collect();
+    let template = v1::RerankRequest {
+        query: request.query,
+        texts: Vec::new(),
+        truncate,
+        raw_scores: request.raw_scores,
+        return_text: request.return_text,
+        truncation_direction: request.truncation_direction.into(),
+    };
+    let each = Each { template, field: |m| &mut m.texts, items: slices };
     let answers: Vec<v1::RerankResponse> =
-        call.unary_all(row(RERANK), &messages, 1).await.map_err(as_rerank_refusal)?;
+        call.send_each(row(RERANK), each, inputs, 1).await.map_err(as_rerank_refusal)?;
     let mut ranks: Vec<Rank> = answers
         .into_iter()
         .enumerate()
@@ -374,18 +356,18 @@ pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f32 {
 async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let request: TokenizeRequest = parse(body)?;
     let texts = texts(request.inputs)?;
-    within_cap(call, &texts)?;
-    let charge = call.answer_charge(call.tokens_of(texts.iter().map(String::as_str), None), answer::TOKEN)?;
-    let messages: Vec<v1::EncodeRequest> = texts
-        .into_iter()
-        .map(|inputs| v1::EncodeRequest {
-            inputs,
-            add_special_tokens: request.add_special_tokens,
-            prompt_name: request.prompt_name.clone(),
-        })
-        .collect();
-    let batch = call.settings().max_client_batch_size;
-    let answers: Vec<v1::EncodeResponse> = call.unary_all(row(TOKENIZE), &messages, batch).await?;
+    call.within_cap(texts.len())?;
+    // TEI's /tokenize neither truncates nor refuses a long text.
+    let tokens = call.most_tokens(&texts, false, request.prompt_name.is_some()).await?;
+    let charge = call.answer_charge(tokens, answer::TOKEN)?;
+    let template = v1::EncodeRequest {
+        inputs: String::new(),
+        add_special_tokens: request.add_special_tokens,
+        prompt_name: request.prompt_name,
+    };
+    let (inputs, batch) = (texts.len(), call.settings().max_client_batch_size);
+    let each = Each { template, field: |m| &mut m.inputs, items: texts };
+    let answers: Vec<v1::EncodeResponse> = call.send_each(row(TOKENIZE), each, inputs, batch).await?;
     let count: usize = answers.iter().map(|a| a.tokens.len()).sum();
     call.settle(&charge, count as u64, answer::TOKEN)?;
     let tokens: Vec<Vec<SimpleToken>> =
@@ -402,10 +384,10 @@ async fn decode_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     if ids.is_empty() || ids.iter().any(Vec::is_empty) {
         return Err(HttpError::Empty("ids"));
     }
-    let skip_special_tokens = request.skip_special_tokens;
-    let messages: Vec<_> = ids.into_iter().map(|ids| v1::DecodeRequest { ids, skip_special_tokens }).collect();
-    let batch = call.settings().max_client_batch_size;
-    let answers: Vec<v1::DecodeResponse> = call.unary_all(row(DECODE), &messages, batch).await?;
+    let template = v1::DecodeRequest { ids: Vec::new(), skip_special_tokens: request.skip_special_tokens };
+    let (inputs, batch) = (ids.len(), call.settings().max_client_batch_size);
+    let each = Each { template, field: |m| &mut m.ids, items: ids };
+    let answers: Vec<v1::DecodeResponse> = call.send_each(row(DECODE), each, inputs, batch).await?;
     Ok(super::json(&answers.into_iter().map(|a| a.text).collect::<Vec<_>>()))
 }
 
