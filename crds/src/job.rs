@@ -36,6 +36,10 @@ const FIXED_SPEC: &str = "self.poolRef == oldSelf.poolRef && self.input == oldSe
     && has(self.image) == has(oldSelf.image) && (!has(self.image) || self.image == oldSelf.image) \
     && self.template == oldSelf.template";
 
+/// Most labels, and most annotations, a job adds to its worker pods: the bound that keeps the
+/// CEL rules checking their keys within the API server's cost budget.
+const MAX_POD_METADATA: u32 = 64;
+
 /// A corpus embedded once through an EmbeddingPool: `workers` pods of `teifleet-job` read the
 /// input in shards, call the pool's bulk path, and write the vectors as Parquet.
 // Each printer column repeats `type_ = ...`, which clippy mistakes for a duplicated attribute.
@@ -432,15 +436,17 @@ pub struct WorkerPodOverrides {
     pub image_pull_secrets: Vec<LocalObjectReference>,
 
     /// Annotations added to every worker pod; not teifleet's own (`teifleet.dev/`), the Job
-    /// controller's (`batch.kubernetes.io/`) or AppArmor's and seccomp's.
+    /// controller's (`batch.kubernetes.io/`) or AppArmor's and seccomp's. At most 64.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_POD_METADATA))]
     #[x_kube(validation = Rule::new(validation::annotations_rule()).message(validation::annotations_message().as_str()))]
     pub annotations: BTreeMap<String, String>,
 
     /// Labels added to every worker pod; not those that make a pod a pool's, the activator's or
     /// the Job's own (`teifleet.dev/`, `batch.kubernetes.io/`, the `app.kubernetes.io` labels the
-    /// operator sets, `job-name`, `controller-uid`).
+    /// operator sets, `job-name`, `controller-uid`). At most 64.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = MAX_POD_METADATA))]
     #[x_kube(validation = Rule::new(validation::labels_rule()).message(validation::labels_message().as_str()))]
     pub labels: BTreeMap<String, String>,
 }

@@ -25,8 +25,12 @@ use kube::{Api, Client};
 use serde_json::json;
 use teifleet_crds::{EmbeddingJob, labels};
 use teifleet_e2e::pools::create_pool;
-use teifleet_e2e::real::{NODE, install_chart, pool_template, prerequisites, restricted_namespace, wait_ready_pods};
-use teifleet_e2e::{admin_client, built_image, eventually, helm, import_into_real_node, install_crd, repo_root};
+use teifleet_e2e::real::{
+    NODE, install_chart, operator_name, pool_template, prerequisites, restricted_namespace, wait_ready_pods,
+};
+use teifleet_e2e::{
+    admin_client, built_image, eventually, helm, import_into_real_node, install_crd, kubectl, repo_root,
+};
 
 const RELEASE: &str = "tfjobs";
 const POOL: &str = "corpus";
@@ -163,6 +167,19 @@ async fn a_job_embeds_a_corpus_once_per_row_through_a_worker_and_a_replica_lost(
         "the status counts every row, the line that is not JSON too"
     );
     assert_eq!(finished.rows_failed as usize, BAD.len() + 1, "the bad rows, and the line that is not JSON");
+
+    // The progress above was read with the chart's operator identity, which holds no read of
+    // ConfigMaps: only the job's own Role lets it get that one ConfigMap.
+    let operator = format!("--as=system:serviceaccount:{namespace}:{}", operator_name(RELEASE));
+    for verb in ["get", "list", "watch", "patch"] {
+        let (ok, said) = kubectl(&["auth", "can-i", verb, "configmaps", "-A", &operator]);
+        assert!(!ok && said.trim() == "no", "the operator may {verb} ConfigMaps cluster-wide: {said}");
+    }
+    let progress = format!("configmaps/{JOB}-progress");
+    let (ok, said) = kubectl(&["auth", "can-i", "get", &progress, "-n", &namespace, &operator]);
+    assert!(ok, "the job's progress reader Role lets the operator read its progress: {said}");
+    let (ok, said) = kubectl(&["auth", "can-i", "get", "configmaps/kube-root-ca.crt", "-n", &namespace, &operator]);
+    assert!(!ok, "and no other ConfigMap: {said}");
 
     let (ok, out) = helm(&["uninstall", RELEASE, "-n", &namespace, "--wait", "--timeout", "60s"]);
     assert!(ok, "{out}");
