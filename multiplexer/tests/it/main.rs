@@ -13,6 +13,7 @@ mod drain;
 mod faults;
 mod fuzz;
 mod hostile_http;
+mod hostile_suite;
 mod http_front;
 mod interop;
 mod lanes;
