@@ -12,6 +12,7 @@ mod door;
 mod drain;
 mod faults;
 mod fuzz;
+mod hostile_arrow;
 mod hostile_http;
 mod hostile_suite;
 mod http_front;

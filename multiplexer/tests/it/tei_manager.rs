@@ -324,13 +324,17 @@ async fn a_100000_row_call_stays_within_its_memory() {
     );
     assert_eq!(memory.charged(), 0, "everything given back");
 
-    // Past the largest message: refused before the rest is sent.
+    // Past the largest Arrow answer: refused before it is built. That limit is tei-manager's
+    // 40 MiB whatever the port's (issue 44: a smaller port limit no longer refuses an Arrow
+    // answer tei-manager would send), so past it takes 384-dimension vectors: noop's.
     let (small, _) = mux_with(
         vec![spec("pool-a", sim.addr(), limits(64, 256))],
         Settings { max_message_bytes: 2 << 20, ..Settings::default() },
     )
     .await;
     let few: Vec<Option<&str>> = rows[..60_000].to_vec();
-    let status = client(small.grpc_addr).await.embed_arrow(arrow_request(&few)).await.unwrap_err();
+    let noop = mux::EmbedArrowRequest { noop: true, ..arrow_request(&few) };
+    let status = client(small.grpc_addr).await.embed_arrow(noop).await.unwrap_err();
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    assert!(status.message().contains(&(40 << 20).to_string()), "{status:?}");
 }

@@ -372,10 +372,10 @@ impl Streaming {
 /// The `port` label of the gRPC port's refusals.
 const PORT: &str = Protocol::Grpc.as_str();
 
-/// A body and its memory charge, held until the body is dropped. An Arrow call's request body
-/// grows its charge by `per_byte` for each byte read (the port's dispatch charges only tei.v1's
-/// own paths): a 100,000-row batch counts against the budget before it is decoded. An answer's
-/// body (`per_byte` 0) keeps its charge until it is sent, or the caller is gone.
+/// A request body and its memory charge, held until the body is dropped. An Arrow call's request
+/// body grows its charge by `per_byte` for each byte read (the port's dispatch charges only
+/// tei.v1's own paths): a 100,000-row batch counts against the budget before it is decoded.
+/// Answers are charged apart, until the socket takes them (`answers`).
 struct Charged {
     body: tonic::body::Body,
     charge: Arc<Charge>,
