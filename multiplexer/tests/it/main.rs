@@ -14,6 +14,7 @@ mod faults;
 mod fuzz;
 mod hostile_arrow;
 mod hostile_http;
+mod hostile_http_amplify;
 mod hostile_suite;
 mod http_front;
 mod interop;

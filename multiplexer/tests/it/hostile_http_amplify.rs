@@ -1,0 +1,272 @@
+//! Issue 43's attacks on the HTTP front, each against the multiplexer binary in front of the TEI
+//! simulator on loopback (as `attacks.rs`): one field copied into every upstream message, answers
+//! a client never reads, and an answer estimate steered by what callers sent before. The sidecar
+//! stays alive under a peak resident memory (VmHWM) far below its 256Mi, a steady gRPC caller
+//! beside the attacker keeps its p99 under a second and at least 90% of its calls, and the
+//! attacker is refused clearly (413, or 429 with `retry-after`). Each prints its figures for the
+//! issue's note.
+
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use serde_json::{Value, json};
+use teifleet_proto::v1::embed_client::EmbedClient;
+use teifleet_tei_sim::SimHandle;
+use teifleet_testkit::process::ChildGuard;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::sync::watch;
+
+use crate::http_front::{Answer, post};
+use crate::support::{channel, embed_request, sim};
+
+/// The issue's bound on the sidecar's peak resident memory under each attack.
+const PEAK_BOUND_KIB: u64 = 200 * 1000;
+/// The issue's bound on the steady caller's p99.
+const STEADY_P99: Duration = Duration::from_secs(1);
+/// What one request may add to the sidecar's peak beyond a small multiple of its body: the
+/// messages of two chunks of at most 1 MiB in flight (`front::http::upstream`), and the
+/// allocator's slack.
+const GROWTH_FLOOR_KIB: u64 = 8 * 1024;
+/// The multiple of a request's body its messages may hold at once beyond that floor.
+const GROWTH_PER_BODY: u64 = 4;
+
+/// The binary in front of `sim`, with the sidecar's memory limit (a 128 MiB budget).
+struct Sidecar {
+    guard: ChildGuard,
+    grpc: SocketAddr,
+    http: SocketAddr,
+}
+
+impl Sidecar {
+    fn start(sim: &SimHandle) -> Self {
+        let http_port = teifleet_testkit::net::free_port().expect("a free port");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
+        command
+            .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--memory-limit", "256Mi"])
+            .args(["--upstream", &format!("http://{}", sim.addr()), "--max-in-flight", "32"])
+            .stderr(Stdio::piped());
+        let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
+        let stderr = guard.child_mut().stderr.take().expect("piped");
+        let mut logs = std::io::BufRead::lines(std::io::BufReader::new(stderr));
+        let serving = logs.by_ref().map_while(Result::ok).find(|l| l.contains("multiplexer serving")).expect("serving");
+        std::thread::spawn(move || logs.for_each(drop));
+        let line: Value = serde_json::from_str(&serving).expect("JSON logs");
+        let grpc = line["grpc_addr"].as_str().and_then(|a| a.parse().ok()).expect("an address");
+        Self { grpc, http: teifleet_testkit::net::loopback(http_port), guard }
+    }
+
+    /// VmHWM: the most the process has held resident.
+    fn peak_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.guard.id())).expect("alive");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
+    }
+
+    fn check(&mut self, attack: &str, steady: &Steady) {
+        let peak = self.peak_kib();
+        let calls = steady.took.len() + steady.failed;
+        eprintln!(
+            "{attack}: peak RSS {} MB; steady caller p99 {:?}, {} of {calls} calls served",
+            peak / 1000,
+            steady.p99(),
+            steady.took.len()
+        );
+        assert!(self.guard.child_mut().try_wait().unwrap().is_none(), "{attack}: the sidecar died");
+        assert!(peak < PEAK_BOUND_KIB, "{attack}: peak RSS {peak} KiB");
+        assert!(calls >= 5 && steady.took.len() * 10 >= calls * 9, "{attack}: the steady caller: {steady:?}");
+        assert!(steady.p99() < STEADY_P99, "{attack}: the steady caller's p99 {:?}", steady.p99());
+    }
+}
+
+/// A caller sending one small Embed at a time on a connection of its own while an attack runs.
+#[derive(Debug, Default)]
+struct Steady {
+    took: Vec<Duration>,
+    failed: usize,
+}
+
+impl Steady {
+    fn p99(&self) -> Duration {
+        let mut took = self.took.clone();
+        took.sort();
+        took.get((took.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default()
+    }
+}
+
+/// Runs `attack` with a steady caller beside it, started a moment before.
+async fn beside_a_steady_caller<T>(grpc: SocketAddr, attack: impl Future<Output = T>) -> (T, Steady) {
+    let (stop, stopped) = watch::channel(false);
+    let steady = tokio::spawn(async move {
+        let mut client = EmbedClient::new(channel(grpc).await);
+        let mut steady = Steady::default();
+        while !*stopped.borrow() {
+            let started = Instant::now();
+            match client.embed(embed_request("a steady caller's query")).await {
+                Ok(_) => steady.took.push(started.elapsed()),
+                Err(status) => {
+                    eprintln!("steady caller: {status}");
+                    steady.failed += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        steady
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let outcome = attack.await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.send(true).unwrap();
+    (outcome, steady.await.unwrap())
+}
+
+/// Served, or refused as too large (413) or for memory (429 with a retry hint); never a failure
+/// of the sidecar's own.
+fn served_or_refused(what: &str, answer: &Answer) {
+    match answer.status {
+        200 | 413 => {}
+        429 => assert!(answer.header("retry-after").is_some(), "{what}: 429 with a retry hint"),
+        // TEI's own refusal of the request, passed on (the simulator's batch cap, below).
+        400 | 422 | 424 => assert!(answer.body["error"].is_string(), "{what}: {}", answer.body),
+        status => panic!("{what}: {status} {}", answer.body),
+    }
+}
+
+/// A request that copies `field` (`bytes` of it) into each of `inputs` upstream messages.
+fn amplifying(path: &str, bytes: usize, inputs: usize) -> Value {
+    let texts = vec!["a"; inputs];
+    let field = "p".repeat(bytes);
+    match path {
+        "/rerank" => json!({"query": field, "texts": texts}),
+        _ => json!({"inputs": texts, "prompt_name": field}),
+    }
+}
+
+/// (1) `prompt_name` in every one of 2,048 messages of `/embed`, `/embed_sparse`, `/embed_all`
+/// and `/tokenize`, `/rerank`'s query in every slice: each request first sent with a short field
+/// (what the route costs anyway: its answer, its inputs), then with a long one; the peak may grow
+/// by no more than a small multiple of the body. Then all at once, several of each. The
+/// simulator takes at most 16 texts a Rerank, so each 32-text slice is refused at once: the
+/// query's copies cost the sidecar, not the test's simulator.
+#[tokio::test]
+async fn a_field_copied_into_every_input_costs_at_most_a_small_multiple_of_the_body() {
+    let sim = sim(|config| config.max_client_batch_size = 16).await;
+    let mut sidecar = Sidecar::start(&sim);
+    let http = sidecar.http;
+    let warm = post(http, "/embed", json!({"inputs": "warm up"})).await;
+    assert_eq!(warm.status, 200, "{}", warm.body);
+    let cases = [("/embed", 56_000), ("/embed_sparse", 56_000), ("/embed_all", 56_000), ("/tokenize", 56_000)]
+        .into_iter()
+        .chain([("/rerank", 270_000), ("/rerank", 1_900_000)]);
+    let mut amplification: f64 = 0.0;
+    for (path, bytes) in cases {
+        let reference = post(http, path, amplifying(path, 8, 2048)).await;
+        served_or_refused(path, &reference);
+        let before = sidecar.peak_kib();
+        let attack = amplifying(path, bytes, 2048);
+        let body = attack.to_string().len() as u64;
+        let answer = post(http, path, attack).await;
+        served_or_refused(path, &answer);
+        let grown = sidecar.peak_kib().saturating_sub(before);
+        eprintln!("{path} with {bytes} bytes copied: {} KB body, {} answered, peak +{grown} KiB", body / 1000, answer.status);
+        assert!(grown <= GROWTH_PER_BODY * body / 1024 + GROWTH_FLOOR_KIB, "{path}: +{grown} KiB for {body} bytes");
+        amplification = amplification.max(grown as f64 * 1024.0 / body as f64);
+    }
+    eprintln!("copied fields: peak growth at most {amplification:.1}x the body");
+    let attack = async {
+        let requests = (0..12).map(|i| {
+            let (path, bytes) = [("/embed", 56_000), ("/rerank", 1_900_000), ("/embed_sparse", 56_000)][i % 3];
+            post(http, path, amplifying(path, bytes, 2048))
+        });
+        join_all(requests).await
+    };
+    let (answers, steady) = beside_a_steady_caller(sidecar.grpc, attack).await;
+    let statuses: Vec<u16> = answers.iter().map(|answer| answer.status).collect();
+    answers.iter().for_each(|answer| served_or_refused("12 at once", answer));
+    eprintln!("12 amplifying requests at once: {statuses:?}");
+    sidecar.check("fields copied into every input", &steady);
+    sim.shutdown().await;
+}
+
+/// `count` `/embed_all` requests, one after another, each on a connection that never reads its
+/// answer (a receive buffer of 4 KiB) and each about 13 MB of JSON: the status of each whose head
+/// came back, and the connections, kept open.
+async fn unread_answers(http: SocketAddr, count: usize) -> (Vec<u16>, Vec<tokio::net::TcpStream>) {
+    // 30 texts of 100 one-letter words: about 3,000 tokens of 384 numbers, within 32 MiB as
+    // estimated (at most a token per byte).
+    let text = vec!["w"; 100].join(" ");
+    let body = json!({ "inputs": vec![text; 30] }).to_string();
+    let request = format!(
+        "POST /embed_all HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let (mut statuses, mut held) = (Vec::new(), Vec::new());
+    for _ in 0..count {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(http).await.expect("connects");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        // The head only: the rest of a 200 is left in the sidecar.
+        let mut head = [0; 512];
+        let status = match tokio::time::timeout(Duration::from_secs(15), stream.read(&mut head)).await {
+            Ok(Ok(n)) => String::from_utf8_lossy(&head[..n]).split(' ').nth(1).and_then(|s| s.parse().ok()),
+            _ => None,
+        };
+        statuses.push(status.unwrap_or(0));
+        held.push(stream);
+    }
+    (statuses, held)
+}
+
+/// (2) 32 HTTP/1.1 clients, one after another, send `/embed_all` and never read the answer: each
+/// answer stays charged until the socket has taken its last slice, so those past the budget are
+/// refused with 429 instead of being built beside the ones nobody reads.
+#[tokio::test]
+async fn answers_nobody_reads_stay_charged_until_the_socket_takes_them() {
+    let sim = sim(|_| {}).await;
+    let mut sidecar = Sidecar::start(&sim);
+    let http = sidecar.http;
+    // The pool's vector size is learned from its first answer.
+    let warm = post(http, "/embed", json!({"inputs": "warm up"})).await;
+    assert_eq!(warm.status, 200, "{}", warm.body);
+    let ((statuses, held), steady) = beside_a_steady_caller(sidecar.grpc, unread_answers(http, 32)).await;
+    let served = statuses.iter().filter(|s| **s == 200).count();
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    eprintln!("32 unread /embed_all answers: {served} sent and held, {refused} refused: {statuses:?}");
+    assert!(statuses.iter().all(|s| matches!(s, 200 | 429 | 0)), "{statuses:?}");
+    assert!(refused > 0, "answers past the budget are refused");
+    sidecar.check("32 /embed_all answers never read", &steady);
+    drop(held);
+    sim.shutdown().await;
+}
+
+/// (3) 150 calls of one long word teach the pool's estimate that a token is many characters;
+/// then an `/embed_all` of 512 texts of 160 short words (164 KB, hundreds of megabytes as an
+/// answer, 33 MB as the steered estimate had it) is refused before any of it is sent upstream:
+/// the answer's bound counts a token per byte.
+#[tokio::test]
+async fn an_answer_bound_no_caller_can_steer() {
+    let sim = sim(|_| {}).await;
+    let mut sidecar = Sidecar::start(&sim);
+    let http = sidecar.http;
+    let word = "x".repeat(4000);
+    for _ in 0..150 {
+        let answer = post(http, "/embed", json!({ "inputs": word })).await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+    }
+    let before = sidecar.peak_kib();
+    let texts = vec![vec!["w"; 160].join(" "); 512];
+    let attack = async { post(http, "/embed_all", json!({ "inputs": texts })).await };
+    let (answer, steady) = beside_a_steady_caller(sidecar.grpc, attack).await;
+    assert_eq!(answer.status, 413, "{}", answer.body);
+    assert!(answer.body["error"].as_str().is_some_and(|e| e.contains("answer would be")), "{}", answer.body);
+    let grown = sidecar.peak_kib().saturating_sub(before);
+    eprintln!("steered estimate: 164 KB /embed_all refused with 413, peak +{grown} KiB");
+    assert!(grown < GROWTH_FLOOR_KIB, "refused before any work: +{grown} KiB");
+    let small = post(http, "/embed_all", json!({ "inputs": ["a short text", "another"] })).await;
+    assert_eq!(small.status, 200, "a small answer is still served: {}", small.body);
+    sidecar.check("a steered answer estimate", &steady);
+    sim.shutdown().await;
+}
