@@ -25,7 +25,7 @@ use teifleet_multiplexer::front::grpc::reflection::Reflection;
 use teifleet_multiplexer::front::http::HttpSettings;
 use teifleet_multiplexer::gate::auth::{Gate, Grant, Policy};
 use teifleet_multiplexer::report::metrics::Metrics;
-use teifleet_multiplexer::run::server::{self, InputBounds, Settings};
+use teifleet_multiplexer::run::server::{self, ConnectionBounds, InputBounds, Settings};
 use teifleet_multiplexer::sources::tls_files::TlsFiles;
 use teifleet_multiplexer::sources::{self, budget};
 use teifleet_multiplexer::transport::tls::{Certificates, PoolCertificates};
@@ -211,6 +211,8 @@ struct Serve {
     http: HttpSettings,
     #[command(flatten)]
     bounds: InputBounds,
+    #[command(flatten)]
+    connections: ConnectionBounds,
     /// The process's memory budget for requests before admission.
     #[command(flatten)]
     memory: teifleet_multiplexer::admission::memory::MemorySettings,
@@ -454,6 +456,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
         http_listen: serve.http_listen.0,
         http: serve.http,
         bounds: serve.bounds,
+        connections: serve.connections,
         memory: serve.memory,
         door: serve.door,
         auth: gate,

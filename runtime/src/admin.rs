@@ -85,10 +85,21 @@ pub async fn serve(
     refused: impl Fn(&'static str) + Send + Sync + 'static,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), Error> {
+    serve_within(listener, router, &ServerBounds::ADMIN, refused, shutdown).await
+}
+
+/// [`serve`] within `bounds`: a binary whose admin port has probes of its own names their paths.
+pub async fn serve_within(
+    listener: TcpListener,
+    router: Router,
+    bounds: &ServerBounds,
+    refused: impl Fn(&'static str) + Send + Sync + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "admin server listening");
     }
-    http_server::serve(listener, router, &ServerBounds::ADMIN, refused, shutdown).await.map_err(Error::Serve)
+    http_server::serve(listener, router, bounds, refused, shutdown).await.map_err(Error::Serve)
 }
 
 #[cfg(test)]

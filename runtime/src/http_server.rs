@@ -1,12 +1,21 @@
 //! Every plain HTTP port teifleet opens (the admin ports, the sidecar's HTTP front) is served
-//! here, with bounds on what one client can make the process hold: open connections, time to
-//! send a request's head (which also closes HTTP/1.1 keep-alive connections left idle), the
-//! head's size and header count, and HTTP/2's header list, streams and reset floods. axum's own
-//! `serve` sets no timer, so hyper's header timeout never ran there: a client sending one header
-//! byte a minute kept its connection forever.
+//! here, with bounds on what one client can make the process hold: open connections, in all and
+//! from one address (`peers`), time to send a request's head (which also closes HTTP/1.1
+//! keep-alive connections left idle), connections with no request open closed after an idle
+//! timeout (`idle`, HTTP/2's too), the head's size and header count, and HTTP/2's header list,
+//! streams and reset floods. A port may keep a few places beyond its cap for probe requests alone
+//! (`probes`), so the kubelet's probes are answered whoever holds the rest. axum's own `serve`
+//! sets no timer, so hyper's header timeout never ran there: a client sending one header byte a
+//! minute kept its connection forever.
 
+mod idle;
+mod peers;
+mod probes;
+
+use std::convert::Infallible;
 use std::future::Future;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,14 +25,15 @@ use std::time::Duration;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::time::Sleep;
 use tower::ServiceExt as _;
 
+pub use self::idle::{Busy, Open};
+use self::peers::{PeerSlot, Peers};
 use crate::tls::{self, MaybeTls, ServerTls};
 
 /// What one client may make a server hold.
@@ -31,6 +41,12 @@ use crate::tls::{self, MaybeTls, ServerTls};
 pub struct ServerBounds {
     /// Connections open at once; one more is closed as soon as it is accepted.
     pub max_connections: usize,
+    /// Connections open at once from one client address; one more from it is closed as soon as
+    /// it is accepted, so one client cannot take every place under `max_connections`.
+    pub max_connections_per_peer: usize,
+    /// How long a connection with no request open (an idle HTTP/1.1 keep-alive connection, an
+    /// HTTP/2 connection with no stream) is kept before it is closed (HTTP/2: GOAWAY first).
+    pub idle_timeout: Duration,
     /// Time to send a whole request head (on a new connection, counted from its accept), and the
     /// longest an HTTP/1.1 keep-alive connection may sit idle between requests.
     pub header_read_timeout: Duration,
@@ -40,22 +56,36 @@ pub struct ServerBounds {
     pub max_header_bytes: usize,
     /// HTTP/2 streams open at once on one connection.
     pub max_concurrent_streams: u32,
+    /// Places beyond `max_connections` for probes: a connection that finds the port full takes
+    /// one, and is served one HTTP/1.1 request for one of `probe_paths` (others are answered
+    /// 503), sent within [`probes::WITHIN`], then closed. None on ports probes do not call.
+    pub probe_slots: usize,
+    /// The paths the kubelet's probes call on this port.
+    pub probe_paths: &'static [&'static str],
 }
 
 impl ServerBounds {
     /// The bounds of a port that only probes and Prometheus call.
+    /// Its callers are the kubelet (a connection per probe), Prometheus and the operator (one
+    /// each), so idle connections are closed soon; its probes have places of their own.
     pub const ADMIN: Self = Self {
         max_connections: 256,
+        max_connections_per_peer: 256,
+        idle_timeout: Duration::from_secs(10),
         header_read_timeout: Duration::from_secs(10),
         max_headers: 64,
         max_header_bytes: 16 * 1024,
         max_concurrent_streams: 16,
+        probe_slots: 8,
+        probe_paths: &["/healthz", "/readyz"],
     };
 }
 
 /// Why a server refused a client before any request was read: the `reason` label of the
 /// refusal counters.
 pub const REFUSED_CONNECTION_LIMIT: &str = "connection_limit";
+/// A connection closed at once because its client's address already held its share of the cap.
+pub const REFUSED_PEER_LIMIT: &str = "peer_connection_limit";
 /// A connection closed because its client did not show its protocol within the header timeout.
 pub const REFUSED_NO_PROTOCOL: &str = "no_protocol";
 
@@ -93,11 +123,21 @@ pub async fn serve_tls(
 ) -> std::io::Result<()> {
     let builder = Arc::new(builder(bounds));
     let refused: Refused = Arc::new(refused);
-    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
-    let graceful = GracefulShutdown::new();
+    let cap = ConnectionCap::new(
+        bounds.max_connections,
+        bounds.max_connections_per_peer,
+        bounds.header_read_timeout,
+        refused.clone(),
+    );
+    let probes = probes::Reserve::new(bounds, &refused);
+    let idle_timeout = bounds.idle_timeout;
+    // Dropped when the server stops: every connection is told to finish what it serves and close.
+    let (stopping, stop) = watch::channel(());
+    // Each connection's task holds a sender: the receiver ends once every one has finished.
+    let (open, mut all_closed) = mpsc::channel::<Infallible>(1);
     tokio::pin!(shutdown);
     loop {
-        let (stream, _) = tokio::select! {
+        let (stream, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 // Out of file descriptors and the like: the next accept may succeed.
@@ -110,10 +150,21 @@ pub async fn serve_tls(
             () = &mut shutdown => break,
         };
         let _ = stream.set_nodelay(true);
-        let Some(place) = cap.place() else { continue };
-        let (router, builder, tls, refused, watcher) =
-            (router.clone(), builder.clone(), tls.clone(), refused.clone(), graceful.watcher());
+        let (place, probe_paths) = match cap.place(Some(peer.ip())) {
+            Some(place) => (place, None),
+            None => match probes.place(peer.ip()) {
+                Some(place) => (place, Some(bounds.probe_paths)),
+                None => continue,
+            },
+        };
+        let builder = match probe_paths {
+            None => builder.clone(),
+            Some(_) => probes.builder(),
+        };
+        let (router, tls, refused, mut stop, open) =
+            (router.clone(), tls.clone(), refused.clone(), stop.clone(), open.clone());
         tokio::spawn(async move {
+            let _open = open;
             let stream = match &tls {
                 None => MaybeTls::Plain(stream),
                 Some(tls) => match tls::accept(tls, stream, place.deadline()).await {
@@ -124,18 +175,41 @@ pub async fn serve_tls(
             let client = stream.client().cloned();
             let held = place.hold(stream);
             let number = ConnectionNumber(held.number());
-            let router = router.map_request(move |mut request: axum::http::Request<_>| {
+            let busy = Arc::new(Busy::new());
+            let calls = busy.clone();
+            let service = tower::service_fn(move |mut request: axum::http::Request<hyper::body::Incoming>| {
                 request.extensions_mut().insert(client.clone());
                 request.extensions_mut().insert(number);
-                request
+                // Open until its answer's last byte is sent: the connection is not idle meanwhile.
+                let open = calls.enter();
+                let refused = probe_paths.is_some_and(|paths| !paths.contains(&request.uri().path()));
+                let router = router.clone();
+                async move {
+                    if refused {
+                        return Ok::<_, Infallible>(probes::port_full());
+                    }
+                    let answer = router.oneshot(request).await?;
+                    Ok(answer.map(|body| axum::body::Body::new(idle::Answer::new(body, open))))
+                }
             });
-            let service = TowerToHyperService::new(router);
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(held), service);
-            // A client that resets or breaks its connection is its own business.
-            drop(watcher.watch(connection.into_owned()).await);
+            let connection =
+                builder.serve_connection_with_upgrades(TokioIo::new(held), TowerToHyperService::new(service));
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                // A client that resets or breaks its connection is its own business.
+                _ = connection.as_mut() => return,
+                () = busy.idle_for(idle_timeout) => {}
+                _ = stop.changed() => {}
+            }
+            // HTTP/1.1: closed once the request being served is answered; HTTP/2: GOAWAY, and
+            // closed once its streams are answered.
+            connection.as_mut().graceful_shutdown();
+            drop(connection.await);
         });
     }
-    graceful.shutdown().await;
+    drop((stopping, open));
+    // Never sent: it ends when the last connection's task has dropped its sender.
+    let _ = all_closed.recv().await;
     Ok(())
 }
 
@@ -162,42 +236,59 @@ fn builder(bounds: &ServerBounds) -> Builder<TokioExecutor> {
 /// HTTP/2's connection preface, which hyper looks for in a connection's first bytes.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// A port's cap on open connections, and the time a new one has to show its protocol; each
-/// connection it turns away or closes is counted through `refused`.
+/// A port's cap on open connections, in all and per client address, and the time a new one has
+/// to show its protocol; each connection it turns away or closes is counted through `refused`.
 #[derive(Clone)]
 pub struct ConnectionCap {
     open: Arc<Semaphore>,
+    peers: Arc<Peers>,
     protocol_within: Duration,
     refused: Refused,
 }
 
 impl ConnectionCap {
-    pub fn new(max_connections: usize, protocol_within: Duration, refused: Refused) -> Self {
-        Self { open: Arc::new(Semaphore::new(max_connections)), protocol_within, refused }
+    pub fn new(max_connections: usize, per_peer: usize, protocol_within: Duration, refused: Refused) -> Self {
+        Self {
+            open: Arc::new(Semaphore::new(max_connections)),
+            peers: Arc::new(Peers::new(per_peer)),
+            protocol_within,
+            refused,
+        }
     }
 
     /// The connection, holding its place under the cap until it closes; `None` (and the
     /// connection dropped, so closed) when the cap is reached.
-    pub fn admit<Io>(&self, io: Io) -> Option<Accepted<Io>> {
-        Some(self.place()?.hold(io))
+    pub fn admit<Io>(&self, io: Io, peer: Option<IpAddr>) -> Option<Accepted<Io>> {
+        Some(self.place(peer)?.hold(io))
     }
 
-    /// A place under the cap for a connection just accepted, whose protocol deadline starts now;
-    /// `None` when the cap is reached. For connections that shake hands (TLS) before they are
-    /// [held](Place::hold).
-    pub fn place(&self) -> Option<Place> {
+    /// A place under the cap for a connection just accepted from `peer`, whose protocol deadline
+    /// starts now; `None` when the cap, or `peer`'s share of it, is reached. For connections
+    /// that shake hands (TLS) before they are [held](Place::hold).
+    pub fn place(&self, peer: Option<IpAddr>) -> Option<Place> {
         let Ok(permit) = self.open.clone().try_acquire_owned() else {
             (self.refused)(REFUSED_CONNECTION_LIMIT);
             return None;
         };
+        let peer = match peer {
+            None => None,
+            Some(address) => match self.peers.enter(address) {
+                Some(slot) => Some(slot),
+                None => {
+                    (self.refused)(REFUSED_PEER_LIMIT);
+                    return None;
+                }
+            },
+        };
         let deadline = tokio::time::Instant::now() + self.protocol_within;
-        Some(Place { permit, deadline, refused: self.refused.clone() })
+        Some(Place { permit, peer, deadline, refused: self.refused.clone() })
     }
 }
 
 /// A connection's place under a port's cap, and the instant by which it must show its protocol.
 pub struct Place {
     permit: OwnedSemaphorePermit,
+    peer: Option<PeerSlot>,
     deadline: tokio::time::Instant,
     refused: Refused,
 }
@@ -212,7 +303,8 @@ impl Place {
     pub fn hold<Io>(self, io: Io) -> Accepted<Io> {
         let deadline = Some(Box::pin(tokio::time::sleep_until(self.deadline)));
         let number = NEXT_CONNECTION.fetch_add(1, Ordering::Relaxed);
-        Accepted { io, number, matched: 0, deadline, timed_out: false, _place: self.permit, refused: self.refused }
+        let place = (self.permit, self.peer);
+        Accepted { io, number, matched: 0, deadline, timed_out: false, _place: place, refused: self.refused }
     }
 }
 
@@ -230,7 +322,7 @@ pub struct Accepted<Io> {
     deadline: Option<Pin<Box<Sleep>>>,
     /// The deadline passed (counted once, however often the server reads again).
     timed_out: bool,
-    _place: OwnedSemaphorePermit,
+    _place: (OwnedSemaphorePermit, Option<PeerSlot>),
     refused: Refused,
 }
 
@@ -326,7 +418,7 @@ mod tests {
     const WITHIN: Duration = Duration::from_millis(50);
 
     fn accepted<Io>(io: Io) -> Accepted<Io> {
-        ConnectionCap::new(1, WITHIN, Arc::new(|_| {})).admit(io).expect("a place under the cap")
+        ConnectionCap::new(1, 1, WITHIN, Arc::new(|_| {})).admit(io, None).expect("a place under the cap")
     }
 
     /// Sends `first`, reads it through an [`Accepted`] connection, and reads again past the
@@ -358,13 +450,32 @@ mod tests {
     fn a_connection_holds_its_place_under_the_cap_until_it_closes() {
         let turned_away = Arc::new(std::sync::Mutex::new(Vec::new()));
         let counted = turned_away.clone();
-        let cap = ConnectionCap::new(1, WITHIN, Arc::new(move |reason| counted.lock().unwrap().push(reason)));
+        let cap = ConnectionCap::new(1, 1, WITHIN, Arc::new(move |reason| counted.lock().unwrap().push(reason)));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
         let _guard = runtime.enter();
-        let first = cap.admit(()).expect("room for one");
-        assert!(cap.admit(()).is_none(), "the cap is reached");
+        let first = cap.admit((), None).expect("room for one");
+        assert!(cap.admit((), None).is_none(), "the cap is reached");
         drop(first);
-        assert!(cap.admit(()).is_some(), "its place is free again");
+        assert!(cap.admit((), None).is_some(), "its place is free again");
         assert_eq!(*turned_away.lock().unwrap(), [REFUSED_CONNECTION_LIMIT]);
+    }
+
+    #[test]
+    fn one_address_holds_its_share_of_the_cap_and_no_more() {
+        let turned_away = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let counted = turned_away.clone();
+        let cap = ConnectionCap::new(3, 2, WITHIN, Arc::new(move |reason| counted.lock().unwrap().push(reason)));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let _guard = runtime.enter();
+        let (one, other): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        let first = cap.admit((), Some(one)).expect("room");
+        let _second = cap.admit((), Some(mapped)).expect("room: the same address, written as IPv6");
+        assert!(cap.admit((), Some(one)).is_none(), "its share is held");
+        let _third = cap.admit((), Some(other)).expect("another address has room");
+        drop(first);
+        assert!(cap.admit((), Some(other)).is_none(), "the port is full");
+        assert!(cap.admit((), Some(one)).is_some(), "its place is free again");
+        assert_eq!(*turned_away.lock().unwrap(), [REFUSED_PEER_LIMIT, REFUSED_CONNECTION_LIMIT]);
     }
 }

@@ -68,6 +68,21 @@ pub struct PoolTable {
     plaintext_routes: std::sync::atomic::AtomicBool,
 }
 
+/// Pool names an error message names at most.
+pub const NAMED_IN_ERRORS: usize = 8;
+/// Bytes of one name an error message repeats: a pool's name is a DNS label (63 at most); a name
+/// a caller asked for may be as long as its headers.
+const NAME_IN_ERRORS: usize = 63;
+
+/// `name`, cut to [`NAME_IN_ERRORS`] bytes at a character boundary.
+fn clipped(name: &str) -> &str {
+    let mut end = name.len().min(NAME_IN_ERRORS);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
+}
+
 impl PoolTable {
     pub fn new(own: &str, metrics: Metrics) -> Self {
         Self::with_dialer(own, metrics, Dialer::default())
@@ -162,11 +177,17 @@ impl PoolTable {
         Ok(())
     }
 
-    /// All pools' names, for error messages.
+    /// The pools' names for an error message, the first [`NAMED_IN_ERRORS`] of them and how many
+    /// more: a refusal costs the same however many pools the namespace has, and does not hand
+    /// any caller the whole list.
     pub fn known(&self) -> String {
         let pools = self.pools.read().unwrap_or_else(|p| p.into_inner());
-        let names: Vec<&str> = pools.keys().map(String::as_str).collect();
-        if names.is_empty() { "none".to_owned() } else { names.join(", ") }
+        let names: Vec<&str> = pools.keys().take(NAMED_IN_ERRORS).map(|name| clipped(name)).collect();
+        match pools.len().saturating_sub(names.len()) {
+            _ if names.is_empty() => "none".to_owned(),
+            0 => names.join(", "),
+            more => format!("{} and {more} more", names.join(", ")),
+        }
     }
 
     /// Lets calls that came in TLS be routed to pools served in plain text (`true`), or refuses
@@ -218,7 +239,8 @@ impl PoolTable {
             Target::Own if self.activations.is_some() => return Err(Error::NoPoolNamed),
             Target::Own => self.get(&self.own).ok_or_else(|| Error::PoolNotReady(self.own.clone()))?,
             Target::Pool(name) => {
-                self.get(name).ok_or_else(|| Error::UnknownPool { requested: name.clone(), known: self.known() })?
+                let unknown = || Error::UnknownPool { requested: clipped(name).to_owned(), known: self.known() };
+                self.get(name).ok_or_else(unknown)?
             }
             Target::Model(model) => return self.resolve_model(model, forwarded_by),
         };
@@ -243,7 +265,7 @@ impl PoolTable {
                 }
             }
         }
-        Err(refused.unwrap_or_else(|| Error::UnknownModel { model: model.to_owned(), known: self.known() }))
+        Err(refused.unwrap_or_else(|| Error::UnknownModel { model: clipped(model).to_owned(), known: self.known() }))
     }
 
     /// `pool` if it may take a call that `forwarded_by` forwarded (or none did) here.
@@ -314,6 +336,18 @@ mod tests {
         let error = table.resolve(&Target::Pool("nope".into()), None).err().unwrap();
         assert!(error.to_string().contains("known pools: bge, gte"), "{error}");
         assert!(matches!(table.resolve(&Target::Model("x".into()), None), Err(Error::UnknownModel { .. })));
+    }
+
+    #[tokio::test]
+    async fn a_refusal_names_a_few_pools_however_many_there_are() {
+        let table = PoolTable::new("pool-0000", Metrics::new());
+        let name = |i: usize| format!("pool-{i:04}-{}", "x".repeat(40));
+        table.sync((0..1000).map(|i| spec(&name(i), "BAAI/bge", false, 1)).collect()).unwrap();
+        let asked = "é".repeat(10_000);
+        let error = table.resolve(&Target::Pool(asked), None).err().unwrap().to_string();
+        assert!(error.ends_with(&format!("and {} more", 1000 - NAMED_IN_ERRORS)), "{error}");
+        assert!(error.contains(&name(0)) && !error.contains(&name(NAMED_IN_ERRORS)), "{error}");
+        assert!(error.len() < 1024, "{} bytes: {error}", error.len());
     }
 
     #[tokio::test]

@@ -16,6 +16,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use teifleet_crds::SidecarAdmission;
+use teifleet_runtime::http_server::ServerBounds;
 use teifleet_runtime::tls::ServerTls;
 use teifleet_wire::sidecar_admin::{ACTIVATIONS_PATH, ADMISSION_PATH};
 use teifleet_wire::tei_health;
@@ -173,10 +174,16 @@ pub fn router(
     }
 }
 
+/// The paths the kubelet's probes call on the admin port: the sidecar's own, and TEI's on its
+/// behalf. Served on places no other client can hold (`ServerBounds::probe_slots`).
+pub const PROBE_PATHS: &[&str] = &["/healthz", "/readyz", tei_health::PATH];
+
 /// Serves the admin `router` on `listener` until `stop`.
 pub async fn serve(listener: TcpListener, router: Router, metrics: &Metrics, stop: CancellationToken) {
     let refused = metrics.refusal_counter("admin");
-    if let Err(error) = teifleet_runtime::admin::serve(listener, router, refused, stop.cancelled_owned()).await {
+    let bounds = ServerBounds { probe_paths: PROBE_PATHS, ..ServerBounds::ADMIN };
+    let serving = teifleet_runtime::admin::serve_within(listener, router, &bounds, refused, stop.cancelled_owned());
+    if let Err(error) = serving.await {
         tracing::error!(%error, "admin server failed");
     }
 }

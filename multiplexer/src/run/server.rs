@@ -63,6 +63,9 @@ pub struct Settings {
     pub tei_metrics: Option<http::Uri>,
     /// What one client may make the gRPC and HTTP ports hold.
     pub bounds: InputBounds,
+    /// How many of those ports' connections one client address may hold, and how long an idle
+    /// one is kept.
+    pub connections: ConnectionBounds,
     /// TLS on the gRPC and HTTP ports (plain text while off); a source changes it live. Calls to
     /// `https://` upstreams use the same certificate set (`PoolTable::with_dialer`).
     pub tls: Arc<ServerTls>,
@@ -106,14 +109,43 @@ impl Default for InputBounds {
 }
 
 impl InputBounds {
-    fn http_server(&self, max_concurrent_streams: u32) -> ServerBounds {
+    fn http_server(&self, connections: &ConnectionBounds, max_concurrent_streams: u32) -> ServerBounds {
         ServerBounds {
             max_connections: self.max_connections,
+            max_connections_per_peer: connections.max_connections_per_peer,
+            idle_timeout: connections.idle_connection_timeout,
             header_read_timeout: self.header_read_timeout,
             max_headers: 100,
             max_header_bytes: self.max_header_bytes,
             max_concurrent_streams,
+            probe_slots: 0,
+            probe_paths: &[],
         }
+    }
+}
+
+/// What one client address may hold of the gRPC and HTTP ports' connections, and for how long
+/// unused. Declared once: these are the binary's flags, and their defaults are [`Default`]'s.
+#[derive(Clone, Debug, PartialEq, Eq, clap::Args)]
+pub struct ConnectionBounds {
+    /// Connections open at once from one client address on each of the gRPC and HTTP ports; one
+    /// more from it is closed at once. A quarter of `--max-connections` by default: one client
+    /// cannot lock the others out, and many clients behind one address (a node's SNAT, an
+    /// ingress) still fit. Siblings and the activator connect once each.
+    #[arg(long, default_value_t = 256)]
+    pub max_connections_per_peer: usize,
+    /// How long a connection with no call open is kept on the gRPC and HTTP ports: an HTTP/2
+    /// connection then gets a GOAWAY (clients reconnect when they next call), an HTTP/1.1
+    /// keep-alive one is closed. Longer than the keepalive PINGs' interval, so a client's pool
+    /// of connections survives a quiet spell; short enough that abandoned ones give back their
+    /// places within a minute.
+    #[arg(long, default_value = "30s", value_parser = duration::parse_flag)]
+    pub idle_connection_timeout: Duration,
+}
+
+impl Default for ConnectionBounds {
+    fn default() -> Self {
+        crate::vocab::flags::defaults()
     }
 }
 
@@ -135,6 +167,7 @@ impl Default for Settings {
             health_interval: Duration::from_secs(2),
             tei_metrics: None,
             bounds: InputBounds::default(),
+            connections: ConnectionBounds::default(),
             tls: Arc::new(ServerTls::off()),
             pool_naming: None,
             memory: MemorySettings::default(),
@@ -264,6 +297,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         keepalive_timeout: Duration::from_secs(10),
         max_connection_age: settings.max_connection_age,
         max_connection_age_grace: settings.max_connection_age_grace,
+        idle_timeout: settings.connections.idle_connection_timeout,
     };
 
     let server_stop = CancellationToken::new();
@@ -271,7 +305,8 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     let bounds = &settings.bounds;
     let refused: Refused = Arc::new(metrics.refusal_counter(Protocol::Grpc.as_str()));
-    let cap = ConnectionCap::new(bounds.max_connections, bounds.header_read_timeout, refused.clone());
+    let per_peer = settings.connections.max_connections_per_peer;
+    let cap = ConnectionCap::new(bounds.max_connections, per_peer, bounds.header_read_timeout, refused.clone());
     let incoming =
         crate::front::grpc::connections::bounded(incoming, cap, bounds.max_connections, settings.tls.clone(), refused);
     let server = tokio::spawn(grpc::serve(incoming, dispatch, h2_bounds, server_stop.clone()));
@@ -293,7 +328,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         let stopped = server_stop.clone().cancelled_owned();
         // Small: an HTTP/2 stream is one whole request, its body buffered, where a gRPC stream's
         // call waits at the door or in the queue before its body is read.
-        let bounds = settings.bounds.http_server(settings.http.http_max_concurrent_streams);
+        let bounds = settings.bounds.http_server(&settings.connections, settings.http.http_max_concurrent_streams);
         let (refused, tls) = (metrics.refusal_counter(Protocol::Http.as_str()), Some(settings.tls.clone()));
         tokio::spawn(async move { http_server::serve_tls(listener, app, &bounds, tls, refused, stopped).await })
     });

@@ -5,11 +5,11 @@
 
 use std::future::poll_fn;
 
-use bytes::Bytes;
+use bytes::Buf;
 use h2::{Reason, SendStream};
 
 /// Waits until the peer's window grants some room for `len` bytes.
-pub async fn room(to: &mut SendStream<Bytes>, len: usize) -> Result<(), h2::Error> {
+pub async fn room<B: Buf>(to: &mut SendStream<B>, len: usize) -> Result<(), h2::Error> {
     to.reserve_capacity(len);
     while to.capacity() == 0 {
         match poll_fn(|cx| to.poll_capacity(cx)).await {

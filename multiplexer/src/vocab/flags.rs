@@ -16,7 +16,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::front::http::HttpSettings;
-    use crate::run::server::InputBounds;
+    use crate::run::server::{ConnectionBounds, InputBounds};
 
     #[test]
     fn defaults_are_the_flags_defaults() {
@@ -26,5 +26,8 @@ mod tests {
         let bounds: InputBounds = super::defaults();
         assert_eq!(bounds.header_read_timeout, Duration::from_secs(10));
         assert_eq!(bounds.max_connections, 1024);
+        let connections: ConnectionBounds = super::defaults();
+        assert_eq!(connections.max_connections_per_peer, 256, "a quarter of the port's cap");
+        assert_eq!(connections.idle_connection_timeout, Duration::from_secs(30));
     }
 }

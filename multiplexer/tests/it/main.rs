@@ -13,6 +13,7 @@ mod drain;
 mod faults;
 mod fuzz;
 mod hostile_arrow;
+mod hostile_connections;
 mod hostile_http;
 mod hostile_http_amplify;
 mod hostile_suite;

@@ -1,6 +1,6 @@
 //! The gRPC port's accepted connections under the same bounds as every HTTP port
-//! (`teifleet_runtime::http_server`): one past the cap is closed as soon as it is accepted, and
-//! counted, so a flood of idle connections costs a bounded amount of memory and the callers
+//! (`teifleet_runtime::http_server`): one past the cap, or past its client address's share of
+//! it, is closed as soon as it is accepted, and counted, so a flood of idle connections costs a bounded amount of memory and the callers
 //! already connected keep being served; and one that has not sent HTTP/2's preface within the
 //! header timeout is closed, so silent connections cannot fill the cap for good. With TLS on,
 //! the handshake counts against the same timeout, and handshakes run side by side, so a slow
@@ -42,7 +42,10 @@ where
                 }
             })
         })
-        .filter_map(move |stream| ready(cap.place().map(|place| (place, stream))))
+        .filter_map(move |stream| {
+            let peer = stream.peer_addr().ok().map(|address| address.ip());
+            ready(cap.place(peer).map(|place| (place, stream)))
+        })
         .map(move |(place, stream)| {
             let (tls, refused) = (tls.clone(), refused.clone());
             async move {

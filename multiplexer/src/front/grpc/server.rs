@@ -6,21 +6,22 @@
 //! boxed service and body per layer, a hyper task per stream, a router lookup), measured in
 //! `make bench` scenarios 1 and 5 against a floor written on `h2` alone. What they did is kept
 //! here, each in one place: the bounds of [`Bounds`] (streams, header list, reset floods,
-//! keepalive, connection age), the connection's number and TLS identity in every request
+//! keepalive, connection age, idle timeout), the connection's number and TLS identity in every request
 //! ([`ConnectionInfo`]), tonic's `grpc-timeout` backstop, and a drain that lets calls in flight
 //! finish. [`crate::front::grpc::service::RpcService`] serves the RPC table's calls; tonic's routes (health,
 //! reflection, UNIMPLEMENTED) the rest.
 
+mod answer;
 mod drained;
 mod stream;
 
 use std::future::poll_fn;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::{Stream, StreamExt as _};
-use teifleet_runtime::http_server::Accepted;
+use teifleet_runtime::http_server::{Accepted, Busy};
 use teifleet_runtime::tls::MaybeTls;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
@@ -60,6 +61,9 @@ pub struct Bounds {
     pub max_connection_age: Duration,
     /// ...and are closed this long after it, with whatever is still in flight.
     pub max_connection_age_grace: Duration,
+    /// Connections with no stream open this long get a GOAWAY, and are closed once the client
+    /// has had the grace to leave: idle connections do not keep places under the port's cap.
+    pub idle_timeout: Duration,
 }
 
 /// Serves `dispatch` on every connection `incoming` yields until `stop` is cancelled; then each
@@ -95,7 +99,7 @@ where
         .max_concurrent_streams(bounds.max_concurrent_streams)
         .max_header_list_size(bounds.max_header_list_bytes)
         .max_pending_accept_reset_streams(bounds.max_pending_accept_reset_streams)
-        .handshake::<_, Bytes>(corked);
+        .handshake::<_, answer::AnswerBuf>(corked);
     // The client's preface is timed by `Accepted` (the header timeout): no timer here.
     let mut connection = match handshake.await {
         Ok(connection) => connection,
@@ -106,7 +110,8 @@ where
     // for: a connection task wakes several times per call, and polling two timers and the stop
     // token at every wake cost more than reading one channel.
     let (tell, mut told) = mpsc::unbounded_channel();
-    let _watch = AbortOnDropHandle::new(tokio::spawn(watch(connection.ping_pong(), bounds, stop, tell)));
+    let busy = Arc::new(Busy::new());
+    let _watch = AbortOnDropHandle::new(tokio::spawn(watch(connection.ping_pong(), bounds, busy.clone(), stop, tell)));
     let mut closing = false;
     loop {
         tokio::select! {
@@ -118,7 +123,12 @@ where
                 accepted
             }) => match accepted {
                 Some(Ok((request, respond))) => {
-                    streams.spawn(stream::serve(request, respond, &dispatch, &info));
+                    // Open until the call's task ends: the connection is not idle meanwhile.
+                    let (open, call) = (busy.enter(), stream::serve(request, respond, &dispatch, &info));
+                    streams.spawn(async move {
+                        call.await;
+                        drop(open);
+                    });
                 }
                 Some(Err(error)) => {
                     tracing::debug!(%error, "HTTP/2 connection failed");
@@ -149,15 +159,22 @@ where
 #[derive(Debug)]
 enum Watch {
     /// Tell the client GOAWAY and finish the calls in flight: the server is stopping, or the
-    /// connection has reached its age.
+    /// connection has reached its age or sat idle past its timeout.
     GoAway,
-    /// Close it now: the client left a PING unanswered, or the connection is past its age and
-    /// grace.
+    /// Close it now: the client left a PING unanswered, or the connection is past its age (or
+    /// idle timeout) and grace.
     Close(&'static str),
 }
 
-/// A connection's timers: keepalive PINGs, its age and grace, and the server's stop.
-async fn watch(pings: Option<h2::PingPong>, bounds: Bounds, stop: CancellationToken, tell: UnboundedSender<Watch>) {
+/// A connection's timers: keepalive PINGs, its age and grace, its idle timeout and grace, and the
+/// server's stop.
+async fn watch(
+    pings: Option<h2::PingPong>,
+    bounds: Bounds,
+    busy: Arc<Busy>,
+    stop: CancellationToken,
+    tell: UnboundedSender<Watch>,
+) {
     let born = tokio::time::Instant::now();
     let ages = async {
         tokio::select! {
@@ -171,10 +188,17 @@ async fn watch(pings: Option<h2::PingPong>, bounds: Bounds, stop: CancellationTo
         tokio::time::sleep(bounds.max_connection_age_grace).await;
         let _ = tell.send(Watch::Close("connection past its age and grace"));
     };
+    let idle = async {
+        busy.idle_for(bounds.idle_timeout).await;
+        let _ = tell.send(Watch::GoAway);
+        tokio::time::sleep(bounds.max_connection_age_grace).await;
+        let _ = tell.send(Watch::Close("idle connection past its grace"));
+    };
     tokio::select! {
         () = keepalive::unanswered(pings, bounds.keepalive_interval, bounds.keepalive_timeout) => {
             let _ = tell.send(Watch::Close("client unanswered PING"));
         }
         () = ages => {}
+        () = idle => {}
     }
 }

@@ -6,7 +6,8 @@
 //! header: [`STREAM_BYTES`] at once (refused then, before its body is read, when there is no
 //! room), and its body as it is taken from h2, at [`BUFFERED_PER_BYTE`] bytes a byte. A unary
 //! call keeps the charge until it is answered; a stream gives each message's back once the
-//! message is passed on (`crate::front::grpc::stream_body`).
+//! message is passed on (`crate::front::grpc::stream_body`). Its answer is charged from when the
+//! writer takes it until h2 has written it to the socket (`super::answer`).
 
 use std::future::poll_fn;
 use std::pin::{Pin, pin};
@@ -35,6 +36,7 @@ use crate::report::status;
 use crate::transport::send_window;
 use crate::vocab::rpc::{RPCS, Shape};
 
+use super::answer::{self, AnswerBuf, Answering};
 use super::drained::Drained;
 
 type Answer = http::Response<tonic::body::Body>;
@@ -80,18 +82,26 @@ impl Dispatch {
     }
 
     /// The charge of a new stream on `path`: none for health and reflection (small, and what
-    /// probes call), refused when the budget has no room for it.
+    /// probes call), refused when the budget has no room for it, or for its answer
+    /// (`answer::room_for`).
     fn charge(&self, path: &str) -> Result<Option<Arc<Charge>>, OverBudget> {
         if !RPCS.iter().any(|rpc| rpc.path == path) {
             return Ok(None);
         }
-        match self.memory.charge(Use::RequestBodies, STREAM_BYTES) {
+        let charged =
+            answer::room_for(&self.memory, path).and_then(|()| self.memory.charge(Use::RequestBodies, STREAM_BYTES));
+        match charged {
             Ok(charge) => Ok(Some(Arc::new(charge))),
             Err(over) => {
                 (self.refused)(REFUSED_MEMORY);
                 Err(over)
             }
         }
+    }
+
+    /// Where a stream on `path` charges its answer: nowhere for health and reflection.
+    fn answers(&self, path: &str) -> Option<Answers> {
+        answer::charged(path).then(|| Answers { memory: self.memory.clone(), refused: self.refused.clone() })
     }
 
     fn call(&self, mut request: http::Request<RequestBody>, connection: &ConnectionInfo) -> BoxFuture<'static, Answer> {
@@ -122,11 +132,12 @@ impl Dispatch {
 /// and writing it back.
 pub fn serve(
     request: http::Request<RecvStream>,
-    respond: SendResponse<Bytes>,
+    respond: SendResponse<AnswerBuf>,
     dispatch: &Dispatch,
     connection: &ConnectionInfo,
 ) -> impl Future<Output = ()> + Send + 'static {
     let (mut parts, body) = request.into_parts();
+    let answers = dispatch.answers(parts.uri.path());
     let timeout = parts.headers.get(&GRPC_TIMEOUT).and_then(|value| parse_grpc_timeout(value.to_str().ok()?).ok());
     let answer = match dispatch.charge(parts.uri.path()) {
         Ok(charge) => {
@@ -138,11 +149,28 @@ pub fn serve(
         }
         Err(over) => futures::future::ready(status::into_http(status::into_status(Error::Memory(over)))).boxed(),
     };
-    answer_stream(timeout_backstop(timeout, answer), respond)
+    answer_stream(timeout_backstop(timeout, answer), respond, answers)
+}
+
+/// The memory budget a stream's answer is charged to, and the count of refusals for it.
+struct Answers {
+    memory: Arc<MemoryBudget>,
+    refused: Arc<dyn Fn(&'static str) + Send + Sync>,
+}
+
+impl Answers {
+    /// Starts charging an answer whose body holds at least `known` bytes.
+    fn start(&self, known: u64) -> Result<Answering, OverBudget> {
+        Answering::start(&self.memory, known).inspect_err(|_| (self.refused)(REFUSED_MEMORY))
+    }
 }
 
 /// Waits for the answer and writes it; a stream that breaks is the client's business.
-async fn answer_stream(answer: BoxFuture<'static, Answer>, mut respond: SendResponse<Bytes>) {
+async fn answer_stream(
+    answer: BoxFuture<'static, Answer>,
+    mut respond: SendResponse<AnswerBuf>,
+    answers: Option<Answers>,
+) {
     // The client may reset the stream while the call waits (its deadline passed, it gave up):
     // dropping the call then is what takes it out of the queue, the door or its permit.
     let answer = tokio::select! {
@@ -154,13 +182,27 @@ async fn answer_stream(answer: BoxFuture<'static, Answer>, mut respond: SendResp
     };
     let (parts, body) = answer.into_parts();
     let end_of_stream = body.is_end_stream();
+    // What the body is known to hold (a unary answer's message) is charged before the headers
+    // go: a call whose answer does not fit is answered RESOURCE_EXHAUSTED alone.
+    let answering =
+        match answers.as_ref().filter(|_| !end_of_stream).map(|answers| answers.start(body.size_hint().lower())) {
+            None => None,
+            Some(Ok(answering)) => Some(answering),
+            Some(Err(over)) => {
+                let (parts, ()) = status::into_http(status::into_status(Error::Memory(over))).into_parts();
+                if let Err(error) = respond.send_response(http::Response::from_parts(parts, ()), true) {
+                    tracing::debug!(%error, "stream closed before its answer");
+                }
+                return;
+            }
+        };
     let sending = match respond.send_response(http::Response::from_parts(parts, ()), end_of_stream) {
         Ok(sending) => sending,
         Err(error) => return tracing::debug!(%error, "stream closed before its answer"),
     };
     // Boxed: a call's task waits above far longer than it writes here, and should hold only what
     // waiting needs meanwhile.
-    if !end_of_stream && let Err(error) = Box::pin(send_body(body, sending)).await {
+    if !end_of_stream && let Err(error) = Box::pin(send_body(body, sending, answering, answers)).await {
         tracing::debug!(%error, "stream broken while answering");
     }
 }
@@ -180,8 +222,15 @@ fn timeout_backstop(timeout: Option<Duration>, answer: BoxFuture<'static, Answer
 }
 
 /// The answer's frames as the body yields them: data within the client's window, then the
-/// trailers or an empty end of stream. A body that fails resets the stream.
-async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result<(), h2::Error> {
+/// trailers or an empty end of stream. A body that fails resets the stream. Each data frame is
+/// charged to `answering` until h2 writes it; one that does not fit ends the answer with
+/// RESOURCE_EXHAUSTED in its trailers.
+async fn send_body(
+    body: tonic::body::Body,
+    mut to: SendStream<AnswerBuf>,
+    mut answering: Option<Answering>,
+    answers: Option<Answers>,
+) -> Result<(), h2::Error> {
     let mut body = pin!(body);
     loop {
         let frame = tokio::select! {
@@ -190,7 +239,7 @@ async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result
             frame = body.frame() => frame,
         };
         let frame = match frame {
-            None => return to.send_data(Bytes::new(), true),
+            None => return to.send_data(AnswerBuf::plain(Bytes::new()), true),
             Some(Ok(frame)) => frame,
             Some(Err(status)) => {
                 tracing::debug!(%status, "answer body failed: stream reset");
@@ -201,8 +250,21 @@ async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result
         let frame = match frame.into_data() {
             Ok(data) => {
                 let end_of_stream = body.is_end_stream();
-                if !data.is_empty() {
-                    send_window::room(&mut to, data.len()).await?;
+                let len = data.len();
+                let data = match answering.as_mut() {
+                    None => AnswerBuf::plain(data),
+                    Some(answering) => match answering.take(data) {
+                        Ok(charged) => charged,
+                        Err(over) => {
+                            if let Some(answers) = &answers {
+                                (answers.refused)(REFUSED_MEMORY);
+                            }
+                            return to.send_trailers(refusal_trailers(over));
+                        }
+                    },
+                };
+                if len > 0 {
+                    send_window::room(&mut to, len).await?;
                 }
                 to.send_data(data, end_of_stream)?;
                 if end_of_stream {
@@ -212,10 +274,21 @@ async fn send_body(body: tonic::body::Body, mut to: SendStream<Bytes>) -> Result
             }
             Err(frame) => frame,
         };
+        if let Some(answering) = &mut answering {
+            answering.end();
+        }
         if let Ok(trailers) = frame.into_trailers() {
             return to.send_trailers(trailers);
         }
     }
+}
+
+/// The trailers that end an answer refused for memory midway: RESOURCE_EXHAUSTED with the
+/// retry hint, as a refusal before the answer would say.
+fn refusal_trailers(over: OverBudget) -> http::HeaderMap {
+    let (mut parts, ()) = status::into_http(status::into_status(Error::Memory(over))).into_parts();
+    parts.headers.remove(http::header::CONTENT_TYPE);
+    parts.headers
 }
 
 /// A request body read from its h2 stream. A unary call's is read as the call takes it; a

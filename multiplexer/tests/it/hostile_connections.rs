@@ -1,0 +1,349 @@
+//! Issue 43's attacks on the multiplexer's connections and answers, each against the binary in
+//! front of the TEI simulator on loopback: one client's idle HTTP/2 connections take no more than
+//! its share of the gRPC and HTTP ports (`--max-connections-per-peer`) and are closed once idle
+//! (`--idle-connection-timeout`); the admin port's probes are answered whoever holds its
+//! connections; answers a client never reads are charged to the memory budget until h2 writes
+//! them, and refused once it is spent. Each prints its figures for the issue's note.
+
+use std::io::{BufRead as _, BufReader};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::join_all;
+use hyper_util::rt::TokioIo;
+use prost::Message as _;
+use teifleet_proto::v1::{self, embed_client::EmbedClient};
+use teifleet_tei_sim::SimHandle;
+use teifleet_testkit::process::ChildGuard;
+use teifleet_wire::headers::RETRY_PUSHBACK_MS;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::support::{embed_request, metric_sum, sim};
+
+/// The issue's bound on the sidecar's peak resident memory under each attack.
+const PEAK_BOUND_KIB: u64 = 200 * 1000;
+/// The issue's bound on the steady caller's p99.
+const STEADY_P99: Duration = Duration::from_secs(1);
+/// The attacker's address; every other caller comes from [`OTHER`] (both loopback).
+const ATTACKER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
+const OTHER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+/// The ports' caps, the binary's defaults.
+const MAX_CONNECTIONS: usize = 1024;
+const PER_PEER: usize = 256;
+/// How long a bound may take to act before the test calls it not enforced: generous, for a loaded
+/// machine.
+const SLACK: Duration = Duration::from_secs(10);
+
+struct Sidecar {
+    guard: ChildGuard,
+    grpc: SocketAddr,
+    admin: SocketAddr,
+    http: SocketAddr,
+}
+
+impl Sidecar {
+    fn start(sim: &SimHandle, extra: &[&str]) -> Self {
+        let http_port = teifleet_testkit::net::free_port().expect("a free port");
+        let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
+        command
+            .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--memory-limit", "256Mi"])
+            .args(["--upstream", &format!("http://{}", sim.addr())])
+            .args(extra)
+            .stderr(Stdio::piped());
+        let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
+        let mut logs = BufReader::new(guard.child_mut().stderr.take().unwrap()).lines();
+        let serving = logs.by_ref().map_while(Result::ok).find(|l| l.contains("multiplexer serving")).expect("serving");
+        std::thread::spawn(move || {
+            for line in logs.map_while(Result::ok) {
+                assert!(!line.contains("panicked"), "a panic in the sidecar: {line}");
+            }
+        });
+        let line: serde_json::Value = serde_json::from_str(&serving).expect("JSON logs");
+        let addr = |key: &str| line[key].as_str().and_then(|a| a.parse().ok()).expect("an address");
+        Self {
+            grpc: addr("grpc_addr"),
+            admin: addr("admin_addr"),
+            http: teifleet_testkit::net::loopback(http_port),
+            guard,
+        }
+    }
+
+    fn peak_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.guard.id())).expect("alive");
+        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
+        line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
+    }
+
+    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let (status, text) = http_get(OTHER, self.admin, "/metrics").await;
+        assert_eq!(status, 200, "{text}");
+        metric_sum(&text, name, labels)
+    }
+
+    /// The checks every attack ends with; prints the figures for the note.
+    fn check(&mut self, attack: &str, steady: &Steady) {
+        let peak = self.peak_kib();
+        let p99 = steady.p99();
+        let (served, all) = (steady.took.len(), steady.took.len() + steady.failed);
+        eprintln!("{attack}: peak RSS {} MB, steady caller served {served} of {all}, p99 {p99:?}", peak / 1000);
+        assert!(self.guard.child_mut().try_wait().unwrap().is_none(), "{attack}: the sidecar died");
+        assert!(peak < PEAK_BOUND_KIB, "{attack}: peak RSS {peak} KiB");
+        assert!(served >= 5 && served * 10 >= all * 9, "{attack}: the steady caller was not served: {steady:?}");
+        assert!(p99 < STEADY_P99, "{attack}: the steady caller's p99 {p99:?}");
+    }
+}
+
+/// A TCP connection to `to` from the loopback address `from`.
+async fn connect_from(from: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = TcpSocket::new_v4()?;
+    socket.bind(SocketAddr::new(IpAddr::V4(from), 0))?;
+    let stream = socket.connect(to).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
+/// A gRPC channel to `to` whose connections come from `from`.
+async fn channel_from(from: Ipv4Addr, to: SocketAddr) -> Channel {
+    let connector = tower::service_fn(move |_: http::Uri| async move { connect_from(from, to).await.map(TokioIo::new) });
+    Endpoint::from_shared(format!("http://{to}")).unwrap().connect_with_connector(connector).await.expect("connects")
+}
+
+/// One HTTP/1.1 request from `from`, its status and body (status 0: the connection was closed
+/// without an answer).
+async fn http_get(from: Ipv4Addr, to: SocketAddr, path: &str) -> (u16, String) {
+    http_request(from, to, "GET", path, "").await
+}
+
+async fn http_request(from: Ipv4Addr, to: SocketAddr, method: &str, path: &str, body: &str) -> (u16, String) {
+    let Ok(mut stream) = connect_from(from, to).await else { return (0, String::new()) };
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nhost: sidecar\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    if stream.write_all(head.as_bytes()).await.is_err() {
+        return (0, String::new());
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(SLACK, stream.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let status = answer.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0);
+    let body = answer.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// `count` HTTP/2 connections from the attacker that shake hands and then say nothing; each
+/// resolves when its connection ends (closed by the server, or refused at once).
+async fn idle_h2(to: SocketAddr, count: usize) -> Vec<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)> {
+    let mut held = Vec::new();
+    for _ in 0..count {
+        let Ok(tcp) = connect_from(ATTACKER, to).await else { continue };
+        let Ok(Ok((send, connection))) = tokio::time::timeout(SLACK, h2::client::handshake(tcp)).await else {
+            continue;
+        };
+        held.push((send, tokio::spawn(async move { drop(connection.await) })));
+    }
+    held
+}
+
+/// How many of `held` are still open.
+fn still_open(held: &[(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)]) -> usize {
+    held.iter().filter(|(_, connection)| !connection.is_finished()).count()
+}
+
+/// A caller sending one small Embed at a time, from [`OTHER`], while an attack runs.
+#[derive(Debug, Default)]
+struct Steady {
+    took: Vec<Duration>,
+    failed: usize,
+}
+
+impl Steady {
+    fn p99(&self) -> Duration {
+        let mut took = self.took.clone();
+        took.sort();
+        took.get((took.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default()
+    }
+}
+
+async fn beside_a_steady_caller<T>(grpc: SocketAddr, attack: impl Future<Output = T>) -> (T, Steady) {
+    let (stop, stopped) = watch::channel(false);
+    let steady = tokio::spawn(async move {
+        let mut client = EmbedClient::new(channel_from(OTHER, grpc).await);
+        let mut steady = Steady::default();
+        while !*stopped.borrow() {
+            let started = Instant::now();
+            match client.embed(embed_request("a steady caller's query")).await {
+                Ok(_) => steady.took.push(started.elapsed()),
+                Err(status) => {
+                    eprintln!("steady caller: {status}");
+                    steady.failed += 1;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        steady
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let outcome = attack.await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(true).unwrap();
+    (outcome, steady.await.unwrap())
+}
+
+/// 1,024 idle HTTP/2 connections from one client on the gRPC port, then on the HTTP port: it
+/// keeps its share, the rest are closed at once, other clients connect and are served, and the
+/// share it kept is closed once idle.
+#[tokio::test]
+async fn one_clients_idle_connections_take_its_share_and_are_closed_once_idle() {
+    let sim = sim(|_| {}).await;
+    let idle = Duration::from_secs(2);
+    let mut sidecar = Sidecar::start(&sim, &["--idle-connection-timeout", "2s", "--max-connection-age-grace", "2s"]);
+    let (grpc, http) = (sidecar.grpc, sidecar.http);
+    let attack = async {
+        let mut kept = Vec::new();
+        for port in [grpc, http] {
+            let flood = idle_h2(port, MAX_CONNECTIONS).await;
+            // Those past the share were closed as soon as they were accepted.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let open = still_open(&flood);
+            assert!(open <= PER_PEER, "{open} idle connections held on {port}");
+            // A new client, from another address, is served meanwhile.
+            let body = serde_json::json!({ "inputs": "a new caller" }).to_string();
+            let (status, answer) = http_request(OTHER, http, "POST", "/embed", &body).await;
+            assert_eq!(status, 200, "{answer}");
+            let mut fresh = EmbedClient::new(channel_from(OTHER, grpc).await);
+            fresh.embed(embed_request("a new caller")).await.expect("a new gRPC caller is served");
+            kept.push((port, open, flood));
+        }
+        kept
+    };
+    let (kept, steady) = beside_a_steady_caller(grpc, attack).await;
+    for (port, open, _) in &kept {
+        eprintln!("idle HTTP/2 connections on {port}: {open} of {MAX_CONNECTIONS} kept open");
+    }
+    for port in ["grpc", "http"] {
+        let refused = sidecar.metric("teifleet_refused_input_total", &[("port", port), ("reason", "peer_connection_limit")]).await;
+        assert!(refused >= (MAX_CONNECTIONS - PER_PEER) as f64, "{port}: {refused} refused for the client's share");
+    }
+    sidecar.check("1,024 idle HTTP/2 connections on the gRPC and the HTTP port", &steady);
+
+    // Those kept are idle: a GOAWAY, then closed (the h2 client leaves after it).
+    let deadline = Instant::now() + idle * 2 + SLACK;
+    for (port, _, flood) in &kept {
+        while still_open(flood) > 0 {
+            assert!(Instant::now() < deadline, "{} idle connections still open on {port}", still_open(flood));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    sim.shutdown().await;
+}
+
+/// 256 idle HTTP/2 connections fill the admin port; the kubelet's probes are still answered, from
+/// the same address or another, on the places kept for them, and nothing else is.
+#[tokio::test]
+async fn the_admin_ports_probes_are_answered_whoever_holds_its_connections() {
+    let sim = sim(|_| {}).await;
+    let mut sidecar = Sidecar::start(&sim, &[]);
+    let admin = sidecar.admin;
+    let ready = || async { (http_get(OTHER, admin, "/readyz").await.0 == 200).then_some(()) };
+    teifleet_testkit::poll::eventually("the sidecar ready", SLACK, ready).await;
+    let attack = async {
+        let flood = idle_h2(admin, 256).await;
+        assert_eq!(still_open(&flood), 256, "the admin port's cap is its whole");
+        let mut answers = Vec::new();
+        for from in [ATTACKER, OTHER] {
+            for path in ["/readyz", "/healthz", "/upstream/healthz", "/metrics"] {
+                answers.push((from, path, http_get(from, admin, path).await));
+            }
+        }
+        (flood, answers)
+    };
+    let ((flood, answers), steady) = beside_a_steady_caller(sidecar.grpc, attack).await;
+    for (from, path, (status, body)) in answers {
+        match path {
+            "/metrics" => assert_eq!(status, 503, "{from} {path}: only probes on the probes' places: {body}"),
+            _ => assert_eq!(status, 200, "{from} {path}: {body}"),
+        }
+    }
+    sidecar.check("256 idle HTTP/2 connections on the admin port", &steady);
+    drop(flood);
+    sim.shutdown().await;
+}
+
+/// An EmbedAll request of `words` words.
+fn embed_all_message(words: usize) -> Bytes {
+    let inputs = (0..words).map(|i| format!("w{i}")).collect::<Vec<_>>().join(" ");
+    let message = v1::EmbedAllRequest { inputs, truncate: true, ..Default::default() }.encode_to_vec();
+    teifleet_multiplexer::vocab::framing::framed(&message)
+}
+
+/// 192 EmbedAll calls of long inputs on one connection whose client grants no window and never
+/// reads: the answers are charged until written, those past the budget are refused with a retry
+/// hint, and everything charged is given back once the client leaves.
+#[tokio::test]
+async fn answers_a_client_never_reads_are_charged_and_refused_past_the_budget() {
+    const STREAMS: usize = 192;
+    let sim = sim(|_| {}).await;
+    let mut sidecar = Sidecar::start(&sim, &["--max-in-flight", "64", "--max-queued", "256"]);
+    let grpc = sidecar.grpc;
+    let attack = async {
+        let tcp = connect_from(ATTACKER, grpc).await.unwrap();
+        let (mut client, connection) = h2::client::Builder::new().initial_window_size(0).handshake(tcp).await.unwrap();
+        let connection = tokio::spawn(async move { drop(connection.await) });
+        let message = embed_all_message(510);
+        let mut answers = Vec::new();
+        let mut bodies = Vec::new();
+        for _ in 0..STREAMS {
+            client = client.ready().await.unwrap();
+            let request = http::Request::post(format!("http://{grpc}/tei.v1.Embed/EmbedAll"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
+            let (answer, mut send) = client.send_request(request, false).unwrap();
+            send.send_data(message.clone(), true).unwrap();
+            answers.push(answer);
+            bodies.push(send);
+        }
+        // Headers arrive whatever the window: an answer's (its message unread) or a refusal's.
+        let (mut answered, mut refused) = (0, 0);
+        let mut unread = Vec::new();
+        for answer in join_all(answers.into_iter().map(|answer| tokio::time::timeout(SLACK * 3, answer))).await {
+            let answer = answer.expect("headers within the time").expect("an answer, not a broken stream");
+            match answer.headers().get("grpc-status") {
+                None => answered += 1,
+                Some(code) => {
+                    assert_eq!(code, "8", "RESOURCE_EXHAUSTED: {:?}", answer.headers());
+                    assert!(answer.headers().contains_key(RETRY_PUSHBACK_MS), "{:?}", answer.headers());
+                    refused += 1;
+                }
+            }
+            unread.push(answer);
+        }
+        (answered, refused, (client, connection, bodies, unread))
+    };
+    let ((answered, refused, held), steady) = beside_a_steady_caller(grpc, attack).await;
+    let charged = sidecar.metric("teifleet_memory_charged_bytes", &[("use", "answers")]).await;
+    eprintln!(
+        "{STREAMS} unread EmbedAll answers: {answered} held ({} MB charged), {refused} refused for memory",
+        charged as u64 / 1_000_000
+    );
+    assert!(refused > 0, "the answers past the budget are refused");
+    assert!(charged > 32e6, "the unread answers are charged: {charged}");
+    sidecar.check("192 unread EmbedAll answers on one connection", &steady);
+
+    // The client leaves: every answer it held is given back.
+    drop(held);
+    let given_back = || async {
+        let charged = sidecar.metric("teifleet_memory_charged_bytes", &[("use", "answers")]).await;
+        (charged == 0.0).then_some(())
+    };
+    teifleet_testkit::poll::eventually("the answers' charge given back", SLACK, given_back).await;
+    sim.shutdown().await;
+}
