@@ -99,7 +99,7 @@ async fn every_grpc_method_has_a_row_and_every_row_is_served() {
 
     // What the running port says it serves is what the table covers, and every row is served.
     let sim = start_sim(sim).await;
-    let sidecar = Sidecar::start(sim.addr());
+    let sidecar = Sidecar::start(sim.addr()).await;
     let services: BTreeSet<&str> = declared.keys().map(|path| service_of(path)).collect();
     let listed = listed(&sidecar).await;
     for service in &listed {
@@ -128,7 +128,7 @@ async fn every_http_route_has_a_row_and_every_row_is_served() {
     assert!(gone.is_empty(), "rows of hostile_suite::table::HTTP for no route of the HTTP front: {gone:?}");
 
     let sim = start_sim(sim).await;
-    let sidecar = Sidecar::start(sim.addr());
+    let sidecar = Sidecar::start(sim.addr()).await;
     for row in HTTP {
         let body = super::bodies::body(row, Size::Cheapest);
         let answer = http_call(sidecar.http, &http_request(row.method, row.path, &[], &body)).await;

@@ -65,7 +65,7 @@ async fn call(sidecar: &Sidecar, row: &GrpcRow, headers: &[(&str, &str)], body: 
 
 async fn setup() -> (teifleet_tei_sim::SimHandle, Sidecar) {
     let sim = start_sim(sim).await;
-    let sidecar = Sidecar::start(sim.addr());
+    let sidecar = Sidecar::start(sim.addr()).await;
     (sim, sidecar)
 }
 
@@ -87,7 +87,7 @@ async fn the_largest_body_of_every_rpc_is_bounded() {
             let clear = answer.as_ref().is_ok_and(|a| clear(a.code()));
             report.check(&format!("{} {label}", row.path), bounded && clear, format!("{}; {figure}", said(&answer)));
         }
-        report.after_row(row.path, &mut sidecar);
+        report.after_row(row.path, &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -132,7 +132,7 @@ async fn compressed_messages_to_every_rpc_are_refused_or_bounded() {
             let figure = format!("{} calls, first: {}; {figure}", answers.len(), said(&answers[0]));
             report.check(&format!("{} {label}", row.path), bounded && clear, figure);
         }
-        report.after_row(row.path, &mut sidecar);
+        report.after_row(row.path, &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -177,7 +177,7 @@ async fn malformed_messages_to_every_rpc_are_refused_clearly() {
             };
             report.check(&format!("{} {label}", row.path), answer.as_ref().is_ok_and(refused), said(&answer));
         }
-        report.after_row(row.path, &mut sidecar);
+        report.after_row(row.path, &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -211,7 +211,7 @@ async fn unread_answers_of_every_rpc_are_bounded() {
         let opened = held.as_ref().map(|_| format!("{calls} calls")).unwrap_or_else(|why| why.clone());
         report.check(row.path, holds, format!("{opened}: {figure}"));
         drop(held);
-        report.after_row(row.path, &mut sidecar);
+        report.after_row(row.path, &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -230,7 +230,7 @@ async fn a_flood_of_every_rpc_leaves_a_steady_caller_served() {
             (h2_to(sidecar.grpc).await, connections.into_iter().collect::<Result<Vec<_>, _>>())
         else {
             report.check(row.path, false, "could not connect".into());
-            report.after_row(row.path, &mut sidecar);
+            report.after_row(row.path, &mut sidecar).await;
             continue;
         };
         let path = row.path;
@@ -252,7 +252,7 @@ async fn a_flood_of_every_rpc_leaves_a_steady_caller_served() {
         .await;
         let (holds, figure) = steady.verdict();
         report.check(row.path, holds, format!("{calls} flood calls ({unserved} not served); {figure}"));
-        report.after_row(row.path, &mut sidecar);
+        report.after_row(row.path, &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;

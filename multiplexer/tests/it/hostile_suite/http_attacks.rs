@@ -21,7 +21,7 @@ const UNREAD_CONNECTIONS: usize = 32;
 
 async fn setup() -> (teifleet_tei_sim::SimHandle, Sidecar) {
     let sim = start_sim(sim).await;
-    let sidecar = Sidecar::start(sim.addr());
+    let sidecar = Sidecar::start(sim.addr()).await;
     (sim, sidecar)
 }
 
@@ -67,7 +67,7 @@ async fn the_largest_body_of_every_route_is_bounded() {
                 format!("{}; {figure}", said(&answer)),
             );
         }
-        report.after_row(&name(row), &mut sidecar);
+        report.after_row(&name(row), &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -110,7 +110,7 @@ async fn compressed_bodies_to_every_route_are_refused_or_bounded() {
                 format!("first: {}; {figure}", said(&answers[0])),
             );
         }
-        report.after_row(&name(row), &mut sidecar);
+        report.after_row(&name(row), &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -152,7 +152,7 @@ async fn malformed_bodies_to_every_route_are_refused_clearly() {
             let refused = answer.as_ref().is_ok_and(|a| (400..500).contains(&a.status)) || row.body == Body::None;
             report.check(&format!("{} {label}", name(row)), clear(&answer) && refused, said(&answer));
         }
-        report.after_row(&name(row), &mut sidecar);
+        report.after_row(&name(row), &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -187,7 +187,7 @@ async fn unread_answers_of_every_route_are_bounded() {
         let holds = peak < PEAK_BOUND_KIB;
         report.check(&name(row), holds, format!("{} unread connections: {figure}", held.len()));
         drop(held);
-        report.after_row(&name(row), &mut sidecar);
+        report.after_row(&name(row), &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;
@@ -205,7 +205,7 @@ async fn a_flood_of_every_route_leaves_a_steady_caller_served() {
         let connections = futures::future::join_all((0..4).map(|_| h2_to(http))).await;
         let Ok(connections) = connections.into_iter().collect::<Result<Vec<_>, _>>() else {
             report.check(&name(row), false, "could not connect".into());
-            report.after_row(&name(row), &mut sidecar);
+            report.after_row(&name(row), &mut sidecar).await;
             continue;
         };
         let (method, path) = (row.method, row.path);
@@ -227,7 +227,7 @@ async fn a_flood_of_every_route_leaves_a_steady_caller_served() {
         .await;
         let (holds, figure) = steady.verdict();
         report.check(&name(row), holds, format!("{calls} flood requests ({unserved} not served); {figure}"));
-        report.after_row(&name(row), &mut sidecar);
+        report.after_row(&name(row), &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;

@@ -70,7 +70,7 @@ async fn new_caller(port: &str, sidecar: &Sidecar) -> Result<(), String> {
 #[tokio::test]
 async fn idle_connections_from_one_client_leave_every_port_to_others() {
     let sim = start_sim(sim).await;
-    let mut sidecar = Sidecar::start(sim.addr());
+    let mut sidecar = Sidecar::start(sim.addr()).await;
     let mut report = Report::new("idle connections");
     let ports = [
         ("grpc", sidecar.grpc, IDLE_GRPC_HTTP, true),
@@ -85,7 +85,7 @@ async fn idle_connections_from_one_client_leave_every_port_to_others() {
             format!("{} idle connections from one client; a new caller: {served:?}; /readyz: {ready:?}", held.len());
         report.check(port, served.is_ok() && ready.is_ok(), figure);
         drop(held);
-        report.after_row(port, &mut sidecar);
+        report.after_row(port, &mut sidecar).await;
     }
     report.finish();
     sim.shutdown().await;

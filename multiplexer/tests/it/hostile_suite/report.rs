@@ -28,14 +28,14 @@ impl Report {
 
     /// The checks every attack on a sidecar ends a row with: alive, no panic logged (a dead
     /// sidecar is replaced so that the next row is attacked).
-    pub fn after_row(&mut self, row: &str, sidecar: &mut Sidecar) {
+    pub async fn after_row(&mut self, row: &str, sidecar: &mut Sidecar) {
         let panics = sidecar.new_panics();
         if !panics.is_empty() {
             self.check(row, false, format!("panicked: {panics:?}"));
         }
         if !sidecar.alive() {
             self.check(row, false, "the sidecar died".to_owned());
-            sidecar.revive();
+            sidecar.revive().await;
         }
     }
 

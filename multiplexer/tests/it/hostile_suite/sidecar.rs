@@ -32,7 +32,16 @@ pub struct Sidecar {
 }
 
 impl Sidecar {
-    pub fn start(upstream: SocketAddr) -> Self {
+    /// Starts the binary and waits until it is ready (its upstream seen healthy).
+    pub async fn start(upstream: SocketAddr) -> Self {
+        let sidecar = Self::spawn(upstream);
+        let admin = sidecar.admin;
+        let ready = || async move { teifleet_testkit::http::get(admin, "/readyz").await };
+        teifleet_testkit::poll::eventually("the sidecar ready", std::time::Duration::from_secs(20), ready).await;
+        sidecar
+    }
+
+    fn spawn(upstream: SocketAddr) -> Self {
         let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
         command
             .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
@@ -93,9 +102,9 @@ impl Sidecar {
     }
 
     /// A dead sidecar is replaced by a new one on the same simulator, so the next row is attacked.
-    pub fn revive(&mut self) {
+    pub async fn revive(&mut self) {
         if !self.alive() {
-            *self = Self::start(self.upstream);
+            *self = Self::start(self.upstream).await;
         }
     }
 
