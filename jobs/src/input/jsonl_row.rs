@@ -34,10 +34,11 @@ pub fn parse_line(line: &[u8], fields: &Fields) -> Option<ParsedLine> {
     };
     let trimmed = text.trim_start();
     if !trimmed.starts_with('{') {
-        // Said from its first byte: a line that is no object is refused without parsing it.
-        return failed(match kind(trimmed) {
-            Some(kind) => format!("not a JSON object but {kind}"),
-            None => format!("not JSON: {}", first_error(trimmed)),
+        // Checked without building it (serde_json skips nested values iteratively).
+        return failed(match (serde_json::from_str::<IgnoredAny>(trimmed), kind(trimmed)) {
+            (Ok(_), Some(kind)) => format!("not a JSON object but {kind}"),
+            (Ok(_), None) => "not a JSON object".to_owned(),
+            (Err(error), _) => format!("not JSON: {error}"),
         });
     }
     let mut deserializer = serde_json::Deserializer::from_str(text);
@@ -131,14 +132,6 @@ fn kind(json: &str) -> Option<&'static str> {
     })
 }
 
-/// serde_json's complaint about text that starts no JSON value.
-fn first_error(text: &str) -> String {
-    match serde_json::from_str::<IgnoredAny>(text) {
-        Err(error) => error.to_string(),
-        Ok(_) => "not an object".to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,7 +198,7 @@ mod tests {
         ];
         for id in ids {
             let parsed = parse(&format!(r#"{{"text": "x", "id": {id}}}"#)).unwrap();
-            assert_eq!(parsed, row(Some(id), Ok("x")));
+            assert_eq!(Some(parsed), row(Some(id), Ok("x")));
         }
         assert_eq!(parse(r#"{"id": "a\"b\u00e9", "text": "x"}"#), row(Some("a\"b\u{e9}"), Ok("x")));
         assert_eq!(parse(r#"{"id": "1", "id": "2", "text": "x"}"#), row(Some("2"), Ok("x")), "the last, as serde_json");
@@ -214,7 +207,10 @@ mod tests {
     #[test]
     fn deep_nesting_is_a_row_error_or_skipped_without_recursion() {
         let deep = "[".repeat(100_000);
-        assert_eq!(parse(&deep).unwrap().text, Err("not a JSON object but an array".to_owned()));
+        let unclosed = parse(&deep).unwrap().text.unwrap_err();
+        assert!(unclosed.starts_with("not JSON: EOF while parsing a list"), "{unclosed}");
+        let closed = format!("{deep}{}", "]".repeat(100_000));
+        assert_eq!(parse(&closed).unwrap().text, Err("not a JSON object but an array".to_owned()));
         let inside = format!(r#"{{"id": "a", "text": "x", "other": {deep}}}"#);
         assert!(parse(&inside).unwrap().text.unwrap_err().starts_with("not JSON: "));
         let closed = format!(r#"{{"id": "a", "other": {deep}{}, "text": "x"}}"#, "]".repeat(100_000));

@@ -322,8 +322,8 @@ mod tests {
             }
             let expected = [
                 (0, Ok(b"{\"id\": 1}".to_vec())),
-                (11, Err(long as u64)),
-                (11 + long as u64 + 1, Ok(b"{\"id\": 2}".to_vec())),
+                (10, Err(long as u64)),
+                (10 + long as u64 + 1, Ok(b"{\"id\": 2}".to_vec())),
                 (last_start, Err(long as u64)),
             ];
             assert_eq!(found, expected, "ranges of {shard_bytes}");
