@@ -402,8 +402,9 @@ fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool_addres
         env: Some(worker_env(job)),
         resources: Some(with_defaults(overrides.resources.as_ref())),
         security_context: Some(container_security_context()),
-        // A failed worker's last log lines become its termination message, which the operator
-        // quotes in the Failed condition.
+        // A failed worker's last log lines become its termination message, of which the operator
+        // quotes only the worker's one error line, sanitized (`super::worker_message`), in the
+        // Failed condition.
         termination_message_policy: Some("FallbackToLogsOnError".into()),
         volume_mounts: Some(volume_mounts),
         ..Container::default()
