@@ -88,7 +88,7 @@ fn corpus() -> (Vec<u8>, Vec<(String, usize)>) {
     for row in 0..300 {
         let length = 2_000 + random.below(48_000);
         let id =
-            if row % 3 == 0 { format!("{}", 18_446_744_073_709_551_616u128 + row as u128) } else { format!("r-{row}") };
+            if row % 3 == 0 { format!("{}", 18_446_744_073_709_551_616u128 + 1_000 + row as u128) } else { format!("r-{row}") };
         let json = if row % 3 == 0 { id.clone() } else { format!("\"{id}\"") };
         push(&json, &id, &text_of(&mut random, length));
     }
