@@ -150,7 +150,7 @@ fn amplifying(path: &str, bytes: usize, inputs: usize) -> Value {
 /// by no more than a small multiple of the body. Then all at once, several of each. The
 /// simulator takes at most 16 texts a Rerank, so each 32-text slice is refused at once: the
 /// query's copies cost the sidecar, not the test's simulator.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_copied_into_every_input_costs_at_most_a_small_multiple_of_the_body() {
     let sim = sim(|config| config.max_client_batch_size = 16).await;
     let mut sidecar = Sidecar::start(&sim);
@@ -170,7 +170,11 @@ async fn a_field_copied_into_every_input_costs_at_most_a_small_multiple_of_the_b
         let answer = post(http, path, attack).await;
         served_or_refused(path, &answer);
         let grown = sidecar.peak_kib().saturating_sub(before);
-        eprintln!("{path} with {bytes} bytes copied: {} KB body, {} answered, peak +{grown} KiB", body / 1000, answer.status);
+        eprintln!(
+            "{path} with {bytes} bytes copied: {} KB body, {} answered, peak +{grown} KiB",
+            body / 1000,
+            answer.status
+        );
         assert!(grown <= GROWTH_PER_BODY * body / 1024 + GROWTH_FLOOR_KIB, "{path}: +{grown} KiB for {body} bytes");
         amplification = amplification.max(grown as f64 * 1024.0 / body as f64);
     }
@@ -223,7 +227,7 @@ async fn unread_answers(http: SocketAddr, count: usize) -> (Vec<u16>, Vec<tokio:
 /// (2) 32 HTTP/1.1 clients, one after another, send `/embed_all` and never read the answer: each
 /// answer stays charged until the socket has taken its last slice, so those past the budget are
 /// refused with 429 instead of being built beside the ones nobody reads.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_nobody_reads_stay_charged_until_the_socket_takes_them() {
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim);
@@ -246,7 +250,7 @@ async fn answers_nobody_reads_stay_charged_until_the_socket_takes_them() {
 /// then an `/embed_all` of 512 texts of 160 short words (164 KB, hundreds of megabytes as an
 /// answer, 33 MB as the steered estimate had it) is refused before any of it is sent upstream:
 /// the answer's bound counts a token per byte.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_bound_no_caller_can_steer() {
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim);

@@ -32,9 +32,15 @@ pub const SPARSE_VALUES_PER_TOKEN: u64 = 4;
 /// Tokens TEI adds to every input (`[CLS]` and `[SEP]`, `<s>` and `</s>`).
 pub const SPECIAL_TOKENS: u64 = 2;
 
+/// Tokens a named prompt may add to each input: a model's prompts (`query: `, `Represent this
+/// sentence for searching relevant passages: `) are instructions of tens of tokens, chosen by the
+/// model's makers, not by the caller, who only names one. An answer of a model with longer ones is
+/// still corrected to what came and refused past `--max-answer-bytes` ([`settle`]).
+pub const PROMPT_TOKENS: u64 = 64;
+
 /// The most tokens a text of `bytes` bytes can become, whatever was learned: every token of a
 /// text covers at least one of its bytes, and TEI adds its special tokens; `prompt` more when the
-/// request names one of the model's prompts (its tokens are not the caller's to count); at most
+/// request names one of the model's prompts ([`PROMPT_TOKENS`]); at most
 /// `cap` when TEI truncates to it. Not the pool's learned characters per token
 /// (`crate::admission`), which follows what callers send: a run of one long word made a 167 KB
 /// `/embed_all` look 13 times smaller than it was (issue 43).
@@ -98,7 +104,7 @@ mod tests {
     fn the_most_tokens_are_the_bytes_and_the_specials_within_the_cap() {
         assert_eq!(most_tokens(10, 0, None), 12);
         assert_eq!(most_tokens(10, 0, Some(8)), 8, "truncated to the model's input length");
-        assert_eq!(most_tokens(10, 512, None), 524, "a prompt's tokens on top");
+        assert_eq!(most_tokens(10, PROMPT_TOKENS, None), 76, "a prompt's tokens on top");
         assert_eq!(most_tokens(usize::MAX, u64::MAX, None), u64::MAX);
         assert_eq!(most_tokens(10, 0, Some(0)), 1);
     }

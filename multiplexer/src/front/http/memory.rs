@@ -66,7 +66,7 @@ pub async fn charge_body(State(bodies): State<Bodies>, request: Request, next: N
     };
     let mut response = next.run(request).await;
     let answer = response.extensions_mut().remove::<AnswerCharge>();
-    response.map(|body| axum::body::Body::new(HeldUntilSent { body, _charges: (charge, answer) }))
+    response.map(|body| axum::body::Body::new(HeldUntilSent::new(body, (charge, answer))))
 }
 
 /// Whether a body stopped because it outgrew the budget: what it was refused with.
@@ -109,10 +109,30 @@ impl Body for Charged {
     }
 }
 
-/// An answer's body, holding what its request was charged until it has been sent.
+/// Bytes of an answer handed to hyper at a time. hyper takes the next frame only while it has
+/// room (16 queued buffers, or about 400 KB flattened, on HTTP/1.1; the window on HTTP/2), and it
+/// drops a body once it has taken its last frame, written or not: an answer handed over whole
+/// would be dropped, and its charge given back, while all of it still waited for a client that
+/// never reads (issue 43: 32 unread `/embed_all` answers, 294 MB and nothing charged). In slices,
+/// the charge lasts until no more than a few slices are left to send.
+pub const SLICE: usize = 16 * 1024;
+
+/// An answer's body, holding what its request was charged until its last slice has been taken.
 struct HeldUntilSent {
     body: axum::body::Body,
+    /// What is left of a frame larger than [`SLICE`].
+    rest: Bytes,
     _charges: (Arc<Charge>, Option<AnswerCharge>),
+}
+
+impl HeldUntilSent {
+    fn new(body: axum::body::Body, charges: (Arc<Charge>, Option<AnswerCharge>)) -> Self {
+        Self { body, rest: Bytes::new(), _charges: charges }
+    }
+
+    fn slice(&mut self) -> Frame<Bytes> {
+        Frame::data(self.rest.split_to(SLICE.min(self.rest.len())))
+    }
 }
 
 impl Body for HeldUntilSent {
@@ -120,14 +140,59 @@ impl Body for HeldUntilSent {
     type Error = axum::Error;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+        if !self.rest.is_empty() {
+            return Poll::Ready(Some(Ok(self.slice())));
+        }
+        match ready!(Pin::new(&mut self.body).poll_frame(cx)) {
+            Some(Ok(frame)) if frame.data_ref().is_some_and(|data| data.len() > SLICE) => {
+                self.rest = frame.into_data().unwrap_or_default();
+                Poll::Ready(Some(Ok(self.slice())))
+            }
+            other => Poll::Ready(other),
+        }
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        self.rest.is_empty() && self.body.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        let (hint, rest) = (self.body.size_hint(), self.rest.len() as u64);
+        let mut sum = SizeHint::new();
+        sum.set_lower(hint.lower().saturating_add(rest));
+        if let Some(upper) = hint.upper() {
+            sum.set_upper(upper.saturating_add(rest));
+        }
+        sum
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http_body_util::BodyExt as _;
+
+    use super::*;
+    use crate::admission::memory::MemoryBudget;
+
+    #[tokio::test]
+    async fn an_answer_goes_in_slices_and_its_charge_lasts_until_the_last_one_is_taken() {
+        let memory = MemoryBudget::new(1 << 30, None);
+        let request = Arc::new(memory.charge(Use::RequestBodies, 100).unwrap());
+        let answer = AnswerCharge(Arc::new(memory.charge(Use::Answers, 1000).unwrap()));
+        let whole: Vec<u8> = (0..SLICE * 3 + 5).map(|i| i as u8).collect();
+        let mut body = HeldUntilSent::new(axum::body::Body::from(whole.clone()), (request, Some(answer)));
+        assert_eq!(body.size_hint().exact(), Some(whole.len() as u64));
+        let mut sent = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            assert!(data.len() <= SLICE);
+            sent.extend_from_slice(&data);
+            assert_eq!(memory.charged(), 1100, "held while any of it is left");
+            assert_eq!(body.size_hint().exact(), Some((whole.len() - sent.len()) as u64));
+        }
+        assert_eq!(sent, whole);
+        assert!(body.is_end_stream());
+        drop(body);
+        assert_eq!(memory.charged(), 0, "given back once the body is dropped");
     }
 }

@@ -167,3 +167,14 @@ pub(crate) fn json<T: Serialize>(value: &T) -> Response {
         Err(error) => error::HttpError::Unencodable(error.to_string()).into_response(error::Flavor::Tei),
     }
 }
+
+/// `value` as JSON, encoded on a blocking thread: an answer of millions of numbers holds a CPU
+/// for a while, and the async workers keep serving every other call meanwhile (a worker busy
+/// encoding cannot hand its queued tasks to the others at once).
+pub(crate) async fn json_off_workers<T: Serialize + Send + 'static>(value: T) -> Response {
+    match tokio::task::spawn_blocking(move || serde_json::to_vec(&value)).await {
+        Ok(Ok(body)) => json_bytes(StatusCode::OK, body),
+        Ok(Err(error)) => error::HttpError::Unencodable(error.to_string()).into_response(error::Flavor::Tei),
+        Err(error) => error::HttpError::Unencodable(error.to_string()).into_response(error::Flavor::Tei),
+    }
+}

@@ -96,19 +96,15 @@ impl<'a> HttpCall<'a> {
     }
 
     /// The most tokens `texts` can become upstream
-    /// ([`most_tokens`](super::answer::most_tokens)): each text's bytes and the special
-    /// tokens, the model's input length more when a prompt is named, at most that length each
-    /// when TEI truncates. From the model's Info and the texts alone, so no caller can move it.
+    /// ([`most_tokens`](super::answer::most_tokens)): each text's bytes and the special tokens,
+    /// a prompt's more when one is named, at most the model's input length each when TEI
+    /// truncates. From the model's Info and the texts alone, so no caller can move it.
     pub async fn most_tokens(&self, texts: &[String], truncate: bool, prompt: bool) -> Result<u64, HttpError> {
-        let max_input_length = match truncate || prompt {
+        let cap = match truncate {
             true => Some(self.info().await?.max_input_length),
             false => None,
         };
-        let prompt = match prompt {
-            true => max_input_length.map_or(0, u64::from),
-            false => 0,
-        };
-        let cap = max_input_length.filter(|_| truncate);
+        let prompt = if prompt { super::answer::PROMPT_TOKENS } else { 0 };
         let one = |text: &String| super::answer::most_tokens(text.len(), prompt, cap);
         Ok(texts.iter().map(one).fold(0, u64::saturating_add))
     }

@@ -169,7 +169,8 @@ fn charged(mut response: Response, charge: AnswerCharge) -> Response {
 
 async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     let (answers, charge) = embed_calls(call, parse(body)?).await?;
-    Ok(charged(super::json(&answers.into_iter().map(|a| a.embeddings).collect::<Vec<_>>()), charge))
+    let vectors: Vec<Vec<f32>> = answers.into_iter().map(|a| a.embeddings).collect();
+    Ok(charged(super::json_off_workers(vectors).await, charge))
 }
 
 async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
@@ -194,7 +195,7 @@ async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
         .into_iter()
         .map(|a| a.sparse_embeddings.into_iter().map(|v| SparseValue { index: v.index, value: v.value }).collect())
         .collect();
-    Ok(charged(super::json(&sparse), charge))
+    Ok(charged(super::json_off_workers(sparse).await, charge))
 }
 
 async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
@@ -220,7 +221,7 @@ async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     call.settle(&charge, numbers as u64, answer::NUMBER)?;
     let tokens: Vec<Vec<Vec<f32>>> =
         answers.into_iter().map(|a| a.token_embeddings.into_iter().map(|t| t.embeddings).collect()).collect();
-    Ok(charged(super::json(&tokens), charge))
+    Ok(charged(super::json_off_workers(tokens).await, charge))
 }
 
 async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
@@ -372,7 +373,7 @@ async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     call.settle(&charge, count as u64, answer::TOKEN)?;
     let tokens: Vec<Vec<SimpleToken>> =
         answers.into_iter().map(|a| a.tokens.into_iter().map(SimpleToken::from).collect()).collect();
-    Ok(charged(super::json(&tokens), charge))
+    Ok(charged(super::json_off_workers(tokens).await, charge))
 }
 
 async fn decode_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
@@ -444,7 +445,8 @@ async fn openai_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
         _ => call.info().await?.model_id.clone(),
     };
     let usage = OpenAiUsage { prompt_tokens: tokens, total_tokens: tokens };
-    Ok(charged(super::json(&OpenAiResponse { object: "list", data, model, usage }), charge))
+    let response = OpenAiResponse { object: "list", data, model, usage };
+    Ok(charged(super::json_off_workers(response).await, charge))
 }
 
 /// `POST /` and `/invocations`: the route the model's type calls for, as TEI dispatches. For an

@@ -114,7 +114,9 @@ mod tests {
         let mut each = embeds(300, &["a", "two words", &"x".repeat(200)]);
         let sizes = each.sizes();
         assert!(each.items.iter().all(|item| !item.is_empty()) && each.template.inputs.is_empty(), "swapped back");
-        let built: Vec<usize> = each.chunks(vec![2, 1]).flatten().map(|framed| framed.as_ref().len()).collect();
+        // `Framed` reads as its message; its buffer holds the prefix too.
+        let built: Vec<usize> =
+            each.chunks(vec![2, 1]).flatten().map(|framed| PREFIX + framed.as_ref().len()).collect();
         assert_eq!(sizes, built);
     }
 
