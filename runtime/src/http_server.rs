@@ -473,8 +473,8 @@ mod tests {
         let _second = cap.admit((), Some(mapped)).expect("room: the same address, written as IPv6");
         assert!(cap.admit((), Some(one)).is_none(), "its share is held");
         let _third = cap.admit((), Some(other)).expect("another address has room");
-        drop(first);
         assert!(cap.admit((), Some(other)).is_none(), "the port is full");
+        drop(first);
         assert!(cap.admit((), Some(one)).is_some(), "its place is free again");
         assert_eq!(*turned_away.lock().unwrap(), [REFUSED_PEER_LIMIT, REFUSED_CONNECTION_LIMIT]);
     }

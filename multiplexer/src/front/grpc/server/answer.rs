@@ -146,7 +146,7 @@ mod tests {
         let memory = MemoryBudget::new(8 * SMALL_HOLDER, None);
         let path = LARGE_ANSWERS[0];
         assert!(room_for(&memory, path).is_ok());
-        let _held = memory.charge(Use::Answers, 5 * SMALL_HOLDER).unwrap();
+        let _held = memory.charge(Use::Answers, 5 * SMALL_HOLDER + 1).unwrap();
         assert!(room_for(&memory, path).is_err(), "three quarters would be passed");
         assert!(room_for(&memory, "/tei.v1.Embed/Embed").is_ok(), "small answers keep the rest");
     }
