@@ -39,7 +39,7 @@ async fn quiet(sim: &SimHandle) {
         let now = sim.stats().requests_received;
         still = if now == last { still + 1 } else { 0 };
         last = now;
-        if still >= 3 {
+        if still >= 2 {
             return;
         }
     }

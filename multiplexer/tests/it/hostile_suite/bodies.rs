@@ -2,7 +2,7 @@
 
 use serde_json::{Value, json};
 
-use super::requests::words;
+use super::requests::{long_text, words};
 use super::table::{Body, HttpRow, Size};
 
 /// The most inputs one HTTP request may carry (`--max-request-inputs`' default).
@@ -20,23 +20,23 @@ pub fn body(row: &HttpRow, size: Size) -> Vec<u8> {
         (Body::None, Size::Long(n) | Size::Many(n)) => return vec![b' '; n],
         (Body::None, _) => return Vec::new(),
         (Body::Embed | Body::EmbedAll, Size::Cheapest) => json!({"inputs": "a"}),
-        (Body::Embed | Body::EmbedAll, Size::Long(n)) => json!({"inputs": words(n - 100), "truncate": true}),
+        (Body::Embed | Body::EmbedAll, Size::Long(n)) => json!({"inputs": long_text(n - 100), "truncate": true}),
         (Body::Embed | Body::EmbedAll, Size::Many(n)) => json!({"inputs": many, "prompt_name": filler(n, MOST_INPUTS)}),
         (Body::Embed, Size::BigAnswer) => json!({"inputs": many}),
         (Body::EmbedAll, Size::BigAnswer) => json!({"inputs": words(12_000), "truncate": true}),
         (Body::OpenAi, Size::Cheapest) => json!({"input": "a"}),
-        (Body::OpenAi, Size::Long(n)) => json!({"input": words(n - 100)}),
+        (Body::OpenAi, Size::Long(n)) => json!({"input": long_text(n - 100)}),
         (Body::OpenAi, Size::Many(n)) => json!({"input": many, "model": filler(n, MOST_INPUTS)}),
         (Body::OpenAi, Size::BigAnswer) => json!({"input": many}),
         (Body::Rerank, Size::Cheapest) => json!({"query": "q", "texts": ["a"]}),
-        (Body::Rerank, Size::Long(n)) => json!({"query": words(n / 2 - 100), "texts": [words(n / 2 - 100)]}),
+        (Body::Rerank, Size::Long(n)) => json!({"query": long_text(n / 2 - 100), "texts": [long_text(n / 2 - 100)]}),
         (Body::Rerank, Size::Many(n)) => json!({"query": filler(n, MOST_INPUTS), "texts": many}),
         (Body::Rerank, Size::BigAnswer) => {
             json!({"query": "q", "texts": vec![words(400); MOST_INPUTS], "return_text": true})
         }
         (Body::Similarity, Size::Cheapest) => json!({"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
         (Body::Similarity, Size::Long(n)) => {
-            json!({"inputs": {"source_sentence": words(n / 2 - 100), "sentences": [words(n / 2 - 100)]}})
+            json!({"inputs": {"source_sentence": long_text(n / 2 - 100), "sentences": [long_text(n / 2 - 100)]}})
         }
         (Body::Similarity, Size::Many(n)) => {
             let sentences = &many[1..];
@@ -45,10 +45,10 @@ pub fn body(row: &HttpRow, size: Size) -> Vec<u8> {
         }
         (Body::Similarity, Size::BigAnswer) => json!({"inputs": {"source_sentence": "a", "sentences": &many[1..]}}),
         (Body::Predict, Size::Cheapest) => json!({"inputs": "a"}),
-        (Body::Predict, Size::Long(n)) => json!({"inputs": words(n - 100), "truncate": true}),
+        (Body::Predict, Size::Long(n)) => json!({"inputs": long_text(n - 100), "truncate": true}),
         (Body::Predict, Size::Many(_) | Size::BigAnswer) => json!({"inputs": many, "raw_scores": true}),
         (Body::Tokenize, Size::Cheapest) => json!({"inputs": "a"}),
-        (Body::Tokenize, Size::Long(n)) => json!({"inputs": words(n - 100)}),
+        (Body::Tokenize, Size::Long(n)) => json!({"inputs": long_text(n - 100)}),
         (Body::Tokenize, Size::Many(n)) => json!({"inputs": many, "prompt_name": filler(n, MOST_INPUTS)}),
         (Body::Tokenize, Size::BigAnswer) => json!({"inputs": vec![words(300); MOST_INPUTS]}),
         (Body::Decode, Size::Cheapest) => json!({"ids": [1000]}),

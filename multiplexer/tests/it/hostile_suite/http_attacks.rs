@@ -14,7 +14,7 @@ use crate::support::sim as start_sim;
 
 /// The HTTP port's largest body (`--payload-limit`'s default).
 const PAYLOAD_LIMIT: usize = teifleet_multiplexer::front::http::DEFAULT_PAYLOAD_LIMIT;
-const INFLATED: usize = 64 << 20;
+const INFLATED: usize = 16 << 20;
 const COMPRESSED_CALLS: usize = 8;
 /// Connections that send a request and never read its answer.
 const UNREAD_CONNECTIONS: usize = 32;
@@ -80,7 +80,7 @@ fn around_run(row: &HttpRow) -> (Vec<u8>, Vec<u8>) {
     (before.as_bytes().to_vec(), after.as_bytes().to_vec())
 }
 
-/// (b) `Content-Encoding: gzip` and `deflate` bodies inflating to 64 MiB, 8 at once: refused
+/// (b) `Content-Encoding: gzip` and `deflate` bodies inflating to 16 MiB, 8 at once: refused
 /// or bounded.
 #[tokio::test]
 async fn compressed_bodies_to_every_route_are_refused_or_bounded() {

@@ -35,8 +35,8 @@ impl Report {
         }
         if !sidecar.alive() {
             self.check(row, false, "the sidecar died".to_owned());
-            sidecar.revive().await;
         }
+        sidecar.refresh().await;
     }
 
     pub fn finish(self) {

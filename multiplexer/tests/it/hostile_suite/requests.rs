@@ -15,9 +15,17 @@ use super::sidecar::POOL;
 use super::table::{GrpcRow, Message, Size};
 
 /// Streams of many messages carry this many.
-const STREAM_MESSAGES: usize = 256;
+const STREAM_MESSAGES: usize = 64;
 /// The most rows of one Arrow batch an attack sends (the 100,000 empty strings).
 const ARROW_ROWS: usize = 100_000;
+
+/// `n` bytes of text in long words (a thousand bytes each): the longest text for the fewest
+/// tokens the simulator spends time on.
+pub fn long_text(n: usize) -> String {
+    let mut text = format!("{} ", "a".repeat(999)).repeat(n / 1000 + 1);
+    text.truncate(n.max(1));
+    text
+}
 
 /// `n` bytes of text, words the simulator counts as tokens.
 pub fn words(n: usize) -> String {
@@ -81,7 +89,7 @@ fn one(row: &GrpcRow, size: Size) -> Vec<u8> {
         Size::Cheapest | Size::BigAnswer => (None, None),
     };
     let big = matches!(size, Size::BigAnswer);
-    let text = long.map_or_else(|| "a".to_owned(), words);
+    let text = long.map_or_else(|| "a".to_owned(), long_text);
     let prompt = many.map(|n| "p".repeat(n));
     match row.message {
         Info => long.or(many).map_or_else(Vec::new, |n| unknown_field(n)),
@@ -99,7 +107,7 @@ fn one(row: &GrpcRow, size: Size) -> Vec<u8> {
         }
         PredictPair => {
             let inputs = match (long, many) {
-                (Some(n), _) => vec![words(n / 2), words(n / 2)],
+                (Some(n), _) => vec![long_text(n / 2), long_text(n / 2)],
                 (_, Some(n)) => vec!["a".to_owned(); n / 3],
                 _ => vec!["a".to_owned(), "b".to_owned()],
             };
@@ -107,8 +115,8 @@ fn one(row: &GrpcRow, size: Size) -> Vec<u8> {
         }
         Rerank => {
             let (query, texts) = match (long, many) {
-                (Some(n), _) => (words(n / 2), vec![words(n / 2)]),
-                (_, Some(n)) => (words(n / 2), vec!["a".to_owned(); n / 6]),
+                (Some(n), _) => (long_text(n / 2), vec![long_text(n / 2)]),
+                (_, Some(n)) => (long_text(n / 2), vec!["a".to_owned(); n / 6]),
                 _ if big => ("q".to_owned(), vec![words(400); 2000]),
                 _ => ("q".to_owned(), vec!["a".to_owned()]),
             };
@@ -116,7 +124,7 @@ fn one(row: &GrpcRow, size: Size) -> Vec<u8> {
         }
         RerankStream => {
             let (query, text) = match long.or(many) {
-                Some(n) => (words(n / 2), words(n / 2)),
+                Some(n) => (long_text(n / 2), long_text(n / 2)),
                 None if big => ("q".to_owned(), words(400)),
                 None => ("q".to_owned(), "a".to_owned()),
             };
@@ -136,7 +144,7 @@ fn one(row: &GrpcRow, size: Size) -> Vec<u8> {
             v1::DecodeRequest { ids, skip_special_tokens: false }.encode_to_vec()
         }
         Arrow | SparseArrow => match (long, many) {
-            (Some(n), _) => arrow(row, ipc(&[&words(n.saturating_sub(1024))], false), None),
+            (Some(n), _) => arrow(row, ipc(&[&long_text(n.saturating_sub(1024))], false), None),
             (_, Some(n)) => {
                 let batch = ipc(&vec!["a"; ARROW_ROWS], false);
                 let fill = n.saturating_sub(batch.len() + 1024);

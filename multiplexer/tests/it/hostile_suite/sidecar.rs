@@ -13,6 +13,9 @@ use teifleet_testkit::process::ChildGuard;
 /// The bound on the sidecar's peak resident memory under any attack.
 pub const PEAK_BOUND_KIB: u64 = 200 * 1000;
 
+/// Resident memory past which a sidecar is replaced before the next row.
+const RETAINED_KIB: u64 = 80 * 1000;
+
 /// The flags every sidecar of the suite runs with: a pool of 32 in flight and 64 queued, the pod's
 /// memory limit, everything else at its default (the bounds under test are the defaults).
 const FLAGS: &[&str] = &["--max-in-flight", "32", "--max-queued", "64", "--memory-limit", "256Mi", "--pool", "default"];
@@ -101,9 +104,11 @@ impl Sidecar {
         matches!(self.guard.child_mut().try_wait(), Ok(None))
     }
 
-    /// A dead sidecar is replaced by a new one on the same simulator, so the next row is attacked.
-    pub async fn revive(&mut self) {
-        if !self.alive() {
+    /// A dead sidecar, or one still holding much of what an earlier row made it allocate (the
+    /// allocator keeps freed memory), is replaced by a new one on the same simulator: the next row
+    /// is attacked, and measured from a fresh start.
+    pub async fn refresh(&mut self) {
+        if !self.alive() || self.status_kib("VmRSS:").unwrap_or(0) > RETAINED_KIB {
             *self = Self::start(self.upstream).await;
         }
     }
