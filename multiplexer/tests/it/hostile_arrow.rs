@@ -52,7 +52,7 @@ impl Sidecar {
         let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
         command
             .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
-            .args(["--memory-limit", "256Mi", "--upstream", &format!("http://{}", sim.addr())])
+            .args(["--memory-limit", "256Mi", "--max-in-flight", "32", "--upstream", &format!("http://{}", sim.addr())])
             .env("RUST_BACKTRACE", "1")
             .stderr(Stdio::piped());
         let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
@@ -161,7 +161,8 @@ async fn client(addr: SocketAddr) -> TeiMultiplexerClient<Channel> {
 }
 
 fn request(ipc: Vec<u8>, lz4: bool) -> mux::EmbedArrowRequest {
-    let pool = mux::target::Routing::ModelId(crate::support::MODEL.into());
+    // The pool a static sidecar serves.
+    let pool = mux::target::Routing::InstanceName("default".into());
     mux::EmbedArrowRequest {
         target: Some(mux::Target { routing: Some(pool) }),
         arrow_ipc: ipc.into(),
@@ -287,10 +288,11 @@ async fn null_and_empty_rows_are_answered_here_and_charged() {
     let mut sidecar = Sidecar::start(&sim);
     let grpc = sidecar.grpc;
     let before = sim.stats().requests_received;
+    // Built before the steady caller starts: this test's own runtime is one thread.
+    let nulls = ipc::stream(&vec![None; 1_000_000], false, true);
+    let empty = ipc::stream(&vec![Some(""); 100_000], false, true);
+    eprintln!("1,000,000 nulls: {} bytes; 100,000 empty rows: {} bytes", nulls.len(), empty.len());
     let attack = async {
-        let nulls = ipc::stream(&vec![None; 1_000_000], false, true);
-        let empty = ipc::stream(&vec![Some(""); 100_000], false, true);
-        eprintln!("1,000,000 nulls: {} bytes; 100,000 empty rows: {} bytes", nulls.len(), empty.len());
         let mut manager = client(grpc).await;
         let nulls = manager.embed_arrow(request(nulls, true)).await;
         let empty = manager.embed_arrow(request(empty, true)).await;
@@ -327,7 +329,9 @@ async fn a_refusal_for_a_missing_text_column_is_bounded() {
     let columns: Vec<Arc<dyn Array>> =
         (0..1000).map(|_| Arc::new(arrow_array::Int32Array::from(vec![1])) as _).collect();
     let ipc = ipc::write(schema.clone(), &[RecordBatch::try_new(schema, columns).unwrap()], false);
-    let status = client(running.grpc_addr).await.embed_arrow(request(ipc, false)).await.unwrap_err();
+    let pool_a = Some(mux::Target { routing: Some(mux::target::Routing::InstanceName("pool-a".into())) });
+    let call = mux::EmbedArrowRequest { target: pool_a, ..request(ipc, false) };
+    let status = client(running.grpc_addr).await.embed_arrow(call).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("no `text` column") && status.message().contains("and 992 more"), "{status:?}");
     assert!(status.message().len() < 1024, "{} bytes", status.message().len());
@@ -375,7 +379,8 @@ async fn unread_arrow_answers_stay_charged_and_the_rest_are_refused() {
     let grpc = sidecar.grpc;
     // 4,000 short rows: a 40 KB request, a 6 MB answer.
     let rows = vec![Some("a short row"); 4000];
-    let message = mux::EmbedArrowRequest { noop: true, ..request(ipc::stream(&rows, false, false), false) }.encode_to_vec();
+    let message =
+        mux::EmbedArrowRequest { noop: true, ..request(ipc::stream(&rows, false, false), false) }.encode_to_vec();
     let framed = teifleet_multiplexer::vocab::framing::framed(&message);
     let attack = async {
         let tcp = tokio::net::TcpStream::connect(grpc).await.unwrap();
@@ -397,7 +402,8 @@ async fn unread_arrow_answers_stay_charged_and_the_rest_are_refused() {
         let (mut held, mut refused) = (0, 0);
         let mut kept = Vec::new();
         for (answer, send) in pending {
-            let answer = tokio::time::timeout(Duration::from_secs(20), answer).await.expect("headers").expect("an answer");
+            let answer =
+                tokio::time::timeout(Duration::from_secs(20), answer).await.expect("headers").expect("an answer");
             let mut body = answer.into_body();
             // A refusal's trailers come at once (no data before them); an unread answer's never.
             match tokio::time::timeout(Duration::from_millis(300), body.trailers()).await {

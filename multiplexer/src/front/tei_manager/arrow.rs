@@ -196,8 +196,10 @@ pub async fn batch(
     ipc_in: Bytes,
     request: &Charge,
 ) -> Result<Answer, ManagerError> {
-    let decoded = inbound::decode_texts(&ipc_in, &cx.memory)?;
-    drop(ipc_in);
+    // Inflating, validating (UTF-8 of every row) and writing are CPU work of up to tens of
+    // megabytes: off the runtime's workers, so callers beside this one are not stalled by it.
+    let memory = cx.memory.clone();
+    let decoded = blocking(move || inbound::decode_texts(&ipc_in, &memory)).await?;
     let (texts, inflated) = (decoded.texts, decoded.charge);
     // Both charges shrink here as a rule: the texts hold at most the message and what it inflated.
     let held = texts.memory_size() as u64;
@@ -216,9 +218,18 @@ pub async fn batch(
         true => noop(&mut assembled, &texts)?,
         false => embed(cx, routed, options, &texts, &mut assembled).await?,
     }
-    let batch = assembled.into_batch(&texts)?;
-    drop((texts, inflated));
-    let mut written = ipc::write_after(ANSWER_ROOM, batch, options.lz4)?;
+    let (rows, dtype, lz4) = (assembled.rows, assembled.dtype, options.lz4);
+    let mut written = blocking(move || {
+        let here = |row: usize| texts.refused_here(row);
+        let batch = match rows {
+            Rows::Dense(dense) => dense.batch(dtype, &here),
+            Rows::Sparse(sparse) => sparse.batch(&here),
+        }?;
+        drop(texts);
+        ipc::write_after(ANSWER_ROOM, batch, lz4)
+    })
+    .await?;
+    drop(inflated);
     let start = frame_in_place(&mut written);
     let message = written.len() - start - PREFIX;
     if message > limit {
@@ -227,6 +238,13 @@ pub async fn batch(
     // The vectors are gone: what stays until it is sent is the written answer.
     answer.set(written.len() as u64).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
     Ok(Answer { written, start, charge: answer })
+}
+
+/// `work` on tokio's blocking threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ManagerError> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| ManagerError::Build(format!("the work stopped: {e}")))?
 }
 
 /// Room kept before an answer's IPC: the gRPC prefix, then the key of `arrow_ipc` (field 1 of both
@@ -413,14 +431,6 @@ impl<'a> Assembled<'a> {
                 let pairs = sparse.held_bytes();
                 self.check(pairs + self.fixed_sent, 2 * pairs + self.fixed_held)
             }
-        }
-    }
-
-    fn into_batch(self, texts: &Texts) -> Result<arrow_array::RecordBatch, ManagerError> {
-        let here = |row: usize| texts.refused_here(row);
-        match self.rows {
-            Rows::Dense(dense) => dense.batch(self.dtype, &here),
-            Rows::Sparse(sparse) => sparse.batch(&here),
         }
     }
 }
