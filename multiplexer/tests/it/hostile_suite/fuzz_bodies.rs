@@ -131,7 +131,8 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 fn acceptable(route: &Route, status: u16, json: &Value) -> bool {
     match (status, route.flavor) {
         (200, _) => true,
-        (400..=499, Flavor::OpenAi) => json["error"]["message"].is_string(),
+        // TEI's OpenAI-compatible error: `{"message", "code", "type"}`.
+        (400..=499, Flavor::OpenAi) => json["message"].is_string() && json["type"].is_string(),
         (400..=499, _) => json["error"].is_string() && json["error_type"].is_string(),
         _ => false,
     }

@@ -29,11 +29,16 @@ fn name(row: &HttpRow) -> String {
     format!("{} {}", row.method, row.path)
 }
 
-/// Served, or refused in TEI's (or OpenAI's) error shape with a 4xx: never a 5xx, never nothing.
+/// Served, or refused with a 4xx in TEI's error shape (`{"error", "error_type"}`, or for its
+/// OpenAI route `{"message", "type"}`): never a 5xx, never nothing.
 fn clear(answer: &Result<HttpAnswer, String>) -> bool {
     answer.as_ref().is_ok_and(|a| match a.status {
         200..=299 => true,
-        400..=499 => a.json().get("error").is_some(),
+        400..=499 => {
+            let json = a.json();
+            json["error"].is_string() && json["error_type"].is_string()
+                || json["message"].is_string() && json["type"].is_string()
+        }
         _ => false,
     })
 }

@@ -15,7 +15,7 @@ pub const STEADY_P99: Duration = Duration::from_secs(1);
 /// The share of its calls the steady caller must have served.
 pub const STEADY_SERVED: f64 = 0.9;
 /// How long each flood lasts.
-pub const FLOOD: Duration = Duration::from_millis(1500);
+pub const FLOOD: Duration = Duration::from_millis(1000);
 
 #[derive(Debug, Default)]
 pub struct Steady {
