@@ -87,16 +87,22 @@ fn corpus() -> (Vec<u8>, Vec<(String, usize)>) {
     // Then rows of 2 to 50 KB, numeric ids among them.
     for row in 0..300 {
         let length = 2_000 + random.below(48_000);
-        let id =
-            if row % 3 == 0 { format!("{}", 18_446_744_073_709_551_616u128 + 1_000 + row as u128) } else { format!("r-{row}") };
+        let id = if row % 3 == 0 {
+            format!("{}", 18_446_744_073_709_551_616u128 + 1_000 + row as u128)
+        } else {
+            format!("r-{row}")
+        };
         let json = if row % 3 == 0 { id.clone() } else { format!("\"{id}\"") };
         push(&json, &id, &text_of(&mut random, length));
     }
     (content, rows)
 }
 
-/// Each output row: its id, whether it has a vector (of 384 dimensions), its error.
-fn output(directory: &std::path::Path) -> Vec<(String, Option<Vec<f32>>, Option<String>)> {
+/// One output row: its id, its vector, its error.
+type OutputRow = (String, Option<Vec<f32>>, Option<String>);
+
+/// Every output row.
+fn output(directory: &std::path::Path) -> Vec<OutputRow> {
     let mut rows = Vec::new();
     for part in parts(directory) {
         for batch in read_parquet(&part) {
@@ -115,9 +121,9 @@ fn output(directory: &std::path::Path) -> Vec<(String, Option<Vec<f32>>, Option<
 }
 
 /// Checks every row came out once, under its exact id; returns the huge row's error.
-fn check(rows: &[(String, Option<Vec<f32>>, Option<String>)], expected: &[(String, usize)]) -> String {
+fn check(rows: &[OutputRow], expected: &[(String, usize)]) -> String {
     assert_eq!(rows.len(), expected.len(), "one output row per input row");
-    let mut by_id: BTreeMap<&str, &(String, Option<Vec<f32>>, Option<String>)> = BTreeMap::new();
+    let mut by_id: BTreeMap<&str, &OutputRow> = BTreeMap::new();
     for row in rows {
         assert!(by_id.insert(row.0.as_str(), row).is_none(), "{:?} written twice", row.0);
     }
