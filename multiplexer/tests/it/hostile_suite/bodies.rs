@@ -69,3 +69,13 @@ pub fn with_input(row: &HttpRow, value: Value) -> Value {
         Body::Decode => json!({"ids": value}),
     }
 }
+
+/// As many inputs as `n` bytes of body hold, far past the most one request may carry.
+pub fn most_inputs(row: &HttpRow, n: usize) -> Vec<u8> {
+    let value = match row.body {
+        Body::None => return vec![b' '; n],
+        Body::Decode => json!(vec![[1000]; (n - 100) / 7]),
+        _ => json!(vec!["a"; (n - 100) / 4]),
+    };
+    serde_json::to_vec(&with_input(row, value)).expect("JSON encodes")
+}
