@@ -453,7 +453,7 @@ fn noop(assembled: &mut Assembled<'_>, texts: &Texts) -> Result<(), ManagerError
             }
         };
         assembled.push(vector)?;
-        if row % 1024 == 0 {
+        if row.is_multiple_of(1024) {
             assembled.bound()?;
         }
     }
