@@ -50,6 +50,13 @@ pub enum HttpError {
     )]
     AnswerTooLarge { estimate: u64, limit: u64 },
 
+    /// A field copied into every upstream message (`prompt_name`, `/rerank`'s query) would make
+    /// the messages many times the body: refused before any is built (`super::upstream`).
+    #[error(
+        "the request would be sent upstream as {bytes} bytes, over the limit of {limit}: a long field is copied into every input; shorten it or send fewer inputs"
+    )]
+    UpstreamTooLarge { bytes: u64, limit: u64 },
+
     /// The body is not JSON at all (axum's and so TEI's wording, and TEI's 400).
     #[error("Failed to parse the request body as JSON: {0}")]
     NotJson(String),
@@ -119,9 +126,10 @@ impl HttpError {
             Self::Empty(_) | Self::NotJson(_) | Self::Body(_) | Self::Invalid(_) | Self::WrongModelType(_) => {
                 ErrorKind::InvalidRequest
             }
-            Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } | Self::AnswerTooLarge { .. } => {
-                ErrorKind::TooLarge
-            }
+            Self::PayloadTooLarge { .. }
+            | Self::TooManyInputs { .. }
+            | Self::AnswerTooLarge { .. }
+            | Self::UpstreamTooLarge { .. } => ErrorKind::TooLarge,
             Self::BodyTimeout => ErrorKind::InvalidRequest,
             Self::Unencodable(_) => ErrorKind::Upstream,
             Self::Unhealthy => ErrorKind::Unavailable,
@@ -135,9 +143,10 @@ impl HttpError {
             |status, error_type| Answer { status, error_type, message: self.to_string().into(), retry_after: None };
         match self {
             Self::Empty(_) => own(StatusCode::BAD_REQUEST, ErrorType::Empty),
-            Self::PayloadTooLarge { .. } | Self::TooManyInputs { .. } | Self::AnswerTooLarge { .. } => {
-                own(StatusCode::PAYLOAD_TOO_LARGE, ErrorType::Validation)
-            }
+            Self::PayloadTooLarge { .. }
+            | Self::TooManyInputs { .. }
+            | Self::AnswerTooLarge { .. }
+            | Self::UpstreamTooLarge { .. } => own(StatusCode::PAYLOAD_TOO_LARGE, ErrorType::Validation),
             Self::NotJson(_) => own(StatusCode::BAD_REQUEST, ErrorType::Validation),
             Self::BodyTimeout => own(StatusCode::REQUEST_TIMEOUT, ErrorType::Validation),
             Self::Body(_) | Self::Invalid(_) => own(StatusCode::UNPROCESSABLE_ENTITY, ErrorType::Validation),

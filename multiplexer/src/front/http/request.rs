@@ -156,8 +156,9 @@ impl<'a> HttpCall<'a> {
 
     /// Sends each of `each`'s messages as one unary call of `rpc` and decodes the answers, in
     /// order; `per_permit` messages share one permit. Refused whole before any message is built
-    /// when the request carries more than `inputs` allows, or when what its messages would hold
-    /// at once finds no room in the memory budget (`super::upstream`).
+    /// when the request carries more `inputs` than one may, when its messages would be many
+    /// times its body (413), or when what they would hold at once finds no room in the memory
+    /// budget (429; `super::upstream`).
     pub async fn send_each<M, T, Resp>(
         &mut self,
         rpc: &'static Rpc,
@@ -173,6 +174,10 @@ impl<'a> HttpCall<'a> {
         self.call.rpc = rpc;
         self.within_cap(inputs)?;
         let plan = each.plan(per_permit, super::upstream::chunk_bytes(self.body_bytes), CHUNKS_AT_ONCE);
+        let limit = super::upstream::most_upstream_bytes(self.body_bytes);
+        if plan.total > limit {
+            return Err(HttpError::UpstreamTooLarge { bytes: plan.total, limit });
+        }
         let _messages = self.shared.memory.charge(Use::RequestBodies, plan.peak).map_err(|over| {
             self.shared.forwarder.metrics.refused_input("http", crate::front::grpc::server::REFUSED_MEMORY);
             HttpError::Call(Error::Memory(over))

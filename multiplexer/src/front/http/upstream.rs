@@ -3,11 +3,13 @@
 //! One field of a request can go into every message: `prompt_name` into each of up to 2,048
 //! `/embed` calls, `/rerank`'s query into every slice of texts. Built all at once, a 58 KB body
 //! became 213 MB of messages (issue 43). So each message's exact size is computed first, from the
-//! request's own fields and never by building it; the messages are cut into chunks of at most
-//! the max client batch size and at most [`chunk_bytes`] bytes; the most the chunks in flight at
-//! once can hold is charged to the memory budget (429 when there is no room); and only then are
-//! the messages built, a chunk at a time as it is sent. What one request holds in messages is then
-//! at most a small multiple of its body, and charged.
+//! request's own fields and never by building it. A request whose messages would be more than
+//! [`most_upstream_bytes`] of its body is refused whole (413): what is sent upstream for a body,
+//! and the work it makes there, is a small multiple of it. The rest are cut into chunks of at
+//! most the max client batch size and at most [`chunk_bytes`] bytes; the most the chunks in
+//! flight at once can hold is charged to the memory budget (429 when there is no room); and only
+//! then are the messages built, a chunk at a time as it is sent. What one request holds in
+//! messages is then at most a small multiple of its body, and charged.
 
 use prost::Message;
 
@@ -18,6 +20,19 @@ use crate::vocab::framing::{Framed, PREFIX};
 /// smaller.
 pub const CHUNK_BYTES_FLOOR: usize = 1 << 20;
 
+/// How many times its body a request's messages may be in all (beyond [`UPSTREAM_FLOOR`]): each
+/// message repeats a few fields (`truncate`, `normalize`, its framing) that are not in the body,
+/// and TEI's short prompt names and queries are copied into each.
+pub const UPSTREAM_PER_BODY: u64 = 4;
+/// What a request's messages may be in all whatever its body: 2,048 one-letter inputs with a
+/// prompt name are about 50 KB of messages.
+pub const UPSTREAM_FLOOR: u64 = 4 << 20;
+
+/// The most bytes of messages a request of `body` bytes may become.
+pub fn most_upstream_bytes(body: usize) -> u64 {
+    (body as u64).saturating_mul(UPSTREAM_PER_BODY).max(UPSTREAM_FLOOR)
+}
+
 /// Each of `items` as one upstream message: `template` with the item put in `field` (the
 /// template's `field` left empty).
 pub struct Each<M, T> {
@@ -26,11 +41,12 @@ pub struct Each<M, T> {
     pub items: Vec<T>,
 }
 
-/// What [`Each::plan`] found: how many messages each chunk takes, and the most bytes of messages
-/// that live at once while they are sent.
+/// What [`Each::plan`] found: how many messages each chunk takes, the bytes of all of them, and
+/// the most bytes of messages that live at once while they are sent.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Plan {
     pub chunks: Vec<usize>,
+    pub total: u64,
     pub peak: u64,
 }
 
@@ -77,7 +93,7 @@ impl<M: Message + Clone, T: Default> Each<M, T> {
         }
         let in_flight = bytes.windows(window.max(1).min(bytes.len().max(1))).map(|w| w.iter().sum::<u64>()).max();
         let largest = sizes.iter().copied().max().unwrap_or(0) as u64;
-        Plan { chunks, peak: in_flight.unwrap_or(0) + largest }
+        Plan { chunks, total: bytes.iter().sum(), peak: in_flight.unwrap_or(0) + largest }
     }
 
     /// The messages, built a chunk at a time as the chunks are taken.
@@ -128,17 +144,18 @@ mod tests {
         let size = small.sizes()[0];
         let plan = small.plan(32, chunk_bytes(1000), 2);
         assert_eq!(plan.chunks, [32, 32, 32, 4]);
-        assert_eq!(plan.peak, (64 * size + size) as u64);
+        assert_eq!((plan.total, plan.peak), ((100 * size) as u64, (64 * size + size) as u64));
         // A 100 KB prompt name in each of 100 messages: 10 per MiB chunk, not 32.
         let mut large = embeds(100_000, &texts);
         let plan = large.plan(32, chunk_bytes(101_000), 2);
         assert_eq!(plan.chunks.iter().sum::<usize>(), 100);
         assert!(plan.chunks.iter().all(|&n| n <= 10), "{:?}", plan.chunks);
         assert!(plan.peak <= 3 * CHUNK_BYTES_FLOOR as u64, "{}", plan.peak);
+        assert!(plan.total > most_upstream_bytes(101_000), "refused: 10 MB of messages for a 101 KB body");
         // A message larger than a chunk goes alone.
         let mut huge = embeds(2 * CHUNK_BYTES_FLOOR, &["a", "b"]);
         assert_eq!(huge.plan(32, chunk_bytes(10), 2).chunks, [1, 1]);
         let mut none = embeds(0, &[]);
-        assert_eq!(none.plan(32, 10, 2), Plan { chunks: vec![], peak: 0 });
+        assert_eq!(none.plan(32, 10, 2), Plan { chunks: vec![], total: 0, peak: 0 });
     }
 }
