@@ -15,7 +15,7 @@ use bytes::Bytes;
 use http::header::CONTENT_LENGTH;
 use http_body::{Body, Frame, SizeHint};
 
-use super::error::HttpError;
+use super::error::{Flavor, HttpError};
 use crate::admission::memory::{Charge, MemoryBudget, OverBudget, Use};
 use crate::error::Error;
 use crate::report::metrics::Metrics;
@@ -32,6 +32,8 @@ pub struct Bodies {
     pub memory: Arc<MemoryBudget>,
     pub payload_limit: usize,
     pub metrics: Metrics,
+    /// The shape a path's refusals take (`super::table::flavor`).
+    pub flavor: fn(&str) -> Flavor,
 }
 
 /// A charge a route took for its answer, handed to [`charge_body`] in the response's extensions
@@ -53,7 +55,7 @@ pub async fn charge_body(State(bodies): State<Bodies>, request: Request, next: N
         Ok(charge) => Arc::new(charge),
         Err(over) => {
             bodies.metrics.refused_input("http", crate::front::grpc::server::REFUSED_MEMORY);
-            let flavor = super::table::flavor(request.uri().path());
+            let flavor = (bodies.flavor)(request.uri().path());
             return HttpError::Call(Error::Memory(over)).into_response(flavor);
         }
     };

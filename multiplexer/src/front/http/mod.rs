@@ -105,7 +105,8 @@ pub fn router(
     door: Arc<HoldBounds>,
 ) -> Router {
     let limit = settings.payload_limit;
-    let bodies = memory::Bodies { memory: memory.clone(), payload_limit: limit, metrics: forwarder.metrics.clone() };
+    let metrics = forwarder.metrics.clone();
+    let bodies = memory::Bodies { memory: memory.clone(), payload_limit: limit, metrics, flavor: table::flavor };
     table::ROUTES
         .iter()
         .fold(Router::new(), |router, route| router.route(route.path, route.handlers()))
