@@ -13,7 +13,7 @@ struct Bits {
 impl Bits {
     fn put(&mut self, value: u32, n: u32) {
         for i in 0..n {
-            if self.used % 8 == 0 {
+            if self.used.is_multiple_of(8) {
                 self.out.push(0);
             }
             let last = self.out.len() - 1;

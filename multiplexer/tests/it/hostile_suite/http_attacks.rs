@@ -135,7 +135,10 @@ fn malformed(row: &HttpRow) -> Vec<(&'static str, Vec<u8>)> {
     utf8.splice(at..at + 2, [0xff, 0xfe, 0xc0]);
     let huge = |value: &str| {
         let mut json = serde_json::to_string(&with_input(row, json!("a"))).expect("JSON encodes");
-        json.insert_str(1, &format!("\"dimensions\": {value}, \"truncate\": {value}, "));
+        // Fields of every route's body that take a number or a flag: each route reads one of them.
+        let fields = ["dimensions", "truncate", "add_special_tokens", "skip_special_tokens", "raw_scores"];
+        let fields: String = fields.iter().map(|field| format!("\"{field}\": {value}, ")).collect();
+        json.insert_str(1, &fields);
         json.into_bytes()
     };
     vec![

@@ -92,7 +92,7 @@ fn one(row: &GrpcRow, size: Size) -> Vec<u8> {
     let text = long.map_or_else(|| "a".to_owned(), long_text);
     let prompt = many.map(|n| "p".repeat(n));
     match row.message {
-        Info => long.or(many).map_or_else(Vec::new, |n| unknown_field(n)),
+        Info => long.or(many).map_or_else(Vec::new, unknown_field),
         Embed => {
             v1::EmbedRequest { inputs: text, truncate: true, prompt_name: prompt, ..Default::default() }.encode_to_vec()
         }
