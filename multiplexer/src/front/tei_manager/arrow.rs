@@ -34,6 +34,12 @@ use crate::vocab::rpc::{self, Rpc};
 /// tei-manager's vector size in `noop` mode (BGE-small's).
 const NOOP_DIM: usize = 384;
 
+/// The longest `prompt_name` a batch may name. TEI's prompt names are keys of the model's prompts
+/// config ("query", "passage", "s2p_query"): short words. The name goes into every row's upstream
+/// message, so its length is multiplied by the rows in flight: a 40 MB name on 100,000 rows held
+/// 1.6 GB before this bound.
+pub const MAX_PROMPT_NAME: usize = 256;
+
 /// What a batch asks for, from its request (the first one, for a stream).
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -65,7 +71,7 @@ impl Options {
             truncate: request.truncate,
             normalize: request.normalize,
             truncation_direction: request.truncation_direction,
-            prompt_name: request.prompt_name.clone(),
+            prompt_name: prompt_name(&request.prompt_name)?,
             dimensions: request.dimensions,
             lz4: lz4(request.compression)?,
             dtype,
@@ -81,7 +87,7 @@ impl Options {
             truncate: request.truncate,
             normalize: false,
             truncation_direction: request.truncation_direction,
-            prompt_name: request.prompt_name.clone(),
+            prompt_name: prompt_name(&request.prompt_name)?,
             dimensions: None,
             lz4: lz4(request.compression)?,
             dtype: Dtype::F32,
@@ -95,25 +101,96 @@ impl Options {
     }
 
     /// One input row as the tei.v1 request TEI gets for it: tei-manager's options, as it sends
-    /// them (`normalize` as the request says, unset meaning false).
+    /// them (`normalize` as the request says, unset meaning false). The text is encoded straight
+    /// from the decoded column into the framed message: one copy, no `String` of it between.
     fn message(&self, text: &str) -> Framed {
         let (truncation_direction, prompt_name) = (self.truncation_direction, self.prompt_name.clone());
         match self.sparse {
-            false => Framed::encode(&v1::EmbedRequest {
-                inputs: text.to_owned(),
-                truncate: self.truncate,
-                normalize: Some(self.normalize),
-                truncation_direction,
-                prompt_name,
-                dimensions: self.dimensions,
+            false => Framed::encode(&WithInputs {
+                inputs: text,
+                rest: v1::EmbedRequest {
+                    inputs: String::new(),
+                    truncate: self.truncate,
+                    normalize: Some(self.normalize),
+                    truncation_direction,
+                    prompt_name,
+                    dimensions: self.dimensions,
+                },
             }),
-            true => Framed::encode(&v1::EmbedSparseRequest {
-                inputs: text.to_owned(),
-                truncate: self.truncate,
-                truncation_direction,
-                prompt_name,
+            true => Framed::encode(&WithInputs {
+                inputs: text,
+                rest: v1::EmbedSparseRequest {
+                    inputs: String::new(),
+                    truncate: self.truncate,
+                    truncation_direction,
+                    prompt_name,
+                },
             }),
         }
+    }
+
+    /// The most bytes a row's upstream message has beside its text: the options (the prompt's
+    /// name at most [`MAX_PROMPT_NAME`]), field keys and lengths, the gRPC prefix.
+    fn message_overhead(&self) -> usize {
+        MESSAGE_FIXED + self.prompt_name.as_ref().map_or(0, String::len)
+    }
+}
+
+/// What a row's upstream message holds beside its text and prompt name: the prefix, the fields'
+/// keys, lengths and scalar values (under 40 bytes), rounded up.
+const MESSAGE_FIXED: usize = 64;
+
+/// A tei.v1 request whose `inputs` (field 1 of EmbedRequest and EmbedSparseRequest) is borrowed:
+/// written first, then the rest of the message, whose own `inputs` is empty and so not written
+/// (protobuf reads fields in any order).
+#[derive(Debug)]
+struct WithInputs<'a, M> {
+    inputs: &'a str,
+    rest: M,
+}
+
+impl<M: prost::Message> prost::Message for WithInputs<'_, M> {
+    fn encode_raw(&self, buf: &mut impl bytes::BufMut) {
+        if !self.inputs.is_empty() {
+            prost::encoding::encode_key(1, prost::encoding::WireType::LengthDelimited, buf);
+            prost::encoding::encode_varint(self.inputs.len() as u64, buf);
+            buf.put_slice(self.inputs.as_bytes());
+        }
+        self.rest.encode_raw(buf);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: prost::encoding::WireType,
+        buf: &mut impl bytes::Buf,
+        ctx: prost::encoding::DecodeContext,
+    ) -> Result<(), prost::DecodeError> {
+        // Only ever encoded: a field read into it is skipped.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        let inputs = match self.inputs.len() {
+            0 => 0,
+            len => prost::encoding::key_len(1) + prost::encoding::encoded_len_varint(len as u64) + len,
+        };
+        inputs + self.rest.encoded_len()
+    }
+
+    fn clear(&mut self) {
+        self.inputs = "";
+        self.rest.clear();
+    }
+}
+
+/// The request's `prompt_name`, refused past [`MAX_PROMPT_NAME`] before anything is built from it.
+fn prompt_name(name: &Option<String>) -> Result<Option<String>, ManagerError> {
+    match name {
+        Some(name) if name.len() > MAX_PROMPT_NAME => {
+            Err(ManagerError::PromptNameTooLong { bytes: name.len(), limit: MAX_PROMPT_NAME })
+        }
+        name => Ok(name.clone()),
     }
 }
 
@@ -165,7 +242,7 @@ impl Routed {
     pub fn fail(&mut self, error: ManagerError) -> ManagerError {
         match error {
             ManagerError::Call(error) => ManagerError::Call(self.call.fail(error)),
-            ManagerError::AnswerTooLarge { .. } => {
+            ManagerError::AnswerTooLarge { .. } | ManagerError::RowTooLarge { .. } => {
                 self.call.refuse(ErrorKind::TooLarge);
                 error
             }
@@ -277,12 +354,24 @@ async fn embed(
 ) -> Result<(), ManagerError> {
     let rpc = options.rpc();
     let pool = &*routed.pool;
+    // A row whose message TEI would refuse for its size fails the call before any is built (a
+    // 40 MB row was copied into a message and sent, for TEI to refuse it at 4 MiB).
+    let overhead = options.message_overhead();
+    for row in 0..texts.len() {
+        let bytes = texts.get(row).map_or(0, str::len);
+        if bytes.saturating_add(overhead) > cx.max_message {
+            return Err(ManagerError::RowTooLarge { row, bytes, limit: cx.max_message });
+        }
+    }
     let size = bulk::sub_batch(pool, cx.max_client_batch_size, routed.meta.lane);
     let window = bulk::window(pool, size);
     let messages = (0..texts.len())
         .filter(|row| texts.refused_here(*row).is_none())
         .filter_map(|row| texts.get(row).map(|text| options.message(text)));
-    let chunks = Chunks { messages, size };
+    // The sub-batches' messages are copies of their rows (and options): charged as each is made,
+    // given back as its answers are taken.
+    let in_flight = InFlight::new(cx)?;
+    let chunks = Chunks { messages, size, in_flight: &in_flight };
     let bulk = Bulk { forwarder: &cx.forwarder, pool, meta: &routed.meta, carried: &routed.carried, rpc };
     let sparse = options.sparse;
     let keep = move |exchanged: Exchanged| -> crate::error::Result<Result<Vector, String>> {
@@ -307,6 +396,7 @@ async fn embed(
         if std::mem::take(&mut first) {
             routed.call.admitted_at(chunk.admitted);
         }
+        in_flight.answered();
         timing = chunk.timing.or(timing);
         for kept in chunk.answers {
             while row < texts.len() && texts.refused_here(row).is_some() {
@@ -318,6 +408,8 @@ async fn embed(
         }
         assembled.bound()?;
     }
+    // Sub-batches stopped being made for want of memory: the call fails, not its rows.
+    in_flight.refused()?;
     while row < texts.len() {
         assembled.push(Err(None))?;
         row += 1;
@@ -460,24 +552,115 @@ fn noop(assembled: &mut Assembled<'_>, texts: &Texts) -> Result<(), ManagerError
     assembled.bound()
 }
 
-/// Messages in sub-batches of `size`, made as the bulk runner asks for them.
-struct Chunks<I> {
+/// Messages in sub-batches of `size`, made as the bulk runner asks for them, each charged.
+struct Chunks<'a, I> {
     messages: I,
     size: usize,
+    in_flight: &'a InFlight,
 }
 
-impl<I: Iterator<Item = Framed>> Iterator for Chunks<I> {
+impl<I: Iterator<Item = Framed>> Iterator for Chunks<'_, I> {
     type Item = Vec<Framed>;
 
     fn next(&mut self) -> Option<Vec<Framed>> {
         let chunk: Vec<Framed> = self.messages.by_ref().take(self.size).collect();
-        (!chunk.is_empty()).then_some(chunk)
+        if chunk.is_empty() {
+            return None;
+        }
+        let bytes = chunk.iter().map(|message| message.as_ref().len() as u64).sum();
+        // Made, then charged: a sub-batch is at most TEI's batch of rows each within the message
+        // limit; refused, it is dropped unsent and the call ends (see `InFlight::refused`).
+        self.in_flight.made(bytes).then_some(chunk)
+    }
+}
+
+/// The bytes of the sub-batches made and not yet answered, charged to the memory budget: a call
+/// holds its window's messages beside its decoded rows, and with rows of a megabyte (an LZ4
+/// batch inflating 0.5 MB to 16 MiB) those are as large as the rows themselves.
+struct InFlight {
+    charge: Charge,
+    /// Each sub-batch's bytes, oldest first: the bulk runner answers them in order.
+    made: std::sync::Mutex<std::collections::VecDeque<u64>>,
+    over: std::sync::Mutex<Option<crate::admission::memory::OverBudget>>,
+}
+
+impl InFlight {
+    fn new(cx: &Context) -> Result<Self, ManagerError> {
+        let charge = cx.memory.charge(Use::RequestBodies, 0).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
+        Ok(Self { charge, made: Default::default(), over: Default::default() })
+    }
+
+    /// A sub-batch of `bytes` made: charged, or `false` when the budget has no room for it.
+    fn made(&self, bytes: u64) -> bool {
+        match self.charge.grow(bytes) {
+            Ok(()) => {
+                self.made.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push_back(bytes);
+                true
+            }
+            Err(over) => {
+                *self.over.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(over);
+                false
+            }
+        }
+    }
+
+    /// The oldest sub-batch answered: its messages were sent and dropped.
+    fn answered(&self) {
+        let bytes = self.made.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop_front();
+        self.charge.shrink(bytes.unwrap_or(0));
+    }
+
+    /// The call's refusal if a sub-batch could not be charged.
+    fn refused(&self) -> Result<(), ManagerError> {
+        match self.over.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take() {
+            Some(over) => Err(ManagerError::Call(Error::Memory(over))),
+            None => Ok(()),
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn options(prompt_name: Option<String>, sparse: bool) -> Result<Options, ManagerError> {
+        let target = Some(mux::Target { routing: Some(mux::target::Routing::ModelId("m".into())) });
+        match sparse {
+            false => Options::dense(&mux::EmbedArrowRequest { target, prompt_name, ..Default::default() }),
+            true => Options::sparse(&mux::EmbedSparseArrowRequest { target, prompt_name, ..Default::default() }),
+        }
+    }
+
+    #[test]
+    fn a_row_message_is_the_one_prost_encodes() {
+        for (text, prompt) in [("hello", Some("query".to_owned())), ("", None), (&"x".repeat(300)[..], None)] {
+            let dense = options(prompt.clone(), false).unwrap();
+            let expected = Framed::encode(&v1::EmbedRequest {
+                inputs: text.to_owned(),
+                truncate: dense.truncate,
+                normalize: Some(dense.normalize),
+                truncation_direction: dense.truncation_direction,
+                prompt_name: prompt.clone(),
+                dimensions: dense.dimensions,
+            });
+            let made = dense.message(text);
+            assert_eq!(made.as_ref(), expected.as_ref(), "{text:?}");
+            assert!(made.as_ref().len() <= text.len() + dense.message_overhead());
+            let sparse = options(prompt.clone(), true).unwrap();
+            let read = v1::EmbedSparseRequest::decode(sparse.message(text).as_ref()).unwrap();
+            assert_eq!((read.inputs.as_str(), read.prompt_name), (text, prompt));
+        }
+    }
+
+    #[test]
+    fn a_prompt_name_past_its_bound_is_refused_naming_it() {
+        for sparse in [false, true] {
+            assert!(options(Some("p".repeat(MAX_PROMPT_NAME)), sparse).is_ok());
+            let refused = options(Some("p".repeat(MAX_PROMPT_NAME + 1)), sparse).unwrap_err().into_status();
+            assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+            assert!(refused.message().contains(&MAX_PROMPT_NAME.to_string()), "{}", refused.message());
+        }
+    }
 
     #[test]
     fn an_answer_framed_in_place_is_the_message_prost_encodes() {

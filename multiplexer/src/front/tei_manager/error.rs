@@ -44,6 +44,12 @@ pub enum ManagerError {
     TextNotUtf8(String),
     #[error("unknown {field} value {value}")]
     UnknownEnum { field: &'static str, value: i32 },
+    #[error("prompt_name is {bytes} bytes, over the {limit} a prompt's name may have")]
+    PromptNameTooLong { bytes: usize, limit: usize },
+    #[error(
+        "row {row}'s text is {bytes} bytes, over the largest message TEI takes ({limit} bytes): split or truncate it"
+    )]
+    RowTooLarge { row: usize, bytes: usize, limit: usize },
     #[error(
         "the answer would be {bytes} bytes, over the largest message this port sends ({limit} bytes): send fewer rows per call"
     )]
@@ -93,11 +99,13 @@ impl ManagerError {
             | Self::NoTextColumn { .. }
             | Self::Unserved(_)
             | Self::TextNotUtf8(_)
-            | Self::UnknownEnum { .. } => Status::invalid_argument(message),
+            | Self::UnknownEnum { .. }
+            | Self::PromptNameTooLong { .. } => Status::invalid_argument(message),
             // tonic's own words and code for a message over the limit.
-            Self::AnswerTooLarge { .. } | Self::TooManyRows { .. } | Self::InflatesTooLarge { .. } => {
-                Status::out_of_range(message)
-            }
+            Self::AnswerTooLarge { .. }
+            | Self::TooManyRows { .. }
+            | Self::InflatesTooLarge { .. }
+            | Self::RowTooLarge { .. } => Status::out_of_range(message),
             Self::InconsistentDimensions { .. } | Self::Build(_) => Status::internal(message),
             Self::Call(error) => status::into_status(error),
         }
@@ -118,6 +126,8 @@ impl ManagerError {
             | Self::InflatesTooLarge { .. }
             | Self::TextNotUtf8(_)
             | Self::UnknownEnum { .. }
+            | Self::PromptNameTooLong { .. }
+            | Self::RowTooLarge { .. }
             | Self::AnswerTooLarge { .. }
             | Self::InconsistentDimensions { .. }
             | Self::Build(_)
