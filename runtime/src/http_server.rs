@@ -67,10 +67,12 @@ pub struct ServerBounds {
 impl ServerBounds {
     /// The bounds of a port that only probes and Prometheus call.
     /// Its callers are the kubelet (a connection per probe), Prometheus and the operator (one
-    /// each), so idle connections are closed soon; its probes have places of their own.
+    /// each), so idle connections are closed soon; its probes have places of their own. One
+    /// address holds at most an eighth of the port: a client's idle connections cannot keep
+    /// Prometheus or the operator from `/metrics` (it takes 8 addresses to fill the port).
     pub const ADMIN: Self = Self {
         max_connections: 256,
-        max_connections_per_peer: 256,
+        max_connections_per_peer: 32,
         idle_timeout: Duration::from_secs(10),
         header_read_timeout: Duration::from_secs(10),
         max_headers: 64,
@@ -157,9 +159,12 @@ pub async fn serve_tls(
                 None => continue,
             },
         };
-        let builder = match probe_paths {
-            None => builder.clone(),
-            Some(_) => probes.builder(),
+        // A probe's place is kept for one prompt request: whatever else its client speaks (an
+        // HTTP/2 preface, which the HTTP/1.1-only builder does not end the connection for), the
+        // place is given back after `probes::WITHIN` with no request open, not the port's idle time.
+        let (builder, idle_timeout) = match probe_paths {
+            None => (builder.clone(), idle_timeout),
+            Some(_) => (probes.builder(), probes::WITHIN),
         };
         let (router, tls, refused, mut stop, open) =
             (router.clone(), tls.clone(), refused.clone(), stop.clone(), open.clone());

@@ -152,6 +152,7 @@ fn long_texts(inputs: usize) -> Vec<String> {
 /// (a) `/embed_all` of 256 and of 2,048 long inputs: each answer would be hundreds of megabytes.
 #[tokio::test]
 async fn embed_all_of_many_long_inputs_is_refused_before_it_is_built() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim, &["--max-in-flight", "32"]);
     let http = sidecar.http;
@@ -184,6 +185,7 @@ fn unfinished_message(bytes: usize, short: usize) -> Bytes {
 /// pool counts tokens, so each body is read before its call is admitted).
 #[tokio::test]
 async fn unfinished_grpc_bodies_on_one_connection_are_bounded_by_the_budget() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar =
         Sidecar::start(&sim, &["--max-in-flight", "64", "--max-queued", "128", "--max-in-flight-tokens", "10000000"]);
@@ -239,6 +241,7 @@ async fn refusals(answers: Vec<h2::client::ResponseFuture>) -> usize {
 /// (c) 96 HTTP/1.1 connections, each sending a 1.9 MB body it never finishes.
 #[tokio::test]
 async fn unfinished_http_bodies_on_many_connections_are_bounded_by_the_budget() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim, &["--max-in-flight", "32"]);
     let http = sidecar.http;
@@ -282,6 +285,7 @@ async fn unfinished_http_bodies_on_many_connections_are_bounded_by_the_budget() 
 /// (d) 10,000 calls without a deadline parked at the door of a slow pool.
 #[tokio::test]
 async fn ten_thousand_calls_at_the_door_are_capped_and_the_steady_caller_takes_its_turns() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|config| config.fixed_latency = Duration::from_millis(5)).await;
     let mut sidecar = Sidecar::start(&sim, &["--max-in-flight", "32", "--max-queued", "32"]);
     let grpc = sidecar.grpc;
@@ -318,6 +322,7 @@ async fn ten_thousand_calls_at_the_door_are_capped_and_the_steady_caller_takes_i
 /// the queue, and another caller is not stalled behind them.
 #[tokio::test]
 async fn a_tokenize_and_decode_flood_waits_its_turn() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar =
         Sidecar::start(&sim, &["--max-in-flight", "8", "--max-queued", "16", "--max-held-at-door", "1000"]);

@@ -194,6 +194,7 @@ fn refused_clearly(status: &tonic::Status) {
 /// before a byte is inflated.
 #[tokio::test]
 async fn compressed_request_buffers_are_charged_before_they_are_inflated() {
+    let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
     let mut sidecar = Sidecar::start(&sim);
     let grpc = sidecar.grpc;
@@ -242,6 +243,7 @@ async fn compressed_request_buffers_are_charged_before_they_are_inflated() {
 /// out of range, several batches, dictionaries: each a clear INVALID_ARGUMENT or OUT_OF_RANGE.
 #[tokio::test]
 async fn malformed_ipc_is_refused_without_a_panic() {
+    let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
     let mut sidecar = Sidecar::start(&sim);
     let grpc = sidecar.grpc;
@@ -284,6 +286,7 @@ async fn malformed_ipc_is_refused_without_a_panic() {
 /// their state charged; TEI's words for an empty input.
 #[tokio::test]
 async fn null_and_empty_rows_are_answered_here_and_charged() {
+    let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
     let mut sidecar = Sidecar::start(&sim);
     let grpc = sidecar.grpc;
@@ -348,6 +351,7 @@ fn two_megabytes(batch: usize) -> Vec<u8> {
 /// answered, so it runs to its end (it failed after ~18 batches) beside other callers.
 #[tokio::test]
 async fn a_long_arrow_stream_gives_each_batchs_charge_back() {
+    let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
     let mut sidecar = Sidecar::start(&sim);
     let grpc = sidecar.grpc;
@@ -374,6 +378,7 @@ async fn a_long_arrow_stream_gives_each_batchs_charge_back() {
 /// charged until the socket takes it, and those past the budget are refused, not held.
 #[tokio::test]
 async fn unread_arrow_answers_stay_charged_and_the_rest_are_refused() {
+    let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
     let mut sidecar = Sidecar::start(&sim);
     let grpc = sidecar.grpc;
@@ -445,6 +450,7 @@ fn sentences(n: usize) -> Vec<u8> {
 /// the limit.
 #[tokio::test]
 async fn twenty_thousand_rows_at_real_dimensions_are_answered_with_default_flags() {
+    let _attack = crate::support::attack_lock();
     for (dim, fits) in [(DIM, true), (LARGE_DIM, false)] {
         let sim = sim_at(dim).await;
         let mut sidecar = Sidecar::start(&sim);

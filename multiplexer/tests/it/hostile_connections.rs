@@ -15,6 +15,7 @@ use futures::future::join_all;
 use hyper_util::rt::TokioIo;
 use prost::Message as _;
 use teifleet_proto::v1::{self, embed_client::EmbedClient};
+use teifleet_runtime::http_server::ServerBounds;
 use teifleet_tei_sim::SimHandle;
 use teifleet_testkit::process::ChildGuard;
 use teifleet_wire::headers::RETRY_PUSHBACK_MS;
@@ -143,9 +144,18 @@ async fn http_request(from: Ipv4Addr, to: SocketAddr, method: &str, path: &str, 
 /// `count` HTTP/2 connections from the attacker that shake hands and then say nothing; each
 /// resolves when its connection ends (closed by the server, or refused at once).
 async fn idle_h2(to: SocketAddr, count: usize) -> Vec<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)> {
+    idle_h2_from(ATTACKER, to, count).await
+}
+
+/// [`idle_h2`] from the address `from`.
+async fn idle_h2_from(
+    from: Ipv4Addr,
+    to: SocketAddr,
+    count: usize,
+) -> Vec<(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<()>)> {
     let mut held = Vec::new();
     for _ in 0..count {
-        let Ok(tcp) = connect_from(ATTACKER, to).await else { continue };
+        let Ok(tcp) = connect_from(from, to).await else { continue };
         let Ok(Ok((send, connection))) = tokio::time::timeout(SLACK, h2::client::handshake(tcp)).await else {
             continue;
         };
@@ -207,6 +217,7 @@ async fn beside_a_steady_caller<T>(grpc: SocketAddr, attack: impl Future<Output 
 /// share it kept is closed once idle.
 #[tokio::test]
 async fn one_clients_idle_connections_take_its_share_and_are_closed_once_idle() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let idle = Duration::from_secs(2);
     let mut sidecar = Sidecar::start(
@@ -256,35 +267,50 @@ async fn one_clients_idle_connections_take_its_share_and_are_closed_once_idle() 
     sim.shutdown().await;
 }
 
-/// 256 idle HTTP/2 connections fill the admin port; the kubelet's probes are still answered, from
-/// the same address or another, on the places kept for them, and nothing else is.
+/// One client's 256 idle HTTP/2 connections on the admin port keep only its share
+/// (`ServerBounds::ADMIN`'s per-peer cap): another caller's `/metrics` is served. Eight addresses
+/// fill the port: the kubelet's probes are still answered, from the same address or another, on
+/// the places kept for them, and nothing else is.
 #[tokio::test]
 async fn the_admin_ports_probes_are_answered_whoever_holds_its_connections() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim, &["--max-in-flight", "64"]);
     let admin = sidecar.admin;
     let ready = || async { (http_get(OTHER, admin, "/readyz").await.0 == 200).then_some(()) };
     teifleet_testkit::poll::eventually("the sidecar ready", SLACK, ready).await;
+    let (admin_cap, admin_per_peer) =
+        (ServerBounds::ADMIN.max_connections, ServerBounds::ADMIN.max_connections_per_peer);
     let attack = async {
-        let flood = idle_h2(admin, 256).await;
-        assert_eq!(still_open(&flood), 256, "the admin port's cap is its whole");
+        let flood = idle_h2(admin, admin_cap).await;
+        // Its share; past it, its connections are closed, or take a probe's place for a second.
+        let share = || async { (still_open(&flood) == admin_per_peer).then_some(()) };
+        teifleet_testkit::poll::eventually("one address kept to its share of the admin port", SLACK, share).await;
+        let metrics_beside_one = http_get(OTHER, admin, "/metrics").await;
+        // The rest of the port from other addresses (127.0.0.10 on), one share each.
+        let mut rest = Vec::new();
+        for n in 0..(admin_cap / admin_per_peer - 1) {
+            rest.extend(idle_h2_from(Ipv4Addr::new(127, 0, 0, 10 + n as u8), admin, admin_per_peer).await);
+        }
+        assert_eq!(still_open(&flood) + still_open(&rest), admin_cap, "the admin port's cap is its whole");
         let mut answers = Vec::new();
         for from in [ATTACKER, OTHER] {
             for path in ["/readyz", "/healthz", "/upstream/healthz", "/metrics"] {
                 answers.push((from, path, http_get(from, admin, path).await));
             }
         }
-        (flood, answers)
+        (flood, rest, metrics_beside_one, answers)
     };
-    let ((flood, answers), steady) = beside_a_steady_caller(sidecar.grpc, attack).await;
+    let ((flood, rest, (status, body), answers), steady) = beside_a_steady_caller(sidecar.grpc, attack).await;
+    assert_eq!(status, 200, "/metrics beside one client's {admin_cap} idle connections: {body}");
     for (from, path, (status, body)) in answers {
         match path {
             "/metrics" => assert_eq!(status, 503, "{from} {path}: only probes on the probes' places: {body}"),
             _ => assert_eq!(status, 200, "{from} {path}: {body}"),
         }
     }
-    sidecar.check("256 idle HTTP/2 connections on the admin port", &steady, None);
-    drop(flood);
+    sidecar.check("256 idle HTTP/2 connections on the admin port (one address, then eight)", &steady, None);
+    drop((flood, rest));
     sim.shutdown().await;
 }
 
@@ -305,6 +331,7 @@ fn embed_all_message(words: usize) -> Bytes {
 /// sidecar; what the issue bounds is the sidecar holding them.
 #[tokio::test]
 async fn answers_a_client_never_reads_are_charged_and_refused_past_the_budget() {
+    let _attack = crate::support::attack_lock();
     const STREAMS: usize = 160;
     const WAVE: usize = 8;
     // TEI's time is not what is measured.

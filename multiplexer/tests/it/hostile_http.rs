@@ -209,17 +209,18 @@ async fn idle_connections_past_the_cap_on_the_grpc_port_are_closed_at_once() {
     sim.shutdown().await;
 }
 
-/// The admin port's cap is `ServerBounds::ADMIN`'s, not a flag: 256 loopback connections are
-/// cheap, and its 10 s header timeout leaves them open for the whole test.
+/// The admin port's caps are `ServerBounds::ADMIN`'s, not flags: one address's share of it is
+/// cheap to fill on loopback, and its 10 s header timeout leaves the connections open for the
+/// whole test. (The whole port, filled from eight addresses, is `hostile_connections`'.)
 #[tokio::test]
-async fn idle_connections_past_the_cap_on_the_admin_port_are_closed_at_once() {
+async fn idle_connections_past_one_clients_share_of_the_admin_port_are_closed_at_once() {
     let sim = sim(|_| {}).await;
     let mux = hostile_front(&sim, bounds()).await;
     let admin = mux.admin_addr.unwrap();
 
-    let flood = idle(admin, ServerBounds::ADMIN.max_connections).await;
+    let flood = idle(admin, ServerBounds::ADMIN.max_connections_per_peer).await;
     turned_away(admin).await;
-    assert_eq!(refused(&mux, "admin", "connection_limit"), 1.0);
+    assert_eq!(refused(&mux, "admin", "peer_connection_limit"), 1.0);
     http_served(mux.http_addr.unwrap()).await;
     grpc_served(mux.grpc_addr).await;
 

@@ -161,6 +161,7 @@ const COPIES: [(&str, usize, usize, u16); 8] = [
 /// by no more than a small multiple of the body. Then a dozen at once beside a steady caller.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_field_copied_into_every_input_costs_at_most_a_small_multiple_of_the_body() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim);
     let http = sidecar.http;
@@ -236,6 +237,7 @@ async fn unread_answers(http: SocketAddr, count: usize) -> (Vec<u16>, Vec<tokio:
 /// refused with 429 instead of being built beside the ones nobody reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn answers_nobody_reads_stay_charged_until_the_socket_takes_them() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim);
     let http = sidecar.http;
@@ -259,6 +261,7 @@ async fn answers_nobody_reads_stay_charged_until_the_socket_takes_them() {
 /// the answer's bound counts a token per byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_answer_bound_no_caller_can_steer() {
+    let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim);
     let http = sidecar.http;

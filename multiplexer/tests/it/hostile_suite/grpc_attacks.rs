@@ -239,6 +239,7 @@ async fn unread_answers_of_every_rpc_are_bounded() {
 /// on a connection of its own: p99 under a second, 90% of its calls served.
 #[tokio::test]
 async fn a_flood_of_every_rpc_leaves_a_steady_caller_served() {
+    let _attack = crate::support::attack_lock();
     let (sim, mut sidecar) = setup().await;
     let mut report = Report::new("gRPC flood");
     for row in GRPC {

@@ -11,7 +11,8 @@ use super::sim;
 use super::steady::grpc_embed;
 use crate::support::sim as start_sim;
 
-/// More than each port's connection cap (`--max-connections`' 1,024; the admin port's 256).
+/// More than each port's connection cap (`--max-connections`' 1,024; the admin port's 256, of
+/// which one address may hold 32).
 const IDLE_GRPC_HTTP: usize = 1100;
 const IDLE_ADMIN: usize = 300;
 

@@ -15,6 +15,9 @@ use teifleet_proto::v1::{self, embed_client::EmbedClient};
 use teifleet_tei_sim::{SimConfig, SimHandle};
 use tonic::transport::Channel;
 
+mod attack_lock;
+pub use attack_lock::{AttackTurn, attack_lock};
+
 /// Polls until a condition holds (`until(what, timeout, check)`), panicking after the timeout.
 pub use teifleet_testkit::poll::until;
 /// The sum of a metric's series that carry the given labels.
