@@ -140,6 +140,10 @@ impl Options {
 /// keys, lengths and scalar values (under 40 bytes), rounded up.
 const MESSAGE_FIXED: usize = 64;
 
+/// What one entry of a message's copy of the carried headers holds (the map's slot and index,
+/// its name; the value's bytes are shared), rounded up.
+const CARRIED_ENTRY: usize = 128;
+
 /// A tei.v1 request whose `inputs` (field 1 of EmbedRequest and EmbedSparseRequest) is borrowed:
 /// written first, then the rest of the message, whose own `inputs` is empty and so not written
 /// (protobuf reads fields in any order).
@@ -192,6 +196,41 @@ fn prompt_name(name: &Option<String>) -> Result<Option<String>, ManagerError> {
         }
         name => Ok(name.clone()),
     }
+}
+
+/// `prompt_name`'s field in EmbedArrowRequest and EmbedSparseArrowRequest.
+pub const DENSE_PROMPT_NAME: u32 = 7;
+pub const SPARSE_PROMPT_NAME: u32 = 6;
+
+/// Refuses a request message whose `prompt_name` (field `tag`) is past [`MAX_PROMPT_NAME`] from
+/// its declared length, before prost decodes it: decoding copies a string field into a `String`
+/// (the IPC stays a slice of the message), so a 40 MB name would be held twice. Only the
+/// top-level fields' keys and lengths are read; what cannot be walked is left to prost to refuse.
+pub fn check_prompt_name(message: &[u8], tag: u32) -> Result<(), ManagerError> {
+    use prost::encoding::{WireType, decode_key, decode_varint};
+    let mut buf = message;
+    while !buf.is_empty() {
+        let Ok((field, wire_type)) = decode_key(&mut buf) else { return Ok(()) };
+        let skip = match wire_type {
+            WireType::Varint => match decode_varint(&mut buf) {
+                Ok(_) => 0,
+                Err(_) => return Ok(()),
+            },
+            WireType::SixtyFourBit => 8,
+            WireType::ThirtyTwoBit => 4,
+            WireType::LengthDelimited => match decode_varint(&mut buf).map(usize::try_from) {
+                Ok(Ok(len)) if field == tag && len > MAX_PROMPT_NAME => {
+                    return Err(ManagerError::PromptNameTooLong { bytes: len, limit: MAX_PROMPT_NAME });
+                }
+                Ok(Ok(len)) => len,
+                _ => return Ok(()),
+            },
+            WireType::StartGroup | WireType::EndGroup => return Ok(()),
+        };
+        let Some(rest) = buf.get(skip..) else { return Ok(()) };
+        buf = rest;
+    }
+    Ok(())
 }
 
 fn lz4(compression: i32) -> Result<bool, ManagerError> {
@@ -370,8 +409,11 @@ async fn embed(
         .filter_map(|row| texts.get(row).map(|text| options.message(text)));
     // The sub-batches' messages are copies of their rows (and options): charged as each is made,
     // given back as its answers are taken.
+    // Each message also goes with its own copy of the headers carried to peers (a map whose
+    // values share the request's bytes): its entries are charged too.
+    let per_message = (routed.carried.len() * CARRIED_ENTRY) as u64;
     let in_flight = InFlight::new(cx)?;
-    let chunks = Chunks { messages, size, in_flight: &in_flight };
+    let chunks = Chunks { messages, size, per_message, in_flight: &in_flight };
     let bulk = Bulk { forwarder: &cx.forwarder, pool, meta: &routed.meta, carried: &routed.carried, rpc };
     let sparse = options.sparse;
     let keep = move |exchanged: Exchanged| -> crate::error::Result<Result<Vector, String>> {
@@ -556,6 +598,7 @@ fn noop(assembled: &mut Assembled<'_>, texts: &Texts) -> Result<(), ManagerError
 struct Chunks<'a, I> {
     messages: I,
     size: usize,
+    per_message: u64,
     in_flight: &'a InFlight,
 }
 
@@ -567,7 +610,7 @@ impl<I: Iterator<Item = Framed>> Iterator for Chunks<'_, I> {
         if chunk.is_empty() {
             return None;
         }
-        let bytes = chunk.iter().map(|message| message.as_ref().len() as u64).sum();
+        let bytes = chunk.iter().map(|message| message.as_ref().len() as u64 + self.per_message).sum();
         // Made, then charged: a sub-batch is at most TEI's batch of rows each within the message
         // limit; refused, it is dropped unsent and the call ends (see `InFlight::refused`).
         self.in_flight.made(bytes).then_some(chunk)
@@ -650,6 +693,31 @@ mod tests {
             let read = v1::EmbedSparseRequest::decode(sparse.message(text).as_ref()).unwrap();
             assert_eq!((read.inputs.as_str(), read.prompt_name), (text, prompt));
         }
+    }
+
+    #[test]
+    fn a_long_prompt_name_is_refused_from_its_length_before_decoding() {
+        let message = |name: String| {
+            let request = mux::EmbedArrowRequest {
+                arrow_ipc: Bytes::from_static(b"ipc"),
+                prompt_name: Some(name),
+                truncate: true,
+                dimensions: Some(384),
+                ..Default::default()
+            };
+            request.encode_to_vec()
+        };
+        assert!(check_prompt_name(&message("p".repeat(MAX_PROMPT_NAME)), DENSE_PROMPT_NAME).is_ok());
+        let long = message("p".repeat(MAX_PROMPT_NAME + 1));
+        assert!(matches!(
+            check_prompt_name(&long, DENSE_PROMPT_NAME),
+            Err(ManagerError::PromptNameTooLong { bytes, .. }) if bytes == MAX_PROMPT_NAME + 1
+        ));
+        let sparse = mux::EmbedSparseArrowRequest { prompt_name: Some("p".repeat(1000)), ..Default::default() };
+        assert!(check_prompt_name(&sparse.encode_to_vec(), SPARSE_PROMPT_NAME).is_err());
+        // Cut short or garbage: left to prost.
+        assert!(check_prompt_name(&long[..long.len() / 2], DENSE_PROMPT_NAME).is_err());
+        assert!(check_prompt_name(&[0xff; 16], DENSE_PROMPT_NAME).is_ok());
     }
 
     #[test]

@@ -218,6 +218,10 @@ impl TeiManager {
         if let Err(over) = charge.set(bytes.len() as u64) {
             return status::into_http(status::into_status(Error::Memory(over)));
         }
+        let tag = if sparse { arrow::SPARSE_PROMPT_NAME } else { arrow::DENSE_PROMPT_NAME };
+        if let Err(refused) = arrow::check_prompt_name(&bytes, tag) {
+            return self.refused(refused);
+        }
         let decoded = match sparse {
             false => mux::EmbedArrowRequest::decode(bytes)
                 .map_err(|_| ManagerError::Undecodable { what: "EmbedArrowRequest" })
@@ -317,6 +321,9 @@ impl Streaming {
             Ok(held) => held,
             Err(over) => return Some(Err(self.end_with(ManagerError::Call(Error::Memory(over))))),
         };
+        if let Err(refused) = arrow::check_prompt_name(&message, arrow::DENSE_PROMPT_NAME) {
+            return Some(Err(self.end_with(refused)));
+        }
         let request = match mux::EmbedArrowRequest::decode(message) {
             Ok(request) => request,
             Err(_) => return Some(Err(self.end_with(ManagerError::Undecodable { what: "EmbedArrowRequest" }))),
