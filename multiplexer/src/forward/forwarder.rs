@@ -444,7 +444,7 @@ impl Routed {
     pub async fn client_stream(self, request: Request<MessageStream>) -> Result<Response<Framed>, Status> {
         let Self { forwarder, mut call, meta, pool, .. } = self;
         let (metadata, extensions, inbound) = request.into_parts();
-        let (admitted, held, refusal) = Admitted::new(inbound, pool.clone(), meta.clone(), call.rpc);
+        let (admitted, held, refusal) = Admitted::holding_all(inbound, pool.clone(), meta.clone(), call.rpc);
         let outgoing = forwarder.outgoing(Request::from_parts(metadata, extensions, admitted), &meta, &pool);
         let upstream = within_deadline(&pool, &meta, call.arrived, async {
             let mut answers = forwarder.open_stream(&pool, call.rpc, outgoing).await?;

@@ -20,7 +20,7 @@ use tokio::sync::oneshot;
 use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 
-use crate::admission::Permit;
+use crate::admission::{Cost, Permit};
 use crate::error::Error;
 use crate::error::Result;
 use crate::forward::charge;
@@ -48,6 +48,9 @@ pub struct Admitted {
     held: Held,
     waiting: Option<(Bytes, BoxFuture<'static, Result<Permit, Error>>)>,
     refused: Option<oneshot::Sender<Error>>,
+    /// Every permit is held until the one answer at the end (a client stream): a message that
+    /// could not fit beside the stream's own permits would wait for permits only its end frees.
+    holds_all: bool,
 }
 
 impl Admitted {
@@ -61,8 +64,56 @@ impl Admitted {
         let (refused, refusal) = oneshot::channel();
         let held = Held::default();
         let meta = Arc::new(meta);
-        let stream = Self { inbound, pool, meta, rpc, held: held.clone(), waiting: None, refused: Some(refused) };
+        let stream = Self {
+            inbound,
+            pool,
+            meta,
+            rpc,
+            held: held.clone(),
+            waiting: None,
+            refused: Some(refused),
+            holds_all: false,
+        };
         (stream, held, refusal)
+    }
+
+    /// The same, for a client stream whose permits are all held until its one answer.
+    pub fn holding_all(
+        inbound: MessageStream,
+        pool: Arc<Pool>,
+        meta: RequestMeta,
+        rpc: &'static Rpc,
+    ) -> (Self, Held, oneshot::Receiver<Error>) {
+        let (mut stream, held, refusal) = Self::new(inbound, pool, meta, rpc);
+        stream.holds_all = true;
+        (stream, held, refusal)
+    }
+
+    /// For a stream that holds every permit to its end: why `cost` can never be admitted beside
+    /// what the stream already holds (more inputs or tokens than the pool ever has in flight).
+    /// Waiting would last until the queue timeout, since only the stream's end frees its permits.
+    fn never_fits(&self, cost: Cost) -> Option<Error> {
+        let held = lock(&self.held);
+        if !self.holds_all || held.is_empty() {
+            return None;
+        }
+        let (inputs, tokens) =
+            held.iter().map(Permit::cost).fold((u64::from(cost.inputs), u64::from(cost.tokens)), |(i, t), c| {
+                (i + u64::from(c.inputs), t + u64::from(c.tokens))
+            });
+        let limits = self.pool.admission.snapshot().limits;
+        let over_tokens = limits.max_in_flight_tokens.is_some_and(|max| tokens > max as u64);
+        (inputs > limits.max_in_flight as u64 || over_tokens).then(|| {
+            Error::Message(Status::out_of_range(format!(
+                "{}: the stream's texts are held together until its one answer, and {} messages ({inputs} inputs, \
+                 about {tokens} tokens) are more than pool {} takes in flight at once ({} inputs{}); send fewer",
+                self.rpc.label,
+                held.len() + 1,
+                self.pool.spec.name,
+                limits.max_in_flight,
+                limits.max_in_flight_tokens.map(|t| format!(", {t} tokens")).unwrap_or_default(),
+            )))
+        })
     }
 }
 
@@ -110,6 +161,12 @@ impl Stream for Admitted {
                 return Poll::Ready(Some(message));
             }
             let cost = charge::cost_of(&this.pool, this.rpc, &message);
+            if let Some(error) = this.never_fits(cost) {
+                if let Some(refused) = this.refused.take() {
+                    let _ = refused.send(error);
+                }
+                return Poll::Ready(None);
+            }
             let (pool, meta) = (this.pool.clone(), this.meta.clone());
             let admission = Box::pin(async move { charge::acquire(&pool, &meta, cost).await });
             this.waiting = Some((message, admission));
