@@ -266,6 +266,8 @@ impl Layout {
         };
         // The text column's buffers as `arrow` will hold them: (bytes held, bytes newly allocated).
         let mut sizes = [(0u64, 0u64); 3];
+        // The LZ4 decoder's own buffers while a buffer is inflated (one at a time).
+        let mut decoder = 0u64;
         for (size, i) in sizes.iter_mut().zip(self.text_buffer..) {
             let buffer = buffers.get(i);
             // Within the body, checked above.
@@ -284,7 +286,11 @@ impl Layout {
                     let declared = i64::from_le_bytes(prefix);
                     match declared {
                         LEFT_UNCOMPRESSED => ((length - LENGTH_PREFIX) as u64, (length - LENGTH_PREFIX) as u64),
-                        0.. => (declared as u64, declared as u64),
+                        0.. => {
+                            let frame = &body[offset + LENGTH_PREFIX..offset + length];
+                            decoder = decoder.max(lz4_decoder_bytes(frame, declared as u64));
+                            (declared as u64, declared as u64)
+                        }
                         _ => return Err(malformed(format!("compressed buffer {i} declares {declared} bytes"))),
                     }
                 }
@@ -306,8 +312,27 @@ impl Layout {
         if rows > 0 && offsets < (rows as u64 + 1) * width {
             return Err(malformed(format!("the `text` column's offsets are {offsets} bytes for {rows} rows")));
         }
-        Ok(TextColumn { large: self.large, inflated })
+        Ok(TextColumn { large: self.large, inflated: inflated + decoder })
     }
+}
+
+/// What lz4_flex's frame decoder holds while it inflates `frame` to `declared` bytes: a block of
+/// the input, and the output window (two blocks and 64 KiB when blocks are linked), each at most
+/// what this frame fills. The block size is the frame descriptor's (up to 4 MiB): with 4 MiB
+/// blocks a 16 MiB inflation held 8 MiB more than its output while it ran. A header that cannot
+/// be read is charged as the largest (the decoder refuses it anyway).
+fn lz4_decoder_bytes(frame: &[u8], declared: u64) -> u64 {
+    const MAGIC: [u8; 4] = [0x04, 0x22, 0x4d, 0x18];
+    const WINDOW: u64 = 64 << 10;
+    let (block, linked) = match frame {
+        [m0, m1, m2, m3, flags, descriptor, ..] if [*m0, *m1, *m2, *m3] == MAGIC => {
+            let code = u32::from((descriptor >> 4) & 7).clamp(4, 7);
+            (1u64 << (2 * code + 8), flags & 0x20 == 0)
+        }
+        _ => (4 << 20, true),
+    };
+    let window = if linked { 2 * block + WINDOW } else { block };
+    block.min(frame.len() as u64) + window.min(declared)
 }
 
 /// Counts a schema's field nodes and buffers as a batch lays them out, refusing the types
