@@ -5,6 +5,7 @@
 //! second and at least 90% of its calls, and the attacker is refused clearly. Each prints its
 //! figures for the note. The reader's own fuzzing is `fuzz`.
 
+mod copies;
 mod fuzz;
 mod ipc;
 
