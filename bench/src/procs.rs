@@ -267,6 +267,10 @@ fn mux_args(grpc: u16, admin: u16, upstream: &Proc, limits: &MuxLimits) -> Vec<S
         format!("--queue-timeout={}ms", limits.queue_timeout.as_millis()),
         format!("--max-concurrent-streams={}", limits.max_concurrent_streams),
         "--drain-delay=0s".into(),
+        // Every load generator here connects from 127.0.0.1, where a cluster's callers come from many
+        // pods: the per-address cap (256 by default) would otherwise refuse the HTTP/1.1 storms'
+        // 512 connections. The port's own cap, 1,024, still holds.
+        "--max-connections-per-peer=1024".into(),
     ];
     if limits.coalesce {
         args.push("--coalesce".into());
