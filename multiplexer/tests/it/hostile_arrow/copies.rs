@@ -136,3 +136,31 @@ async fn a_row_larger_than_tei_takes_is_refused_before_it_is_copied() {
     sidecar.check("a 40 MB row", &steady);
     sim.shutdown().await;
 }
+
+/// (10) A message past the Arrow RPCs' 40 MiB (EmbedArrow, and one EmbedArrowStream message): refused
+/// OUT_OF_RANGE naming that limit, from its declared length, before its body is buffered.
+#[tokio::test]
+async fn an_arrow_message_past_forty_mebibytes_is_refused_from_its_prefix() {
+    let _attack = crate::support::attack_lock();
+    let sim = sim_at(DIM).await;
+    let mut sidecar = Sidecar::start(&sim);
+    let grpc = sidecar.grpc;
+    let limit = teifleet_multiplexer::front::tei_manager::ARROW_MAX_MESSAGE;
+    let call = request(vec![0; limit + 1024], false);
+    let attack = async {
+        let unary = client(grpc).await.embed_arrow(call.clone()).await.map(|_| ());
+        let stream = match client(grpc).await.embed_arrow_stream(futures::stream::iter([call])).await {
+            Ok(answers) => answers.into_inner().message().await.map(|_| ()),
+            Err(status) => Err(status),
+        };
+        [unary, stream]
+    };
+    let (refusals, steady) = beside_a_steady_caller(grpc, attack).await;
+    for refusal in refusals {
+        let status = refusal.expect_err("refused");
+        assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+        assert!(status.message().contains(&format!("the limit is: {limit} bytes")), "{status:?}");
+    }
+    sidecar.check("Arrow messages of 40 MiB and 1 KiB", &steady);
+    sim.shutdown().await;
+}
