@@ -15,6 +15,7 @@ mod error;
 mod inbound;
 mod ipc;
 mod target;
+mod upstream;
 mod wrap;
 
 use std::collections::HashMap;
@@ -218,8 +219,8 @@ impl TeiManager {
         if let Err(over) = charge.set(bytes.len() as u64) {
             return status::into_http(status::into_status(Error::Memory(over)));
         }
-        let tag = if sparse { arrow::SPARSE_PROMPT_NAME } else { arrow::DENSE_PROMPT_NAME };
-        if let Err(refused) = arrow::check_prompt_name(&bytes, tag) {
+        let tag = if sparse { upstream::SPARSE_PROMPT_NAME } else { upstream::DENSE_PROMPT_NAME };
+        if let Err(refused) = upstream::check_prompt_name(&bytes, tag) {
             return self.refused(refused);
         }
         let decoded = match sparse {
@@ -321,7 +322,7 @@ impl Streaming {
             Ok(held) => held,
             Err(over) => return Some(Err(self.end_with(ManagerError::Call(Error::Memory(over))))),
         };
-        if let Err(refused) = arrow::check_prompt_name(&message, arrow::DENSE_PROMPT_NAME) {
+        if let Err(refused) = upstream::check_prompt_name(&message, upstream::DENSE_PROMPT_NAME) {
             return Some(Err(self.end_with(refused)));
         }
         let request = match mux::EmbedArrowRequest::decode(message) {
