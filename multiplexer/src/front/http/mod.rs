@@ -9,6 +9,7 @@
 //! codes and error bodies).
 
 pub mod answer;
+mod capped;
 pub mod error;
 pub mod info;
 pub mod memory;

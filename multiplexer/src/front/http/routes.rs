@@ -105,10 +105,23 @@ fn timed_out(error: &(dyn std::error::Error + 'static)) -> bool {
 /// The route's JSON, refused as TEI's axum refuses it: 400 for what is not JSON at all, 422 for
 /// JSON that is not what the route takes.
 pub fn parse<T: DeserializeOwned>(body: &[u8]) -> Result<T, HttpError> {
-    serde_json::from_slice(body).map_err(|error| match error.classify() {
+    serde_json::from_slice(body).map_err(refusal)
+}
+
+fn refusal(error: serde_json::Error) -> HttpError {
+    match error.classify() {
         Category::Data => HttpError::Body(error.to_string()),
         Category::Syntax | Category::Eof | Category::Io => HttpError::NotJson(error.to_string()),
-    })
+    }
+}
+
+/// [`parse`] with the route's lists of inputs read within the call's input cap (`super::capped`):
+/// a list past it is refused as [`HttpCall::within_cap`] refuses it, without its elements kept.
+fn parse_inputs<T: DeserializeOwned>(call: &HttpCall<'_>, body: &[u8]) -> Result<T, HttpError> {
+    let limit = call.settings().max_request_inputs;
+    super::capped::parse_within(body, limit)
+        .map_err(refusal)?
+        .map_err(|inputs| HttpError::TooManyInputs { inputs, limit })
 }
 
 /// TEI refuses an empty batch and an empty text before its queue.
@@ -168,13 +181,14 @@ fn charged(mut response: Response, charge: AnswerCharge) -> Response {
 }
 
 async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let (answers, charge) = embed_calls(call, parse(body)?).await?;
+    let request = parse_inputs(call, body)?;
+    let (answers, charge) = embed_calls(call, request).await?;
     let vectors: Vec<Vec<f32>> = answers.into_iter().map(|a| a.embeddings).collect();
     Ok(charged(super::json_off_workers(vectors).await, charge))
 }
 
 async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: EmbedRequest = parse(body)?;
+    let request: EmbedRequest = parse_inputs(call, body)?;
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let texts = texts(request.inputs)?;
     call.within_cap(texts.len())?;
@@ -199,7 +213,7 @@ async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 }
 
 async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: EmbedRequest = parse(body)?;
+    let request: EmbedRequest = parse_inputs(call, body)?;
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let texts = texts(request.inputs)?;
     call.within_cap(texts.len())?;
@@ -225,7 +239,7 @@ async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 }
 
 async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: PredictRequest = parse(body)?;
+    let request: PredictRequest = parse_inputs(call, body)?;
     let (sequences, single) = match request.inputs {
         PredictInputs::Single(sequence) => (vec![sequence], true),
         PredictInputs::Batch(sequences) => (sequences, false),
@@ -268,7 +282,7 @@ async fn predict_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 }
 
 async fn rerank_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: RerankRequest = parse(body)?;
+    let request: RerankRequest = parse_inputs(call, body)?;
     if request.texts.is_empty() || request.texts.iter().any(String::is_empty) {
         return Err(HttpError::Empty("texts"));
     }
@@ -306,7 +320,8 @@ async fn rerank_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 }
 
 async fn similarity_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    similarity_of(call, parse(body)?).await
+    let request = parse_inputs(call, body)?;
+    similarity_of(call, request).await
 }
 
 /// TEI's `/similarity`: the source sentence and the others embedded as one `/embed` batch (split
@@ -355,7 +370,7 @@ pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f32 {
 }
 
 async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: TokenizeRequest = parse(body)?;
+    let request: TokenizeRequest = parse_inputs(call, body)?;
     let texts = texts(request.inputs)?;
     call.within_cap(texts.len())?;
     // TEI's /tokenize neither truncates nor refuses a long text.
@@ -377,7 +392,7 @@ async fn tokenize_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 }
 
 async fn decode_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: DecodeRequest = parse(body)?;
+    let request: DecodeRequest = parse_inputs(call, body)?;
     let ids = match request.ids {
         Ids::One(ids) => vec![ids],
         Ids::Many(ids) => ids,
@@ -414,7 +429,7 @@ pub async fn health(State(shared): State<Shared>) -> Response {
 }
 
 async fn openai_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: OpenAiRequest = parse(body)?;
+    let request: OpenAiRequest = parse_inputs(call, body)?;
     let format = request.encoding_format;
     let model = request.model.clone();
     let embed = EmbedRequest {
@@ -455,8 +470,9 @@ async fn openai_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 /// a similarity request, as Hugging Face's `InferenceClient.sentence_similarity` sends it).
 async fn dispatch_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     match call.info().await?.model_type() {
-        v1::ModelType::Embedding => match serde_json::from_slice::<SimilarityRequest>(body) {
+        v1::ModelType::Embedding => match parse_inputs::<SimilarityRequest>(call, body) {
             Ok(similarity) => similarity_of(call, similarity).await,
+            Err(too_many @ HttpError::TooManyInputs { .. }) => Err(too_many),
             Err(_) => embed_route(call, body).await,
         },
         v1::ModelType::Classifier => predict_route(call, body).await,

@@ -1,18 +1,29 @@
 //! The JSON of TEI's HTTP API and OpenAI's embeddings route, with TEI's defaults.
 
+use serde::de::{self, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use teifleet_proto::v1;
+
+use super::capped::{self, OneOrList};
 
 fn yes() -> bool {
     true
 }
 
-/// A string or a list of strings.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// A string or a list of strings (a list kept within the request's input cap: `capped`).
+#[derive(Debug)]
 pub enum Inputs {
     One(String),
     Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for Inputs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match OneOrList::<String>::deserialize(deserializer)? {
+            OneOrList::One(text) => Self::One(text),
+            OneOrList::List(texts) => Self::Many(texts),
+        })
+    }
 }
 
 impl Inputs {
@@ -66,19 +77,54 @@ pub struct SparseValue {
 }
 
 /// One text or a pair of texts (sentence-pair classification).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum Sequence {
     Single(String),
     Pair(String, String),
 }
 
+impl<'de> Deserialize<'de> for Sequence {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match OneOrList::<String>::deserialize(deserializer)? {
+            OneOrList::One(text) => Ok(Self::Single(text)),
+            OneOrList::List(pair) => match <[String; 2]>::try_from(pair) {
+                Ok([a, b]) => Ok(Self::Pair(a, b)),
+                Err(list) => Err(de::Error::invalid_length(list.len(), &"a pair of two strings")),
+            },
+        }
+    }
+}
+
 /// `["a", "b"]` is one pair, as TEI reads it; a list of anything else is a batch.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug)]
 pub enum PredictInputs {
     Single(Sequence),
     Batch(Vec<Sequence>),
+}
+
+impl<'de> Deserialize<'de> for PredictInputs {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Inputs;
+        impl<'de> Visitor<'de> for Inputs {
+            type Value = PredictInputs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string, a pair of strings, or a list of them")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<PredictInputs, E> {
+                Ok(PredictInputs::Single(Sequence::Single(text.to_owned())))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<PredictInputs, A::Error> {
+                let mut batch: Vec<Sequence> = capped::capped_seq(seq)?;
+                Ok(match batch.as_mut_slice() {
+                    [Sequence::Single(a), Sequence::Single(b)] => {
+                        PredictInputs::Single(Sequence::Pair(std::mem::take(a), std::mem::take(b)))
+                    }
+                    _ => PredictInputs::Batch(batch),
+                })
+            }
+        }
+        deserializer.deserialize_any(Inputs)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -107,6 +153,7 @@ impl From<v1::Prediction> for Prediction {
 #[derive(Debug, Deserialize)]
 pub struct RerankRequest {
     pub query: String,
+    #[serde(deserialize_with = "capped::vec")]
     pub texts: Vec<String>,
     #[serde(default)]
     pub truncate: Option<bool>,
@@ -137,6 +184,7 @@ pub struct SimilarityRequest {
 #[derive(Debug, Deserialize)]
 pub struct SimilarityInput {
     pub source_sentence: String,
+    #[serde(deserialize_with = "capped::vec")]
     pub sentences: Vec<String>,
 }
 
@@ -175,12 +223,41 @@ impl From<v1::SimpleToken> for SimpleToken {
     }
 }
 
-/// `ids` as one sequence or a batch of them.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// `ids` as one sequence or a batch of them. A batch is kept within the request's input cap; one
+/// sequence's ids are not inputs (4 bytes each, about what their JSON takes) and are not capped.
+#[derive(Debug)]
 pub enum Ids {
     One(Vec<u32>),
     Many(Vec<Vec<u32>>),
+}
+
+impl<'de> Deserialize<'de> for Ids {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct IdsVisitor;
+        impl<'de> Visitor<'de> for IdsVisitor {
+            type Value = Ids;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a list of token ids, or a list of such lists")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Ids, A::Error> {
+                match seq.next_element::<OneOrList<u32>>()? {
+                    None => Ok(Ids::One(Vec::new())),
+                    Some(OneOrList::One(first)) => {
+                        let mut ids = vec![first];
+                        while let Some(id) = seq.next_element::<u32>()? {
+                            ids.push(id);
+                        }
+                        Ok(Ids::One(ids))
+                    }
+                    Some(OneOrList::List(first)) => {
+                        let rest: Vec<Vec<u32>> = capped::capped_seq(seq)?;
+                        Ok(Ids::Many(std::iter::once(first).chain(rest).collect()))
+                    }
+                }
+            }
+        }
+        deserializer.deserialize_seq(IdsVisitor)
+    }
 }
 
 #[derive(Debug, Deserialize)]
