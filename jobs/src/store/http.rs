@@ -167,26 +167,13 @@ mod tests {
 
     #[tokio::test]
     async fn a_response_comes_back_head_and_body() {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (mut socket, _) = listener.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut buffer = [0u8; 1024];
-            while !head.windows(4).any(|window| window == b"\r\n\r\n") {
-                let read = socket.read(&mut buffer).await.unwrap();
-                head.extend_from_slice(&buffer[..read]);
-            }
-            socket.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello").await.unwrap();
-            String::from_utf8(head).unwrap()
-        });
+        let (addr, head) = answer_once(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello".to_vec()).await;
         let client = HyperConnector.connect(&ClientOptions::new().with_allow_http(true)).unwrap();
         let request = http::Request::get(format!("http://{addr}/bucket/key")).body(HttpRequestBody::empty()).unwrap();
         let response = client.execute(request).await.unwrap();
         assert_eq!(response.status(), http::StatusCode::OK);
         assert_eq!(response.into_body().bytes().await.unwrap(), "hello");
-        assert!(server.await.unwrap().starts_with("GET /bucket/key HTTP/1.1\r\n"));
+        assert!(head.await.unwrap().starts_with("GET /bucket/key HTTP/1.1\r\n"));
     }
 
     /// SeaweedFS's answer to a request signed with the wrong secret (as AWS's, it quotes the key
@@ -196,12 +183,13 @@ mod tests {
         <AWSAccessKeyId>AKIAEXAMPLEKEYID0001</AWSAccessKeyId><StringToSign>AWS4-HMAC-SHA256 secret-ish</StringToSign>\
         <Resource>/corpus/in/a.parquet</Resource><RequestId>1</RequestId></Error>";
 
-    /// Serves one HTTP/1.1 answer to one request on a port of its own.
-    async fn answer_once(response: Vec<u8>) -> std::net::SocketAddr {
+    /// Serves one HTTP/1.1 answer to one request on a port of its own; the request's head comes
+    /// back from the task.
+    async fn answer_once(response: Vec<u8>) -> (std::net::SocketAddr, tokio::task::JoinHandle<String>) {
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(async move {
+        let served = tokio::spawn(async move {
             let (mut socket, _) = listener.accept().await.unwrap();
             let mut head = Vec::new();
             let mut buffer = [0u8; 1024];
@@ -210,8 +198,9 @@ mod tests {
                 head.extend_from_slice(&buffer[..read]);
             }
             let _ = socket.write_all(&response).await;
+            String::from_utf8_lossy(&head).into_owned()
         });
-        addr
+        (addr, served)
     }
 
     #[tokio::test]
@@ -220,7 +209,7 @@ mod tests {
             "HTTP/1.1 403 Forbidden\r\ncontent-length: {}\r\n\r\n{SIGNATURE_MISMATCH}",
             SIGNATURE_MISMATCH.len()
         );
-        let addr = answer_once(response.into_bytes()).await;
+        let (addr, _) = answer_once(response.into_bytes()).await;
         let client = HyperConnector.connect(&ClientOptions::new().with_allow_http(true)).unwrap();
         let request = http::Request::get(format!("http://{addr}/corpus/in")).body(HttpRequestBody::empty()).unwrap();
         let response = client.execute(request).await.unwrap();
@@ -234,7 +223,7 @@ mod tests {
         // A body of 100 MB is announced; the transport reads 16 KiB of it and answers.
         let mut response = b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100000000\r\n\r\n".to_vec();
         response.extend(std::iter::repeat_n(b'x', 64 << 10));
-        let addr = answer_once(response).await;
+        let (addr, _) = answer_once(response).await;
         let client = HyperConnector.connect(&ClientOptions::new().with_allow_http(true)).unwrap();
         let request = http::Request::get(format!("http://{addr}/b")).body(HttpRequestBody::empty()).unwrap();
         let response = client.execute(request).await.unwrap();

@@ -83,8 +83,7 @@ pub fn answer(result: Result<Response<Framed>, Status>, max_message: usize) -> h
     let mut headers = metadata.into_headers();
     crate::gate::request_meta::remove_all(&mut headers, &RESERVED_IN_ANSWERS);
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    let mut response =
-        http::Response::new(tonic::body::Body::new(Answer { message: Some(message.into_framed()), ended: false }));
+    let mut response = http::Response::new(tonic::body::Body::new(Answer::new(message.into_framed())));
     *response.headers_mut() = headers;
     *response.extensions_mut() = extensions;
     response
@@ -106,9 +105,16 @@ pub(crate) fn refuse_compressed(headers: &HeaderMap) -> Result<(), Status> {
 }
 
 /// A unary answer's body: its one framed message, then `grpc-status: 0`.
-struct Answer {
+pub struct Answer {
     message: Option<Bytes>,
     ended: bool,
+}
+
+impl Answer {
+    /// The body of `message`, framed already (its 5-byte prefix in front).
+    pub fn new(message: Bytes) -> Self {
+        Self { message: Some(message), ended: false }
+    }
 }
 
 impl Body for Answer {

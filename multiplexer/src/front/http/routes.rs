@@ -187,19 +187,30 @@ async fn embed_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
     Ok(charged(super::json_off_workers(vectors).await, charge))
 }
 
-async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+/// What `/embed_sparse` and `/embed_all` read before their calls: answers that grow with each
+/// input's tokens, bounded by the most tokens the texts can hold (`HttpCall::most_tokens`).
+struct PerToken {
+    texts: Vec<String>,
+    truncate: bool,
+    truncation_direction: i32,
+    prompt_name: Option<String>,
+    tokens: u64,
+}
+
+async fn per_token(call: &mut HttpCall<'_>, body: &[u8]) -> Result<PerToken, HttpError> {
     let request: EmbedRequest = parse_inputs(call, body)?;
     let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
     let texts = texts(request.inputs)?;
     call.within_cap(texts.len())?;
     let tokens = call.most_tokens(&texts, truncate, request.prompt_name.is_some()).await?;
+    let truncation_direction = request.truncation_direction.into();
+    Ok(PerToken { texts, truncate, truncation_direction, prompt_name: request.prompt_name, tokens })
+}
+
+async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
+    let PerToken { texts, truncate, truncation_direction, prompt_name, tokens } = per_token(call, body).await?;
     let charge = call.answer_charge(tokens.saturating_mul(answer::SPARSE_VALUES_PER_TOKEN), answer::SPARSE_VALUE)?;
-    let template = v1::EmbedSparseRequest {
-        inputs: String::new(),
-        truncate,
-        truncation_direction: request.truncation_direction.into(),
-        prompt_name: request.prompt_name,
-    };
+    let template = v1::EmbedSparseRequest { inputs: String::new(), truncate, truncation_direction, prompt_name };
     let (inputs, batch) = (texts.len(), call.settings().max_client_batch_size);
     let each = Each { template, field: |m| &mut m.inputs, items: texts };
     let answers: Vec<v1::EmbedSparseResponse> = call.send_each(row(EMBED_SPARSE), each, inputs, batch).await?;
@@ -213,18 +224,9 @@ async fn embed_sparse_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
 }
 
 async fn embed_all_route(call: &mut HttpCall<'_>, body: &[u8]) -> Answer {
-    let request: EmbedRequest = parse_inputs(call, body)?;
-    let truncate = request.truncate.unwrap_or(call.settings().auto_truncate);
-    let texts = texts(request.inputs)?;
-    call.within_cap(texts.len())?;
-    let tokens = call.most_tokens(&texts, truncate, request.prompt_name.is_some()).await?;
+    let PerToken { texts, truncate, truncation_direction, prompt_name, tokens } = per_token(call, body).await?;
     let charge = call.answer_charge(tokens.saturating_mul(call.dimensions()), answer::NUMBER)?;
-    let template = v1::EmbedAllRequest {
-        inputs: String::new(),
-        truncate,
-        truncation_direction: request.truncation_direction.into(),
-        prompt_name: request.prompt_name,
-    };
+    let template = v1::EmbedAllRequest { inputs: String::new(), truncate, truncation_direction, prompt_name };
     let (inputs, batch) = (texts.len(), call.settings().max_client_batch_size);
     let each = Each { template, field: |m| &mut m.inputs, items: texts };
     let answers: Vec<v1::EmbedAllResponse> = call.send_each(row(EMBED_ALL), each, inputs, batch).await?;

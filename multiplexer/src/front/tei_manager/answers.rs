@@ -17,7 +17,7 @@ use futures::Stream;
 use futures::task::AtomicWaker;
 use http::HeaderValue;
 use http::header::CONTENT_TYPE;
-use http_body::{Body, Frame, SizeHint};
+use http_body::{Body, Frame};
 use tonic::{Code, Status};
 
 use super::arrow::Answer;
@@ -74,7 +74,7 @@ pub fn charged(answer: Answer, taken: Option<Arc<Taken>>) -> Bytes {
 
 /// A unary call's answer: its one framed message, then `grpc-status: 0`.
 pub fn unary(message: Bytes) -> http::Response<tonic::body::Body> {
-    answer(One { message: Some(message), ended: false })
+    answer(crate::front::grpc::unary::Answer::new(message))
 }
 
 /// A streaming call's answers, each framed and charged, then the status that ended them.
@@ -105,35 +105,6 @@ fn trailers(status: &Status) -> Result<http::HeaderMap, Status> {
         unwritable.add_header(&mut trailers).map_err(|_| Status::internal("unwritable status"))?;
     }
     Ok(trailers)
-}
-
-struct One {
-    message: Option<Bytes>,
-    ended: bool,
-}
-
-impl Body for One {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = self.get_mut();
-        if let Some(message) = this.message.take() {
-            return Poll::Ready(Some(Ok(Frame::data(message))));
-        }
-        if std::mem::replace(&mut this.ended, true) {
-            return Poll::Ready(None);
-        }
-        Poll::Ready(Some(trailers(&Status::ok("")).map(Frame::trailers)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ended
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.message.as_ref().map_or(0, |message| message.len() as u64))
-    }
 }
 
 type Answers = Pin<Box<dyn Stream<Item = Result<(Bytes, Arc<Taken>), Status>> + Send>>;
