@@ -4,144 +4,36 @@
 //! second, and the attacker is refused clearly (413, or RESOURCE_EXHAUSTED / 429 with a retry
 //! hint). Each prints its peak for the note.
 
-use std::io::{BufRead as _, BufReader};
-use std::net::SocketAddr;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::join_all;
 use prost::Message as _;
 use teifleet_proto::v1::{self, embed_client::EmbedClient, tokenize_client::TokenizeClient};
-use teifleet_tei_sim::SimHandle;
-use teifleet_testkit::process::ChildGuard;
 use teifleet_wire::headers::RETRY_PUSHBACK_MS;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::sync::watch;
 use tonic::Code;
 
+use crate::support::attacker::{Sidecar, Steady, beside_a_steady_caller, open_call};
 use crate::support::{channel, embed_request, sim};
 
-/// The bound on the sidecar's peak resident memory under each attack.
-const PEAK_BOUND_KIB: u64 = 200 * 1000;
-/// The bound on the steady caller's p99.
-const STEADY_P99: Duration = Duration::from_secs(1);
-/// How long this test's client takes to send a flood of thousands of calls (see `Sidecar::check`).
+/// How long this test's client takes to send a flood of thousands of calls (see `check`).
 const FLOOD_ARRIVAL: Duration = Duration::from_secs(2);
 
-/// The binary in front of `sim`, with the sidecar's memory limit and `extra` flags.
-struct Sidecar {
-    guard: ChildGuard,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    http: SocketAddr,
-}
-
-impl Sidecar {
-    fn start(sim: &SimHandle, extra: &[&str]) -> Self {
-        let http_port = teifleet_testkit::net::free_port().expect("a free port");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
-        command
-            .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
-            .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--memory-limit", "256Mi"])
-            .args(["--upstream", &format!("http://{}", sim.addr())])
-            .args(extra)
-            .stderr(Stdio::piped());
-        let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
-        let mut logs = BufReader::new(guard.child_mut().stderr.take().unwrap()).lines();
-        let serving = logs.by_ref().map_while(Result::ok).find(|l| l.contains("multiplexer serving")).expect("serving");
-        // Drained in the background, so the process never blocks on a full pipe.
-        std::thread::spawn(move || logs.for_each(drop));
-        let line: serde_json::Value = serde_json::from_str(&serving).expect("JSON logs");
-        let addr = |key: &str| line[key].as_str().and_then(|a| a.parse().ok()).expect("an address");
-        Self {
-            grpc: addr("grpc_addr"),
-            admin: addr("admin_addr"),
-            http: teifleet_testkit::net::loopback(http_port),
-            guard,
-        }
-    }
-
-    fn peak_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.guard.id())).expect("alive");
-        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
-        line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
-    }
-
-    fn alive(&mut self) -> bool {
-        self.guard.child_mut().try_wait().unwrap().is_none()
-    }
-
-    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let text = teifleet_testkit::http::get(self.admin, "/metrics").await.unwrap_or_default();
-        crate::support::metric_sum(&text, name, labels)
-    }
-
-    /// The checks every attack ends with; prints the peak for the note. The steady caller's p99
-    /// counts its calls from `settled` after the attack began: a flood of thousands of calls is
-    /// sent by this test's own debug-built client on the same two cores, and while it is being
-    /// sent the machine, not the sidecar, is what the steady caller waits for.
-    fn check(&mut self, attack: &str, steady: &Steady, settled: Duration) {
-        let peak = self.peak_kib();
-        let (all, p99) = (steady.p99(Duration::ZERO), steady.p99(settled));
-        let calls = steady.took.len();
-        eprintln!(
-            "{attack}: peak RSS {} MB, steady caller p99 {p99:?} ({all:?} counting the flood's arrival) over {calls} calls",
-            peak / 1000
-        );
-        assert!(self.alive(), "{attack}: the sidecar died");
-        assert!(peak < PEAK_BOUND_KIB, "{attack}: peak RSS {peak} KiB");
-        assert!(calls >= 5 && steady.failed == 0, "{attack}: the steady caller was not served: {steady:?}");
-        assert!(p99 < STEADY_P99, "{attack}: the steady caller's p99 {p99:?}");
-    }
-}
-
-/// A caller sending one small Embed at a time on a connection of its own while an attack runs.
-#[derive(Debug, Default)]
-struct Steady {
-    /// When each call started, after the attack began, and how long it took.
-    took: Vec<(Duration, Duration)>,
-    failed: usize,
-}
-
-impl Steady {
-    /// The p99 of the calls started `after` the attack began.
-    fn p99(&self, after: Duration) -> Duration {
-        let mut took: Vec<Duration> = self.took.iter().filter(|(at, _)| *at >= after).map(|(_, took)| *took).collect();
-        took.sort();
-        took.get((took.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default()
-    }
-}
-
-fn steady_caller(grpc: SocketAddr, stop: watch::Receiver<bool>) -> tokio::task::JoinHandle<Steady> {
-    tokio::spawn(async move {
-        let mut client = EmbedClient::new(channel(grpc).await);
-        let mut steady = Steady::default();
-        let began = Instant::now() + Duration::from_millis(200);
-        while !*stop.borrow() {
-            let started = Instant::now();
-            match client.embed(embed_request("a steady caller's query")).await {
-                Ok(_) => steady.took.push((started.saturating_duration_since(began), started.elapsed())),
-                Err(status) => {
-                    eprintln!("steady caller: {status}");
-                    steady.failed += 1;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        steady
-    })
-}
-
-/// Runs `attack` with a steady caller beside it, started a moment before.
-async fn beside_a_steady_caller<T>(grpc: SocketAddr, attack: impl Future<Output = T>) -> (T, Steady) {
-    let (stop, stopped) = watch::channel(false);
-    let steady = steady_caller(grpc, stopped);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let outcome = attack.await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.send(true).unwrap();
-    (outcome, steady.await.unwrap())
+/// The checks every attack ends with; prints the peak for the note. The steady caller's p99
+/// counts its calls from `settled` after the attack began: a flood of thousands of calls is
+/// sent by this test's own debug-built client on the same two cores, and while it is being
+/// sent the machine, not the sidecar, is what the steady caller waits for.
+fn check(sidecar: &mut Sidecar, attack: &str, steady: &Steady, settled: Duration) {
+    let peak = sidecar.peak_kib();
+    let from = (!settled.is_zero()).then(|| steady.began + settled);
+    let (all, p99) = (steady.p99(), steady.p99_since(from));
+    let calls = steady.took.len();
+    eprintln!(
+        "{attack}: peak RSS {} MB, steady caller p99 {p99:?} ({all:?} counting the flood's arrival) over {calls} calls",
+        peak / 1000
+    );
+    sidecar.held(attack, steady, calls >= 5 && steady.failed == 0, p99);
 }
 
 fn long_texts(inputs: usize) -> Vec<String> {
@@ -155,7 +47,7 @@ async fn embed_all_of_many_long_inputs_is_refused_before_it_is_built() {
     let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim, &["--max-in-flight", "32"]);
-    let http = sidecar.http;
+    let http = sidecar.http();
     let attack = async {
         let requests = [256, 2048, 256, 2048].map(|inputs| {
             crate::http_front::post(http, "/embed_all", serde_json::json!({ "inputs": long_texts(inputs) }))
@@ -170,7 +62,7 @@ async fn embed_all_of_many_long_inputs_is_refused_before_it_is_built() {
     }
     let small = crate::http_front::post(http, "/embed_all", serde_json::json!({ "inputs": ["a short text"] })).await;
     assert_eq!(small.status, 200, "a small answer is served: {}", small.body);
-    sidecar.check("embed_all of 256 and 2048 long inputs", &steady, Duration::ZERO);
+    check(&mut sidecar, "embed_all of 256 and 2048 long inputs", &steady, Duration::ZERO);
     sim.shutdown().await;
 }
 
@@ -198,14 +90,8 @@ async fn unfinished_grpc_bodies_on_one_connection_are_bounded_by_the_budget() {
         let mut answers = Vec::new();
         let mut bodies = Vec::new();
         for _ in 0..96 {
-            client = client.ready().await.unwrap();
-            let request = http::Request::post(format!("http://{grpc}/tei.v1.Embed/Embed"))
-                .header("content-type", "application/grpc")
-                .header("te", "trailers")
-                .body(())
-                .unwrap();
-            let (answer, mut send) = client.send_request(request, false).unwrap();
-            send.send_data(body.clone(), false).unwrap();
+            let (ready, answer, send) = open_call(client, grpc, "/tei.v1.Embed/Embed", body.clone(), false).await;
+            client = ready;
             answers.push(answer);
             bodies.push(send);
         }
@@ -217,7 +103,7 @@ async fn unfinished_grpc_bodies_on_one_connection_are_bounded_by_the_budget() {
     assert!(refused > 0, "the bodies past the budget are refused");
     let charged = sidecar.metric("teifleet_memory_charged_bytes", &[("use", "request_bodies")]).await;
     eprintln!("unfinished gRPC bodies: {refused} of 96 refused, {} MB charged", charged as u64 / 1_000_000);
-    sidecar.check("96 unfinished 1.9 MB gRPC bodies on one h2c connection", &steady, Duration::ZERO);
+    check(&mut sidecar, "96 unfinished 1.9 MB gRPC bodies on one h2c connection", &steady, Duration::ZERO);
     drop(bodies);
     sim.shutdown().await;
 }
@@ -244,7 +130,7 @@ async fn unfinished_http_bodies_on_many_connections_are_bounded_by_the_budget() 
     let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
     let mut sidecar = Sidecar::start(&sim, &["--max-in-flight", "32"]);
-    let http = sidecar.http;
+    let http = sidecar.http();
     let attack = async {
         let body = Bytes::from(vec![b' '; 1_899_000]);
         let connections = (0..96).map(|_| {
@@ -277,7 +163,7 @@ async fn unfinished_http_bodies_on_many_connections_are_bounded_by_the_budget() 
         assert!(answer.contains("retry-after: 1") && answer.contains("\"error_type\":\"Overloaded\""), "{answer}");
     }
     eprintln!("unfinished HTTP bodies: {} of 96 refused", refused.len());
-    sidecar.check("96 unfinished 1.9 MB HTTP/1.1 bodies", &steady, Duration::ZERO);
+    check(&mut sidecar, "96 unfinished 1.9 MB HTTP/1.1 bodies", &steady, Duration::ZERO);
     drop(answers);
     sim.shutdown().await;
 }
@@ -314,7 +200,7 @@ async fn ten_thousand_calls_at_the_door_are_capped_and_the_steady_caller_takes_i
     }
     eprintln!("10,000 calls at the door: {served} served, {refused} refused");
     assert!(refused > 0, "past the door's cap, refused at once");
-    sidecar.check("10,000 calls parked at the door", &steady, FLOOD_ARRIVAL);
+    check(&mut sidecar, "10,000 calls parked at the door", &steady, FLOOD_ARRIVAL);
     sim.shutdown().await;
 }
 
@@ -362,6 +248,6 @@ async fn a_tokenize_and_decode_flood_waits_its_turn() {
     eprintln!("tokenize/decode flood: {served} served, {refused} refused");
     assert!(refused > 0, "past the door's cap, refused at once");
     assert!(sidecar.metric("teifleet_requests_total", &[("rpc", "Tokenize"), ("code", "Ok")]).await > 0.0);
-    sidecar.check("a flood of 5,000 Tokenize and Decode calls", &steady, FLOOD_ARRIVAL);
+    check(&mut sidecar, "a flood of 5,000 Tokenize and Decode calls", &steady, FLOOD_ARRIVAL);
     sim.shutdown().await;
 }

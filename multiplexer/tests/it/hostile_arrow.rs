@@ -9,11 +9,8 @@ mod copies;
 mod fuzz;
 mod ipc;
 
-use std::io::{BufRead as _, BufReader};
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, FixedSizeListArray, RecordBatch, StringArray};
@@ -23,127 +20,40 @@ use futures::future::join_all;
 use prost::Message as _;
 use teifleet_proto::tei_multiplexer::v1 as mux;
 use teifleet_proto::tei_multiplexer::v1::tei_multiplexer_client::TeiMultiplexerClient;
-use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_tei_sim::SimHandle;
-use teifleet_testkit::process::ChildGuard;
 use teifleet_wire::headers::RETRY_PUSHBACK_MS;
-use tokio::sync::watch;
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::support::{channel, embed_request, sim};
+use crate::support::attacker::{Launch, Sidecar, Steady, beside_a_steady_caller, open_call};
+use crate::support::{channel, sim};
 
-/// The bounds.
-const PEAK_BOUND_KIB: u64 = 200 * 1000;
-const STEADY_P99: Duration = Duration::from_secs(1);
 /// Real models' vector sizes: MiniLM, bge-small, e5-small; and a large model's.
 const DIM: usize = 384;
 const LARGE_DIM: usize = 1024;
 
-/// The binary in front of `sim`, default flags but the sidecar's memory limit.
-struct Sidecar {
-    guard: ChildGuard,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    panicked: Arc<AtomicBool>,
+/// The binary in front of `sim`, default flags but the sidecar's memory limit and no HTTP port.
+fn start(sim: &SimHandle) -> Sidecar {
+    Sidecar::launch(sim, Launch { http: false, ..Launch::with(&["--max-in-flight", "32"]) })
 }
 
-impl Sidecar {
-    fn start(sim: &SimHandle) -> Self {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
-        command
-            .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
-            .args(["--memory-limit", "256Mi", "--max-in-flight", "32", "--upstream", &format!("http://{}", sim.addr())])
-            .env("RUST_BACKTRACE", "1")
-            .stderr(Stdio::piped());
-        let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
-        let mut logs = BufReader::new(guard.child_mut().stderr.take().unwrap()).lines();
-        let serving = logs.by_ref().map_while(Result::ok).find(|l| l.contains("multiplexer serving")).expect("serving");
-        // Drained in the background, so the process never blocks on a full pipe; a panic (or the
-        // backtrace a panic prints) is remembered.
-        let panicked = Arc::new(AtomicBool::new(false));
-        let seen = panicked.clone();
-        std::thread::spawn(move || {
-            for line in logs.map_while(Result::ok) {
-                if line.contains("panicked") || line.contains("stack backtrace") {
-                    eprintln!("sidecar: {line}");
-                    seen.store(true, Ordering::Relaxed);
-                }
-            }
-        });
-        let line: serde_json::Value = serde_json::from_str(&serving).expect("JSON logs");
-        let addr = |key: &str| line[key].as_str().and_then(|a| a.parse().ok()).expect("an address");
-        Self { grpc: addr("grpc_addr"), admin: addr("admin_addr"), guard, panicked }
-    }
-
-    fn peak_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.guard.id())).expect("alive");
-        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
-        line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
-    }
-
-    async fn charged(&self, what: &str) -> f64 {
-        let text = teifleet_testkit::http::get(self.admin, "/metrics").await.unwrap_or_default();
-        crate::support::metric_sum(&text, "teifleet_memory_charged_bytes", &[("use", what)])
-    }
-
-    /// The checks every attack ends with; prints the figures for the note.
-    fn check(&mut self, attack: &str, steady: &Steady) {
-        let peak = self.peak_kib();
-        let p99 = steady.p99();
-        let calls = steady.took.len() + steady.failed;
-        eprintln!(
-            "{attack}: peak RSS {} MB, steady caller p99 {p99:?}, {} of {calls} calls served",
-            peak / 1000,
-            steady.took.len()
-        );
-        assert!(self.guard.child_mut().try_wait().unwrap().is_none(), "{attack}: the sidecar died");
-        assert!(!self.panicked.load(Ordering::Relaxed), "{attack}: a panic in the sidecar's log");
-        assert!(peak < PEAK_BOUND_KIB, "{attack}: peak RSS {peak} KiB");
-        assert!(calls >= 5 && steady.failed * 10 <= calls, "{attack}: the steady caller was not served: {steady:?}");
-        assert!(p99 < STEADY_P99, "{attack}: the steady caller's p99 {p99:?}");
-    }
+/// The checks every attack ends with; prints the figures for the note.
+fn check(sidecar: &mut Sidecar, attack: &str, steady: &Steady) {
+    let peak = sidecar.peak_kib();
+    let p99 = steady.p99();
+    let calls = steady.calls();
+    eprintln!(
+        "{attack}: peak RSS {} MB, steady caller p99 {p99:?}, {} of {calls} calls served",
+        peak / 1000,
+        steady.took.len()
+    );
+    assert!(!sidecar.panicked(), "{attack}: a panic in the sidecar's log");
+    sidecar.held(attack, steady, steady.mostly_served(), p99);
 }
 
-/// A caller sending one small Embed at a time on a connection of its own while an attack runs.
-#[derive(Debug, Default)]
-struct Steady {
-    took: Vec<Duration>,
-    failed: usize,
-}
-
-impl Steady {
-    fn p99(&self) -> Duration {
-        let mut took = self.took.clone();
-        took.sort();
-        took.get((took.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default()
-    }
-}
-
-/// Runs `attack` with a steady caller beside it, started a moment before.
-async fn beside_a_steady_caller<T>(grpc: SocketAddr, attack: impl Future<Output = T>) -> (T, Steady) {
-    let (stop, stopped) = watch::channel(false);
-    let steady = tokio::spawn(async move {
-        let mut client = EmbedClient::new(channel(grpc).await);
-        let mut steady = Steady::default();
-        while !*stopped.borrow() {
-            let started = Instant::now();
-            match client.embed(embed_request("a steady caller's query")).await {
-                Ok(_) => steady.took.push(started.elapsed()),
-                Err(status) => {
-                    eprintln!("steady caller: {status}");
-                    steady.failed += 1;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        steady
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let outcome = attack.await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.send(true).unwrap();
-    (outcome, steady.await.unwrap())
+/// Memory charged to the budget for `what`.
+async fn charged(sidecar: &Sidecar, what: &str) -> f64 {
+    sidecar.metric("teifleet_memory_charged_bytes", &[("use", what)]).await
 }
 
 async fn sim_at(dimensions: usize) -> SimHandle {
@@ -197,7 +107,7 @@ fn refused_clearly(status: &tonic::Status) {
 async fn compressed_request_buffers_are_charged_before_they_are_inflated() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     let small = ipc::stream(&[Some("a"), Some("b")], false, true);
     let huge = ipc::set(&small, ipc::last_slot(&small, "declared uncompressed length"), 1 << 62);
@@ -236,7 +146,7 @@ async fn compressed_request_buffers_are_charged_before_they_are_inflated() {
     }
     eprintln!("compressed buffers: {served} served, {refused} refused");
     assert!(served > 0, "a real batch that fits is served");
-    sidecar.check("LZ4 buffers declaring 2^62 and 60 MB, and 30 MB inflations", &steady);
+    check(&mut sidecar, "LZ4 buffers declaring 2^62 and 60 MB, and 30 MB inflations", &steady);
     sim.shutdown().await;
 }
 
@@ -246,7 +156,7 @@ async fn compressed_request_buffers_are_charged_before_they_are_inflated() {
 async fn malformed_ipc_is_refused_without_a_panic() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     let rows = [Some("first"), None, Some("third")];
     let plain = ipc::stream(&rows, false, false);
@@ -279,7 +189,7 @@ async fn malformed_ipc_is_refused_without_a_panic() {
     let ((), steady) = beside_a_steady_caller(grpc, attack).await;
     let fine = client(grpc).await.embed_arrow(request(plain, false)).await.unwrap().into_inner();
     assert_eq!(read(&fine.arrow_ipc).num_rows(), 3, "the same stream unharmed is served");
-    sidecar.check("malformed IPC of 8 shapes", &steady);
+    check(&mut sidecar, "malformed IPC of 8 shapes", &steady);
     sim.shutdown().await;
 }
 
@@ -289,7 +199,7 @@ async fn malformed_ipc_is_refused_without_a_panic() {
 async fn null_and_empty_rows_are_answered_here_and_charged() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     let before = sim.stats().requests_received;
     // Built before the steady caller starts: this test's own runtime is one thread.
@@ -318,7 +228,7 @@ async fn null_and_empty_rows_are_answered_here_and_charged() {
     let upstream = sim.stats().requests_received - before;
     let steady_calls = (steady.took.len() + steady.failed) as u64;
     assert!(upstream <= steady_calls + 2, "no TEI call for a null or empty row: {upstream} calls");
-    sidecar.check("1,000,000 null rows and 100,000 empty rows", &steady);
+    check(&mut sidecar, "1,000,000 null rows and 100,000 empty rows", &steady);
     sim.shutdown().await;
 }
 
@@ -354,7 +264,7 @@ fn two_megabytes(batch: usize) -> Vec<u8> {
 async fn a_long_arrow_stream_gives_each_batchs_charge_back() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     const BATCHES: usize = 60;
     let attack = async {
@@ -370,8 +280,8 @@ async fn a_long_arrow_stream_gives_each_batchs_charge_back() {
     };
     let (answered, steady) = beside_a_steady_caller(grpc, attack).await;
     assert_eq!(answered, BATCHES, "every batch answered");
-    assert_eq!(sidecar.charged("request_bodies").await, 0.0, "every charge given back");
-    sidecar.check("an EmbedArrowStream of 60 batches of 2 MB", &steady);
+    assert_eq!(charged(&sidecar, "request_bodies").await, 0.0, "every charge given back");
+    check(&mut sidecar, "an EmbedArrowStream of 60 batches of 2 MB", &steady);
     sim.shutdown().await;
 }
 
@@ -381,7 +291,7 @@ async fn a_long_arrow_stream_gives_each_batchs_charge_back() {
 async fn unread_arrow_answers_stay_charged_and_the_rest_are_refused() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     // 4,000 short rows: a 40 KB request, a 6 MB answer.
     let rows = vec![Some("a short row"); 4000];
@@ -395,14 +305,9 @@ async fn unread_arrow_answers_stay_charged_and_the_rest_are_refused() {
         tokio::spawn(connection);
         let mut pending = Vec::new();
         for _ in 0..192 {
-            h2 = h2.ready().await.unwrap();
-            let call = http::Request::post(format!("http://{grpc}/tei_multiplexer.v1.TeiMultiplexer/EmbedArrowStream"))
-                .header("content-type", "application/grpc")
-                .header("te", "trailers")
-                .body(())
-                .unwrap();
-            let (answer, mut send) = h2.send_request(call, false).unwrap();
-            send.send_data(framed.clone(), false).unwrap();
+            let path = "/tei_multiplexer.v1.TeiMultiplexer/EmbedArrowStream";
+            let (ready, answer, send) = open_call(h2, grpc, path, framed.clone(), false).await;
+            h2 = ready;
             pending.push((answer, send));
         }
         let (mut held, mut refused) = (0, 0);
@@ -427,14 +332,14 @@ async fn unread_arrow_answers_stay_charged_and_the_rest_are_refused() {
         (held, refused, kept)
     };
     let ((held, refused, kept), steady) = beside_a_steady_caller(grpc, attack).await;
-    let answers = sidecar.charged("answers").await;
+    let answers = charged(&sidecar, "answers").await;
     eprintln!(
         "192 unread EmbedArrowStream answers: {held} held, {refused} refused, {} MB charged to answers",
         answers as u64 / 1_000_000
     );
     assert!(refused > 0, "past the budget, refused");
     assert!(answers > 0.0, "the unread answers are charged");
-    sidecar.check("192 EmbedArrowStream calls never read", &steady);
+    check(&mut sidecar, "192 EmbedArrowStream calls never read", &steady);
     drop(kept);
     sim.shutdown().await;
 }
@@ -454,7 +359,7 @@ async fn twenty_thousand_rows_at_real_dimensions_are_answered_with_default_flags
     let _attack = crate::support::attack_lock();
     for (dim, fits) in [(DIM, true), (LARGE_DIM, false)] {
         let sim = sim_at(dim).await;
-        let mut sidecar = Sidecar::start(&sim);
+        let mut sidecar = start(&sim);
         let grpc = sidecar.grpc;
         let started = Instant::now();
         let (outcome, steady) = beside_a_steady_caller(grpc, async {
@@ -478,7 +383,7 @@ async fn twenty_thousand_rows_at_real_dimensions_are_answered_with_default_flags
             (_, outcome) => panic!("20,000 rows at {dim}: {:?}", outcome.map(|_| "answered")),
         }
         eprintln!("20,000 rows at {dim} dimensions: {took:?}");
-        sidecar.check(&format!("EmbedArrow of 20,000 rows at {dim} dimensions"), &steady);
+        check(&mut sidecar, &format!("EmbedArrow of 20,000 rows at {dim} dimensions"), &steady);
         sim.shutdown().await;
     }
 }

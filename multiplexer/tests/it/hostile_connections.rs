@@ -5,9 +5,7 @@
 //! connections; answers a client never reads are charged to the memory budget until h2 writes
 //! them, and refused once it is spent. Each prints its figures for the note.
 
-use std::io::{BufRead as _, BufReader};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -16,20 +14,14 @@ use hyper_util::rt::TokioIo;
 use prost::Message as _;
 use teifleet_proto::v1::{self, embed_client::EmbedClient};
 use teifleet_runtime::http_server::ServerBounds;
-use teifleet_tei_sim::SimHandle;
-use teifleet_testkit::process::ChildGuard;
 use teifleet_wire::headers::RETRY_PUSHBACK_MS;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
-use tokio::sync::watch;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::support::attacker::{Sidecar, Steady, beside_a_steady_caller_on, open_call};
 use crate::support::{embed_request, metric_sum, sim};
 
-/// The bound on the sidecar's peak resident memory under each attack.
-const PEAK_BOUND_KIB: u64 = 200 * 1000;
-/// The bound on the steady caller's p99.
-const STEADY_P99: Duration = Duration::from_secs(1);
 /// The attacker's address; every other caller comes from [`OTHER`] (both loopback).
 const ATTACKER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 1);
 const OTHER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
@@ -40,66 +32,23 @@ const PER_PEER: usize = 256;
 /// machine.
 const SLACK: Duration = Duration::from_secs(10);
 
-struct Sidecar {
-    guard: ChildGuard,
-    grpc: SocketAddr,
-    admin: SocketAddr,
-    http: SocketAddr,
+/// The sum of a metric's series with `labels`, asked of the admin port from [`OTHER`].
+async fn metric(sidecar: &Sidecar, name: &str, labels: &[(&str, &str)]) -> f64 {
+    let (status, text) = http_get(OTHER, sidecar.admin, "/metrics").await;
+    assert_eq!(status, 200, "{text}");
+    metric_sum(&text, name, labels)
 }
 
-impl Sidecar {
-    fn start(sim: &SimHandle, extra: &[&str]) -> Self {
-        let http_port = teifleet_testkit::net::free_port().expect("a free port");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
-        command
-            .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
-            .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--memory-limit", "256Mi"])
-            .args(["--upstream", &format!("http://{}", sim.addr())])
-            .args(extra)
-            .stderr(Stdio::piped());
-        let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
-        let mut logs = BufReader::new(guard.child_mut().stderr.take().unwrap()).lines();
-        let serving = logs.by_ref().map_while(Result::ok).find(|l| l.contains("multiplexer serving")).expect("serving");
-        std::thread::spawn(move || {
-            for line in logs.map_while(Result::ok) {
-                assert!(!line.contains("panicked"), "a panic in the sidecar: {line}");
-            }
-        });
-        let line: serde_json::Value = serde_json::from_str(&serving).expect("JSON logs");
-        let addr = |key: &str| line[key].as_str().and_then(|a| a.parse().ok()).expect("an address");
-        Self {
-            grpc: addr("grpc_addr"),
-            admin: addr("admin_addr"),
-            http: teifleet_testkit::net::loopback(http_port),
-            guard,
-        }
-    }
-
-    fn peak_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.guard.id())).expect("alive");
-        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
-        line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
-    }
-
-    async fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let (status, text) = http_get(OTHER, self.admin, "/metrics").await;
-        assert_eq!(status, 200, "{text}");
-        metric_sum(&text, name, labels)
-    }
-
-    /// The checks every attack ends with; prints the figures for the note.
-    /// The steady caller's p99 counts its calls started from `settled`: see the unread answers'
-    /// test.
-    fn check(&mut self, attack: &str, steady: &Steady, settled: Option<Instant>) {
-        let peak = self.peak_kib();
-        let p99 = steady.p99(settled);
-        let (served, all) = (steady.took.len(), steady.took.len() + steady.failed);
-        eprintln!("{attack}: peak RSS {} MB, steady caller served {served} of {all}, p99 {p99:?}", peak / 1000);
-        assert!(self.guard.child_mut().try_wait().unwrap().is_none(), "{attack}: the sidecar died");
-        assert!(peak < PEAK_BOUND_KIB, "{attack}: peak RSS {peak} KiB");
-        assert!(served >= 5 && served * 10 >= all * 9, "{attack}: the steady caller was not served: {steady:?}");
-        assert!(p99 < STEADY_P99, "{attack}: the steady caller's p99 {p99:?}");
-    }
+/// The checks every attack ends with; prints the figures for the note.
+/// The steady caller's p99 counts its calls started from `settled`: see the unread answers'
+/// test.
+fn check(sidecar: &mut Sidecar, attack: &str, steady: &Steady, settled: Option<Instant>) {
+    let peak = sidecar.peak_kib();
+    assert!(steady.took_since(settled).len() >= 5, "too few calls counted: {steady:?}");
+    let p99 = steady.p99_since(settled);
+    let (served, all) = (steady.took.len(), steady.calls());
+    eprintln!("{attack}: peak RSS {} MB, steady caller served {served} of {all}, p99 {p99:?}", peak / 1000);
+    sidecar.held(attack, steady, served >= 5 && served * 10 >= all * 9, p99);
 }
 
 /// A TCP connection to `to` from the loopback address `from`.
@@ -169,47 +118,9 @@ fn still_open(held: &[(h2::client::SendRequest<Bytes>, tokio::task::JoinHandle<(
     held.iter().filter(|(_, connection)| !connection.is_finished()).count()
 }
 
-/// A caller sending one small Embed at a time, from [`OTHER`], while an attack runs.
-#[derive(Debug, Default)]
-struct Steady {
-    /// When each call started, and how long it took.
-    took: Vec<(Instant, Duration)>,
-    failed: usize,
-}
-
-impl Steady {
-    fn p99(&self, settled: Option<Instant>) -> Duration {
-        let after = |started: &Instant| settled.is_none_or(|settled| *started >= settled);
-        let mut took: Vec<Duration> = self.took.iter().filter(|(at, _)| after(at)).map(|(_, took)| *took).collect();
-        assert!(took.len() >= 5, "too few calls counted: {self:?}");
-        took.sort();
-        took.get((took.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default()
-    }
-}
-
+/// Runs `attack` beside a steady caller from [`OTHER`].
 async fn beside_a_steady_caller<T>(grpc: SocketAddr, attack: impl Future<Output = T>) -> (T, Steady) {
-    let (stop, stopped) = watch::channel(false);
-    let steady = tokio::spawn(async move {
-        let mut client = EmbedClient::new(channel_from(OTHER, grpc).await);
-        let mut steady = Steady::default();
-        while !*stopped.borrow() {
-            let started = Instant::now();
-            match client.embed(embed_request("a steady caller's query")).await {
-                Ok(_) => steady.took.push((started, started.elapsed())),
-                Err(status) => {
-                    eprintln!("steady caller: {status}");
-                    steady.failed += 1;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        steady
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let outcome = attack.await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    stop.send(true).unwrap();
-    (outcome, steady.await.unwrap())
+    beside_a_steady_caller_on(channel_from(OTHER, grpc), Duration::from_millis(300), attack).await
 }
 
 /// 1,024 idle HTTP/2 connections from one client on the gRPC port, then on the HTTP port: it
@@ -224,7 +135,7 @@ async fn one_clients_idle_connections_take_its_share_and_are_closed_once_idle() 
         &sim,
         &["--max-in-flight", "64", "--idle-connection-timeout", "2s", "--max-connection-age-grace", "2s"],
     );
-    let (grpc, http) = (sidecar.grpc, sidecar.http);
+    let (grpc, http) = (sidecar.grpc, sidecar.http());
     let attack = async {
         let mut kept = Vec::new();
         for port in [grpc, http] {
@@ -251,10 +162,10 @@ async fn one_clients_idle_connections_take_its_share_and_are_closed_once_idle() 
     // while the flood was still being opened (it takes longer than the timeout here).
     for port in ["grpc", "http"] {
         let labels = [("port", port), ("reason", "peer_connection_limit")];
-        let refused = sidecar.metric("teifleet_refused_input_total", &labels).await;
+        let refused = metric(&sidecar, "teifleet_refused_input_total", &labels).await;
         assert!(refused >= PER_PEER as f64, "{port}: {refused} refused for the client's share");
     }
-    sidecar.check("1,024 idle HTTP/2 connections on the gRPC and the HTTP port", &steady, None);
+    check(&mut sidecar, "1,024 idle HTTP/2 connections on the gRPC and the HTTP port", &steady, None);
 
     // Those kept are idle: a GOAWAY, then closed (the h2 client leaves after it).
     let deadline = Instant::now() + idle * 2 + SLACK;
@@ -309,7 +220,7 @@ async fn the_admin_ports_probes_are_answered_whoever_holds_its_connections() {
             _ => assert_eq!(status, 200, "{from} {path}: {body}"),
         }
     }
-    sidecar.check("256 idle HTTP/2 connections on the admin port (one address, then eight)", &steady, None);
+    check(&mut sidecar, "256 idle HTTP/2 connections on the admin port (one address, then eight)", &steady, None);
     drop((flood, rest));
     sim.shutdown().await;
 }
@@ -348,14 +259,9 @@ async fn answers_a_client_never_reads_are_charged_and_refused_past_the_budget() 
         for _ in 0..STREAMS / WAVE {
             let mut answers = Vec::new();
             for _ in 0..WAVE {
-                client = client.ready().await.unwrap();
-                let request = http::Request::post(format!("http://{grpc}/tei.v1.Embed/EmbedAll"))
-                    .header("content-type", "application/grpc")
-                    .header("te", "trailers")
-                    .body(())
-                    .unwrap();
-                let (answer, mut send) = client.send_request(request, false).unwrap();
-                send.send_data(message.clone(), true).unwrap();
+                let (ready, answer, send) =
+                    open_call(client, grpc, "/tei.v1.Embed/EmbedAll", message.clone(), true).await;
+                client = ready;
                 answers.push(answer);
                 bodies.push(send);
             }
@@ -382,19 +288,19 @@ async fn answers_a_client_never_reads_are_charged_and_refused_past_the_budget() 
         (answered, refused, settled, (client, connection, bodies, unread))
     };
     let ((answered, refused, settled, held), steady) = beside_a_steady_caller(grpc, attack).await;
-    let charged = sidecar.metric("teifleet_memory_charged_bytes", &[("use", "answers")]).await;
+    let charged = metric(&sidecar, "teifleet_memory_charged_bytes", &[("use", "answers")]).await;
     eprintln!(
         "{STREAMS} unread EmbedAll answers: {answered} held ({} MB charged), {refused} refused for memory",
         charged as u64 / 1_000_000
     );
     assert!(refused > 0, "the answers past the budget are refused");
     assert!(charged > 32e6, "the unread answers are charged: {charged}");
-    sidecar.check("160 unread EmbedAll answers on one connection", &steady, Some(settled));
+    check(&mut sidecar, "160 unread EmbedAll answers on one connection", &steady, Some(settled));
 
     // The client leaves: every answer it held is given back.
     drop(held);
     let given_back = || async {
-        let charged = sidecar.metric("teifleet_memory_charged_bytes", &[("use", "answers")]).await;
+        let charged = metric(&sidecar, "teifleet_memory_charged_bytes", &[("use", "answers")]).await;
         (charged == 0.0).then_some(())
     };
     teifleet_testkit::poll::eventually("the answers' charge given back", SLACK, given_back).await;

@@ -7,24 +7,17 @@
 //! issue's note.
 
 use std::net::SocketAddr;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::join_all;
 use serde_json::{Value, json};
-use teifleet_proto::v1::embed_client::EmbedClient;
 use teifleet_tei_sim::SimHandle;
-use teifleet_testkit::process::ChildGuard;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::sync::watch;
 
 use crate::http_front::{Answer, post};
-use crate::support::{channel, embed_request, sim};
+use crate::support::attacker::{Sidecar, Steady, beside_a_steady_caller};
+use crate::support::sim;
 
-/// The bound on the sidecar's peak resident memory under each attack.
-const PEAK_BOUND_KIB: u64 = 200 * 1000;
-/// The bound on the steady caller's p99.
-const STEADY_P99: Duration = Duration::from_secs(1);
 /// What one request may add to the sidecar's peak beyond a small multiple of its body: the
 /// messages of two chunks of at most 1 MiB in flight (`front::http::upstream`), and the
 /// allocator's slack.
@@ -32,94 +25,32 @@ const GROWTH_FLOOR_KIB: u64 = 8 * 1024;
 /// The multiple of a request's body its messages may hold at once beyond that floor.
 const GROWTH_PER_BODY: u64 = 4;
 
-/// The binary in front of `sim`, with the sidecar's memory limit (a 128 MiB budget).
-struct Sidecar {
-    guard: ChildGuard,
-    grpc: SocketAddr,
-    http: SocketAddr,
+/// The binary in front of `sim`, with the sidecar's memory limit (a 128 MiB budget), and its HTTP
+/// port.
+fn start(sim: &SimHandle) -> (Sidecar, SocketAddr) {
+    let sidecar = Sidecar::start(sim, &["--max-in-flight", "32"]);
+    let http = sidecar.http();
+    (sidecar, http)
 }
 
-impl Sidecar {
-    fn start(sim: &SimHandle) -> Self {
-        let http_port = teifleet_testkit::net::free_port().expect("a free port");
-        let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
-        command
-            .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"])
-            .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--memory-limit", "256Mi"])
-            .args(["--upstream", &format!("http://{}", sim.addr()), "--max-in-flight", "32"])
-            .stderr(Stdio::piped());
-        let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
-        let stderr = guard.child_mut().stderr.take().expect("piped");
-        let mut logs = std::io::BufRead::lines(std::io::BufReader::new(stderr));
-        let serving = logs.by_ref().map_while(Result::ok).find(|l| l.contains("multiplexer serving")).expect("serving");
-        std::thread::spawn(move || logs.for_each(drop));
-        let line: Value = serde_json::from_str(&serving).expect("JSON logs");
-        let grpc = line["grpc_addr"].as_str().and_then(|a| a.parse().ok()).expect("an address");
-        Self { grpc, http: teifleet_testkit::net::loopback(http_port), guard }
-    }
-
-    /// VmHWM: the most the process has held resident.
-    fn peak_kib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.guard.id())).expect("alive");
-        let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");
-        line.split_whitespace().nth(1).and_then(|kib| kib.parse().ok()).expect("VmHWM in kB")
-    }
-
-    fn check(&mut self, attack: &str, steady: &Steady) {
-        let peak = self.peak_kib();
-        let calls = steady.took.len() + steady.failed;
-        eprintln!(
-            "{attack}: peak RSS {} MB; steady caller p99 {:?}, {} of {calls} calls served",
-            peak / 1000,
-            steady.p99(),
-            steady.took.len()
-        );
-        assert!(self.guard.child_mut().try_wait().unwrap().is_none(), "{attack}: the sidecar died");
-        assert!(peak < PEAK_BOUND_KIB, "{attack}: peak RSS {peak} KiB");
-        assert!(calls >= 5 && steady.took.len() * 10 >= calls * 9, "{attack}: the steady caller: {steady:?}");
-        assert!(steady.p99() < STEADY_P99, "{attack}: the steady caller's p99 {:?}", steady.p99());
-    }
+/// [`start`], then one `/embed` served: the pool's vector size is learned from its first answer.
+async fn warmed(sim: &SimHandle) -> (Sidecar, SocketAddr) {
+    let (sidecar, http) = start(sim);
+    let warm = post(http, "/embed", json!({"inputs": "warm up"})).await;
+    assert_eq!(warm.status, 200, "{}", warm.body);
+    (sidecar, http)
 }
 
-/// A caller sending one small Embed at a time on a connection of its own while an attack runs.
-#[derive(Debug, Default)]
-struct Steady {
-    took: Vec<Duration>,
-    failed: usize,
-}
-
-impl Steady {
-    fn p99(&self) -> Duration {
-        let mut took = self.took.clone();
-        took.sort();
-        took.get((took.len() * 99).div_ceil(100).saturating_sub(1)).copied().unwrap_or_default()
-    }
-}
-
-/// Runs `attack` with a steady caller beside it, started a moment before.
-async fn beside_a_steady_caller<T>(grpc: SocketAddr, attack: impl Future<Output = T>) -> (T, Steady) {
-    let (stop, stopped) = watch::channel(false);
-    let steady = tokio::spawn(async move {
-        let mut client = EmbedClient::new(channel(grpc).await);
-        let mut steady = Steady::default();
-        while !*stopped.borrow() {
-            let started = Instant::now();
-            match client.embed(embed_request("a steady caller's query")).await {
-                Ok(_) => steady.took.push(started.elapsed()),
-                Err(status) => {
-                    eprintln!("steady caller: {status}");
-                    steady.failed += 1;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        steady
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let outcome = attack.await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    stop.send(true).unwrap();
-    (outcome, steady.await.unwrap())
+fn check(sidecar: &mut Sidecar, attack: &str, steady: &Steady) {
+    let peak = sidecar.peak_kib();
+    let calls = steady.calls();
+    eprintln!(
+        "{attack}: peak RSS {} MB; steady caller p99 {:?}, {} of {calls} calls served",
+        peak / 1000,
+        steady.p99(),
+        steady.took.len()
+    );
+    sidecar.held(attack, steady, steady.mostly_served(), steady.p99());
 }
 
 /// Served, or refused as too large (413) or for memory (429 with a retry hint); never a failure
@@ -163,10 +94,7 @@ const COPIES: [(&str, usize, usize, u16); 8] = [
 async fn a_field_copied_into_every_input_costs_at_most_a_small_multiple_of_the_body() {
     let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
-    let mut sidecar = Sidecar::start(&sim);
-    let http = sidecar.http;
-    let warm = post(http, "/embed", json!({"inputs": "warm up"})).await;
-    assert_eq!(warm.status, 200, "{}", warm.body);
+    let (mut sidecar, http) = warmed(&sim).await;
     for (path, bytes, inputs, status) in COPIES {
         let reference = post(http, path, amplifying(path, 8, inputs)).await;
         served_or_refused(path, &reference);
@@ -198,7 +126,7 @@ async fn a_field_copied_into_every_input_costs_at_most_a_small_multiple_of_the_b
     let statuses: Vec<u16> = answers.iter().map(|answer| answer.status).collect();
     answers.iter().for_each(|answer| served_or_refused("12 at once", answer));
     eprintln!("12 amplifying requests at once: {statuses:?}");
-    sidecar.check("fields copied into every input", &steady);
+    check(&mut sidecar, "fields copied into every input", &steady);
     sim.shutdown().await;
 }
 
@@ -239,18 +167,14 @@ async fn unread_answers(http: SocketAddr, count: usize) -> (Vec<u16>, Vec<tokio:
 async fn answers_nobody_reads_stay_charged_until_the_socket_takes_them() {
     let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
-    let mut sidecar = Sidecar::start(&sim);
-    let http = sidecar.http;
-    // The pool's vector size is learned from its first answer.
-    let warm = post(http, "/embed", json!({"inputs": "warm up"})).await;
-    assert_eq!(warm.status, 200, "{}", warm.body);
+    let (mut sidecar, http) = warmed(&sim).await;
     let ((statuses, held), steady) = beside_a_steady_caller(sidecar.grpc, unread_answers(http, 32)).await;
     let served = statuses.iter().filter(|s| **s == 200).count();
     let refused = statuses.iter().filter(|s| **s == 429).count();
     eprintln!("32 unread /embed_all answers: {served} sent and held, {refused} refused: {statuses:?}");
     assert!(statuses.iter().all(|s| matches!(s, 200 | 429 | 0)), "{statuses:?}");
     assert!(refused > 0, "answers past the budget are refused");
-    sidecar.check("32 /embed_all answers never read", &steady);
+    check(&mut sidecar, "32 /embed_all answers never read", &steady);
     drop(held);
     sim.shutdown().await;
 }
@@ -263,8 +187,7 @@ async fn answers_nobody_reads_stay_charged_until_the_socket_takes_them() {
 async fn an_answer_bound_no_caller_can_steer() {
     let _attack = crate::support::attack_lock();
     let sim = sim(|_| {}).await;
-    let mut sidecar = Sidecar::start(&sim);
-    let http = sidecar.http;
+    let (mut sidecar, http) = start(&sim);
     let word = "x".repeat(4000);
     for _ in 0..150 {
         let answer = post(http, "/embed", json!({ "inputs": word })).await;
@@ -281,6 +204,6 @@ async fn an_answer_bound_no_caller_can_steer() {
     assert!(grown < GROWTH_FLOOR_KIB, "refused before any work: +{grown} KiB");
     let small = post(http, "/embed_all", json!({ "inputs": ["a short text", "another"] })).await;
     assert_eq!(small.status, 200, "a small answer is still served: {}", small.body);
-    sidecar.check("a steered answer estimate", &steady);
+    check(&mut sidecar, "a steered answer estimate", &steady);
     sim.shutdown().await;
 }

@@ -7,7 +7,7 @@ use futures::future::join_all;
 use teifleet_proto::tei_multiplexer::v1 as mux;
 use tonic::Code;
 
-use super::{DIM, Sidecar, beside_a_steady_caller, client, ipc, read, refused_clearly, request, sim_at};
+use super::{DIM, beside_a_steady_caller, check, client, ipc, read, refused_clearly, request, sim_at, start};
 
 /// The hostile suite's "many" Arrow body: 100,000 one-letter rows and a 40 MB prompt name.
 const ROWS: usize = 100_000;
@@ -21,7 +21,7 @@ const PROMPT_NAME_BOUND: &str = "256";
 async fn a_long_prompt_name_is_refused_before_any_row_is_made() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     let rows = vec![Some("a"); ROWS];
     let batch = ipc::stream(&rows, false, false);
@@ -52,7 +52,7 @@ async fn a_long_prompt_name_is_refused_before_any_row_is_made() {
         assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
         assert!(status.message().contains("prompt_name") && status.message().contains(PROMPT_NAME_BOUND), "{status:?}");
     }
-    sidecar.check("100,000 rows with a 40 MB prompt_name", &steady);
+    check(&mut sidecar, "100,000 rows with a 40 MB prompt_name", &steady);
     sim.shutdown().await;
 }
 
@@ -74,7 +74,7 @@ async fn lz4_rows_and_their_upstream_copies_are_charged() {
         config.per_token_latency = std::time::Duration::ZERO;
     })
     .await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     let row = "a".repeat(1 << 20);
     let batch = ipc::stream(&vec![Some(row.as_str()); 16], false, true);
@@ -115,7 +115,7 @@ async fn lz4_rows_and_their_upstream_copies_are_charged() {
     }
     eprintln!("LZ4 rows of 1 MiB: {served} served, {refused} refused");
     assert!(served > 0, "a call that fits the budget is served");
-    sidecar.check("16 calls of 16 LZ4-compressed rows of 1 MiB", &steady);
+    check(&mut sidecar, "16 calls of 16 LZ4-compressed rows of 1 MiB", &steady);
     sim.shutdown().await;
 }
 
@@ -125,7 +125,7 @@ async fn lz4_rows_and_their_upstream_copies_are_charged() {
 async fn a_row_larger_than_tei_takes_is_refused_before_it_is_copied() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     let text = "a".repeat(40_000_000);
     let call = request(ipc::stream(&[Some(text.as_str())], false, false), false);
@@ -133,7 +133,7 @@ async fn a_row_larger_than_tei_takes_is_refused_before_it_is_copied() {
     let status = refused.expect_err("refused");
     assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
     assert!(status.message().contains("largest message TEI takes (4194304 bytes)"), "{status:?}");
-    sidecar.check("a 40 MB row", &steady);
+    check(&mut sidecar, "a 40 MB row", &steady);
     sim.shutdown().await;
 }
 
@@ -143,7 +143,7 @@ async fn a_row_larger_than_tei_takes_is_refused_before_it_is_copied() {
 async fn an_arrow_message_past_forty_mebibytes_is_refused_from_its_prefix() {
     let _attack = crate::support::attack_lock();
     let sim = sim_at(DIM).await;
-    let mut sidecar = Sidecar::start(&sim);
+    let mut sidecar = start(&sim);
     let grpc = sidecar.grpc;
     let limit = teifleet_multiplexer::front::tei_manager::ARROW_MAX_MESSAGE;
     let call = request(vec![0; limit + 1024], false);
@@ -161,6 +161,6 @@ async fn an_arrow_message_past_forty_mebibytes_is_refused_from_its_prefix() {
         assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
         assert!(status.message().contains(&format!("the limit is: {limit} bytes")), "{status:?}");
     }
-    sidecar.check("Arrow messages of 40 MiB and 1 KiB", &steady);
+    check(&mut sidecar, "Arrow messages of 40 MiB and 1 KiB", &steady);
     sim.shutdown().await;
 }

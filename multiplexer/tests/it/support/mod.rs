@@ -16,6 +16,7 @@ use teifleet_tei_sim::{SimConfig, SimHandle};
 use tonic::transport::Channel;
 
 mod attack_lock;
+pub mod attacker;
 pub use attack_lock::{AttackTurn, attack_lock};
 
 /// Polls until a condition holds (`until(what, timeout, check)`), panicking after the timeout.
