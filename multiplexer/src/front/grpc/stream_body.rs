@@ -132,6 +132,19 @@ pub fn answer(result: Result<Response<MessageStream>, Status>) -> http::Response
     response
 }
 
+/// The trailers an answer stream ends with: its status.
+pub fn trailers(status: &Status) -> Result<http::HeaderMap, Status> {
+    // Room for the load report the trailers usually gain (`crate::report::orca`).
+    let mut trailers = http::HeaderMap::with_capacity(3);
+    if status.code() == Code::Ok {
+        trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
+    } else if let Err(unwritable) = status.add_header(&mut trailers) {
+        trailers.clear();
+        unwritable.add_header(&mut trailers).map_err(|_| Status::internal("unwritable status"))?;
+    }
+    Ok(trailers)
+}
+
 struct Outgoing {
     answers: MessageStream,
     /// The status that ended the answers, once they have (trailers still to send).
@@ -163,15 +176,7 @@ impl Body for Outgoing {
         }
         let Some(ended) = this.ended.take() else { return Poll::Pending };
         this.done = true;
-        // Room for the load report the trailers usually gain (`crate::report::orca`).
-        let mut trailers = http::HeaderMap::with_capacity(3);
-        if ended.code() == Code::Ok {
-            trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
-        } else if let Err(unwritable) = ended.add_header(&mut trailers) {
-            trailers.clear();
-            unwritable.add_header(&mut trailers).map_err(|_| Status::internal("unwritable status"))?;
-        }
-        Poll::Ready(Some(Ok(Frame::trailers(trailers))))
+        Poll::Ready(Some(trailers(&ended).map(Frame::trailers)))
     }
 
     fn is_end_stream(&self) -> bool {

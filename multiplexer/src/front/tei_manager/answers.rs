@@ -18,11 +18,11 @@ use futures::task::AtomicWaker;
 use http::HeaderValue;
 use http::header::CONTENT_TYPE;
 use http_body::{Body, Frame};
-use tonic::{Code, Status};
+use tonic::Status;
 
 use super::arrow::Answer;
 use crate::admission::memory::Charge;
-use crate::vocab::framing::GRPC_STATUS;
+use crate::front::grpc::stream_body::trailers;
 
 /// Told when an answer's last byte was taken.
 #[derive(Default)]
@@ -92,19 +92,6 @@ where
     let mut response = http::Response::new(tonic::body::Body::new(body));
     response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
     response
-}
-
-/// The trailers a call ends with: its status.
-fn trailers(status: &Status) -> Result<http::HeaderMap, Status> {
-    // Room for the load report the trailers usually gain (`crate::report::orca`).
-    let mut trailers = http::HeaderMap::with_capacity(3);
-    if status.code() == Code::Ok {
-        trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
-    } else if let Err(unwritable) = status.add_header(&mut trailers) {
-        trailers.clear();
-        unwritable.add_header(&mut trailers).map_err(|_| Status::internal("unwritable status"))?;
-    }
-    Ok(trailers)
 }
 
 type Answers = Pin<Box<dyn Stream<Item = Result<(Bytes, Arc<Taken>), Status>> + Send>>;
