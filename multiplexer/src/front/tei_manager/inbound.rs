@@ -309,6 +309,13 @@ impl Layout {
         if node.null_count() > 0 && validity < (rows as u64).div_ceil(8) {
             return Err(malformed(format!("the `text` column's validity is {validity} bytes for {rows} rows")));
         }
+        // arrow reads the offsets as a slice of i32 (i64) and panics on a buffer whose length is
+        // not a whole number of them (found by the proptest in tests/it/hostile_arrow/fuzz.rs).
+        if offsets % width != 0 {
+            return Err(malformed(format!(
+                "the `text` column's offsets are {offsets} bytes, not a multiple of {width}"
+            )));
+        }
         if rows > 0 && offsets < (rows as u64 + 1) * width {
             return Err(malformed(format!("the `text` column's offsets are {offsets} bytes for {rows} rows")));
         }

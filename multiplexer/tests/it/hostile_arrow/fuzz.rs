@@ -62,6 +62,10 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 fn apply(seed: &[u8], slots: &[Slot], mutation: &Mutation) -> Vec<u8> {
+    // An earlier truncation may have left nothing to mutate.
+    if seed.is_empty() {
+        return Vec::new();
+    }
     match mutation {
         Mutation::Flip { at, bit } => {
             let mut out = seed.to_vec();
