@@ -18,7 +18,9 @@ use tonic::metadata::MetadataMap;
 use super::error::ManagerError;
 use super::inbound;
 use super::ipc::{self, Dense, Dtype, Sparse, Texts};
+use super::streamed::{self, Escape, Writer};
 use super::upstream::{CARRIED_ENTRY, Chunks, InFlight, MESSAGE_FIXED, WithInputs, prompt_name};
+use super::window::Window;
 use super::{Context, target};
 use crate::admission::Lane;
 use crate::admission::memory::{Charge, Use};
@@ -210,6 +212,21 @@ pub async fn batch(
     ipc_in: Bytes,
     request: &Charge,
 ) -> Result<Answer, ManagerError> {
+    batch_with(cx, routed, options, ipc_in, request, None)
+        .await?
+        .ok_or_else(|| ManagerError::Build("an answer streamed where none may be".into()))
+}
+
+/// [`batch`], its dense answer streamed through `escape` when too large to hold (`None` then:
+/// the answer went out, see `super::streamed`).
+pub async fn batch_with(
+    cx: &Context,
+    routed: &mut Routed,
+    options: &Options,
+    ipc_in: Bytes,
+    request: &Charge,
+    escape: Option<&mut Escape>,
+) -> Result<Option<Answer>, ManagerError> {
     // Inflating, validating (UTF-8 of every row) and writing are CPU work of up to tens of
     // megabytes: off the runtime's workers, so callers beside this one are not stalled by it.
     let memory = cx.memory.clone();
@@ -230,7 +247,11 @@ pub async fn batch(
     let mut assembled = Assembled::new(options, &texts, &answer, limit)?;
     match options.noop {
         true => noop(&mut assembled, &texts)?,
-        false => embed(cx, routed, options, &texts, &mut assembled).await?,
+        false => {
+            if embed(cx, routed, options, &texts, &mut assembled, escape).await? {
+                return Ok(None);
+            }
+        }
     }
     let (rows, dtype, lz4) = (assembled.rows, assembled.dtype, options.lz4);
     let mut written = blocking(move || {
@@ -251,7 +272,7 @@ pub async fn batch(
     }
     // The vectors are gone: what stays until it is sent is the written answer.
     answer.set(written.len() as u64).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
-    Ok(Answer { written, start, charge: answer })
+    Ok(Some(Answer { written, start, charge: answer }))
 }
 
 /// `work` on tokio's blocking threads.
@@ -281,14 +302,16 @@ pub fn frame_in_place(written: &mut [u8]) -> usize {
 }
 
 /// The rows sent upstream in sub-batches over the pool, their answers assembled in order. Rows
-/// refused here (null, empty) are never sent.
+/// refused here (null, empty) are never sent. With an `escape`, a dense answer too large to hold
+/// is streamed from its first vector on; `true` then.
 async fn embed(
     cx: &Context,
     routed: &mut Routed,
     options: &Options,
     texts: &Texts,
     assembled: &mut Assembled<'_>,
-) -> Result<(), ManagerError> {
+    mut escape: Option<&mut Escape>,
+) -> Result<bool, ManagerError> {
     let rpc = options.rpc();
     let pool = &*routed.pool;
     // A row whose message TEI would refuse for its size fails the call before any is built (a
@@ -314,6 +337,9 @@ async fn embed(
     let chunks = Chunks { messages, size, per_message, in_flight: &in_flight };
     let bulk = Bulk { forwarder: &cx.forwarder, pool, meta: &routed.meta, carried: &routed.carried, rpc };
     let sparse = options.sparse;
+    // The window's answers, charged as each is decoded, given back as each is taken.
+    let decoded = cx.memory.charge(Use::Answers, 0).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
+    let decoded = &decoded;
     let keep = move |exchanged: Exchanged| -> crate::error::Result<Result<Vector, String>> {
         let (response, _) = match exchanged {
             Ok(answered) => answered,
@@ -324,38 +350,90 @@ async fn embed(
             pool: pool.spec.name.clone(),
             status: tonic::Status::internal(format!("the upstream answered with an undecodable message: {e}")),
         };
-        Ok(Ok(match sparse {
+        let vector = match sparse {
             false => Vector::Dense(v1::EmbedResponse::decode(bytes).map_err(undecodable)?.embeddings),
             true => Vector::Sparse(v1::EmbedSparseResponse::decode(bytes).map_err(undecodable)?.sparse_embeddings),
-        }))
+        };
+        decoded.grow(vector.held()).map_err(Error::Memory)?;
+        Ok(Ok(vector))
     };
-    let mut answers = pin!(bulk.run(chunks, window, keep));
+    let mut window = Window::new(chunks, window, move |chunk| {
+        let keep = keep.clone();
+        Box::pin(async move {
+            let mut answers = pin!(bulk.run(std::iter::once(chunk), 1, keep));
+            match answers.next().await {
+                Some(answered) => answered.map_err(ManagerError::Call),
+                None => Err(ManagerError::Build("a sub-batch with no answer".into())),
+            }
+        })
+    });
     let (mut row, mut first, mut timing) = (0, true, None);
-    while let Some(chunk) = answers.next().await {
+    let mut streamed: Option<Writer<'_>> = None;
+    while let Some(chunk) = window.next().await {
         let chunk = chunk?;
         if std::mem::take(&mut first) {
             routed.call.admitted_at(chunk.admitted);
         }
         in_flight.answered();
         timing = chunk.timing.or(timing);
+        // The first vector tells the answer's size: held as today if it fits, streamed if not.
+        if streamed.is_none()
+            && let Some(escape) = escape.as_deref_mut()
+            && let Some(dim) = assembled.first_dim(&chunk.answers)
+            && let Err(refused) = assembled.fits(dim)
+        {
+            if !streamed::streams_past(&refused) {
+                return Err(refused);
+            }
+            let refused_by_tei = assembled.take_errors();
+            // What the held answer had charged (its per-row state) is not made.
+            assembled.answer.shrink(assembled.answer.bytes());
+            let mut writer = Writer::open(escape, texts, options, dim, refused_by_tei).await?;
+            writer.fail_until(row);
+            streamed = Some(writer);
+        }
         for kept in chunk.answers {
+            if let Ok(vector) = &kept {
+                decoded.shrink(vector.held());
+            }
             while row < texts.len() && texts.refused_here(row).is_some() {
-                assembled.push(Err(None))?;
+                if streamed.is_none() {
+                    assembled.push(Err(None))?;
+                }
                 row += 1;
             }
-            assembled.push(kept.map_err(Some))?;
+            match (&mut streamed, kept) {
+                (None, kept) => assembled.push(kept.map_err(Some))?,
+                (Some(writer), Ok(Vector::Dense(vector))) => writer.push(row, &vector)?,
+                (Some(_), Err(reason)) => return Err(ManagerError::RowRefused { row, reason }),
+                (Some(_), Ok(Vector::Sparse(_))) => {
+                    return Err(ManagerError::Build("an answer of the other kind".into()));
+                }
+            }
             row += 1;
         }
-        assembled.bound()?;
+        match &mut streamed {
+            None => assembled.bound()?,
+            // While the reader is behind, the sub-batches in flight still finish.
+            Some(writer) => tokio::select! {
+                flushed = writer.flush() => flushed?,
+                () = window.progress() => {}
+            },
+        }
     }
     // Sub-batches stopped being made for want of memory: the call fails, not its rows.
     in_flight.refused()?;
+    if let Some(writer) = streamed {
+        writer.finish().await?;
+        routed.call.observe(timing);
+        return Ok(true);
+    }
     while row < texts.len() {
         assembled.push(Err(None))?;
         row += 1;
     }
     routed.call.observe(timing);
-    Ok(())
+    Ok(false)
 }
 
 /// One row's answer.
@@ -363,6 +441,20 @@ enum Vector {
     Dense(Vec<f32>),
     Sparse(Vec<v1::SparseValue>),
 }
+
+impl Vector {
+    /// The bytes it holds, as charged while it waits in the window.
+    fn held(&self) -> u64 {
+        let numbers = match self {
+            Self::Dense(vector) => vector.capacity() * 4,
+            Self::Sparse(pairs) => pairs.capacity() * 8,
+        };
+        (numbers + VECTOR_OVERHEAD) as u64
+    }
+}
+
+/// A decoded vector's own bytes beside its numbers (the `Vec`, the row's slot), rounded up.
+const VECTOR_OVERHEAD: usize = 32;
 
 /// The answer's rows so far, kept within the largest answer the service sends and charged to the
 /// memory budget before each part of it is built: the per-row state (validity, the `error`
@@ -413,6 +505,35 @@ impl<'a> Assembled<'a> {
         self.answer.set(held as u64).map_err(|over| ManagerError::Call(Error::Memory(over)))
     }
 
+    /// The vector size of a dense answer's first vector in `answers`, while none is known yet.
+    fn first_dim(&self, answers: &[Result<Vector, String>]) -> Option<usize> {
+        match &self.rows {
+            Rows::Dense(dense) if dense.dim.is_none() => answers.iter().find_map(|kept| match kept {
+                Ok(Vector::Dense(vector)) => Some(vector.len()),
+                _ => None,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether a dense answer of `dim` numbers a row can be held: its bytes checked against the
+    /// largest message and charged (the check the first vector's push makes).
+    fn fits(&self, dim: usize) -> Result<(), ManagerError> {
+        let rows = self.rows_made_for();
+        // The f32 values, then the IPC written from them (framed in place, no third copy).
+        let sent = rows.saturating_mul(dim).saturating_mul(self.dtype.bytes()).saturating_add(self.fixed_sent);
+        let held = rows.saturating_mul(dim).saturating_mul(4 + self.dtype.bytes()).saturating_add(self.fixed_held);
+        self.check(sent, held)
+    }
+
+    /// TEI's reasons for the rows it refused so far (a dense answer's), taken.
+    fn take_errors(&mut self) -> Vec<(usize, String)> {
+        match &mut self.rows {
+            Rows::Dense(dense) => dense.take_errors(),
+            Rows::Sparse(_) => Vec::new(),
+        }
+    }
+
     /// A row's answer: its vector, or why it failed (TEI's words, `None` for a row refused here).
     fn push(&mut self, row: Result<Vector, Option<String>>) -> Result<(), ManagerError> {
         if let Err(Some(reason)) = &row {
@@ -423,12 +544,7 @@ impl<'a> Assembled<'a> {
         if let (Rows::Dense(dense), Ok(Vector::Dense(vector))) = (&self.rows, &row)
             && dense.dim.is_none()
         {
-            let rows = self.rows_made_for();
-            let dim = vector.len();
-            // The f32 values, then the IPC written from them (framed in place, no third copy).
-            let sent = rows.saturating_mul(dim).saturating_mul(self.dtype.bytes()).saturating_add(self.fixed_sent);
-            let held = rows.saturating_mul(dim).saturating_mul(4 + self.dtype.bytes()).saturating_add(self.fixed_held);
-            self.check(sent, held)?;
+            self.fits(vector.len())?;
         }
         match (&mut self.rows, row) {
             (Rows::Dense(dense), Ok(Vector::Dense(vector))) => dense.push_ok(&vector),

@@ -54,6 +54,10 @@ pub enum ManagerError {
         "the answer would be {bytes} bytes, over the largest message this port sends ({limit} bytes): send fewer rows per call"
     )]
     AnswerTooLarge { bytes: usize, limit: usize },
+    /// A row TEI refused once a streamed answer had begun (its header says every row sent to TEI
+    /// is answered): the call ends with this, never with a wrong answer.
+    #[error("row {row}: {reason} (the answer was being streamed: send this row apart, or truncate it)")]
+    RowRefused { row: usize, reason: String },
     #[error("inconsistent embedding dimensions: {first} vs {now}")]
     InconsistentDimensions { first: usize, now: usize },
     #[error("Failed to create RecordBatch: {0}")]
@@ -100,7 +104,8 @@ impl ManagerError {
             | Self::Unserved(_)
             | Self::TextNotUtf8(_)
             | Self::UnknownEnum { .. }
-            | Self::PromptNameTooLong { .. } => Status::invalid_argument(message),
+            | Self::PromptNameTooLong { .. }
+            | Self::RowRefused { .. } => Status::invalid_argument(message),
             // tonic's own words and code for a message over the limit.
             Self::AnswerTooLarge { .. }
             | Self::TooManyRows { .. }
@@ -129,6 +134,7 @@ impl ManagerError {
             | Self::PromptNameTooLong { .. }
             | Self::RowTooLarge { .. }
             | Self::AnswerTooLarge { .. }
+            | Self::RowRefused { .. }
             | Self::InconsistentDimensions { .. }
             | Self::Build(_)
             | Self::Call(_) => None,

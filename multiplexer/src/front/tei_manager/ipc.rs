@@ -143,6 +143,11 @@ impl Dense {
         self.ok.push(false);
     }
 
+    /// TEI's reasons for the rows it refused so far, by row, taken (for a streamed answer).
+    pub fn take_errors(&mut self) -> Vec<(usize, String)> {
+        std::mem::take(&mut self.errors)
+    }
+
     /// `embeddings: FixedSizeList<f32|f16>[dim]?`, `error: Utf8?`.
     pub fn batch(
         self,
@@ -150,25 +155,35 @@ impl Dense {
         here: &dyn Fn(usize) -> Option<&'static str>,
     ) -> Result<RecordBatch, ManagerError> {
         let dim = self.dim.unwrap_or(0);
-        let (element, values): (DataType, ArrayRef) = match dtype {
-            Dtype::F32 => (DataType::Float32, Arc::new(Float32Array::from(self.values))),
-            Dtype::F16 => (
-                DataType::Float16,
-                Arc::new(Float16Array::from_iter_values(self.values.into_iter().map(half::f16::from_f32))),
-            ),
+        let values: ArrayRef = match dtype {
+            Dtype::F32 => Arc::new(Float32Array::from(self.values)),
+            Dtype::F16 => Arc::new(Float16Array::from_iter_values(self.values.into_iter().map(half::f16::from_f32))),
         };
-        let item = Arc::new(Field::new("item", element, false));
         let size = i32::try_from(dim).map_err(|_| ManagerError::Build(format!("a vector of {dim} numbers")))?;
-        let embeddings = FixedSizeListArray::try_new(item.clone(), size, values, validity(&self.ok))
+        let schema = dense_schema(dtype, size);
+        let DataType::FixedSizeList(item, _) = schema.field(0).data_type().clone() else {
+            return Err(ManagerError::Build("the embeddings column is a FixedSizeList".into()));
+        };
+        let embeddings = FixedSizeListArray::try_new(item, size, values, validity(&self.ok))
             .map_err(|e| ManagerError::Build(e.to_string()))?;
-        let schema = Schema::new(vec![
-            Field::new("embeddings", DataType::FixedSizeList(item, size), true),
-            Field::new("error", DataType::Utf8, true),
-        ]);
         let errors = error_column(&self.ok, &self.errors, here);
         RecordBatch::try_new(Arc::new(schema), vec![Arc::new(embeddings), errors])
             .map_err(|e| ManagerError::Build(e.to_string()))
     }
+}
+
+/// A dense answer's schema: `embeddings: FixedSizeList<f32|f16>[dim]?`, `error: Utf8?`; the one
+/// both the held answer and the streamed one (`super::layout`) are written with.
+pub fn dense_schema(dtype: Dtype, size: i32) -> Schema {
+    let element = match dtype {
+        Dtype::F32 => DataType::Float32,
+        Dtype::F16 => DataType::Float16,
+    };
+    let item = Arc::new(Field::new("item", element, false));
+    Schema::new(vec![
+        Field::new("embeddings", DataType::FixedSizeList(item, size), true),
+        Field::new("error", DataType::Utf8, true),
+    ])
 }
 
 /// A sparse answer as it is assembled row by row.

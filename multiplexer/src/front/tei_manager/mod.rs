@@ -14,8 +14,11 @@ mod arrow;
 mod error;
 mod inbound;
 mod ipc;
+mod layout;
+mod streamed;
 mod target;
 mod upstream;
+mod window;
 mod wrap;
 
 use std::collections::HashMap;
@@ -243,6 +246,10 @@ impl TeiManager {
             Ok(routed) => routed,
             Err(error) => return status::into_http(status::into_status(error)),
         };
+        if !sparse {
+            // Its answer held as below, or streamed when too large to hold.
+            return streamed::unary(self.cx.clone(), routed, options, ipc_in, charge).await;
+        }
         let result = arrow::batch(cx, &mut routed, &options, ipc_in, &charge).await;
         drop(charge);
         // The answer stays charged until the socket has taken it all (a slow reader holds it
