@@ -59,14 +59,30 @@ pub(crate) struct BatchLimits {
     pub(crate) max_tokens: usize,
     pub(crate) max_requests: usize,
     pub(crate) fixed_latency: Duration,
+    pub(crate) per_request_latency: Duration,
     pub(crate) per_token_latency: Duration,
     pub(crate) device: Device,
 }
 
 impl BatchLimits {
-    fn device_time(&self, tokens: usize) -> Duration {
+    pub(crate) fn new(config: &crate::SimConfig) -> Self {
+        Self {
+            max_tokens: config.max_batch_tokens,
+            max_requests: config.max_batch_requests.unwrap_or(usize::MAX),
+            fixed_latency: config.fixed_latency,
+            per_request_latency: config.per_request_latency,
+            per_token_latency: config.per_token_latency,
+            device: config.device,
+        }
+    }
+
+    /// The device time of a batch of `requests` sequences holding `tokens` tokens in all.
+    fn device_time(&self, requests: usize, tokens: usize) -> Duration {
+        let requests = u32::try_from(requests).unwrap_or(u32::MAX);
         let tokens = u32::try_from(tokens).unwrap_or(u32::MAX);
-        self.fixed_latency.saturating_add(self.per_token_latency.saturating_mul(tokens))
+        self.fixed_latency
+            .saturating_add(self.per_request_latency.saturating_mul(requests))
+            .saturating_add(self.per_token_latency.saturating_mul(tokens))
     }
 }
 
@@ -196,7 +212,7 @@ async fn run(
             if !next.entries.is_empty() {
                 let batch = std::mem::take(&mut next);
                 let started = Instant::now();
-                let device_time = limits.device_time(batch.tokens).mul_f64(slowdown.get());
+                let device_time = limits.device_time(batch.entries.len(), batch.tokens).mul_f64(slowdown.get());
                 let work = DeviceWork::start(limits.device, shared.as_ref(), device_time, started, &shutdown);
                 running = Some(Running { batch, started, work });
                 next.fill(&mut queue, &limits);
@@ -261,6 +277,7 @@ mod tests {
             max_tokens,
             max_requests,
             fixed_latency: Duration::from_millis(1),
+            per_request_latency: Duration::ZERO,
             per_token_latency: Duration::from_micros(1),
             device: Device::Sleep,
         }
@@ -318,7 +335,51 @@ mod tests {
     #[test]
     fn device_time_grows_with_tokens() {
         let l = limits(10, 1);
-        assert_eq!(l.device_time(0), Duration::from_millis(1));
-        assert_eq!(l.device_time(1000), Duration::from_millis(2));
+        assert_eq!(l.device_time(1, 0), Duration::from_millis(1));
+        assert_eq!(l.device_time(1, 1000), Duration::from_millis(2));
+    }
+
+    /// A calibrated profile's model: fixed + per request + per token, as measured on TEI.
+    fn profiled() -> BatchLimits {
+        let profile = crate::profile::Profile::parse(
+            r#"{"format": 1, "sim": {"fixed_latency_us": 3000, "per_request_latency_us": 500,
+                "per_token_latency_us": 40, "max_batch_requests": 4, "max_batch_tokens": null,
+                "device": "sleep"}}"#,
+        )
+        .unwrap();
+        let mut config = crate::SimConfig::default();
+        profile.sim.apply(&mut config);
+        BatchLimits::new(&config)
+    }
+
+    #[test]
+    fn a_profiles_batch_time_is_fixed_plus_per_request_plus_per_token() {
+        let l = profiled();
+        assert_eq!(l.max_requests, 4);
+        // 3 ms + 4 × 0.5 ms + 88 × 40 µs
+        assert_eq!(l.device_time(4, 88), Duration::from_micros(3000 + 2000 + 3520));
+    }
+
+    #[tokio::test]
+    async fn the_batcher_waits_a_profiles_batch_time() {
+        let shutdown = CancellationToken::new();
+        let counters = Arc::new(Counters::default());
+        let metrics = Metrics::new(Arc::clone(&counters)).unwrap();
+        let tx = spawn(profiled(), None, Arc::default(), metrics, counters, shutdown.clone());
+        // The first request starts alone (this test's runtime has one thread: the yield lets the
+        // batcher take it); the two sent while it runs wait and then run together.
+        let (a, a_rx) = entry(22);
+        tx.send(a).unwrap();
+        tokio::task::yield_now().await;
+        let (b, b_rx) = entry(22);
+        let (c, c_rx) = entry(22);
+        tx.send(b).unwrap();
+        tx.send(c).unwrap();
+        let (a, b, c) = (a_rx.await.unwrap(), b_rx.await.unwrap(), c_rx.await.unwrap());
+        shutdown.cancel();
+        // Timers never fire early, so each batch took at least the profile's time for it.
+        assert!(a.inference_time >= Duration::from_micros(3000 + 500 + 22 * 40), "{a:?}");
+        assert_eq!(b.inference_time, c.inference_time, "one batch");
+        assert!(b.inference_time >= Duration::from_micros(3000 + 2 * 500 + 44 * 40), "{b:?}");
     }
 }

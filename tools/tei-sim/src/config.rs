@@ -5,7 +5,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::str::FromStr;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::SimError;
 
@@ -26,6 +26,9 @@ pub struct SimConfig {
     pub max_client_batch_size: usize,
     /// Device time of every batch regardless of its size.
     pub fixed_latency: Duration,
+    /// Device time added per request (sequence) in the batch: what a CPU TEI spends on each
+    /// sequence beyond its tokens (padding, pooling), measured by `teifleet-calibrate`.
+    pub per_request_latency: Duration,
     /// Device time added per token in the batch.
     pub per_token_latency: Duration,
     /// How the device spends a batch's device time: asleep, or busy on a CPU thread.
@@ -49,6 +52,7 @@ impl Default for SimConfig {
             max_batch_requests: None,
             max_client_batch_size: 32,
             fixed_latency: Duration::from_millis(2),
+            per_request_latency: Duration::ZERO,
             per_token_latency: Duration::from_micros(20),
             device: Device::Sleep,
             dimensions: 384,
@@ -115,7 +119,7 @@ impl FromStr for Fault {
 }
 
 /// What the simulated device does for the device time of a batch.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     /// Waits on a timer, costing no CPU: a GPU, whose work does not compete with the host's.

@@ -19,6 +19,7 @@ mod config;
 mod embedding;
 mod error;
 mod metrics;
+pub mod profile;
 mod server;
 mod service;
 mod shared_device;

@@ -6,10 +6,12 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Args as ClapArgs, Parser};
+use clap::parser::ValueSource;
+use clap::{Args as ClapArgs, CommandFactory as _, FromArgMatches as _, Parser};
 use teifleet_runtime::duration::parse_flag;
 use teifleet_runtime::logging::{self, LogFormat};
 use teifleet_runtime::shutdown;
+use teifleet_tei_sim::profile::Profile;
 use teifleet_tei_sim::{Device, Fault, SimConfig};
 
 /// The simulator's own defaults: loopback, so a test run never listens on the network.
@@ -49,16 +51,24 @@ struct Args {
     /// Most texts accepted in one Rerank call.
     #[arg(long, env = "MAX_CLIENT_BATCH_SIZE", default_value_t = 32, value_name = "N")]
     max_client_batch_size: usize,
-    /// Device time of every batch, e.g. 2ms.
-    #[arg(long, default_value = "2ms", value_parser = parse_flag, value_name = "DUR")]
-    fixed_latency: Duration,
-    /// Device time added per token in the batch, e.g. 20us.
-    #[arg(long, default_value = "20us", value_parser = parse_flag, value_name = "DUR")]
-    per_token_latency: Duration,
+    /// A profile measured on a real TEI (tools/tei-sim/profiles/*.json, written by
+    /// teifleet-calibrate): its batch times, batch cap and device; the flags below override it.
+    #[arg(long, value_name = "FILE")]
+    profile: Option<std::path::PathBuf>,
+    /// Device time of every batch, e.g. 2ms [default: 2ms, or the profile's].
+    #[arg(long, value_parser = parse_flag, value_name = "DUR")]
+    fixed_latency: Option<Duration>,
+    /// Device time added per request in the batch, e.g. 300us [default: 0, or the profile's].
+    #[arg(long, value_parser = parse_flag, value_name = "DUR")]
+    per_request_latency: Option<Duration>,
+    /// Device time added per token in the batch, e.g. 20us [default: 20us, or the profile's].
+    #[arg(long, value_parser = parse_flag, value_name = "DUR")]
+    per_token_latency: Option<Duration>,
     /// How a batch's device time is spent: sleep (a GPU: no CPU used) or spin (TEI on a CPU: the
-    /// device time is burnt as CPU time of one thread, so a busy machine slows the device).
-    #[arg(long, default_value = "sleep", value_name = "sleep|spin")]
-    device: Device,
+    /// device time is burnt as CPU time of one thread, so a busy machine slows the device)
+    /// [default: sleep, or the profile's].
+    #[arg(long, value_name = "sleep|spin")]
+    device: Option<Device>,
     /// A lock file shared with co-located simulators (a path on a volume their pods share, or in
     /// /tmp on one machine): their batches take turns on one device, as the TEIs of pods given
     /// replicas of one time-sliced GPU do. Unset: a device of its own.
@@ -219,9 +229,28 @@ fn listen_addresses(listen: Option<SocketAddr>, admin_listen: Option<SocketAddr>
     Listen { grpc, admin, hostname_not_an_ip }
 }
 
+/// The device model: the simulator's defaults, then the profile's measurements, then the flags
+/// given, which win over the profile.
+fn device_model(args: &Args, tokens_given: bool, config: &mut SimConfig) -> anyhow::Result<()> {
+    if let Some(path) = &args.profile {
+        Profile::load(path)?.sim.apply(config);
+        tracing::info!(profile = %path.display(), "device model from a measured profile");
+    }
+    if tokens_given {
+        config.max_batch_tokens = args.max_batch_tokens;
+    }
+    config.max_batch_requests = args.max_batch_requests.or(config.max_batch_requests);
+    config.fixed_latency = args.fixed_latency.unwrap_or(config.fixed_latency);
+    config.per_request_latency = args.per_request_latency.unwrap_or(config.per_request_latency);
+    config.per_token_latency = args.per_token_latency.unwrap_or(config.per_token_latency);
+    config.device = args.device.unwrap_or(config.device);
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches)?;
     logging::init(if args.tei.json_output { LogFormat::Json } else { args.log_format })?;
     let stop_signal = shutdown::signal()?;
     let listen = listen_addresses(args.listen, args.admin_listen, &args.tei);
@@ -232,20 +261,19 @@ async fn main() -> anyhow::Result<()> {
     if !ignored.is_empty() {
         tracing::info!(flags = %ignored.join(","), "TEI flags accepted but not modelled by the simulator");
     }
-    let config = SimConfig {
+    let mut config = SimConfig {
         listen: listen.grpc,
         admin_listen: Some(listen.admin),
         max_concurrent_requests: args.max_concurrent_requests,
         max_batch_tokens: args.max_batch_tokens,
-        max_batch_requests: args.max_batch_requests,
         max_client_batch_size: args.max_client_batch_size,
-        fixed_latency: args.fixed_latency,
-        per_token_latency: args.per_token_latency,
-        device: args.device,
         dimensions: args.dimensions,
-        model_id: args.model_id,
-        shared_device: args.shared_device,
+        model_id: args.model_id.clone(),
+        shared_device: args.shared_device.clone(),
+        ..SimConfig::default()
     };
+    let tokens_given = matches.value_source("max_batch_tokens") != Some(ValueSource::DefaultValue);
+    device_model(&args, tokens_given, &mut config)?;
     let sim = teifleet_tei_sim::start(config).await.context("starting the simulator")?;
     sim.set_fault(args.fault);
     let signal = stop_signal.await;
@@ -304,6 +332,49 @@ mod tests {
         // A metrics port without --admin-listen goes on the gRPC address's IP, as TEI's does.
         let listen = listen_addresses(Some(grpc), None, &tei(None, None, Some(9001)));
         assert_eq!(listen.admin, addr("127.0.0.1:9001"));
+    }
+
+    #[test]
+    fn a_profile_sets_the_device_and_flags_override_it() {
+        let path = std::env::temp_dir().join(format!("tei-sim-main-profile-{}.json", std::process::id()));
+        std::fs::write(
+            &path,
+            r#"{"format": 1, "sim": {"fixed_latency_us": 3000, "per_request_latency_us": 500,
+                "per_token_latency_us": 40, "max_batch_requests": 4, "max_batch_tokens": 8192,
+                "device": "spin"}}"#,
+        )
+        .unwrap();
+        let model = |flags: &[&str]| {
+            let profile = format!("--profile={}", path.display());
+            let argv = ["tei-sim", profile.as_str()].into_iter().chain(flags.iter().copied());
+            let matches = Args::command().try_get_matches_from(argv).unwrap();
+            let args = Args::from_arg_matches(&matches).unwrap();
+            let tokens_given = matches.value_source("max_batch_tokens") != Some(ValueSource::DefaultValue);
+            let mut config = SimConfig::default();
+            device_model(&args, tokens_given, &mut config).map(|()| config)
+        };
+        let config = model(&[]).unwrap();
+        assert_eq!(
+            (config.fixed_latency, config.per_request_latency),
+            (Duration::from_millis(3), Duration::from_micros(500))
+        );
+        assert_eq!((config.per_token_latency, config.device), (Duration::from_micros(40), Device::Spin));
+        assert_eq!((config.max_batch_requests, config.max_batch_tokens), (Some(4), 8192));
+        let config =
+            model(&["--fixed-latency=1ms", "--device=sleep", "--max-batch-requests=8", "--max-batch-tokens=100"])
+                .unwrap();
+        assert_eq!((config.fixed_latency, config.device), (Duration::from_millis(1), Device::Sleep));
+        assert_eq!((config.max_batch_requests, config.max_batch_tokens), (Some(8), 100));
+        assert_eq!(config.per_token_latency, Duration::from_micros(40));
+        std::fs::write(&path, "{\"format\": 1}").unwrap();
+        let refused = format!("{:#}", model(&[]).unwrap_err());
+        assert!(refused.contains("profile") && refused.contains("missing field `sim`"), "{refused}");
+        std::fs::remove_file(&path).unwrap();
+        // Without a profile, the simulator's defaults, which tests depend on.
+        let args = Args::try_parse_from(["tei-sim"]).unwrap();
+        let mut config = SimConfig::default();
+        device_model(&args, false, &mut config).unwrap();
+        assert_eq!(config, SimConfig::default());
     }
 
     #[test]

@@ -52,13 +52,7 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
     let shutdown = CancellationToken::new();
     let counters = Arc::new(Counters::default());
     let metrics = Metrics::new(Arc::clone(&counters))?;
-    let limits = BatchLimits {
-        max_tokens: config.max_batch_tokens,
-        max_requests: config.max_batch_requests.unwrap_or(usize::MAX),
-        fixed_latency: config.fixed_latency,
-        per_token_latency: config.per_token_latency,
-        device: config.device,
-    };
+    let limits = BatchLimits::new(&config);
     let slowdown = Arc::new(Slowdown::default());
     let shared = config.shared_device.as_deref().map(SharedDevice::open).transpose()?.map(Arc::new);
     let queue =
