@@ -35,6 +35,17 @@ pub enum Inputs {
     PerField(u32),
 }
 
+/// How TEI's answer to one input grows: what the memory budget must expect before TEI computes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AnswerSize {
+    /// One vector, score or token list an input: bounded by the model.
+    PerInput,
+    /// A vector per token of the input (EmbedAll): a new call is refused before it reaches TEI
+    /// when the share of the budget that large holders may fill has no room
+    /// (`front::grpc::server::answer::room_for`).
+    PerToken,
+}
+
 #[derive(Debug)]
 pub struct Rpc {
     /// `/package.Service/Method`, as it appears on the wire.
@@ -48,6 +59,7 @@ pub struct Rpc {
     pub text_fields: &'static [u32],
     /// TEI's answer carries its timing `Metadata` in field 2.
     pub timed: bool,
+    pub answer: AnswerSize,
 }
 
 impl Rpc {
@@ -66,19 +78,43 @@ impl Rpc {
 }
 
 const fn inference(path: &'static str, label: &'static str, shape: Shape, inputs: Inputs, text: &'static [u32]) -> Rpc {
-    Rpc { path, label, shape, admit: Admit::Permit, inputs, text_fields: text, timed: true }
+    Rpc { path, label, shape, admit: Admit::Permit, inputs, text_fields: text, timed: true, answer: PerInput }
+}
+
+/// An inference whose answer is a vector per token of its input.
+const fn per_token(path: &'static str, label: &'static str, shape: Shape) -> Rpc {
+    Rpc { answer: PerToken, ..inference(path, label, shape, One, &[1]) }
 }
 
 const fn free(path: &'static str, label: &'static str, shape: Shape, text: &'static [u32]) -> Rpc {
-    Rpc { path, label, shape, admit: Admit::Free, inputs: Inputs::None, text_fields: text, timed: false }
+    Rpc {
+        path,
+        label,
+        shape,
+        admit: Admit::Free,
+        inputs: Inputs::None,
+        text_fields: text,
+        timed: false,
+        answer: PerInput,
+    }
 }
 
 /// Tokenization: one input per message, as an inference call is charged (its text's tokens too
 /// when the pool counts them), but TEI answers it without timing.
 const fn tokenization(path: &'static str, label: &'static str, shape: Shape, text: &'static [u32]) -> Rpc {
-    Rpc { path, label, shape, admit: Admit::Permit, inputs: Inputs::One, text_fields: text, timed: false }
+    Rpc {
+        path,
+        label,
+        shape,
+        admit: Admit::Permit,
+        inputs: Inputs::One,
+        text_fields: text,
+        timed: false,
+        answer: PerInput,
+    }
 }
 
+use AnswerSize::{PerInput, PerToken};
 use Inputs::{One, PerField};
 use Shape::{Bidi, ClientStream, Unary};
 
@@ -89,8 +125,8 @@ pub static RPCS: [Rpc; 17] = [
     inference("/tei.v1.Embed/EmbedStream", "EmbedStream", Bidi, One, &[1]),
     inference("/tei.v1.Embed/EmbedSparse", "EmbedSparse", Unary, One, &[1]),
     inference("/tei.v1.Embed/EmbedSparseStream", "EmbedSparseStream", Bidi, One, &[1]),
-    inference("/tei.v1.Embed/EmbedAll", "EmbedAll", Unary, One, &[1]),
-    inference("/tei.v1.Embed/EmbedAllStream", "EmbedAllStream", Bidi, One, &[1]),
+    per_token("/tei.v1.Embed/EmbedAll", "EmbedAll", Unary),
+    per_token("/tei.v1.Embed/EmbedAllStream", "EmbedAllStream", Bidi),
     inference("/tei.v1.Predict/Predict", "Predict", Unary, One, &[1]),
     inference("/tei.v1.Predict/PredictPair", "PredictPair", Unary, One, &[1]),
     inference("/tei.v1.Predict/PredictStream", "PredictStream", Bidi, One, &[1]),

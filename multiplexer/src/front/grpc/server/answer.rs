@@ -15,10 +15,7 @@ use std::sync::Arc;
 use bytes::{Buf, Bytes};
 
 use crate::admission::memory::{Charge, LARGE_SHARE_PERCENT, MemoryBudget, OverBudget, SMALL_HOLDER, Use};
-
-/// RPCs whose answers grow with their input's tokens (a vector per token): a new one is refused
-/// before it reaches TEI when the share of the budget that large holders may fill has no room.
-const LARGE_ANSWERS: [&str; 2] = ["/tei.v1.Embed/EmbedAll", "/tei.v1.Embed/EmbedAllStream"];
+use crate::vocab::rpc::{AnswerSize, Rpc};
 
 /// Health and reflection answers (what probes and tools call; small) are not charged: a spent
 /// budget must not make the pod look unhealthy.
@@ -26,10 +23,12 @@ pub fn charged(path: &str) -> bool {
     !path.starts_with("/grpc.health.") && !path.starts_with("/grpc.reflection.")
 }
 
-/// Refuses a new call on `path` whose answer would be large when large holders have filled their
-/// share of the budget: its answer would be refused once TEI had computed it.
-pub fn room_for(memory: &MemoryBudget, path: &str) -> Result<(), OverBudget> {
-    if !LARGE_ANSWERS.contains(&path) {
+/// Refuses a new call of `rpc` whose answer grows with its input's tokens (a vector per token,
+/// [`AnswerSize::PerToken`]) when large holders have filled their share of the budget: its
+/// answer would be refused once TEI had computed it. Every front that serves such a row (tei.v1,
+/// tei-manager's wrapper) asks here before the call goes on.
+pub fn room_for(memory: &MemoryBudget, rpc: &Rpc) -> Result<(), OverBudget> {
+    if rpc.answer != AnswerSize::PerToken {
         return Ok(());
     }
     let share = (u128::from(memory.budget()) * u128::from(LARGE_SHARE_PERCENT) / 100) as u64;
@@ -144,10 +143,12 @@ mod tests {
     #[test]
     fn large_answers_are_refused_up_front_once_their_share_is_spent() {
         let memory = MemoryBudget::new(8 * SMALL_HOLDER, None);
-        let path = LARGE_ANSWERS[0];
-        assert!(room_for(&memory, path).is_ok());
+        let row = |path| crate::vocab::rpc::find(path).unwrap();
+        let embed_all = row("/tei.v1.Embed/EmbedAll");
+        assert!(room_for(&memory, embed_all).is_ok());
         let _held = memory.charge(Use::Answers, 5 * SMALL_HOLDER + 1).unwrap();
-        assert!(room_for(&memory, path).is_err(), "three quarters would be passed");
-        assert!(room_for(&memory, "/tei.v1.Embed/Embed").is_ok(), "small answers keep the rest");
+        assert!(room_for(&memory, embed_all).is_err(), "three quarters would be passed");
+        assert!(room_for(&memory, row("/tei.v1.Embed/EmbedAllStream")).is_err(), "its stream too");
+        assert!(room_for(&memory, row("/tei.v1.Embed/Embed")).is_ok(), "small answers keep the rest");
     }
 }

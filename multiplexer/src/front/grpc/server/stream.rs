@@ -85,11 +85,11 @@ impl Dispatch {
     /// probes call), refused when the budget has no room for it, or for its answer
     /// (`answer::room_for`).
     fn charge(&self, path: &str) -> Result<Option<Arc<Charge>>, OverBudget> {
-        if !RPCS.iter().any(|rpc| rpc.path == path) {
+        let Some(rpc) = RPCS.iter().find(|rpc| rpc.path == path) else {
             return Ok(None);
-        }
+        };
         let charged =
-            answer::room_for(&self.memory, path).and_then(|()| self.memory.charge(Use::RequestBodies, STREAM_BYTES));
+            answer::room_for(&self.memory, rpc).and_then(|()| self.memory.charge(Use::RequestBodies, STREAM_BYTES));
         match charged {
             Ok(charge) => Ok(Some(Arc::new(charge))),
             Err(over) => {
