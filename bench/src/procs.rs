@@ -540,6 +540,141 @@ pub async fn start_haproxy(bins: &Bins, name: &str, upstream: &Proc, mode: Hapro
     Ok(proc)
 }
 
+/// The multiplexer of [`start_mux_with`] taking up to `connections` connections on each of its
+/// ports, all of them from one address (the load generator's 127.0.0.1): the real-TEI scenario's
+/// 2,048 HTTP/1.1 callers each hold a connection, beyond the default `--max-connections` 1,024.
+pub async fn start_mux_wide(
+    bins: &Bins,
+    name: &str,
+    upstream: &Proc,
+    limits: &MuxLimits,
+    connections: usize,
+    extra: &[String],
+) -> Result<Proc> {
+    let (grpc, admin) = (free_port()?, free_port()?);
+    let mut args: Vec<String> = mux_args(grpc, admin, upstream, limits)
+        .into_iter()
+        .map(|a| {
+            if a.starts_with("--max-connections-per-peer=") {
+                format!("--max-connections-per-peer={connections}")
+            } else {
+                a
+            }
+        })
+        .collect();
+    args.push(format!("--max-connections={connections}"));
+    args.extend(extra.iter().cloned());
+    let launch = Launch { name, program: bins.path("teifleet-multiplexer"), args, env: vec![] };
+    let mut proc = Proc::spawn(bins, launch, grpc, admin)?;
+    proc.ready_at("/readyz", Duration::from_secs(15)).await?;
+    Ok(proc)
+}
+
+/// A real Hugging Face TEI, as `../shared/tools/real-tei.sh` builds it (TEI 1.9.3 on the CPU, the
+/// candle backend, all-MiniLM-L6-v2): `${TEIFLEET_CACHE:-$HOME/.cache/teifleet}/real-tei`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RealTeiCache {
+    pub root: PathBuf,
+}
+
+/// The model the cache holds (384 dimensions).
+pub const REAL_TEI_MODEL: &str = "all-MiniLM-L6-v2";
+
+impl RealTeiCache {
+    /// The cache where the script puts it.
+    pub fn from_env() -> Self {
+        let base = std::env::var_os("TEIFLEET_CACHE").map(PathBuf::from).unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache").join("teifleet")
+        });
+        Self { root: base.join("real-tei") }
+    }
+
+    /// TEI's gRPC server (tei.v1).
+    pub fn grpc_router(&self) -> PathBuf {
+        self.root.join("bin/text-embeddings-router-grpc")
+    }
+
+    /// TEI's HTTP server (`/embed`, `/info`, ...).
+    pub fn http_router(&self) -> PathBuf {
+        self.root.join("bin/text-embeddings-router-http")
+    }
+
+    pub fn model(&self) -> PathBuf {
+        self.root.join("models").join(REAL_TEI_MODEL)
+    }
+
+    /// Why the gRPC router or the model cannot be run (the scenario is skipped with it); `None`
+    /// when both are there.
+    pub fn missing(&self) -> Option<String> {
+        let grpc = self.grpc_router();
+        let weights = self.model().join("model.safetensors");
+        let absent: Vec<String> =
+            [&grpc, &weights].into_iter().filter(|p| !p.is_file()).map(|p| p.display().to_string()).collect();
+        (!absent.is_empty()).then(|| {
+            format!(
+                "no real TEI cache ({} missing): build it with `TEI_SRC_MIRROR=<snapshots> ../shared/tools/real-tei.sh` \
+                 (docs/benchmarks.md, Real TEI; about 45 min), or set TEIFLEET_CACHE",
+                absent.join(", ")
+            )
+        })
+    }
+}
+
+/// Attempts at starting a real TEI whose port was taken meanwhile: TEI cannot be told to pick
+/// a port and report it, so it gets one picked here, which another process may bind first.
+const REAL_TEI_ATTEMPTS: usize = 3;
+
+/// How long a real TEI may take to load its model and warm up before it logs `Ready`.
+const REAL_TEI_READY: Duration = Duration::from_secs(120);
+
+/// A real TEI router (`program`: [`RealTeiCache::grpc_router`] or [`RealTeiCache::http_router`]) serving
+/// the cache's model on loopback, offline, in float32, as the script's smoke test runs it; its
+/// port in [`Proc::grpc`] (the HTTP router's too: [`Proc::url`] is then its HTTP base URL), no
+/// admin port. `max_concurrent_requests` is TEI's own admission limit (its default is 512).
+/// Ready when its log says `Ready`; started again on other ports when it could not bind.
+pub async fn start_real_tei(
+    bins: &Bins,
+    name: &str,
+    program: &Path,
+    cache: &RealTeiCache,
+    max_concurrent_requests: usize,
+) -> Result<Proc> {
+    let mut last = String::new();
+    for _ in 0..REAL_TEI_ATTEMPTS {
+        // Its Prometheus port (9000 by default) too: two TEIs run side by side here.
+        let (port, metrics) = (pick_port()?, pick_port()?);
+        let args = vec![
+            "--model-id".to_owned(),
+            cache.model().display().to_string(),
+            "--dtype=float32".into(),
+            "--hostname=127.0.0.1".into(),
+            format!("--port={port}"),
+            format!("--prometheus-port={metrics}"),
+            format!("--max-concurrent-requests={max_concurrent_requests}"),
+            format!("--uds-path={}", bins.logs.join(format!("{name}.sock")).display()),
+        ];
+        let launch =
+            Launch { name, program: program.to_path_buf(), args, env: vec![("HF_HUB_OFFLINE", Path::new("1"))] };
+        let mut proc = Proc::spawn(bins, launch, port, 0)?;
+        let log = bins.logs.join(format!("{name}.log"));
+        let ready = || {
+            let log = log.clone();
+            async move { std::fs::read_to_string(&log).is_ok_and(|text| text.contains("Ready")) }
+        };
+        match proc.guard.wait_ready(REAL_TEI_READY, ready).await {
+            Ok(()) => return Ok(proc),
+            Err(error) => {
+                let text = proc.guard.log_text();
+                if !(text.contains("Address already in use") || text.contains("os error 98")) {
+                    return Err(error.into());
+                }
+                last = error.to_string();
+            }
+        }
+    }
+    Err(Error::Process(format!("{name} could not bind a port in {REAL_TEI_ATTEMPTS} attempts: {last}")))
+}
+
 /// The embedding-job worker (`teifleet-job run`), scenario 20's client.
 pub const JOB: &str = "teifleet-job";
 

@@ -15,6 +15,7 @@ mod job;
 mod overload;
 pub mod plots;
 mod pool;
+mod real_tei;
 pub mod table;
 mod tls;
 pub mod words;

@@ -24,6 +24,7 @@ pub mod live_limits;
 pub mod overhead;
 pub mod overload;
 pub mod pushback;
+pub mod real_tei;
 pub mod sample;
 pub mod setup;
 pub mod shed_storm;
@@ -120,6 +121,7 @@ macro_rules! for_each_scenario {
             Bulk => bulk::Bulk,
             Lanes => lanes::Lanes,
             Job => job::Job,
+            RealTei => real_tei::RealTei,
         }
     };
 }
@@ -231,7 +233,9 @@ mod tests {
         assert_eq!(Scenario::parse("20"), Some(Scenario::Job));
         assert_eq!(Scenario::parse("job"), Some(Scenario::Job));
         assert_eq!(Scenario::Job.label(), "20 job");
-        assert_eq!(Scenario::parse("21"), None);
+        assert_eq!(Scenario::parse("21"), Some(Scenario::RealTei));
+        assert_eq!(Scenario::parse("real-tei"), Some(Scenario::RealTei));
+        assert_eq!(Scenario::parse("22"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));
