@@ -28,6 +28,7 @@ mod passthrough;
 mod process;
 mod routing;
 mod spill;
+mod streamed_arrow;
 mod support;
 mod tei_manager;
 mod tei_parity;
