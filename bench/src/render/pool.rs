@@ -155,8 +155,8 @@ impl Render for Bulk {
             out,
             "A pool of {} replicas as scenario 15 starts them: each {} answering {}-dimension vectors \
              (`--dimensions {}`), behind its own multiplexer in static mode ({}), started with `--sibling` naming the \
-             other replicas' multiplexers, the same `--peer-key-file` (a 43-character key) and `--max-message-bytes \
-             {}`. **{} texts per bulk call**{quick}, each a distinct {}-word text; one after the other: (1) one \
+             other replicas' multiplexers and the same `--peer-key-file` (a 43-character key), other flags their \
+             defaults (the client reads messages up to {} MiB). **{} texts per bulk call**{quick}, each a distinct {}-word text; one after the other: (1) one \
              `tei.v1.Embed/EmbedStream` call of {} messages on one HTTP/2 connection to replica 1's multiplexer \
              (sent as fast as flow control lets them go; the sidecar spreads them over the pool as sub-batches, \
              `forward/bulk.rs`'s `Spread`); (2) one `tei_multiplexer.v1.TeiMultiplexer/EmbedArrow` call, an Arrow IPC \
@@ -172,7 +172,7 @@ impl Render for Bulk {
             bulk::DIMENSIONS,
             bulk::DIMENSIONS,
             limits(&self.limits),
-            bulk::MAX_MESSAGE,
+            bulk::CLIENT_MAX_MESSAGE >> 20,
             self.texts,
             bulk::TOKENS,
             self.texts,

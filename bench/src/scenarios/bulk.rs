@@ -45,12 +45,13 @@ pub const REPLICAS: usize = 3;
 pub const LIMIT: f64 = 0.9;
 /// Words per text: short texts, scenario 15's size.
 pub const TOKENS: usize = 16;
-/// Length of the simulators' vectors (`tei-sim --dimensions`): a small embedding model's, so a
-/// 100,000-row Arrow answer is 25.6 MB of f32.
-pub const DIMENSIONS: usize = 64;
-/// Every multiplexer's `--max-message-bytes`, and the client's: room for a 100,000-row request
-/// and answer in one message.
-pub const MAX_MESSAGE: usize = 64 << 20;
+/// Length of the simulators' vectors (`tei-sim --dimensions`): MiniLM's, bge-small's and
+/// e5-small's, so a 100,000-row Arrow answer is 153.6 MB of f32, streamed by the sidecar.
+pub const DIMENSIONS: usize = 384;
+/// The client's largest message, in and out: room for a 100,000-row answer at [`DIMENSIONS`]
+/// (a client reading such an answer raises its own limit, as tei-manager's clients do). The
+/// multiplexers run with their default `--max-message-bytes`.
+pub const CLIENT_MAX_MESSAGE: usize = 256 << 20;
 /// Closed-loop callers of the balanced unary load per replica: two shares each, so every TEI holds
 /// its share and as many wait their turn at its multiplexer.
 pub const UNARY_CALLERS_PER_REPLICA: usize = 32;
@@ -154,7 +155,7 @@ impl Measurement for Bulk {
         let texts = ctx.pick(20_000, 100_000);
         let key = procs::write_peer_key(&ctx.bins, "bulk")?;
         let sim_extra = [format!("--dimensions={DIMENSIONS}")];
-        let mux_extra = [format!("--peer-key-file={}", key.display()), format!("--max-message-bytes={MAX_MESSAGE}")];
+        let mux_extra = [format!("--peer-key-file={}", key.display())];
         ctx.say(&format!("bulk: starting {REPLICAS} replicas with siblings"));
         let (sims, muxes) = sibling_pool(ctx, "bulk", REPLICAS, &backend, &sim_extra, &limits, &mux_extra).await?;
         let url = muxes[0].url();
@@ -392,8 +393,8 @@ async fn channel(url: &str) -> Result<tonic::transport::Channel> {
 /// HTTP/2 flow control lets them go, its answers read as they come.
 async fn embed_stream(url: &str, texts: Arc<Vec<String>>) -> Result<Got> {
     let mut client = EmbedClient::new(channel(url).await?)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+        .max_decoding_message_size(CLIENT_MAX_MESSAGE)
+        .max_encoding_message_size(CLIENT_MAX_MESSAGE);
     let n = texts.len();
     let messages = futures::stream::iter(0..n).map(move |i| EmbedRequest {
         inputs: texts[i].clone(),
@@ -436,8 +437,8 @@ fn ipc(texts: &[String]) -> Result<Vec<u8>> {
 /// before the clock starts, the answer read after it stops).
 async fn embed_arrow(url: &str, texts: &[String]) -> Result<Got> {
     let mut client = TeiMultiplexerClient::new(channel(url).await?)
-        .max_decoding_message_size(MAX_MESSAGE)
-        .max_encoding_message_size(MAX_MESSAGE);
+        .max_decoding_message_size(CLIENT_MAX_MESSAGE)
+        .max_encoding_message_size(CLIENT_MAX_MESSAGE);
     let request = mux::EmbedArrowRequest {
         target: Some(mux::Target { routing: Some(mux::target::Routing::InstanceName(POOL.into())) }),
         arrow_ipc: ipc(texts)?.into(),
