@@ -74,6 +74,8 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
         .build_v1()?;
     let sim = Sim::new(Arc::clone(&state));
     let router = tonic::transport::Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .add_service(health_service(sim.clone()))
         .add_service(reflection)
         .add_service(InfoServer::new(sim.clone()))
@@ -102,6 +104,20 @@ pub async fn start(config: SimConfig) -> Result<SimHandle, SimError> {
     );
     Ok(SimHandle { addr, admin_addr, state, tasks })
 }
+
+/// A stream's receive window: h2's own default (hyper's is 1 MiB), so that what one stream can
+/// have waiting unread is bounded by flow control well inside [`CONNECTION_WINDOW`]'s budget.
+const STREAM_WINDOW: u32 = 65_535;
+
+/// The connection's receive window. h2 (0.4.16 on) sends GOAWAY `too_many_data_frames` once the
+/// DATA frames buffered unread cost more than a budget (0.4.19 on: half of this window), each
+/// frame under 256 bytes counted as 256 less its payload: with hyper's 1 MiB, a client streaming
+/// 17-byte messages (grpcio in tests/clients/test_streams.py) was cut off when the stream's reader
+/// fell ~2,200 messages behind, as it does on a busy machine. Half of this exceeds
+/// [`STREAM_WINDOW`] × 255, what one stream's window of 1-byte frames costs, so a single stream,
+/// however small its frames and however late it is read, stays within the budget: its client
+/// waits on flow control instead.
+const CONNECTION_WINDOW: u32 = 64 << 20;
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, SimError> {
     TcpListener::bind(addr).await.map_err(|source| SimError::Bind { addr, source })

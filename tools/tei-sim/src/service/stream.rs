@@ -33,7 +33,9 @@ impl Sim {
         // The client's messages are read as they arrive, whether or not a slot is free: a reader
         // that stops while messages wait for slots leaves their frames in h2, which closes the
         // connection once too many small ones wait (GOAWAY "too_many_data_frames"); TEI, on an
-        // h2 without that bound, answers a client streaming 100,000 small messages whole.
+        // h2 without that bound, answers a client streaming 100,000 small messages whole. A reader
+        // late for want of CPU (a busy machine) is covered by the server's windows (server.rs:
+        // STREAM_WINDOW, CONNECTION_WINDOW): the client waits on flow control before that bound.
         let (read_tx, mut read_rx) = mpsc::unbounded_channel();
         let reader = tokio::spawn(async move {
             loop {
