@@ -112,7 +112,7 @@ impl Render for RealTei {
              **{:.0} texts/s** at its best ({}). Then {} closed-loop callers with {} s deadlines for {} s, through \
              a sidecar with `--adaptive` ({}; its limit ended at {}), after a warm-up storm, and the same storm \
              direct. Goodput counts OK answers in time.\n",
-            s.sweep.first().map_or(0.0, |p| p.run.elapsed_s.round()),
+            s.sweep_seconds,
             s.capacity_per_s(),
             s.best_concurrency().map_or("n/a".into(), |c| format!("{c} in flight")),
             real_tei::STORM_CALLERS,
@@ -211,6 +211,55 @@ impl Render for RealTei {
                     "\n**5. The auto-batching proxy's table.** Not measured: {}.",
                     why.as_deref().unwrap_or("no result")
                 );
+            }
+        }
+        match (&self.lanes, &self.lanes_missing) {
+            (Some(l), _) => {
+                let _ = writeln!(
+                    out,
+                    "\n**6. Lanes.** Queries: open-loop Poisson unary Embeds at {:.0}/s ({}× capacity), {} s deadline, \
+                     {} s, no lane header; alone, then the same schedule beside {} closed-loop ingest callers \
+                     (`x-teifleet-lane: ingest`, no deadline, from a second before to a second after), through a \
+                     sidecar with {} and `--ingest-share {}`. Query OK p99 beside ÷ alone: **{}**.\n",
+                    l.rate,
+                    real_tei::lanes::QUERY_FACTOR,
+                    real_tei::lanes::QUERY_DEADLINE.as_secs(),
+                    l.seconds,
+                    real_tei::lanes::INGEST_CALLERS,
+                    limits(&l.limits),
+                    l.ingest_share_percent,
+                    ratio(l.p99_ratio())
+                );
+                let mut table = Table::new(
+                    out,
+                    &[
+                        text("load"),
+                        figure("sent"),
+                        figure("OK in time"),
+                        figure("texts/s"),
+                        figure("p50"),
+                        figure("p99"),
+                        text("codes"),
+                    ],
+                );
+                for (name, r) in [
+                    ("queries alone", &l.alone),
+                    ("queries beside ingest", &l.beside),
+                    ("ingest beside queries", &l.ingest),
+                ] {
+                    table.row(&[
+                        &name,
+                        &r.sent,
+                        &r.ok_in_time,
+                        &rate(r),
+                        &ms(r.p50_ms),
+                        &ms(r.p99_ms),
+                        &r.codes_text(),
+                    ]);
+                }
+            }
+            (None, why) => {
+                let _ = writeln!(out, "\n**6. Lanes.** Not measured: {}.", why.as_deref().unwrap_or("no result"));
             }
         }
     }

@@ -14,10 +14,16 @@
 //!    beside what HAProxy h2 (scenario 1's L7 floor) adds; sidecar ÷ HAProxy on Info (≤ 0.8);
 //! 5. the auto-batching proxy's table: single-input `POST /embed` from 2,048 callers, TEI's HTTP
 //!    router direct vs the sidecar's HTTP front (in front of the gRPC router), p99 (≤ 0.15×) and
-//!    throughput (≥ 1.0×).
+//!    throughput (≥ 1.0×);
+//! 6. lanes: queries at 0.6 × capacity with 1 s deadlines alone and beside an ingest flood, as
+//!    scenario 19 on the simulator, p99 beside ÷ alone (≤ 1.3).
+//!
+//! Rows 5 and 6 start processes of their own (TEI's HTTP router, another sidecar); when one of
+//! them cannot run, its targets are SKIP with the reason and the other rows stand.
 
 mod hop;
 mod http;
+pub mod lanes;
 mod storm;
 mod throughput;
 
@@ -29,6 +35,7 @@ use teifleet_load::{LoadConfig, Report};
 
 pub use self::hop::{Hop, HopCase};
 pub use self::http::HttpStorm;
+pub use self::lanes::Lanes;
 pub use self::storm::{CALLERS as STORM_CALLERS, DEADLINE as STORM_DEADLINE, Storm};
 pub use self::throughput::{Patient, Throughput};
 use super::{Context, Measurement, Scenario, measure, words};
@@ -57,6 +64,8 @@ pub const HOP_LIMIT: f64 = 0.8;
 pub const HTTP_P99_LIMIT: f64 = 0.15;
 /// Row 5: throughput through ÷ direct, at least.
 pub const HTTP_THROUGHPUT_LIMIT: f64 = 1.0;
+/// Row 6: the queries' p99 beside an ingest flood ÷ alone, at most (scenario 19's target).
+pub const LANES_LIMIT: f64 = 1.3;
 
 /// The static sidecar of rows 1, 2 and 4: TEI's batch in flight, 64 waiting, as long as a
 /// patient caller's deadline.
@@ -146,6 +155,11 @@ pub struct RealTei {
     pub http: Option<HttpStorm>,
     #[serde(default)]
     pub http_missing: Option<String>,
+    /// Row 6; `None` when it could not run (`lanes_missing` says why).
+    #[serde(default)]
+    pub lanes: Option<Lanes>,
+    #[serde(default)]
+    pub lanes_missing: Option<String>,
 }
 
 /// The processes every row shares: TEI's gRPC router and the static sidecar in front of it.
@@ -178,12 +192,16 @@ impl Measurement for RealTei {
         let hop = hop::measure_row(ctx, &shared).await?;
         // Row 5 adds TEI's HTTP router beside the gRPC one, and a sidecar with an HTTP front.
         let (http, http_missing) = if cache.http_router().is_file() {
-            (Some(http::measure_row(ctx, &cache, &shared.tei, storm.capacity_per_s()).await?), None)
+            split(http::measure_row(ctx, &cache, &shared.tei, storm.capacity_per_s()).await)
         } else {
-            let why = format!("TEI's HTTP router is not built ({} missing)", cache.http_router().display());
-            ctx.say(&format!("real tei: {why}: row 5 skipped"));
-            (None, Some(why))
+            (None, Some(format!("TEI's HTTP router is not built ({} missing)", cache.http_router().display())))
         };
+        let (lanes, lanes_missing) = split(lanes::measure_row(ctx, &shared, storm.capacity_per_s()).await);
+        for (row, why) in [(5, &http_missing), (6, &lanes_missing)] {
+            if let Some(why) = why {
+                ctx.say(&format!("real tei {row}: not measured: {why}"));
+            }
+        }
         Ok(Self {
             cache: cache.root.display().to_string(),
             model: procs::REAL_TEI_MODEL.into(),
@@ -194,6 +212,8 @@ impl Measurement for RealTei {
             hop,
             http,
             http_missing,
+            lanes,
+            lanes_missing,
         })
     }
 
@@ -211,6 +231,13 @@ impl Measurement for RealTei {
                     .map(|t| t.skip_because(why.clone().unwrap_or_else(|| "not measured".into()))),
             ),
         }
+        let lanes_planned = Target::new(&scenario, lanes::P99, None, Rule::AtMost, LANES_LIMIT, "×");
+        match (&self.lanes, &self.lanes_missing) {
+            (Some(lanes), _) => targets.extend(lanes.targets(&scenario)),
+            (None, why) => {
+                targets.push(lanes_planned.skip_because(why.clone().unwrap_or_else(|| "not measured".into())))
+            }
+        }
         targets
     }
 
@@ -223,7 +250,16 @@ impl Measurement for RealTei {
             Target::new(&scenario, hop::INFO_VS_HAPROXY, None, Rule::AtMost, HOP_LIMIT, "×"),
         ];
         targets.extend(http::planned(&scenario));
+        targets.push(Target::new(&scenario, lanes::P99, None, Rule::AtMost, LANES_LIMIT, "×"));
         targets
+    }
+}
+
+/// A row that starts processes of its own: its result, or why it could not run.
+fn split<T>(row: Result<T>) -> (Option<T>, Option<String>) {
+    match row {
+        Ok(row) => (Some(row), None),
+        Err(e) => (None, Some(e.to_string())),
     }
 }
 

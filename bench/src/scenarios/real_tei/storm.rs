@@ -46,6 +46,8 @@ pub struct SweepPoint {
 pub struct Storm {
     pub limits: MuxLimits,
     pub seconds: f64,
+    /// Seconds of each concurrency of the capacity sweep.
+    pub sweep_seconds: f64,
     pub sweep: Vec<SweepPoint>,
     /// The storm direct to TEI (reported, not judged).
     pub direct: Run,
@@ -114,7 +116,15 @@ pub async fn measure_row(ctx: &Context, shared: &Shared) -> Result<Storm> {
     let through = Run::from(&measure(storm(&mux.url(), seconds)).await?);
     let limit_after = admin::metric_sum(mux.admin_addr(), "teifleet_limit_in_flight").await;
     let direct = Run::from(&measure(storm(&shared.tei.url(), seconds)).await?);
-    let result = Storm { limits, seconds: seconds.as_secs_f64(), sweep, direct, through, limit_after };
+    let result = Storm {
+        limits,
+        seconds: seconds.as_secs_f64(),
+        sweep_seconds: sweep_seconds.as_secs_f64(),
+        sweep,
+        direct,
+        through,
+        limit_after,
+    };
     ctx.say(&format!(
         "real tei 3: capacity {:.0} texts/s, storm goodput through {:.0}/s ({:.3}×)",
         result.capacity_per_s(),

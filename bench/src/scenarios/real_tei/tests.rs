@@ -31,6 +31,7 @@ fn result() -> RealTei {
         storm: Storm {
             limits: storm::adaptive_limits(),
             seconds: 8.0,
+            sweep_seconds: 2.0,
             sweep: vec![
                 storm::SweepPoint { concurrency: 4, run: run(800, 800, 380.0, 20.0) },
                 storm::SweepPoint { concurrency: 16, run: run(800, 800, 400.0, 60.0) },
@@ -67,6 +68,16 @@ fn result() -> RealTei {
             through: vec![run(4096, 4096, 410.0, 600.0)],
         }),
         http_missing: None,
+        lanes: Some(Lanes {
+            limits: static_limits(),
+            ingest_share_percent: 10,
+            rate: 240.0,
+            seconds: 5.0,
+            alone: run(1200, 1200, 240.0, 40.0),
+            beside: run(1200, 1200, 240.0, 60.0),
+            ingest: run(800, 800, 150.0, 500.0),
+        }),
+        lanes_missing: None,
     }
 }
 
@@ -93,6 +104,9 @@ fn each_row_is_judged_on_a_ratio_of_the_same_run() {
     assert!((m - 0.1).abs() < 1e-9 && v == Verdict::Pass, "{m}");
     let (v, _) = verdict(&targets, "HTTP texts/s through ÷ direct, 2,048 callers");
     assert_eq!(v, Verdict::Pass);
+    // 60 ms beside ingest over 40 ms alone.
+    let (v, m) = verdict(&targets, lanes::P99);
+    assert!((m - 1.5).abs() < 1e-9 && v == Verdict::Fail, "{m}");
 }
 
 #[test]
@@ -104,7 +118,8 @@ fn planned_targets_are_the_judged_ones() {
 }
 
 #[test]
-fn without_the_http_router_row_5_skips_with_the_reason() {
+fn rows_5_and_6_skip_with_the_reason_when_they_could_not_run() {
+    use crate::render::Render;
     let mut r = result();
     r.http = None;
     r.http_missing = Some("TEI's HTTP router is not built".into());
@@ -112,6 +127,11 @@ fn without_the_http_router_row_5_skips_with_the_reason() {
     let p99 = targets.iter().find(|t| t.name.starts_with("HTTP p99")).unwrap();
     assert_eq!(p99.verdict, Verdict::Skip);
     assert!(p99.note.contains("not built"), "{}", p99.note);
+    r.lanes = None;
+    r.lanes_missing = Some("the multiplexer has no --ingest-share flag".into());
+    let (v, _) = verdict(&r.targets(), lanes::P99);
+    assert_eq!(v, Verdict::Skip);
+    assert!(r.body().contains("**6. Lanes.** Not measured: the multiplexer has no --ingest-share flag."));
 }
 
 #[test]
@@ -153,6 +173,7 @@ fn the_section_shows_every_row() {
         "**4. The hop",
         "**5. The auto-batching",
         "4096 calls per run",
+        "**6. Lanes",
     ] {
         assert!(text.contains(needle), "{needle}: {text}");
     }
