@@ -12,6 +12,9 @@ CARGO_DENY := $(TEIFLEET_CACHE)/cargo-deny-$(CARGO_DENY_VERSION)/bin/cargo-deny
 KUBECONFIG_FILE := $(TEIFLEET_CLUSTER_DIR)/kubeconfig
 # The CRDs crdgen prints, each written to crds/teifleet.dev_<plural>.yaml and copied into the chart.
 CRDS := embeddingpools embeddingjobs
+# Every crate's modules, which `make lint` checks for import circles (tools/rooms.py --no-circles).
+CRATE_SRCS := bench/src bench/load/src crds/src jobs/src multiplexer/src operator/src proto/src runtime/src \
+	tools/device-plugin/src tools/tei-sim/src tools/testkit/src wire/src tests/e2e/src
 CHART := charts/teifleet
 CHART_GOLDEN := tests/chart/golden.yaml
 MANIFESTS := deploy/manifests/teifleet-operator.yaml
@@ -42,9 +45,10 @@ prereqs: ## Install what builds and tests need (Debian packages, Rust components
 test: prereqs lint deny unit test-clients test-observability check-generated chart-check test-cluster test-images ## Everything CI runs
 
 .PHONY: lint
-lint: ## cargo fmt --check, clippy -D warnings, the multiplexer's rooms importing only downward, and the e2e tests sharing make unit's build
+lint: ## cargo fmt --check, clippy -D warnings, the multiplexer's rooms importing only downward, no crate's modules importing in a circle, and the e2e tests sharing make unit's build
 	cargo fmt --all -- --check
 	tools/rooms.py --check multiplexer/src
+	tools/rooms.py --no-circles $(CRATE_SRCS)
 	tools/feature-drift.sh
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 

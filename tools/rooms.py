@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""The multiplexer's rooms and the imports between them.
+"""The multiplexer's rooms and the imports between them; any crate's import circles.
 
-Reads a crate's `src/` (default `multiplexer/src`), builds the graph of its modules from the
-`crate::` and `super::` paths in their code (comments and `#[cfg(test)]` code left out: tests may
-reach anywhere), and prints:
+Reads a crate's `src/` (default `multiplexer/src`; several may be given), builds the graph of its
+modules from the `crate::` and `super::` paths in their code (comments and `#[cfg(test)]` code
+left out: tests may reach anywhere), and prints:
   - the circles of imports between modules (strongly connected components of more than one);
-  - with `--check`, every import from a room to a room above it in ROOMS, and exits 1 if any.
+  - with `--no-circles`, exits 1 if any tree has one;
+  - with `--check` (the multiplexer's tree), every import from a room to a room above it in ROOMS,
+    and exits 1 if any, or any circle.
 
-`make lint` runs `tools/rooms.py --check`; the issue notes count before and after with
-`tools/rooms.py <src>` on each tree.
+`make lint` runs `tools/rooms.py --check` on the multiplexer and `--no-circles` on every crate;
+the issue notes count before and after with `tools/rooms.py <src>` on each tree.
 """
 
 import argparse
@@ -121,16 +123,13 @@ def room(module):
     return module[0] if module else None
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("src", nargs="?", default="multiplexer/src")
-    parser.add_argument("--check", action="store_true", help="fail on an import from a room to one above it")
-    args = parser.parse_args()
-    edges = graph(args.src)
+def report(src, check):
+    """Prints `src`'s circles (and with `check`, its rooms' upward imports); true if it passes."""
+    edges = graph(src)
     circles = cycles(edges)
     files = sum(1 for _ in edges)
     top = sorted({room(m) for m in edges if m})
-    print(f"{args.src}: {files} modules, {len(top)} top-level modules or rooms")
+    print(f"{src}: {files} modules, {len(top)} top-level modules or rooms")
     print(f"import circles between modules: {len(circles)}")
     for circle in circles:
         print("  " + " <-> ".join(name(m) for m in circle))
@@ -139,8 +138,8 @@ def main():
     print(f"import circles between top-level modules or rooms: {len(room_circles)}")
     for circle in room_circles:
         print("  " + " <-> ".join(circle))
-    if not args.check:
-        return 0
+    if not check:
+        return not circles
     rank = {r: i for i, r in enumerate(ROOMS)}
     upward = sorted(
         (name(a), name(b))
@@ -154,8 +153,22 @@ def main():
     for a, b in upward:
         print(f"{a} imports {b}: a room above it")
     if upward or unknown or circles:
-        return 1
+        return False
     print("every room imports only from rooms below it")
+    return True
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("src", nargs="*", default=["multiplexer/src"])
+    parser.add_argument("--check", action="store_true", help="fail on an import from a room to one above it")
+    parser.add_argument("--no-circles", action="store_true", help="fail on an import circle in any tree")
+    args = parser.parse_args()
+    if args.check and len(args.src) != 1:
+        parser.error("--check reads one tree: the multiplexer's rooms")
+    passed = [report(src, args.check) for src in args.src]
+    if (args.check or args.no_circles) and not all(passed):
+        return 1
     return 0
 
 

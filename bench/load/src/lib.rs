@@ -15,6 +15,7 @@ mod progress;
 pub mod render;
 pub mod report;
 pub mod retry;
+mod sink;
 pub mod summary;
 pub mod tls;
 pub mod zipf;

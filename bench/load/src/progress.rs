@@ -10,7 +10,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::driver::Sink;
+use crate::sink::Sink;
 
 pub struct Progress {
     stop: oneshot::Sender<()>,

@@ -15,6 +15,7 @@ use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use super::attempt::Attempt;
 use super::tei_http::{self, HttpClient, Routes};
 use super::{Call, Connection, LoadConfig, Protocol};
 use crate::inputs::Texts;
@@ -54,36 +55,6 @@ pub struct Sent {
     pub attempts: u32,
     /// The retry hints (`grpc-retry-pushback-ms` ≥ 0) the refusals carried.
     pub hints: Vec<Duration>,
-}
-
-/// One attempt's answer.
-pub(super) struct Attempt {
-    code: Code,
-    server: Vec<ServerTiming>,
-    hint: Hint,
-    /// The server had started answering (response headers came): gRPC never retries such a
-    /// call, since the client may already have acted on part of it.
-    committed: bool,
-}
-
-impl Attempt {
-    pub(super) fn ok(server: Vec<ServerTiming>) -> Self {
-        Self { code: Code::Ok, server, hint: Hint::Absent, committed: true }
-    }
-
-    fn failed(status: &Status, server: Vec<ServerTiming>) -> Self {
-        let hint = Hint::parse(status.metadata().get(headers::RETRY_PUSHBACK_MS).and_then(|v| v.to_str().ok()));
-        Self { code: status.code(), server, hint, committed: false }
-    }
-
-    /// A refusal or failure that is not a gRPC status (an HTTP answer, a broken connection).
-    pub(super) fn refused(code: Code, hint: Hint) -> Self {
-        Self { code, server: vec![], hint, committed: false }
-    }
-
-    pub(super) fn committed(self) -> Self {
-        Self { committed: true, ..self }
-    }
 }
 
 impl CallSpec {

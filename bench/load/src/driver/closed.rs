@@ -8,9 +8,10 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
 
-use super::{CallSpec, Connection, LoadConfig, LoopOutcome, Sink};
+use super::{CallSpec, Connection, LoadConfig, LoopOutcome};
 use crate::codes;
 use crate::report::Answer;
+use crate::sink::Sink;
 
 pub(super) async fn run(
     config: &LoadConfig,

@@ -1,5 +1,6 @@
 //! The load generator: connections, one request, the open and the closed loop.
 
+mod attempt;
 mod call;
 mod closed;
 mod connect;
@@ -7,8 +8,7 @@ mod open;
 mod tei_http;
 
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -20,8 +20,9 @@ pub use connect::{Dialer, check_loopback, connect, connect_spread, is_tls};
 use crate::arrivals::Arrivals;
 use crate::inputs::{Inputs, Tokens};
 use crate::progress::Progress;
-use crate::report::{Answer, Recorder, Report, RunInfo};
+use crate::report::{Report, RunInfo};
 use crate::retry::RetryPolicy;
+use crate::sink::Sink;
 use crate::tls::TlsClient;
 use crate::{Error, Result};
 
@@ -269,31 +270,6 @@ impl LoadConfig {
             lane: self.lane.clone(),
             retry: self.retry.map(|r| r.to_string()),
         }
-    }
-}
-
-/// Where concurrent requests deliver their answers.
-#[derive(Debug, Default)]
-pub(crate) struct Sink {
-    state: Mutex<(Recorder, Option<Instant>)>,
-    pub(crate) sent: AtomicU64,
-}
-
-impl Sink {
-    pub(crate) fn record(&self, answer: &Answer, at: Instant) {
-        // A poisoned lock only means another request panicked mid-record; keep counting.
-        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        state.0.record(answer);
-        state.1 = Some(state.1.map_or(at, |last| last.max(at)));
-    }
-
-    pub(crate) fn counts(&self) -> (u64, u64) {
-        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        (state.0.answered(), state.0.ok())
-    }
-
-    fn into_parts(self) -> (Recorder, Option<Instant>) {
-        self.state.into_inner().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -16,7 +16,7 @@ use hyper_util::rt::TokioExecutor;
 use teifleet_wire::headers;
 use tonic::Code;
 
-use super::call::Attempt;
+use super::attempt::Attempt;
 use crate::retry::Hint;
 use crate::{Error, Result};
 
