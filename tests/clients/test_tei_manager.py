@@ -111,3 +111,26 @@ def test_embed_arrow_stream_and_refusals(stubs, client):
         client.EmbedArrow(mux.EmbedArrowRequest(target=target(mux), arrow_ipc=b"not arrow"))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "Invalid Arrow IPC" in refused.value.details()
+
+
+def test_embed_arrow_of_a_hundred_thousand_rows_is_read_whole(stubs):
+    """100,000 texts in one EmbedArrow: at 384 dimensions the answer is 154 MB, past the 40 MiB a
+    held answer may be, so it is streamed as its one gRPC message; pyarrow reads every row, each
+    the vector a single Embed gives (LZ4 asked: buffers marked uncompressed, read the same)."""
+    tei, mux, mux_grpc = stubs
+    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", 64 << 20)]
+    with grpc.insecure_channel(os.environ["TEIFLEET_GRPC"], options=options) as channel:
+        client = mux_grpc.TeiMultiplexerStub(channel)
+        texts = [f"row {i}" for i in range(100_000)]
+        for compression in (mux.ARROW_COMPRESSION_NONE, mux.ARROW_COMPRESSION_LZ4):
+            request = mux.EmbedArrowRequest(target=target(mux), arrow_ipc=ipc(texts), compression=compression)
+            table = read(client.EmbedArrow(request, timeout=600).arrow_ipc)
+            assert table.num_rows == 100_000
+            assert table.column_names == ["embeddings", "error"]
+            embeddings = table.column("embeddings")
+            assert embeddings.null_count == 0 and table.column("error").null_count == 100_000
+            for row in (0, 54_321, 99_999):
+                single = client.Embed(
+                    mux.EmbedRequest(target=target(mux), request=tei.EmbedRequest(inputs=texts[row], normalize=False))
+                )
+                assert embeddings[row].as_py() == pytest.approx(list(single.embeddings), rel=1e-6)

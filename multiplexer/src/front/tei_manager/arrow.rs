@@ -358,7 +358,6 @@ async fn embed(
         Ok(Ok(vector))
     };
     let mut window = Window::new(chunks, window, move |chunk| {
-        let keep = keep.clone();
         Box::pin(async move {
             let mut answers = pin!(bulk.run(std::iter::once(chunk), 1, keep));
             match answers.next().await {
