@@ -186,6 +186,10 @@ async fn profile(args: ProfileArgs) -> anyhow::Result<()> {
             max_batch_tokens: Some(info.max_batch_tokens as usize),
             // A CPU TEI's forward pass takes the host's CPU: a busy machine slows it down.
             device: Device::Spin,
+            // TEI's router hands each prepared batch to the backend through a one-slot channel
+            // as soon as it holds a request (core/src/infer.rs, mpsc::channel(1)): later arrivals
+            // wait for the batch after it. `compare` shows what it changes.
+            freeze_next_batch: true,
         },
         recorded: Recorded {
             date,
@@ -326,28 +330,47 @@ fn queue_summary(cells: &[Cell], max_batch_seen: usize) -> String {
     )
 }
 
+/// The servers `compare` measures: real TEI, the simulator with the profile, and the simulator
+/// with the profile but its own batching (the prepared batch filling while the device runs).
+const TARGETS: [(&str, Option<&str>); 3] = [
+    ("real TEI", None),
+    ("tei-sim --profile", Some("")),
+    ("tei-sim --profile, next batch filling", Some("--freeze-next-batch=false")),
+];
+
 async fn compare(args: CompareArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.common.logs)?;
     let profile = std::fs::canonicalize(&args.profile).with_context(|| args.profile.display().to_string())?;
     Profile::load(&profile)?;
-    let mut rows = Vec::new();
-    for target in ["real TEI", "tei-sim --profile"] {
-        let server = if target == "real TEI" {
-            Server::real_tei(&tei_dir(&args.common), &args.common.model, &args.common.logs).await?
-        } else {
-            Server::sim(&args.sim, &[format!("--profile={}", profile.display())], &args.common.logs).await?
+    // All up at once, idle but for the one measured, so that the repeats of each can interleave:
+    // a shared machine's load drifts, and interleaving spreads the drift over all of them.
+    let mut servers = Vec::new();
+    for (name, sim_flag) in TARGETS {
+        let server = match sim_flag {
+            None => Server::real_tei(&tei_dir(&args.common), &args.common.model, &args.common.logs).await?,
+            Some(flag) => {
+                let mut sim_args = vec![format!("--profile={}", profile.display())];
+                sim_args.extend((!flag.is_empty()).then(|| flag.to_owned()));
+                Server::sim(&args.sim, &sim_args, &args.common.logs).await?
+            }
         };
         // Warm-up, not counted.
         run_load(&server.url(), 8, args.words, Duration::from_secs(2)).await?;
-        for &callers in &args.callers {
-            for repeat in 1..=args.common.repeats {
+        servers.push((name, server));
+    }
+    let mut rows = Vec::new();
+    for &callers in &args.callers {
+        for repeat in 1..=args.common.repeats {
+            for (name, server) in &servers {
                 let load_1m = load_1m();
                 let report = run_load(&server.url(), callers, args.words, args.duration).await?;
-                let row = CompareRow::new(target, callers, repeat, load_1m, &report);
+                let row = CompareRow::new(name, callers, repeat, load_1m, &report);
                 eprintln!("{row:?}");
                 rows.push(row);
             }
         }
+    }
+    for (_, server) in servers {
         server.stop().await;
     }
     std::fs::write(&args.out, serde_json::to_string_pretty(&rows)? + "\n")?;
@@ -414,7 +437,7 @@ fn compare_table(rows: &[CompareRow], callers: &[usize]) -> String {
             median(rows.iter().filter(|r| r.target == target && r.callers == k).map(f).collect())
         };
         let mut figures = Vec::new();
-        for target in ["real TEI", "tei-sim --profile"] {
+        for (target, _) in TARGETS {
             let loads: Vec<String> = rows
                 .iter()
                 .filter(|r| r.target == target && r.callers == k)
@@ -438,8 +461,13 @@ fn compare_table(rows: &[CompareRow], callers: &[usize]) -> String {
             ));
             figures.push(f);
         }
-        let r: Vec<String> = (0..5).map(|i| format!("{:.2}", figures[1][i] / figures[0][i])).collect();
-        out.push_str(&format!("| {k} | **sim / real** | {} | {} | {} | {} | {} | |\n", r[0], r[1], r[2], r[3], r[4]));
+        for (sim, (target, _)) in TARGETS.iter().enumerate().skip(1) {
+            let r: Vec<String> = (0..5).map(|i| format!("{:.2}", figures[sim][i] / figures[0][i])).collect();
+            out.push_str(&format!(
+                "| {k} | **{target} / real** | {} | {} | {} | {} | {} | |\n",
+                r[0], r[1], r[2], r[3], r[4]
+            ));
+        }
     }
     out
 }

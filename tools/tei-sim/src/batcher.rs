@@ -62,6 +62,7 @@ pub(crate) struct BatchLimits {
     pub(crate) per_request_latency: Duration,
     pub(crate) per_token_latency: Duration,
     pub(crate) device: Device,
+    pub(crate) freeze_next: bool,
 }
 
 impl BatchLimits {
@@ -73,6 +74,7 @@ impl BatchLimits {
             per_request_latency: config.per_request_latency,
             per_token_latency: config.per_token_latency,
             device: config.device,
+            freeze_next: config.freeze_next_batch,
         }
     }
 
@@ -97,6 +99,15 @@ impl Batch {
     fn prune(&mut self) {
         self.entries.retain(|e| !e.reply.is_closed());
         self.tokens = self.entries.iter().map(|e| e.tokens).sum();
+    }
+
+    /// Fills the prepared batch, unless it is frozen: TEI hands the batch it prepares to the
+    /// device's one-slot channel as soon as it holds anything, and later arrivals wait for the
+    /// batch after it.
+    fn top_up(&mut self, queue: &mut VecDeque<Entry>, limits: &BatchLimits) {
+        if !limits.freeze_next || self.entries.is_empty() {
+            self.fill(queue, limits);
+        }
     }
 
     /// Moves queued requests in, in order, while they fit. A request larger than the token budget
@@ -205,17 +216,17 @@ async fn run(
     let mut next = Batch::default();
     let mut running: Option<Running> = None;
     loop {
-        next.fill(&mut queue, &limits);
+        next.top_up(&mut queue, &limits);
         if running.is_none() {
             next.prune();
-            next.fill(&mut queue, &limits);
+            next.top_up(&mut queue, &limits);
             if !next.entries.is_empty() {
                 let batch = std::mem::take(&mut next);
                 let started = Instant::now();
                 let device_time = limits.device_time(batch.entries.len(), batch.tokens).mul_f64(slowdown.get());
                 let work = DeviceWork::start(limits.device, shared.as_ref(), device_time, started, &shutdown);
                 running = Some(Running { batch, started, work });
-                next.fill(&mut queue, &limits);
+                next.top_up(&mut queue, &limits);
             }
         }
         metrics.queue_size.set(gauge(queue.len() + next.entries.len()));
@@ -280,6 +291,7 @@ mod tests {
             per_request_latency: Duration::ZERO,
             per_token_latency: Duration::from_micros(1),
             device: Device::Sleep,
+            freeze_next: false,
         }
     }
 
@@ -337,6 +349,28 @@ mod tests {
         let l = limits(10, 1);
         assert_eq!(l.device_time(1, 0), Duration::from_millis(1));
         assert_eq!(l.device_time(1, 1000), Duration::from_millis(2));
+    }
+
+    #[test]
+    fn a_frozen_prepared_batch_takes_no_later_arrivals() {
+        let mut keep = Vec::new();
+        let mut queue = VecDeque::new();
+        let (first, rx) = entry(4);
+        queue.push_back(first);
+        keep.push(rx);
+        let frozen = BatchLimits { freeze_next: true, ..limits(100, 4) };
+        let mut next = Batch::default();
+        next.top_up(&mut queue, &frozen);
+        for _ in 0..3 {
+            let (e, rx) = entry(4);
+            queue.push_back(e);
+            keep.push(rx);
+        }
+        next.top_up(&mut queue, &frozen);
+        assert_eq!((next.entries.len(), queue.len()), (1, 3));
+        // The simulator's default keeps filling it while the device runs.
+        next.top_up(&mut queue, &limits(100, 4));
+        assert_eq!((next.entries.len(), queue.len()), (4, 0));
     }
 
     /// A calibrated profile's model: fixed + per request + per token, as measured on TEI.

@@ -33,6 +33,10 @@ pub struct SimConfig {
     pub per_token_latency: Duration,
     /// How the device spends a batch's device time: asleep, or busy on a CPU thread.
     pub device: Device,
+    /// The batch prepared while the device runs stops taking requests once it has one, as TEI's
+    /// does (it waits in a one-slot channel); off, it fills up to the budgets until the device is
+    /// free. Set by profiles measured on TEI.
+    pub freeze_next_batch: bool,
     /// Length of the embeddings the model returns.
     pub dimensions: usize,
     /// Reported by Info.
@@ -55,6 +59,7 @@ impl Default for SimConfig {
             per_request_latency: Duration::ZERO,
             per_token_latency: Duration::from_micros(20),
             device: Device::Sleep,
+            freeze_next_batch: false,
             dimensions: 384,
             model_id: "teifleet/sim-embedding".to_owned(),
             shared_device: None,

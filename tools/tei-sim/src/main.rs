@@ -69,6 +69,10 @@ struct Args {
     /// [default: sleep, or the profile's].
     #[arg(long, value_name = "sleep|spin")]
     device: Option<Device>,
+    /// Whether the batch prepared while the device runs stops taking requests once it has one,
+    /// as TEI's does [default: false, or the profile's].
+    #[arg(long, value_name = "BOOL")]
+    freeze_next_batch: Option<bool>,
     /// A lock file shared with co-located simulators (a path on a volume their pods share, or in
     /// /tmp on one machine): their batches take turns on one device, as the TEIs of pods given
     /// replicas of one time-sliced GPU do. Unset: a device of its own.
@@ -244,6 +248,7 @@ fn device_model(args: &Args, tokens_given: bool, config: &mut SimConfig) -> anyh
     config.per_request_latency = args.per_request_latency.unwrap_or(config.per_request_latency);
     config.per_token_latency = args.per_token_latency.unwrap_or(config.per_token_latency);
     config.device = args.device.unwrap_or(config.device);
+    config.freeze_next_batch = args.freeze_next_batch.unwrap_or(config.freeze_next_batch);
     Ok(())
 }
 
@@ -341,7 +346,7 @@ mod tests {
             &path,
             r#"{"format": 1, "sim": {"fixed_latency_us": 3000, "per_request_latency_us": 500,
                 "per_token_latency_us": 40, "max_batch_requests": 4, "max_batch_tokens": 8192,
-                "device": "spin"}}"#,
+                "device": "spin", "freeze_next_batch": true}}"#,
         )
         .unwrap();
         let model = |flags: &[&str]| {
@@ -360,12 +365,14 @@ mod tests {
         );
         assert_eq!((config.per_token_latency, config.device), (Duration::from_micros(40), Device::Spin));
         assert_eq!((config.max_batch_requests, config.max_batch_tokens), (Some(4), 8192));
+        assert!(config.freeze_next_batch);
         let config =
             model(&["--fixed-latency=1ms", "--device=sleep", "--max-batch-requests=8", "--max-batch-tokens=100"])
                 .unwrap();
         assert_eq!((config.fixed_latency, config.device), (Duration::from_millis(1), Device::Sleep));
         assert_eq!((config.max_batch_requests, config.max_batch_tokens), (Some(8), 100));
         assert_eq!(config.per_token_latency, Duration::from_micros(40));
+        assert!(!model(&["--freeze-next-batch=false"]).unwrap().freeze_next_batch);
         std::fs::write(&path, "{\"format\": 1}").unwrap();
         let refused = format!("{:#}", model(&[]).unwrap_err());
         assert!(refused.contains("profile") && refused.contains("missing field `sim`"), "{refused}");

@@ -14,7 +14,8 @@
 //!     "per_token_latency_us": 48.0,     // added per token in the batch
 //!     "max_batch_requests": 4,          // null: no cap
 //!     "max_batch_tokens": 16384,        // null: keep the simulator's
-//!     "device": "spin"                  // sleep (a GPU) or spin (TEI on a CPU)
+//!     "device": "spin",                 // sleep (a GPU) or spin (TEI on a CPU)
+//!     "freeze_next_batch": true         // the prepared batch stops filling once it has a request
 //!   }
 //! }
 //! ```
@@ -57,6 +58,9 @@ pub struct DeviceModel {
     pub max_batch_requests: Option<usize>,
     pub max_batch_tokens: Option<usize>,
     pub device: Device,
+    /// The prepared batch takes no requests once it has one, as TEI's (absent: false).
+    #[serde(default)]
+    pub freeze_next_batch: bool,
 }
 
 impl Profile {
@@ -122,6 +126,7 @@ impl DeviceModel {
             config.max_batch_tokens = tokens;
         }
         config.device = self.device;
+        config.freeze_next_batch = self.freeze_next_batch;
     }
 }
 
@@ -144,7 +149,8 @@ mod tests {
             "per_token_latency_us": 48.25,
             "max_batch_requests": 4,
             "max_batch_tokens": null,
-            "device": "spin"
+            "device": "spin",
+            "freeze_next_batch": true
         }
     }"#;
 
@@ -159,6 +165,7 @@ mod tests {
         assert_eq!(config.max_batch_requests, Some(4));
         assert_eq!(config.max_batch_tokens, SimConfig::default().max_batch_tokens);
         assert_eq!(config.device, Device::Spin);
+        assert!(config.freeze_next_batch);
         assert!(config.validate().is_ok());
     }
 
