@@ -81,8 +81,8 @@ async fn failures_are_data_deadlines_and_unfinished_calls_are_counted() {
 
 #[tokio::test]
 async fn unreachable_and_non_loopback_targets_are_errors() {
-    let port = teifleet_testkit::net::free_port().unwrap();
-    let config = LoadConfig::closed(format!("http://127.0.0.1:{port}"), 1, 1);
+    let closed = teifleet_testkit::net::ClosedPort::new().unwrap();
+    let config = LoadConfig::closed(format!("http://{}", closed.addr()), 1, 1);
     assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::Connect { .. })));
     let config = LoadConfig::closed("http://192.0.2.1:80", 1, 1);
     assert!(matches!(teifleet_load::run(&config).await, Err(teifleet_load::Error::InvalidArgument(_))));
@@ -217,7 +217,7 @@ async fn http_requests_are_counted_by_the_codes_their_statuses_stand_for() {
     assert_eq!(teifleet_load::run(&http(info)).await.unwrap().ok, 5);
     let stream = LoadConfig { call: Call::EmbedStream { batch: 2 }, ..LoadConfig::closed(target, 1, 1) };
     assert!(matches!(teifleet_load::run(&http(stream)).await, Err(teifleet_load::Error::InvalidArgument(_))));
-    let port = teifleet_testkit::net::free_port().unwrap();
-    let nobody = http(LoadConfig::closed(format!("http://127.0.0.1:{port}"), 1, 1));
+    let closed = teifleet_testkit::net::ClosedPort::new().unwrap();
+    let nobody = http(LoadConfig::closed(format!("http://{}", closed.addr()), 1, 1));
     assert!(matches!(teifleet_load::run(&nobody).await, Err(teifleet_load::Error::HttpConnect { .. })));
 }

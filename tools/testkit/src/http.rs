@@ -116,7 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn nothing_listening_is_no_answer() {
-        let port = crate::net::free_port().unwrap();
-        assert_eq!(request(crate::net::loopback(port), "GET", "/").await, None);
+        let closed = crate::net::ClosedPort::new().unwrap();
+        assert_eq!(request(closed.addr(), "GET", "/").await, None);
     }
 }

@@ -22,6 +22,8 @@ pub const ACCESS_KEY: &str = "teifleet-test-access";
 pub const SECRET_KEY: &str = "teifleet-test-secret-key";
 /// How far above each server's port weed puts its gRPC port.
 const GRPC_OFFSET: u16 = 10_000;
+/// How many times weed is started on freshly picked ports when one was taken before it bound it.
+const START_ATTEMPTS: u32 = 3;
 /// How long weed gets to come up (its servers find each other in a few seconds).
 const READY_WITHIN: Duration = Duration::from_secs(60);
 
@@ -50,7 +52,27 @@ impl SeaweedFs {
             r#"{{"identities":[{{"name":"teifleet","credentials":[{{"accessKey":"{ACCESS_KEY}","secretKey":"{SECRET_KEY}"}}],"actions":["Admin","Read","Write","List","Tagging"]}}]}}"#
         );
         std::fs::write(&config, identities).map_err(|source| Error::File { path: config.clone(), source })?;
-        let [master, volume, filer, s3] = ports_with_grpc()?;
+        // weed cannot bind port 0 and say which it got: its ports are picked here, and one can be
+        // taken before weed binds it (it then exits, "address already in use"); it starts again
+        // on others, its data afresh (the master keeps its peers' addresses there).
+        let mut attempt = 1;
+        loop {
+            match Self::start_on(bin, dir, &config, ports_with_grpc()?).await {
+                Err(Error::Exited { log: Some(log), .. })
+                    if attempt < START_ATTEMPTS
+                        && std::fs::read_to_string(&log).is_ok_and(|text| text.contains("address already in use")) =>
+                {
+                    attempt += 1;
+                    let data = dir.join("data");
+                    std::fs::remove_dir_all(&data).map_err(file_error)?;
+                    std::fs::create_dir_all(&data).map_err(file_error)?;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    async fn start_on(bin: &Path, dir: &Path, config: &Path, [master, volume, filer, s3]: [u16; 4]) -> Result<Self> {
         let mut command = Command::new(bin);
         command
             .current_dir(dir)

@@ -11,7 +11,6 @@ use std::time::Duration;
 use serde_norway::Value;
 use teifleet_proto::v1::InfoRequest;
 use teifleet_proto::v1::info_client::InfoClient;
-use teifleet_testkit::net::free_port;
 use teifleet_testkit::process::ChildGuard;
 use teifleet_testkit::{http, prom};
 use tonic::transport::{Channel, Endpoint};
@@ -23,7 +22,8 @@ use crate::common::{bounded, embed_request};
 
 /// What a container runtime puts in `$HOSTNAME`: the pod's name, which is not an IP.
 const POD_NAME: &str = "bge-small-5d8f7c9b4-x2x7q";
-/// The ports the operator renders for TEI; replaced by free ones so tests can run side by side.
+/// The ports the operator renders for TEI; replaced by port 0 so tests can run side by side (the
+/// ports bound are read from the simulator's log: [`bound_ports`]).
 const RENDERED_PORT: &str = "--port=8080";
 const RENDERED_PROMETHEUS_PORT: &str = "--prometheus-port=9000";
 
@@ -86,6 +86,32 @@ async fn serving(addr: SocketAddr) -> bool {
     HealthClient::new(channel).check(request).await.is_ok_and(|r| r.into_inner().status() == ServingStatus::Serving)
 }
 
+/// The ports of the addresses on the simulator's "serving" line, gRPC's and the admin (metrics)
+/// port's, once it is logged: it binds port 0 when told so, and says which ports it got.
+async fn bound_ports(sim: &mut ChildGuard) -> (u16, u16) {
+    let logged = |sim: &ChildGuard| {
+        let log = sim.log_text();
+        let line = log.lines().find(|line| line.contains("TEI simulator serving"))?;
+        Some((port_of(line, "addr")?, port_of(line, "admin")?))
+    };
+    for _ in 0..300 {
+        if let Some(ports) = logged(sim) {
+            return ports;
+        }
+        assert!(sim.exit_status().is_none(), "{} exited before serving:\n{}", sim.name(), sim.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} logged no serving line in 15 s:\n{}", sim.name(), sim.log_text());
+}
+
+/// The port of the address in `field` on a log line, pretty (`addr=0.0.0.0:1234`) or JSON
+/// (`"addr":"0.0.0.0:1234"`).
+fn port_of(line: &str, field: &str) -> Option<u16> {
+    let (_, rest) = line.split_once(&format!(" {field}=")).or_else(|| line.split_once(&format!("\"{field}\":\"")))?;
+    let addr: String = rest.chars().take_while(|c| !c.is_whitespace() && *c != '"').collect();
+    addr.parse::<SocketAddr>().ok().map(|addr| addr.port())
+}
+
 async fn wait_serving(sim: &mut ChildGuard, addr: SocketAddr) {
     if let Err(error) = sim.wait_ready(Duration::from_secs(15), || serving(addr)).await {
         panic!("{error}\n{}", sim.log_text());
@@ -100,19 +126,19 @@ fn loopback(port: u16) -> SocketAddr {
 async fn run_rendered(file: &Path, deployment: &Value) {
     let name = file.file_stem().unwrap().to_string_lossy().into_owned();
     let container = tei_container(deployment);
-    let (grpc, metrics) = (free_port().unwrap(), free_port().unwrap());
     assert!(container.args.iter().any(|a| a == RENDERED_PORT), "{name}: TEI's gRPC port moved; update this test");
     assert!(container.args.iter().any(|a| a == RENDERED_PROMETHEUS_PORT), "{name}: TEI's metrics port moved");
     let args: Vec<String> = container
         .args
         .iter()
         .map(|a| match a.as_str() {
-            RENDERED_PORT => format!("--port={grpc}"),
-            RENDERED_PROMETHEUS_PORT => format!("--prometheus-port={metrics}"),
+            RENDERED_PORT => "--port=0".to_owned(),
+            RENDERED_PROMETHEUS_PORT => "--prometheus-port=0".to_owned(),
             _ => a.clone(),
         })
         .collect();
     let mut sim = spawn(&name, &args, &container.env);
+    let (grpc, metrics) = bound_ports(&mut sim).await;
     let grpc = loopback(grpc);
     wait_serving(&mut sim, grpc).await;
 
@@ -165,12 +191,11 @@ async fn serves_as_tei_with_the_operators_rendered_arguments() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn takes_teis_environment_variables() {
     bounded(async {
-        let (grpc, metrics) = (free_port().unwrap(), free_port().unwrap());
         let env: Vec<(String, String)> = [
             ("MODEL_ID", "acme/from-env"),
             ("HOSTNAME", "127.0.0.1"),
-            ("PORT", &grpc.to_string()),
-            ("PROMETHEUS_PORT", &metrics.to_string()),
+            ("PORT", "0"),
+            ("PROMETHEUS_PORT", "0"),
             ("MAX_CONCURRENT_REQUESTS", "7"),
             ("MAX_BATCH_TOKENS", "1024"),
             ("JSON_OUTPUT", "true"),
@@ -181,6 +206,7 @@ async fn takes_teis_environment_variables() {
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
         let mut sim = spawn("env", &[], &env);
+        let (grpc, metrics) = bound_ports(&mut sim).await;
         wait_serving(&mut sim, loopback(grpc)).await;
         let info = InfoClient::new(connect(loopback(grpc)).await.unwrap()).info(InfoRequest {}).await.unwrap();
         let info = info.into_inner();
@@ -201,11 +227,12 @@ async fn takes_teis_environment_variables() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn own_listen_flags_win_over_teis_environment() {
     bounded(async {
-        let (grpc, admin) = (free_port().unwrap(), free_port().unwrap());
-        let args = [format!("--listen=127.0.0.1:{grpc}"), format!("--admin-listen=127.0.0.1:{admin}")];
+        let args = ["--listen=127.0.0.1:0".to_owned(), "--admin-listen=127.0.0.1:0".to_owned()];
         // $HOSTNAME is set as in any container, and a stray $PORT must not move the simulator.
         let env = [("PORT".to_owned(), "1".to_owned())];
         let mut sim = spawn("own-flags", &args, &env);
+        let (grpc, admin) = bound_ports(&mut sim).await;
+        assert_ne!(grpc, 1, "$PORT does not move it");
         wait_serving(&mut sim, loopback(grpc)).await;
         assert!(http::get(loopback(admin), "/healthz").await.is_some(), "admin port on --admin-listen");
     })
