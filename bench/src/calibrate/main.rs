@@ -306,6 +306,10 @@ fn cells(runs: &[Run]) -> Vec<Cell> {
                 tokenization_us_p50: each(&p(0.5, |s| s.tokenization)),
                 queue_us_p50: each(&p(0.5, |s| s.queue)),
                 inference_us_p50: each(&p(0.5, |s| s.inference)),
+                tei_cpu_per_inference: each(&|r| {
+                    let inference: f64 = probe::batches(&r.samples).iter().map(|b| us(b.1)).sum();
+                    r.cpu.map_or(f64::NAN, |cpu| (100.0 * us(cpu) / inference).round() / 100.0)
+                }),
                 tei_cpu_us_per_batch: each(&|r| {
                     r.cpu.map_or(f64::NAN, |cpu| us(cpu) / probe::batches(&r.samples).len().max(1) as f64)
                 }),
@@ -330,12 +334,14 @@ fn queue_summary(cells: &[Cell], max_batch_seen: usize) -> String {
     )
 }
 
-/// The servers `compare` measures: real TEI, the simulator with the profile, and the simulator
-/// with the profile but its own batching (the prepared batch filling while the device runs).
-const TARGETS: [(&str, Option<&str>); 3] = [
+/// The servers `compare` measures: real TEI, the simulator with the profile, the simulator with
+/// the profile but its own batching (the prepared batch filling while the device runs), and with
+/// the profile's batch times slept instead of spun (no CPU taken from the client).
+const TARGETS: [(&str, Option<&str>); 4] = [
     ("real TEI", None),
     ("tei-sim --profile", Some("")),
     ("tei-sim --profile, next batch filling", Some("--freeze-next-batch=false")),
+    ("tei-sim --profile --device=sleep", Some("--device=sleep")),
 ];
 
 async fn compare(args: CompareArgs) -> anyhow::Result<()> {

@@ -101,6 +101,9 @@ pub struct Cell {
     /// TEI's CPU time (user + system, /proc) per batch: above the inference time when TEI's
     /// matrix products use more than one core.
     pub tei_cpu_us_per_batch: f64,
+    /// TEI's CPU time over the summed inference time of its batches: about how many cores a
+    /// forward pass kept busy (1 for a single thread, up to nproc).
+    pub tei_cpu_per_inference: f64,
     pub load_1m: f64,
 }
 
