@@ -34,15 +34,63 @@ TEIFLEET_GHZ=$(tools/go-tool.sh ghz)
 export TEIFLEET_GRPCURL TEIFLEET_GHZ
 bin=$root/target/debug
 logs=$(mktemp -d)
-# Every port at once, all different, and below the kernel's ephemeral range: a port picked there
-# can be taken, before its server binds it, by an outgoing connection of a server started first.
-# SeaweedFS's four servers (master, volume, filer, S3) each listen for gRPC on their port + 10000
-# too: theirs come first, from the 2000 ports whose + 10000 is still below that range.
-read -r weed_master weed_volume weed_filer weed_s3 sim_port sim_admin grpc admin http keyed_grpc keyed_admin \
-    keyed_http tls_grpc tls_admin tls_http mtls_grpc mtls_admin mtls_http rot_grpc rot_admin rot_http \
-    slow_sim slow_sim_admin patient_grpc patient_admin \
-    < <("$venv/bin/python" - 4 21 <<'PY'
-import random, socket, sys
+
+pids=()
+weed_pid=
+weed_ports=()
+cleanup() {
+    # weed's data is thrown away: it need not take its 15 to 30 s to stop.
+    if [[ -n $weed_pid ]]; then
+        kill -KILL "$weed_pid" 2>/dev/null || true
+        wait "$weed_pid" 2>/dev/null || true
+    fi
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+    rm -rf "$logs"
+    # weed's gRPC servers listen on Unix sockets in /tmp too, named by port; it leaves them.
+    for port in "${weed_ports[@]}"; do
+        rm -f "/tmp/seaweedfs-"{master,volume,filer,s3}"-grpc-$((port + 10000)).sock" "/tmp/seaweedfs-"{filer,s3}"-$port.sock"
+    done
+}
+trap cleanup EXIT
+
+# Our own servers listen on port 0 and log, as JSON, the addresses they got: a port picked here
+# and bound later can be taken in between (CI: "cannot listen on 127.0.0.1:24095: Address
+# already in use"). ports LOG MESSAGE KEY...: the ports on LOG's line MESSAGE (tools/bound-ports.py).
+ports() { tools/bound-ports.py "$logs/$1" "${@:2}"; }
+sim() { # LOG [flags]
+    local log=$1
+    shift
+    "$bin/tei-sim" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --log-format json "$@" >"$logs/$log" 2>&1 &
+    pids+=($!)
+}
+mux() { # LOG [flags]: a multiplexer on port 0 (gRPC, admin) and, with --http-listen 127.0.0.1:0, HTTP
+    local log=$1
+    shift
+    "$bin/teifleet-multiplexer" "$@" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --drain-delay 0s \
+        --log-format json >"$logs/$log" 2>&1 &
+    pids+=($!)
+}
+
+# SeaweedFS (master, volume, filer and S3 gateway in one `weed server`), configured as the Rust
+# S3 tests start it (tools/testkit/src/seaweedfs.rs): one identity with every action, whose keys
+# the job and test_job_output.py sign with. Not as there: its Iceberg and Lance servers, which
+# would take the fixed ports 8181 and 9101, are off. Started first: it takes seconds to be up.
+s3_access=teifleet-test-access
+s3_secret=teifleet-test-secret-key
+mkdir -p "$logs/weed"
+printf '{"identities":[{"name":"teifleet","credentials":[{"accessKey":"%s","secretKey":"%s"}],"actions":["Admin","Read","Write","List","Tagging"]}]}\n' \
+    "$s3_access" "$s3_secret" >"$logs/weed/s3.json"
+# weed cannot listen on port 0 and say which it got: its ports are picked here, all different and
+# below the kernel's ephemeral range (where our servers' port 0 and every outgoing connection
+# land). Its four servers (master, volume, filer, S3) each listen for gRPC on their port + 10000
+# too: the ports come from the 2000 whose + 10000 is still below that range. A port taken between
+# the pick and weed's bind (by another suite picking alike) makes weed exit: weed_lost_a_port
+# (below) says so, and start_weed starts it again on other ports.
+start_weed() {
+    local picked
+    picked=$("$venv/bin/python" - <<'PY'
+import random, socket
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
 held, ports = [], []
 def hold(port):
@@ -56,69 +104,41 @@ def hold(port):
     return True
 start = max(1024, low - 12000)
 for port in random.sample(range(start, start + 2000), 2000):
-    if len(ports) == int(sys.argv[1]):
+    if len(ports) == 4:
         break
     if hold(port) and hold(port + 10000):
         ports.append(port)
-assert len(ports) == int(sys.argv[1]), "no free ports for SeaweedFS"
-for port in random.sample(range(start, low), low - start):
-    if len(ports) == int(sys.argv[1]) + int(sys.argv[2]):
-        break
-    if hold(port):
-        ports.append(port)
+assert len(ports) == 4, "no free ports for SeaweedFS"
 print(*ports)
 PY
 )
-
-pids=()
-weed_pid=
-cleanup() {
-    # weed's data is thrown away: it need not take its 15 to 30 s to stop.
-    [[ -z $weed_pid ]] || kill -KILL "$weed_pid" 2>/dev/null || true
-    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-    rm -rf "$logs"
-    # weed's gRPC servers listen on Unix sockets in /tmp too, named by port; it leaves them.
-    for port in "$weed_master" "$weed_volume" "$weed_filer" "$weed_s3"; do
-        rm -f "/tmp/seaweedfs-"{master,volume,filer,s3}"-grpc-$((port + 10000)).sock" "/tmp/seaweedfs-"{filer,s3}"-$port.sock"
-    done
+    read -r weed_master weed_volume weed_filer weed_s3 <<<"$picked"
+    weed_ports+=("$weed_master" "$weed_volume" "$weed_filer" "$weed_s3")
+    rm -rf "$logs/weed/data"
+    mkdir -p "$logs/weed/data"
+    (cd "$logs/weed" && exec "$weed" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -volume.max=8 -filer -s3 \
+        -dir="$logs/weed/data" -master.port="$weed_master" -volume.port="$weed_volume" -filer.port="$weed_filer" \
+        -s3.port="$weed_s3" -s3.config="$logs/weed/s3.json" -s3.port.iceberg=0 -s3.port.lance=0) \
+        >"$logs/weed.log" 2>&1 &
+    weed_pid=$!
 }
-trap cleanup EXIT
-"$bin/tei-sim" --listen "127.0.0.1:$sim_port" --admin-listen "127.0.0.1:$sim_admin" \
-    --fixed-latency 1ms --per-token-latency 0s --max-batch-tokens 512 >"$logs/sim.log" 2>&1 &
-pids+=($!)
+start_weed
+
+# The simulator, and issue 32's slower one (20 ms a batch) for test_ghz.py's reproduction of a
+# queue that did not keep its word.
+sim sim.log --fixed-latency 1ms --per-token-latency 0s --max-batch-tokens 512
+sim slow-sim.log --fixed-latency 20ms
+served=$(ports sim.log "TEI simulator serving" addr admin)
+read -r sim_port _ <<<"$served"
+served=$(ports slow-sim.log "TEI simulator serving" addr)
+read -r slow_sim <<<"$served"
+
 # It serves the simulator's model by name too: tei-manager clients (test_tei_manager.py) route by it.
-"$bin/teifleet-multiplexer" static --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
-    --model teifleet/sim-embedding \
-    --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
-    --http-listen "127.0.0.1:$http" --drain-delay 0s >"$logs/mux.log" 2>&1 &
-pids+=($!)
-
-# Issue 32's reproduction of a queue that did not keep its word (test_ghz.py): a slower simulator
-# (20 ms a batch) behind a multiplexer with room in its queue for every one of ghz's 64 callers.
-"$bin/tei-sim" --listen "127.0.0.1:$slow_sim" --admin-listen "127.0.0.1:$slow_sim_admin" \
-    --fixed-latency 20ms >"$logs/slow-sim.log" 2>&1 &
-pids+=($!)
-"$bin/teifleet-multiplexer" static --max-in-flight 4 --max-queued 64 --queue-timeout 3s \
-    --upstream "http://127.0.0.1:$slow_sim" --listen "127.0.0.1:$patient_grpc" \
-    --admin-listen "127.0.0.1:$patient_admin" --drain-delay 0s >"$logs/mux-patient.log" 2>&1 &
-pids+=($!)
-
-# SeaweedFS (master, volume, filer and S3 gateway in one `weed server`), configured as the Rust
-# S3 tests start it (tools/testkit/src/seaweedfs.rs): one identity with every action, whose keys
-# the job and test_job_output.py sign with. Not as there: its Iceberg and Lance servers, which
-# would take the fixed ports 8181 and 9101, are off.
-s3_access=teifleet-test-access
-s3_secret=teifleet-test-secret-key
-mkdir -p "$logs/weed/data"
-printf '{"identities":[{"name":"teifleet","credentials":[{"accessKey":"%s","secretKey":"%s"}],"actions":["Admin","Read","Write","List","Tagging"]}]}\n' \
-    "$s3_access" "$s3_secret" >"$logs/weed/s3.json"
-(cd "$logs/weed" && exec "$weed" server -ip=127.0.0.1 -ip.bind=127.0.0.1 -volume.max=8 -filer -s3 \
-    -dir="$logs/weed/data" -master.port="$weed_master" -volume.port="$weed_volume" -filer.port="$weed_filer" \
-    -s3.port="$weed_s3" -s3.config="$logs/weed/s3.json" -s3.port.iceberg=0 -s3.port.lance=0) \
-    >"$logs/weed.log" 2>&1 &
-weed_pid=$!
-pids+=($!)
+mux mux.log static --max-in-flight 32 --max-queued 256 --queue-timeout 10s --model teifleet/sim-embedding \
+    --upstream "http://127.0.0.1:$sim_port" --http-listen 127.0.0.1:0
+# Behind the slower simulator, with room in its queue for every one of ghz's 64 callers.
+mux mux-patient.log static --max-in-flight 4 --max-queued 64 --queue-timeout 3s \
+    --upstream "http://127.0.0.1:$slow_sim"
 
 # A second multiplexer whose pool has API keys (test_auth.py), from a keys file beside its
 # configuration; the key is new every run.
@@ -127,10 +147,7 @@ printf 'search: %s\n' "$api_key" >"$logs/keys.yaml"
 printf '%s\n' "auth: {keysFile: keys.yaml}" "pools:" \
     "- {name: keyed, upstream: 'http://127.0.0.1:$sim_port', maxInFlight: 32, maxQueued: 256, queueTimeout: 10s}" \
     >"$logs/pools.yaml"
-"$bin/teifleet-multiplexer" file --config "$logs/pools.yaml" \
-    --listen "127.0.0.1:$keyed_grpc" --admin-listen "127.0.0.1:$keyed_admin" \
-    --http-listen "127.0.0.1:$keyed_http" --drain-delay 0s >"$logs/mux-keyed.log" 2>&1 &
-pids+=($!)
+mux mux-keyed.log file --config "$logs/pools.yaml" --http-listen 127.0.0.1:0
 
 # Certificates for test_tls.py, new every run: a CA and two server certificates from it (for
 # localhost and 127.0.0.1), a third with a serial whose first byte has its top bit set (DER pads
@@ -170,19 +187,31 @@ cp "$tls/server.key" "$tls/rotating/tls.key"
 # A multiplexer serving TLS on both fronts; one with mutual TLS, whose client certificate names
 # the tenant (listed by name, so its metric says `search`, not `other`); and one whose
 # certificate files the tests replace (rotation, broken files).
-serve() { # LOG GRPC ADMIN HTTP [flags]
-    local log=$1 grpc=$2 admin=$3 http=$4
-    shift 4
-    "$bin/teifleet-multiplexer" static --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
-        --upstream "http://127.0.0.1:$sim_port" --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" \
-        --http-listen "127.0.0.1:$http" --drain-delay 0s "$@" >"$logs/$log" 2>&1 &
-    pids+=($!)
+serve() { # LOG [flags]
+    local log=$1
+    shift
+    mux "$log" static --max-in-flight 32 --max-queued 256 --queue-timeout 10s \
+        --upstream "http://127.0.0.1:$sim_port" --http-listen 127.0.0.1:0 "$@"
 }
-serve mux-tls.log "$tls_grpc" "$tls_admin" "$tls_http" --tls-cert "$tls/server.crt" --tls-key "$tls/server.key"
-serve mux-mtls.log "$mtls_grpc" "$mtls_admin" "$mtls_http" --tls-cert "$tls/server.crt" \
+serve mux-tls.log --tls-cert "$tls/server.crt" --tls-key "$tls/server.key"
+serve mux-mtls.log --tls-cert "$tls/server.crt" \
     --tls-key "$tls/server.key" --tls-client-ca "$tls/client-ca.crt" --tenant search=2
-serve mux-rotating.log "$rot_grpc" "$rot_admin" "$rot_http" --tls-cert "$tls/rotating/tls.crt" \
-    --tls-key "$tls/rotating/tls.key"
+serve mux-rotating.log --tls-cert "$tls/rotating/tls.crt" --tls-key "$tls/rotating/tls.key"
+
+# Every multiplexer's ports, from the line it logs once all its listeners are bound.
+served() { ports "$1" "multiplexer serving" grpc_addr admin_addr "${@:2}"; }
+served=$(served mux.log http_addr)
+read -r grpc admin http <<<"$served"
+served=$(served mux-patient.log)
+read -r patient_grpc patient_admin <<<"$served"
+served=$(served mux-keyed.log http_addr)
+read -r _ _ keyed_http <<<"$served"
+served=$(served mux-tls.log http_addr)
+read -r tls_grpc tls_admin tls_http <<<"$served"
+served=$(served mux-mtls.log http_addr)
+read -r mtls_grpc mtls_admin mtls_http <<<"$served"
+served=$(served mux-rotating.log http_addr)
+read -r _ rot_admin rot_http <<<"$served"
 
 export TEIFLEET_HTTP="http://127.0.0.1:$http" TEIFLEET_HTTP_KEYED="http://127.0.0.1:$keyed_http"
 export TEIFLEET_GRPC="127.0.0.1:$grpc" TEIFLEET_SIM_GRPC="127.0.0.1:$sim_port" TEIFLEET_ADMIN="http://127.0.0.1:$admin"
@@ -223,9 +252,20 @@ up() { [[ $(curl -s -o /dev/null -w '%{http_code}' "$1" 2>/dev/null) != 000 ]]; 
 # it does, and a write in between waits for a volume until the client gives up.
 volume_joined() { curl -s "http://127.0.0.1:$weed_master/dir/status" 2>/dev/null | grep -q '"DataNodes":\[{'; }
 weed_up() { up "$s3/" && up "http://127.0.0.1:$weed_filer/" && volume_joined; }
-for _ in $(seq 600); do
-    weed_up && break
-    sleep 0.1
+# weed exits (glog's Fatal) when a port it was given is taken: then it starts again on others,
+# three times at most.
+weed_lost_a_port() { ! kill -0 "$weed_pid" 2>/dev/null && grep -q 'address already in use' "$logs/weed.log"; }
+for attempt in 1 2 3; do
+    for _ in $(seq 600); do
+        weed_up || weed_lost_a_port && break
+        sleep 0.1
+    done
+    weed_lost_a_port && ((attempt < 3)) || break
+    echo "SeaweedFS found a port taken since it was picked; starting it on others:" >&2
+    grep 'address already in use' "$logs/weed.log" >&2
+    wait "$weed_pid" || true
+    start_weed
+    s3=http://127.0.0.1:$weed_s3
 done
 if ! weed_up; then
     echo "SeaweedFS is not up at $s3 after 60 s; its log:" >&2

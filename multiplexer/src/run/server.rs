@@ -332,13 +332,16 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
         let (refused, tls) = (metrics.refusal_counter(Protocol::Http.as_str()), Some(settings.tls.clone()));
         tokio::spawn(async move { http_server::serve_tls(listener, app, &bounds, tls, refused, stopped).await })
     });
-    if let Some(http_addr) = http_addr {
-        tracing::info!(%http_addr, "HTTP front serving (TEI's HTTP API, OpenAI embeddings)");
-    }
-    match admin_addr {
-        Some(admin_addr) => tracing::info!(%grpc_addr, %admin_addr, pool = pools.own_name(), "multiplexer serving"),
-        None => tracing::info!(%grpc_addr, pool = pools.own_name(), "multiplexer serving"),
-    }
+    // One line with every bound address (http_addr: the HTTP front, TEI's HTTP API and OpenAI
+    // embeddings): a caller that asked for port 0 (tests/clients/run.sh, the multiplexer's process
+    // tests) reads its ports from it once it appears, every listener bound.
+    tracing::info!(
+        %grpc_addr,
+        admin_addr = admin_addr.map(tracing::field::display),
+        http_addr = http_addr.map(tracing::field::display),
+        pool = pools.own_name(),
+        "multiplexer serving"
+    );
 
     let task = {
         let (stop, readiness, forwarder) = (stop.clone(), readiness.clone(), forwarder.clone());
