@@ -57,37 +57,41 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# Ports all different and below the kernel's ephemeral range (as tests/clients/run.sh picks them).
-read -r sim_grpc sim_admin grpc admin http burst_sim_grpc burst_sim_admin burst_grpc burst_admin prom \
-    < <(python3 - 10 <<'PY'
-import random, socket, sys
+# Our servers listen on port 0 and log (JSON) the addresses they got; tools/bound-ports.py reads
+# them back (a port picked here and bound later can be taken in between). Prometheus, which cannot
+# say which port it got, takes one free now below the kernel's ephemeral range (where port 0 and
+# every outgoing connection land), so only another suite picking alike could take it first.
+ports() { tools/bound-ports.py "$work/$1" "${@:2}"; }
+prom=$(python3 - <<'PY'
+import random, socket
 low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-held, ports = [], []
 for port in random.sample(range(max(1024, low - 12000), low), 2000):
     s = socket.socket()
     try:
         s.bind(("127.0.0.1", port))
     except OSError:
-        s.close()
         continue
-    held.append(s)
-    ports.append(port)
-    if len(ports) == int(sys.argv[1]):
-        break
-print(*ports)
+    finally:
+        s.close()
+    print(port)
+    break
 PY
 )
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=localhost \
     -addext subjectAltName=DNS:localhost,IP:127.0.0.1 -keyout "$work/tls.key" -out "$work/tls.crt" 2>"$work/openssl.log" \
     || { cat "$work/openssl.log" >&2; exit 1; }
-"$bin/tei-sim" --listen "127.0.0.1:$sim_grpc" --admin-listen "127.0.0.1:$sim_admin" \
+"$bin/tei-sim" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --log-format json \
     --fixed-latency 1ms --per-token-latency 0s >"$work/sim.log" 2>&1 &
 pids+=($!)
+served=$(ports sim.log "TEI simulator serving" addr admin)
+read -r sim_grpc sim_admin <<<"$served"
 "$bin/teifleet-multiplexer" static --max-in-flight 8 --max-queued 16 --queue-timeout 5s \
     --upstream "http://127.0.0.1:$sim_grpc" --tei-metrics "http://127.0.0.1:$sim_admin/metrics" \
-    --listen "127.0.0.1:$grpc" --admin-listen "127.0.0.1:$admin" --http-listen "127.0.0.1:$http" \
+    --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --log-format json \
     --tls-cert "$work/tls.crt" --tls-key "$work/tls.key" --drain-delay 0s >"$work/mux.log" 2>&1 &
 pids+=($!)
+served=$(ports mux.log "multiplexer serving" admin_addr http_addr)
+read -r admin http <<<"$served"
 logs() { echo "--- multiplexer log" >&2; tail -30 "$work/mux.log" >&2; echo "--- simulator log" >&2; tail -10 "$work/sim.log" >&2; }
 for _ in $(seq 200); do
     curl -sf "http://127.0.0.1:$admin/readyz" >/dev/null 2>&1 && break
@@ -146,13 +150,17 @@ fors=$(grep -cE '^ +for: ' "$rules")
 promtool check rules "$fast" >/dev/null
 echo "rules for Prometheus: $rules with its $fors for: lines at 5s, every other line unchanged (self-test: a changed threshold caught)"
 
-"$bin/tei-sim" --listen "127.0.0.1:$burst_sim_grpc" --admin-listen "127.0.0.1:$burst_sim_admin" \
+"$bin/tei-sim" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --log-format json \
     --fixed-latency 100ms --per-token-latency 0s >"$work/burst-sim.log" 2>&1 &
 pids+=($!)
+served=$(ports burst-sim.log "TEI simulator serving" addr admin)
+read -r burst_sim_grpc burst_sim_admin <<<"$served"
 "$bin/teifleet-multiplexer" static --pool burst --max-in-flight 2 --max-queued 4 --queue-timeout 2s \
     --upstream "http://127.0.0.1:$burst_sim_grpc" --tei-metrics "http://127.0.0.1:$burst_sim_admin/metrics" \
-    --listen "127.0.0.1:$burst_grpc" --admin-listen "127.0.0.1:$burst_admin" --drain-delay 0s >"$work/burst-mux.log" 2>&1 &
+    --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 --log-format json --drain-delay 0s >"$work/burst-mux.log" 2>&1 &
 pids+=($!)
+served=$(ports burst-mux.log "multiplexer serving" grpc_addr admin_addr)
+read -r burst_grpc burst_admin <<<"$served"
 # Both multiplexers, as a PodMonitor would find them: `namespace` and `pod` are the target labels.
 cat >"$work/prometheus/prometheus.yml" <<YAML
 global:
