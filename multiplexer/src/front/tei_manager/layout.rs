@@ -149,3 +149,39 @@ pub fn put_buffer(layout: &Layout, out: &mut Vec<u8>, bytes: &[u8]) {
     out.extend_from_slice(bytes);
     out.resize(out.len() + layout.pad(bytes.len()), 0);
 }
+
+#[cfg(test)]
+mod tests {
+    use arrow_array::{Array, FixedSizeListArray, Float32Array, StringArray};
+
+    use super::*;
+
+    /// Three rows of two numbers, the middle one failed: the head, then the body in the layout's
+    /// order, read back by arrow-rs as the rows and reasons written (LZ4 marked or not).
+    #[test]
+    fn a_body_written_after_its_head_reads_back_as_its_rows() {
+        for lz4 in [false, true] {
+            let shape = Shape { rows: 3, dim: 2, dtype: Dtype::F32, failed: 1, reasons: 4, lz4 };
+            let layout = Layout::new(&shape).unwrap();
+            let mut out = layout.head.clone();
+            put_buffer(&layout, &mut out, &[0b101]);
+            let values: Vec<u8> = [1.0f32, 2.0, 0.0, 0.0, 3.0, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+            put_buffer(&layout, &mut out, &values);
+            put_buffer(&layout, &mut out, &[0b010]);
+            let offsets: Vec<u8> = [0i32, 0, 4, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+            put_buffer(&layout, &mut out, &offsets);
+            put_buffer(&layout, &mut out, b"why?");
+            out.extend_from_slice(&EOS);
+            assert_eq!(out.len() as u64, layout.total, "lz4 {lz4}");
+            let mut reader = arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(out), None).unwrap();
+            let batch = reader.next().unwrap().unwrap();
+            assert!(reader.next().is_none());
+            let list = batch.column(0).as_any().downcast_ref::<FixedSizeListArray>().unwrap();
+            assert_eq!((list.len(), list.null_count(), list.is_null(1)), (3, 1, true));
+            let row = |i| list.value(i).as_any().downcast_ref::<Float32Array>().unwrap().values().to_vec();
+            assert_eq!((row(0), row(2)), (vec![1.0, 2.0], vec![3.0, 4.0]));
+            let errors = batch.column(1).as_any().downcast_ref::<StringArray>().unwrap();
+            assert_eq!(errors.iter().collect::<Vec<_>>(), [None, Some("why?"), None]);
+        }
+    }
+}
