@@ -121,11 +121,6 @@ async fn ten_thousand_requests_with_random_cancellations_and_deadlines_all_answe
     // admission.rs.
 }
 
-/// A port on loopback where nothing listens (bound, then let go).
-fn closed_port() -> std::net::SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
-}
-
 /// What a client is told must not say where the upstream lives.
 fn names_nothing_inside(told: &str, upstream: std::net::SocketAddr) {
     let port = upstream.port().to_string();
@@ -139,7 +134,9 @@ fn names_nothing_inside(told: &str, upstream: std::net::SocketAddr) {
 /// address or port: those stay in the sidecar's log.
 #[tokio::test]
 async fn an_upstream_that_refuses_connections_is_unavailable_and_named_by_its_pool_only() {
-    let (own, other) = (closed_port(), closed_port());
+    // Held for the whole test: a port let go could be taken and answer.
+    let closed = [(); 2].map(|()| teifleet_testkit::net::ClosedPort::new().unwrap());
+    let (own, other) = (closed[0].addr(), closed[1].addr());
     let remote = teifleet_multiplexer::forward::pools::PoolSpec { remote: true, ..spec("other", other, limits(2, 8)) };
     let settings = teifleet_multiplexer::run::server::Settings {
         http_listen: Some("127.0.0.1:0".parse().unwrap()),

@@ -45,17 +45,18 @@ fn an_idle_multiplexer_stops_promptly_and_logs_values() {
 async fn a_request_at_the_input_cap_stays_within_a_stated_memory_bound() {
     const PEAK_BOUND_KIB: u64 = 96 * 1024;
     let sim = crate::support::sim(|_| {}).await;
-    let http_port = teifleet_testkit::net::free_port().expect("a free port");
     let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
     command
         .args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--max-in-flight", "64"])
-        .args(["--http-listen", &format!("127.0.0.1:{http_port}"), "--log-format", "json"])
+        .args(["--http-listen", "127.0.0.1:0", "--log-format", "json"])
         .args(["--upstream", &format!("http://{}", sim.addr())])
         .stderr(Stdio::piped());
     let mut guard = ChildGuard::spawn("teifleet-multiplexer", command).expect("the binary starts");
     let mut logs = BufReader::new(guard.child_mut().stderr.take().unwrap()).lines();
-    logs.by_ref().map_while(Result::ok).find(|line| line.contains("multiplexer serving")).expect("a start-up line");
-    let http = teifleet_testkit::net::loopback(http_port);
+    let serving =
+        logs.by_ref().map_while(Result::ok).find(|line| line.contains("multiplexer serving")).expect("a start-up line");
+    let serving: serde_json::Value = serde_json::from_str(&serving).expect("JSON logs");
+    let http: std::net::SocketAddr = serving["http_addr"].as_str().and_then(|a| a.parse().ok()).expect("an address");
     let peak = || -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", guard.id())).expect("the process's status");
         let line = status.lines().find(|l| l.starts_with("VmHWM:")).expect("VmHWM");

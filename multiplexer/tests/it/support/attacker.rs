@@ -54,11 +54,10 @@ impl Sidecar {
     }
 
     pub fn launch(sim: &SimHandle, launch: Launch<'_>) -> Self {
-        let http_port = launch.http.then(|| teifleet_testkit::net::free_port().expect("a free port"));
         let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
         command.args(["static", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--log-format", "json"]);
-        if let Some(port) = http_port {
-            command.args(["--http-listen", &format!("127.0.0.1:{port}")]);
+        if launch.http {
+            command.args(["--http-listen", "127.0.0.1:0"]);
         }
         command
             .args(["--memory-limit", launch.memory_limit, "--upstream", &format!("http://{}", sim.addr())])
@@ -82,7 +81,7 @@ impl Sidecar {
         });
         let line: serde_json::Value = serde_json::from_str(&serving).expect("JSON logs");
         let addr = |key: &str| line[key].as_str().and_then(|a| a.parse().ok()).expect("an address");
-        let http = http_port.map(teifleet_testkit::net::loopback);
+        let http = launch.http.then(|| addr("http_addr"));
         Self { grpc: addr("grpc_addr"), admin: addr("admin_addr"), http, guard, panicked }
     }
 
