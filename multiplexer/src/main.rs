@@ -232,6 +232,12 @@ struct Serve {
     /// kubernetes mode the pool's spec.grpc.reflection decides, live (off while the pool is unseen).
     #[arg(long, action = clap::ArgAction::Set)]
     grpc_reflection: Option<bool>,
+    /// Beside a static limit of about one of TEI's batches, let TEI's queue hold its next batch
+    /// (`Info.max_batch_requests`, learned from TEI), so TEI never idles between batches; `false`:
+    /// exactly the limit in flight. Nothing changes for a TEI that batches by tokens alone, a
+    /// limit of two batches or more, or the adaptive limit.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    next_batch_ready: bool,
     /// Name in the hop marker of forwarded requests.
     #[arg(long, env = labels::ENV_POD_NAME, default_value = "teifleet-multiplexer")]
     identity: String,
@@ -332,6 +338,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
     let dialer = Dialer::new(certificates.tls().clone());
     let tls_files = source.serve().tls.clone();
     let allow_plaintext_routes = tls_files.allow_plaintext_routes;
+    let next_batch_ready = source.serve().next_batch_ready;
     if tls_files.enabled() {
         if matches!(source, Source::Kubernetes { .. } | Source::Activator { .. }) {
             anyhow::bail!(
@@ -378,7 +385,9 @@ async fn run(source: Source) -> anyhow::Result<()> {
             let loaded = sources::file::load(&config).context("reading --config")?;
             let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
             gate.set_grants(loaded.grants.clone());
-            let table = Arc::new(PoolTable::with_dialer(&loaded.default, metrics.clone(), dialer));
+            let table = Arc::new(
+                PoolTable::with_dialer(&loaded.default, metrics.clone(), dialer).with_next_batch(next_batch_ready),
+            );
             table.allow_plaintext_routes(allow_plaintext_routes);
             table.sync(loaded.pools)?;
             let interval = Duration::from_secs(1);
@@ -391,7 +400,8 @@ async fn run(source: Source) -> anyhow::Result<()> {
                 budget::whole(&concurrency).map_err(|reason| anyhow::anyhow!("the pool's budget: {reason}"))?;
             let gate = gate_for(&pool.pool, Policy::Off)?;
             gate.set_grants(pool.grants());
-            let table = Arc::new(PoolTable::with_dialer(&pool.pool, metrics.clone(), dialer));
+            let table =
+                Arc::new(PoolTable::with_dialer(&pool.pool, metrics.clone(), dialer).with_next_batch(next_batch_ready));
             table.sync(vec![PoolSpec {
                 name: pool.pool.clone(),
                 model: pool.model.clone(),
@@ -415,7 +425,8 @@ async fn run(source: Source) -> anyhow::Result<()> {
             certificates.tls().wait();
             // Siblings are reached by pod IP and verified as the pool Service their certificate names.
             dialer.name_ip_peers(Some(format!("{pool}.{namespace}.svc")));
-            let table = Arc::new(PoolTable::with_dialer(&pool, metrics.clone(), dialer));
+            let table =
+                Arc::new(PoolTable::with_dialer(&pool, metrics.clone(), dialer).with_next_batch(next_batch_ready));
             let (serves_tls, pool_serves_tls) = tokio::sync::watch::channel(false);
             let siblings = sources::siblings::watch(
                 client.clone(),

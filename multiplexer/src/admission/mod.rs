@@ -27,6 +27,7 @@ mod ingest_gate;
 mod lane;
 mod lanes;
 pub mod memory;
+mod next_batch;
 mod priority;
 mod queue;
 mod returning;
@@ -99,6 +100,8 @@ struct State {
     /// Inputs sibling replicas of the pool take from this queue at once (calls spill to them):
     /// the queue drains that much faster than this replica's own limit says.
     spill_slots: usize,
+    /// TEI's batch, as its Info reports it (see `next_batch`).
+    backend_batch: Option<usize>,
 }
 
 /// The right to have one call's inputs in flight to TEI; dropping it frees them.
@@ -173,6 +176,7 @@ impl Admission {
             tokens: TokenEstimate::default(),
             tenants: Tenants::default(),
             spill_slots: 0,
+            backend_batch: None,
         };
         let admission = Self { shared: Arc::new(Shared { state: Mutex::new(state), observer, lane_observer }) };
         admission.shared.notify(&admission.shared.lock(), None);
@@ -210,6 +214,19 @@ impl Admission {
         let mut state = self.shared.lock();
         let id = state.tenants.id_of(tenant);
         state.tenants.label(id).to_owned()
+    }
+
+    /// TEI's batch (`Info.max_batch_requests`), learned from TEI: a static limit of about one
+    /// batch lets TEI's next batch wait ready in its queue (see `next_batch`). `None`: TEI batches
+    /// by tokens alone, or the pool keeps no batch ready.
+    pub fn set_backend_batch(&self, batch: Option<usize>) {
+        let mut state = self.shared.lock();
+        if state.backend_batch == batch {
+            return;
+        }
+        state.backend_batch = batch;
+        self.shared.dispatch(&mut state);
+        self.shared.notify(&state, None);
     }
 
     /// Applies new limits without dropping anything: raising admits waiters at once; lowering lets
@@ -495,10 +512,11 @@ impl Shared {
 }
 
 impl State {
+    /// The static limit with TEI's next batch kept ready (see `next_batch`), or the adaptive one.
     fn effective_limit(&self) -> usize {
         match &self.adaptive {
             Some(adaptive) => adaptive.limit(ADAPTIVE_FLOOR, self.limits.max_in_flight),
-            None => self.limits.max_in_flight,
+            None => self.limits.max_in_flight + next_batch::ready_inputs(self.limits.max_in_flight, self.backend_batch),
         }
     }
 

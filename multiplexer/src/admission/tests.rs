@@ -691,3 +691,43 @@ async fn spill_slots_shorten_the_expected_wait() {
         waiter.abort();
     }
 }
+
+#[tokio::test]
+async fn a_limit_of_one_teis_batch_keeps_the_next_batch_ready() {
+    let admission = Admission::new(limits(4, 10));
+    admission.set_backend_batch(Some(4));
+    assert_eq!(admission.snapshot().effective_limit, 8);
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(admission.acquire(Ask::new(Priority::Standard)).await.unwrap());
+    }
+    let ninth = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(Ask::new(Priority::Standard)).await })
+    };
+    settle().await;
+    assert_eq!(
+        (admission.snapshot().in_flight, admission.snapshot().queued_total()),
+        (8, 1),
+        "two batches, then the queue"
+    );
+    // A TEI that batches by tokens alone: exactly the limit again, the ninth waiting its turn.
+    admission.set_backend_batch(None);
+    assert_eq!(admission.snapshot().effective_limit, 4);
+    held.truncate(4);
+    settle().await;
+    assert_eq!(admission.snapshot().queued_total(), 1, "still over the plain limit");
+    held.pop();
+    drop(ninth.await.unwrap().unwrap());
+}
+
+#[tokio::test]
+async fn the_adaptive_limit_and_wide_limits_keep_no_extra_batch() {
+    let wide = Admission::new(limits(16, 10));
+    wide.set_backend_batch(Some(8));
+    assert_eq!(wide.snapshot().effective_limit, 16);
+    let adaptive = Admission::new(Limits { adaptive: true, ..limits(4, 10) });
+    let before = adaptive.snapshot().effective_limit;
+    adaptive.set_backend_batch(Some(4));
+    assert_eq!(adaptive.snapshot().effective_limit, before);
+}

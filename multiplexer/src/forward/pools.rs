@@ -10,6 +10,7 @@ use std::sync::{Arc, RwLock};
 use crate::activator::Activations;
 use crate::admission::{Admission, Limits};
 use crate::error::{Error, Result};
+use crate::forward::backend_batch;
 use crate::forward::coalesce::Coalescer;
 use crate::forward::siblings::Siblings;
 use crate::forward::upstream::{Dialer, Upstream};
@@ -66,6 +67,9 @@ pub struct PoolTable {
     synced: std::sync::atomic::AtomicBool,
     /// Calls that came in TLS may be routed to pools served in plain text (`spec.tls.allowPlaintextRoutes`).
     plaintext_routes: std::sync::atomic::AtomicBool,
+    /// New pools served by a TEI of their own learn its batch, so a tight static limit keeps
+    /// TEI's next batch ready (`--next-batch`; `crate::admission` `next_batch`).
+    next_batch: bool,
 }
 
 /// Pool names an error message names at most.
@@ -94,7 +98,15 @@ impl PoolTable {
         let synced = false.into();
         let (pools, keys, plaintext_routes) = (RwLock::default(), RwLock::default(), false.into());
         let own = own.to_owned();
-        Self { own, metrics, pools, siblings, dialer, activations: None, keys, synced, plaintext_routes }
+        let next_batch = false;
+        Self { own, metrics, pools, siblings, dialer, activations: None, keys, synced, plaintext_routes, next_batch }
+    }
+
+    /// Whether new pools learn TEI's batch and keep its next one ready, before the first
+    /// [`Self::sync`]. Off in a table built here (tests count every call TEI gets); the binary
+    /// turns it on unless `--next-batch-ready false`.
+    pub fn with_next_batch(self, keep_ready: bool) -> Self {
+        Self { next_batch: keep_ready, ..self }
     }
 
     /// The activator's table: no own pool; every pool's upstream is the balancer `activations`
@@ -158,6 +170,11 @@ impl PoolTable {
                         admission.set_limits(limits);
                     }
                     admission.set_tenant_weights(spec.tenants.clone());
+                    // A TEI of its own: not a sibling's or another pool's multiplexer, nor the
+                    // activator's balancer over replicas that learn their own.
+                    if self.next_batch && !spec.remote && self.activations.is_none() {
+                        backend_batch::learn(admission.clone(), upstream.channel(), spec.name.clone());
+                    }
                     let coalescer = coalescer_for(&spec, existing.as_deref());
                     let siblings = self.siblings_of(&spec);
                     let door = match &existing {

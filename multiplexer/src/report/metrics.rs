@@ -140,7 +140,7 @@ impl Metrics {
             .expect("valid counter"),
             limit_in_flight: gauge(
                 "teifleet_limit_in_flight",
-                "In-flight limit in force on this replica, in inputs (the adaptive limit when on).",
+                "In-flight limit in force on this replica, in inputs (the adaptive limit when on; TEI's next batch kept ready included).",
                 &["pool"],
             ),
             limit_in_flight_share: gauge(

@@ -193,3 +193,32 @@ async fn expired_and_cancelled_waiters_never_reach_tei() {
     let text = metrics_text(&mux);
     assert!(text.contains("outcome=\"expired_in_queue\"") || text.contains("outcome=\"cancelled\""), "{text}");
 }
+
+/// A limit of one of TEI's batches (its Info's `max_batch_requests`): TEI's queue holds its next
+/// batch too, learned from TEI, and never more.
+#[tokio::test]
+async fn a_limit_of_one_batch_keeps_teis_next_batch_ready() {
+    let sim = sim(|c| {
+        c.fixed_latency = Duration::from_millis(30);
+        c.max_batch_requests = Some(4);
+    })
+    .await;
+    let specs = vec![spec("pool-a", sim.addr(), limits(4, 100))];
+    let (mux, table) = mux_keeping_next_batch(specs, Settings::default(), true).await;
+    let pool = table.get("pool-a").expect("the pool");
+    let learned = tokio::time::timeout(Duration::from_secs(20), async {
+        while pool.admission.snapshot().effective_limit != 8 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    learned.await.expect("TEI's batch learned from its Info");
+    let client = embed_client(mux.grpc_addr).await;
+    let calls = (0..40).map(|i| {
+        let mut client = client.clone();
+        async move { client.embed(embed_request(&format!("request {i}"))).await }
+    });
+    let results = join_all(calls).await;
+    assert!(results.iter().all(Result::is_ok), "all served: {:?}", results.iter().find(|r| r.is_err()));
+    let seen = sim.stats().max_in_flight_observed;
+    assert_eq!(seen, 8, "TEI held its batch and the next one, no more");
+}

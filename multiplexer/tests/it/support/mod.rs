@@ -52,8 +52,18 @@ pub fn spec(name: &str, upstream: SocketAddr, limits: Limits) -> PoolSpec {
 
 /// A multiplexer whose own pool is the first spec.
 pub async fn mux_with(specs: Vec<PoolSpec>, settings: Settings) -> (Running, Arc<PoolTable>) {
+    mux_keeping_next_batch(specs, settings, false).await
+}
+
+/// [`mux_with`], its pools learning TEI's batch from its Info when `next_batch` (as the binary's
+/// pools do: off elsewhere, so that TEI counts only the calls a test sends).
+pub async fn mux_keeping_next_batch(
+    specs: Vec<PoolSpec>,
+    settings: Settings,
+    next_batch: bool,
+) -> (Running, Arc<PoolTable>) {
     let metrics = Metrics::new();
-    let table = Arc::new(PoolTable::new(&specs[0].name, metrics.clone()));
+    let table = Arc::new(PoolTable::new(&specs[0].name, metrics.clone()).with_next_batch(next_batch));
     table.sync(specs).expect("pools valid");
     let settings = Settings { health_interval: Duration::from_millis(100), ..settings };
     (server::start(settings, table.clone(), metrics).await.expect("multiplexer starts"), table)
