@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 use tonic::transport::server::Connected as _;
 
+pub use self::answer::room_for as room_for_answer;
 pub use self::stream::{BUFFERED_PER_BYTE, Dispatch, REFUSED_MEMORY, RequestBody, STREAM_BYTES};
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::transport::corked::{self, Socket};

@@ -55,6 +55,11 @@ impl RpcService {
 
 impl RpcService {
     /// Serves one call that arrived on `connection`.
+    /// The RPC table's row this service serves.
+    pub fn rpc(&self) -> &'static Rpc {
+        self.rpc
+    }
+
     pub fn call<B>(
         &self,
         mut request: http::Request<B>,

@@ -20,9 +20,17 @@ use http::header::CONTENT_TYPE;
 use http_body::{Body, Frame};
 use tonic::Status;
 
-use super::arrow::Answer;
 use crate::admission::memory::Charge;
 use crate::front::grpc::stream_body::trailers;
+
+/// A batch's answer: its gRPC message written after room for its framing (see
+/// `super::arrow::frame_in_place`), and the memory charged for it, held until the socket has taken it.
+pub struct Answer {
+    pub written: Vec<u8>,
+    /// Where the framed message starts in `written`.
+    pub start: usize,
+    pub charge: Charge,
+}
 
 /// Told when an answer's last byte was taken.
 #[derive(Default)]

@@ -15,6 +15,7 @@ use teifleet_proto::tei_multiplexer::v1 as mux;
 use teifleet_proto::v1;
 use tonic::metadata::MetadataMap;
 
+use super::answers::Answer;
 use super::error::ManagerError;
 use super::inbound;
 use super::ipc::{self, Dense, Dtype, Sparse, Texts};
@@ -191,15 +192,6 @@ impl Routed {
             }
         }
     }
-}
-
-/// A batch's answer: its gRPC message written after room for its framing (see
-/// [`frame_in_place`]), and the memory charged for it, held until the socket has taken it.
-pub struct Answer {
-    pub written: Vec<u8>,
-    /// Where the framed message starts in `written`.
-    pub start: usize,
-    pub charge: Charge,
 }
 
 /// One batch: its IPC in, its answer out. `request` is the request message's memory charge: the
@@ -387,7 +379,7 @@ async fn embed(
             let refused_by_tei = assembled.take_errors();
             // What the held answer had charged (its per-row state) is not made.
             assembled.answer.shrink(assembled.answer.bytes());
-            let mut writer = Writer::open(escape, texts, options, dim, refused_by_tei).await?;
+            let mut writer = Writer::open(escape, texts, (options.dtype, options.lz4), dim, refused_by_tei).await?;
             writer.fail_until(row);
             streamed = Some(writer);
         }

@@ -11,6 +11,7 @@
 
 mod answers;
 mod arrow;
+mod dense_unary;
 mod error;
 mod inbound;
 mod ipc;
@@ -43,7 +44,7 @@ use crate::admission::memory::{Charge, MemoryBudget, Use};
 use crate::error::Error;
 use crate::forward::Forwarder;
 use crate::front::grpc::connections::ConnectionInfo;
-use crate::front::grpc::server::{BUFFERED_PER_BYTE, REFUSED_MEMORY, STREAM_BYTES};
+use crate::front::grpc::server::{BUFFERED_PER_BYTE, REFUSED_MEMORY, STREAM_BYTES, room_for_answer};
 use crate::front::grpc::service::RpcService;
 use crate::front::grpc::{stream_body, unary};
 use crate::gate::auth::Gate;
@@ -158,14 +159,18 @@ impl TeiManager {
         if let Err(failure) = self.cx.gate.admit(request.headers_mut(), connection.transport.as_ref(), Protocol::Grpc) {
             return status::into_http(status::into_status(Error::Auth(failure)));
         }
-        let charge = match self.cx.memory.charge(Use::RequestBodies, STREAM_BYTES) {
+        let wrapped = self.wrapped.get(method.as_str());
+        // A wrapped EmbedAll is refused up front like tei.v1's own when large answers have
+        // filled their share of the budget.
+        let room = wrapped.map_or(Ok(()), |(service, _)| room_for_answer(&self.cx.memory, service.rpc()));
+        let charge = match room.and_then(|()| self.cx.memory.charge(Use::RequestBodies, STREAM_BYTES)) {
             Ok(charge) => Arc::new(charge),
             Err(over) => {
                 self.cx.forwarder.metrics.refused_input(PORT, REFUSED_MEMORY);
                 return status::into_http(status::into_status(Error::Memory(over)));
             }
         };
-        if let Some((service, info)) = self.wrapped.get(method.as_str()) {
+        if let Some((service, info)) = wrapped {
             return self.wrapped(service, *info, request, charge, &connection).await;
         }
         let request = request
@@ -248,7 +253,7 @@ impl TeiManager {
         };
         if !sparse {
             // Its answer held as below, or streamed when too large to hold.
-            return streamed::unary(self.cx.clone(), routed, options, ipc_in, charge).await;
+            return dense_unary::unary(self.cx.clone(), routed, options, ipc_in, charge).await;
         }
         let result = arrow::batch(cx, &mut routed, &options, ipc_in, &charge).await;
         drop(charge);

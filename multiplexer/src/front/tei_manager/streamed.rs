@@ -12,29 +12,20 @@
 //! grows with the rows but a bit a row and the request's texts. A reader that stops reading stalls
 //! the call under h2's flow control: at most [`QUEUE`] pieces wait here, one in h2.
 //!
-//! The call runs in a task of its own, so its answer can outlive the handler's future: the task
-//! says whether the answer was held (today's path, whole) or is streamed; the response's body
-//! holds the task and aborts it when dropped (a client gone mid-stream gives every charge back).
+//! The call that writes it runs in a task of its own (`super::dense_unary`).
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 
 use bytes::Bytes;
-use http_body::Frame;
 use tokio::sync::{mpsc, oneshot};
-use tokio_util::task::AbortOnDropHandle;
 use tonic::Status;
 
-use super::arrow::{self, Answer, Options, Routed};
+use super::answers::Answer;
 use super::error::ManagerError;
 use super::ipc::{Dtype, Texts};
 use super::layout::{self, Layout, Shape};
-use super::{Context, answers};
 use crate::admission::memory::{Charge, MemoryBudget, Use};
 use crate::error::Error;
-use crate::front::grpc::stream_body::trailers;
-use crate::report::status;
 use crate::vocab::framing::PREFIX;
 
 /// Pieces of a streamed answer made and not yet taken by the body: with the one h2 holds, what a
@@ -48,96 +39,24 @@ pub enum Item {
 }
 
 /// What the call's task tells the handler once it knows.
-enum Reply {
+pub enum Reply {
     Held(Result<Answer, Status>),
     Streamed(mpsc::Receiver<Item>),
 }
 
 /// How a batch's answer may leave as a stream: the handler's reply, and the body's queue.
 pub struct Escape {
-    reply: Option<oneshot::Sender<Reply>>,
-    tx: mpsc::Sender<Item>,
+    pub reply: Option<oneshot::Sender<Reply>>,
+    pub tx: mpsc::Sender<Item>,
     rx: Option<mpsc::Receiver<Item>>,
     memory: Arc<MemoryBudget>,
 }
 
-/// EmbedArrow (dense, unary): served in a task of its own, its answer held or streamed.
-pub async fn unary(
-    cx: Arc<Context>,
-    routed: Routed,
-    options: Options,
-    ipc_in: Bytes,
-    charge: Arc<Charge>,
-) -> http::Response<tonic::body::Body> {
-    let (reply, replied) = oneshot::channel();
-    let task = AbortOnDropHandle::new(tokio::spawn(run(cx, routed, options, ipc_in, charge, reply)));
-    match replied.await {
-        Ok(Reply::Held(Ok(answer))) => answers::unary(answers::charged(answer, None)),
-        Ok(Reply::Held(Err(status))) => status::into_http(status),
-        Ok(Reply::Streamed(rx)) => {
-            let mut response = http::Response::new(tonic::body::Body::new(Streamed { rx, _task: task, done: false }));
-            response
-                .headers_mut()
-                .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static("application/grpc"));
-            response
-        }
-        Err(_) => status::into_http(Status::internal("the call's work stopped before its answer")),
-    }
-}
-
-async fn run(
-    cx: Arc<Context>,
-    mut routed: Routed,
-    options: Options,
-    ipc_in: Bytes,
-    charge: Arc<Charge>,
-    reply: oneshot::Sender<Reply>,
-) {
-    let (tx, rx) = mpsc::channel(QUEUE);
-    let mut escape = Escape { reply: Some(reply), tx, rx: Some(rx), memory: cx.memory.clone() };
-    let result = arrow::batch_with(&cx, &mut routed, &options, ipc_in, &charge, Some(&mut escape)).await;
-    drop(charge);
-    match escape.reply.take() {
-        Some(reply) => {
-            let held = result.and_then(|answer| answer.ok_or_else(|| ManagerError::Build("no answer".into())));
-            let _ = reply.send(Reply::Held(routed.finish(held).map_err(ManagerError::into_status)));
-        }
-        None => {
-            let status = match routed.finish(result) {
-                Ok(_) => Status::ok(""),
-                Err(error) => error.into_status(),
-            };
-            let _ = escape.tx.send(Item::End(status)).await;
-        }
-    }
-}
-
-/// The streamed answer's body: the pieces as the task makes them, then its status.
-struct Streamed {
-    rx: mpsc::Receiver<Item>,
-    _task: AbortOnDropHandle<()>,
-    done: bool,
-}
-
-impl http_body::Body for Streamed {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let status = match std::task::ready!(self.rx.poll_recv(cx)) {
-            Some(Item::Data(bytes)) => return Poll::Ready(Some(Ok(Frame::data(bytes)))),
-            Some(Item::End(status)) => status,
-            None => Status::internal("the answer stopped before its end"),
-        };
-        self.done = true;
-        Poll::Ready(Some(trailers(&status).map(Frame::trailers)))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.done
+impl Escape {
+    /// An answer's way out: `reply` tells the handler whether it is held or streamed.
+    pub fn new(reply: oneshot::Sender<Reply>, memory: Arc<MemoryBudget>) -> Self {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        Self { reply: Some(reply), tx, rx: Some(rx), memory }
     }
 }
 
@@ -179,7 +98,7 @@ impl<'a> Writer<'a> {
     pub async fn open(
         escape: &mut Escape,
         texts: &'a Texts,
-        options: &Options,
+        (dtype, lz4): (Dtype, bool),
         dim: usize,
         refused: Vec<(usize, String)>,
     ) -> Result<Writer<'a>, ManagerError> {
@@ -199,7 +118,7 @@ impl<'a> Writer<'a> {
         if i32::try_from(reasons).is_err() {
             return Err(ManagerError::AnswerTooLarge { bytes: reasons, limit: i32::MAX as usize });
         }
-        let shape = Shape { rows, dim, dtype: options.dtype, failed, reasons, lz4: options.lz4 };
+        let shape = Shape { rows, dim, dtype, failed, reasons, lz4 };
         let layout = Layout::new(&shape)?;
         // EmbedArrowResponse { arrow_ipc = 1 }: its key and length, within the gRPC prefix's u32.
         let mut field = Vec::with_capacity(11);
@@ -226,7 +145,7 @@ impl<'a> Writer<'a> {
             texts,
             refused,
             dim,
-            dtype: options.dtype,
+            dtype,
             row: 0,
             out,
             tx: escape.tx.clone(),
