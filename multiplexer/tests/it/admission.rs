@@ -10,17 +10,22 @@ use tonic::Code;
 
 use crate::support::*;
 
-#[tokio::test]
-async fn never_more_than_the_limit_reaches_tei() {
-    let sim = sim(|c| c.fixed_latency = Duration::from_millis(30)).await;
-    let (mux, _) = mux(sim.addr(), limits(3, 100)).await;
-    let client = embed_client(mux.grpc_addr).await;
+/// 40 Embed calls at once through the multiplexer at `addr`, every one served.
+async fn forty_calls_all_served(addr: std::net::SocketAddr) {
+    let client = embed_client(addr).await;
     let calls = (0..40).map(|i| {
         let mut client = client.clone();
         async move { client.embed(embed_request(&format!("request {i}"))).await }
     });
     let results = join_all(calls).await;
     assert!(results.iter().all(Result::is_ok), "all served: {:?}", results.iter().find(|r| r.is_err()));
+}
+
+#[tokio::test]
+async fn never_more_than_the_limit_reaches_tei() {
+    let sim = sim(|c| c.fixed_latency = Duration::from_millis(30)).await;
+    let (mux, _) = mux(sim.addr(), limits(3, 100)).await;
+    forty_calls_all_served(mux.grpc_addr).await;
     let stats = sim.stats();
     assert_eq!(stats.requests_received, 40);
     assert!(stats.max_in_flight_observed <= 3, "TEI saw {} at once", stats.max_in_flight_observed);
@@ -212,13 +217,7 @@ async fn a_limit_of_one_batch_keeps_teis_next_batch_ready() {
         }
     });
     learned.await.expect("TEI's batch learned from its Info");
-    let client = embed_client(mux.grpc_addr).await;
-    let calls = (0..40).map(|i| {
-        let mut client = client.clone();
-        async move { client.embed(embed_request(&format!("request {i}"))).await }
-    });
-    let results = join_all(calls).await;
-    assert!(results.iter().all(Result::is_ok), "all served: {:?}", results.iter().find(|r| r.is_err()));
+    forty_calls_all_served(mux.grpc_addr).await;
     let seen = sim.stats().max_in_flight_observed;
     assert_eq!(seen, 8, "TEI held its batch and the next one, no more");
 }
