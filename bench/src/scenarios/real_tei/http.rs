@@ -20,8 +20,8 @@ pub const CALLERS: usize = 2048;
 /// The auto-batching proxy's table's calls per run; fewer here when this CPU TEI would take more
 /// than about 30 s for them.
 pub const MOST_CALLS: u64 = 20_000;
-/// Seconds of TEI's capacity one run's calls are sized to.
-const RUN_SECONDS: f64 = 25.0;
+/// Seconds of TEI's capacity one run's calls are sized to (full mode).
+const RUN_SECONDS: f64 = 30.0;
 
 const P99: &str = "HTTP p99 through ÷ direct, 2,048 callers";
 const THROUGHPUT: &str = "HTTP texts/s through ÷ direct, 2,048 callers";
@@ -87,14 +87,16 @@ pub fn planned(scenario: &str) -> Vec<Target> {
     ]
 }
 
-/// Calls per run: whole waves of the callers, about [`RUN_SECONDS`] of `capacity`, at most the
-/// auto-batching proxy's 20,000 and at least two waves.
+/// Calls per run: whole waves of the callers (one call each), about [`RUN_SECONDS`] of
+/// `capacity` (quick: one wave), at most the auto-batching proxy's 20,000 and at least one wave,
+/// so every caller is in the storm: a CPU TEI serves tens to hundreds of texts a second, where
+/// the table's GPU served thousands.
 pub fn calls_per_run(quick: bool, capacity_per_s: f64) -> u64 {
     let wave = CALLERS as u64;
     if quick || !capacity_per_s.is_finite() {
-        return 2 * wave;
+        return wave;
     }
-    let waves = ((capacity_per_s * RUN_SECONDS) / wave as f64).round().max(2.0) as u64;
+    let waves = ((capacity_per_s * RUN_SECONDS) / wave as f64).round().max(1.0) as u64;
     (waves * wave).min(MOST_CALLS)
 }
 
@@ -102,7 +104,7 @@ fn config(target: &str, calls: u64) -> LoadConfig {
     LoadConfig {
         protocol: Protocol::Http,
         inputs: words(TOKENS),
-        duration: Duration::from_secs(120),
+        duration: Duration::from_secs(150),
         grace: Duration::from_secs(60),
         ..LoadConfig::closed(target, CALLERS, calls)
     }
@@ -122,7 +124,8 @@ pub async fn measure_row(ctx: &Context, cache: &RealTeiCache, tei: &Proc, capaci
             .await?;
     }
     let calls = calls_per_run(ctx.quick, capacity_per_s);
-    let rounds = ctx.pick(1, 2);
+    // One round a side: a wave of 2,048 calls is tens of seconds of this TEI.
+    let rounds = 1;
     ctx.say(&format!("real tei 5: {calls} single-input POST /embed from {CALLERS} callers, {rounds} rounds per side"));
     let mut sides = interleaved(&targets, rounds, |t| config(t, calls)).await?.into_iter();
     let (direct, through) = (sides.next().unwrap_or_default(), sides.next().unwrap_or_default());

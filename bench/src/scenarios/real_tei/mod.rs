@@ -91,8 +91,13 @@ pub struct Run {
     pub ok_per_s: f64,
     /// OK answers within the deadline per second.
     pub goodput_per_s: f64,
+    /// Of the OK answers.
     pub p50_ms: f64,
     pub p99_ms: f64,
+    /// Of every answer, refusals and deadlines included (a queue that sheds must not look faster
+    /// for it).
+    #[serde(default)]
+    pub p99_all_ms: f64,
     /// Answers by gRPC code (HTTP statuses counted under theirs).
     pub codes: BTreeMap<String, u64>,
 }
@@ -109,6 +114,7 @@ impl From<&Report> for Run {
             goodput_per_s: r.goodput_rps,
             p50_ms: r.latency_ok.p50_ms,
             p99_ms: r.latency_ok.p99_ms,
+            p99_all_ms: r.latency.p99_ms,
             codes: r.codes.clone(),
         }
     }
