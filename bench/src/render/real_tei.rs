@@ -63,7 +63,7 @@ fn hop_row(table: &mut Table<'_>, c: &HopCase) {
         &c.haproxy_added_us().map_or("n/a".into(), |_| ms(HopCase::p50_ms(&c.haproxy_h2))),
         &us(c.sidecar_added_us()),
         &c.haproxy_added_us().map_or("n/a".into(), us),
-        &c.vs_haproxy().map_or("n/a".into(), ratio),
+        &c.vs_haproxy().filter(|r| r.is_finite()).map_or("n/a".into(), ratio),
     ]);
 }
 

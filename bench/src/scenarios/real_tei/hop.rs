@@ -122,7 +122,7 @@ pub async fn measure_row(ctx: &Context, shared: &Shared) -> Result<Hop> {
     targets.extend(haproxy.iter().map(procs::Proc::url));
     let rounds = ctx.pick(3, 5);
     let mut cases = Vec::new();
-    for (info, name, calls) in [(true, "Info", ctx.pick(300, 1000)), (false, "Embed 20 tokens", ctx.pick(100, 300))] {
+    for (info, name, calls) in [(true, "Info", ctx.pick(300, 1000)), (false, "Embed 20 tokens", ctx.pick(60, 100))] {
         ctx.say(&format!("real tei 4: the hop, {name}, {rounds} rounds of {calls} calls per side"));
         let mut sides = interleaved(&targets, rounds, |t| config(info, t, calls)).await?.into_iter();
         let mut next = || samples(&sides.next().unwrap_or_default());
