@@ -80,13 +80,12 @@ impl Profile {
     /// Parses and checks a profile's text; the error says what is wrong with it.
     pub fn parse(text: &str) -> Result<Self, String> {
         // The format first, so a file of another format says so instead of failing on a key.
-        #[derive(Deserialize)]
-        struct Format {
-            format: Option<u32>,
-        }
-        let format = serde_json::from_str::<Format>(text).map_err(|e| format!("not a profile: {e}"))?.format;
-        match format {
-            Some(PROFILE_FORMAT) => {}
+        let value: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+        let Some(object) = value.as_object() else {
+            return Err("not a profile: expected a JSON object with \"format\" and \"sim\"".to_owned());
+        };
+        match object.get("format") {
+            Some(format) if format.as_u64() == Some(u64::from(PROFILE_FORMAT)) => {}
             Some(other) => return Err(format!("format {other}, but this simulator reads format {PROFILE_FORMAT}")),
             None => return Err(format!("no \"format\" key (expected {PROFILE_FORMAT})")),
         }
@@ -173,7 +172,9 @@ mod tests {
     fn bad_profiles_are_refused_with_the_reason() {
         let with = |from: &str, to: &str| GOOD.replace(from, to);
         let cases = [
-            ("[1, 2]".to_owned(), "not a profile"),
+            ("{\"format\": 1,".to_owned(), "not JSON"),
+            ("[{\"format\": 1}]".to_owned(), "not a profile: expected a JSON object"),
+            (with("\"format\": 1", "\"format\": \"1\""), "format \"1\", but this simulator reads format 1"),
             ("{}".to_owned(), "no \"format\" key"),
             (with("\"format\": 1", "\"format\": 2"), "format 2, but this simulator reads format 1"),
             (with("2100.5", "-1"), "sim.fixed_latency_us is -1.0"),
