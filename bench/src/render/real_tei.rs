@@ -133,31 +133,17 @@ impl Render for RealTei {
                 text("codes"),
             ],
         );
+        // The capacity sweep's share is its texts/s (nothing has a deadline), the storms' their goodput.
+        let mut row = |name: &str, r: &Run, per_s: f64| {
+            let share = ratio(per_s / s.capacity_per_s());
+            let goodput = format!("{:.0}", r.goodput_per_s);
+            table.row(&[&name, &rate(r), &goodput, &share, &ms(r.p50_ms), &ms(r.p99_ms), &r.codes_text()]);
+        };
         for point in &s.sweep {
-            let r = &point.run;
-            let name = format!("direct, {} in flight", point.concurrency);
-            let share = ratio(r.ok_per_s / s.capacity_per_s());
-            table.row(&[
-                &name,
-                &rate(r),
-                &format!("{:.0}", r.goodput_per_s),
-                &share,
-                &ms(r.p50_ms),
-                &ms(r.p99_ms),
-                &r.codes_text(),
-            ]);
+            row(&format!("direct, {} in flight", point.concurrency), &point.run, point.run.ok_per_s);
         }
         for (name, r) in [("storm direct", &s.direct), ("storm through the adaptive sidecar", &s.through)] {
-            let share = ratio(r.goodput_per_s / s.capacity_per_s());
-            table.row(&[
-                &name,
-                &rate(r),
-                &format!("{:.0}", r.goodput_per_s),
-                &share,
-                &ms(r.p50_ms),
-                &ms(r.p99_ms),
-                &r.codes_text(),
-            ]);
+            row(name, r, r.goodput_per_s);
         }
         let h = &self.hop;
         let _ = writeln!(

@@ -40,10 +40,10 @@ impl Throughput {
         let direct = crate::targets::median(&self.direct.iter().map(|r| r.ok_per_s).collect::<Vec<_>>());
         let through = crate::targets::median(&self.through.iter().map(|r| r.ok_per_s).collect::<Vec<_>>());
         vec![Target::at_least(scenario, THROUGHPUT, self.ratio(), THROUGHPUT_LIMIT, "×").note_if_not_passed(format!(
-            "the sidecar passed {through:.0} texts/s where TEI alone served {direct:.0}: with exactly TEI's batch in \
-             flight, every gap between an answer and the next call's admission (the sidecar's round trip) is time \
-             TEI's batcher waits; a budget of {} or more keeps a call ready at TEI",
-            TEI_BATCH + 1
+            "the sidecar passed {through:.0} texts/s where TEI alone served {direct:.0}, its next batch of {} kept \
+             ready in TEI's queue (`--next-batch-ready`): what is left is the sidecar's CPU beside a CPU-bound TEI \
+             on the same cores, and the rounds' spread on a busy machine (the round ratios are above)",
+            TEI_BATCH
         ))]
     }
 }
