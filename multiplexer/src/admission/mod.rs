@@ -63,7 +63,9 @@ use standing::Standing;
 use tenants::Tenants;
 use tokens::TokenEstimate;
 
-/// The adaptive limit never goes below this many inputs in flight.
+/// The adaptive limit never goes below this many inputs in flight, nor below one of TEI's batches
+/// once TEI has said its batch (see `next_batch`): fewer in flight than TEI batches at once leaves
+/// TEI idle for nothing, since it takes a whole batch at once.
 pub const ADAPTIVE_FLOOR: usize = 1;
 
 type Observer = Box<dyn Fn(&Snapshot) + Send + Sync>;
@@ -225,6 +227,10 @@ impl Admission {
             return;
         }
         state.backend_batch = batch;
+        let (floor, ceiling) = (state.adaptive_floor(), state.limits.max_in_flight);
+        if let Some(adaptive) = &mut state.adaptive {
+            adaptive.set_bounds(floor, ceiling);
+        }
         self.shared.dispatch(&mut state);
         self.shared.notify(&state, None);
     }
@@ -239,11 +245,12 @@ impl Admission {
             return;
         }
         state.limits = limits;
+        let floor = state.adaptive_floor();
         // A cap set or lifted counts from now.
         state.note_busy(Instant::now());
         match (&mut state.adaptive, limits.adaptive) {
-            (Some(adaptive), true) => adaptive.set_bounds(ADAPTIVE_FLOOR, limits.max_in_flight),
-            (slot, true) => *slot = Some(Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
+            (Some(adaptive), true) => adaptive.set_bounds(floor, limits.max_in_flight),
+            (slot, true) => *slot = Some(Adaptive::new(floor, limits.max_in_flight)),
             (slot, false) => *slot = None,
         }
         while state.queue.queue(Lane::Query).inputs() > limits.max_queued {
@@ -439,10 +446,9 @@ impl Shared {
         state.tokens.observe(observation.chars, observation.tokens);
         state.ingest_gate.observed_batch(observation.tei_inference);
         let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
-        let ceiling = state.limits.max_in_flight;
+        let (floor, ceiling) = (state.adaptive_floor(), state.limits.max_in_flight);
         let Some(adaptive) = &mut state.adaptive else { return };
-        let change =
-            adaptive.observe(observation.tei_queue, observation.tei_inference, demand, ADAPTIVE_FLOOR, ceiling);
+        let change = adaptive.observe(observation.tei_queue, observation.tei_inference, demand, floor, ceiling);
         if change.is_some() {
             self.dispatch(&mut state);
             self.notify(&state, change);
@@ -515,9 +521,14 @@ impl State {
     /// The static limit with TEI's next batch kept ready (see `next_batch`), or the adaptive one.
     fn effective_limit(&self) -> usize {
         match &self.adaptive {
-            Some(adaptive) => adaptive.limit(ADAPTIVE_FLOOR, self.limits.max_in_flight),
+            Some(adaptive) => adaptive.limit(self.adaptive_floor(), self.limits.max_in_flight),
             None => self.limits.max_in_flight + next_batch::ready_inputs(self.limits.max_in_flight, self.backend_batch),
         }
+    }
+
+    /// [`ADAPTIVE_FLOOR`], or TEI's batch when it said it (never above the ceiling).
+    fn adaptive_floor(&self) -> usize {
+        self.backend_batch.unwrap_or(0).min(self.limits.max_in_flight).max(ADAPTIVE_FLOOR)
     }
 
     /// Whether a call of `lane` costing `cost` can go in flight at `now`: ingest waits while the

@@ -726,8 +726,29 @@ async fn the_adaptive_limit_and_wide_limits_keep_no_extra_batch() {
     let wide = Admission::new(limits(16, 10));
     wide.set_backend_batch(Some(8));
     assert_eq!(wide.snapshot().effective_limit, 16);
-    let adaptive = Admission::new(Limits { adaptive: true, ..limits(4, 10) });
-    let before = adaptive.snapshot().effective_limit;
+    let adaptive = Admission::new(Limits { adaptive: true, ..limits(16, 10) });
+    assert_eq!(adaptive.snapshot().effective_limit, 4, "starts at a quarter of its ceiling");
     adaptive.set_backend_batch(Some(4));
-    assert_eq!(adaptive.snapshot().effective_limit, before);
+    assert_eq!(adaptive.snapshot().effective_limit, 4, "nothing added to the adaptive limit");
+}
+
+#[tokio::test]
+async fn the_adaptive_limit_never_goes_below_one_teis_batch() {
+    let admission = Admission::new(Limits { adaptive: true, ..limits(16, 10) });
+    admission.set_backend_batch(Some(8));
+    assert_eq!(admission.snapshot().effective_limit, 8, "raised to the batch");
+    // TEI's queue long beside its batch time: the limit backs off, down to one batch, not below.
+    let permit = admission.acquire(Ask::new(Priority::Standard)).await.unwrap();
+    for _ in 0..50 {
+        permit.observe(Observation {
+            tei_queue: Duration::from_millis(400),
+            tei_inference: Duration::from_millis(20),
+            ..Observation::default()
+        });
+    }
+    assert_eq!(admission.snapshot().effective_limit, 8);
+    drop(permit);
+    let small = Admission::new(Limits { adaptive: true, ..limits(4, 10) });
+    small.set_backend_batch(Some(8));
+    assert_eq!(small.snapshot().effective_limit, 4, "never above the ceiling");
 }
