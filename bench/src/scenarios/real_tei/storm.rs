@@ -76,7 +76,7 @@ impl Storm {
         vec![
             Target::at_least(scenario, GOODPUT, self.ratio(), STORM_LIMIT, "× capacity").note_if_not_passed(format!(
                 "the sidecar's storm answered {}, {:.0} in time per second, where TEI served {:.0} texts/s at its \
-                 best; its limit ended at {}; the storm direct is the same storm's \
+                 best; its limit ended at {} (it never goes below TEI's batch); the storm direct is the same storm's \
                  ceiling on this machine",
                 self.through.codes_text(),
                 self.through.goodput_per_s,
