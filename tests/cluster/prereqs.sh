@@ -23,6 +23,15 @@ if ! command -v promtool >/dev/null 2>&1; then
   apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends prometheus >/dev/null
   if [[ -d /run/systemd/system ]]; then systemctl disable --now prometheus.service >/dev/null 2>&1 || true; fi
 fi
+# redis-server: the embedding cache's shared tier in the multiplexer's tests (multiplexer/tests/it/
+# cache, through tools/testkit/src/redis.rs), each starting its own on a loopback port. The
+# server the package starts where systemd runs (on 6379) is stopped and disabled: no test uses it.
+if ! command -v redis-server >/dev/null 2>&1; then
+  echo "[prereqs] installing redis-server (the cache tests' shared store)" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq --no-install-recommends redis-server >/dev/null
+  if [[ -d /run/systemd/system ]]; then systemctl disable --now redis-server.service >/dev/null 2>&1 || true; fi
+fi
 
 if command -v rustup >/dev/null 2>&1; then
   for component in rustfmt clippy; do

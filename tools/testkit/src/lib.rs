@@ -1,7 +1,8 @@
 //! Helpers the tests (and the benchmarks) share, written once: polling until a condition holds,
 //! child processes that go away with their guard, free loopback ports, plain HTTP requests to admin
-//! ports, lookups in Prometheus text and, with the `kube` feature, CRD install and throwaway
-//! namespaces on a cluster, and, with the `certs` feature, certificates for TLS tests.
+//! ports, lookups in Prometheus text, Redis and SeaweedFS servers on loopback and, with the `kube`
+//! feature, CRD install and throwaway namespaces on a cluster, and, with the `certs` feature,
+//! certificates for TLS tests.
 //!
 //! Polling panics on timeout, as a test wants ([`poll::eventually`], [`poll::until`]);
 //! [`poll::try_eventually`] returns the timeout as an [`Error`] for programs that must not panic.
@@ -18,6 +19,7 @@ pub mod net;
 pub mod poll;
 pub mod process;
 pub mod prom;
+pub mod redis;
 pub mod seaweedfs;
 
 use std::path::PathBuf;
