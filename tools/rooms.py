@@ -19,7 +19,7 @@ import re
 import sys
 
 # The multiplexer's rooms, lowest first: a room imports only from rooms before it.
-ROOMS = ["vocab", "transport", "admission", "gate", "error", "report", "activator", "forward", "front", "sources", "run"]
+ROOMS = ["vocab", "transport", "admission", "gate", "error", "report", "cache", "activator", "forward", "front", "sources", "run"]
 
 PATH = re.compile(r"\b(crate|super)((?:::[A-Za-z_][A-Za-z0-9_]*)+)(::\{([^}]*)\})?")
 

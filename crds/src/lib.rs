@@ -8,6 +8,7 @@
 
 pub mod autoscaling;
 pub mod budget;
+pub mod cache;
 pub mod conditions;
 pub mod duration;
 pub mod effective;
@@ -21,6 +22,7 @@ mod slice;
 
 pub use autoscaling::{AutoscalingSpec, AutoscalingStatus};
 pub use budget::{Shares, split_budget};
+pub use cache::{CacheSpec, CacheStoreSpec};
 pub use effective::{
     ActivatorReport, CertificateSummary, EffectiveLimits, HeldCalls, PoolDemand, SidecarAdmission, SidecarTls,
 };

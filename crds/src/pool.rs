@@ -120,6 +120,11 @@ pub struct EmbeddingPoolSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub coalesce: bool,
 
+    /// An embedding cache: each input of an embedding call looked up by its content, only the
+    /// misses sent to TEI (docs/caching.md). Unset: no cache.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::CacheSpec>,
+
     /// API keys: when set, every call (gRPC `authorization: Bearer <key>`, HTTP
     /// `Authorization: Bearer <key>`, which is what the OpenAI SDKs send) must carry one of the
     /// keys in the named Secret, and the key names the call's tenant. Unset: no keys, and the

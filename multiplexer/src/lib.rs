@@ -8,6 +8,7 @@
 //! | [`front`] | accepted: the gRPC port (`front::grpc`) or TEI's HTTP API and OpenAI's route (`front::http`), each turning bytes into one of the RPC table's calls |
 //! | [`gate`] | authenticated and routed: its headers read (`request_meta`), its key or certificate checked (`auth`), held at the pool's door when the pool is full and it is patient (`door`) |
 //! | [`admission`] | admitted: the pool's budget in TEI's units, the fair priority queue, the adaptive limit (no gRPC) |
+//! | [`cache`] | looked up: each embedding input by its content, in this process and in a store the pool's replicas share; only the misses go on to admission and TEI |
 //! | [`forward`] | forwarded or spilled: its cost charged, coalesced with identical calls, sent to TEI (`upstream`) or to a sibling replica with room (`siblings`) |
 //! | [`report`] | answered and counted: its outcome and time split (`call`), metrics, rates, ORCA load reports, the gRPC status of an error |
 //! | [`activator`] | the role that holds calls for pools scaled to zero until a replica is ready |
@@ -20,13 +21,14 @@
 //! classified once).
 //!
 //! A room imports only from rooms below it: `vocab` < `transport` < `admission` < `gate` <
-//! `error` < `report` < `activator` < `forward` < `front` < `sources` < `run`
+//! `error` < `report` < `cache` < `activator` < `forward` < `front` < `sources` < `run`
 //! (`tools/rooms.py --check`, run by `make lint`).
 #![deny(warnings, rust_2018_idioms)]
 #![forbid(unsafe_code)]
 
 pub mod activator;
 pub mod admission;
+pub mod cache;
 pub mod error;
 pub mod forward;
 pub mod front;

@@ -46,18 +46,22 @@ pub enum Use {
     Door,
     /// Answers the HTTP front assembles before it sends them.
     Answers,
+    /// The embedding cache's local tier (`crate::cache`): one holder, grown and shrunk with its
+    /// entries, so it never holds more than a large holder's share.
+    Cache,
 }
 
 impl Use {
     // The activator's held calls are request bodies (charged by the fronts) held longer, and are
     // counted as such; how many it holds is capped per pool (`crate::activator`).
-    pub const ALL: [Use; 3] = [Use::RequestBodies, Use::Door, Use::Answers];
+    pub const ALL: [Use; 4] = [Use::RequestBodies, Use::Door, Use::Answers, Use::Cache];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Self::RequestBodies => "request_bodies",
             Self::Door => "door",
             Self::Answers => "answers",
+            Self::Cache => "cache",
         }
     }
 

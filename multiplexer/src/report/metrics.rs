@@ -29,6 +29,8 @@ pub struct Metrics {
     recent: Arc<RecentRates>,
     /// Per pool, the series each kind of call ends in.
     call_series: Arc<Mutex<HashMap<String, HashMap<CallKind, CallSeries>>>>,
+    /// The embedding cache's families (`crate::cache`).
+    cache: Arc<crate::report::cache::CacheFamilies>,
 }
 
 /// A call's priority, front and RPC label: with its pool, what its series are labelled by.
@@ -277,11 +279,14 @@ impl Metrics {
             ],
         )
         .expect("unique metric names");
+        let cache = Arc::new(crate::report::cache::CacheFamilies::new());
+        teifleet_runtime::metrics::register(&registry, &cache.collectors()).expect("unique metric names");
         Self {
             registry,
             families: Arc::new(families),
             recent: Arc::new(RecentRates::new()),
             call_series: Arc::default(),
+            cache,
         }
     }
 
@@ -399,6 +404,11 @@ impl Metrics {
         f.memory_budget.set(i64::try_from(bytes).unwrap_or(i64::MAX));
         let gauges = Use::ALL.map(|what| f.memory_charged.with_label_values(&[what.as_str()]));
         MemoryBudget::new(bytes, Some(gauges))
+    }
+
+    /// The embedding cache's series.
+    pub fn cache(&self) -> &crate::report::cache::CacheFamilies {
+        &self.cache
     }
 
     pub fn coalesced(&self, pool: &str, rpc: &str) {
