@@ -12,6 +12,7 @@
 pub mod adaptive;
 pub mod bulk;
 pub mod burst;
+pub mod cache;
 pub mod coalescing;
 pub mod colocation;
 pub mod cost;
@@ -122,6 +123,7 @@ macro_rules! for_each_scenario {
             Lanes => lanes::Lanes,
             Job => job::Job,
             RealTei => real_tei::RealTei,
+            Cache => cache::Cache,
         }
     };
 }
@@ -235,7 +237,10 @@ mod tests {
         assert_eq!(Scenario::Job.label(), "20 job");
         assert_eq!(Scenario::parse("21"), Some(Scenario::RealTei));
         assert_eq!(Scenario::parse("real-tei"), Some(Scenario::RealTei));
-        assert_eq!(Scenario::parse("22"), None);
+        assert_eq!(Scenario::parse("22"), Some(Scenario::Cache));
+        assert_eq!(Scenario::parse("cache"), Some(Scenario::Cache));
+        assert_eq!(Scenario::Cache.label(), "22 cache");
+        assert_eq!(Scenario::parse("23"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

@@ -1,0 +1,209 @@
+//! Part 1: Zipf query traffic at twice the pool's capacity, the cache off and on.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use teifleet_load::zipf::Zipf;
+use teifleet_proto::v1::EmbedRequest;
+use teifleet_proto::v1::embed_client::EmbedClient;
+
+use super::drive::{self, Answer, Phase, Pick, vector_hash};
+use super::procs::{self, CacheConfig, PoolLimits};
+use super::texts::{Space, text};
+use super::{Context, DEADLINE, DIMENSIONS, metric};
+use crate::procs::{Device, Proc, SimModel};
+use crate::targets::ratio;
+use crate::{Error, Result};
+
+/// Zipf's exponent and the distinct texts it draws from.
+pub const EXPONENT: f64 = 1.1;
+pub const DISTINCT: usize = 1_000_000;
+/// The open loop's rate, × capacity.
+pub const OFFERED: f64 = 2.0;
+/// The hot phase: texts among the hottest this many, at the capacity's rate.
+pub const HOT: u64 = 100;
+/// Texts of the on phase checked against direct calls to the simulator.
+pub const DIRECT_SAMPLE: usize = 64;
+const CONNECTIONS: usize = 4;
+const SEED: u64 = 22;
+
+/// A GPU-like TEI: batches of 16, 20 ms a batch plus 20 µs a word (about 33 ms for 16 texts of
+/// 40 words: about 490 texts/s). Slow enough that twice its capacity, mostly answered from the
+/// cache, is a load 2 cores offer and serve beside the load generator.
+pub fn backend() -> SimModel {
+    SimModel {
+        max_concurrent_requests: 512,
+        max_batch_requests: Some(16),
+        fixed_latency: Duration::from_millis(20),
+        per_token_latency: Duration::from_micros(20),
+        device: Device::Sleep,
+    }
+}
+
+/// Two batches in flight, four queued, a 500 ms queue timeout (scenario 2's shape).
+pub fn limits() -> PoolLimits {
+    PoolLimits { max_in_flight: 32, max_queued: 64, queue_timeout_ms: 500 }
+}
+
+/// The local tier of parts 1 and 3: 64 MiB holds about 40,000 answers of 384 dimensions.
+pub const LOCAL_SIZE: &str = "64Mi";
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hits {
+    pub backend: SimModel,
+    pub limits: PoolLimits,
+    pub local_size: String,
+    /// Closed loop through the multiplexer with the cache off.
+    pub capacity: Phase,
+    pub capacity_callers: usize,
+    pub offered_rps: f64,
+    /// Open loop at [`OFFERED`] × capacity, the cache on (cold at the start).
+    pub on: Phase,
+    /// The same schedule's first seconds with the cache off (for the record).
+    pub off: Phase,
+    /// Only the [`HOT`] hottest texts, at the capacity's rate, the cache on.
+    pub hot: Phase,
+    /// Texts checked against direct calls to the simulator, and those whose answer differed
+    /// from the vector every answer was checked against.
+    pub direct_checked: u64,
+    pub direct_wrong: u64,
+    /// The cache's counts over the on phase (`teifleet_cache_inputs_total` by result).
+    pub inputs: Vec<(String, f64)>,
+}
+
+impl Hits {
+    pub fn capacity_rps(&self) -> f64 {
+        self.capacity.goodput_rps()
+    }
+
+    pub fn goodput_ratio(&self) -> f64 {
+        ratio(self.on.goodput_rps(), self.capacity_rps())
+    }
+
+    pub fn off_ratio(&self) -> f64 {
+        ratio(self.off.goodput_rps(), self.capacity_rps())
+    }
+}
+
+pub async fn run(ctx: &Context) -> Result<Hits> {
+    let zipf = Arc::new(Zipf::new(EXPONENT, DISTINCT)?);
+    let sim = crate::procs::start_sim_with(&ctx.bins, "cache-sim", &backend(), &[format!("--dimensions={DIMENSIONS}")])
+        .await?;
+    let limits = limits();
+    let off = procs::start_mux(&ctx.bins, "cache-mux-off", &sim, limits, None, None).await?;
+    let config = CacheConfig { size: LOCAL_SIZE.into(), store: None };
+    let on = procs::start_mux(&ctx.bins, "cache-mux-on", &sim, limits, Some(&config), None).await?;
+    let (off_ch, on_ch) =
+        (drive::channels(&off.url(), CONNECTIONS).await?, drive::channels(&on.url(), CONNECTIONS).await?);
+    // Warm-up on texts the measured loads never ask for.
+    let warm: Pick = Arc::new(|i| i);
+    for channels in [&off_ch, &on_ch] {
+        drive::closed(channels, Space::Shared, warm.clone(), 16, 400, Duration::from_secs(10), DEADLINE).await;
+    }
+
+    let picks = |seed: u64| -> Pick {
+        let zipf = zipf.clone();
+        Arc::new(move |i| zipf.draw(seed, i) as u64)
+    };
+    let callers = 2 * (limits.max_in_flight + limits.max_queued / 2);
+    let seconds = ctx.pick(5, 10);
+    ctx.say(&format!("cache: capacity, closed loop of {callers} through the multiplexer with the cache off"));
+    let (answers, took) = drive::closed(
+        &off_ch,
+        Space::Queries,
+        picks(SEED + 1),
+        callers,
+        100_000,
+        Duration::from_secs(seconds),
+        DEADLINE,
+    )
+    .await;
+    let capacity = Phase::of(&answers, Space::Queries, took);
+    let cap = capacity.goodput_rps();
+    if !(cap > 0.0) {
+        return Err(Error::Process(format!("the pool served nothing with the cache off: {}", capacity.codes())));
+    }
+    let rate = OFFERED * cap;
+    let seconds = Duration::from_secs(ctx.pick(10, 30));
+    let max = (rate * seconds.as_secs_f64()) as u64 + 1;
+    ctx.say(&format!("cache: capacity {cap:.0}/s; open loop at {rate:.0}/s for {} s, the cache on", seconds.as_secs()));
+    let before = inputs(&on).await;
+    let answers = drive::open(&on_ch, Space::Queries, picks(SEED), rate, seconds, max, SEED, DEADLINE).await;
+    let on_phase = Phase::of(&answers, Space::Queries, seconds.as_secs_f64());
+    let on_ids = answers_ids(&answers);
+    let after = inputs(&on).await;
+    let counts = after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.iter().find(|(b, _)| b == k).map_or(0.0, |(_, b)| *b)))
+        .collect();
+    ctx.say(&format!(
+        "cache: on: {:.0}/s OK ({}), {} hits, hit p99 {:.2} ms",
+        on_phase.goodput_rps(),
+        on_phase.codes(),
+        on_phase.hits,
+        on_phase.hit_p99_ms
+    ));
+
+    let off_seconds = Duration::from_secs(ctx.pick(5, 10));
+    ctx.say(&format!("cache: the same schedule for {} s, the cache off", off_seconds.as_secs()));
+    let answers = drive::open(&off_ch, Space::Queries, picks(SEED), rate, off_seconds, max, SEED, DEADLINE).await;
+    let off_phase = Phase::of(&answers, Space::Queries, off_seconds.as_secs_f64());
+
+    let hot_seconds = Duration::from_secs(ctx.pick(3, 5));
+    ctx.say(&format!("cache: the {HOT} hottest texts at {cap:.0}/s for {} s, the cache on", hot_seconds.as_secs()));
+    let hot: Pick = Arc::new(|i| (teifleet_load::zipf::uniform(SEED + 2, i) * HOT as f64) as u64 % HOT);
+    let answers = drive::open(&on_ch, Space::Queries, hot, cap, hot_seconds, max, SEED + 3, DEADLINE).await;
+    let hot_phase = Phase::of(&answers, Space::Queries, hot_seconds.as_secs_f64());
+
+    let (direct_checked, direct_wrong) = direct_check(&sim, &on_ids).await?;
+    Ok(Hits {
+        backend: backend(),
+        limits,
+        local_size: LOCAL_SIZE.into(),
+        capacity,
+        capacity_callers: callers,
+        offered_rps: rate,
+        on: on_phase,
+        off: off_phase,
+        hot: hot_phase,
+        direct_checked,
+        direct_wrong,
+        inputs: counts,
+    })
+}
+
+fn answers_ids(answers: &[Answer]) -> Vec<u64> {
+    let mut ids: Vec<u64> = answers.iter().filter(|a| a.code.is_none()).map(|a| a.id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    ids
+}
+
+/// The cache's counts by result at `mux`.
+async fn inputs(mux: &procs::Server) -> Vec<(String, f64)> {
+    let mut out = Vec::new();
+    for result in ["hit_local", "hit_store", "miss", "bypass"] {
+        out.push((result.to_owned(), metric(mux, "teifleet_cache_inputs_total", &[("result", result)]).await));
+    }
+    out
+}
+
+/// Up to [`DIRECT_SAMPLE`] of `ids` (and a few never asked) embedded directly by the simulator:
+/// its answers against the vectors every answer through the multiplexer was checked against.
+/// Returns (checked, differing).
+pub async fn direct_check(sim: &Proc, ids: &[u64]) -> Result<(u64, u64)> {
+    let channel = drive::channels(&sim.url(), 1).await?.remove(0);
+    let step = (ids.len() / DIRECT_SAMPLE).max(1);
+    let (mut checked, mut wrong) = (0, 0);
+    for id in ids.iter().step_by(step).take(DIRECT_SAMPLE) {
+        let request = EmbedRequest { inputs: text(Space::Queries, *id), truncate: true, ..Default::default() };
+        let answer = EmbedClient::new(channel.clone())
+            .embed(request)
+            .await
+            .map_err(|s| Error::Process(format!("the simulator refused a direct call: {s}")))?;
+        checked += 1;
+        wrong += u64::from(vector_hash(&answer.get_ref().embeddings) != drive::expected_hash(Space::Queries, *id));
+    }
+    Ok((checked, wrong))
+}
