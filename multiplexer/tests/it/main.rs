@@ -7,6 +7,7 @@ mod admission;
 mod attacks;
 mod auth;
 mod bad_input;
+mod cache;
 mod claims;
 mod door;
 mod drain;
