@@ -57,8 +57,8 @@ deny: ## cargo deny: licenses, bans and sources (deny.toml says why advisories a
 	$(CARGO_DENY) --locked check --hide-inclusion-graph licenses bans sources
 
 .PHONY: unit
-unit: ## Unit and golden tests (no cluster); the embedding-job runner's S3 tests against SeaweedFS (tools/seaweedfs.sh)
-	TEIFLEET_WEED_BIN=$$(tools/seaweedfs.sh) TEIFLEET_REQUIRE_S3=1 cargo test --workspace --locked --exclude teifleet-e2e
+unit: ## Unit and golden tests (no cluster); the embedding-job runner's S3 tests against SeaweedFS (tools/seaweedfs.sh); the cache tests against redis-server
+	TEIFLEET_WEED_BIN=$$(tools/seaweedfs.sh) TEIFLEET_REQUIRE_S3=1 TEIFLEET_REQUIRE_REDIS=1 cargo test --workspace --locked --exclude teifleet-e2e
 
 .PHONY: fuzz
 fuzz: ## Property fuzzing of the wire reader, HTTP parsers and request metadata, long: PROPTEST_CASES=200000 (about 7 min)
