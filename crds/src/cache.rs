@@ -160,7 +160,10 @@ mod tests {
     /// Each CEL rule with its message.
     fn rules(schema: &Value) -> Vec<(String, String)> {
         let rules = schema["x-kubernetes-validations"].as_array().cloned().unwrap_or_default();
-        rules.iter().map(|rule| (rule["rule"].as_str().unwrap().into(), rule["message"].as_str().unwrap().into())).collect()
+        rules
+            .iter()
+            .map(|rule| (rule["rule"].as_str().unwrap().into(), rule["message"].as_str().unwrap().into()))
+            .collect()
     }
 
     fn cache(value: Value) -> CacheSpec {
@@ -234,8 +237,12 @@ mod tests {
             let budget = |limit: u64| limit * SIDECAR_BUDGET_PERCENT / 100;
             let large = |limit: u64| budget(limit) * SIDECAR_LARGE_SHARE_PERCENT / 100;
             let limit = 256 << 20;
-            assert!(large(limit + growth) >= large(limit) + bytes, "{bytes}: the tier full, bodies keep their room");
-            assert!(budget(limit + growth) >= budget(limit) + bytes, "{bytes}");
+            // (Each of the multiplexer's two roundings down loses at most a byte.)
+            assert!(
+                large(limit + growth) + 2 >= large(limit) + bytes,
+                "{bytes}: the tier full, bodies keep their room"
+            );
+            assert!(budget(limit + growth) + 1 >= budget(limit) + bytes, "{bytes}");
             assert!(growth <= bytes * 8 / 3 + 1, "{bytes}: no more than that");
         }
         assert_eq!(sidecar_limit_growth(3 << 20), 8 << 20);

@@ -378,3 +378,106 @@ fn activator_deployment_runs_two_replicas_spread_and_rolled_one_at_a_time_under_
     check("activator-deployment.yaml", &rendered.deployment);
     check("activator-pdb.yaml", &rendered.pdb.expect("two replicas: a budget"));
 }
+
+fn with_cache(yaml: &str) -> EmbeddingPool {
+    let mut pool = pool(BASE);
+    pool.spec.cache = Some(serde_norway::from_str(yaml).unwrap());
+    pool
+}
+
+/// The sidecar's memory request and limit, its `--memory-limit` flag, and its environment.
+fn sidecar(pool: &EmbeddingPool) -> (serde_json::Value, Option<String>, Vec<k8s_openapi::api::core::v1::EnvVar>) {
+    let rendered = render(pool, &RenderConfig::default(), None).unwrap();
+    let containers = rendered.deployment.spec.unwrap().template.spec.unwrap().containers;
+    let sidecar = containers.into_iter().find(|c| c.name == "multiplexer").unwrap();
+    let flag = sidecar.args.unwrap().into_iter().find(|arg| arg.starts_with("--memory-limit"));
+    let memory = serde_json::to_value(sidecar.resources.unwrap()).unwrap();
+    let memory = serde_json::json!({ "requests": memory["requests"]["memory"], "limits": memory["limits"]["memory"] });
+    (memory, flag, sidecar.env.unwrap())
+}
+
+#[test]
+fn a_cache_with_a_store_grows_the_sidecars_memory_and_hands_it_the_password() {
+    let pool = with_cache(
+        r#"
+size: 1Gi
+ttl: 12h
+sharedAcrossTenants: true
+store:
+  url: rediss://valkey.ml.svc:6380/0
+  username: teifleet
+  timeout: 10ms
+  passwordSecret: { name: embedding-cache, key: password }
+"#,
+    );
+    let rendered = render(&pool, &RenderConfig::default(), None).unwrap();
+    check("deployment-cache.yaml", &rendered.deployment);
+
+    // Request: 64Mi + the tier's 1Gi. Limit: 256Mi + 8/3 GiB (the budget is half the limit and
+    // the tier fills at most three quarters of it), rounded up to a MiB; the flag says the same.
+    let (memory, flag, env) = sidecar(&pool);
+    assert_eq!(memory, serde_json::json!({ "requests": "1088Mi", "limits": "2987Mi" }));
+    assert_eq!(flag.as_deref(), Some("--memory-limit=2987Mi"));
+    let password = env.iter().find(|var| var.name == "TEIFLEET_CACHE_STORE_PASSWORD").expect("the password's env");
+    assert_eq!(
+        serde_json::to_value(password).unwrap(),
+        serde_json::json!({ "name": "TEIFLEET_CACHE_STORE_PASSWORD", "valueFrom": { "secretKeyRef":
+            { "name": "embedding-cache", "key": "password", "optional": true } } }),
+    );
+    // The kubelet reads the Secret: the sidecar's role is the same as without a cache.
+    assert_eq!(rendered.role, children(BASE).role);
+
+    // The TTL, the store's address, user and timeout, sharing between tenants: the sidecar reads
+    // them from the pool live, so editing them restarts no pod.
+    let edited = with_cache(
+        r#"
+size: 1Gi
+ttl: 1h
+store:
+  url: redis://other:6379/3
+  passwordSecret: { name: embedding-cache, key: password }
+"#,
+    );
+    let deployment = |pool: &EmbeddingPool| render(pool, &RenderConfig::default(), None).unwrap().deployment;
+    assert_eq!(deployment(&edited), rendered.deployment);
+    // Another Secret or key is in the pod template: the pods roll to pick it up.
+    let other_key =
+        with_cache("{ size: 1Gi, store: { url: 'redis://a', passwordSecret: { name: embedding-cache, key: pw } } }");
+    assert_ne!(deployment(&other_key), rendered.deployment);
+}
+
+#[test]
+fn the_cache_grows_whatever_memory_the_sidecar_has() {
+    // The default size, 256Mi, on the default 64Mi request and 256Mi limit.
+    let (memory, flag, env) = sidecar(&with_cache("{}"));
+    assert_eq!(memory, serde_json::json!({ "requests": "320Mi", "limits": "939Mi" }));
+    assert_eq!(flag.as_deref(), Some("--memory-limit=939Mi"));
+    assert!(env.iter().all(|var| var.name != "TEIFLEET_CACHE_STORE_PASSWORD"), "no store, no password");
+
+    // A user's limit grows as the default does.
+    let mut pool = with_cache("{ size: 64Mi }");
+    pool.spec.template.multiplexer_resources = Some(serde_norway::from_str("limits: { memory: 1Gi }").unwrap());
+    let (memory, flag, _) = sidecar(&pool);
+    assert_eq!(memory, serde_json::json!({ "requests": null, "limits": "1195Mi" }), "a lone limit stays lone");
+    assert_eq!(flag.as_deref(), Some("--memory-limit=1195Mi"));
+
+    // No limit at all: the sidecar would budget from its default 256Mi, so the flag says more.
+    pool.spec.template.multiplexer_resources = Some(serde_norway::from_str("requests: { memory: 1Gi }").unwrap());
+    let (memory, flag, _) = sidecar(&pool);
+    assert_eq!(memory, serde_json::json!({ "requests": "1088Mi", "limits": null }));
+    assert_eq!(flag.as_deref(), Some("--memory-limit=427Mi"));
+}
+
+#[test]
+fn a_cache_off_or_without_a_local_tier_adds_no_memory() {
+    let off =
+        with_cache("{ enabled: false, size: 1Gi, store: { url: 'redis://a', passwordSecret: { name: s, key: k } } }");
+    assert_eq!(render(&off, &RenderConfig::default(), None).unwrap().deployment, children(BASE).deployment);
+
+    // `size: 0`: the store alone, which needs the password and no memory.
+    let (memory, flag, env) =
+        sidecar(&with_cache("{ size: '0', store: { url: 'redis://a', passwordSecret: { name: s, key: k } } }"));
+    assert_eq!(memory, serde_json::json!({ "requests": "64Mi", "limits": "256Mi" }));
+    assert_eq!(flag, None);
+    assert!(env.iter().any(|var| var.name == "TEIFLEET_CACHE_STORE_PASSWORD"));
+}

@@ -477,7 +477,7 @@ pub(super) fn multiplexer_in_role(
 }
 
 fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderConfig) -> Container {
-    let args = vec![
+    let mut args = vec![
         format!("--upstream=http://127.0.0.1:{}", ports::TEI_GRPC),
         // The HTTP front's limits from the spec; TEI gets the same batch size (its default is
         // the same 32 when the spec leaves it out), so no call the sidecar sends is too large.
@@ -489,18 +489,22 @@ fn multiplexer_container(owner: &Owner, pool: &EmbeddingPool, config: &RenderCon
         // The key siblings prove a spill with; the operator creates the Secret before the pods.
         format!("--peer-secret={}", labels::peer_secret_name(&owner.name)),
     ];
-    let resources = with_defaults(
+    let mut resources = with_defaults(
         pool.spec.template.multiplexer_resources.as_ref(),
         quantities(MULTIPLEXER_REQUESTS),
         quantities(MULTIPLEXER_LIMITS),
     );
-    // Pool, namespace and pod name come from the environment.
+    // The embedding cache's local tier is charged to the sidecar's memory budget.
+    args.extend(super::cache::grow_sidecar_memory(pool, &mut resources));
+    // Pool, namespace and pod name come from the environment; so does the cache store's password.
+    let mut env = vec![
+        env_value(labels::ENV_POOL, owner.name.clone()),
+        env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
+        env_field(labels::ENV_POD_NAME, "metadata.name"),
+    ];
+    env.extend(super::cache::store_password_env(pool));
     Container {
-        env: Some(vec![
-            env_value(labels::ENV_POOL, owner.name.clone()),
-            env_field(labels::ENV_NAMESPACE, "metadata.namespace"),
-            env_field(labels::ENV_POD_NAME, "metadata.name"),
-        ]),
+        env: Some(env),
         volume_mounts: Some(vec![VolumeMount {
             read_only: Some(true),
             ..volume_mount(API_ACCESS_VOLUME, API_ACCESS_PATH)

@@ -4,6 +4,7 @@
 //! operator's configuration, so each one is covered by golden tests without a cluster.
 
 pub mod activator;
+mod cache;
 pub(crate) mod deployment;
 mod network_policy;
 mod pdb;
