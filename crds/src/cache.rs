@@ -29,23 +29,28 @@ pub const SIDECAR_LARGE_SHARE_PERCENT: u64 = 75;
 /// Go's duration syntax, the API's everywhere, and above zero.
 const POSITIVE_DURATION: &str =
     r"self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) > duration('0s')";
+/// A store's timeout: longer than a second costs a call more than the store saves it (the
+/// sidecar refuses it too).
+const STORE_TIMEOUT: &str = r"self.matches('^([0-9]+(\\.[0-9]+)?(ns|us|ms|s|m|h))+$') && duration(self) > duration('0s') && duration(self) <= duration('1s')";
 
 /// The pool's embedding cache. Present: on (unless `enabled: false`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!self.enabled || !has(self.size) || self.size != '0' || has(self.store)").message("cache.size 0 (no local tier) needs cache.store: the cache would keep nothing"))]
 pub struct CacheSpec {
     /// Off keeps the block but caches nothing.
     #[serde(default = "yes")]
     pub enabled: bool,
 
-    /// Bytes each replica's local tier holds at most (answers and keys), a quantity from `0` to
-    /// `64Gi` such as `256Mi` (default); `0`: no local tier, the store alone. Charged to the
+    /// Bytes each replica's local tier holds at most (answers and keys), a whole number with `k`,
+    /// `M`, `G`, `Ki`, `Mi` or `Gi`, at most `64Gi`, such as `256Mi` (default); `0`: no local
+    /// tier, the store alone (which `store` must then name). Charged to the
     /// sidecar's memory budget: the operator grows the sidecar's memory request by it, and its
     /// memory limit (and `--memory-limit`) so that the calls keep the budget they had (by 8/3 of
     /// it: the budget is half the limit, and the tier fills at most three quarters of it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new("isQuantity(self) && quantity(self).isInteger() && quantity(self).compareTo(quantity('0')) >= 0 && quantity(self).compareTo(quantity('64Gi')) <= 0").message("cache.size must be a whole number of bytes from 0 to 64Gi, such as 256Mi (0: no local tier)"))]
+    #[x_kube(validation = Rule::new("self.matches('^(0|[1-9][0-9]*(k|M|G|Ki|Mi|Gi)?)$') && quantity(self).compareTo(quantity('64Gi')) <= 0").message("cache.size must be 0 or a whole number with k, M, G, Ki, Mi or Gi, at most 64Gi, such as 256Mi (0: no local tier)"))]
     pub size: Option<String>,
 
     /// How long an entry lives, a duration such as `24h` (default) or `30m`.
@@ -92,11 +97,11 @@ pub struct CacheStoreSpec {
     #[x_kube(validation = Rule::new("self.matches('^[!-~]+$')").message("cache.store.username must be printable characters without spaces"))]
     pub username: Option<String>,
 
-    /// The most a call waits for the store, e.g. `5ms` (default); past it the call goes on to
-    /// TEI without it.
+    /// The most a call waits for the store, e.g. `5ms` (default), at most `1s`; past it the call
+    /// goes on to TEI without it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32))]
-    #[x_kube(validation = Rule::new(POSITIVE_DURATION).message("cache.store.timeout must be a duration above zero such as 5ms"))]
+    #[x_kube(validation = Rule::new(STORE_TIMEOUT).message("cache.store.timeout must be a duration above zero and at most 1s, such as 5ms"))]
     pub timeout: Option<String>,
 }
 
@@ -185,6 +190,7 @@ mod tests {
             ("cache.store.passwordSecret.name", &secret["properties"]["name"]),
             ("cache.store.passwordSecret.key", &secret["properties"]["key"]),
             ("cache.store.username", store),
+            ("cache.size", &schema),
         ] {
             let rules = rules(schema);
             assert_eq!(rules.len(), 1, "{field}: {rules:?}");
@@ -195,6 +201,9 @@ mod tests {
             }
         }
         assert!(rules(&properties["size"])[0].0.contains(&format!("compareTo(quantity('{MAX_SIZE}')) <= 0")));
+        assert!(rules(&schema)[0].0.contains("has(self.store)"), "size 0 needs a store");
+        let timeout = &rules(&store["properties"]["timeout"])[0].0;
+        assert!(timeout.contains("duration(self) <= duration('1s')"), "{timeout}");
         assert!(rules(&properties["ttl"])[0].0.contains("duration(self) > duration('0s')"));
         assert_eq!(store["required"], json!(["url"]));
         assert_eq!(secret["required"], json!(["key", "name"]));
@@ -218,8 +227,7 @@ mod tests {
         assert_eq!(on, CacheSpec { enabled: true, size: None, ttl: None, shared_across_tenants: false, store: None });
         assert_eq!(on.local_bytes(), Some(256 << 20), "{DEFAULT_SIZE}");
         assert_eq!(cache(json!({ "size": "64Mi" })).local_bytes(), Some(64 << 20));
-        assert_eq!(cache(json!({ "size": "1.5Gi" })).local_bytes(), Some(3 << 29));
-        assert_eq!(cache(json!({ "size": "1e9" })).local_bytes(), Some(1_000_000_000));
+        assert_eq!(cache(json!({ "size": "1G" })).local_bytes(), Some(1_000_000_000));
         assert_eq!(cache(json!({ "size": "0" })).local_bytes(), Some(0), "no local tier");
         assert_eq!(cache(json!({ "enabled": false, "size": "1Gi" })).local_bytes(), Some(0), "off holds nothing");
         assert_eq!(cache(json!({ "size": "65Gi" })).local_bytes(), None, "past {MAX_SIZE}: the API server refuses it");

@@ -39,6 +39,9 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         "tei": { "maxClientBatchSize": 64, "autoTruncate": false, "extraArgs": ["--tokenization-workers=2"] },
         "http": { "payloadLimit": 4000000, "maxRequestInputs": 1000 },
         "tls": { "secretName": "bge-small-tls", "clientCA": { "configMapName": "clients-ca" } },
+        "cache": { "size": "64Mi", "ttl": "12h", "sharedAcrossTenants": true,
+                   "store": { "url": "rediss://valkey.ml.svc:6380/0", "username": "teifleet", "timeout": "5ms",
+                              "passwordSecret": { "name": "cache-auth", "key": "password" } } },
     });
 
     let cases = [
@@ -110,6 +113,69 @@ async fn invalid_specs_are_refused_with_readable_messages() {
             json!({ "configMapName": "clients-ca", "key": "" }),
             "tls.clientCA.key must be a data key, 1 to 253 characters",
         ),
+        (
+            "/cache/size",
+            json!("1Ti"),
+            "cache.size must be 0 or a whole number with k, M, G, Ki, Mi or Gi, at most 64Gi",
+        ),
+        (
+            "/cache/size",
+            json!("65Gi"),
+            "cache.size must be 0 or a whole number with k, M, G, Ki, Mi or Gi, at most 64Gi",
+        ),
+        (
+            "/cache/size",
+            json!("1.5Gi"),
+            "cache.size must be 0 or a whole number with k, M, G, Ki, Mi or Gi, at most 64Gi",
+        ),
+        (
+            "/cache/size",
+            json!("-1Mi"),
+            "cache.size must be 0 or a whole number with k, M, G, Ki, Mi or Gi, at most 64Gi",
+        ),
+        (
+            "/cache",
+            json!({ "size": "0" }),
+            "cache.size 0 (no local tier) needs cache.store: the cache would keep nothing",
+        ),
+        ("/cache/ttl", json!("1d"), "cache.ttl must be a duration above zero such as 30m or 24h"),
+        ("/cache/ttl", json!("0s"), "cache.ttl must be a duration above zero such as 30m or 24h"),
+        ("/cache/store", json!({ "timeout": "5ms" }), "spec.cache.store.url: Required value"),
+        (
+            "/cache/store/url",
+            json!("redis://teifleet:hunter2@valkey:6379/0"),
+            "cache.store.url must be redis://host[:port][/db] or rediss://... (no user or password: use passwordSecret)",
+        ),
+        (
+            "/cache/store/url",
+            json!("https://valkey:6379"),
+            "cache.store.url must be redis://host[:port][/db] or rediss://... (no user or password: use passwordSecret)",
+        ),
+        (
+            "/cache/store/timeout",
+            json!("2s"),
+            "cache.store.timeout must be a duration above zero and at most 1s, such as 5ms",
+        ),
+        (
+            "/cache/store/passwordSecret",
+            json!({ "name": "Cache_Auth", "key": "password" }),
+            "cache.store.passwordSecret.name must name a Secret in the pool's namespace",
+        ),
+        (
+            "/cache/store/passwordSecret",
+            json!({ "name": "cache-auth", "key": "pass/word" }),
+            "cache.store.passwordSecret.key must be a Secret data key",
+        ),
+        (
+            "/cache/store/passwordSecret",
+            json!({ "name": "cache-auth" }),
+            "spec.cache.store.passwordSecret.key: Required value",
+        ),
+        (
+            "/cache/store",
+            json!({ "url": "redis://valkey", "username": "teifleet" }),
+            "cache.store.username needs cache.store.passwordSecret: a user logs in with a password",
+        ),
     ];
     for (index, (pointer, value, message)) in cases.into_iter().enumerate() {
         let name = format!("invalid-{index}");
@@ -131,6 +197,11 @@ async fn invalid_specs_are_refused_with_readable_messages() {
         json!({ "configMapName": "clients-ca", "key": "ca.crt" }),
         "the CA bundle's key defaults to cert-manager's and trust-manager's"
     );
+    assert_eq!(accepted.data["spec"]["cache"]["enabled"], json!(true), "present: on");
+    let store_only = with(valid.clone(), "/cache/size", json!("0"));
+    api.create(&PostParams::default(), &pool("valid-store-only", store_only))
+        .await
+        .expect("a store without a local tier");
     let cpu = with(with(valid, "/gpu/type", json!("cpu")), "/gpu/count", json!(0));
     api.create(&PostParams::default(), &pool("valid-cpu", cpu)).await.expect("cpu pool without GPUs accepted");
 
