@@ -100,19 +100,21 @@ async fn call(channel: Channel, space: Space, id: u64, deadline: Duration) -> (O
     }
 }
 
-/// An open loop: Poisson arrivals at `rate` for `duration` (at most `max` calls), request i asking
-/// for text `pick(i)` of `space`, spread over `channels` in turn; waits for every answer (each
-/// bounded by `deadline`). `seed` draws the schedule.
-pub async fn open(
-    channels: &[Channel],
-    space: Space,
-    pick: Pick,
-    rate: f64,
-    duration: Duration,
-    max: u64,
-    seed: u64,
-    deadline: Duration,
-) -> Vec<Answer> {
+/// An open loop's schedule: Poisson arrivals at `rate` for `duration`, at most `max` calls, each
+/// bounded by `deadline`; `seed` draws the gaps.
+#[derive(Clone, Copy, Debug)]
+pub struct Schedule {
+    pub rate: f64,
+    pub duration: Duration,
+    pub max: u64,
+    pub seed: u64,
+    pub deadline: Duration,
+}
+
+/// An open loop on `schedule`, request i asking for text `pick(i)` of `space`, spread over
+/// `channels` in turn; waits for every answer.
+pub async fn open(channels: &[Channel], space: Space, pick: Pick, schedule: Schedule) -> Vec<Answer> {
+    let Schedule { rate, duration, max, seed, deadline } = schedule;
     let start = Instant::now();
     let mut due = 0.0f64;
     let mut tasks = Vec::new();

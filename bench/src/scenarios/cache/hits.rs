@@ -8,7 +8,7 @@ use teifleet_load::zipf::Zipf;
 use teifleet_proto::v1::EmbedRequest;
 use teifleet_proto::v1::embed_client::EmbedClient;
 
-use super::drive::{self, Answer, Phase, Pick, vector_hash};
+use super::drive::{self, Answer, Phase, Pick, Schedule, vector_hash};
 use super::procs::{self, CacheConfig, PoolLimits};
 use super::texts::{Space, text};
 use super::{Context, DEADLINE, DIMENSIONS, metric};
@@ -121,7 +121,7 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
     .await;
     let capacity = Phase::of(&answers, Space::Queries, took);
     let cap = capacity.goodput_rps();
-    if !(cap > 0.0) {
+    if cap.is_nan() || cap <= 0.0 {
         return Err(Error::Process(format!("the pool served nothing with the cache off: {}", capacity.codes())));
     }
     let rate = OFFERED * cap;
@@ -129,7 +129,13 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
     let max = (rate * seconds.as_secs_f64()) as u64 + 1;
     ctx.say(&format!("cache: capacity {cap:.0}/s; open loop at {rate:.0}/s for {} s, the cache on", seconds.as_secs()));
     let before = inputs(&on).await;
-    let answers = drive::open(&on_ch, Space::Queries, picks(SEED), rate, seconds, max, SEED, DEADLINE).await;
+    let answers = drive::open(
+        &on_ch,
+        Space::Queries,
+        picks(SEED),
+        Schedule { rate, duration: seconds, max, seed: SEED, deadline: DEADLINE },
+    )
+    .await;
     let on_phase = Phase::of(&answers, Space::Queries, seconds.as_secs_f64());
     let on_ids = answers_ids(&answers);
     let after = inputs(&on).await;
@@ -147,13 +153,25 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
 
     let off_seconds = Duration::from_secs(ctx.pick(5, 10));
     ctx.say(&format!("cache: the same schedule for {} s, the cache off", off_seconds.as_secs()));
-    let answers = drive::open(&off_ch, Space::Queries, picks(SEED), rate, off_seconds, max, SEED, DEADLINE).await;
+    let answers = drive::open(
+        &off_ch,
+        Space::Queries,
+        picks(SEED),
+        Schedule { rate, duration: off_seconds, max, seed: SEED, deadline: DEADLINE },
+    )
+    .await;
     let off_phase = Phase::of(&answers, Space::Queries, off_seconds.as_secs_f64());
 
     let hot_seconds = Duration::from_secs(ctx.pick(3, 5));
     ctx.say(&format!("cache: the {HOT} hottest texts at {cap:.0}/s for {} s, the cache on", hot_seconds.as_secs()));
     let hot: Pick = Arc::new(|i| (teifleet_load::zipf::uniform(SEED + 2, i) * HOT as f64) as u64 % HOT);
-    let answers = drive::open(&on_ch, Space::Queries, hot, cap, hot_seconds, max, SEED + 3, DEADLINE).await;
+    let answers = drive::open(
+        &on_ch,
+        Space::Queries,
+        hot,
+        Schedule { rate: cap, duration: hot_seconds, max, seed: SEED + 3, deadline: DEADLINE },
+    )
+    .await;
     let hot_phase = Phase::of(&answers, Space::Queries, hot_seconds.as_secs_f64());
 
     let (direct_checked, direct_wrong) = direct_check(&sim, &on_ids).await?;

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::zipf::Zipf;
 use tokio::time::Instant;
 
-use super::drive::{self, Phase, Pick};
+use super::drive::{self, Phase, Pick, Schedule};
 use super::hits::{DISTINCT, EXPONENT};
 use super::procs::{self, CacheConfig, Server};
 use super::texts::Space;
@@ -146,7 +146,12 @@ pub async fn outage(ctx: &Context, mut redis: Server, capacity: f64) -> Result<O
     };
     let errors_before = metric(&mux, "teifleet_cache_store_errors_total", &[]).await;
     let start = Instant::now();
-    let load = drive::open(&channels, Space::Queries, pick, rate, 3 * phase, u64::MAX, SEED, DEADLINE);
+    let load = drive::open(
+        &channels,
+        Space::Queries,
+        pick,
+        Schedule { rate, duration: 3 * phase, max: u64::MAX, seed: SEED, deadline: DEADLINE },
+    );
     let bins = ctx.bins.clone();
     let port = redis.port;
     let monitor = async {
