@@ -82,6 +82,20 @@ if ! command -v haproxy >/dev/null 2>&1 && [[ ! -x /usr/sbin/haproxy ]]; then
     echo "[bench] haproxy is not installed and this is not root with apt-get: the HAProxy rows will be SKIP" >&2
   fi
 fi
+# redis-server (Debian's package) for scenario 22's shared tier (parts 3 and 4), installed the
+# same way; without it those rows are SKIP with the reason.
+if ! command -v redis-server >/dev/null 2>&1 && [[ ! -x /usr/bin/redis-server ]]; then
+  if (( EUID == 0 )) && command -v apt-get >/dev/null 2>&1; then
+    echo "[bench] installing redis-server (Debian) for scenario 22's shared tier" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    { apt-get install -y -qq --no-install-recommends redis-server ||
+      { apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server; }; } \
+      >target/bench-logs/redis-install.log 2>&1 ||
+      echo "[bench] redis-server could not be installed (target/bench-logs/redis-install.log): scenario 22's Redis rows will be SKIP" >&2
+  else
+    echo "[bench] redis-server is not installed and this is not root with apt-get: scenario 22's Redis rows will be SKIP" >&2
+  fi
+fi
 # Read before the control plane boots, whose own start-up would count as other work.
 TEIFLEET_BENCH_LOAD_BEFORE="$(cut -d' ' -f1 /proc/loadavg)"
 export TEIFLEET_BENCH_LOAD_BEFORE
