@@ -410,6 +410,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
                 remote: false,
                 coalesce: pool.coalesce,
                 tenants: budget::tenants(&concurrency),
+                cache: None,
             }])?;
             table.siblings().sync(&pool.siblings)?;
             if let Some(path) = &pool.peer_key_file {

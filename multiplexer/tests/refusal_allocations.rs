@@ -59,6 +59,7 @@ async fn a_refusal_at_a_full_pool_allocates_little_beyond_its_answer() {
             limits: Some(Limits::new(1, 0, Duration::from_secs(2))),
             remote: false,
             coalesce: false,
+            cache: None,
             tenants: Default::default(),
         }])
         .unwrap();

@@ -38,6 +38,7 @@ pub async fn mux(upstream: SocketAddr) -> Running {
         limits: Some(Limits::new(64, 1024, Duration::from_secs(30))),
         remote: false,
         coalesce: false,
+        cache: None,
         tenants: Default::default(),
     };
     let metrics = Metrics::new();

@@ -286,6 +286,18 @@ impl Drop for Charge {
 mod tests {
     use super::*;
 
+    /// The operator grows a sidecar's memory limit for its cache from these two figures
+    /// (`teifleet_crds::cache::sidecar_limit_growth`): they must stay the binary's defaults.
+    #[test]
+    fn the_operator_sizes_caches_with_these_defaults() {
+        let defaults: MemorySettings = crate::vocab::flags::defaults();
+        assert_eq!(
+            (defaults.memory_budget_fraction * 100.0).round() as u64,
+            teifleet_crds::cache::SIDECAR_BUDGET_PERCENT
+        );
+        assert_eq!(LARGE_SHARE_PERCENT, teifleet_crds::cache::SIDECAR_LARGE_SHARE_PERCENT);
+    }
+
     #[test]
     fn quantities_parse_as_kubernetes_spells_them() {
         assert_eq!(parse_bytes("256Mi"), Ok(256 << 20));

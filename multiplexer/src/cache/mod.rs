@@ -15,6 +15,7 @@
 
 pub mod key;
 pub mod local;
+pub mod settings;
 pub mod store;
 
 use std::sync::{Arc, OnceLock};
@@ -25,8 +26,8 @@ use teifleet_proto::v1::InfoResponse;
 use crate::admission::memory::MemoryBudget;
 use crate::cache::key::{Key, Model, Scope};
 use crate::cache::local::LocalTier;
-use crate::cache::store::StoreTier;
 pub use crate::cache::store::StoreSettings;
+use crate::cache::store::StoreTier;
 use crate::report::cache::InputSeries;
 use crate::report::metrics::Metrics;
 use crate::vocab::SetupError;

@@ -91,7 +91,8 @@ impl StoreTier {
             return found;
         }
         let started = Instant::now();
-        for (start, part) in keys.chunks(MOST_KEYS_PER_READ).enumerate().map(|(i, part)| (i * MOST_KEYS_PER_READ, part)) {
+        for (start, part) in keys.chunks(MOST_KEYS_PER_READ).enumerate().map(|(i, part)| (i * MOST_KEYS_PER_READ, part))
+        {
             let names: Vec<String> = part.iter().map(Key::store_name).collect();
             let mut connection = self.connection.clone();
             let mut command = redis::cmd("MGET");

@@ -44,6 +44,10 @@ pub struct Chunk<T> {
     pub answers: Vec<T>,
     pub admitted: Instant,
     pub timing: Option<TeiTiming>,
+    /// Answers that came from the pool's cache.
+    pub hits: usize,
+    /// The pool's cache was asked (its answers are kept).
+    pub cached: bool,
 }
 
 impl<'a> Bulk<'a> {
@@ -61,31 +65,53 @@ impl<'a> Bulk<'a> {
         futures::stream::iter(chunks).map(move |chunk| self.chunk(chunk, keep.clone())).buffered(window.max(1))
     }
 
-    /// One sub-batch: one grant for all its inputs, its calls in flight together, within the
-    /// deadline, kept as they come so the answer bytes do not outlive their sub-batch.
+    /// One sub-batch: its inputs looked up in the pool's cache, then one grant for all its
+    /// misses, their calls in flight together, within the deadline, kept as they come so the
+    /// answer bytes do not outlive their sub-batch. Hits take no permit and wait for nothing.
     async fn chunk<T, K>(self, chunk: Vec<Framed>, keep: K) -> Result<Chunk<T>>
     where
         K: Fn(Exchanged) -> Result<T>,
     {
         let Self { forwarder, pool, meta, carried, rpc } = self;
+        let inputs = chunk.len();
+        let cache = pool.cache_for(rpc, meta.tenant.as_deref());
+        let looked = match &cache {
+            Some(cache) => Some(cache.look_up(&chunk.iter().map(|m| m.as_ref()).collect::<Vec<_>>()).await),
+            None => None,
+        };
+        let hits = looked.as_ref().map_or(0, |looked| looked.hits());
+        let is_hit = |i: usize| looked.as_ref().is_some_and(|looked| looked.answers[i].is_some());
         let grant = match rpc.admit {
-            Admit::Permit => {
-                Some(charge::admit(pool, meta, charge::cost_of_all(pool, rpc, chunk.iter().map(|m| m.as_ref()))).await?)
+            Admit::Permit if hits < inputs => {
+                let misses = chunk.iter().enumerate().filter(|(i, _)| !is_hit(*i)).map(|(_, m)| m.as_ref());
+                Some(charge::admit(pool, meta, charge::cost_of_all(pool, rpc, misses)).await?)
             }
-            Admit::Free => None,
+            _ => None,
         };
         let admitted = Instant::now();
-        let calls = chunk.into_iter().map(|message| {
+        let calls = chunk.into_iter().enumerate().map(|(i, message)| {
+            if let Some(hit) = looked.as_ref().and_then(|looked| looked.answers[i].clone()) {
+                return futures::future::ready(keep(Ok((Response::new(hit), None))).map(|kept| (kept, None)))
+                    .left_future();
+            }
             let request = tonic::Request::from_parts(carried.clone(), tonic::Extensions::default(), message);
-            forwarder.exchange(pool, rpc, meta, request, grant.as_ref()).map(|exchanged| {
-                let timing = exchanged.as_ref().ok().and_then(|(_, timing)| *timing);
-                keep(exchanged).map(|kept| (kept, timing))
-            })
+            let (cache, looked, keep) = (&cache, &looked, &keep);
+            forwarder
+                .exchange(pool, rpc, meta, request, grant.as_ref())
+                .map(move |exchanged| {
+                    if let (Some(cache), Some(looked), Ok((answer, _))) = (cache, looked, &exchanged) {
+                        cache.keep(looked, i, answer.get_ref());
+                    }
+                    let timing = exchanged.as_ref().ok().and_then(|(_, timing)| *timing);
+                    keep(exchanged).map(|kept| (kept, timing))
+                })
+                .right_future()
         });
         let kept = futures::future::try_join_all(calls).await?;
         drop(grant);
-        let timing = kept.last().and_then(|(_, timing)| *timing);
-        Ok(Chunk { answers: kept.into_iter().map(|(answer, _)| answer).collect(), admitted, timing })
+        let timing = kept.iter().rev().find_map(|(_, timing)| *timing);
+        let answers = kept.into_iter().map(|(answer, _)| answer).collect();
+        Ok(Chunk { answers, admitted, timing, hits, cached: cache.is_some() })
     }
 }
 

@@ -366,6 +366,17 @@ impl Routed {
     #[expect(clippy::manual_async_fn, reason = "an async fn holds its arguments twice")]
     pub fn unary(mut self, request: Request<Framed>) -> impl Future<Output = Result<Response<Framed>, Status>> + Send {
         async move {
+            let cache = self.pool.cache_for(self.call.rpc, self.meta.tenant.as_deref());
+            let looked = match &cache {
+                Some(cache) => Some(cache.look_up(&[request.get_ref().as_ref()]).await),
+                None => None,
+            };
+            if let Some(hit) = looked.as_ref().and_then(|looked| looked.answers[0].clone()) {
+                drop(self.grant.take());
+                self.call.admitted();
+                self.call.succeed();
+                return Ok(cache_header(Response::new(hit), true));
+            }
             if self.grant.is_none() && self.call.rpc.admit == Admit::Permit {
                 let cost = cost_of(&self.pool, self.call.rpc, request.get_ref());
                 match self.forwarder.admit(&mut self.call, &self.pool, &self.meta, cost).await {
@@ -380,7 +391,13 @@ impl Routed {
                 Ok((response, timing)) => {
                     self.call.observe(timing);
                     self.call.succeed();
-                    Ok(response)
+                    match (cache, looked) {
+                        (Some(cache), Some(looked)) => {
+                            cache.keep(&looked, 0, response.get_ref());
+                            Ok(cache_header(response, false))
+                        }
+                        _ => Ok(response),
+                    }
                 }
                 Err(error) => Err(self.call.fail(error).into()),
             }
@@ -484,6 +501,17 @@ impl Routed {
         request: Request<Framed>,
     ) -> Result<Response<Framed>, Status> {
         let (metadata, _, message) = request.into_parts();
+        // The cache first: a hit needs no call to share.
+        let cache = self.pool.cache_for(self.call.rpc, self.meta.tenant.as_deref());
+        let looked = match &cache {
+            Some(cache) => Some(cache.look_up(&[message.as_ref()]).await),
+            None => None,
+        };
+        if let Some(hit) = looked.as_ref().and_then(|looked| looked.answers[0].clone()) {
+            self.call.admitted();
+            self.call.succeed();
+            return Ok(cache_header(Response::new(hit), true));
+        }
         let caller = Caller::of(metadata.as_ref());
         let key = Key { path: self.call.rpc.path, priority: self.meta.priority, request: message.clone(), caller };
         let mut retried = false;
@@ -522,7 +550,14 @@ impl Routed {
                     self.call.observe(timing(self.call.rpc, &answer.message));
                     self.call.succeed();
                     let (metadata, message) = (answer.metadata.clone(), answer.message.clone());
-                    return Ok(Response::from_parts(metadata, message, tonic::Extensions::default()));
+                    let response = Response::from_parts(metadata, message, tonic::Extensions::default());
+                    return Ok(match (&cache, &looked) {
+                        (Some(cache), Some(looked)) => {
+                            cache.keep(looked, 0, response.get_ref());
+                            cache_header(response, false)
+                        }
+                        _ => response,
+                    });
                 }
                 Err(error) if !retried && is_leaders_deadline(&error, role, self.meta.deadline) => retried = true,
                 Err(error) => return Err(self.call.fail(error).into()),
@@ -531,18 +566,29 @@ impl Routed {
     }
 }
 
+/// `response` with the `x-teifleet-cache` header: a `hit`, or a `miss` whose answer was kept.
+fn cache_header(mut response: Response<Framed>, hit: bool) -> Response<Framed> {
+    let value = crate::cache::header_value(usize::from(hit), 1);
+    response.metadata_mut().insert(crate::cache::HEADER, MetadataValue::from_static(value));
+    response
+}
+
 /// Messages of a spread stream sent under one grant at most: few, so a stream's messages are
 /// spread over the replicas in small steps and none waits long for a sub-batch to fill (a
 /// sub-batch takes the messages that are in, never waiting for more).
 const SPREAD_SUB_BATCH: usize = 8;
 
 /// The unary row a stream of `rpc` is spread as, when `pool` has siblings to spread it over.
+/// A pool with a cache spreads its cached streams too, even alone: each message is then looked up
+/// as its unary call is.
 fn spread_as(pool: &Pool, rpc: &'static Rpc) -> Option<&'static Rpc> {
-    let siblings = pool.siblings.as_ref()?;
-    if pool.spec.remote || rpc.admit != Admit::Permit || siblings.slots() == 0 {
+    if pool.spec.remote || rpc.admit != Admit::Permit {
         return None;
     }
-    rpc.unary()
+    let unary = rpc.unary()?;
+    let siblings = pool.siblings.as_ref().is_some_and(|siblings| siblings.slots() > 0);
+    let cached = pool.cache.is_some() && crate::cache::Cache::caches(unary);
+    (siblings || cached).then_some(unary)
 }
 
 /// A spread stream's answers; the call is counted when they end.

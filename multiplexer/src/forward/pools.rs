@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use crate::activator::Activations;
+use crate::admission::memory::MemoryBudget;
 use crate::admission::{Admission, Limits};
+use crate::cache::{Cache, CacheSettings, CallCache};
 use crate::error::{Error, Result};
 use crate::forward::backend_batch;
 use crate::forward::coalesce::Coalescer;
@@ -19,6 +21,7 @@ use crate::gate::door::Door;
 use crate::gate::request_meta::Target;
 use crate::report::metrics::Metrics;
 use crate::vocab::SetupError;
+use crate::vocab::rpc::Rpc;
 
 /// What a source knows about one pool.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -35,6 +38,8 @@ pub struct PoolSpec {
     pub coalesce: bool,
     /// Tenant weights; tenants not listed weigh 1.
     pub tenants: BTreeMap<String, u32>,
+    /// The embedding cache (`crate::cache`); `None`: none.
+    pub cache: Option<CacheSettings>,
 }
 
 pub struct Pool {
@@ -49,6 +54,17 @@ pub struct Pool {
     pub siblings: Option<Arc<Siblings>>,
     /// Where its gRPC calls wait beyond what it can serve or queue; kept across updates.
     pub door: Arc<Door>,
+    /// Its embedding cache, kept across updates that do not change it.
+    pub cache: Option<Arc<Cache>>,
+}
+
+impl Pool {
+    /// The cache as one call of `rpc` by `tenant` uses it, if the pool has one that keeps its
+    /// answers. The tenant is named in the metrics only when the pool configures it.
+    pub fn cache_for(&self, rpc: &Rpc, tenant: Option<&str>) -> Option<CallCache> {
+        let label = tenant.filter(|t| self.spec.tenants.contains_key(*t)).unwrap_or("");
+        self.cache.as_ref()?.for_call(rpc, tenant, label)
+    }
 }
 
 pub struct PoolTable {
@@ -70,6 +86,8 @@ pub struct PoolTable {
     /// New pools served by a TEI of their own learn its batch, so a tight static limit keeps
     /// TEI's next batch ready (`--next-batch`; `crate::admission` `next_batch`).
     next_batch: bool,
+    /// What pools' caches are charged to: the process's memory budget.
+    memory: RwLock<Arc<MemoryBudget>>,
 }
 
 /// Pool names an error message names at most.
@@ -98,8 +116,39 @@ impl PoolTable {
         let synced = false.into();
         let (pools, keys, plaintext_routes) = (RwLock::default(), RwLock::default(), false.into());
         let own = own.to_owned();
-        let next_batch = false;
-        Self { own, metrics, pools, siblings, dialer, activations: None, keys, synced, plaintext_routes, next_batch }
+        let (next_batch, memory) = (false, RwLock::new(MemoryBudget::unbounded()));
+        Self {
+            own,
+            metrics,
+            pools,
+            siblings,
+            dialer,
+            activations: None,
+            keys,
+            synced,
+            plaintext_routes,
+            next_batch,
+            memory,
+        }
+    }
+
+    /// Charges pools' caches to the process's memory budget (a table built here has an
+    /// unbounded one until the server starts with its own). Caches made before are made again
+    /// against it: this happens as the server starts, before any call.
+    pub fn set_memory(&self, memory: Arc<MemoryBudget>) -> Result<(), SetupError> {
+        *self.memory.write().unwrap_or_else(|p| p.into_inner()) = memory;
+        let mut pools = self.pools.write().unwrap_or_else(|p| p.into_inner());
+        for pool in pools.values_mut() {
+            if pool.cache.is_some() {
+                let cache = self.cache_for(&pool.spec, None, &pool.upstream)?;
+                let Pool { spec, admission, upstream, coalescer, siblings, door, .. } = &**pool;
+                let (spec, admission, upstream, coalescer) =
+                    (spec.clone(), admission.clone(), upstream.clone(), coalescer.clone());
+                let (siblings, door) = (siblings.clone(), door.clone());
+                *pool = Arc::new(Pool { spec, admission, upstream, coalescer, siblings, door, cache });
+            }
+        }
+        Ok(())
     }
 
     /// Whether new pools learn TEI's batch and keep its next one ready, before the first
@@ -155,7 +204,8 @@ impl PoolTable {
                     let (admission, upstream) = (existing.admission.clone(), existing.upstream.clone());
                     let siblings = self.siblings_of(&spec);
                     let door = existing.door.clone();
-                    Arc::new(Pool { admission, upstream, coalescer, siblings, door, spec })
+                    let cache = self.cache_for(&spec, Some(&existing), &upstream)?;
+                    Arc::new(Pool { admission, upstream, coalescer, siblings, door, spec, cache })
                 }
                 existing => {
                     let upstream = match self.activations.as_ref().and_then(|a| a.channel(&spec.name)) {
@@ -172,16 +222,17 @@ impl PoolTable {
                     admission.set_tenant_weights(spec.tenants.clone());
                     // A TEI of its own: not a sibling's or another pool's multiplexer, nor the
                     // activator's balancer over replicas that learn their own.
-                    if self.next_batch && !spec.remote && self.activations.is_none() {
+                    if self.next_batch && self.tei_of_its_own(&spec) {
                         backend_batch::learn(admission.clone(), upstream.channel(), spec.name.clone());
                     }
+                    let cache = self.cache_for(&spec, existing.as_deref(), &upstream)?;
                     let coalescer = coalescer_for(&spec, existing.as_deref());
                     let siblings = self.siblings_of(&spec);
                     let door = match &existing {
                         Some(existing) => existing.door.clone(),
                         None => Door::new(self.metrics.held_at_door()),
                     };
-                    Arc::new(Pool { spec, admission, upstream, coalescer, siblings, door })
+                    Arc::new(Pool { spec, admission, upstream, coalescer, siblings, door, cache })
                 }
             };
             next.insert(pool.spec.name.clone(), pool);
@@ -192,6 +243,33 @@ impl PoolTable {
         *pools = next;
         self.synced.store(true, std::sync::atomic::Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A pool served by a TEI of its own: not a sibling's or another pool's multiplexer, nor the
+    /// activator's balancer over replicas that learn their own.
+    fn tei_of_its_own(&self, spec: &PoolSpec) -> bool {
+        !spec.remote && self.activations.is_none()
+    }
+
+    /// The pool's cache: the one it had while its settings stay, a new one (which learns TEI's
+    /// model) when they change. Only a pool served by a TEI of its own keeps one: a call routed on
+    /// is cached, if at all, by the pool that serves it.
+    fn cache_for(
+        &self,
+        spec: &PoolSpec,
+        existing: Option<&Pool>,
+        upstream: &Upstream,
+    ) -> Result<Option<Arc<Cache>>, SetupError> {
+        let Some(settings) = spec.cache.clone().filter(|_| self.tei_of_its_own(spec)) else { return Ok(None) };
+        if let Some(cache) = existing.and_then(|pool| pool.cache.clone())
+            && *cache.settings() == settings
+        {
+            return Ok(Some(cache));
+        }
+        let memory = self.memory.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let cache = Cache::new(&spec.name, settings, &memory, &self.metrics)?;
+        backend_batch::learn_model(cache.clone(), upstream.channel(), spec.name.clone());
+        Ok(Some(cache))
     }
 
     /// The pools' names for an error message, the first [`NAMED_IN_ERRORS`] of them and how many
@@ -334,6 +412,7 @@ mod tests {
             limits: Some(Limits::new(in_flight, 4, Duration::from_secs(1))),
             remote,
             coalesce: false,
+            cache: None,
             tenants: BTreeMap::new(),
         }
     }

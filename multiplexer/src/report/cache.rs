@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
-use teifleet_runtime::metrics::SharedCollector;
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts};
+use teifleet_runtime::metrics::SharedCollector;
 
 /// Store round trips: tenths of a millisecond (a store beside the pod) to its timeout and beyond.
 const STORE_BUCKETS: [f64; 10] = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0];
@@ -131,7 +131,12 @@ impl CacheFamilies {
             .entry((pool.to_owned(), tenant.to_owned()))
             .or_insert_with(|| {
                 let of = |result| self.inputs.with_label_values(&[pool, tenant, result]);
-                InputSeries { hit_local: of("hit_local"), hit_store: of("hit_store"), miss: of("miss"), bypass: of("bypass") }
+                InputSeries {
+                    hit_local: of("hit_local"),
+                    hit_store: of("hit_store"),
+                    miss: of("miss"),
+                    bypass: of("bypass"),
+                }
             })
             .clone()
     }

@@ -223,6 +223,7 @@ mod tests {
                 limits: None,
                 remote: false,
                 coalesce: false,
+                cache: None,
                 tenants: BTreeMap::new(),
             };
             pools.sync(vec![own]).unwrap();
@@ -307,6 +308,7 @@ mod tests {
             limits,
             remote: false,
             coalesce: false,
+            cache: None,
             tenants: BTreeMap::new(),
         };
         pools.sync(vec![spec(None)]).unwrap();

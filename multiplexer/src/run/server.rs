@@ -260,6 +260,7 @@ pub async fn start(settings: Settings, pools: Arc<PoolTable>, metrics: Metrics) 
     let routes = tonic::service::Routes::new(health_service).add_service(reflection_v1).add_service(reflection_v1alpha);
     let (gate, body_timeout) = (settings.auth.clone(), settings.bounds.body_timeout);
     let memory = metrics.memory_budget(settings.memory.budget());
+    forwarder.pools.set_memory(memory.clone())?;
     tracing::info!(
         memory_limit = settings.memory.limit(),
         memory_budget = memory.budget(),

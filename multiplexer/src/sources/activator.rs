@@ -53,6 +53,7 @@ fn activated(pool: &EmbeddingPool) -> (PoolSpec, Duration) {
         limits: Some(Limits::new(usize::MAX >> 1, usize::MAX >> 1, hold)),
         remote: true,
         coalesce: false,
+        cache: None,
         tenants: BTreeMap::new(),
         name,
     };

@@ -28,10 +28,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
-use teifleet_crds::{ConcurrencySpec, LaneName, PriorityCeiling, TenantWeight};
+use teifleet_crds::{CacheSpec, CacheStoreSpec, ConcurrencySpec, LaneName, PriorityCeiling, TenantWeight};
 use tokio_util::sync::CancellationToken;
 
 use super::budget;
+use crate::cache::CacheSettings;
 use crate::forward::pools::{PoolSpec, PoolTable};
 use crate::gate::auth::{Gate, Grant, KeyRing, Policy, ceiling, lane};
 use crate::vocab::SetupError;
@@ -87,6 +88,61 @@ struct FilePool {
     query_reserve: Option<u8>,
     /// Percent of the time calls may keep TEI busy while more queue.
     device_time_cap: Option<u8>,
+    /// The embedding cache (`crate::cache`), as `spec.cache` has it.
+    cache: Option<FileCache>,
+}
+
+/// `spec.cache`, with the store's password in a file rather than a Secret.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileCache {
+    #[serde(default = "yes")]
+    enabled: bool,
+    size: Option<String>,
+    ttl: Option<String>,
+    #[serde(default)]
+    shared_across_tenants: bool,
+    store: Option<FileStore>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct FileStore {
+    url: String,
+    username: Option<String>,
+    timeout: Option<String>,
+    /// A file holding the store's password (relative to the configuration file).
+    password_file: Option<PathBuf>,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// The settings of `pool`'s cache, its password read from beside the configuration in `dir`.
+fn cache_of(cache: FileCache, model: Option<&str>, dir: &Path) -> std::result::Result<Option<CacheSettings>, String> {
+    let password = match cache.store.as_ref().and_then(|store| store.password_file.as_ref()) {
+        Some(file) => {
+            let path = dir.join(file);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("cache.store.passwordFile {}: {e}", path.display()))?;
+            Some(text.trim_end_matches(['\r', '\n']).to_owned())
+        }
+        None => None,
+    };
+    let spec = CacheSpec {
+        enabled: cache.enabled,
+        size: cache.size,
+        ttl: cache.ttl,
+        shared_across_tenants: cache.shared_across_tenants,
+        store: cache.store.map(|store| CacheStoreSpec {
+            url: store.url,
+            password_secret: None,
+            username: store.username,
+            timeout: store.timeout,
+        }),
+    };
+    crate::cache::settings::from_spec(&spec, format!("model={}", model.unwrap_or("")), password)
 }
 
 /// A parsed configuration: the default pool's name, every pool, and where the API keys are.
@@ -102,6 +158,11 @@ pub struct Loaded {
 }
 
 pub fn parse(text: &str) -> Result<Loaded> {
+    parse_in(text, Path::new("."))
+}
+
+/// [`parse`], with files the configuration names found relative to `dir`.
+fn parse_in(text: &str, dir: &Path) -> Result<Loaded> {
     let config: FileConfig = serde_norway::from_str(text).map_err(|e| SetupError::Config(e.to_string()))?;
     let first = config.pools.first().ok_or_else(|| SetupError::Config("no pools configured".into()))?;
     let default = config.default.clone().unwrap_or_else(|| first.name.clone());
@@ -132,7 +193,12 @@ pub fn parse(text: &str) -> Result<Loaded> {
             ..ConcurrencySpec::default()
         };
         let limits = budget::whole(&concurrency).map_err(invalid)?;
+        let cache = match pool.cache {
+            Some(cache) => cache_of(cache, pool.model.as_deref(), dir).map_err(invalid)?,
+            None => None,
+        };
         pools.push(PoolSpec {
+            cache,
             name: pool.name,
             model: pool.model,
             upstream: pool.upstream,
@@ -168,8 +234,8 @@ pub fn load(path: &Path) -> Result<Loaded> {
 
 /// [`parse`], with the keys file found beside the configuration file at `path`.
 fn parse_at(text: &str, path: &Path) -> Result<Loaded> {
-    let mut loaded = parse(text)?;
     let dir = path.parent().unwrap_or(Path::new("."));
+    let mut loaded = parse_in(text, dir)?;
     loaded.keys_file = loaded.keys_file.map(|file| dir.join(file));
     Ok(loaded)
 }

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::budget;
 use crate::admission::Limits;
+use crate::cache::CacheSettings;
 use crate::forward::pools::{PoolSpec, PoolTable};
 use crate::front::grpc::reflection::Reflection;
 use crate::gate::auth::{Gate, Policy, grants_of};
@@ -58,10 +59,31 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
                 remote: !local,
                 coalesce: pool.spec.coalesce,
                 tenants: budget::tenants(&pool.spec.concurrency),
+                cache: if local { cache_of(pool) } else { None },
                 name,
             }
         })
         .collect()
+}
+
+/// The own pool's cache settings. A `spec.cache` the sidecar cannot run (which the API server's
+/// validation should have refused) is logged and leaves the pool without a cache: calls are
+/// served either way.
+fn cache_of(pool: &EmbeddingPool) -> Option<CacheSettings> {
+    let spec = pool.spec.cache.as_ref()?;
+    let model = &pool.spec.model;
+    let args = format!(
+        "model={};revision={};pooling={:?};dtype={:?}",
+        model.id,
+        model.revision.as_deref().unwrap_or(""),
+        model.pooling,
+        model.dtype
+    );
+    let password = std::env::var(crate::cache::settings::PASSWORD_ENV).ok();
+    crate::cache::settings::from_spec(spec, args, password)
+        .inspect_err(|problem| tracing::warn!(pool = %pool.name_any(), problem, "spec.cache not used"))
+        .ok()
+        .flatten()
 }
 
 /// The Secret of the own pool's API keys, while `spec.auth` names one.

@@ -61,6 +61,7 @@ async fn activator_of(
         limits: Some(limits(1 << 20, 1 << 20)),
         remote: true,
         coalesce: false,
+        cache: None,
         tenants: BTreeMap::new(),
     };
     table.sync(pools.iter().map(|pool| spec(pool)).collect()).unwrap();
@@ -238,6 +239,7 @@ async fn a_call_naming_no_pool_is_not_found_and_one_for_a_pool_not_described_yet
                 limits: None,
                 remote: true,
                 coalesce: false,
+                cache: None,
                 tenants: BTreeMap::new(),
             }])
             .unwrap();

@@ -140,6 +140,7 @@ pub async fn tls_activator(
             limits: Some(limits(1 << 20, 1 << 20)),
             remote: true,
             coalesce: false,
+            cache: None,
             tenants: BTreeMap::new(),
         }
     };

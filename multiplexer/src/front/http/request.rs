@@ -55,6 +55,8 @@ pub struct HttpCall<'a> {
     carried: MetadataMap,
     /// The size of the request's body, once read.
     body_bytes: usize,
+    /// What the pool's cache held of the request's inputs: hits and inputs, when it was asked.
+    cached: Option<(usize, usize)>,
 }
 
 impl<'a> HttpCall<'a> {
@@ -72,7 +74,7 @@ impl<'a> HttpCall<'a> {
         match routed {
             Ok((meta, pool)) => {
                 let carried = crate::gate::request_meta::carried_to_peers(headers);
-                Ok(Self { shared, call, meta, pool, carried, body_bytes: 0 })
+                Ok(Self { shared, call, meta, pool, carried, body_bytes: 0, cached: None })
             }
             Err(error) => Err(HttpError::Call(call.fail(error))),
         }
@@ -139,6 +141,11 @@ impl<'a> HttpCall<'a> {
         self.shared.dimensions.learn(&self.pool.spec.name, size);
     }
 
+    /// The `x-teifleet-cache` header's value, when the pool's cache was asked.
+    pub fn cache_header(&self) -> Option<&'static str> {
+        self.cached.map(|(hits, inputs)| crate::cache::header_value(hits, inputs))
+    }
+
     /// Counts how the request ended; an error is handed back to be answered.
     pub fn finish<T>(mut self, result: Result<T, HttpError>) -> Result<T, HttpError> {
         match result {
@@ -196,7 +203,13 @@ impl<'a> HttpCall<'a> {
         {
             self.call.admitted_at(first.admitted);
         }
-        self.call.observe(done.last().and_then(|chunk| chunk.timing));
+        self.call.observe(done.iter().rev().find_map(|chunk| chunk.timing));
+        if done.iter().any(|chunk| chunk.cached) {
+            let (hits, inputs) = self.cached.unwrap_or_default();
+            let hits = hits + done.iter().map(|chunk| chunk.hits).sum::<usize>();
+            let inputs = inputs + done.iter().map(|chunk| chunk.answers.len()).sum::<usize>();
+            self.cached = Some((hits, inputs));
+        }
         Ok(done.into_iter().flat_map(|chunk| chunk.answers).collect())
     }
 

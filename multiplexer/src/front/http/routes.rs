@@ -61,7 +61,13 @@ macro_rules! handler {
                         }
                         Err(error) => (None, Err(error)),
                     };
-                    call.finish(result)
+                    let cached = call.cache_header();
+                    call.finish(result).map(|mut response| {
+                        if let Some(value) = cached {
+                            response.headers_mut().insert(crate::cache::HEADER, http::HeaderValue::from_static(value));
+                        }
+                        response
+                    })
                 }
                 Err(error) => Err(error),
             };

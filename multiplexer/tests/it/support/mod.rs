@@ -46,6 +46,7 @@ pub fn spec(name: &str, upstream: SocketAddr, limits: Limits) -> PoolSpec {
         limits: Some(limits),
         remote: false,
         coalesce: false,
+        cache: None,
         tenants: Default::default(),
     }
 }
