@@ -109,7 +109,6 @@ impl PoolConfig {
 pub struct Replica {
     guard: ChildGuard,
     dir: PathBuf,
-    pub grpc: SocketAddr,
     pub admin: SocketAddr,
     pub http: SocketAddr,
     /// A key to call with when the replica checks keys.
@@ -185,7 +184,6 @@ impl Replica {
         let addr = |key: &str| serving[key].as_str().and_then(|a| a.parse().ok()).expect("an address");
         let grpc = addr("grpc_addr");
         let replica = Self {
-            grpc,
             admin: addr("admin_addr"),
             http: addr("http_addr"),
             probe_key: keys.first().map(|(_, key)| (*key).to_owned()),
@@ -210,11 +208,6 @@ impl Replica {
             async move { call.await.ok().filter(|(_, cache)| cache.as_deref() == Some("hit")) }
         })
         .await;
-    }
-
-    /// The multiplexer's log so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("multiplexer.log")).unwrap_or_default()
     }
 
     pub fn alive(&mut self) -> bool {

@@ -93,7 +93,7 @@ async fn the_store_killed_under_load_fails_no_call_and_hits_resume_after() {
     const CALLERS: usize = 8;
     const CALLS: usize = 40;
     let Some(mut redis) = redis("killed", RedisOptions::default()).await else { return };
-    let [(_sim1, one), (_sim2, two)] = two_replicas(&Store::at(redis.url())).await;
+    let [(_sim1, mut one), (_sim2, mut two)] = two_replicas(&Store::at(redis.url())).await;
     let errors_before = store_errors(&one).await;
 
     let done = Arc::new(AtomicUsize::new(0));
@@ -128,6 +128,7 @@ async fn the_store_killed_under_load_fails_no_call_and_hits_resume_after() {
         failed.extend(caller.await.unwrap());
     }
     assert!(failed.is_empty(), "calls failed with the store down: {failed:?}");
+    assert!(one.alive() && two.alive());
     // Calls after the kill that reach the store (not skipped for a backoff) fail there.
     for i in 0..5 {
         one.embed(request(&format!("while down {i}"))).await.expect("served without the store");
