@@ -129,7 +129,7 @@ start_weed
 sim sim.log --fixed-latency 1ms --per-token-latency 0s --max-batch-tokens 512
 sim slow-sim.log --fixed-latency 20ms
 served=$(ports sim.log "TEI simulator serving" addr admin)
-read -r sim_port _ <<<"$served"
+read -r sim_port sim_admin <<<"$served"
 served=$(ports slow-sim.log "TEI simulator serving" addr)
 read -r slow_sim <<<"$served"
 
@@ -148,6 +148,12 @@ printf '%s\n' "auth: {keysFile: keys.yaml}" "pools:" \
     "- {name: keyed, upstream: 'http://127.0.0.1:$sim_port', maxInFlight: 32, maxQueued: 256, queueTimeout: 10s}" \
     >"$logs/pools.yaml"
 mux mux-keyed.log file --config "$logs/pools.yaml" --http-listen 127.0.0.1:0
+
+# A multiplexer whose pool caches embeddings (test_cache.py): local tier only.
+printf '%s\n' "pools:" \
+    "- {name: cached, upstream: 'http://127.0.0.1:$sim_port', maxInFlight: 32, maxQueued: 256, queueTimeout: 10s, cache: {size: 16Mi}}" \
+    >"$logs/pools-cached.yaml"
+mux mux-cached.log file --config "$logs/pools-cached.yaml" --http-listen 127.0.0.1:0
 
 # Certificates for test_tls.py, new every run: a CA and two server certificates from it (for
 # localhost and 127.0.0.1), a third with a serial whose first byte has its top bit set (DER pads
@@ -206,6 +212,8 @@ served=$(served mux-patient.log)
 read -r patient_grpc patient_admin <<<"$served"
 served=$(served mux-keyed.log http_addr)
 read -r _ _ keyed_http <<<"$served"
+served=$(served mux-cached.log http_addr)
+read -r _ _ cached_http <<<"$served"
 served=$(served mux-tls.log http_addr)
 read -r tls_grpc tls_admin tls_http <<<"$served"
 served=$(served mux-mtls.log http_addr)
@@ -216,6 +224,7 @@ read -r _ rot_admin rot_http <<<"$served"
 export TEIFLEET_HTTP="http://127.0.0.1:$http" TEIFLEET_HTTP_KEYED="http://127.0.0.1:$keyed_http"
 export TEIFLEET_GRPC="127.0.0.1:$grpc" TEIFLEET_SIM_GRPC="127.0.0.1:$sim_port" TEIFLEET_ADMIN="http://127.0.0.1:$admin"
 export TEIFLEET_API_KEY="$api_key"
+export TEIFLEET_HTTP_CACHED="http://127.0.0.1:$cached_http" TEIFLEET_SIM_ADMIN="http://127.0.0.1:$sim_admin"
 export TEIFLEET_SLOW_SIM_GRPC="127.0.0.1:$slow_sim" TEIFLEET_PATIENT_GRPC="127.0.0.1:$patient_grpc"
 export TEIFLEET_TLS_DIR="$tls"
 export TEIFLEET_TLS_HTTP="https://127.0.0.1:$tls_http" TEIFLEET_TLS_GRPC="127.0.0.1:$tls_grpc"
@@ -233,6 +242,7 @@ ready() { # URL: true once it answers, within 20 s
     return 1
 }
 for check in "$TEIFLEET_HTTP/health mux.log" "$TEIFLEET_HTTP_KEYED/health mux-keyed.log" \
+    "$TEIFLEET_HTTP_CACHED/health mux-cached.log" \
     "$TEIFLEET_TLS_ADMIN/readyz mux-tls.log" "$TEIFLEET_MTLS_ADMIN/readyz mux-mtls.log" \
     "$TEIFLEET_ROTATING_ADMIN/readyz mux-rotating.log" "http://127.0.0.1:$patient_admin/readyz mux-patient.log"; do
     read -r url log <<<"$check"
@@ -321,6 +331,7 @@ if ! "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/clients" "
     echo "--- SeaweedFS log" >&2; tail -20 "$logs/weed.log" >&2
     echo "--- multiplexer log" >&2; tail -50 "$logs/mux.log" >&2
     echo "--- multiplexer with API keys, log" >&2; tail -20 "$logs/mux-keyed.log" >&2
+    echo "--- multiplexer with a cache, log" >&2; tail -20 "$logs/mux-cached.log" >&2
     echo "--- multiplexer with TLS, log" >&2; tail -20 "$logs/mux-tls.log" >&2
     echo "--- multiplexer with mutual TLS, log" >&2; tail -20 "$logs/mux-mtls.log" >&2
     echo "--- multiplexer with rotating certificates, log" >&2; tail -30 "$logs/mux-rotating.log" >&2
