@@ -48,8 +48,9 @@ pub struct Cache {
 #[derive(Clone, Debug)]
 pub struct Store {
     pub url: String,
-    /// `timeout`: generous in tests, so that a busy 2-core machine does not make a store that is
-    /// up look down (the default 5ms is the product's choice for a pod beside its store).
+    /// `timeout`: the longest allowed (1s) in tests, so that a busy 2-core machine does not make a
+    /// store that is up look down (the default 5ms is the product's choice for a pod beside its
+    /// store).
     pub timeout: String,
     /// Written to a file named by `passwordFile`; none: no password.
     pub password: Option<String>,
@@ -57,7 +58,7 @@ pub struct Store {
 
 impl Store {
     pub fn at(url: String) -> Self {
-        Self { url, timeout: "500ms".into(), password: None }
+        Self { url, timeout: "1s".into(), password: None }
     }
 }
 
