@@ -242,7 +242,7 @@ impl Metrics {
             .expect("valid gauge"),
             memory_charged: gauge(
                 "teifleet_memory_charged_bytes",
-                "Bytes charged to the memory budget now, by use: request_bodies, door, answers, activator.",
+                "Bytes charged to the memory budget now, by use: request_bodies, door, answers, cache (the embedding cache's local tier).",
                 &["use"],
             ),
         };
