@@ -71,6 +71,11 @@ impl LocalTier {
         self.entries.get(key)
     }
 
+    /// Whether `key` has an entry, without counting it as asked for (W-TinyLFU's frequencies).
+    pub fn contains(&self, key: &Key) -> bool {
+        self.entries.contains_key(key)
+    }
+
     /// Keeps `answer` under `key`, within the size and the memory budget.
     pub fn keep(&self, key: Key, answer: Framed) -> Result<(), NotKept> {
         let kept = self.try_keep(key, answer);

@@ -175,6 +175,16 @@ impl CallCache {
         Looked { answers, keys: keys.into_iter().map(Some).collect() }
     }
 
+    /// Whether this process's tier holds an answer for every one of `messages`, asked without
+    /// counting (the counted lookup follows): a call whose answers are all here need not wait
+    /// at its pool's door for the calls that need TEI.
+    pub fn all_here(&self, messages: &[&[u8]]) -> bool {
+        match (&self.scope, &self.cache.local) {
+            (Some(scope), Some(local)) => messages.iter().all(|message| local.contains(&scope.key(message))),
+            _ => false,
+        }
+    }
+
     /// Keeps what TEI answered for input `index` of `looked` (a miss), in both tiers.
     pub fn keep(&self, looked: &Looked, index: usize, answer: &Framed) {
         let Some(Some(key)) = looked.keys.get(index) else { return };

@@ -11,6 +11,7 @@ use tonic::Status;
 use tracing::Instrument as _;
 
 use crate::admission::memory::Charge;
+use crate::cache::Cache;
 use crate::error::Error;
 use crate::error::refused_message;
 use crate::forward::charge::{Grant, cost_before_body};
@@ -143,6 +144,9 @@ where
         // locals, so moving them out would hold them twice while the call waits.
         let Admitting { call, meta, pool, connection, door } = &mut admitting;
         let rpc = call.rpc;
+        if rpc.shape == Shape::Unary && pool.cache.is_some() && Cache::caches(rpc) {
+            return serve_cached(admitting, forwarder, request, message_timeout).await;
+        }
         // Held until the call is answered: calls waiting at the pool's door go in as calls finish.
         let _inside = match crate::front::door::go_through(rpc, meta, pool, *connection, door, call.arrived).await {
             Ok(pass) => pass,
@@ -176,6 +180,57 @@ where
         }
         response
     }
+}
+
+/// A unary call of an RPC its pool caches: its message read first (it is charged to the memory
+/// budget as any body), so that a call whose answer this process holds neither waits at the
+/// door nor for a permit; the others go through the door, and then as any unary call (which
+/// looks the message up, counted, and keeps TEI's answer).
+fn serve_cached<B>(
+    admitting: Admitting,
+    forwarder: Arc<Forwarder>,
+    request: http::Request<B>,
+    message_timeout: Duration,
+) -> BoxFuture<'static, http::Response<tonic::body::Body>>
+where
+    B: http_body::Body + Send + Unpin + 'static,
+    B::Data: Send,
+    B::Error: Into<tonic::codegen::StdError> + Send + 'static,
+{
+    Box::pin(async move {
+        let Admitting { mut call, mut meta, pool, connection, door } = admitting;
+        let rpc = call.rpc;
+        let max_message = forwarder.max_message_bytes();
+        let _charge = request.extensions().get::<Arc<Charge>>().cloned();
+        let request =
+            match unary::read_request(within(message_timeout, request, forwarder.metrics.clone()), max_message).await {
+                Ok(request) => request,
+                Err(refused) => {
+                    let response = status::into_http(refused);
+                    let mut routed = Routed { forwarder, call, meta, pool, grant: None };
+                    count_refused_message(&mut routed, &response);
+                    return response;
+                }
+            };
+        let here = pool
+            .cache_for(rpc, meta.tenant.as_deref())
+            .is_some_and(|cache| cache.all_here(&[request.get_ref().as_ref()]));
+        let _inside = match here {
+            true => None,
+            false => match crate::front::door::go_through(rpc, &mut meta, &pool, connection, &door, call.arrived).await
+            {
+                Ok(pass) => pass,
+                Err(error) => return status::into_http(Status::from(call.fail(error))),
+            },
+        };
+        let coalescer = pool.coalescer.clone().filter(|_| rpc.admit == Admit::Permit);
+        let routed = Routed { forwarder, call, meta, pool, grant: None };
+        let answer = match coalescer {
+            Some(coalescer) => routed.coalesced(coalescer, request).await,
+            None => routed.unary(request).await,
+        };
+        unary::answer(answer, max_message)
+    })
 }
 
 /// The admitted call's exchange: its body read and its message forwarded, its answer written.

@@ -22,6 +22,7 @@ use super::Shared;
 use super::error::HttpError;
 use super::upstream::Each;
 use crate::admission::memory::Use;
+use crate::cache::Cache;
 use crate::error::{Error, Result};
 use crate::forward::bulk::{Bulk, Chunk, Exchanged};
 use crate::forward::pools::Pool;
@@ -57,6 +58,11 @@ pub struct HttpCall<'a> {
     body_bytes: usize,
     /// What the pool's cache held of the request's inputs: hits and inputs, when it was asked.
     cached: Option<(usize, usize)>,
+    /// A request of a route its pool caches goes through the door only once its inputs are known
+    /// not all to be answered here (`Self::send_each`): the connection it came on, until then.
+    door_later: Option<ConnectionId>,
+    /// The door's pass, held until the request is answered.
+    pass: Option<Pass>,
 }
 
 impl<'a> HttpCall<'a> {
@@ -74,7 +80,17 @@ impl<'a> HttpCall<'a> {
         match routed {
             Ok((meta, pool)) => {
                 let carried = crate::gate::request_meta::carried_to_peers(headers);
-                Ok(Self { shared, call, meta, pool, carried, body_bytes: 0, cached: None })
+                Ok(Self {
+                    shared,
+                    call,
+                    meta,
+                    pool,
+                    carried,
+                    body_bytes: 0,
+                    cached: None,
+                    door_later: None,
+                    pass: None,
+                })
             }
             Err(error) => Err(HttpError::Call(call.fail(error))),
         }
@@ -86,6 +102,10 @@ impl<'a> HttpCall<'a> {
     pub async fn through_door(&mut self, connection: Option<ConnectionNumber>) -> Result<Option<Pass>, HttpError> {
         static UNNUMBERED: AtomicU64 = AtomicU64::new(u64::MAX);
         let connection = connection.map_or_else(|| UNNUMBERED.fetch_sub(1, Ordering::Relaxed), |number| number.0);
+        if self.pool.cache.is_some() && Cache::caches(self.call.rpc) {
+            self.door_later = Some(ConnectionId(connection));
+            return Ok(None);
+        }
         let (rpc, arrived) = (self.call.rpc, self.call.arrived);
         let bounds = &self.shared.door;
         crate::front::door::go_through(rpc, &mut self.meta, &self.pool, ConnectionId(connection), bounds, arrived)
@@ -180,6 +200,17 @@ impl<'a> HttpCall<'a> {
     {
         self.call.rpc = rpc;
         self.within_cap(inputs)?;
+        if let Some(connection) = self.door_later.take() {
+            let cache = self.pool.cache_for(rpc, self.meta.tenant.as_deref());
+            let here = cache.is_some_and(|cache| each.all(|message| cache.all_here(&[message])));
+            if !here {
+                let (arrived, bounds) = (self.call.arrived, &self.shared.door);
+                self.pass =
+                    crate::front::door::go_through(rpc, &mut self.meta, &self.pool, connection, bounds, arrived)
+                        .await
+                        .map_err(HttpError::Call)?;
+            }
+        }
         let plan = each.plan(per_permit, super::upstream::chunk_bytes(self.body_bytes), CHUNKS_AT_ONCE);
         let limit = super::upstream::most_upstream_bytes(self.body_bytes);
         if plan.total > limit {

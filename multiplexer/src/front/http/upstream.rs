@@ -71,6 +71,20 @@ impl<M: Message + Clone, T: Default> Each<M, T> {
             .collect()
     }
 
+    /// Whether `holds` is true of every message, each encoded in turn into one scratch buffer
+    /// (the item swapped in and back out, as [`Self::sizes`] does): none is kept.
+    pub fn all(&mut self, mut holds: impl FnMut(&[u8]) -> bool) -> bool {
+        let Self { template, field, items } = self;
+        let mut scratch = Vec::new();
+        items.iter_mut().all(|item| {
+            std::mem::swap(field(template), item);
+            scratch.clear();
+            template.encode_raw(&mut scratch);
+            std::mem::swap(field(template), item);
+            holds(&scratch)
+        })
+    }
+
     /// Chunks of at most `per_permit` messages and at most `max_bytes` bytes (one message at
     /// least), and what `window` consecutive chunks hold at most, plus one message being built
     /// beside them.
