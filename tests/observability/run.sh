@@ -7,8 +7,11 @@
 #    (tools/check_metric_names.py), read from the debug binaries themselves: the multiplexer in
 #    front of tei-sim on loopback, serving TLS (so the certificate series exist) and answering a
 #    few calls (so the per-call series exist), scraped on its admin port's /metrics and
-#    /upstream/metrics (TEI's te_* series, relayed), and `teifleet-operator --print-metrics`
-#    (every operator family, one series each, from the operator's own registration);
+#    /upstream/metrics (TEI's te_* series, relayed), a second multiplexer (`file` mode) whose pool
+#    has the embedding cache with a shared store where nothing listens, after a few calls (so
+#    every teifleet_cache_* series exists: the tiers' from the pool's start, the inputs' from its
+#    first call), and `teifleet-operator --print-metrics` (every operator family, one series
+#    each, from the operator's own registration);
 # 3. the same check on copies with one name broken each, which must fail: a checker that passes
 #    everything proves nothing;
 # 4. a real Prometheus server scraping the real binaries with the shipped alert expressions loaded,
@@ -25,6 +28,9 @@
 #    tests/observability/prom.py does the waiting: each wait ends on the state it waits for
 #    (bounded, 60 s), and a wait that fails prints Prometheus' view of the rule, its series and its
 #    targets. The first multiplexer (pool `default`, no burst) must stay without the alert.
+#    Then the cache's multiplexer (pool `cached`, scraped too) gets 5 calls a second of distinct
+#    queries, each a miss whose lookup tries the store at port 1 (refused, so it rests 1 s between
+#    tries): TeifleetCacheStoreDown must fire for `cached` alone.
 # promtool and prometheus come from Debian's prometheus package (tests/cluster/prereqs.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -105,11 +111,39 @@ for input in '"one"' '["two", "three"]'; do
 done
 curl -sf "http://127.0.0.1:$admin/metrics" >"$work/multiplexer.prom" || { logs; exit 1; }
 curl -sf "http://127.0.0.1:$admin/upstream/metrics" >"$work/tei.prom" || { logs; exit 1; }
+# A pool with the embedding cache in front of the same simulator; its store's port 1 has no
+# listener, so every read the store is asked fails and the calls go on without it.
+cat >"$work/cached.yaml" <<YAML
+pools:
+  - name: cached
+    upstream: http://127.0.0.1:$sim_grpc
+    maxInFlight: 8
+    maxQueued: 16
+    queueTimeout: 5s
+    cache: {size: 16Mi, store: {url: "redis://127.0.0.1:1/0", timeout: 5ms}}
+YAML
+"$bin/teifleet-multiplexer" file --config "$work/cached.yaml" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 \
+    --http-listen 127.0.0.1:0 --log-format json --drain-delay 0s >"$work/cached-mux.log" 2>&1 &
+pids+=($!)
+served=$(ports cached-mux.log "multiplexer serving" grpc_addr admin_addr http_addr)
+read -r cached_grpc cached_admin cached_http <<<"$served"
+cached_logs() { echo "--- cache's multiplexer log" >&2; tail -30 "$work/cached-mux.log" >&2; }
+for _ in $(seq 200); do
+    curl -sf "http://127.0.0.1:$cached_admin/readyz" >/dev/null 2>&1 && break
+    sleep 0.1
+done
+curl -sf "http://127.0.0.1:$cached_admin/readyz" >/dev/null \
+    || { echo "the cache's multiplexer is not ready after 20 s" >&2; cached_logs; exit 1; }
+for input in '"one"' '["one", "two"]'; do
+    curl -sf "http://127.0.0.1:$cached_http/embed" -H 'content-type: application/json' \
+        -d "{\"inputs\": $input}" >/dev/null || { echo "an /embed call to the cached pool failed" >&2; cached_logs; exit 1; }
+done
+curl -sf "http://127.0.0.1:$cached_admin/metrics" >"$work/cache.prom" || { cached_logs; exit 1; }
 "$bin/teifleet-operator" --print-metrics >"$work/operator.prom"
 
 check() { # QUERY_FILE...
     tools/check_metric_names.py --exposition "$work/multiplexer.prom" --exposition "$work/tei.prom" \
-        --exposition "$work/operator.prom" "$@"
+        --exposition "$work/operator.prom" --exposition "$work/cache.prom" "$@"
 }
 check "$dashboard" "$rules"
 
@@ -133,6 +167,8 @@ sed 's/sum by (namespace, pool) (rate(teifleet_requests_total{outcome="upstream_
 must_fail "a label a metric does not have in the rules" "teifleet_requests_total has no label 'result'" "$work/wrong-label.yaml"
 sed 's/sum by (namespace, error)/sum by (namespace, reason)/' "$rules" >"$work/wrong-grouping.yaml"
 must_fail "a grouping by a label no metric has in the rules" "label 'reason' is on none of" "$work/wrong-grouping.yaml"
+sed 's/teifleet_cache_store_seconds_count/teifleet_cache_store_second_count/g' "$rules" >"$work/cache-renamed.yaml"
+must_fail "a cache metric renamed in the rules" "metric teifleet_cache_store_second_count is not exported" "$work/cache-renamed.yaml"
 
 # 4. A real Prometheus, the shipped expressions, one alert fired for real.
 mkdir "$work/prometheus"
@@ -161,7 +197,8 @@ read -r burst_sim_grpc burst_sim_admin <<<"$served"
 pids+=($!)
 served=$(ports burst-mux.log "multiplexer serving" grpc_addr admin_addr)
 read -r burst_grpc burst_admin <<<"$served"
-# Both multiplexers, as a PodMonitor would find them: `namespace` and `pod` are the target labels.
+# The multiplexers, as a PodMonitor would find them: `namespace` and `pod` are the target labels.
+# The cache's relays no TEI metrics (it was given none), so only its /metrics is scraped.
 cat >"$work/prometheus/prometheus.yml" <<YAML
 global:
   scrape_interval: 1s
@@ -176,6 +213,10 @@ scrape_configs:
         labels: {namespace: observability, pod: default-0}
       - targets: ["127.0.0.1:$burst_admin"]
         labels: {namespace: observability, pod: burst-0}
+  - job_name: teifleet-multiplexer-cached
+    static_configs:
+      - targets: ["127.0.0.1:$cached_admin"]
+        labels: {namespace: observability, pod: cached-0}
   - job_name: tei
     metrics_path: /upstream/metrics
     static_configs: *pods
@@ -186,6 +227,7 @@ pids+=($!)
 promlogs() {
     logs
     echo "--- burst multiplexer log" >&2; tail -20 "$work/burst-mux.log" >&2
+    cached_logs
     echo "--- prometheus log" >&2; tail -20 "$work/prometheus.log" >&2
 }
 for _ in $(seq 200); do
@@ -208,3 +250,10 @@ load 5 healthy-load
 tests/observability/prom.py "$prom_url" quiet TeifleetShedding burst 60 || { promlogs; exit 1; }
 load 200 burst-load
 tests/observability/prom.py "$prom_url" firing TeifleetShedding burst 60 || { promlogs; exit 1; }
+
+# The cached pool's store is refused at every try: distinct queries (a Zipf mix over a million),
+# so nearly every call misses its local tier and asks the store.
+"$bin/teifleet-load" --target "http://127.0.0.1:$cached_grpc" --mode open --arrivals constant \
+    --rate 5 --zipf 1.1:1000000 --deadline 1s --requests 1000000 --duration 300s --quiet >"$work/cached-load.log" 2>&1 &
+pids+=($!)
+tests/observability/prom.py "$prom_url" firing TeifleetCacheStoreDown cached 60 || { promlogs; exit 1; }
