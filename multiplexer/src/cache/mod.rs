@@ -11,10 +11,12 @@
 //!
 //! Two tiers: this process's ([`local`], bounded in bytes, charged to the memory budget, W-TinyLFU)
 //! and, when the pool names one, a Redis-protocol store its replicas share ([`store`], bounded in
-//! time: never a dependency). Imports `vocab`, `admission` (the memory budget) and `report`.
+//! time: never a dependency), whose entries are sealed with the pool's peer key ([`seal`]).
+//! Imports `vocab`, `admission` (the memory budget), `gate` (the peer key) and `report`.
 
 pub mod key;
 pub mod local;
+pub mod seal;
 pub mod settings;
 pub mod store;
 
@@ -28,6 +30,7 @@ use crate::cache::key::{Key, Model, Scope};
 use crate::cache::local::LocalTier;
 pub use crate::cache::store::StoreSettings;
 use crate::cache::store::StoreTier;
+use crate::gate::peer::PeerKey;
 use crate::report::cache::InputSeries;
 use crate::report::metrics::Metrics;
 use crate::vocab::SetupError;
@@ -66,6 +69,7 @@ impl Cache {
         pool: &str,
         settings: CacheSettings,
         memory: &Arc<MemoryBudget>,
+        peer_key: Arc<PeerKey>,
         metrics: &Metrics,
     ) -> Result<Arc<Self>, SetupError> {
         let families = metrics.cache();
@@ -74,7 +78,7 @@ impl Cache {
             size => LocalTier::new(size, settings.ttl, memory, families.local(pool)),
         };
         let store = match &settings.store {
-            Some(store) => Some(Arc::new(StoreTier::new(store, settings.ttl, families.store(pool))?)),
+            Some(store) => Some(Arc::new(StoreTier::new(store, settings.ttl, peer_key, families.store(pool))?)),
             None => None,
         };
         Ok(Arc::new(Self {

@@ -15,6 +15,8 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::time::Instant;
 
 use crate::cache::key::Key;
+use crate::cache::seal;
+use crate::gate::peer::PeerKey;
 use crate::report::cache::StoreSeries;
 use crate::vocab::SetupError;
 use crate::vocab::framing::Framed;
@@ -41,6 +43,8 @@ pub struct StoreSettings {
 
 pub struct StoreTier {
     connection: ConnectionManager,
+    /// Seals what is written, and checks what is read (`crate::cache::seal`).
+    peer_key: std::sync::Arc<PeerKey>,
     timeout: Duration,
     ttl_seconds: u64,
     /// Until when the store is left alone after a failure.
@@ -50,7 +54,12 @@ pub struct StoreTier {
 }
 
 impl StoreTier {
-    pub fn new(settings: &StoreSettings, ttl: Duration, series: StoreSeries) -> Result<Self, SetupError> {
+    pub fn new(
+        settings: &StoreSettings,
+        ttl: Duration,
+        peer_key: std::sync::Arc<PeerKey>,
+        series: StoreSeries,
+    ) -> Result<Self, SetupError> {
         let invalid = |e: redis::RedisError| SetupError::Config(format!("cache store {}: {e}", settings.url));
         let mut info = redis::IntoConnectionInfo::into_connection_info(settings.url.as_str()).map_err(invalid)?;
         let mut redis_settings = info.redis_settings().clone();
@@ -71,6 +80,7 @@ impl StoreTier {
         series.up.set(1);
         Ok(Self {
             connection,
+            peer_key,
             timeout: settings.timeout,
             ttl_seconds: ttl.as_secs().max(1),
             resting_until: Mutex::new(None),
@@ -100,8 +110,12 @@ impl StoreTier {
             let read = command.query_async::<Vec<Option<Vec<u8>>>>(&mut connection);
             match tokio::time::timeout(self.timeout, read).await {
                 Ok(Ok(values)) => {
-                    for (slot, value) in found[start..].iter_mut().zip(values) {
-                        *slot = value.filter(|v| v.len() <= MOST_ANSWER_BYTES).map(|v| Framed::new(&v));
+                    for ((slot, key), value) in found[start..].iter_mut().zip(part).zip(values) {
+                        let Some(stored) = value.filter(|v| v.len() <= MOST_ANSWER_BYTES + 64) else { continue };
+                        match seal::open(&self.peer_key, key, &stored) {
+                            Ok(answer) => *slot = Some(Framed::new(answer)),
+                            Err(seal::Unsealed::Forged) => self.series.get_forged.inc(),
+                        }
                     }
                 }
                 Ok(Err(error)) => {
@@ -137,7 +151,8 @@ impl StoreTier {
             let started = Instant::now();
             let mut connection = tier.connection.clone();
             let mut command = redis::cmd("SET");
-            command.arg(key.store_name()).arg(answer.as_ref()).arg("EX").arg(tier.ttl_seconds);
+            let sealed = seal::seal(&tier.peer_key, &key, answer.as_ref());
+            command.arg(key.store_name()).arg(sealed).arg("EX").arg(tier.ttl_seconds);
             let write = command.query_async::<()>(&mut connection);
             // Writes wait longer than reads: nobody waits for them, and a write cut short is lost.
             match tokio::time::timeout(tier.timeout * 20, write).await {

@@ -267,7 +267,7 @@ impl PoolTable {
             return Ok(Some(cache));
         }
         let memory = self.memory.read().unwrap_or_else(|p| p.into_inner()).clone();
-        let cache = Cache::new(&spec.name, settings, &memory, &self.metrics)?;
+        let cache = Cache::new(&spec.name, settings, &memory, self.siblings.peer_key().clone(), &self.metrics)?;
         backend_batch::learn_model(cache.clone(), upstream.channel(), spec.name.clone());
         Ok(Some(cache))
     }

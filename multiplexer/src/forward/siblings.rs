@@ -51,8 +51,8 @@ pub struct Siblings {
     room: Notify,
     dialer: Dialer,
     /// What proves a spill to a sibling, and a spill from one, is a sibling's
-    /// (`crate::gate::peer`).
-    peer_key: PeerKey,
+    /// (`crate::gate::peer`); it also signs what the pool's cache writes to its shared store.
+    peer_key: Arc<PeerKey>,
 }
 
 #[derive(Default)]
@@ -114,7 +114,7 @@ impl Siblings {
     }
 
     /// The pool's peer key: spills carry it, and a spilled call is believed only with it.
-    pub fn peer_key(&self) -> &PeerKey {
+    pub fn peer_key(&self) -> &Arc<PeerKey> {
         &self.peer_key
     }
 

@@ -50,6 +50,8 @@ pub struct StoreSeries {
     pub get_timeouts: IntCounter,
     pub get_errors: IntCounter,
     pub get_skipped: IntCounter,
+    /// Entries whose seal did not verify (`crate::cache::seal`): someone else wrote them.
+    pub get_forged: IntCounter,
     pub set_timeouts: IntCounter,
     pub set_errors: IntCounter,
     pub set_skipped: IntCounter,
@@ -92,8 +94,9 @@ impl CacheFamilies {
             ),
             store_errors: counter(
                 "teifleet_cache_store_errors_total",
-                "Shared-store reads and writes that failed (error), took longer than the timeout (timeout), or \
-                 were not tried while the store rests after a failure (skipped).",
+                "Shared-store reads and writes that failed (error), took longer than the timeout (timeout), were \
+                 not tried while the store rests after a failure (skipped), or entries read whose seal did not \
+                 verify (forged: written by someone without the pool's peer key).",
                 &["pool", "op", "reason"],
             ),
             store_seconds: HistogramVec::new(
@@ -159,6 +162,7 @@ impl CacheFamilies {
             get_timeouts: errors("get", "timeout"),
             get_errors: errors("get", "error"),
             get_skipped: errors("get", "skipped"),
+            get_forged: errors("get", "forged"),
             set_timeouts: errors("set", "timeout"),
             set_errors: errors("set", "error"),
             set_skipped: errors("set", "skipped"),
