@@ -1,6 +1,13 @@
 //! The local tier: answers in this process, bounded in bytes, kept by W-TinyLFU (moka), so a scan
 //! of texts seen once (a re-index) does not flush the texts asked for again and again.
 //!
+//! moka counts how often keys are asked for only once the tier is half full, so a hot set asked
+//! for while it filled looks as cold as texts seen once, and a scan pushed it all out (the cache
+//! tests caught it). So once the tier is half full an answer is kept only the second time its key
+//! is missed within the doorkeeper's memory (TinyLFU's doorkeeper: a bounded LRU set of keys seen
+//! once), and moka's own frequencies decide among those: a scan's texts, seen once each, never
+//! get in.
+//!
 //! The bound is hard: [`LocalTier::held`] counts every entry's bytes from its insertion to its
 //! removal, and an insertion that would pass the size first lets moka evict, then is skipped if
 //! there is still no room. moka evicts on its own at a little under the size, so that path is
@@ -23,9 +30,15 @@ pub const ENTRY_OVERHEAD: u64 = 128;
 
 /// moka evicts at this share of the size (in 64ths), ahead of the hard bound.
 const SOFT_SHARE: u64 = 62;
+/// What one key in the doorkeeper costs (the key, moka's node and its LRU links).
+const DOORKEEPER_ENTRY: u64 = 128;
+/// The doorkeeper remembers as many keys as the tier holds entries of this size.
+const TYPICAL_ENTRY: u64 = 2048;
 
 pub struct LocalTier {
     entries: moka::sync::Cache<Key, Framed>,
+    /// Keys missed once while the tier was half full or more.
+    doorkeeper: moka::sync::Cache<Key, ()>,
     size: u64,
     held: Arc<AtomicU64>,
     charge: Arc<Charge>,
@@ -39,12 +52,23 @@ pub enum NotKept {
     NoRoom,
     /// The memory budget is needed by calls.
     Budget,
+    /// Missed once so far while the tier is half full: kept the next time.
+    FirstSeen,
 }
 
 impl LocalTier {
     pub fn new(size: u64, ttl: Duration, memory: &Arc<MemoryBudget>, gauges: Gauges) -> Option<Self> {
-        let charge = Arc::new(memory.charge(Use::Cache, 0).ok()?);
-        let held = Arc::new(AtomicU64::new(0));
+        let remembered = (size / TYPICAL_ENTRY).max(1);
+        // The doorkeeper's room is taken from the tier's and charged from the start.
+        let doorkeeper_bytes = remembered * DOORKEEPER_ENTRY;
+        let charge = Arc::new(memory.charge(Use::Cache, doorkeeper_bytes).ok()?);
+        let held = Arc::new(AtomicU64::new(doorkeeper_bytes));
+        gauges.bytes.add(i64::try_from(doorkeeper_bytes).unwrap_or(i64::MAX));
+        let doorkeeper = moka::sync::Cache::builder()
+            .max_capacity(remembered)
+            .eviction_policy(moka::policy::EvictionPolicy::lru())
+            .time_to_live(ttl)
+            .build();
         let on_removal = {
             let (held, charge, gauges) = (held.clone(), charge.clone(), gauges.clone());
             move |_key: Arc<Key>, answer: Framed, cause: RemovalCause| {
@@ -59,12 +83,12 @@ impl LocalTier {
             }
         };
         let entries = moka::sync::Cache::builder()
-            .max_capacity(size / 64 * SOFT_SHARE)
+            .max_capacity(size.saturating_sub(doorkeeper_bytes) / 64 * SOFT_SHARE)
             .weigher(|_key: &Key, answer: &Framed| u32::try_from(weight(answer)).unwrap_or(u32::MAX))
             .time_to_live(ttl)
             .eviction_listener(on_removal)
             .build();
-        Some(Self { entries, size, held, charge, gauges })
+        Some(Self { entries, doorkeeper, size, held, charge, gauges })
     }
 
     pub fn get(&self, key: &Key) -> Option<Framed> {
@@ -89,6 +113,10 @@ impl LocalTier {
         let weight = weight(&answer);
         if weight > self.size {
             return Err(NotKept::NoRoom);
+        }
+        if self.held().saturating_mul(2) >= self.size && self.doorkeeper.remove(&key).is_none() {
+            self.doorkeeper.insert(key, ());
+            return Err(NotKept::FirstSeen);
         }
         if !self.room_for(weight) {
             self.entries.run_pending_tasks();
@@ -165,20 +193,31 @@ mod tests {
                 }
             }
         }
+        // As the cache does: each text of the scan is asked for (a miss) before it is kept.
         for n in 0..5_000 {
+            assert!(tier.get(&key(n)).is_none());
             let _ = tier.keep(key(n), answer());
         }
         tier.entries.run_pending_tasks();
         let kept = hot.iter().filter(|k| tier.get(k).is_some()).count();
         assert!(kept >= 7, "only {kept} of 8 hot entries survived the scan");
+        // A text missed twice gets in, scan or not.
+        for _ in 0..2 {
+            if tier.get(&key(9_999_999)).is_none() {
+                let _ = tier.keep(key(9_999_999), answer());
+            }
+        }
+        tier.entries.run_pending_tasks();
+        assert!(tier.get(&key(9_999_999)).is_some(), "a text asked for again is kept");
     }
 
     #[test]
     fn the_budget_can_refuse() {
-        let memory = MemoryBudget::new(4096, None);
+        let memory = MemoryBudget::new(128 << 10, None);
         let tier = LocalTier::new(1 << 20, Duration::from_secs(60), &memory, gauges()).unwrap();
-        let _bodies = memory.charge(Use::RequestBodies, 4000).unwrap();
+        let doorkeeper = tier.held();
+        let _bodies = memory.charge(Use::RequestBodies, (128 << 10) - doorkeeper - 1000).unwrap();
         assert_eq!(tier.keep(key(1), answer()), Err(NotKept::Budget));
-        assert_eq!(tier.held(), 0);
+        assert_eq!(tier.held(), doorkeeper);
     }
 }

@@ -75,7 +75,13 @@ impl Cache {
         let families = metrics.cache();
         let local = match settings.size {
             0 => None,
-            size => LocalTier::new(size, settings.ttl, memory, families.local(pool)),
+            size => {
+                let tier = LocalTier::new(size, settings.ttl, memory, families.local(pool));
+                if tier.is_none() {
+                    tracing::warn!(pool, size, "the memory budget has no room for the cache's local tier: none");
+                }
+                tier
+            }
         };
         let store = match &settings.store {
             Some(store) => Some(Arc::new(StoreTier::new(store, settings.ttl, peer_key, families.store(pool))?)),
