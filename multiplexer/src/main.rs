@@ -89,6 +89,10 @@ enum Source {
         /// The pools' YAML (see `sources::file`).
         #[arg(long)]
         config: PathBuf,
+        /// A file holding the peer key (at least 32 characters, the same for every process that
+        /// shares a cache store): it seals what the caches write to their shared stores.
+        #[arg(long)]
+        peer_key_file: Option<PathBuf>,
         #[command(flatten)]
         serve: Serve,
     },
@@ -381,7 +385,7 @@ async fn run(source: Source) -> anyhow::Result<()> {
             // Keys are the pools' sidecars' to check: a call carries its key to them.
             (table, Arc::new(Gate::off()), serve)
         }
-        Source::File { config, serve } => {
+        Source::File { config, peer_key_file, serve } => {
             let loaded = sources::file::load(&config).context("reading --config")?;
             let gate = gate_for(&loaded.default, sources::file::policy(loaded.keys_file.as_deref())?)?;
             gate.set_grants(loaded.grants.clone());
@@ -389,6 +393,9 @@ async fn run(source: Source) -> anyhow::Result<()> {
                 PoolTable::with_dialer(&loaded.default, metrics.clone(), dialer).with_next_batch(next_batch_ready),
             );
             table.allow_plaintext_routes(allow_plaintext_routes);
+            if let Some(path) = &peer_key_file {
+                sources::peer::load_file(path, table.siblings())?;
+            }
             table.sync(loaded.pools)?;
             let interval = Duration::from_secs(1);
             tokio::spawn(sources::file::watch(config, table.clone(), gate.clone(), interval, helpers.clone()));

@@ -54,11 +54,13 @@ pub struct Store {
     pub timeout: String,
     /// Written to a file named by `passwordFile`; none: no password.
     pub password: Option<String>,
+    /// The process's peer key (`--peer-key-file`), which seals the store's entries; none: unsealed.
+    pub peer_key: Option<String>,
 }
 
 impl Store {
     pub fn at(url: String) -> Self {
-        Self { url, timeout: "1s".into(), password: None }
+        Self { url, timeout: "1s".into(), password: None, peer_key: None }
     }
 }
 
@@ -145,10 +147,14 @@ impl Replica {
         std::fs::write(&path, &config).unwrap();
 
         let mut command = Command::new(env!("CARGO_BIN_EXE_teifleet-multiplexer"));
+        command.arg("file").arg("--config").arg(&path);
+        let peer_key = pools.iter().find_map(|p| p.cache.as_ref()?.store.as_ref()?.peer_key.clone());
+        if let Some(peer_key) = peer_key {
+            let file = dir.join("peer-key");
+            std::fs::write(&file, peer_key).unwrap();
+            command.arg("--peer-key-file").arg(file);
+        }
         command
-            .arg("file")
-            .arg("--config")
-            .arg(&path)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(["--log-format", "json", "--drain-delay", "0s"])
             .env("RUST_BACKTRACE", "1")

@@ -253,3 +253,60 @@ async fn the_store_shares_nothing_across_pools_or_tenants() {
     assert_eq!(cache.as_deref(), Some("hit"), "tenant a does, at the other replica");
     std::fs::remove_dir_all(dir_of("scopes")).ok();
 }
+
+async fn forged(replica: &Replica) -> f64 {
+    replica
+        .metric("teifleet_cache_store_errors_total", &[("pool", POOL_NAME), ("op", "get"), ("reason", "forged")])
+        .await
+}
+
+async fn entry_names(client: &mut ::redis::aio::MultiplexedConnection) -> Vec<String> {
+    ::redis::cmd("KEYS").arg("teifleet:embed:v1:*").query_async(client).await.unwrap()
+}
+
+/// The store's name of `text`'s entry: the one that appears when `from` embeds it.
+async fn stored_as(client: &mut ::redis::aio::MultiplexedConnection, from: &Replica, text: &str) -> String {
+    let before = entry_names(client).await;
+    store_through(from, text).await;
+    let mut new: Vec<String> = entry_names(client).await.into_iter().filter(|n| !before.contains(n)).collect();
+    assert_eq!(new.len(), 1, "one new entry for {text:?}");
+    new.remove(0)
+}
+
+/// The store is not trusted with answers: an entry changed by someone without the pool's peer key
+/// (one bit of its vector), or a sealed entry copied under another text's key, is a miss counted
+/// as forged, and TEI's own answer is what the caller gets.
+#[tokio::test]
+async fn a_forged_or_moved_store_entry_is_a_miss() {
+    let Some(redis) = redis("forged", RedisOptions::default()).await else { return };
+    let peer_key = "a-peer-key-of-this-pool-32-characters-or-more";
+    let store = Store { peer_key: Some(peer_key.into()), ..Store::at(redis.url()) };
+    let [(_sim1, one), (sim2, two)] = two_replicas(&store).await;
+    let mut client = ::redis::Client::open(redis.url()).unwrap().get_multiplexed_async_connection().await.unwrap();
+
+    // A bit of the vector flipped in place.
+    let flipped = stored_as(&mut client, &one, "flipped").await;
+    let mut value: Vec<u8> = ::redis::cmd("GET").arg(&flipped).query_async(&mut client).await.unwrap();
+    *value.last_mut().unwrap() ^= 0x01;
+    let () = ::redis::cmd("SET").arg(&flipped).arg(value).query_async(&mut client).await.unwrap();
+    let forged_before = forged(&two).await;
+    let work_before = work(&sim2);
+    let (answer, cache) = two.embed(request("flipped")).await.unwrap();
+    assert_eq!(cache.as_deref(), Some("miss"), "a changed entry is not an answer");
+    assert_eq!(answer.embeddings, embedding_for("flipped", 384), "TEI's vector");
+    assert_eq!(work(&sim2) - work_before, 1, "TEI was asked");
+    assert!(forged(&two).await > forged_before, "the changed entry counted as forged");
+
+    // A sealed entry copied under another text's key.
+    let planted = stored_as(&mut client, &one, "planted").await;
+    let sealed: Vec<u8> = ::redis::cmd("GET").arg(&planted).query_async(&mut client).await.unwrap();
+    let victim = stored_as(&mut client, &one, "the victim's text").await;
+    let () = ::redis::cmd("SET").arg(&victim).arg(sealed).query_async(&mut client).await.unwrap();
+    // Replica 2 never asked for it: its local tier is cold, and it reads the store.
+    let forged_before = forged(&two).await;
+    let (answer, cache) = two.embed(request("the victim's text")).await.unwrap();
+    assert_eq!(cache.as_deref(), Some("miss"), "an entry moved under another text is not its answer");
+    assert_eq!(answer.embeddings, embedding_for("the victim's text", 384), "TEI's vector, not the planted one");
+    assert!(forged(&two).await > forged_before, "the moved entry counted as forged");
+    std::fs::remove_dir_all(dir_of("forged")).ok();
+}
