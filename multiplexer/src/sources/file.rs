@@ -20,6 +20,9 @@
 //!     tenants: {search: 3, batch: 1}
 //!     ingestShare: 10     # percent of admissions the ingest lane keeps under query overload (0-50, default 10)
 //!     queryReserve: 0     # percent of in-flight places ingest leaves to queries while they come (0-50, default 0)
+//!     cache:              # the embedding cache, as `spec.cache` has it (`crate::cache`)
+//!       size: 256Mi
+//!       store: {url: "redis://127.0.0.1:6379/0", passwordFile: store-password}
 //! ```
 
 use std::collections::BTreeMap;
