@@ -313,6 +313,24 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_pool_may_have_a_cache_and_a_store_with_its_password_beside_the_file() {
+        let dir = std::env::temp_dir().join(format!("teifleet-file-cache-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("pw"), "secret\n").unwrap();
+        let pool = "pools:\n- {name: a, upstream: u, model: m, maxInFlight: 2, maxQueued: 3, queueTimeout: 1s, ";
+        let text =
+            format!("{pool}cache: {{size: 1Mi, ttl: 1h, store: {{url: 'redis://r:6379/0', passwordFile: pw}}}}}}\n");
+        let loaded = parse_in(&text, &dir).unwrap();
+        let cache = loaded.pools[0].cache.clone().expect("a cache");
+        assert_eq!((cache.size, cache.ttl), (1 << 20, Duration::from_secs(3600)));
+        assert_eq!(cache.store.unwrap().password.as_deref(), Some("secret"));
+        assert!(parse(&format!("{pool}cache: {{size: lots}}}}\n")).is_err(), "a size that is none");
+        assert!(parse(&format!("{pool}cache: {{store: {{url: 'redis://r', passwordFile: missing}}}}}}\n")).is_err());
+        assert!(parse(&format!("{pool}cache: {{enabled: false}}}}\n")).unwrap().pools[0].cache.is_none());
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[test]
     fn parses_pools_and_defaults_to_the_first() {
         let loaded = parse(
             "pools:\n- {name: a, upstream: 'http://127.0.0.1:1', maxInFlight: 2, maxQueued: 3, queueTimeout: 1m30s}\n",
