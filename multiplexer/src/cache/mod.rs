@@ -62,6 +62,8 @@ pub struct Cache {
     local: Option<LocalTier>,
     store: Option<Arc<StoreTier>>,
     metrics: Metrics,
+    /// The input series of calls of no configured tenant (most calls), resolved once.
+    untenanted: InputSeries,
 }
 
 impl Cache {
@@ -94,6 +96,7 @@ impl Cache {
             local,
             store,
             metrics: metrics.clone(),
+            untenanted: families.inputs(pool, ""),
         }))
     }
 
@@ -121,7 +124,10 @@ impl Cache {
         if !Self::caches(rpc) {
             return None;
         }
-        let series = self.metrics.cache().inputs(&self.pool, label);
+        let series = match label {
+            "" => self.untenanted.clone(),
+            label => self.metrics.cache().inputs(&self.pool, label),
+        };
         let tenant = tenant.filter(|_| !self.settings.shared_across_tenants);
         let scope = self.model.get().map(|model| Scope::new(&self.pool, *model, rpc.path, tenant));
         Some(CallCache { cache: self.clone(), scope, series })
