@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -148,6 +148,7 @@ async fn a_pool_with_a_cache_answers_repeated_inputs_without_asking_tei_on_a_rea
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let pod = wait_ready_pods(&pods, &labels::pool_selector(POOL), 1).await.remove(0);
     wait_until_ready(&client, &ns.name, POOL).await;
+    let ready = Instant::now();
     let ip = ip_of(&pod);
 
     // 1. The sidecar has the memory the operator adds for the tier: the request grows by the
@@ -216,6 +217,7 @@ async fn a_pool_with_a_cache_answers_repeated_inputs_without_asking_tei_on_a_rea
     assert_eq!(misses, 3.0, "miss rose by the 3 misses: {before:?} -> {after:?}");
     assert_eq!(after.bypass, before.bypass, "no call passed by the cache: {before:?} -> {after:?}");
     assert_eq!(tei, 3.0, "TEI embedded the 3 misses, not the 6 inputs asked: {before:?} -> {after:?}");
+    println!("checked in {:?} after the pool was Ready", ready.elapsed());
 
     let (ok, output) = helm(&["uninstall", RELEASE, "-n", &ns.name, "--wait", "--timeout", "60s"]);
     assert!(ok, "{output}");
