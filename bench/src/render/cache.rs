@@ -94,6 +94,7 @@ impl Render for Cache {
                 &[
                     ("capacity: closed loop, cache off", &h.capacity),
                     ("2× capacity, cache on", &h.on),
+                    ("the same, after its first 2 s", &h.warm),
                     ("2× capacity, cache off", &h.off),
                     ("the hottest texts at capacity, cache on", &h.hot),
                 ],

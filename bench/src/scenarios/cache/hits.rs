@@ -26,6 +26,9 @@ pub const HOT: u64 = 100;
 /// Texts of the on phase checked against direct calls to the simulator.
 pub const DIRECT_SAMPLE: usize = 64;
 const CONNECTIONS: usize = 4;
+/// The on phase's first seconds, after which the cache is warm: until then most calls miss, the
+/// pool is past its capacity, and calls wait at its door (hits too: the door is before the cache).
+pub const WARM_S: f64 = 2.0;
 const SEED: u64 = 22;
 
 /// A GPU-like TEI: batches of 16, 20 ms a batch plus 20 µs a word (about 33 ms for 16 texts of
@@ -62,6 +65,9 @@ pub struct Hits {
     pub on: Phase,
     /// The same schedule's first seconds with the cache off (for the record).
     pub off: Phase,
+    /// The on phase's calls scheduled after its first [`WARM_S`] seconds.
+    #[serde(default)]
+    pub warm: Phase,
     /// Only the [`HOT`] hottest texts, at the capacity's rate, the cache on.
     pub hot: Phase,
     /// Texts checked against direct calls to the simulator, and those whose answer differed
@@ -91,9 +97,9 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
     let sim = crate::procs::start_sim_with(&ctx.bins, "cache-sim", &backend(), &[format!("--dimensions={DIMENSIONS}")])
         .await?;
     let limits = limits();
-    let off = procs::start_mux(&ctx.bins, "cache-mux-off", &sim, limits, None, None).await?;
+    let off = procs::start_mux(&ctx.bins, "cache-mux-off", &sim, limits, None, &[]).await?;
     let config = CacheConfig { size: LOCAL_SIZE.into(), store: None };
-    let on = procs::start_mux(&ctx.bins, "cache-mux-on", &sim, limits, Some(&config), None).await?;
+    let on = procs::start_mux(&ctx.bins, "cache-mux-on", &sim, limits, Some(&config), &[]).await?;
     let (off_ch, on_ch) =
         (drive::channels(&off.url(), CONNECTIONS).await?, drive::channels(&on.url(), CONNECTIONS).await?);
     // Warm-up on texts the measured loads never ask for.
@@ -106,7 +112,9 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
         let zipf = zipf.clone();
         Arc::new(move |i| zipf.draw(seed, i) as u64)
     };
-    let callers = 2 * (limits.max_in_flight + limits.max_queued / 2);
+    // TEI's share full and as many waiting: none refused, so the closed loop measures service, not
+    // refusals.
+    let callers = limits.max_in_flight + limits.max_queued / 2;
     let seconds = ctx.pick(5, 10);
     ctx.say(&format!("cache: capacity, closed loop of {callers} through the multiplexer with the cache off"));
     let (answers, took) = drive::closed(
@@ -138,6 +146,8 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
     .await;
     let on_phase = Phase::of(&answers, Space::Queries, seconds.as_secs_f64());
     let on_ids = answers_ids(&answers);
+    let warm: Vec<Answer> = answers.iter().filter(|a| a.at_s >= WARM_S).copied().collect();
+    let warm = Phase::of(&warm, Space::Queries, seconds.as_secs_f64() - WARM_S);
     let after = inputs(&on).await;
     let counts = after
         .iter()
@@ -183,6 +193,7 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
         capacity_callers: callers,
         offered_rps: rate,
         on: on_phase,
+        warm,
         off: off_phase,
         hot: hot_phase,
         direct_checked,

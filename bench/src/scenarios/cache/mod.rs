@@ -103,6 +103,7 @@ pub const SHARED: &str = "two replicas, one Redis: replica 2's hits ÷ texts rep
 pub const FAILED: &str = "Redis killed under load: failed calls";
 pub const DOWN_P99: &str = "Redis killed: p99 with the store down − (p99 up + store timeout)";
 pub const RESUMED: &str = "Redis started again: store hits after the restart";
+pub const WARM_P99: &str = "Zipf at 2× capacity, after the first 2 s: p99 of hits";
 pub const HOT_P99: &str = "only the 100 hottest texts at capacity: p99";
 pub const OFF: &str = "Zipf at 2× capacity, the cache off: goodput ÷ capacity";
 
@@ -117,9 +118,10 @@ impl Measurement for Cache {
         let (shared, outage) = match shared::start_redis(ctx).await {
             Err(error) => (Part::NotMeasured(error.to_string()), Part::NotMeasured(error.to_string())),
             Ok(redis) => {
-                let shared = Part::of(shared::shared(ctx, &redis).await);
+                let peer_key = crate::procs::write_peer_key(&ctx.bins, "cache")?;
+                let shared = Part::of(shared::shared(ctx, &redis, &peer_key).await);
                 let outage = match hits.get() {
-                    Some(h) => Part::of(shared::outage(ctx, redis, h.capacity_rps()).await),
+                    Some(h) => Part::of(shared::outage(ctx, redis, &peer_key, h.capacity_rps()).await),
                     None => Part::NotMeasured("part 1 measured no capacity".into()),
                 };
                 (shared, outage)
@@ -157,6 +159,7 @@ impl Measurement for Cache {
                         h.on.hits, h.on.hit_p50_ms, h.hot.p99_ms
                     ),
                 ));
+                out.push(Target::info(s, WARM_P99, Some(h.warm.hit_p99_ms), "ms"));
                 out.push(Target::info(s, HOT_P99, Some(h.hot.p99_ms), "ms"));
                 out.push(Target::info(s, OFF, Some(h.off_ratio()), "×"));
             }

@@ -86,14 +86,15 @@ fn write(path: &Path, text: &str) -> Result<()> {
 }
 
 /// The multiplexer in `file` mode serving [`POOL`] in front of `sim`, its configuration beside
-/// its log as `<name>.yaml`. `memory_limit` raises `--memory-limit` for a large local tier.
+/// its log as `<name>.yaml`, with `extra` flags (`--memory-limit` for a large local tier,
+/// `--peer-key-file` for replicas sharing a store).
 pub async fn start_mux(
     bins: &Bins,
     name: &str,
     sim: &Proc,
     limits: PoolLimits,
     cache: Option<&CacheConfig>,
-    memory_limit: Option<&str>,
+    extra: &[String],
 ) -> Result<Server> {
     let config = bins.logs.join(format!("{name}.yaml"));
     write(&config, &pools_yaml(&sim.url(), limits, cache))?;
@@ -107,9 +108,7 @@ pub async fn start_mux(
         "--drain-delay=0s".into(),
         "--max-connections-per-peer=1024".into(),
     ]);
-    if let Some(limit) = memory_limit {
-        command.arg(format!("--memory-limit={limit}"));
-    }
+    command.args(extra);
     let mut guard = ChildGuard::spawn_logged(name, command, log_of(bins, name))?;
     let addr = loopback(admin);
     guard.wait_ready(Duration::from_secs(15), || async move { http::get(addr, "/readyz").await.is_some() }).await?;

@@ -109,7 +109,15 @@ pub async fn run(ctx: &Context) -> Result<Reindex> {
     .await?;
     let config = CacheConfig { size: LOCAL_SIZE.into(), store: None };
     let limits = limits();
-    let mux = procs::start_mux(&ctx.bins, "cache-reindex-mux", &sim, limits, Some(&config), Some(MEMORY_LIMIT)).await?;
+    let mux = procs::start_mux(
+        &ctx.bins,
+        "cache-reindex-mux",
+        &sim,
+        limits,
+        Some(&config),
+        &[format!("--memory-limit={MEMORY_LIMIT}")],
+    )
+    .await?;
     ctx.say(&format!("cache: re-index of {rows} rows through EmbedArrow, first pass"));
     let first = pass(&sim, &mux, rows, 1).await?;
     ctx.say(&format!(

@@ -2,6 +2,7 @@
 //! sharing one Redis: what replica 1 embedded is a hit at replica 2. Then one replica under open
 //! load while its Redis is killed (SIGKILL) and later started again on the same port (empty).
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,8 +21,8 @@ use crate::{Error, Result};
 
 /// The store's timeout: the contract's default.
 pub const STORE_TIMEOUT_MS: u64 = 5;
-/// Part 4's local tier: about 600 answers, so most repeats past the hottest are the store's.
-pub const OUTAGE_LOCAL_SIZE: &str = "1Mi";
+/// Part 4's local tier: about 150 answers (the hottest), so repeats past them are the store's.
+pub const OUTAGE_LOCAL_SIZE: &str = "256Ki";
 /// Part 4's rate, × part 1's capacity.
 pub const OUTAGE_LOAD: f64 = 0.5;
 /// Part 3's replica 2 hits ÷ texts, at least.
@@ -87,21 +88,25 @@ async fn replica(
     name: &str,
     model: &SimModel,
     config: &CacheConfig,
+    peer_key: &Path,
 ) -> Result<(crate::procs::Proc, Server)> {
     let sim =
         crate::procs::start_sim_with(&ctx.bins, &format!("{name}-sim"), model, &[format!("--dimensions={DIMENSIONS}")])
             .await?;
+    // The pool's peer key, the same file for every replica as the operator gives them: it seals
+    // what goes to the store.
+    let extra = [format!("--peer-key-file={}", peer_key.display())];
     let mux =
-        procs::start_mux(&ctx.bins, &format!("{name}-mux"), &sim, super::hits::limits(), Some(config), None).await?;
+        procs::start_mux(&ctx.bins, &format!("{name}-mux"), &sim, super::hits::limits(), Some(config), &extra).await?;
     Ok((sim, mux))
 }
 
 /// Part 3.
-pub async fn shared(ctx: &Context, redis: &Server) -> Result<SharedTier> {
+pub async fn shared(ctx: &Context, redis: &Server, peer_key: &Path) -> Result<SharedTier> {
     let model = super::reindex::backend();
     let config = store_config(redis, super::hits::LOCAL_SIZE);
-    let (_sim1, mux1) = replica(ctx, "cache-replica1", &model, &config).await?;
-    let (_sim2, mux2) = replica(ctx, "cache-replica2", &model, &config).await?;
+    let (_sim1, mux1) = replica(ctx, "cache-replica1", &model, &config, peer_key).await?;
+    let (_sim2, mux2) = replica(ctx, "cache-replica2", &model, &config, peer_key).await?;
     let texts = ctx.pick(1_000u64, 4_000);
     let every: Pick = Arc::new(|i| i);
     ctx.say(&format!("cache: {texts} texts through replica 1, then replica 2, one Redis"));
@@ -122,9 +127,9 @@ pub async fn shared(ctx: &Context, redis: &Server) -> Result<SharedTier> {
 }
 
 /// Part 4: `capacity` is part 1's, for the same backend.
-pub async fn outage(ctx: &Context, mut redis: Server, capacity: f64) -> Result<Outage> {
+pub async fn outage(ctx: &Context, mut redis: Server, peer_key: &Path, capacity: f64) -> Result<Outage> {
     let config = store_config(&redis, OUTAGE_LOCAL_SIZE);
-    let (_sim, mux) = replica(ctx, "cache-outage", &super::hits::backend(), &config).await?;
+    let (_sim, mux) = replica(ctx, "cache-outage", &super::hits::backend(), &config, peer_key).await?;
     let channels = drive::channels(&mux.url(), 4).await?;
     let zipf = Arc::new(Zipf::new(EXPONENT, DISTINCT)?);
     let pick: Pick = Arc::new(move |i| zipf.draw(SEED, i) as u64);
