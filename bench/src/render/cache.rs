@@ -135,6 +135,7 @@ impl Render for Cache {
                     figure("TEI inputs"),
                     figure("rows OK / wrong / failed"),
                     text("calls' cache headers"),
+                    figure("local entries / MB / evictions / not kept"),
                 ],
             );
             for (name, p) in [("first", &r.first), ("second, 10% changed", &r.second)] {
@@ -145,6 +146,7 @@ impl Render for Cache {
                     &p.tei_inputs,
                     &format!("{} / {} / {}", p.rows_ok, p.wrong, p.failed_rows),
                     &format!("{:?}", p.headers),
+                    &format!("{:.0} / {:.0} / {:.0} / {:.0}", p.local[0], p.local[1] / 1e6, p.local[2], p.local[3]),
                 ]);
             }
             let _ = writeln!(out, "\nTEI's work, second ÷ first: {}.\n", number(r.work_ratio()));

@@ -185,8 +185,18 @@ impl Measurement for Cache {
         out.push(match self.reindex.get() {
             Some(r) => Target::at_most(s, WORK, r.work_ratio(), reindex::WORK_LIMIT, "×").note_if_not_passed(format!(
                 "TEI embedded {} inputs in the first pass and {} in the second ({} of {} rows changed; calls' \
-                 headers {:?}); {}",
-                r.first.tei_inputs, r.second.tei_inputs, r.changed, r.rows, r.second.headers, r.tier
+                 headers {:?}); {}; after the first pass the local tier held {:.0} entries, {:.0} MB, {:.0} \
+                 evicted, {:.0} answers not kept",
+                r.first.tei_inputs,
+                r.second.tei_inputs,
+                r.changed,
+                r.rows,
+                r.second.headers,
+                r.tier,
+                r.first.local[0],
+                r.first.local[1] / 1e6,
+                r.first.local[2],
+                r.first.local[3]
             )),
             None => skip(
                 Target::new(s, WORK, None, crate::targets::Rule::AtMost, reindex::WORK_LIMIT, "×"),

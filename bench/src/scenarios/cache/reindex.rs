@@ -67,6 +67,10 @@ pub struct Pass {
     pub failed_calls: Vec<String>,
     /// The calls' `x-teifleet-cache` headers.
     pub headers: BTreeMap<String, u64>,
+    /// The local tier after the pass: entries, bytes, evictions so far, answers not kept
+    /// (`teifleet_cache_stored_total{tier="local_skipped"}`: no room, or the memory budget).
+    #[serde(default)]
+    pub local: [f64; 4],
 }
 
 impl Pass {
@@ -158,7 +162,16 @@ async fn pass(sim: &Proc, mux: &Server, rows: u64, pass: u32) -> Result<Pass> {
     let seconds = started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let stats = admin::sim_stats(sim.admin_addr()).await.ok_or_else(|| Error::Process("no simulator stats".into()))?;
-    let mut out = Pass { seconds, tei_inputs: stats.requests_admitted, ..Pass::default() };
+    let mut local = [0.0; 4];
+    for (slot, (name, labels)) in local.iter_mut().zip([
+        ("teifleet_cache_local_entries", &[][..]),
+        ("teifleet_cache_local_bytes", &[][..]),
+        ("teifleet_cache_evictions_total", &[][..]),
+        ("teifleet_cache_stored_total", &[("tier", "local_skipped")][..]),
+    ]) {
+        *slot = super::metric(mux, name, labels).await;
+    }
+    let mut out = Pass { seconds, tei_inputs: stats.requests_admitted, local, ..Pass::default() };
     for outcome in outcomes {
         match outcome {
             Ok(call) => {
