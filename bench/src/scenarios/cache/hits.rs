@@ -26,8 +26,9 @@ pub const HOT: u64 = 100;
 /// Texts of the on phase checked against direct calls to the simulator.
 pub const DIRECT_SAMPLE: usize = 64;
 const CONNECTIONS: usize = 4;
-/// The on phase's first seconds, after which the cache is warm: until then most calls miss, the
-/// pool is past its capacity, and calls wait at its door (hits too: the door is before the cache).
+/// The on phase's first seconds, after which the cache is warm: until then most calls miss and the
+/// pool is past its capacity (measured while the cache was looked up after the pool's door, hits
+/// waited there too, 20 to 100 ms in that first second).
 pub const WARM_S: f64 = 2.0;
 const SEED: u64 = 22;
 
