@@ -3,7 +3,7 @@
 //!
 //! moka counts how often keys are asked for only once the tier is half full, so a hot set asked
 //! for while it filled looks as cold as texts seen once, and a scan pushed it all out (the cache
-//! tests caught it). So once the tier is half full an answer is kept only the second time its key
+//! tests caught it). So once the tier is 7/8 full an answer is kept only the second time its key
 //! is missed within the doorkeeper's memory (TinyLFU's doorkeeper: a bounded LRU set of keys seen
 //! once), and moka's own frequencies decide among those: a scan's texts, seen once each, never
 //! get in.
@@ -30,6 +30,11 @@ pub const ENTRY_OVERHEAD: u64 = 128;
 
 /// moka evicts at this share of the size (in 64ths), ahead of the hard bound.
 const SOFT_SHARE: u64 = 62;
+/// The doorkeeper turns away first sightings once the tier is this full (in eighths): late enough
+/// that a corpus filling most of the tier is kept whole on its first pass (a re-index's second
+/// pass then hits), early enough that a scan never reaches moka's eviction (at 62/64), where it
+/// would push the hot set out.
+const DOORKEEPER_FROM_EIGHTHS: u64 = 7;
 /// What one key in the doorkeeper costs (the key, moka's node and its LRU links).
 const DOORKEEPER_ENTRY: u64 = 128;
 /// The doorkeeper remembers as many keys as the tier holds entries of this size.
@@ -114,7 +119,7 @@ impl LocalTier {
         if weight > self.size {
             return Err(NotKept::NoRoom);
         }
-        if self.held().saturating_mul(2) >= self.size && self.doorkeeper.remove(&key).is_none() {
+        if self.held() >= self.size / 8 * DOORKEEPER_FROM_EIGHTHS && self.doorkeeper.remove(&key).is_none() {
             self.doorkeeper.insert(key, ());
             return Err(NotKept::FirstSeen);
         }
