@@ -466,6 +466,12 @@ async fn embed_arrow(url: &str, texts: &[String]) -> Result<Got> {
 /// Each row of an EmbedArrow answer: its vector's first two components, or `None` where the row
 /// failed (a null vector, or an `error`).
 fn rows(ipc: &[u8]) -> std::result::Result<Vec<Option<[f32; 2]>>, String> {
+    arrow_rows(ipc, first_two)
+}
+
+/// Each row of an EmbedArrow answer as `keep` makes it of its vector, or `None` where the row
+/// failed (a null vector, or an `error`) or `keep` finds nothing to keep.
+pub fn arrow_rows<T>(ipc: &[u8], keep: impl Fn(&[f32]) -> Option<T>) -> std::result::Result<Vec<Option<T>>, String> {
     let mut reader = StreamReader::try_new(std::io::Cursor::new(ipc), None).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for batch in reader.by_ref() {
@@ -480,7 +486,7 @@ fn rows(ipc: &[u8]) -> std::result::Result<Vec<Option<[f32; 2]>>, String> {
             let vector = vectors.value(row);
             let values = vector.as_any().downcast_ref::<Float32Array>();
             out.push(match (failed, values) {
-                (false, Some(values)) => first_two(values.values()),
+                (false, Some(values)) => keep(values.values()),
                 _ => None,
             });
         }

@@ -24,7 +24,10 @@ use teifleet_wire::{ports, tei_health};
 use tonic::Code;
 use tonic::transport::Channel;
 
-use crate::{TestNamespace, built_image, eventually, eventually_pods, helm, http_get, test_namespace_with_labels};
+use crate::{
+    TestNamespace, built_image, eventually, eventually_pods, helm, http_get, import_into_real_node, install_crd,
+    test_namespace_with_labels,
+};
 
 pub const NODE: &str = "real-0";
 pub const TAINT: &str = "teifleet.dev/real-node";
@@ -60,6 +63,20 @@ pub async fn prerequisites(client: &Client) -> Option<Images> {
 
 /// A test namespace that enforces the `restricted` Pod Security Standard, as the chart's
 /// operator and the pools' pods must run under it.
+/// What every real-pod test starts with: the images on the real node, the CRD, a restricted
+/// namespace named from `prefix` and the chart installed there as `release`; with the images, or
+/// `None` (the test skipped, with a line saying why) without the real node or the images.
+pub async fn on_the_real_node(client: &Client, prefix: &str, release: &str) -> Option<(TestNamespace, Images)> {
+    let images = prerequisites(client).await?;
+    for (tar, _) in images.values() {
+        import_into_real_node(tar);
+    }
+    install_crd(client).await;
+    let ns = restricted_namespace(prefix).await;
+    install_chart(client, &ns.name, release).await;
+    Some((ns, images))
+}
+
 pub async fn restricted_namespace(prefix: &str) -> TestNamespace {
     test_namespace_with_labels(
         prefix,

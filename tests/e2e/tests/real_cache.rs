@@ -20,10 +20,9 @@ use teifleet_crds::cache::{SIDECAR_BUDGET_PERCENT, sidecar_limit_growth};
 use teifleet_crds::labels;
 use teifleet_e2e::pools::{create_pool, wait_until_ready};
 use teifleet_e2e::real::{
-    install_chart, ip_of, pool_template, prerequisites, restricted_namespace, service_addr, sidecar_metrics,
-    tei_metrics, wait_ready_pods,
+    ip_of, on_the_real_node, pool_template, service_addr, sidecar_metrics, tei_metrics, wait_ready_pods,
 };
-use teifleet_e2e::{admin_client, eventually, helm, import_into_real_node, install_crd};
+use teifleet_e2e::{admin_client, eventually, helm};
 use teifleet_multiplexer::cache::HEADER;
 use teifleet_testkit::prom;
 use teifleet_wire::ports;
@@ -123,13 +122,7 @@ fn sidecar_container(pod: &Pod) -> &Container {
 #[tokio::test]
 async fn a_pool_with_a_cache_answers_repeated_inputs_without_asking_tei_on_a_real_pod() {
     let client = admin_client().await;
-    let Some(images) = prerequisites(&client).await else { return };
-    for (tar, _) in images.values() {
-        import_into_real_node(tar);
-    }
-    install_crd(&client).await;
-    let ns = restricted_namespace("real-cache").await;
-    install_chart(&client, &ns.name, RELEASE).await;
+    let Some((ns, images)) = on_the_real_node(&client, "real-cache", RELEASE).await else { return };
 
     create_pool(
         &client,

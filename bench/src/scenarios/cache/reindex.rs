@@ -5,8 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use arrow_array::{Array as _, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
-use arrow_ipc::reader::StreamReader;
+use arrow_array::{RecordBatch, StringArray};
 use arrow_ipc::writer::StreamWriter;
 use arrow_schema::{DataType, Field, Schema};
 use futures::StreamExt as _;
@@ -243,26 +242,7 @@ fn ipc(texts: &[String]) -> Result<Vec<u8>, String> {
 
 /// Each row's vector hash, or `None` where the row failed.
 fn vectors(ipc: &[u8]) -> Result<Vec<Option<u64>>, String> {
-    let mut reader = StreamReader::try_new(std::io::Cursor::new(ipc), None).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    for batch in reader.by_ref() {
-        let batch = batch.map_err(|e| e.to_string())?;
-        let vectors = batch
-            .column_by_name("embeddings")
-            .and_then(|c| c.as_any().downcast_ref::<FixedSizeListArray>())
-            .ok_or("no FixedSizeList `embeddings` column")?;
-        let errors = batch.column_by_name("error").and_then(|c| c.as_any().downcast_ref::<StringArray>());
-        for row in 0..batch.num_rows() {
-            let failed = vectors.is_null(row) || errors.is_some_and(|e| e.is_valid(row));
-            let value = vectors.value(row);
-            let values = value.as_any().downcast_ref::<Float32Array>();
-            out.push(match (failed, values) {
-                (false, Some(values)) => Some(vector_hash(values.values())),
-                _ => None,
-            });
-        }
-    }
-    Ok(out)
+    crate::scenarios::bulk::arrow_rows(ipc, |values| Some(vector_hash(values)))
 }
 
 #[cfg(test)]
