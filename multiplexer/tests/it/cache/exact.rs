@@ -1,13 +1,10 @@
 //! What a hit is: exactly TEI's answer to that exact request, per input whichever front the
 //! input came in by, never for a request that differs in any option, never an error.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use arrow_array::{Array, FixedSizeListArray, Float32Array, RecordBatch, StringArray};
 use arrow_ipc::reader::StreamReader;
-use arrow_ipc::writer::StreamWriter;
-use arrow_schema::{DataType, Field, Schema};
 use prost::Message as _;
 use serde_json::json;
 use teifleet_proto::tei_multiplexer::v1 as mux;
@@ -17,6 +14,7 @@ use teifleet_tei_sim::embedding_for;
 use tonic::Code;
 
 use super::fleet::*;
+use crate::streamed_arrow::ipc;
 use crate::support::sim;
 
 const DIMENSIONS: usize = 384;
@@ -104,17 +102,6 @@ async fn openai_input_lists_are_cached_per_input() {
         assert_eq!(vector(&mixed["data"][i]["embedding"]), embedding_for(text, DIMENSIONS), "input {i}");
     }
     assert_eq!(vector(&mixed["data"][0]["embedding"]), vector(&warm["data"][0]["embedding"]));
-}
-
-fn ipc(rows: &[Option<&str>]) -> Vec<u8> {
-    let schema = Arc::new(Schema::new(vec![Field::new("text", DataType::Utf8, true)]));
-    let batch = RecordBatch::try_new(schema.clone(), vec![Arc::new(StringArray::from(rows.to_vec()))]).unwrap();
-    let mut out = Vec::new();
-    let mut writer = StreamWriter::try_new(&mut out, &schema).unwrap();
-    writer.write(&batch).unwrap();
-    writer.finish().unwrap();
-    drop(writer);
-    out
 }
 
 fn arrow_rows(ipc: &[u8]) -> RecordBatch {
