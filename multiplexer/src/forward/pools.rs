@@ -62,8 +62,10 @@ impl Pool {
     /// The cache as one call of `rpc` by `tenant` uses it, if the pool has one that keeps its
     /// answers. The tenant is named in the metrics only when the pool configures it.
     pub fn cache_for(&self, rpc: &Rpc, tenant: Option<&str>) -> Option<CallCache> {
+        // Every unary call asks: a pool without a cache answers before any tenant lookup.
+        let cache = self.cache.as_ref()?;
         let label = tenant.filter(|t| self.spec.tenants.contains_key(*t)).unwrap_or("");
-        self.cache.as_ref()?.for_call(rpc, tenant, label)
+        cache.for_call(rpc, tenant, label)
     }
 }
 
