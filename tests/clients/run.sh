@@ -5,25 +5,13 @@
 # plain text, with API keys, and over TLS and mutual TLS with certificates made here every run.
 # An embedding job (the debug teifleet-job) also runs here, Parquet in and out of a real SeaweedFS
 # S3 server (tools/seaweedfs.sh builds `weed` once), for pyarrow to read back (test_job_output.py).
-# The venv lives in target/py-venv and is rebuilt only when requirements.txt changes.
+# The venv lives in target/py-venv (tests/clients/venv.sh) and is rebuilt only when requirements.txt changes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
 venv=$root/target/py-venv
-requirements=$root/tests/clients/requirements.txt
 
-if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
-    echo "python3-venv is missing; installing it from Debian" >&2
-    sudo=$(command -v sudo || true)
-    $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-venv
-fi
-want=$(sha256sum "$requirements" | cut -d' ' -f1)
-if [[ ! -x $venv/bin/python || "$(cat "$venv/.requirements-sha256" 2>/dev/null)" != "$want" ]]; then
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    "$venv/bin/pip" install --quiet --disable-pip-version-check -r "$requirements"
-    echo "$want" >"$venv/.requirements-sha256"
-fi
+tests/clients/venv.sh >/dev/null
 
 # The binaries of make unit's build (nothing to compile after it; tools/build-debug.sh says why).
 tools/build-debug.sh --quiet

@@ -20,6 +20,7 @@ pub use teifleet_testkit::net::{free_port, loopback};
 pub use teifleet_testkit::poll::eventually;
 use teifleet_testkit::process::{ChildGuard, OnDrop};
 
+pub mod claims;
 pub mod diagnose;
 pub mod pools;
 pub mod prometheus;

@@ -103,27 +103,27 @@ const INSTALL: Duration = Duration::from_secs(240);
 /// (`--wait` says only "context deadline exceeded"): one that runs out reports the namespace's
 /// pods, their logs and warnings, the kubelet's errors and what the real node holds.
 pub async fn install_chart(client: &Client, namespace: &str, release: &str) -> Pod {
+    install_chart_with(client, namespace, release, &[]).await
+}
+
+/// [`install_chart`] with more `helm install` arguments (`--set` values); the operator's pod.
+pub async fn install_chart_with(client: &Client, namespace: &str, release: &str, values: &[&str]) -> Pod {
     // A run that failed half-way left the release's cluster-wide RBAC behind its deleted
     // namespace; helm refuses to adopt it into a release in another namespace.
     let operator = operator_name(release);
     let _ = Api::<ClusterRole>::all(client.clone()).delete(&operator, &DeleteParams::default()).await;
     let _ = Api::<ClusterRoleBinding>::all(client.clone()).delete(&operator, &DeleteParams::default()).await;
-    let (ok, output) = helm(&[
-        "install",
-        release,
-        "charts/teifleet",
-        "-n",
-        namespace,
-        "--set-json",
-        &format!(r#"nodeSelector={{"kubernetes.io/hostname":"{NODE}"}}"#),
-        "--set-json",
-        &format!(r#"tolerations=[{{"key":"{TAINT}","operator":"Exists","effect":"NoSchedule"}}]"#),
-        "--set",
-        "leaderElection.leaseDuration=5s",
-    ]);
+    let node_selector = format!(r#"nodeSelector={{"kubernetes.io/hostname":"{NODE}"}}"#);
+    let tolerations = format!(r#"tolerations=[{{"key":"{TAINT}","operator":"Exists","effect":"NoSchedule"}}]"#);
+    let mut args = vec!["install", release, "charts/teifleet", "-n", namespace];
+    args.extend(["--set-json", &node_selector, "--set-json", &tolerations]);
+    args.extend(["--set", "leaderElection.leaseDuration=5s"]);
+    args.extend(values);
+    let (ok, output) = helm(&args);
     assert!(ok, "helm install failed: {output}");
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let selector = format!("app.kubernetes.io/instance={release}");
+    // The operator's pod alone: the release may run the batch API's beside it.
+    let selector = format!("app.kubernetes.io/name=teifleet-operator,app.kubernetes.io/instance={release}");
     let ready = try_eventually(&format!("the operator's pod ({selector}) Ready"), INSTALL, || async {
         let list = pods.list(&ListParams::default().labels(&selector)).await.ok()?.items;
         let live: Vec<Pod> = list.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()).collect();

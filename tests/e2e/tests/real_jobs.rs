@@ -19,18 +19,17 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use arrow_array::{Array, FixedSizeListArray, StringArray};
-use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
-use kube::{Api, Client};
 use serde_json::json;
 use teifleet_crds::{EmbeddingJob, labels};
+use teifleet_e2e::claims::{delete_host_volumes, host_claim, install_job_crd, open_to_every_user};
 use teifleet_e2e::pools::create_pool;
 use teifleet_e2e::real::{
-    NODE, install_chart, operator_name, pool_template, prerequisites, restricted_namespace, wait_ready_pods,
+    install_chart, operator_name, pool_template, prerequisites, restricted_namespace, wait_ready_pods,
 };
-use teifleet_e2e::{
-    admin_client, built_image, eventually, helm, import_into_real_node, install_crd, kubectl, repo_root,
-};
+use teifleet_e2e::{admin_client, built_image, eventually, helm, import_into_real_node, install_crd, kubectl};
 
 const RELEASE: &str = "tfjobs";
 const POOL: &str = "corpus";
@@ -65,8 +64,8 @@ async fn a_job_embeds_a_corpus_once_per_row_through_a_worker_and_a_replica_lost(
     let ids = write_corpus(&input);
     std::fs::create_dir_all(&output).unwrap();
     open_to_every_user(&host);
-    claim(&client, &namespace, "corpus-in", &input).await;
-    claim(&client, &namespace, "vectors-out", &output).await;
+    host_claim(&client, &namespace, "corpus-in", &input).await;
+    host_claim(&client, &namespace, "vectors-out", &output).await;
 
     let tei_sim = &images["tei-sim"].1;
     create_pool(
@@ -183,15 +182,8 @@ async fn a_job_embeds_a_corpus_once_per_row_through_a_worker_and_a_replica_lost(
 
     let (ok, out) = helm(&["uninstall", RELEASE, "-n", &namespace, "--wait", "--timeout", "60s"]);
     assert!(ok, "{out}");
-    for name in ["corpus-in", "vectors-out"] {
-        let _ = Api::<PersistentVolume>::all(client.clone()).delete(&pv_name(&namespace, name), &now).await;
-    }
+    delete_host_volumes(&client, &namespace, &["corpus-in", "vectors-out"]).await;
     std::fs::remove_dir_all(&host).ok();
-}
-
-async fn install_job_crd(client: &Client) {
-    let crd = repo_root().join("crds/teifleet.dev_embeddingjobs.yaml");
-    teifleet_testkit::kube::install_crd(client, &crd, "teifleet-e2e").await.expect("the job CRD installs");
 }
 
 /// Two JSONL files of the corpus with the bad rows among them (and one line that is not JSON);
@@ -221,50 +213,6 @@ fn write_corpus(dir: &Path) -> Vec<String> {
         std::fs::write(dir.join(file), text).unwrap();
     }
     ids
-}
-
-/// The workers run as the image's non-root user: the host directories must let it read and write.
-fn open_to_every_user(dir: &Path) {
-    let status = std::process::Command::new("chmod").args(["-R", "a+rwX"]).arg(dir).status().unwrap();
-    assert!(status.success());
-}
-
-fn pv_name(namespace: &str, claim: &str) -> String {
-    format!("{namespace}-{claim}")
-}
-
-/// A claim bound to a hostPath volume at `dir` on the real node.
-async fn claim(client: &Client, namespace: &str, name: &str, dir: &Path) {
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": { "name": pv_name(namespace, name) },
-        "spec": {
-            "capacity": { "storage": "1Gi" },
-            "accessModes": ["ReadWriteOnce"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": { "path": dir.display().to_string(), "type": "Directory" },
-            "claimRef": { "namespace": namespace, "name": name },
-            "nodeAffinity": { "required": { "nodeSelectorTerms": [{ "matchExpressions": [
-                { "key": "kubernetes.io/hostname", "operator": "In", "values": [NODE] }
-            ] }] } },
-        },
-    }))
-    .unwrap();
-    Api::<PersistentVolume>::all(client.clone()).create(&PostParams::default(), &pv).await.unwrap();
-    let pvc: PersistentVolumeClaim = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "volumeName": pv_name(namespace, name),
-            "resources": { "requests": { "storage": "1Gi" } },
-        },
-    }))
-    .unwrap();
-    Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace)
-        .create(&PostParams::default(), &pvc)
-        .await
-        .unwrap();
 }
 
 /// One output row: its id, its vector's length (none when it failed) and its error.
