@@ -99,13 +99,15 @@ const MAX_POD_METADATA: u32 = 64;
 #[x_kube(validation = Rule::new(validation::IMAGE_RULE).message(validation::IMAGE_MESSAGE))]
 pub struct EmbeddingJobSpec {
     /// The EmbeddingPool that embeds the texts, in the job's namespace. The workers call its
-    /// Service's gRPC port (`<pool>.<namespace>.svc:50051`).
+    /// Service's gRPC port (`<pool>.<namespace>.svc:50051`); an `openaiBatch` job's, its HTTP
+    /// port (8000), with lines naming the pool's model.
     pub pool_ref: PoolRef,
 
     /// The corpus: one record per row, with an id and a text.
     pub input: InputSpec,
 
-    /// Where the vectors go: Parquet files of (id, vector).
+    /// Where the vectors go: Parquet files of (id, vector); for `input.format: openaiBatch`, OpenAI's
+    /// batch output and error files (`part-NNNNNN.jsonl`, `part-NNNNNN.errors.jsonl`).
     pub output: OutputSpec,
 
     /// How the pool embeds each text.
@@ -200,17 +202,20 @@ pub struct InputSpec {
     #[x_kube(validation = Rule::new(RELATIVE_PATH).message("input.path must be relative, without '..'"))]
     pub path: Option<String>,
 
-    /// How rows are written: one JSON object per line (`jsonl`, default) or Parquet.
+    /// How rows are written: one JSON object per line (`jsonl`, default), Parquet, or
+    /// `openaiBatch`: the request lines of OpenAI's Batch API, answered in its output format.
     #[serde(default)]
     pub format: InputFormat,
 
-    /// The field holding each row's id, copied to its vector's row (default `id`).
+    /// The field holding each row's id, copied to its vector's row (default `id`; not read for
+    /// `openaiBatch`, whose lines carry `custom_id`).
     #[serde(default = "default_id_field")]
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("input.idField must name a field"))]
     pub id_field: String,
 
-    /// The field holding the text to embed (default `text`).
+    /// The field holding the text to embed (default `text`; not read for `openaiBatch`, whose
+    /// lines carry `body.input`).
     #[serde(default = "default_text_field")]
     #[schemars(length(max = 256))]
     #[x_kube(validation = Rule::new("self.size() > 0").message("input.textField must name a field"))]
@@ -224,13 +229,22 @@ fn default_text_field() -> String {
     "text".to_owned()
 }
 
-/// The corpus's file format.
+/// The corpus's file format: `jsonl` (default), `parquet`, or `openaiBatch`, the request lines
+/// of OpenAI's Batch API (`/v1/embeddings` only), answered in its output and error files.
 #[derive(JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum InputFormat {
     #[default]
     Jsonl,
     Parquet,
+    // One OpenAI batch request per line, `{"custom_id", "method": "POST", "url":
+    // "/v1/embeddings", "body": {"model", "input", ...}}`, each `body` sent as it is to the
+    // pool's `/v1/embeddings`; its `model` must be the pool's. The output is OpenAI's batch
+    // output and error files (JSONL), not Parquet; `idField`, `textField`, `embedding`,
+    // `rowsPerCall` and `output.dtype` do not apply. (A `//` comment: a documented variant would
+    // make schemars write a `oneOf` instead of the plain enum the CRD's schema needs.)
+    #[serde(rename = "openaiBatch")]
+    OpenaiBatch,
 }
 
 impl InputFormat {
@@ -239,6 +253,7 @@ impl InputFormat {
         match self {
             Self::Jsonl => "jsonl",
             Self::Parquet => "parquet",
+            Self::OpenaiBatch => "openai-batch",
         }
     }
 }
@@ -247,10 +262,12 @@ impl InputFormat {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct OutputSpec {
-    /// The directory (PVC) or key prefix (S3) the Parquet files are written under.
+    /// The directory (PVC) or key prefix (S3) the Parquet files (or an `openaiBatch` job's JSONL
+    /// files) are written under.
     pub store: StoreSpec,
 
-    /// The vectors' element type: `f32` (default) or `f16`, half the bytes.
+    /// The vectors' element type: `f32` (default) or `f16`, half the bytes. Not for
+    /// `openaiBatch`, whose vectors are the pool's JSON answers as they came.
     #[serde(default)]
     pub dtype: VectorDtype,
 }
@@ -672,7 +689,7 @@ mod tests {
         assert_eq!(properties["embedding"]["properties"]["normalize"]["default"], true);
         let input = &properties["input"]["properties"];
         assert_eq!(input["format"]["default"], "jsonl");
-        assert_eq!(input["format"]["enum"], json!(["jsonl", "parquet"]));
+        assert_eq!(input["format"]["enum"], json!(["jsonl", "parquet", "openaiBatch"]));
         assert_eq!(input["idField"]["default"], "id");
         assert_eq!(input["textField"]["default"], "text");
         assert_eq!(properties["output"]["properties"]["dtype"]["default"], "f32");
@@ -791,6 +808,20 @@ mod tests {
         assert_eq!(spec.output.dtype, VectorDtype::F32);
         assert_eq!(spec.output.store.s3.as_ref().unwrap().region, "us-east-1");
         assert_eq!(spec.input.store.pvc.as_ref().unwrap().path, "");
+    }
+
+    #[test]
+    fn the_openai_batch_format_reads_as_the_crd_spells_it_and_reaches_the_worker_as_it_spells_it() {
+        let input: InputSpec = serde_json::from_value(json!({
+            "store": { "pvc": { "claimName": "batches" } }, "path": "files/file-0123/content", "format": "openaiBatch",
+        }))
+        .unwrap();
+        assert_eq!(input.format, InputFormat::OpenaiBatch);
+        assert_eq!(input.format.as_str(), "openai-batch");
+        assert_eq!(serde_json::to_value(InputFormat::OpenaiBatch).unwrap(), "openaiBatch");
+        let formats = [InputFormat::Jsonl, InputFormat::Parquet, InputFormat::OpenaiBatch];
+        assert_eq!(formats.map(InputFormat::as_str), ["jsonl", "parquet", "openai-batch"]);
+        assert!(serde_json::from_value::<InputFormat>(json!("openai-batch")).is_err(), "the CRD's spelling only");
     }
 
     #[test]

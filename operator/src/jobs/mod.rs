@@ -204,11 +204,14 @@ async fn reconcile_job(job: Arc<EmbeddingJob>, ctx: Arc<Context>) -> Result<Acti
         // Nothing of a finished Job changes any more, and it needs neither its pool nor its claims.
         Some(done) if status::finished(&done) => batch = Some(done),
         existing => {
-            blocker = find_blocker(client, &job, &namespace).await?;
+            let pool =
+                Api::<EmbeddingPool>::namespaced(client.clone(), &namespace).get_opt(&job.spec.pool_ref.name).await?;
+            blocker = find_blocker(client, &job, &namespace, pool.as_ref()).await?;
             // A blocker keeps a Job from being created; one already running is still kept (a
             // `suspend` still reaches it).
             if existing.is_some() || blocker.is_none() {
-                batch = Some(apply_children(&ctx, &job, &namespace, existing).await?);
+                let model = pool.map(|pool| pool.spec.model.id);
+                batch = Some(apply_children(&ctx, &job, &namespace, existing, model).await?);
             }
         }
     }
@@ -291,10 +294,15 @@ fn owns(job: &EmbeddingJob, object: &impl Resource) -> bool {
     object.owner_references().iter().any(|owner| owner.controller == Some(true) && Some(&owner.uid) == uid.as_ref())
 }
 
-/// What keeps a job from starting: its pool missing or unable to serve it, its claims missing.
-async fn find_blocker(client: &Client, job: &EmbeddingJob, namespace: &str) -> Result<Option<Blocker>> {
-    let pool = Api::<EmbeddingPool>::namespaced(client.clone(), namespace).get_opt(&job.spec.pool_ref.name).await?;
-    if let Some(blocker) = status::pool_blocker(job, pool.as_ref()) {
+/// What keeps a job from starting: its pool (`pool`, as read) missing or unable to serve it, its
+/// claims missing.
+async fn find_blocker(
+    client: &Client,
+    job: &EmbeddingJob,
+    namespace: &str,
+    pool: Option<&EmbeddingPool>,
+) -> Result<Option<Blocker>> {
+    if let Some(blocker) = status::pool_blocker(job, pool) {
         return Ok(Some(blocker));
     }
     let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), namespace);
@@ -313,7 +321,15 @@ async fn find_blocker(client: &Client, job: &EmbeddingJob, namespace: &str) -> R
 /// pods cannot change once it exists: a Job made by an earlier operator keeps its image, and a
 /// change the API server still refuses (a rendering that changed between operator releases) leaves
 /// the Job as it is.
-async fn apply_children(ctx: &Context, job: &EmbeddingJob, namespace: &str, existing: Option<Job>) -> Result<Job> {
+/// `pool_model` is the pool's `spec.model.id` (`None`: the pool is gone), which an `openaiBatch`
+/// job's lines must name.
+async fn apply_children(
+    ctx: &Context,
+    job: &EmbeddingJob,
+    namespace: &str,
+    existing: Option<Job>,
+    pool_model: Option<String>,
+) -> Result<Job> {
     // Only an operator's default image is carried over from a Job made by an earlier operator,
     // never the creator's own, which the CRD now refuses beside mounted claims and Secrets.
     let carried =
@@ -325,8 +341,12 @@ async fn apply_children(ctx: &Context, job: &EmbeddingJob, namespace: &str, exis
     let pool = &job.spec.pool_ref.name;
     let service = Api::<Service>::namespaced(client.clone(), namespace).get_opt(pool).await?;
     let cluster_ip = service.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.cluster_ip.as_deref());
-    let address = render::pool_address(cluster_ip).unwrap_or_else(|| render::pool_dns_address(pool, namespace));
-    let children = render::render(job, image, &address, ctx.operator.as_ref())?;
+    // A Job keeps the model it was made with, as it keeps its image: a pool whose model changed
+    // must not make the Job's new rendering one the API server refuses, which would keep a
+    // `suspend` (a batch's cancel) from reaching it.
+    let model = existing.as_ref().and_then(render::worker_model).map(str::to_owned).or(pool_model);
+    let target = render::PoolTarget::of(pool, namespace, cluster_ip, model);
+    let children = render::render(job, image, &target, ctx.operator.as_ref())?;
     if let Some((role, binding)) = &children.progress_reader {
         apply(client, namespace, role).await?;
         apply(client, namespace, binding).await?;

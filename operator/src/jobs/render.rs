@@ -25,7 +25,7 @@ use teifleet_crds::job::{
     JOB_LABEL, S3_ACCESS_KEY_ID_KEY, S3_SECRET_ACCESS_KEY_KEY, progress_config_map_name, progress_reader_name,
     worker_account_name,
 };
-use teifleet_crds::{EmbeddingJob, Endpoints, LaneName, StoreSpec, labels};
+use teifleet_crds::{EmbeddingJob, Endpoints, InputFormat, LaneName, StoreSpec, labels};
 
 use crate::render::Owner;
 use crate::render::deployment::{container_security_context, env_field, pod_security_context};
@@ -38,6 +38,8 @@ pub const OUTPUT_MOUNT: &str = "/data/output";
 pub const API_KEY_MOUNT: &str = "/var/run/teifleet/api-key";
 /// The worker container's name.
 pub const WORKER_CONTAINER: &str = "worker";
+/// The worker flag naming the one model an `openaiBatch` job's lines may ask for.
+const MODEL_FLAG: &str = "--model=";
 /// Retries of one worker index before it counts as failed (`backoffLimitPerIndex`).
 pub const RETRIES_PER_WORKER: i32 = 3;
 const WORKER_REQUESTS: [(&str, &str); 2] = [("cpu", "100m"), ("memory", "128Mi")];
@@ -65,14 +67,54 @@ pub fn pool_dns_address(pool: &str, namespace: &str) -> String {
 
 /// The pool Service's gRPC address at its ClusterIP, when it has one.
 pub fn pool_address(cluster_ip: Option<&str>) -> Option<String> {
+    at_port(cluster_ip, teifleet_wire::ports::MULTIPLEXER_GRPC)
+}
+
+/// The pool Service's HTTP port by its DNS name (`http://<pool>.<namespace>.svc:8000`), as
+/// [`pool_dns_address`] for the gRPC port.
+pub fn pool_dns_http_url(pool: &str, namespace: &str) -> String {
+    Endpoints::of(pool, namespace, false).http
+}
+
+/// The pool Service's HTTP port at its ClusterIP (`http://<ip>:8000`), when it has one.
+pub fn pool_http_url(cluster_ip: Option<&str>) -> Option<String> {
+    at_port(cluster_ip, teifleet_wire::ports::MULTIPLEXER_HTTP).map(|address| format!("http://{address}"))
+}
+
+/// `ip:port` (`[ip]:port` for IPv6) of a Service's ClusterIP; none for a headless Service.
+fn at_port(cluster_ip: Option<&str>, port: u16) -> Option<String> {
     cluster_ip.filter(|ip| !ip.is_empty() && *ip != "None").map(|ip| match ip.contains(':') {
-        true => format!("[{ip}]:{}", teifleet_wire::ports::MULTIPLEXER_GRPC),
-        false => format!("{ip}:{}", teifleet_wire::ports::MULTIPLEXER_GRPC),
+        true => format!("[{ip}]:{port}"),
+        false => format!("{ip}:{port}"),
     })
 }
 
-/// Renders every child of `job`, its workers calling the pool at `pool_address` (host:port), the
-/// operator (`operator`, as an RBAC subject) allowed to read their progress.
+/// How the workers reach the pool and what they may ask it for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PoolTarget {
+    /// The Service's gRPC port, `host:port`: what the workers call for `jsonl` and `parquet`.
+    pub grpc: String,
+    /// The Service's HTTP port, `http://host:port`: where an `openaiBatch` job's lines go.
+    pub http: String,
+    /// The pool's model id (`spec.model.id`), the one `body.model` an `openaiBatch` line may
+    /// name; `None` while it is unknown (then no `--model` is rendered).
+    pub model: Option<String>,
+}
+
+impl PoolTarget {
+    /// The Service of `pool` at its ClusterIP when it has one, else by its DNS name.
+    pub fn of(pool: &str, namespace: &str, cluster_ip: Option<&str>, model: Option<String>) -> Self {
+        Self {
+            grpc: pool_address(cluster_ip).unwrap_or_else(|| pool_dns_address(pool, namespace)),
+            http: pool_http_url(cluster_ip).unwrap_or_else(|| pool_dns_http_url(pool, namespace)),
+            model,
+        }
+    }
+}
+
+/// Renders every child of `job`, its workers calling the pool at `pool` (its gRPC port; an
+/// `openaiBatch` job's, its HTTP port, for its model), the operator (`operator`, as an RBAC
+/// subject) allowed to read their progress.
 /// Workers run `default_image` (the operator's `--job-image`, or the image a Job already running
 /// was made with: a Job's pods cannot change), or `spec.image` where the CRD allows one.
 /// Fails for a job without the name, namespace or uid its children's metadata and owner
@@ -81,7 +123,7 @@ pub fn pool_address(cluster_ip: Option<&str>) -> Option<String> {
 pub fn render(
     job: &EmbeddingJob,
     default_image: &str,
-    pool_address: &str,
+    pool: &PoolTarget,
     operator: Option<&Subject>,
 ) -> Result<JobChildren> {
     let owner = owner(job)?;
@@ -96,14 +138,24 @@ pub fn render(
         role: role(&owner),
         role_binding: role_binding(&owner),
         progress_reader: operator.map(|operator| progress_reader(&owner, operator)),
-        job: batch_job(&owner, job, default_image, pool_address)?,
+        job: batch_job(&owner, job, default_image, pool)?,
     })
 }
 
 /// The image a Job's worker container runs, as it was rendered.
 pub fn worker_image(job: &Job) -> Option<&str> {
+    worker_container(job)?.image.as_deref()
+}
+
+/// The model an `openaiBatch` Job's workers were rendered with (`--model=`), if any.
+pub fn worker_model(job: &Job) -> Option<&str> {
+    let args = worker_container(job)?.args.as_deref()?;
+    args.iter().find_map(|arg| arg.strip_prefix(MODEL_FLAG))
+}
+
+fn worker_container(job: &Job) -> Option<&Container> {
     let containers = &job.spec.as_ref()?.template.spec.as_ref()?.containers;
-    containers.iter().find(|c| c.name == WORKER_CONTAINER)?.image.as_deref()
+    containers.iter().find(|c| c.name == WORKER_CONTAINER)
 }
 
 /// The job as the owner of every child: labels on every child and worker pod. Never the pool's
@@ -238,20 +290,29 @@ fn lane_name(lane: LaneName) -> &'static str {
 
 /// `teifleet-job run`'s arguments. The worker index comes from `JOB_COMPLETION_INDEX`, which
 /// Kubernetes sets in an Indexed Job's pods.
-fn worker_args(owner: &Owner, job: &EmbeddingJob, pool_address: &str) -> Result<Vec<String>> {
+fn worker_args(owner: &Owner, job: &EmbeddingJob, target: &PoolTarget) -> Result<Vec<String>> {
     let spec = &job.spec;
     let pool = &spec.pool_ref.name;
     let mut args = vec![
         "run".to_owned(),
-        format!("--pool-url=http://{pool_address}"),
+        format!("--pool-url=http://{}", target.grpc),
         format!("--pool={pool}"),
         format!("--input={}", store_url(&spec.input.store, INPUT_MOUNT, spec.input.path.as_deref(), false)),
         format!("--input-format={}", spec.input.format.as_str()),
+    ];
+    // OpenAI's batch lines are sent as they are to the pool's OpenAI route, and only for its model.
+    if spec.input.format == InputFormat::OpenaiBatch {
+        args.push(format!("--pool-http-url={}", target.http));
+        if let Some(model) = &target.model {
+            args.push(format!("{MODEL_FLAG}{model}"));
+        }
+    }
+    args.extend([
         format!("--id-field={}", spec.input.id_field),
         format!("--text-field={}", spec.input.text_field),
         format!("--output={}", store_url(&spec.output.store, OUTPUT_MOUNT, None, true)),
         format!("--workers={}", spec.workers),
-    ];
+    ]);
     if let Some(bytes) = shard_bytes(job)? {
         args.push(format!("--shard-bytes={bytes}"));
     }
@@ -336,13 +397,21 @@ fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
 }
 
 /// The claims (input read-only), the API key's Secret (read-only, that one key alone) and a
-/// writable `/tmp` on the read-only root filesystem.
+/// writable `/tmp` on the read-only root filesystem. Input and output on one claim (as
+/// `teifleet-batch` keeps a batch's file and its output) are one volume mounted twice, the input's
+/// mount read-only: a pod naming one claim in two volumes is not what every volume plugin takes.
 fn volumes(job: &EmbeddingJob) -> (Vec<Volume>, Vec<VolumeMount>) {
     let spec = &job.spec;
     let (mut volumes, mut mounts) = (Vec::new(), Vec::new());
+    let output_claim = spec.output.store.pvc.as_ref().map(|pvc| pvc.claim_name.as_str());
     if let Some(pvc) = &spec.input.store.pvc {
-        volumes.push(claim_volume("input", &pvc.claim_name, true));
-        mounts.push(mount("input", INPUT_MOUNT, true));
+        match output_claim == Some(pvc.claim_name.as_str()) {
+            true => mounts.push(mount("output", INPUT_MOUNT, true)),
+            false => {
+                volumes.push(claim_volume("input", &pvc.claim_name, true));
+                mounts.push(mount("input", INPUT_MOUNT, true));
+            }
+        }
     }
     if let Some(pvc) = &spec.output.store.pvc {
         volumes.push(claim_volume("output", &pvc.claim_name, false));
@@ -388,7 +457,7 @@ fn with_defaults(user: Option<&ResourceRequirements>) -> ResourceRequirements {
     resources
 }
 
-fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool_address: &str) -> Result<Job> {
+fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool: &PoolTarget) -> Result<Job> {
     let spec = &job.spec;
     let overrides = &spec.template;
     let (volumes, volume_mounts) = volumes(job);
@@ -398,7 +467,7 @@ fn batch_job(owner: &Owner, job: &EmbeddingJob, default_image: &str, pool_addres
     let worker = Container {
         name: WORKER_CONTAINER.into(),
         image: Some(image_for(job, default_image).to_owned()),
-        args: Some(worker_args(owner, job, pool_address)?),
+        args: Some(worker_args(owner, job, pool)?),
         env: Some(worker_env(job)),
         resources: Some(with_defaults(overrides.resources.as_ref())),
         security_context: Some(container_security_context()),

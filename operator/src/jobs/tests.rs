@@ -23,7 +23,7 @@ use teifleet_crds::job::job_conditions::{COMPLETE, FAILED, RUNNING, reasons};
 use teifleet_crds::job::{ProgressPlan, ShardProgress, progress_shard_key};
 use teifleet_crds::{EmbeddingJob, EmbeddingJobStatus, EmbeddingPool};
 
-use super::render::{self, JobChildren, deadline_seconds, store_url};
+use super::render::{self, JobChildren, PoolTarget, deadline_seconds, store_url};
 use super::status::{self, Blocker, Progress, Seen, format_duration};
 use super::worker_message::{MAX_WORKER_MESSAGE, sanitize, worker_message};
 use super::{Context, Due, PROGRESS_PACE, StatusMemo, events, next_look, quote_failed_workers, reconcile};
@@ -134,6 +134,38 @@ spec:
       app.kubernetes.io/name: not-this
 "#;
 
+/// A batch of OpenAI's Batch API, as `teifleet-batch` creates it: its input file on the server's
+/// claim, its output beside it, suspended by a cancel.
+const OPENAI_BATCH_JOB: &str = r#"
+apiVersion: teifleet.dev/v1alpha1
+kind: EmbeddingJob
+metadata:
+  name: batch-0123456789abcdef01234567
+  namespace: ml
+  uid: 9b3e6c1a-0000-4000-8000-000000000003
+  generation: 2
+  labels:
+    teifleet.dev/batch: batch_0123456789abcdef01234567
+    teifleet.dev/tenant: search
+spec:
+  poolRef:
+    name: bge-small
+  input:
+    store:
+      pvc:
+        claimName: teifleet-batch
+        path: batch
+    path: files/file-89abcdef0123456789abcdef/content
+    format: openaiBatch
+  output:
+    store:
+      pvc:
+        claimName: teifleet-batch
+        path: batch/batches/batch_0123456789abcdef01234567
+  deadline: 24h
+  suspend: true
+"#;
+
 fn job(yaml: &str) -> EmbeddingJob {
     serde_norway::from_str(yaml).expect("fixture parses")
 }
@@ -147,10 +179,14 @@ fn operator() -> k8s_openapi::api::rbac::v1::Subject {
     super::identity::subject_of("system:serviceaccount:teifleet-system:teifleet-operator")
 }
 
+/// The model of the pool every fixture's job calls.
+const MODEL: &str = "BAAI/bge-small-en-v1.5";
+
 /// The job's children, its workers calling its pool by the Service's DNS name.
 fn render_job(job: &EmbeddingJob) -> JobChildren {
-    let address = render::pool_dns_address(&job.spec.pool_ref.name, job.metadata.namespace.as_deref().unwrap());
-    render::render(job, IMAGE, &address, Some(&operator())).expect("renders")
+    let target =
+        PoolTarget::of(&job.spec.pool_ref.name, job.metadata.namespace.as_deref().unwrap(), None, Some(MODEL.into()));
+    render::render(job, IMAGE, &target, Some(&operator())).expect("renders")
 }
 
 #[test]
@@ -160,6 +196,20 @@ fn workers_call_the_pool_at_its_cluster_ip_when_it_has_one() {
     assert_eq!(render::pool_address(Some("None")), None, "a headless Service");
     assert_eq!(render::pool_address(None), None);
     assert_eq!(render::pool_dns_address("bge", "ml"), "bge.ml.svc:50051");
+    assert_eq!(render::pool_http_url(Some("10.96.0.42")).as_deref(), Some("http://10.96.0.42:8000"));
+    assert_eq!(render::pool_http_url(Some("fd00::2a")).as_deref(), Some("http://[fd00::2a]:8000"));
+    assert_eq!(render::pool_http_url(Some("None")), None, "a headless Service");
+    assert_eq!(render::pool_http_url(Some("")), None);
+    assert_eq!(render::pool_dns_http_url("bge", "ml"), "http://bge.ml.svc:8000");
+    let model = Some(MODEL.to_owned());
+    assert_eq!(
+        PoolTarget::of("bge", "ml", Some("10.96.0.42"), model.clone()),
+        PoolTarget { grpc: "10.96.0.42:50051".into(), http: "http://10.96.0.42:8000".into(), model: model.clone() }
+    );
+    assert_eq!(
+        PoolTarget::of("bge", "ml", Some("None"), None),
+        PoolTarget { grpc: "bge.ml.svc:50051".into(), http: "http://bge.ml.svc:8000".into(), model: None }
+    );
 }
 
 fn check<T: Serialize>(file: &str, value: &T) {
@@ -193,6 +243,14 @@ fn golden_jsonl_on_claims() {
 #[test]
 fn golden_parquet_on_s3_with_credentials_and_an_api_key() {
     check("job-s3.yaml", &children(S3_JOB).job);
+}
+
+#[test]
+fn golden_openai_batch_on_the_batch_servers_claim() {
+    let job = job(OPENAI_BATCH_JOB);
+    let target = PoolTarget::of("bge-small", "ml", Some("10.96.0.42"), Some(MODEL.into()));
+    let children = render::render(&job, IMAGE, &target, Some(&operator())).expect("renders");
+    check("job-openai-batch.yaml", &children.job);
 }
 
 fn args(children: &JobChildren) -> Vec<String> {
@@ -245,6 +303,64 @@ fn the_worker_runs_the_fixed_command_line() {
         !s3.iter().chain(&pvc).any(|arg| arg.starts_with("--worker=")),
         "the index comes from JOB_COMPLETION_INDEX"
     );
+}
+
+#[test]
+fn an_openai_batch_worker_sends_its_lines_to_the_pools_http_port_for_the_pools_model() {
+    let job = job(OPENAI_BATCH_JOB);
+    let at_ip = PoolTarget::of("bge-small", "ml", Some("10.96.0.42"), Some(MODEL.into()));
+    let args = args(&render::render(&job, IMAGE, &at_ip, None).unwrap());
+    assert_eq!(
+        args[..7],
+        [
+            "run",
+            "--pool-url=http://10.96.0.42:50051",
+            "--pool=bge-small",
+            "--input=file:///data/input/batch/files/file-89abcdef0123456789abcdef/content",
+            "--input-format=openai-batch",
+            "--pool-http-url=http://10.96.0.42:8000",
+            "--model=BAAI/bge-small-en-v1.5",
+        ]
+    );
+    assert!(args.contains(&"--output=file:///data/output/batch/batches/batch_0123456789abcdef01234567/".to_owned()));
+    let rendered = render::render(&job, IMAGE, &at_ip, None).unwrap().job;
+    assert_eq!(render::worker_model(&rendered), Some(MODEL), "read back as the controller carries it over");
+    // The file and the output on the server's one claim: one volume, its input mount read-only.
+    let pod = rendered.spec.unwrap().template.spec.unwrap();
+    let claims: Vec<_> = pod.volumes.unwrap().into_iter().filter_map(|volume| volume.persistent_volume_claim).collect();
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    assert_eq!((claims[0].claim_name.as_str(), claims[0].read_only), ("teifleet-batch", None));
+    let mounts: Vec<_> = pod.containers[0]
+        .volume_mounts
+        .iter()
+        .flatten()
+        .map(|m| (m.name.as_str(), m.mount_path.as_str(), m.read_only))
+        .collect();
+    assert_eq!(
+        mounts[..2],
+        [("output", "/data/input", Some(true)), ("output", "/data/output", None)],
+        "the input read-only"
+    );
+
+    // Without a ClusterIP, by the Service's DNS name, as the gRPC address.
+    let by_name = PoolTarget::of("bge-small", "ml", None, Some(MODEL.into()));
+    let args = args_of(&job, &by_name);
+    assert!(args.contains(&"--pool-http-url=http://bge-small.ml.svc:8000".to_owned()), "{args:?}");
+
+    // The model unknown (the pool gone, no Job to carry it from): no `--model` rather than a wrong one.
+    let unknown = PoolTarget::of("bge-small", "ml", None, None);
+    assert!(!args_of(&job, &unknown).iter().any(|arg| arg.starts_with("--model")));
+
+    // Other formats call the gRPC port alone.
+    for fixture in [PVC_JOB, S3_JOB] {
+        let args = args_of(&self::job(fixture), &at_ip);
+        assert!(!args.iter().any(|arg| arg.starts_with("--pool-http-url") || arg.starts_with("--model")), "{args:?}");
+        assert_eq!(render::worker_model(&render::render(&self::job(fixture), IMAGE, &at_ip, None).unwrap().job), None);
+    }
+}
+
+fn args_of(job: &EmbeddingJob, target: &PoolTarget) -> Vec<String> {
+    args(&render::render(job, IMAGE, target, None).unwrap())
 }
 
 #[test]
@@ -1011,6 +1127,48 @@ async fn a_job_with_its_pool_applies_its_children_then_reports_progress() {
     assert_eq!((status["shardsDone"].clone(), status["shardsTotal"].clone()), (json!(10), json!(40)));
     assert_eq!(status["rowsDone"], 10_000);
     assert_eq!(status["conditions"][0]["reason"], "WorkersPending", "the applied Job has no pods yet");
+}
+
+/// The worker args of the Job one reconcile of the `openaiBatch` fixture applies, with its pool
+/// (Service at 10.96.0.42) and claim, and `existing` as the Job already there.
+async fn applied_batch_args(existing: Option<Job>) -> Vec<String> {
+    let mut objects = HashMap::from([
+        ("/apis/teifleet.dev/v1alpha1/namespaces/ml/embeddingpools/bge-small".to_owned(), pool_json()),
+        ("/api/v1/namespaces/ml/persistentvolumeclaims/teifleet-batch".to_owned(), claim_json("teifleet-batch")),
+        (
+            "/api/v1/namespaces/ml/services/bge-small".to_owned(),
+            json!({ "apiVersion": "v1", "kind": "Service", "metadata": { "name": "bge-small", "namespace": "ml" },
+                    "spec": { "clusterIP": "10.96.0.42" } }),
+        ),
+    ]);
+    if let Some(existing) = existing {
+        let path = "/apis/batch/v1/namespaces/ml/jobs/batch-0123456789abcdef01234567".to_owned();
+        objects.insert(path, serde_json::to_value(existing).unwrap());
+    }
+    let (client, seen) = mock_api(objects, serde_json::to_value(job(OPENAI_BATCH_JOB)).unwrap());
+    tokio::time::timeout(Duration::from_secs(5), reconcile(Arc::new(job(OPENAI_BATCH_JOB)), context(client)))
+        .await
+        .unwrap()
+        .expect("reconciles");
+    let seen = seen.lock().unwrap().clone();
+    let applied = seen.iter().find(|s| s.method == "PATCH" && s.path.contains("/jobs/")).expect("the Job is applied");
+    serde_json::from_value(applied.body["spec"]["template"]["spec"]["containers"][0]["args"].clone()).unwrap()
+}
+
+#[tokio::test]
+async fn an_openai_batch_job_calls_its_pools_http_port_for_the_pools_model_and_keeps_the_model_it_was_made_with() {
+    let args = applied_batch_args(None).await;
+    assert!(args.contains(&"--input-format=openai-batch".to_owned()), "{args:?}");
+    assert!(args.contains(&"--pool-http-url=http://10.96.0.42:8000".to_owned()), "the ClusterIP: {args:?}");
+    assert!(args.contains(&"--model=BAAI/bge-small-en-v1.5".to_owned()), "the pool's spec.model.id: {args:?}");
+
+    // The pool's model changed under a running Job: its pods cannot change, and a rendering the API
+    // server refuses would keep a cancel's `suspend` from reaching it.
+    let made_with = PoolTarget::of("bge-small", "ml", Some("10.96.0.42"), Some("BAAI/bge-base-en-v1.5".into()));
+    let existing = render::render(&job(OPENAI_BATCH_JOB), IMAGE, &made_with, None).unwrap().job;
+    let args = applied_batch_args(Some(existing)).await;
+    assert!(args.contains(&"--model=BAAI/bge-base-en-v1.5".to_owned()), "{args:?}");
+    assert!(!args.contains(&"--model=BAAI/bge-small-en-v1.5".to_owned()), "{args:?}");
 }
 
 /// The `shardsDone` the job's status was written with, after one reconcile against `objects`.
