@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use clap::ArgAction;
 
 use crate::embed::PoolClient;
+use crate::openai_batch::{BatchClient, BatchSettings};
 use crate::progress::FileSink;
 use crate::settings::{Dtype, EmbedOptions, Fields, InputFormat, Lane, PoolSettings};
 use crate::size::parse_bytes;
@@ -27,6 +28,14 @@ pub struct RunArgs {
     pub input: String,
     #[arg(long, value_enum)]
     pub input_format: InputFormat,
+    /// The pool Service's HTTP port, e.g. http://10.0.0.7:8000: where openai-batch lines go
+    /// (`POST /v1/embeddings`). Needed for --input-format=openai-batch, unused otherwise.
+    #[arg(long)]
+    pub pool_http_url: Option<String>,
+    /// The pool's model id: an openai-batch line whose `body.model` is another is not sent (its
+    /// error is `model_not_found`). Needed for --input-format=openai-batch, unused otherwise.
+    #[arg(long)]
+    pub model: Option<String>,
     /// The id's JSON key or Parquet column.
     #[arg(long, default_value = "id")]
     pub id_field: String,
@@ -118,7 +127,12 @@ impl RunArgs {
         };
         let input = Store::open(StoreRole::Input, &self.input, &input_s3)?;
         let output = Store::open(StoreRole::Output, &self.output, &output_s3)?;
-        let pool = PoolClient::new(self.pool_settings()?)?;
+        let pool_settings = self.pool_settings()?;
+        let batch = match self.input_format {
+            InputFormat::OpenaiBatch => Some(BatchClient::new(self.batch_settings(&pool_settings)?)?),
+            InputFormat::Jsonl | InputFormat::Parquet => None,
+        };
+        let pool = PoolClient::new(pool_settings)?;
         let settings = JobSettings {
             format: self.input_format,
             fields: Fields { id: self.id_field, text: self.text_field },
@@ -130,7 +144,26 @@ impl RunArgs {
             max_message_bytes: self.max_message_bytes,
         };
         let sink = self.progress_file.map(FileSink::new);
-        Ok((Worker::new(settings, input, output, pool)?, sink))
+        let worker = Worker::new(settings, input, output, pool)?;
+        let worker = match batch {
+            Some(batch) => worker.with_batch_client(batch),
+            None => worker,
+        };
+        Ok((worker, sink))
+    }
+
+    /// The openai-batch client's settings: its URL and model from their flags, the lane, key
+    /// and retry budget as the gRPC path has them.
+    pub fn batch_settings(&self, pool: &PoolSettings) -> Result<BatchSettings> {
+        let needed = |flag| Error::flag(flag, "needed for --input-format=openai-batch");
+        let url = self.pool_http_url.clone().ok_or_else(|| needed("pool-http-url"))?;
+        let model = self.model.clone().ok_or_else(|| needed("model"))?;
+        Ok(BatchSettings {
+            lane: pool.lane,
+            api_key: pool.api_key.clone(),
+            retry_budget: pool.retry_budget,
+            ..BatchSettings::new(url, model)
+        })
     }
 
     /// The pool's settings, the API key read from its file.
@@ -255,6 +288,39 @@ mod tests {
 
         let args = parse(&["--worker=4", "--workers=4"]);
         assert_eq!(args.into_worker(env).unwrap_err().to_string(), "--worker: 4 is not below --workers 4");
+    }
+
+    #[tokio::test]
+    async fn openai_batch_takes_the_pools_http_url_and_model() {
+        let batch = |extra: &[&str]| {
+            let mut args = parse(extra);
+            args.input_format = InputFormat::OpenaiBatch;
+            args
+        };
+        let args = batch(&["--pool-http-url=http://10.0.0.7:8000", "--model=BAAI/bge-small-en-v1.5", "--lane=query"]);
+        let settings = args.batch_settings(&args.pool_settings().unwrap()).unwrap();
+        assert_eq!(
+            (settings.pool_http_url.as_str(), settings.model.as_str()),
+            ("http://10.0.0.7:8000", "BAAI/bge-small-en-v1.5")
+        );
+        assert_eq!((settings.lane, settings.max_answer_bytes), (Lane::Query, 64 << 20));
+        let env = |_: &str| None;
+        assert!(args.into_worker(env).is_ok());
+        let error = batch(&["--model=m"]).into_worker(env).unwrap_err().to_string();
+        assert_eq!(error, "--pool-http-url: needed for --input-format=openai-batch");
+        let error = batch(&["--pool-http-url=http://p:8000"]).into_worker(env).unwrap_err().to_string();
+        assert_eq!(error, "--model: needed for --input-format=openai-batch");
+        let parsed = Command::try_parse_from([
+            "teifleet-job",
+            "--pool-url=http://p:50051",
+            "--pool=p",
+            "--input=file:///x",
+            "--input-format=openai-batch",
+            "--output=file:///o/",
+        ])
+        .unwrap();
+        assert_eq!(parsed.run.input_format, InputFormat::OpenaiBatch);
+        assert!(parse(&[]).into_worker(env).is_ok(), "other formats need neither flag");
     }
 
     #[test]

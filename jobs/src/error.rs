@@ -52,6 +52,10 @@ pub enum Error {
     #[error("pool {pool}: {status_code:?}: {message}")]
     Pool { pool: String, status_code: tonic::Code, message: String },
 
+    /// The pool's HTTP port kept failing to answer past the retry budget (openai-batch input).
+    #[error("pool {url}: {message}")]
+    PoolHttp { url: String, message: String },
+
     /// The pool's answer does not follow EmbedArrow's contract.
     #[error("pool {pool}: malformed EmbedArrow answer: {reason}")]
     MalformedAnswer { pool: String, reason: String },

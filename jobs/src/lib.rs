@@ -10,6 +10,7 @@ pub mod embed;
 pub mod error;
 pub mod input;
 pub mod listing;
+pub mod openai_batch;
 pub mod output;
 pub mod plan;
 pub mod progress;

@@ -68,7 +68,7 @@ impl JobPlan {
     pub async fn make(input: &Store, format: InputFormat, fields: &Fields, shard_bytes: u64) -> Result<Self> {
         let objects = list_inputs(input).await?;
         match format {
-            InputFormat::Jsonl => Self::jsonl(objects, shard_bytes),
+            InputFormat::Jsonl | InputFormat::OpenaiBatch => Self::jsonl(objects, shard_bytes),
             InputFormat::Parquet => Self::parquet(input, objects, fields).await,
         }
     }

@@ -10,6 +10,9 @@ pub enum InputFormat {
     Jsonl,
     /// Parquet files; shards are row groups.
     Parquet,
+    /// OpenAI Batch API request lines for `/v1/embeddings` (`--input-format=openai-batch`);
+    /// shards are byte ranges, as for JSONL, and each line's body goes to the pool's OpenAI route.
+    OpenaiBatch,
 }
 
 /// The names of the id and text fields (JSONL keys, Parquet columns).

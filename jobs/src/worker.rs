@@ -6,9 +6,11 @@ use std::time::Instant;
 
 use crate::embed::PoolClient;
 use crate::embed::sizing::{DEFAULT_MAX_MESSAGE_BYTES, MIN_MAX_MESSAGE_BYTES};
+use crate::openai_batch::{self, BatchClient};
 use crate::output::existing::finished_part;
 use crate::output::part_path;
-use crate::plan::JobPlan;
+use crate::output::writer::PartCounts;
+use crate::plan::{JobPlan, Shard};
 use crate::progress::{ProgressSink, ShardDone, WorkerProgress};
 use crate::settings::{Fields, InputFormat};
 use crate::shard::ShardRunner;
@@ -53,6 +55,8 @@ pub struct Worker {
     input: Store,
     output: Store,
     pool: PoolClient,
+    /// The pool's HTTP port, for openai-batch input.
+    batch: Option<BatchClient>,
 }
 
 /// What a run did, for the closing line.
@@ -116,7 +120,13 @@ impl Worker {
             let reason = format!("{} is below the least taken, {MIN_MAX_MESSAGE_BYTES}", settings.max_message_bytes);
             return Err(Error::flag("max-message-bytes", reason));
         }
-        Ok(Self { settings, input, output, pool })
+        Ok(Self { settings, input, output, pool, batch: None })
+    }
+
+    /// The client of the pool's HTTP port, which openai-batch input is sent through.
+    pub fn with_batch_client(mut self, batch: BatchClient) -> Self {
+        self.batch = Some(batch);
+        self
     }
 
     /// Does this worker's shards. Returns once all are done; the first shard that fails ends the
@@ -124,6 +134,9 @@ impl Worker {
     pub async fn run(&self, progress_sink: &impl ProgressSink) -> Result<Summary> {
         let started = Instant::now();
         let settings = &self.settings;
+        if settings.format == InputFormat::OpenaiBatch && self.batch.is_none() {
+            return Err(Error::flag("pool-http-url", "needed (with --model) for --input-format=openai-batch"));
+        }
         let plan = JobPlan::make(&self.input, settings.format, &settings.fields, settings.shard_bytes).await?;
         let assigned: Vec<_> = plan.for_worker(settings.worker, settings.workers).collect();
         let assigned_count = u32::try_from(assigned.len()).unwrap_or(u32::MAX);
@@ -146,16 +159,20 @@ impl Worker {
             calls_in_flight: settings.calls_in_flight,
             max_message_bytes: settings.max_message_bytes,
         };
-        let calls_before = self.pool.calls();
+        let calls_before = self.calls();
         // Learnt from the first answer (or the flag) only when a shard needs embedding, so a
         // worker whose shards are all done never calls the pool.
         let mut dimensions = self.pool.settings().options.dimensions.map(|d| d as usize);
         let (mut resumed, mut rows_this_run) = (0u32, 0u64);
         for shard in assigned {
             let shard_started = Instant::now();
-            let path = part_path(self.output.root(), shard.number);
-            let (counts, was_done) = match finished_part(&self.output, &path, &shard.source(&self.input)).await? {
+            let (counts, was_done) = match self.finished(shard).await? {
                 Some(counts) => (counts, true),
+                None if settings.format == InputFormat::OpenaiBatch => {
+                    let batch = self.batch.as_ref().expect("checked above");
+                    let calls_in_flight = settings.calls_in_flight;
+                    (openai_batch::run_shard(&self.input, &self.output, shard, batch, calls_in_flight).await?, false)
+                }
                 None => {
                     let known = match dimensions {
                         Some(known) => known,
@@ -198,9 +215,24 @@ impl Worker {
             rows: progress.rows,
             failed: progress.failed,
             rows_this_run,
-            calls: self.pool.calls() - calls_before,
+            calls: self.calls() - calls_before,
             seconds: started.elapsed().as_secs_f64(),
         })
+    }
+
+    /// The counts of a shard an earlier run finished, read from its output; `None` when it is
+    /// to be done.
+    async fn finished(&self, shard: &Shard) -> Result<Option<PartCounts>> {
+        if self.settings.format == InputFormat::OpenaiBatch {
+            return openai_batch::finished_shard(&self.input, &self.output, shard).await;
+        }
+        let path = part_path(self.output.root(), shard.number);
+        finished_part(&self.output, &path, &shard.source(&self.input)).await
+    }
+
+    /// Calls made to the pool, on either path.
+    fn calls(&self) -> u64 {
+        self.pool.calls() + self.batch.as_ref().map_or(0, BatchClient::calls)
     }
 }
 
