@@ -23,7 +23,7 @@ CHART_TEMPLATE_ARGS := teifleet $(CHART) --namespace teifleet-system --kube-vers
 # Where `make push` and `make chart-push` publish; the chart and the operator default to ghcr.io/teifleet.
 REGISTRY ?= ghcr.io/teifleet
 CHART_REGISTRY ?= oci://$(REGISTRY)/charts
-IMAGE_CRATES := -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-job
+IMAGE_CRATES := -p teifleet-operator -p teifleet-multiplexer -p teifleet-tei-sim -p teifleet-job -p teifleet-batch
 # The release binaries with the multiplexer profile-guided (tools/pgo.sh): what the images ship and
 # `make bench` measures.
 PGO_BIN := target/release-pgo
@@ -132,7 +132,8 @@ test-cluster: ## End-to-end tests on a fresh local control plane with its real n
 	@# The real-pod tests run the images: build them from the debug binaries unless images newer than those exist.
 	images=target/images/images.txt; \
 	[[ -f $$images && $$images -nt target/debug/teifleet-operator && $$images -nt target/debug/teifleet-multiplexer \
-	   && $$images -nt target/debug/tei-sim && $$images -nt target/debug/teifleet-job ]] || REGISTRY=ghcr.io/teifleet images/build.sh --bin-dir target/debug --out target/images
+	   && $$images -nt target/debug/tei-sim && $$images -nt target/debug/teifleet-job \
+	   && $$images -nt target/debug/teifleet-batch ]] || REGISTRY=ghcr.io/teifleet images/build.sh --bin-dir target/debug --out target/images
 	tests/cluster/down.sh
 	trap 'tests/cluster/down.sh' EXIT; \
 	export TEIFLEET_REAL_NODE=$(if $(TEIFLEET_REAL_NODE),$(TEIFLEET_REAL_NODE),1); \

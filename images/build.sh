@@ -38,13 +38,15 @@ log() { echo "[images] $*" >&2; }
 die() { log "error: $*"; exit 1; }
 
 # name, binary, user, exposed ports (- for none). The users match where each runs: the chart runs
-# the operator as 65532; the operator renders TEI pods (the multiplexer, and tei-sim standing in for
-# TEI) and EmbeddingJob workers (job, which listens on nothing) as 1000.
+# the operator as 65532 and the batch API (batch) as 1000, the user of the EmbeddingJob workers that
+# share its store; the operator renders TEI pods (the multiplexer, and tei-sim standing in for TEI)
+# and EmbeddingJob workers (job, which listens on nothing) as 1000.
 IMAGES=(
   "operator teifleet-operator 65532:65532 8080/tcp"
   "multiplexer teifleet-multiplexer 1000:1000 50051/tcp,9090/tcp"
   "tei-sim tei-sim 1000:1000 80/tcp,9000/tcp"
   "job teifleet-job 1000:1000 -"
+  "batch teifleet-batch 1000:1000 8080/tcp"
 )
 
 CACHE="${TEIFLEET_CACHE:-$HOME/.cache/teifleet}"

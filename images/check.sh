@@ -57,7 +57,7 @@ log "reproducible: both builds gave the same digests and bytes"
 
 # --- What each image is ----------------------------------------------------------------------
 
-[[ "$(wc -l <"$OUT/a/images.txt")" == 4 ]] || die "expected four images in $OUT/a/images.txt"
+[[ "$(wc -l <"$OUT/a/images.txt")" == 5 ]] || die "expected five images in $OUT/a/images.txt"
 config_of() { # archive -> the image's config JSON
   local config
   config="$(tar -xOf "$1" manifest.json | sed -n 's/.*"Config":"\([^"]*\)".*/\1/p')"
@@ -86,6 +86,7 @@ done <"$OUT/a/images.txt"
 [[ "${USER_OF[multiplexer]}" == 1000:1000 && "${USER_OF[tei-sim]}" == 1000:1000 ]] ||
   die "the operator runs TEI pods as 1000"
 [[ "${USER_OF[job]}" == 1000:1000 ]] || die "the operator runs EmbeddingJob workers as 1000"
+[[ "${USER_OF[batch]}" == 1000:1000 ]] || die "the chart runs the batch API as 1000, the workers' user"
 
 # The references the chart and the operator deploy by default are the ones built here.
 chart="$ROOT/charts/teifleet"
@@ -93,6 +94,7 @@ grep -q "^appVersion: \"$VERSION\"" "$chart/Chart.yaml" || die "the chart's appV
 grep -q "^  repository: $REGISTRY/operator\$" "$chart/values.yaml" || die "values.yaml's image.repository is not $REGISTRY/operator"
 grep -q "^  repository: $REGISTRY/multiplexer\$" "$chart/values.yaml" || die "values.yaml's multiplexer.repository is not $REGISTRY/multiplexer"
 grep -q "^  repository: $REGISTRY/job\$" "$chart/values.yaml" || die "values.yaml's job.repository is not $REGISTRY/job"
+grep -q "^    repository: $REGISTRY/batch\$" "$chart/values.yaml" || die "values.yaml's batch.image.repository is not $REGISTRY/batch"
 
 # --- The binaries run from the images' own files -----------------------------------------------
 
@@ -120,7 +122,8 @@ in_image() { # name user binary args...
 IN_IMAGE_ENV=()
 CHROOT="$(command -v chroot || echo /usr/sbin/chroot)"
 [[ "$(id -u)" == 0 ]] || log "not root: running the binaries through the images' loader instead of chroot"
-for entry in "operator teifleet-operator" "multiplexer teifleet-multiplexer" "tei-sim tei-sim" "job teifleet-job"; do
+for entry in "operator teifleet-operator" "multiplexer teifleet-multiplexer" "tei-sim tei-sim" "job teifleet-job" \
+  "batch teifleet-batch"; do
   read -r name binary <<<"$entry"
   rootfs "$name" >/dev/null
   out="$(in_image "$name" "${USER_OF[$name]}" "$binary" --version)" || die "$binary --version failed in its image"
@@ -167,7 +170,7 @@ PIDS+=("$REGISTRY_PID")
 port="$REGISTRY_PORT"
 REGISTRY="127.0.0.1:$port/teifleet" "$ROOT/images/push.sh" --out "$OUT/a" >"$OUT/pushed.txt" 2>"$OUT/push.log" ||
   { cat "$OUT/push.log" >&2; die "pushing to a local registry failed"; }
-[[ "$(wc -l <"$OUT/pushed.txt")" == 4 ]] || die "push did not report four images"
+[[ "$(wc -l <"$OUT/pushed.txt")" == 5 ]] || die "push did not report five images"
 grep -qF "\"org.opencontainers.image.version\":\"$VERSION\"" <<<"$("$CRANE" config "127.0.0.1:$port/teifleet/operator:$VERSION")" ||
   die "the pushed operator image does not read back"
 log "pushed to a local registry with the digests that were built: $(tr '\n' ' ' <"$OUT/pushed.txt")"
