@@ -1,0 +1,137 @@
+//! The EmbeddingJob a batch is: its input the uploaded file in the server's own store (format
+//! `openaiBatch`), its output the batch's directory there, its deadline the completion window,
+//! and the batch's facts in its labels and annotations (the server keeps nothing else).
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+use teifleet_crds::EmbeddingJob;
+
+use super::{COMPLETION_WINDOW, ENDPOINT};
+use crate::cluster::{
+    BATCH_LABEL, COMPLETION_WINDOW_ANNOTATION, ENDPOINT_ANNOTATION, INPUT_FILE_ANNOTATION, METADATA_ANNOTATION,
+    REQUESTS_ANNOTATION, TENANT_LABEL,
+};
+use crate::ids::BatchId;
+use crate::server::{JobDefaults, JobStore};
+use crate::store::FileStore;
+
+/// What one batch's job is made of.
+#[derive(Debug, Clone)]
+pub struct BatchJob<'a> {
+    pub batch: &'a BatchId,
+    pub tenant: &'a str,
+    pub input_file_id: &'a str,
+    /// The EmbeddingPool serving the file's model.
+    pub pool: &'a str,
+    pub requests: u64,
+    pub metadata: &'a BTreeMap<String, String>,
+}
+
+/// The job for `batch`, in the server's namespace (the API server fills it in).
+pub fn job(batch: &BatchJob<'_>, defaults: &JobDefaults) -> EmbeddingJob {
+    let input_path = FileStore::content_key(batch.input_file_id);
+    let output = FileStore::batch_key(batch.batch);
+    let metadata = serde_json::to_string(batch.metadata).expect("strings serialize");
+    let value = json!({
+        "apiVersion": "teifleet.dev/v1alpha1",
+        "kind": "EmbeddingJob",
+        "metadata": {
+            "name": batch.batch.job_name(),
+            "labels": { BATCH_LABEL: batch.batch.as_str(), TENANT_LABEL: batch.tenant },
+            "annotations": {
+                INPUT_FILE_ANNOTATION: batch.input_file_id,
+                ENDPOINT_ANNOTATION: ENDPOINT,
+                COMPLETION_WINDOW_ANNOTATION: COMPLETION_WINDOW,
+                METADATA_ANNOTATION: metadata,
+                REQUESTS_ANNOTATION: batch.requests.to_string(),
+            },
+        },
+        "spec": {
+            "poolRef": { "name": batch.pool },
+            "input": { "store": store(&defaults.store, ""), "path": input_path, "format": "openaiBatch" },
+            "output": { "store": store(&defaults.store, &output) },
+            "workers": defaults.workers,
+            "deadline": COMPLETION_WINDOW,
+        },
+    });
+    serde_json::from_value(value).expect("the job's JSON is an EmbeddingJob")
+}
+
+/// The server's store, `under` a path within it, as a job's store spec.
+fn store(store: &JobStore, under: &str) -> Value {
+    match store {
+        JobStore::Pvc { claim, path } => json!({ "pvc": { "claimName": claim, "path": join(path, under) } }),
+        JobStore::S3 { bucket, key, endpoint, region, credentials_secret, allow_http } => json!({ "s3": {
+            "bucket": bucket, "key": join(key, under), "endpoint": endpoint, "region": region,
+            "credentialsSecret": credentials_secret, "allowHttp": allow_http,
+        } }),
+    }
+}
+
+/// `base/under`, without empty segments; a trailing `/` on `under` kept (a directory).
+fn join(base: &str, under: &str) -> String {
+    let joined: Vec<&str> = base.split('/').chain(under.split('/')).filter(|s| !s.is_empty()).collect();
+    let joined = joined.join("/");
+    match under.ends_with('/') && !joined.is_empty() {
+        true => format!("{joined}/"),
+        false => joined,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use teifleet_crds::InputFormat;
+
+    use super::*;
+
+    #[test]
+    fn the_job_reads_the_file_and_writes_under_the_batch() {
+        let batch = BatchId::parse("batch_0123456789abcdef01234567").unwrap();
+        let metadata = BTreeMap::from([("run".to_owned(), "nightly".to_owned())]);
+        let spec = BatchJob {
+            batch: &batch,
+            tenant: "team-a",
+            input_file_id: "file-00000000000000000000000a",
+            pool: "bge",
+            requests: 3,
+            metadata: &metadata,
+        };
+        let pvc = JobDefaults { store: JobStore::Pvc { claim: "batch".into(), path: "api/".into() }, workers: 3 };
+        let job = job(&spec, &pvc);
+        assert_eq!(job.metadata.name.as_deref(), Some("batch-0123456789abcdef01234567"));
+        let labels = job.metadata.labels.clone().unwrap();
+        assert_eq!(labels["teifleet.dev/batch"], "batch_0123456789abcdef01234567");
+        assert_eq!(labels["teifleet.dev/tenant"], "team-a");
+        let annotations = job.metadata.annotations.clone().unwrap();
+        assert_eq!(annotations["teifleet.dev/batch-input-file"], "file-00000000000000000000000a");
+        assert_eq!(annotations["teifleet.dev/batch-endpoint"], "/v1/embeddings");
+        assert_eq!(annotations["teifleet.dev/batch-completion-window"], "24h");
+        assert_eq!(annotations["teifleet.dev/batch-metadata"], r#"{"run":"nightly"}"#);
+        assert_eq!(annotations["teifleet.dev/batch-requests"], "3");
+        assert_eq!(job.spec.pool_ref.name, "bge");
+        assert_eq!(job.spec.input.format, InputFormat::OpenaiBatch);
+        assert_eq!(job.spec.input.path.as_deref(), Some("files/file-00000000000000000000000a/content"));
+        let input = job.spec.input.store.pvc.as_ref().unwrap();
+        assert_eq!((input.claim_name.as_str(), input.path.as_str()), ("batch", "api"));
+        let output = job.spec.output.store.pvc.as_ref().unwrap();
+        assert_eq!(output.path, "api/batches/batch_0123456789abcdef01234567/");
+        assert_eq!((job.spec.workers, job.spec.deadline.as_deref(), job.spec.suspend), (3, Some("24h"), false));
+
+        let s3 = JobDefaults {
+            store: JobStore::S3 {
+                bucket: "batches".into(),
+                key: String::new(),
+                endpoint: "http://seaweedfs:8333".into(),
+                region: "us-east-1".into(),
+                credentials_secret: "batch-s3".into(),
+                allow_http: true,
+            },
+            workers: 2,
+        };
+        let job = super::job(&spec, &s3);
+        let output = job.spec.output.store.s3.as_ref().unwrap();
+        assert_eq!((output.key.as_str(), output.credentials_secret.as_str(), output.allow_http), ("batches/batch_0123456789abcdef01234567/", "batch-s3", true));
+        assert_eq!(job.spec.input.store.s3.as_ref().unwrap().key, "");
+    }
+}

@@ -1,0 +1,106 @@
+//! The HTTP server: its state, its routes, and serving them until shutdown.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::auth::Keys;
+use crate::batches;
+use crate::cluster::Cluster;
+use crate::files;
+use crate::store::FileStore;
+
+/// OpenAI's limits, and how many uploads run at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest upload, in bytes (OpenAI's Batch API: 200 MB).
+    pub max_file_bytes: u64,
+    /// Most requests (non-blank lines) in one batch input file (OpenAI's: 50,000).
+    pub max_requests: u64,
+    /// Uploads streamed at once; one more is answered 429.
+    pub max_uploads: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self { max_file_bytes: 200_000_000, max_requests: 50_000, max_uploads: 4 }
+    }
+}
+
+/// Where a batch's job reads its input and writes its parts: the server's own store, as a job's
+/// spec names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobStore {
+    /// A claim, and the directory in it the server's `--store` points at.
+    Pvc { claim: String, path: String },
+    /// A bucket, and the key prefix the server's `--store` points at.
+    S3 { bucket: String, key: String, endpoint: String, region: String, credentials_secret: String, allow_http: bool },
+}
+
+/// What every batch's EmbeddingJob gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobDefaults {
+    pub store: JobStore,
+    pub workers: i32,
+}
+
+/// Everything a request handler reaches.
+pub struct Inner {
+    pub store: FileStore,
+    pub keys: Keys,
+    pub cluster: Arc<dyn Cluster>,
+    pub limits: Limits,
+    pub jobs: JobDefaults,
+    /// Upload places: one per upload in progress.
+    pub uploads: Arc<Semaphore>,
+}
+
+/// The handlers' shared state.
+#[derive(Clone)]
+pub struct AppState(pub Arc<Inner>);
+
+impl AppState {
+    pub fn new(store: FileStore, keys: Keys, cluster: Arc<dyn Cluster>, limits: Limits, jobs: JobDefaults) -> Self {
+        let uploads = Arc::new(Semaphore::new(limits.max_uploads));
+        Self(Arc::new(Inner { store, keys, cluster, limits, jobs, uploads }))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.0
+    }
+}
+
+/// Multipart framing and the `purpose` field around an upload's bytes: an upload's body may be
+/// this much larger than the file. The file's own bound is counted as it streams, so the caller
+/// hears OpenAI's message, not the body limit's.
+const MULTIPART_OVERHEAD: u64 = 1 << 20;
+
+/// The API's routes.
+pub fn router(state: AppState) -> Router {
+    let upload_limit = usize::try_from(state.limits.max_file_bytes.saturating_add(MULTIPART_OVERHEAD)).unwrap_or(usize::MAX);
+    Router::new()
+        .route("/v1/files", post(files::upload::upload).layer(DefaultBodyLimit::max(upload_limit)).get(files::list::list))
+        .route("/v1/files/{id}", get(files::get::get).delete(files::delete::delete))
+        .route("/v1/files/{id}/content", get(files::content::content))
+        .route("/v1/batches", post(batches::create::create).get(batches::handlers::list))
+        .route("/v1/batches/{id}", get(batches::handlers::get))
+        .route("/v1/batches/{id}/cancel", post(batches::handlers::cancel))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(state)
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then lets calls in flight finish.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+}
