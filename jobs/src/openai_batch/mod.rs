@@ -56,8 +56,15 @@ pub async fn run_shard(
         .collect();
     let mut errors = JsonlFile::new(output, errors_path(output.root(), number));
     let mut answers = JsonlFile::new(output, output_path(output.root(), number));
-    let mut outcomes = futures::stream::iter(rows)
-        .map(|(index, line)| async move { answer_line(client, &line_id(output_url, number, index), line).await })
+    let rows = &rows;
+    // Rows go in by position: a closure taking a borrowed line makes the future's Send-ness
+    // depend on a higher-ranked lifetime the compiler cannot prove, and the worker could not be
+    // spawned (as in `crate::shard`).
+    let mut outcomes = futures::stream::iter(0..rows.len())
+        .map(|row| async move {
+            let (index, line) = rows[row];
+            answer_line(client, &line_id(output_url, number, index), line).await
+        })
         .buffered(calls_in_flight.max(1));
     while let Some(outcome) = outcomes.next().await {
         let outcome = outcome?;

@@ -29,7 +29,8 @@ pub async fn sim(configure: impl FnOnce(&mut SimConfig)) -> SimHandle {
     teifleet_tei_sim::start(config).await.expect("simulator starts")
 }
 
-/// A multiplexer serving one pool, `POOL`, in front of `upstream`.
+/// A multiplexer serving one pool, `POOL`, in front of `upstream`, on gRPC and (for the
+/// openai-batch tests) on HTTP.
 pub async fn mux(upstream: SocketAddr) -> Running {
     let spec = PoolSpec {
         name: POOL.into(),
@@ -44,7 +45,11 @@ pub async fn mux(upstream: SocketAddr) -> Running {
     let metrics = Metrics::new();
     let table = Arc::new(PoolTable::new(POOL, metrics.clone()));
     table.sync(vec![spec]).expect("pool valid");
-    let settings = Settings { health_interval: Duration::from_millis(100), ..Settings::default() };
+    let settings = Settings {
+        health_interval: Duration::from_millis(100),
+        http_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+        ..Settings::default()
+    };
     server::start(settings, table, metrics).await.expect("multiplexer starts")
 }
 
@@ -63,6 +68,12 @@ impl Pool {
 
     pub fn settings(&self) -> PoolSettings {
         PoolSettings::new(format!("http://{}", self.mux.grpc_addr), POOL)
+    }
+
+    /// `http://host:port` of the multiplexer's HTTP port (TEI's and OpenAI's routes).
+    #[allow(dead_code)] // only the openai-batch tests call the HTTP port
+    pub fn http_url(&self) -> String {
+        format!("http://{}", self.mux.http_addr.expect("the HTTP front listens"))
     }
 
     /// What tei.v1's Embed answers for `text` through the multiplexer (normalized, as the job
