@@ -44,11 +44,26 @@ async fn jobs_that_would_act_through_the_operator_are_refused_in_words() {
         "annotations": { "example.com/owner": "search" },
     } }));
     api.create(&dry_run, &accepted).await.expect("labels and annotations of the creator's own are accepted");
+    // A batch of OpenAI's Batch API, as teifleet-batch creates it: its file and its output on one claim.
+    let openai_batch = job(json!({
+        "input": {
+            "store": { "pvc": { "claimName": "teifleet-batch", "path": "batch" } },
+            "path": "files/file-0123456789abcdef01234567/content",
+            "format": "openaiBatch",
+        },
+        "output": { "store": { "pvc": { "claimName": "teifleet-batch", "path": "batch/batches/batch_0123456789abcdef01234567/" } } },
+        "deadline": "24h",
+    }));
+    api.create(&dry_run, &openai_batch).await.expect("input.format openaiBatch is accepted");
 
     let labels = "template.labels must not set the labels that make a pod a pool's, the activator's or the Job's own";
     let annotations = "template.annotations must not set teifleet's, the Job controller's or the pods' confinement";
     let image = "image cannot be set on a job whose workers mount a claim or a Secret";
     let cases = [
+        (
+            json!({ "input": { "store": { "pvc": { "claimName": "corpus" } }, "format": "openai-batch" } }),
+            "Unsupported value: \"openai-batch\"",
+        ),
         (json!({ "template": { "labels": { "teifleet.dev/pool": "bge" } } }), labels),
         (json!({ "template": { "labels": { "x.teifleet.dev/pool": "bge" } } }), labels),
         (json!({ "template": { "labels": { "app.kubernetes.io/component": "activator" } } }), labels),
