@@ -30,6 +30,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(300);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest `Retry-After` honoured: a pool asking for more is asked again sooner.
 const LONGEST_RETRY_AFTER: Duration = Duration::from_secs(60);
+/// The shortest wait after a load refusal, whatever `Retry-After` says: a pool answering
+/// `Retry-After: 0` to every call is not hammered.
+const SHORTEST_WAIT: Duration = Duration::from_millis(50);
 
 /// How to reach the pool's HTTP port and what to ask it.
 #[derive(Debug, Clone)]
@@ -130,7 +133,7 @@ impl BatchClient {
                 Ok(Ok(Attempt::Done(reply))) => return Ok(reply),
                 Ok(Ok(Attempt::Shed { status, retry_after })) => {
                     unreachable_since = None;
-                    let wait = retry_after.unwrap_or_else(|| backoff.next_wait());
+                    let wait = retry_after.unwrap_or_else(|| backoff.next_wait()).max(SHORTEST_WAIT);
                     tracing::info!(%status, wait_ms = wait.as_millis() as u64, "the pool is shedding load; waiting");
                     tokio::time::sleep(wait).await;
                     continue;
@@ -236,6 +239,106 @@ mod tests {
         assert!(refused("https://pool:8000", "bge").starts_with("--pool-http-url: "));
         assert!(refused("http://bad host", "bge").starts_with("--pool-http-url: "));
         assert_eq!(refused("http://pool:8000", ""), "--model: must not be empty");
+    }
+
+    /// Serves `answers` in turn, one connection each, on a port of its own; the requests (head
+    /// and body) come back from the task.
+    async fn serve(answers: Vec<String>) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let served = tokio::spawn(async move {
+            let mut requests = Vec::new();
+            for answer in answers {
+                let (mut socket, _) = listener.accept().await.unwrap();
+                let mut read = Vec::new();
+                let mut buffer = [0u8; 4096];
+                loop {
+                    let n = socket.read(&mut buffer).await.unwrap();
+                    read.extend_from_slice(&buffer[..n]);
+                    let text = String::from_utf8_lossy(&read).into_owned();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let length = text[..end]
+                            .lines()
+                            .find_map(|l| l.to_lowercase().strip_prefix("content-length:").map(|v| v.trim().to_owned()))
+                            .and_then(|v| v.parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if read.len() >= end + 4 + length {
+                            requests.push(text);
+                            break;
+                        }
+                    }
+                }
+                let _ = socket.write_all(answer.as_bytes()).await;
+            }
+            requests
+        });
+        (url, served)
+    }
+
+    fn answer(status: &str, headers: &str, body: &str) -> String {
+        format!("HTTP/1.1 {status}\r\nconnection: close\r\ncontent-length: {}\r\n{headers}\r\n{body}", body.len())
+    }
+
+    fn client(url: &str, configure: impl FnOnce(&mut BatchSettings)) -> BatchClient {
+        let mut settings = BatchSettings::new(url, "bge");
+        configure(&mut settings);
+        BatchClient::new(settings).unwrap()
+    }
+
+    #[tokio::test]
+    async fn load_refusals_are_waited_out_and_the_body_goes_verbatim() {
+        let answers = vec![
+            answer("429 Too Many Requests", "retry-after: 0\r\n", "{}"),
+            answer("503 Service Unavailable", "retry-after: 0\r\n", "{}"),
+            answer("200 OK", "content-type: application/json\r\n", r#"{"object":"list"}"#),
+        ];
+        let (url, served) = serve(answers).await;
+        let client = client(&url, |settings| settings.api_key = Some("k3y".into()));
+        let body = r#"{"model": "bge", "input": ["a"]}"#;
+        let reply = client.post(Bytes::from_static(body.as_bytes())).await.unwrap();
+        assert_eq!(
+            reply,
+            Reply::Answered { status: StatusCode::OK, body: Bytes::from_static(br#"{"object":"list"}"#) }
+        );
+        assert_eq!(client.calls(), 3);
+        let requests = served.await.unwrap();
+        assert_eq!(requests.len(), 3);
+        let last = requests[2].to_lowercase();
+        assert!(last.starts_with("post /v1/embeddings http/1.1\r\n"), "{last}");
+        assert!(
+            last.contains("x-teifleet-lane: ingest\r\n") && last.contains("authorization: bearer k3y\r\n"),
+            "{last}"
+        );
+        assert!(requests[2].ends_with(body), "the body verbatim: {}", requests[2]);
+    }
+
+    #[tokio::test]
+    async fn other_answers_are_the_lines_and_large_ones_are_not_read() {
+        let too_many = r#"{"error":{"message":"too many inputs","type":"invalid_request_error"}}"#;
+        let chunked = format!(
+            "HTTP/1.1 200 OK\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n800\r\n{}\r\n0\r\n\r\n",
+            "x".repeat(0x800)
+        );
+        let answers =
+            vec![answer("413 Payload Too Large", "", too_many), answer("200 OK", "", &"y".repeat(2000)), chunked];
+        let (url, _served) = serve(answers).await;
+        let client = client(&url, |settings| settings.max_answer_bytes = 1000);
+        let reply = client.post(Bytes::from_static(b"{}")).await.unwrap();
+        assert_eq!(reply, Reply::Answered { status: StatusCode::PAYLOAD_TOO_LARGE, body: Bytes::from(too_many) });
+        assert_eq!(client.post(Bytes::from_static(b"{}")).await.unwrap(), Reply::TooLarge { bytes: Some(2000) });
+        assert_eq!(client.post(Bytes::from_static(b"{}")).await.unwrap(), Reply::TooLarge { bytes: None });
+        assert_eq!(client.calls(), 3, "none retried");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_pool_fails_the_run_past_the_retry_budget() {
+        // Port 9 (discard) on loopback: nothing listens there, so the connection is refused.
+        let client = client("http://127.0.0.1:9", |settings| settings.retry_budget = Duration::from_millis(500));
+        let error = client.post(Bytes::from_static(b"{}")).await.unwrap_err().to_string();
+        assert!(error.starts_with("pool http://127.0.0.1:9/v1/embeddings: "), "{error}");
+        assert!(error.contains("still failing after"), "{error}");
+        assert!(client.calls() >= 2, "retried before giving up");
     }
 
     #[test]
