@@ -226,6 +226,7 @@ fn the_batch_api_holds_rights_on_jobs_and_pools_alone_in_its_namespace_and_runs_
             "--store-pvc-path=openai",
             "--api-keys-dir=/var/run/teifleet/api-keys",
             "--workers=2",
+            "--log-format=json",
         ])
     );
     let mounts: Vec<(&str, &str)> = server["volumeMounts"]
@@ -273,6 +274,7 @@ fn the_batch_api_on_s3_takes_the_buckets_flags_and_the_workers_credentials() {
             "--store-s3-allow-http",
             "--store-s3-credentials-secret=minio",
             "--workers=4",
+            "--log-format=json",
         ])
     );
     let secret_env: Vec<(&str, &str, &str)> = server["env"]
@@ -286,7 +288,10 @@ fn the_batch_api_on_s3_takes_the_buckets_flags_and_the_workers_credentials() {
         .collect();
     assert_eq!(
         secret_env,
-        [("AWS_ACCESS_KEY_ID", "minio", "accessKeyId"), ("AWS_SECRET_ACCESS_KEY", "minio", "secretAccessKey")]
+        [
+            ("TEIFLEET_STORE_S3_ACCESS_KEY_ID", "minio", "accessKeyId"),
+            ("TEIFLEET_STORE_S3_SECRET_ACCESS_KEY", "minio", "secretAccessKey")
+        ]
     );
     let mounts: Vec<&str> =
         server["volumeMounts"].as_array().unwrap().iter().map(|m| m["name"].as_str().unwrap()).collect();
