@@ -176,7 +176,9 @@ mod tests {
 
         assert_eq!(keys.tenant(&headers("Bearer aaaaaaaaaaaaaaaa-2")).unwrap(), "team-a");
         assert_eq!(keys.tenant(&headers("bearer bbbbbbbbbbbbbbbb-1")).unwrap(), "team-b");
-        for refused in ["Bearer short", "Bearer shared-key-000000", "Bearer hidden-key-0000000", "Basic aaaaaaaaaaaaaaaa-1"] {
+        for refused in
+            ["Bearer short", "Bearer shared-key-000000", "Bearer hidden-key-0000000", "Basic aaaaaaaaaaaaaaaa-1"]
+        {
             assert_eq!(keys.tenant(&headers(refused)).unwrap_err().status(), StatusCode::UNAUTHORIZED, "{refused}");
         }
         assert_eq!(keys.tenant(&HeaderMap::new()).unwrap_err().status(), StatusCode::UNAUTHORIZED);
@@ -202,6 +204,8 @@ mod tests {
     #[test]
     fn label_values() {
         assert!(is_label_value("team-a") && is_label_value("A.b_c"));
-        assert!(!is_label_value("-a") && !is_label_value("a/b") && !is_label_value("") && !is_label_value(&"a".repeat(64)));
+        assert!(
+            !is_label_value("-a") && !is_label_value("a/b") && !is_label_value("") && !is_label_value(&"a".repeat(64))
+        );
     }
 }

@@ -63,7 +63,11 @@ pub struct Args {
 
 impl Args {
     pub fn limits(&self) -> Limits {
-        Limits { max_file_bytes: self.max_file_bytes, max_requests: self.max_requests, max_uploads: self.max_uploads as usize }
+        Limits {
+            max_file_bytes: self.max_file_bytes,
+            max_requests: self.max_requests,
+            max_uploads: self.max_uploads as usize,
+        }
     }
 
     /// The store, and the same store as the jobs' specs name it. `environment` looks up the S3

@@ -88,7 +88,11 @@ impl Error {
 
     /// `Missing required parameter: 'x'.`, as OpenAI says it.
     pub fn missing(param: &'static str) -> Self {
-        Self::bad_request(format!("Missing required parameter: '{param}'."), Some(param), Some("missing_required_parameter"))
+        Self::bad_request(
+            format!("Missing required parameter: '{param}'."),
+            Some(param),
+            Some("missing_required_parameter"),
+        )
     }
 
     /// A failed store operation on `path`.

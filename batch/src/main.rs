@@ -24,7 +24,8 @@ struct Cli {
 fn main() -> anyhow::Result<()> {
     let Cli { args, log_format } = Cli::parse();
     logging::init(log_format)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     runtime.block_on(run(args))
 }
 
@@ -38,7 +39,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let client = kube::Client::try_default().await.context("connecting to the Kubernetes API")?;
     let cluster = Arc::new(KubeCluster::new(client, &args.namespace));
     let state = AppState::new(store, keys, cluster, args.limits(), jobs);
-    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
+    let listener =
+        tokio::net::TcpListener::bind(args.listen).await.with_context(|| format!("listening on {}", args.listen))?;
     tracing::info!(listen = %args.listen, namespace = %args.namespace, store = %args.store, "teifleet-batch serving");
     server::serve(listener, server::router(state), async move {
         let signal = stop.await;

@@ -39,7 +39,9 @@ pub fn limit(asked: Option<i64>, default: usize, max: usize) -> Result<usize> {
         None => Ok(default),
         Some(n) if n >= 1 && n as u64 <= max as u64 => Ok(n as usize),
         Some(n) => Err(Error::bad_request(
-            format!("Invalid 'limit': integer out of range. Expected a value between 1 and {max}, but got {n} instead."),
+            format!(
+                "Invalid 'limit': integer out of range. Expected a value between 1 and {max}, but got {n} instead."
+            ),
             Some("limit"),
             Some("integer_out_of_range"),
         )),
@@ -54,7 +56,10 @@ mod tests {
     fn pages_follow_the_cursor() {
         let items: Vec<String> = (0..5).map(|n| format!("id{n}")).collect();
         let first = page(items.clone(), |s| s, None, 2);
-        assert_eq!((first.data.len(), first.first_id.as_deref(), first.last_id.as_deref(), first.has_more), (2, Some("id0"), Some("id1"), true));
+        assert_eq!(
+            (first.data.len(), first.first_id.as_deref(), first.last_id.as_deref(), first.has_more),
+            (2, Some("id0"), Some("id1"), true)
+        );
         let last = page(items.clone(), |s| s, Some("id3"), 2);
         assert_eq!((last.data, last.has_more), (vec!["id4".to_owned()], false));
         let unknown = page(items, |s| s, Some("nope"), 2);

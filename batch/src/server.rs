@@ -84,9 +84,13 @@ const MULTIPART_OVERHEAD: u64 = 1 << 20;
 
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
-    let upload_limit = usize::try_from(state.limits.max_file_bytes.saturating_add(MULTIPART_OVERHEAD)).unwrap_or(usize::MAX);
+    let upload_limit =
+        usize::try_from(state.limits.max_file_bytes.saturating_add(MULTIPART_OVERHEAD)).unwrap_or(usize::MAX);
     Router::new()
-        .route("/v1/files", post(files::upload::upload).layer(DefaultBodyLimit::max(upload_limit)).get(files::list::list))
+        .route(
+            "/v1/files",
+            post(files::upload::upload).layer(DefaultBodyLimit::max(upload_limit)).get(files::list::list),
+        )
         .route("/v1/files/{id}", get(files::get::get).delete(files::delete::delete))
         .route("/v1/files/{id}/content", get(files::content::content))
         .route("/v1/batches", post(batches::create::create).get(batches::handlers::list))

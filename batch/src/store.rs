@@ -149,7 +149,9 @@ impl FileStore {
         };
         let done: Vec<String> = listed
             .iter()
-            .filter_map(|object| object.location.filename()?.strip_suffix(".jsonl").filter(|s| is_shard(s)).map(str::to_owned))
+            .filter_map(|object| {
+                object.location.filename()?.strip_suffix(".jsonl").filter(|s| is_shard(s)).map(str::to_owned)
+            })
             .collect();
         let mut parts: Vec<(Path, u64)> = listed
             .into_iter()

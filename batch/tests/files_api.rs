@@ -26,10 +26,15 @@ async fn upload_list_get_content_and_delete() {
     assert!(id.starts_with("file-") && id.len() == 29, "{id}");
     assert_eq!(file["object"], "file");
     assert_eq!(file["bytes"], content.len());
-    assert_eq!((file["filename"].as_str(), file["purpose"].as_str(), file["status"].as_str()), (Some("requests.jsonl"), Some("batch"), Some("processed")));
+    assert_eq!(
+        (file["filename"].as_str(), file["purpose"].as_str(), file["status"].as_str()),
+        (Some("requests.jsonl"), Some("batch"), Some("processed"))
+    );
     assert!(file["created_at"].as_i64().unwrap() > 1_700_000_000);
     assert_eq!(server.stored(), [format!("files/{id}/content"), format!("files/{id}/meta.json")]);
-    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(server.dir.path().join(format!("files/{id}/meta.json"))).unwrap()).unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(server.dir.path().join(format!("files/{id}/meta.json"))).unwrap())
+            .unwrap();
     assert_eq!((meta["tenant"].as_str(), meta["lines"].as_u64()), (Some("a"), Some(3)));
 
     // The file field first and the purpose after it: the same file.
@@ -51,7 +56,8 @@ async fn upload_list_get_content_and_delete() {
     let after = ascending["last_id"].as_str().unwrap();
     let rest = server.get(&format!("/v1/files?order=asc&limit=1&after={after}"), KEY_A).await.json();
     assert_eq!(rest["has_more"], false);
-    let mut ids = vec![ascending["first_id"].as_str().unwrap().to_owned(), rest["first_id"].as_str().unwrap().to_owned()];
+    let mut ids =
+        vec![ascending["first_id"].as_str().unwrap().to_owned(), rest["first_id"].as_str().unwrap().to_owned()];
     ids.sort();
     let mut expected = vec![id.clone(), second_id];
     expected.sort();
@@ -155,10 +161,14 @@ async fn a_file_over_fifty_thousand_requests_is_refused() {
 #[tokio::test]
 async fn malformed_forms_are_refused() {
     let server = TestServer::start(Limits::default(), &[]).await;
-    let not_multipart = server.send(Method::POST, "/v1/files", Some(KEY_A), Some("application/json"), full(Bytes::from_static(b"{}"))).await;
+    let not_multipart = server
+        .send(Method::POST, "/v1/files", Some(KEY_A), Some("application/json"), full(Bytes::from_static(b"{}")))
+        .await;
     assert_eq!(not_multipart.status, StatusCode::BAD_REQUEST);
     assert!(not_multipart.error().0.starts_with("Invalid multipart form"));
-    let no_boundary = server.send(Method::POST, "/v1/files", Some(KEY_A), Some("multipart/form-data"), full(Bytes::from_static(b"--x\r\n"))).await;
+    let no_boundary = server
+        .send(Method::POST, "/v1/files", Some(KEY_A), Some("multipart/form-data"), full(Bytes::from_static(b"--x\r\n")))
+        .await;
     assert_eq!(no_boundary.status, StatusCode::BAD_REQUEST);
 
     let truncated = Form::new().text("purpose", "batch").file("file", "a.jsonl", &lines(2));
@@ -167,7 +177,15 @@ async fn malformed_forms_are_refused() {
     body.truncate(body.len() - 10);
     let answer = server.send(Method::POST, "/v1/files", Some(KEY_A), Some(&content_type), full(body.into())).await;
     assert_eq!(answer.status, StatusCode::BAD_REQUEST);
-    let garbage = server.send(Method::POST, "/v1/files", Some(KEY_A), Some(&content_type), full(Bytes::from_static(b"\x00\xffnot a form"))).await;
+    let garbage = server
+        .send(
+            Method::POST,
+            "/v1/files",
+            Some(KEY_A),
+            Some(&content_type),
+            full(Bytes::from_static(b"\x00\xffnot a form")),
+        )
+        .await;
     assert_eq!(garbage.status, StatusCode::BAD_REQUEST);
     let two_files = Form::new().text("purpose", "batch").file("file", "a.jsonl", b"{}").file("file", "b.jsonl", b"{}");
     assert_eq!(server.upload_form(KEY_A, two_files).await.status, StatusCode::BAD_REQUEST);
@@ -189,7 +207,10 @@ async fn purpose_and_file_are_required_and_only_batch_is_stored() {
 
     let no_file = server.upload_form(KEY_A, Form::new().text("purpose", "batch")).await;
     assert_eq!(no_file.status, StatusCode::BAD_REQUEST);
-    assert_eq!(no_file.error(), ("Missing required parameter: 'file'.".to_owned(), json!("file"), json!("missing_required_parameter")));
+    assert_eq!(
+        no_file.error(),
+        ("Missing required parameter: 'file'.".to_owned(), json!("file"), json!("missing_required_parameter"))
+    );
     let no_purpose = server.upload_form(KEY_A, Form::new().file("file", "a.jsonl", &lines(1))).await;
     assert_eq!(no_purpose.error().0, "Missing required parameter: 'purpose'.");
     let misnamed = Form::new().text("purpose", "batch").file("upload", "a.jsonl", &lines(1));

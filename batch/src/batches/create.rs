@@ -56,7 +56,10 @@ pub async fn create(
     // A malformed id, a missing file and another tenant's: the same answer.
     let cannot_find = || {
         Error::bad_request(
-            format!("Cannot find file {}, or you do not have access to it.", input_file_id.chars().take(64).collect::<String>()),
+            format!(
+                "Cannot find file {}, or you do not have access to it.",
+                input_file_id.chars().take(64).collect::<String>()
+            ),
             Some("input_file_id"),
             None,
         )
@@ -72,7 +75,11 @@ pub async fn create(
     }
     let found = scan(state.store.read(&state.store.content_path(&file_id)).await?).await?;
     if found.lines == 0 {
-        return Err(Error::bad_request("The input file is empty: a batch needs at least one request.", Some("input_file_id"), None));
+        return Err(Error::bad_request(
+            "The input file is empty: a batch needs at least one request.",
+            Some("input_file_id"),
+            None,
+        ));
     }
     let model = found.model.ok_or_else(|| {
         Error::bad_request("No request in the input file names a model ('body.model').", Some("input_file_id"), None)
@@ -86,7 +93,14 @@ pub async fn create(
     })?;
 
     let batch = BatchId::new_random();
-    let spec = BatchJob { batch: &batch, tenant: &tenant, input_file_id: &file_id, pool: &pool, requests: found.lines, metadata: &metadata };
+    let spec = BatchJob {
+        batch: &batch,
+        tenant: &tenant,
+        input_file_id: &file_id,
+        pool: &pool,
+        requests: found.lines,
+        metadata: &metadata,
+    };
     let created = state.cluster.create_job(&job(&spec, &state.jobs)).await?;
     tracing::info!(%batch, %tenant, file = %file_id, %pool, requests = found.lines, "batch created");
     Ok(Json(to_batch(&created).expect("the created job is the batch's")))
@@ -98,7 +112,10 @@ fn one_of(param: &'static str, value: &str, supported: &str) -> Result<()> {
         return Ok(());
     }
     Err(Error::bad_request(
-        format!("Invalid value: '{}'. Supported values are: '{supported}'.", value.chars().take(128).collect::<String>()),
+        format!(
+            "Invalid value: '{}'. Supported values are: '{supported}'.",
+            value.chars().take(128).collect::<String>()
+        ),
         Some(param),
         Some("invalid_value"),
     ))

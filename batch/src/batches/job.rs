@@ -131,7 +131,10 @@ mod tests {
         };
         let job = super::job(&spec, &s3);
         let output = job.spec.output.store.s3.as_ref().unwrap();
-        assert_eq!((output.key.as_str(), output.credentials_secret.as_str(), output.allow_http), ("batches/batch_0123456789abcdef01234567/", "batch-s3", true));
+        assert_eq!(
+            (output.key.as_str(), output.credentials_secret.as_str(), output.allow_http),
+            ("batches/batch_0123456789abcdef01234567/", "batch-s3", true)
+        );
         assert_eq!(job.spec.input.store.s3.as_ref().unwrap().key, "");
     }
 }

@@ -91,7 +91,8 @@ pub fn to_batch(job: &EmbeddingJob) -> Option<Batch> {
     let holds = |kind: &str| condition(kind).filter(|c| c.status == "True");
 
     let created_at = job.metadata.creation_timestamp.as_ref().map_or(0, seconds);
-    let ended_at = |c: &Condition| status.completion_time.as_ref().map_or_else(|| seconds(&c.last_transition_time), seconds);
+    let ended_at =
+        |c: &Condition| status.completion_time.as_ref().map_or_else(|| seconds(&c.last_transition_time), seconds);
     let cancelling_at = annotation(CANCELLING_AT_ANNOTATION).and_then(|at| at.parse::<i64>().ok());
 
     let mut batch = Batch {
@@ -143,7 +144,8 @@ pub fn to_batch(job: &EmbeddingJob) -> Option<Batch> {
         match condition(RUNNING).filter(|c| c.status == "False" && c.reason == reasons::SUSPENDED) {
             Some(stopped) => {
                 batch.status = Status::Cancelled;
-                batch.cancelled_at = Some(seconds(&stopped.last_transition_time).max(cancelling_at.unwrap_or_default()));
+                batch.cancelled_at =
+                    Some(seconds(&stopped.last_transition_time).max(cancelling_at.unwrap_or_default()));
             }
             None => batch.status = Status::Cancelling,
         }

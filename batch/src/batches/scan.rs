@@ -141,13 +141,22 @@ mod tests {
     }
 
     fn request(id: &str, model: &str) -> String {
-        format!(r#"{{"custom_id":"{id}","method":"POST","url":"/v1/embeddings","body":{{"model":"{model}","input":"x"}}}}"#)
+        format!(
+            r#"{{"custom_id":"{id}","method":"POST","url":"/v1/embeddings","body":{{"model":"{model}","input":"x"}}}}"#
+        )
     }
 
     #[tokio::test]
     async fn the_most_common_model_across_chunks_and_bad_lines() {
-        let file = [request("a", "bge"), request("b", "e5"), "not json".into(), request("c", "bge"), String::new(), "{\"custom_id\":\"d\"}".into()]
-            .join("\n");
+        let file = [
+            request("a", "bge"),
+            request("b", "e5"),
+            "not json".into(),
+            request("c", "bge"),
+            String::new(),
+            "{\"custom_id\":\"d\"}".into(),
+        ]
+        .join("\n");
         let (head, tail) = file.split_at(50);
         let scan = scan_chunks(&[head, tail]).await.unwrap();
         assert_eq!(scan, Scan { model: Some("bge".into()), lines: 5 });

@@ -8,7 +8,11 @@ use super::{FileObject, Found, find};
 use crate::Result;
 use crate::server::AppState;
 
-pub async fn get(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Json<FileObject>> {
+pub async fn get(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<FileObject>> {
     let tenant = state.keys.tenant(&headers)?;
     Ok(Json(match find(&state, &tenant, &id).await? {
         Found::Upload(meta) => FileObject::from(&meta),

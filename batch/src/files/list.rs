@@ -33,7 +33,10 @@ pub async fn list(
         Some("asc") => false,
         Some(other) => {
             return Err(Error::bad_request(
-                format!("Invalid value: '{}'. Supported values are: 'asc' and 'desc'.", other.chars().take(64).collect::<String>()),
+                format!(
+                    "Invalid value: '{}'. Supported values are: 'asc' and 'desc'.",
+                    other.chars().take(64).collect::<String>()
+                ),
                 Some("order"),
                 Some("invalid_value"),
             ));

@@ -51,7 +51,10 @@ impl From<&FileMeta> for FileObject {
 pub enum Found {
     Upload(FileMeta),
     /// A batch's output or error file: its parts in order, their bytes, and its object.
-    Result { object: FileObject, parts: Vec<object_store::path::Path> },
+    Result {
+        object: FileObject,
+        parts: Vec<object_store::path::Path>,
+    },
 }
 
 /// The file `id` if it is `tenant`'s, else the same 404 for a bad id, a missing file and another
@@ -77,7 +80,14 @@ async fn result_file(state: &AppState, tenant: &str, batch: &BatchId, errors: bo
         true => (batch.errors_file_id(), "errors"),
     };
     let created_at = batches::mapping::to_batch(&job)
-        .map(|batch| batch.completed_at.or(batch.cancelled_at).or(batch.failed_at).or(batch.expired_at).unwrap_or(batch.created_at))
+        .map(|batch| {
+            batch
+                .completed_at
+                .or(batch.cancelled_at)
+                .or(batch.failed_at)
+                .or(batch.expired_at)
+                .unwrap_or(batch.created_at)
+        })
         .unwrap_or_default();
     let object = FileObject {
         filename: format!("{batch}_{name}.jsonl"),

@@ -16,7 +16,10 @@ pub struct FakeCluster {
 
 impl FakeCluster {
     pub fn new(pools: &[(&str, &str)]) -> Self {
-        Self { pools: pools.iter().map(|(n, m)| (n.to_string(), m.to_string())).collect(), jobs: Mutex::new(Vec::new()) }
+        Self {
+            pools: pools.iter().map(|(n, m)| (n.to_string(), m.to_string())).collect(),
+            jobs: Mutex::new(Vec::new()),
+        }
     }
 
     pub fn job(&self, name: &str) -> Option<EmbeddingJob> {
@@ -57,7 +60,9 @@ impl Cluster for FakeCluster {
             let jobs = self.jobs.lock().unwrap();
             Ok(jobs
                 .iter()
-                .filter(|job| job.metadata.labels.as_ref().and_then(|l| l.get(TENANT_LABEL)).is_some_and(|t| t == tenant))
+                .filter(|job| {
+                    job.metadata.labels.as_ref().and_then(|l| l.get(TENANT_LABEL)).is_some_and(|t| t == tenant)
+                })
                 .cloned()
                 .collect())
         })

@@ -10,8 +10,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::channel::mpsc;
 use futures::StreamExt as _;
+use futures::channel::mpsc;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
@@ -86,7 +86,14 @@ impl TestServer {
     }
 
     /// Sends a request with `body` and reads the whole answer.
-    pub async fn send(&self, method: Method, path: &str, key: Option<&str>, content_type: Option<&str>, body: Body) -> Answer {
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        key: Option<&str>,
+        content_type: Option<&str>,
+        body: Body,
+    ) -> Answer {
         let mut request = Request::builder().method(method).uri(format!("http://{}{path}", self.addr));
         if let Some(key) = key {
             request = request.header("authorization", format!("Bearer {key}"));
@@ -153,7 +160,6 @@ pub fn streamed() -> (mpsc::UnboundedSender<Bytes>, Body) {
     (sender, BodyExt::boxed(body))
 }
 
-
 /// A multipart/form-data body, written by hand so a test can also write it wrong.
 pub struct Form {
     boundary: String,
@@ -171,7 +177,8 @@ impl Form {
 
     pub fn text(mut self, name: &str, value: &str) -> Self {
         self.body.extend_from_slice(
-            format!("--{}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n", self.boundary).as_bytes(),
+            format!("--{}\r\nContent-Disposition: form-data; name=\"{name}\"\r\n\r\n{value}\r\n", self.boundary)
+                .as_bytes(),
         );
         self
     }

@@ -59,7 +59,10 @@ fn a_running_job_is_in_progress_with_its_counts_and_no_files() {
     assert_eq!(batch.input_file_id, "file-00000000000000000000000a");
     assert_eq!(batch.completion_window, "24h");
     assert_eq!(batch.request_counts, RequestCounts { total: 100, completed: 37, failed: 3 });
-    assert_eq!((batch.created_at, batch.in_progress_at, batch.expires_at), (CREATED, Some(CREATED), Some(CREATED + 86_400)));
+    assert_eq!(
+        (batch.created_at, batch.in_progress_at, batch.expires_at),
+        (CREATED, Some(CREATED), Some(CREATED + 86_400))
+    );
     assert_eq!((batch.output_file_id, batch.error_file_id), (None, None), "files come once the batch is over");
     assert_eq!(batch.metadata, Some(json!({ "run": "nightly" })));
     assert!(batch.errors.is_none() && batch.completed_at.is_none() && batch.cancelling_at.is_none());
@@ -94,7 +97,9 @@ fn a_failed_job_is_failed_with_its_reason_and_one_past_its_deadline_expired() {
     assert_eq!((batch.status, batch.failed_at), (Status::Failed, Some(CREATED + 30)));
     assert_eq!(
         batch.errors,
-        Some(json!({ "object": "list", "data": [{ "code": "WorkersFailed", "message": "WorkersFailed message", "param": null, "line": null }] }))
+        Some(
+            json!({ "object": "list", "data": [{ "code": "WorkersFailed", "message": "WorkersFailed message", "param": null, "line": null }] })
+        )
     );
     assert!(batch.output_file_id.is_some() && batch.error_file_id.is_none());
 
@@ -114,7 +119,8 @@ fn a_cancel_is_cancelling_while_workers_run_then_cancelled() {
     assert_eq!((batch.status, batch.cancelling_at, batch.cancelled_at), (Status::Cancelling, Some(CREATED + 20), None));
     assert_eq!(batch.output_file_id, None);
 
-    let stopped = json!({ "rowsDone": 10, "rowsFailed": 1, "conditions": [condition("Running", "False", "Suspended", &at(25))] });
+    let stopped =
+        json!({ "rowsDone": 10, "rowsFailed": 1, "conditions": [condition("Running", "False", "Suspended", &at(25))] });
     let batch = to_batch(&job(cancel.clone(), stopped)).unwrap();
     assert_eq!((batch.status, batch.cancelled_at), (Status::Cancelled, Some(CREATED + 25)));
     assert_eq!(batch.request_counts, RequestCounts { total: 100, completed: 9, failed: 1 });
@@ -143,9 +149,26 @@ fn the_object_has_every_field_openai_does() {
     assert_eq!(
         keys,
         [
-            "cancelled_at", "cancelling_at", "completed_at", "completion_window", "created_at", "endpoint", "error_file_id",
-            "errors", "expired_at", "expires_at", "failed_at", "finalizing_at", "id", "in_progress_at", "input_file_id",
-            "metadata", "object", "output_file_id", "request_counts", "status"
+            "cancelled_at",
+            "cancelling_at",
+            "completed_at",
+            "completion_window",
+            "created_at",
+            "endpoint",
+            "error_file_id",
+            "errors",
+            "expired_at",
+            "expires_at",
+            "failed_at",
+            "finalizing_at",
+            "id",
+            "in_progress_at",
+            "input_file_id",
+            "metadata",
+            "object",
+            "output_file_id",
+            "request_counts",
+            "status"
         ]
     );
     assert_eq!(value["status"], "in_progress");
