@@ -330,6 +330,33 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn openai_batch_shards_whose_output_exists_are_skipped_with_their_counts() {
+        use crate::openai_batch::BatchSettings;
+        use crate::openai_batch::output::{errors_path, output_path};
+        let (input, output) = stores().await;
+        let batch_worker = |input: &Store, output: &Store| {
+            let settings = JobSettings { format: InputFormat::OpenaiBatch, shard_bytes: 200, ..JobSettings::default() };
+            let pool = PoolClient::new(PoolSettings::new("http://127.0.0.1:9", "bge")).unwrap();
+            Worker::new(settings, input.clone(), output.clone(), pool).unwrap()
+        };
+        let error = batch_worker(&input, &output).run(&()).await.unwrap_err().to_string();
+        assert_eq!(error, "--pool-http-url: needed (with --model) for --input-format=openai-batch");
+
+        let plan = JobPlan::make(&input, InputFormat::OpenaiBatch, &Fields::default(), 200).await.unwrap();
+        for shard in &plan.shards {
+            let errors = "{}\n".repeat(shard.number as usize % 2);
+            output.objects().put(&errors_path(output.root(), shard.number), errors.into_bytes().into()).await.unwrap();
+            output.objects().put(&output_path(output.root(), shard.number), b"".to_vec().into()).await.unwrap();
+        }
+        let client = BatchClient::new(BatchSettings::new("http://127.0.0.1:9", "bge")).unwrap();
+        let summary = batch_worker(&input, &output).with_batch_client(client).run(&()).await.expect("nothing sent");
+        let shards = plan.shards.len() as u32;
+        assert_eq!((summary.shards, summary.resumed, summary.calls), (shards, shards, 0));
+        assert_eq!(summary.rows, LINES as u64, "rows are the input's lines");
+        assert_eq!(summary.failed, u64::from(shards / 2), "failed rows are the errors files' lines");
+    }
+
     #[test]
     fn flags_out_of_range_are_refused() {
         let settings = |worker, workers| JobSettings { worker, workers, ..JobSettings::default() };

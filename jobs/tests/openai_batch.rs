@@ -171,6 +171,9 @@ async fn every_line_is_answered_once_as_the_route_answers_it() {
         .collect();
     assert_eq!(codes.len(), 4, "{codes:?}");
     assert_eq!(codes[&None].0, "invalid_request", "not JSON: no custom_id");
+    let at = content.find("this line is not json").unwrap();
+    let place = format!("(the line at byte {at} of {})", scratch.url("in/batch.jsonl"));
+    assert!(codes[&None].1.ends_with(&place), "where it is: {}", codes[&None].1);
     assert_eq!(codes[&Some("bad-url".into())].0, "invalid_request");
     assert!(codes[&Some("bad-url".into())].1.contains("/v1/chat/completions"));
     assert_eq!(codes[&Some("no-input".into())].0, "invalid_request");

@@ -48,11 +48,13 @@ pub async fn run_shard(
     let lines = read_lines(input, &shard.object, start..end).await?;
     let output_url = output.url_of(output.root());
     let (output_url, number) = (output_url.as_str(), shard.number);
-    let rows: Vec<(u64, Result<&[u8], u64>)> = lines
+    let input_url = input.url_of(&shard.object.path);
+    let input_url = input_url.as_str();
+    let rows: Vec<Row<'_>> = lines
         .iter()
         .enumerate()
-        .map(|(index, (_, line))| (index as u64, line))
-        .filter(|(_, line)| !is_blank(line))
+        .map(|(index, (offset, line))| Row { index: index as u64, offset, line })
+        .filter(|row| !is_blank(&row.line))
         .collect();
     let mut errors = JsonlFile::new(output, errors_path(output.root(), number));
     let mut answers = JsonlFile::new(output, output_path(output.root(), number));
@@ -62,8 +64,9 @@ pub async fn run_shard(
     // spawned (as in `crate::shard`).
     let mut outcomes = futures::stream::iter(0..rows.len())
         .map(|row| async move {
-            let (index, line) = rows[row];
-            answer_line(client, &line_id(output_url, number, index), line).await
+            let Row { index, offset, line } = rows[row];
+            let place = Place { url: input_url, offset };
+            answer_line(client, &line_id(output_url, number, index), line, place).await
         })
         .buffered(calls_in_flight.max(1));
     while let Some(outcome) = outcomes.next().await {
@@ -76,16 +79,41 @@ pub async fn run_shard(
     Ok(PartCounts { rows, failed })
 }
 
+/// One line of a shard that is a row.
+#[derive(Debug, Clone, Copy)]
+struct Row<'a> {
+    /// Its index among the shard's lines (blank ones included): with the shard, its id.
+    index: u64,
+    /// Its file offset.
+    offset: u64,
+    /// Its bytes, or the length of a line over the bound.
+    line: Result<&'a [u8], u64>,
+}
+
 /// A line of only whitespace is no row (as for JSONL); a line over the bound is one.
 fn is_blank(line: &Result<&[u8], u64>) -> bool {
     matches!(line, Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace))
 }
 
+/// Where a line is in the input: said in the error of a line without a usable custom_id, the
+/// only way to find it (its id is a hash).
+#[derive(Debug, Clone, Copy)]
+struct Place<'a> {
+    url: &'a str,
+    offset: u64,
+}
+
 /// Judges one line, and sends it if it passes.
-async fn answer_line(client: &BatchClient, id: &str, line: Result<&[u8], u64>) -> Result<Outcome> {
-    let refused = |custom_id: Option<&str>, code: &str, message: &str| Outcome {
-        line: error_line(id, custom_id, code, message),
-        failed: true,
+async fn answer_line(client: &BatchClient, id: &str, line: Result<&[u8], u64>, place: Place<'_>) -> Result<Outcome> {
+    let refused = |custom_id: Option<&str>, code: &str, message: &str| {
+        let line = match custom_id {
+            Some(_) => error_line(id, custom_id, code, message),
+            None => {
+                let message = format!("{message} (the line at byte {} of {})", place.offset, place.url);
+                error_line(id, None, code, &message)
+            }
+        };
+        Outcome { line, failed: true }
     };
     let line = match line {
         Ok(line) => line,
