@@ -1,9 +1,9 @@
 //! The pool's OpenAI route: `POST <pool-http-url>/v1/embeddings` over HTTP/1.1 (the workspace's
 //! hyper client), one line's body per call, its answer read up to a bound. A pool shedding load
-//! (429, 503) is waited out for as long as it takes: the job's `spec.deadline` bounds the job,
-//! and a batch's lines are bulk work that should wait rather than fail. A pool that cannot be
-//! reached (connection errors, 502, 504) is retried for up to the retry budget, as the gRPC path
-//! does. Any other answer is the line's.
+//! (429, 503, or holding a call past [`CALL_TIMEOUT`]) is waited out for as long as it takes: the
+//! job's `spec.deadline` bounds the job, and a batch's lines are bulk work that should wait rather
+//! than fail. A pool that cannot be reached (connection errors, 502, 504) is retried for up to the
+//! retry budget, as the gRPC path does. Any other answer is the line's.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -138,8 +138,15 @@ impl BatchClient {
                     tokio::time::sleep(wait).await;
                     continue;
                 }
+                Err(_) => {
+                    // Connecting has its own, shorter timeout: a call that connected and got no
+                    // answer is held in the pool's queue (the ingest lane waits rather than
+                    // refuses), which is load, waited out like a refusal.
+                    unreachable_since = None;
+                    tracing::info!(seconds = CALL_TIMEOUT.as_secs(), "no answer from the pool yet; asking again");
+                    continue;
+                }
                 Ok(Ok(Attempt::Unreachable(reason))) | Ok(Err(reason)) => reason,
-                Err(_) => format!("no answer within {}s", CALL_TIMEOUT.as_secs()),
             };
             let since = *unreachable_since.get_or_insert_with(Instant::now);
             let wait = backoff.next_wait();
