@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::ArgAction;
 use teifleet_job::size::parse_bytes;
@@ -59,6 +60,9 @@ pub struct Args {
     /// Uploads streamed at once; one more is answered 429.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_uploads: u32,
+    /// Longest an upload may send nothing before it is dropped (408), such as 60s.
+    #[arg(long, default_value = "60s", value_parser = teifleet_runtime::duration::parse_flag)]
+    pub upload_idle_timeout: Duration,
 }
 
 impl Args {
@@ -67,6 +71,7 @@ impl Args {
             max_file_bytes: self.max_file_bytes,
             max_requests: self.max_requests,
             max_uploads: self.max_uploads as usize,
+            upload_idle: self.upload_idle_timeout,
         }
     }
 
@@ -135,7 +140,7 @@ mod tests {
     #[test]
     fn defaults_are_openais_limits() {
         let args = parse(&["--store=file:///data/batch/", "--store-pvc-claim=batch"]);
-        assert_eq!(args.limits(), Limits { max_file_bytes: 200_000_000, max_requests: 50_000, max_uploads: 4 });
+        assert_eq!(args.limits(), Limits::default());
         assert_eq!((args.listen.port(), args.workers), (8080, 2));
         let (_, jobs) = args.store(|_| None).unwrap();
         assert_eq!(jobs.store, JobStore::Pvc { claim: "batch".into(), path: String::new() });

@@ -1,6 +1,7 @@
 //! The HTTP server: its state, its routes, and serving them until shutdown.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -21,13 +22,17 @@ pub struct Limits {
     pub max_file_bytes: u64,
     /// Most requests (non-blank lines) in one batch input file (OpenAI's: 50,000).
     pub max_requests: u64,
-    /// Uploads streamed at once; one more is answered 429.
+    /// Uploads streamed at once; one more is answered 429. Also how many batch creations read
+    /// their input file at once (more wait their turn).
     pub max_uploads: usize,
+    /// Longest an upload may send nothing before it is dropped: a stalled client does not keep
+    /// its place (one of `max_uploads`) for ever.
+    pub upload_idle: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_file_bytes: 200_000_000, max_requests: 50_000, max_uploads: 4 }
+        Self { max_file_bytes: 200_000_000, max_requests: 50_000, max_uploads: 4, upload_idle: Duration::from_secs(60) }
     }
 }
 
@@ -57,6 +62,9 @@ pub struct Inner {
     pub jobs: JobDefaults,
     /// Upload places: one per upload in progress.
     pub uploads: Arc<Semaphore>,
+    /// Places for batch creations reading their input file (each holds a line buffer of up to
+    /// 16 MiB and its custom ids' digests).
+    pub scans: Arc<Semaphore>,
 }
 
 /// The handlers' shared state.
@@ -66,7 +74,8 @@ pub struct AppState(pub Arc<Inner>);
 impl AppState {
     pub fn new(store: FileStore, keys: Keys, cluster: Arc<dyn Cluster>, limits: Limits, jobs: JobDefaults) -> Self {
         let uploads = Arc::new(Semaphore::new(limits.max_uploads));
-        Self(Arc::new(Inner { store, keys, cluster, limits, jobs, uploads }))
+        let scans = Arc::new(Semaphore::new(limits.max_uploads));
+        Self(Arc::new(Inner { store, keys, cluster, limits, jobs, uploads, scans }))
     }
 }
 

@@ -267,3 +267,23 @@ async fn uploads_past_the_limit_at_once_are_told_to_retry() {
     assert_eq!(slow.status, StatusCode::OK, "the held upload completes: {:?}", slow.body);
     assert_eq!(server.upload(KEY_B, "batch", &lines(1)).await.status, StatusCode::OK, "the place is free again");
 }
+
+/// `--upload-idle-timeout` is 200 ms here so the test waits that long, not a minute: the same
+/// timer runs for every chunk whatever its value.
+#[tokio::test]
+async fn a_stalled_upload_is_dropped_and_frees_its_place() {
+    let limits = Limits { max_uploads: 1, upload_idle: Duration::from_millis(200), ..Limits::default() };
+    let server = TestServer::start(limits, &[]).await;
+    let form = Form::new().text("purpose", "batch");
+    let content_type = form.content_type();
+    let head = [form.unfinished(), Form::new().file_head("file", "stalled.jsonl").into_bytes(), lines(1)].concat();
+    let (sender, body) = streamed();
+    sender.unbounded_send(Bytes::from(head)).unwrap();
+    // The sender stays open and silent: nothing more comes.
+    let stalled = server.send(Method::POST, "/v1/files", Some(KEY_A), Some(&content_type), body).await;
+    assert_eq!(stalled.status, StatusCode::REQUEST_TIMEOUT);
+    assert!(stalled.error().0.starts_with("The upload stalled"));
+    assert!(server.stored().is_empty(), "{:?}", server.stored());
+    assert_eq!(server.upload(KEY_A, "batch", &lines(1)).await.status, StatusCode::OK, "its place is free");
+    drop(sender);
+}

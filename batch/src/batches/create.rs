@@ -73,7 +73,10 @@ pub async fn create(
             None,
         ));
     }
-    let found = scan(state.store.read(&state.store.content_path(&file_id)).await?).await?;
+    let found = {
+        let _place = state.scans.acquire().await.expect("the semaphore is never closed");
+        scan(state.store.read(&state.store.content_path(&file_id)).await?).await?
+    };
     if found.lines == 0 {
         return Err(Error::bad_request(
             "The input file is empty: a batch needs at least one request.",

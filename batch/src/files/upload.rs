@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, StatusCode};
 
 use super::{BATCH_PURPOSE, FileObject, now};
 use crate::ids::FileId;
-use crate::server::AppState;
+use crate::server::{AppState, Limits};
 use crate::store::FileMeta;
 use crate::{Error, Result};
 
@@ -80,6 +80,15 @@ fn invalid_form(reason: &str) -> Error {
     Error::bad_request(format!("Invalid multipart form: {reason}"), None, None)
 }
 
+fn stalled(limits: &Limits) -> Error {
+    Error::api(
+        StatusCode::REQUEST_TIMEOUT,
+        format!("The upload stalled: nothing was received for {} seconds.", limits.upload_idle.as_secs_f64()),
+        Some("file"),
+        None,
+    )
+}
+
 fn check_purpose(purpose: &str) -> Result<()> {
     if purpose == BATCH_PURPOSE {
         return Ok(());
@@ -122,7 +131,9 @@ async fn store_file(state: &AppState, tenant: &str, mut field: Field<'_>) -> Res
     let limits = state.limits;
     let written: Result<u64> = async {
         let mut bytes = 0u64;
-        while let Some(chunk) = field.chunk().await.map_err(|e| invalid_form(&e.body_text()))? {
+        loop {
+            let next = tokio::time::timeout(limits.upload_idle, field.chunk()).await.map_err(|_| stalled(&limits))?;
+            let Some(chunk) = next.map_err(|e| invalid_form(&e.body_text()))? else { break };
             bytes += chunk.len() as u64;
             if bytes > limits.max_file_bytes {
                 return Err(Error::bad_request(
