@@ -341,11 +341,12 @@ async fn apply_children(
     let pool = &job.spec.pool_ref.name;
     let service = Api::<Service>::namespaced(client.clone(), namespace).get_opt(pool).await?;
     let cluster_ip = service.as_ref().and_then(|s| s.spec.as_ref()).and_then(|s| s.cluster_ip.as_deref());
-    // A Job keeps the model it was made with, as it keeps its image: a pool whose model changed
-    // must not make the Job's new rendering one the API server refuses, which would keep a
-    // `suspend` (a batch's cancel) from reaching it.
-    let model = existing.as_ref().and_then(render::worker_model).map(str::to_owned).or(pool_model);
-    let target = render::PoolTarget::of(pool, namespace, cluster_ip, model);
+    let mut target = render::PoolTarget::of(pool, namespace, cluster_ip, pool_model);
+    // A Job keeps the addresses and the model it was made with, as it keeps its image
+    // ([`render::PoolTarget::as_made`]).
+    if let Some(existing) = &existing {
+        target = target.as_made(existing);
+    }
     let children = render::render(job, image, &target, ctx.operator.as_ref())?;
     if let Some((role, binding)) = &children.progress_reader {
         apply(client, namespace, role).await?;

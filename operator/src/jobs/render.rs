@@ -40,6 +40,9 @@ pub const API_KEY_MOUNT: &str = "/var/run/teifleet/api-key";
 pub const WORKER_CONTAINER: &str = "worker";
 /// The worker flag naming the one model an `openaiBatch` job's lines may ask for.
 const MODEL_FLAG: &str = "--model=";
+/// The worker flags of the pool's gRPC address (`host:port`, after the scheme) and HTTP URL.
+const POOL_URL_FLAG: &str = "--pool-url=http://";
+const POOL_HTTP_URL_FLAG: &str = "--pool-http-url=";
 /// Retries of one worker index before it counts as failed (`backoffLimitPerIndex`).
 pub const RETRIES_PER_WORKER: i32 = 3;
 const WORKER_REQUESTS: [(&str, &str); 2] = [("cpu", "100m"), ("memory", "128Mi")];
@@ -110,6 +113,19 @@ impl PoolTarget {
             model,
         }
     }
+
+    /// This target with what `job`'s workers were rendered with in its place. A Job's pods cannot
+    /// change: a Job made before its pool's Service had a ClusterIP (by the DNS name), or before
+    /// the Service was made again, or the pool's model changed, would otherwise get a rendering
+    /// the API server refuses whole, and neither `suspend` (a batch's cancel) nor the deadline
+    /// would reach it.
+    pub fn as_made(self, job: &Job) -> Self {
+        Self {
+            grpc: worker_arg(job, POOL_URL_FLAG).map(str::to_owned).unwrap_or(self.grpc),
+            http: worker_arg(job, POOL_HTTP_URL_FLAG).map(str::to_owned).unwrap_or(self.http),
+            model: worker_model(job).map(str::to_owned).or(self.model),
+        }
+    }
 }
 
 /// Renders every child of `job`, its workers calling the pool at `pool` (its gRPC port; an
@@ -149,8 +165,13 @@ pub fn worker_image(job: &Job) -> Option<&str> {
 
 /// The model an `openaiBatch` Job's workers were rendered with (`--model=`), if any.
 pub fn worker_model(job: &Job) -> Option<&str> {
+    worker_arg(job, MODEL_FLAG)
+}
+
+/// The value of the worker argument starting with `prefix`, as the Job was rendered.
+fn worker_arg<'a>(job: &'a Job, prefix: &str) -> Option<&'a str> {
     let args = worker_container(job)?.args.as_deref()?;
-    args.iter().find_map(|arg| arg.strip_prefix(MODEL_FLAG))
+    args.iter().find_map(|arg| arg.strip_prefix(prefix))
 }
 
 fn worker_container(job: &Job) -> Option<&Container> {
@@ -295,14 +316,14 @@ fn worker_args(owner: &Owner, job: &EmbeddingJob, target: &PoolTarget) -> Result
     let pool = &spec.pool_ref.name;
     let mut args = vec![
         "run".to_owned(),
-        format!("--pool-url=http://{}", target.grpc),
+        format!("{POOL_URL_FLAG}{}", target.grpc),
         format!("--pool={pool}"),
         format!("--input={}", store_url(&spec.input.store, INPUT_MOUNT, spec.input.path.as_deref(), false)),
         format!("--input-format={}", spec.input.format.as_str()),
     ];
     // OpenAI's batch lines are sent as they are to the pool's OpenAI route, and only for its model.
     if spec.input.format == InputFormat::OpenaiBatch {
-        args.push(format!("--pool-http-url={}", target.http));
+        args.push(format!("{POOL_HTTP_URL_FLAG}{}", target.http));
         if let Some(model) = &target.model {
             args.push(format!("{MODEL_FLAG}{model}"));
         }

@@ -1162,13 +1162,32 @@ async fn an_openai_batch_job_calls_its_pools_http_port_for_the_pools_model_and_k
     assert!(args.contains(&"--pool-http-url=http://10.96.0.42:8000".to_owned()), "the ClusterIP: {args:?}");
     assert!(args.contains(&"--model=BAAI/bge-small-en-v1.5".to_owned()), "the pool's spec.model.id: {args:?}");
 
-    // The pool's model changed under a running Job: its pods cannot change, and a rendering the API
-    // server refuses would keep a cancel's `suspend` from reaching it.
-    let made_with = PoolTarget::of("bge-small", "ml", Some("10.96.0.42"), Some("BAAI/bge-base-en-v1.5".into()));
+    // The pool's model changed under a running Job, which was made before the pool's Service had
+    // its ClusterIP: its pods cannot change, and a rendering the API server refuses would keep a
+    // cancel's `suspend` from reaching it.
+    let made_with = PoolTarget::of("bge-small", "ml", None, Some("BAAI/bge-base-en-v1.5".into()));
     let existing = render::render(&job(OPENAI_BATCH_JOB), IMAGE, &made_with, None).unwrap().job;
-    let args = applied_batch_args(Some(existing)).await;
+    let args = applied_batch_args(Some(existing.clone())).await;
+    assert_eq!(args, args_of_job(&existing), "the Job as it was made");
     assert!(args.contains(&"--model=BAAI/bge-base-en-v1.5".to_owned()), "{args:?}");
-    assert!(!args.contains(&"--model=BAAI/bge-small-en-v1.5".to_owned()), "{args:?}");
+    assert!(args.contains(&"--pool-url=http://bge-small.ml.svc:50051".to_owned()), "{args:?}");
+    assert!(args.contains(&"--pool-http-url=http://bge-small.ml.svc:8000".to_owned()), "{args:?}");
+}
+
+fn args_of_job(job: &Job) -> Vec<String> {
+    job.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0].args.clone().unwrap()
+}
+
+#[test]
+fn a_job_keeps_the_pool_target_it_was_made_with() {
+    let now = PoolTarget::of("bge-small", "ml", Some("10.96.0.42"), Some(MODEL.into()));
+    let by_name = PoolTarget::of("bge-small", "ml", None, Some("BAAI/bge-base-en-v1.5".into()));
+    let batch = render::render(&job(OPENAI_BATCH_JOB), IMAGE, &by_name, None).unwrap().job;
+    assert_eq!(now.clone().as_made(&batch), by_name);
+    // A Job of another format was made without an HTTP URL and a model: those stay as they are now.
+    let grpc_only = render::render(&job(PVC_JOB), IMAGE, &by_name, None).unwrap().job;
+    assert_eq!(now.clone().as_made(&grpc_only), PoolTarget { grpc: "bge-small.ml.svc:50051".into(), ..now.clone() });
+    assert_eq!(now.clone().as_made(&Job::default()), now, "nothing to carry");
 }
 
 /// The `shardsDone` the job's status was written with, after one reconcile against `objects`.
