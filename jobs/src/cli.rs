@@ -15,6 +15,11 @@ use crate::worker::{JobSettings, Worker};
 use crate::{Error, Result};
 
 /// One worker's flags.
+/// `--calls-in-flight`'s defaults: EmbedArrow calls of up to `--rows-per-call` rows each, and
+/// openai-batch request lines (one or a few inputs each).
+pub const ARROW_CALLS_IN_FLIGHT: usize = 4;
+pub const BATCH_LINES_IN_FLIGHT: usize = 64;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
     /// gRPC address of the pool's Service, e.g. http://bge.ns.svc:50051.
@@ -61,9 +66,11 @@ pub struct RunArgs {
     /// row's error. Bytes, or a quantity such as 4Mi.
     #[arg(long, default_value = "4Mi", value_parser = parse_bytes)]
     pub max_message_bytes: u64,
-    /// EmbedArrow calls in flight at once.
-    #[arg(long, default_value_t = 4)]
-    pub calls_in_flight: usize,
+    /// Calls in flight at once: EmbedArrow calls of up to --rows-per-call rows (default 4), or for
+    /// openai-batch, request lines (default 64): each line is one call of its own few inputs, and
+    /// a replica's batches fill only with dozens of them at once.
+    #[arg(long)]
+    pub calls_in_flight: Option<usize>,
     /// Unit-length vectors (`--normalize=false` to turn off).
     #[arg(long, default_value_t = true, action = ArgAction::Set, num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     pub normalize: bool,
@@ -133,6 +140,7 @@ impl RunArgs {
             InputFormat::Jsonl | InputFormat::Parquet => None,
         };
         let pool = PoolClient::new(pool_settings)?;
+        let calls_in_flight = self.calls_in_flight();
         let settings = JobSettings {
             format: self.input_format,
             fields: Fields { id: self.id_field, text: self.text_field },
@@ -140,7 +148,7 @@ impl RunArgs {
             workers: self.workers,
             shard_bytes: self.shard_bytes,
             rows_per_call: self.rows_per_call,
-            calls_in_flight: self.calls_in_flight,
+            calls_in_flight,
             max_message_bytes: self.max_message_bytes,
         };
         let sink = self.progress_file.map(FileSink::new);
@@ -150,6 +158,14 @@ impl RunArgs {
             None => worker,
         };
         Ok((worker, sink))
+    }
+
+    /// `--calls-in-flight`, or its default for the input's format.
+    pub fn calls_in_flight(&self) -> usize {
+        self.calls_in_flight.unwrap_or(match self.input_format {
+            InputFormat::OpenaiBatch => BATCH_LINES_IN_FLIGHT,
+            InputFormat::Jsonl | InputFormat::Parquet => ARROW_CALLS_IN_FLIGHT,
+        })
     }
 
     /// The openai-batch client's settings: its URL and model from their flags, the lane, key
@@ -304,6 +320,9 @@ mod tests {
             ("http://10.0.0.7:8000", "BAAI/bge-small-en-v1.5")
         );
         assert_eq!((settings.lane, settings.max_answer_bytes), (Lane::Query, 64 << 20));
+        // Lines are calls of a few inputs each: many more at once than EmbedArrow's calls.
+        assert_eq!((args.calls_in_flight(), parse(&[]).calls_in_flight()), (64, 4));
+        assert_eq!(batch(&["--calls-in-flight=8"]).calls_in_flight(), 8);
         let env = |_: &str| None;
         assert!(args.into_worker(env).is_ok());
         let error = batch(&["--model=m"]).into_worker(env).unwrap_err().to_string();
