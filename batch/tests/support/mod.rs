@@ -69,12 +69,17 @@ impl TestServer {
     /// A server with tenants `a` and `b`, `limits`, and `pools` (name, model id).
     pub async fn start(limits: Limits, pools: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let root = Path::from_absolute_path(dir.path()).unwrap();
+        let store = Store::new(Arc::new(LocalFileSystem::new()), root, true, "file:///");
+        Self::start_on(store, dir, limits, pools).await
+    }
+
+    /// A server on `store` (`dir` is the test's scratch directory).
+    pub async fn start_on(store: Store, dir: tempfile::TempDir, limits: Limits, pools: &[(&str, &str)]) -> Self {
         let keys_dir = tempfile::tempdir().unwrap();
         std::fs::write(keys_dir.path().join("a"), format!("{KEY_A}\n")).unwrap();
         std::fs::write(keys_dir.path().join("b"), format!("{KEY_B}\n")).unwrap();
         let keys = Keys::watch(keys_dir.path().to_owned(), teifleet_batch::auth::RELOAD_EVERY).unwrap();
-        let root = Path::from_absolute_path(dir.path()).unwrap();
-        let store = Store::new(Arc::new(LocalFileSystem::new()), root, true, "file:///");
         let cluster = Arc::new(FakeCluster::new(pools));
         let jobs = JobDefaults { store: JobStore::Pvc { claim: "batch".into(), path: "api".into() }, workers: 2 };
         let state = AppState::new(FileStore::new(store), keys, cluster.clone(), limits, jobs);
