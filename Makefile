@@ -202,7 +202,7 @@ demo-down: ## Stop what `DEMO_KEEP=1 make demo` left running (the relay it recor
 	tests/cluster/down.sh
 
 .PHONY: bench
-bench: ## Benchmarks 1–22, direct vs multiplexer (vs a bare proxy; 21 against a real TEI when ../shared/tools/real-tei.sh built one), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 30 min after the builds)
+bench: ## Benchmarks 1–23, direct vs multiplexer (vs a bare proxy; 21 against a real TEI when ../shared/tools/real-tei.sh built one), PASS/FAIL per target; writes bench/results/<date>.{md,json,svg} (about 30 min after the builds)
 	cargo build --release --locked -p teifleet-bench -p teifleet-load -p teifleet-tei-sim -p teifleet-multiplexer -p teifleet-operator -p teifleet-job --bins
 	tools/pgo.sh --out $(PGO_BIN) --with-floor-proxy
 	TEIFLEET_BENCH_BIN_DIR=$(PGO_BIN) bench/run.sh full

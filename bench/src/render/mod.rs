@@ -7,6 +7,7 @@
 //! written) and [`plots`] (charts), and none imports another.
 
 mod admission;
+mod batch;
 mod cache;
 mod colocation;
 mod cost;

@@ -10,6 +10,7 @@
 //! plumbing is in [`setup`] (backends, limits, load loops) and [`sample`] (per-round figures).
 
 pub mod adaptive;
+pub mod batch;
 pub mod bulk;
 pub mod burst;
 pub mod cache;
@@ -124,6 +125,7 @@ macro_rules! for_each_scenario {
             Job => job::Job,
             RealTei => real_tei::RealTei,
             Cache => cache::Cache,
+            Batch => batch::Batch,
         }
     };
 }
@@ -240,7 +242,9 @@ mod tests {
         assert_eq!(Scenario::parse("22"), Some(Scenario::Cache));
         assert_eq!(Scenario::parse("cache"), Some(Scenario::Cache));
         assert_eq!(Scenario::Cache.label(), "22 cache");
-        assert_eq!(Scenario::parse("23"), None);
+        assert_eq!(Scenario::parse("23"), Some(Scenario::Batch));
+        assert_eq!(Scenario::parse("batch"), Some(Scenario::Batch));
+        assert_eq!(Scenario::parse("24"), None);
         assert_eq!(Scenario::ShedStorm.label(), "7 shed storm");
         assert!(Scenario::Coalescing.title().starts_with("9. Coalescing"));
         assert!(Scenario::ALL.iter().enumerate().all(|(i, s)| s.number() == i + 1));

@@ -143,6 +143,40 @@ pub async fn sibling_pool(
     limits: &MuxLimits,
     mux_extra: &[String],
 ) -> Result<(Vec<Proc>, Vec<Proc>)> {
+    sibling_pool_with(ctx, name, n, backend, sim_extra, limits, |_| mux_extra.to_vec()).await
+}
+
+/// [`sibling_pool`] whose replicas also serve TEI's HTTP API, each multiplexer's HTTP front on a
+/// port of its own; returns the HTTP fronts' URLs too, replica 1 first.
+pub async fn sibling_pool_serving_http(
+    ctx: &Context,
+    name: &str,
+    n: usize,
+    backend: &SimModel,
+    sim_extra: &[String],
+    limits: &MuxLimits,
+    mux_extra: &[String],
+) -> Result<(Vec<Proc>, Vec<Proc>, Vec<String>)> {
+    let ports = (0..n).map(|_| procs::pick_port()).collect::<Result<Vec<u16>>>()?;
+    let with_http = |i: usize| {
+        let mut extra = mux_extra.to_vec();
+        extra.push(format!("--http-listen=127.0.0.1:{}", ports[i]));
+        extra
+    };
+    let (sims, muxes) = sibling_pool_with(ctx, name, n, backend, sim_extra, limits, with_http).await?;
+    Ok((sims, muxes, ports.iter().map(|port| format!("http://127.0.0.1:{port}")).collect()))
+}
+
+/// [`sibling_pool`], replica i's multiplexer started with `mux_extra(i)`.
+async fn sibling_pool_with(
+    ctx: &Context,
+    name: &str,
+    n: usize,
+    backend: &SimModel,
+    sim_extra: &[String],
+    limits: &MuxLimits,
+    mux_extra: impl Fn(usize) -> Vec<String>,
+) -> Result<(Vec<Proc>, Vec<Proc>)> {
     let bins = &ctx.bins;
     let mut sims = Vec::with_capacity(n);
     for i in 1..=n {
@@ -157,7 +191,7 @@ pub async fn sibling_pool(
             .filter(|(j, _)| *j != i)
             .map(|(_, port)| format!("--sibling={}", procs::url_of(*port)))
             .collect();
-        extra.extend(mux_extra.iter().cloned());
+        extra.extend(mux_extra(i));
         muxes.push(procs::start_mux_on(bins, &format!("{name}-mux{}", i + 1), ports[i], sim, limits, &extra).await?);
     }
     for target in sims.iter().chain(&muxes) {
