@@ -240,6 +240,8 @@ fn the_batch_api_holds_rights_on_jobs_and_pools_alone_in_its_namespace_and_runs_
     assert_eq!(volumes[0]["persistentVolumeClaim"]["claimName"], "batch-files");
     assert_eq!(volumes[1]["secret"], json!({ "secretName": "batch-keys", "defaultMode": 0o440 }));
     assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate", "one claim, mounted by one pod at a time");
+    assert_eq!(pod.get("nodeSelector"), None);
+    assert_eq!(pod.get("tolerations"), None);
     let service = one(&batch, "Service");
     assert_eq!(
         service["spec"]["ports"],
@@ -300,4 +302,17 @@ fn the_batch_api_on_s3_takes_the_buckets_flags_and_the_workers_credentials() {
     let egress = &one(&batch, "NetworkPolicy")["spec"]["egress"];
     assert_eq!(egress.as_array().unwrap().len(), 3);
     assert_eq!(egress[2], json!({ "ports": [{ "port": 9000, "protocol": "TCP" }] }));
+}
+
+#[test]
+fn the_batch_api_runs_where_the_operator_runs_unless_told_otherwise() {
+    let placed = |set: &[&str]| {
+        let objects = template(&[&PVC_STORE[..], set].concat()).unwrap();
+        let pod = one(&batch_objects(&objects), "Deployment")["spec"]["template"]["spec"].clone();
+        (pod["nodeSelector"].clone(), pod["tolerations"].clone())
+    };
+    let operators = ["nodeSelector.pool=system", "tolerations[0].key=system", "tolerations[0].operator=Exists"];
+    assert_eq!(placed(&operators), (json!({ "pool": "system" }), json!([{ "key": "system", "operator": "Exists" }])));
+    let own = [&operators[..], &["batch.nodeSelector.pool=api", "batch.tolerations[0].key=api"]].concat();
+    assert_eq!(placed(&own), (json!({ "pool": "api" }), json!([{ "key": "api" }])));
 }
