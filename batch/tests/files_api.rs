@@ -137,6 +137,11 @@ async fn a_file_over_the_size_limit_is_refused_and_leaves_nothing() {
     // Far past it, with the body larger than the multipart allowance too.
     let huge = server.upload(KEY_A, "batch", &vec![b'y'; 4 << 20]).await;
     assert_eq!(huge.status, StatusCode::BAD_REQUEST);
+    assert!(huge.error().0.starts_with("File is too large."));
+    // A purpose field as large: the body's own bound, in the same words.
+    let form = Form::new().text("purpose", &"p".repeat(2 << 20)).file("file", "a.jsonl", b"{}");
+    let huge_purpose = server.upload_form(KEY_A, form).await;
+    assert_eq!(huge_purpose.status, StatusCode::BAD_REQUEST);
     assert_eq!(server.stored(), before, "no content, no record and no staged part stays");
 }
 

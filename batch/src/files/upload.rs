@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::extract::multipart::{Field, Multipart, MultipartRejection};
+use axum::extract::multipart::{Field, Multipart, MultipartError, MultipartRejection};
 use axum::http::{HeaderMap, StatusCode};
 
 use super::{BATCH_PURPOSE, FileObject, now};
@@ -40,10 +40,10 @@ pub async fn upload(
     let mut purpose_seen = false;
     let mut stored: Option<FileMeta> = None;
     let outcome: Result<()> = async {
-        while let Some(field) = multipart.next_field().await.map_err(|e| invalid_form(&e.body_text()))? {
+        while let Some(field) = multipart.next_field().await.map_err(|e| form_error(&e, &state.limits))? {
             match field.name() {
                 Some("purpose") => {
-                    check_purpose(&read_small(field).await?)?;
+                    check_purpose(&read_small(field, &state.limits).await?)?;
                     purpose_seen = true;
                 }
                 Some("file") if stored.is_some() => {
@@ -51,7 +51,7 @@ pub async fn upload(
                 }
                 Some("file") => stored = Some(store_file(&state, &tenant, field).await?),
                 // Other fields (an SDK's extras) are read past.
-                _ => drain(field).await?,
+                _ => drain(field, &state.limits).await?,
             }
         }
         Ok(())
@@ -74,6 +74,23 @@ pub async fn upload(
     state.store.put_meta(&meta).await?;
     tracing::info!(file = %meta.id, %tenant, bytes = meta.bytes, requests = meta.lines, "file uploaded");
     Ok(Json(FileObject::from(&meta)))
+}
+
+/// A body past the server's bound (the file's limit and the form around it) is a file too large,
+/// said as OpenAI says it; anything else is a malformed form.
+fn form_error(error: &MultipartError, limits: &Limits) -> Error {
+    match error.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => too_large(limits),
+        _ => invalid_form(&error.body_text()),
+    }
+}
+
+fn too_large(limits: &Limits) -> Error {
+    Error::bad_request(
+        format!("File is too large. Batch input files can be at most {} bytes.", limits.max_file_bytes),
+        Some("file"),
+        None,
+    )
 }
 
 fn invalid_form(reason: &str) -> Error {
@@ -104,9 +121,9 @@ fn check_purpose(purpose: &str) -> Result<()> {
 }
 
 /// A short text field, refused past [`MAX_PURPOSE_BYTES`] without reading the rest.
-async fn read_small(mut field: Field<'_>) -> Result<String> {
+async fn read_small(mut field: Field<'_>, limits: &Limits) -> Result<String> {
     let mut bytes = Vec::new();
-    while let Some(chunk) = field.chunk().await.map_err(|e| invalid_form(&e.body_text()))? {
+    while let Some(chunk) = field.chunk().await.map_err(|e| form_error(&e, limits))? {
         if bytes.len() + chunk.len() > MAX_PURPOSE_BYTES {
             return Err(check_purpose("(too long)").unwrap_err());
         }
@@ -115,8 +132,8 @@ async fn read_small(mut field: Field<'_>) -> Result<String> {
     String::from_utf8(bytes).map_err(|_| check_purpose("(not UTF-8)").unwrap_err())
 }
 
-async fn drain(mut field: Field<'_>) -> Result<()> {
-    while field.chunk().await.map_err(|e| invalid_form(&e.body_text()))?.is_some() {}
+async fn drain(mut field: Field<'_>, limits: &Limits) -> Result<()> {
+    while field.chunk().await.map_err(|e| form_error(&e, limits))?.is_some() {}
     Ok(())
 }
 
@@ -133,14 +150,10 @@ async fn store_file(state: &AppState, tenant: &str, mut field: Field<'_>) -> Res
         let mut bytes = 0u64;
         loop {
             let next = tokio::time::timeout(limits.upload_idle, field.chunk()).await.map_err(|_| stalled(&limits))?;
-            let Some(chunk) = next.map_err(|e| invalid_form(&e.body_text()))? else { break };
+            let Some(chunk) = next.map_err(|e| form_error(&e, &limits))? else { break };
             bytes += chunk.len() as u64;
             if bytes > limits.max_file_bytes {
-                return Err(Error::bad_request(
-                    format!("File is too large. Batch input files can be at most {} bytes.", limits.max_file_bytes),
-                    Some("file"),
-                    None,
-                ));
+                return Err(too_large(&limits));
             }
             counter.feed(&chunk);
             if counter.lines() > limits.max_requests {
