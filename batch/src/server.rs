@@ -6,6 +6,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
+use teifleet_runtime::http_server::{self, ServerBounds};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
@@ -109,11 +110,28 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then lets calls in flight finish.
+/// What one client may make the server hold (teifleet's shared HTTP server enforces them): the
+/// API's clients are SDKs and pipelines, a few connections each; an upload is a request in
+/// flight, never idle, however long it streams.
+pub const BOUNDS: ServerBounds = ServerBounds {
+    max_connections: 1024,
+    max_connections_per_peer: 256,
+    idle_timeout: Duration::from_secs(60),
+    header_read_timeout: Duration::from_secs(30),
+    max_headers: 64,
+    max_header_bytes: 16 * 1024,
+    max_concurrent_streams: 64,
+    probe_slots: 8,
+    probe_paths: &["/healthz"],
+};
+
+/// Serves `router` on `listener` within [`BOUNDS`] until `shutdown` resolves, then lets calls in
+/// flight finish.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router).with_graceful_shutdown(shutdown).await
+    let refused = |reason: &'static str| tracing::debug!(reason, "connection refused");
+    http_server::serve(listener, router, &BOUNDS, refused, shutdown).await
 }
