@@ -60,6 +60,12 @@ pub struct Args {
     /// Uploads streamed at once; one more is answered 429.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub max_uploads: u32,
+    /// For pools with `spec.auth`: a Secret in the namespace holding an API key the batches'
+    /// workers call the pools with (its data key in --job-api-key-secret-key).
+    #[arg(long)]
+    pub job_api_key_secret: Option<String>,
+    #[arg(long, default_value = "key")]
+    pub job_api_key_secret_key: String,
     /// Longest an upload may send nothing before it is dropped (408), such as 60s.
     #[arg(long, default_value = "60s", value_parser = teifleet_runtime::duration::parse_flag)]
     pub upload_idle_timeout: Duration,
@@ -117,7 +123,8 @@ impl Args {
         // The store is a directory, whether or not its URL ends in `/`.
         let url = if self.store.ends_with('/') { self.store.clone() } else { format!("{}/", self.store) };
         let store = Store::open(StoreRole::Input, &url, &s3)?;
-        Ok((FileStore::new(store), JobDefaults { store: job_store, workers: self.workers }))
+        let api_key_secret = self.job_api_key_secret.clone().map(|name| (name, self.job_api_key_secret_key.clone()));
+        Ok((FileStore::new(store), JobDefaults { store: job_store, workers: self.workers, api_key_secret }))
     }
 }
 

@@ -52,6 +52,9 @@ pub enum JobStore {
 pub struct JobDefaults {
     pub store: JobStore,
     pub workers: i32,
+    /// The Secret (name, data key) holding an API key for pools with `spec.auth`: the jobs'
+    /// workers call the pool with it. None: pools without keys.
+    pub api_key_secret: Option<(String, String)>,
 }
 
 /// Everything a request handler reaches.

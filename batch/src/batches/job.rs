@@ -55,6 +55,10 @@ pub fn job(batch: &BatchJob<'_>, defaults: &JobDefaults) -> EmbeddingJob {
             "deadline": COMPLETION_WINDOW,
         },
     });
+    let mut value = value;
+    if let Some((name, key)) = &defaults.api_key_secret {
+        value["spec"]["apiKeySecret"] = json!({ "name": name, "key": key });
+    }
     serde_json::from_value(value).expect("the job's JSON is an EmbeddingJob")
 }
 
@@ -97,7 +101,11 @@ mod tests {
             requests: 3,
             metadata: &metadata,
         };
-        let pvc = JobDefaults { store: JobStore::Pvc { claim: "batch".into(), path: "api/".into() }, workers: 3 };
+        let pvc = JobDefaults {
+            store: JobStore::Pvc { claim: "batch".into(), path: "api/".into() },
+            workers: 3,
+            api_key_secret: None,
+        };
         let job = job(&spec, &pvc);
         assert_eq!(job.metadata.name.as_deref(), Some("batch-0123456789abcdef01234567"));
         let labels = job.metadata.labels.clone().unwrap();
@@ -117,6 +125,7 @@ mod tests {
         let output = job.spec.output.store.pvc.as_ref().unwrap();
         assert_eq!(output.path, "api/batches/batch_0123456789abcdef01234567/");
         assert_eq!((job.spec.workers, job.spec.deadline.as_deref(), job.spec.suspend), (3, Some("24h"), false));
+        assert!(job.spec.api_key_secret.is_none());
 
         let s3 = JobDefaults {
             store: JobStore::S3 {
@@ -128,8 +137,11 @@ mod tests {
                 allow_http: true,
             },
             workers: 2,
+            api_key_secret: Some(("batch-pool-key".into(), "key".into())),
         };
         let job = super::job(&spec, &s3);
+        let secret = job.spec.api_key_secret.as_ref().unwrap();
+        assert_eq!((secret.name.as_str(), secret.key.as_str()), ("batch-pool-key", "key"));
         let output = job.spec.output.store.s3.as_ref().unwrap();
         assert_eq!(
             (output.key.as_str(), output.credentials_secret.as_str(), output.allow_http),

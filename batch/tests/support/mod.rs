@@ -81,7 +81,11 @@ impl TestServer {
         std::fs::write(keys_dir.path().join("b"), format!("{KEY_B}\n")).unwrap();
         let keys = Keys::watch(keys_dir.path().to_owned(), teifleet_batch::auth::RELOAD_EVERY).unwrap();
         let cluster = Arc::new(FakeCluster::new(pools));
-        let jobs = JobDefaults { store: JobStore::Pvc { claim: "batch".into(), path: "api".into() }, workers: 2 };
+        let jobs = JobDefaults {
+            store: JobStore::Pvc { claim: "batch".into(), path: "api".into() },
+            workers: 2,
+            api_key_secret: None,
+        };
         let state = AppState::new(FileStore::new(store), keys, cluster.clone(), limits, jobs);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();

@@ -93,7 +93,11 @@ async fn batches_are_embedding_jobs_of_their_tenant() {
     std::fs::write(keys_dir.join("team-b"), format!("{KEY_B}\n")).unwrap();
     let store =
         Store::open(StoreRole::Input, &format!("file://{}/", store_dir.display()), &S3Settings::default()).unwrap();
-    let jobs = JobDefaults { store: JobStore::Pvc { claim: "batch".into(), path: "api".into() }, workers: 2 };
+    let jobs = JobDefaults {
+        store: JobStore::Pvc { claim: "batch".into(), path: "api".into() },
+        workers: 2,
+        api_key_secret: None,
+    };
     let state = AppState::new(
         FileStore::new(store),
         Keys::watch(keys_dir, RELOAD_EVERY).unwrap(),
