@@ -75,7 +75,12 @@ pub async fn create(
     }
     let found = {
         let _place = state.scans.acquire().await.expect("the semaphore is never closed");
-        scan(state.store.read(&state.store.content_path(&file_id)).await?).await?
+        // Deleted since its record was read: as if it never was.
+        let bytes = match state.store.read(&state.store.content_path(&file_id)).await {
+            Err(Error::Store { source: object_store::Error::NotFound { .. }, .. }) => return Err(cannot_find()),
+            read => read?,
+        };
+        scan(bytes).await?
     };
     if found.lines == 0 {
         return Err(Error::bad_request(
