@@ -8,7 +8,7 @@ use clap::ArgAction;
 use teifleet_job::size::parse_bytes;
 use teifleet_job::store::{Location, S3Credentials, S3Settings, Store, StoreRole};
 
-use crate::server::{JobDefaults, JobStore, Limits};
+use crate::state::{JobDefaults, JobStore, Limits};
 use crate::store::FileStore;
 use crate::{Error, Result};
 

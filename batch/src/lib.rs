@@ -8,12 +8,14 @@
 pub mod auth;
 pub mod batches;
 pub mod cli;
+pub mod clock;
 pub mod cluster;
 pub mod error;
 pub mod files;
 pub mod ids;
 pub mod paging;
 pub mod server;
+pub mod state;
 pub mod store;
 
 pub use error::Error;

@@ -12,6 +12,9 @@ use teifleet_job::store::Store;
 use crate::ids::BatchId;
 use crate::{Error, Result};
 
+/// The only purpose this deployment stores.
+pub const BATCH_PURPOSE: &str = "batch";
+
 /// An upload's record, written beside its content once the content is whole.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileMeta {

@@ -15,9 +15,9 @@ use super::job::{BatchJob, job};
 use super::mapping::{Batch, to_batch};
 use super::scan::scan;
 use super::{COMPLETION_WINDOW, ENDPOINT};
-use crate::files::BATCH_PURPOSE;
 use crate::ids::{BatchId, FileId};
-use crate::server::AppState;
+use crate::state::AppState;
+use crate::store::BATCH_PURPOSE;
 use crate::{Error, Result};
 
 /// OpenAI's metadata bounds.

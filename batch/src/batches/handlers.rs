@@ -10,11 +10,11 @@ use serde::Deserialize;
 use teifleet_crds::EmbeddingJob;
 
 use super::mapping::{Batch, to_batch};
+use crate::clock::now;
 use crate::cluster::{CANCELLING_AT_ANNOTATION, TENANT_LABEL};
-use crate::files::now;
 use crate::ids::BatchId;
 use crate::paging::{Page, limit, page};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::{Error, Result};
 
 /// The job of `batch` if `tenant` owns it.

@@ -13,7 +13,7 @@ use crate::cluster::{
     REQUESTS_ANNOTATION, TENANT_LABEL,
 };
 use crate::ids::BatchId;
-use crate::server::{JobDefaults, JobStore};
+use crate::state::{JobDefaults, JobStore};
 use crate::store::FileStore;
 
 /// What one batch's job is made of.

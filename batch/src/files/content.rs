@@ -9,7 +9,7 @@ use futures::stream::{self, StreamExt as _, TryStreamExt as _};
 
 use super::{Found, find};
 use crate::Result;
-use crate::server::AppState;
+use crate::state::AppState;
 
 pub async fn content(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Response> {
     let tenant = state.keys.tenant(&headers)?;

@@ -7,7 +7,7 @@ use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
 use super::{Found, find};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::{Error, Result};
 
 pub async fn delete(State(state): State<AppState>, headers: HeaderMap, Path(id): Path<String>) -> Result<Json<Value>> {

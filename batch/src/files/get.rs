@@ -6,7 +6,7 @@ use axum::http::HeaderMap;
 
 use super::{FileObject, Found, find};
 use crate::Result;
-use crate::server::AppState;
+use crate::state::AppState;
 
 pub async fn get(
     State(state): State<AppState>,

@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::FileObject;
 use crate::paging::{Page, limit, page};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::{Error, Result};
 
 #[derive(Debug, Deserialize)]

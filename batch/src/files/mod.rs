@@ -11,12 +11,11 @@ pub mod upload;
 use serde::Serialize;
 
 use crate::ids::{BatchId, FileId};
-use crate::server::AppState;
+use crate::state::AppState;
 use crate::store::FileMeta;
 use crate::{Error, Result, batches};
 
-/// The only purpose this deployment stores.
-pub const BATCH_PURPOSE: &str = "batch";
+pub use crate::store::BATCH_PURPOSE;
 /// A batch's result files' purpose, as OpenAI names it.
 pub const BATCH_OUTPUT_PURPOSE: &str = "batch_output";
 
@@ -99,9 +98,4 @@ async fn result_file(state: &AppState, tenant: &str, batch: &BatchId, errors: bo
         status: "processed",
     };
     Ok(Some(Found::Result { object, parts: parts.into_iter().map(|(path, _)| path).collect() }))
-}
-
-/// Seconds since the epoch.
-pub fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() as i64)
 }

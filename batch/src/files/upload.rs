@@ -7,9 +7,10 @@ use axum::extract::State;
 use axum::extract::multipart::{Field, Multipart, MultipartError, MultipartRejection};
 use axum::http::{HeaderMap, StatusCode};
 
-use super::{BATCH_PURPOSE, FileObject, now};
+use super::{BATCH_PURPOSE, FileObject};
+use crate::clock::now;
 use crate::ids::FileId;
-use crate::server::{AppState, Limits};
+use crate::state::{AppState, Limits};
 use crate::store::FileMeta;
 use crate::{Error, Result};
 
