@@ -13,7 +13,7 @@ KUBECONFIG_FILE := $(TEIFLEET_CLUSTER_DIR)/kubeconfig
 # The CRDs crdgen prints, each written to crds/teifleet.dev_<plural>.yaml and copied into the chart.
 CRDS := embeddingpools embeddingjobs
 # Every crate's modules, which `make lint` checks for import circles (tools/rooms.py --no-circles).
-CRATE_SRCS := bench/src bench/load/src crds/src jobs/src multiplexer/src operator/src proto/src runtime/src \
+CRATE_SRCS := batch/src bench/src bench/load/src crds/src jobs/src multiplexer/src operator/src proto/src runtime/src \
 	tools/device-plugin/src tools/tei-sim/src tools/testkit/src wire/src tests/e2e/src
 CHART := charts/teifleet
 CHART_GOLDEN := tests/chart/golden.yaml
@@ -57,7 +57,7 @@ deny: ## cargo deny: licenses, bans and sources (deny.toml says why advisories a
 	$(CARGO_DENY) --locked check --hide-inclusion-graph licenses bans sources
 
 .PHONY: unit
-unit: ## Unit and golden tests (no cluster); the embedding-job runner's S3 tests against SeaweedFS (tools/seaweedfs.sh); the cache tests against redis-server
+unit: ## Unit and golden tests (no cluster); the embedding-job runner's and the batch API's S3 tests against SeaweedFS (tools/seaweedfs.sh); the cache tests against redis-server
 	TEIFLEET_WEED_BIN=$$(tools/seaweedfs.sh) TEIFLEET_REQUIRE_S3=1 TEIFLEET_REQUIRE_REDIS=1 cargo test --workspace --locked --exclude teifleet-e2e
 
 .PHONY: fuzz

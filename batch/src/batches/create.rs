@@ -107,6 +107,7 @@ pub async fn create(
         input_file_id: &file_id,
         pool: &pool,
         requests: found.lines,
+        file_bytes: meta.bytes,
         metadata: &metadata,
     };
     let created = state.cluster.create_job(&job(&spec, &state.jobs)).await?;

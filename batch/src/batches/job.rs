@@ -25,7 +25,26 @@ pub struct BatchJob<'a> {
     /// The EmbeddingPool serving the file's model.
     pub pool: &'a str,
     pub requests: u64,
+    /// The input file's size, which its shards are cut from.
+    pub file_bytes: u64,
     pub metadata: &'a BTreeMap<String, String>,
+}
+
+/// Fewest and most bytes in a shard of a batch's file.
+pub const MIN_SHARD_BYTES: u64 = 64 << 10;
+pub const MAX_SHARD_BYTES: u64 = 8 << 20;
+/// Shards per worker a file is cut into, at least.
+pub const SHARDS_PER_WORKER: u64 = 8;
+
+/// `spec.shardBytes` for a file of `file_bytes` read by `workers`: about
+/// [`SHARDS_PER_WORKER`] shards each, within [64 KiB, 8 MiB]. A batch's progress, its output after a
+/// cancel and the work a restarted worker redoes all move a shard at a time, and the workers end
+/// together only when each has several: the EmbeddingJob default (8 MiB) would make a 50,000-line
+/// file (about 10 MB) two shards, one worker idle and nothing to show until the end.
+pub fn shard_bytes(file_bytes: u64, workers: i32) -> u64 {
+    let workers = u64::try_from(workers).unwrap_or(1).max(1);
+    let wanted = file_bytes.div_ceil(workers * SHARDS_PER_WORKER);
+    wanted.next_multiple_of(1 << 10).clamp(MIN_SHARD_BYTES, MAX_SHARD_BYTES)
 }
 
 /// The job for `batch`, in the server's namespace (the API server fills it in).
@@ -52,6 +71,7 @@ pub fn job(batch: &BatchJob<'_>, defaults: &JobDefaults) -> EmbeddingJob {
             "input": { "store": store(&defaults.store, ""), "path": input_path, "format": "openaiBatch" },
             "output": { "store": store(&defaults.store, &output) },
             "workers": defaults.workers,
+            "shardBytes": shard_bytes(batch.file_bytes, defaults.workers).to_string(),
             "deadline": COMPLETION_WINDOW,
         },
     });
@@ -99,6 +119,7 @@ mod tests {
             input_file_id: "file-00000000000000000000000a",
             pool: "bge",
             requests: 3,
+            file_bytes: 10_000_000,
             metadata: &metadata,
         };
         let pvc = JobDefaults {
@@ -126,6 +147,8 @@ mod tests {
         assert_eq!(output.path, "api/batches/batch_0123456789abcdef01234567/");
         assert_eq!((job.spec.workers, job.spec.deadline.as_deref(), job.spec.suspend), (3, Some("24h"), false));
         assert!(job.spec.api_key_secret.is_none());
+        // 10 MB over 3 workers, 8 shards each: 417 KB, rounded up to whole KiB.
+        assert_eq!(job.spec.shard_bytes.as_ref().map(|q| q.0.as_str()), Some("416768"));
 
         let s3 = JobDefaults {
             store: JobStore::S3 {
@@ -148,5 +171,14 @@ mod tests {
             ("batches/batch_0123456789abcdef01234567/", "batch-s3", true)
         );
         assert_eq!(job.spec.input.store.s3.as_ref().unwrap().key, "");
+    }
+
+    #[test]
+    fn a_file_is_cut_into_several_shards_a_worker_within_the_bounds() {
+        assert_eq!(shard_bytes(0, 2), MIN_SHARD_BYTES);
+        assert_eq!(shard_bytes(1_000_000, 2), MIN_SHARD_BYTES);
+        assert_eq!(shard_bytes(10_000_000, 2), 611 << 10);
+        assert_eq!(shard_bytes(200_000_000, 2), MAX_SHARD_BYTES);
+        assert_eq!(shard_bytes(10_000_000, 0), shard_bytes(10_000_000, 1));
     }
 }

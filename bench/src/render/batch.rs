@@ -23,7 +23,8 @@ impl Render for Batch {
              OpenAI's batch format ({:.1} MB; `custom_id`, `POST /v1/embeddings`, a {}-word text each), run as \
              `teifleet-batch` runs one: {} `teifleet-job run` workers, `--input-format openai-batch`, worker w \
              sending each line's `body` to replica w's `/v1/embeddings` on the `ingest` lane, `--calls-in-flight` \
-             at its default ({} lines), `--shard-bytes {}`; the output and error files read back. Capacity: \
+             at its default ({} lines), `--shard-bytes` as `teifleet-batch` sets it ({} bytes: about {} shards a \
+             worker); the output and error files read back. Capacity: \
              closed-loop unary `Embed`s, {} callers spread over the replicas.\n",
             self.replicas,
             backend(&self.backend),
@@ -34,7 +35,8 @@ impl Render for Batch {
             job::TOKENS,
             self.workers,
             teifleet_job::cli::BATCH_LINES_IN_FLIGHT,
-            batch::SHARD_BYTES,
+            teifleet_batch::batches::job::shard_bytes(self.file_bytes, self.workers as i32),
+            teifleet_batch::batches::job::SHARDS_PER_WORKER,
             self.capacity_callers,
         );
         let capacity = self.capacity_rps();

@@ -40,8 +40,6 @@ pub const QUICK_REQUESTS: u64 = 10_000;
 pub const RATE_LIMIT: f64 = 0.9;
 /// `model` in every line, and the workers' `--model`.
 pub const MODEL: &str = "BAAI/bge-small-en-v1.5";
-/// Shards of 512 KiB: about 3,000 lines, so each worker has several.
-pub const SHARD_BYTES: u64 = 512 << 10;
 const CAPACITY_CALLERS_PER_REPLICA: usize = 128;
 const CAPACITY_CONNECTIONS_PER_REPLICA: usize = 2;
 
@@ -252,9 +250,15 @@ fn worker_args(file: &Path, out: &Path, grpc: &[String], http: &[String], w: u32
         format!("--output=file://{}/", out.display()),
         format!("--worker={w}"),
         format!("--workers={WORKERS}"),
-        format!("--shard-bytes={SHARD_BYTES}"),
+        format!("--shard-bytes={}", shard_bytes(file)),
         "--lane=ingest".into(),
     ]
+}
+
+/// `--shard-bytes` as `teifleet-batch` sets it for the file's EmbeddingJob.
+pub fn shard_bytes(file: &Path) -> u64 {
+    let bytes = std::fs::metadata(file).map_or(0, |m| m.len());
+    teifleet_batch::batches::job::shard_bytes(bytes, WORKERS as i32)
 }
 
 fn create_dir(dir: &Path) -> Result<()> {
