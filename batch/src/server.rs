@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::http::Method;
+use axum::routing::{MethodRouter, get, post};
 use teifleet_runtime::http_server::{self, ServerBounds};
 use tokio::net::TcpListener;
 
@@ -16,22 +17,37 @@ use crate::{batches, files};
 /// hears OpenAI's message, not the body limit's.
 const MULTIPART_OVERHEAD: u64 = 1 << 20;
 
+/// One row of the API: a path, the methods it answers and their handlers. A new route is a row
+/// here, and `batch/tests/hostile_routes.rs` fails until it has its attacks.
+pub struct Route {
+    pub path: &'static str,
+    pub methods: &'static [Method],
+    handlers: MethodRouter<AppState>,
+}
+
+/// Every route the server answers, `/healthz` included.
+pub fn routes(limits: &Limits) -> Vec<Route> {
+    let upload_limit = usize::try_from(limits.max_file_bytes.saturating_add(MULTIPART_OVERHEAD)).unwrap_or(usize::MAX);
+    let route = |path, methods, handlers| Route { path, methods, handlers };
+    vec![
+        route(
+            "/v1/files",
+            &[Method::POST, Method::GET],
+            post(files::upload::upload).layer(DefaultBodyLimit::max(upload_limit)).get(files::list::list),
+        ),
+        route("/v1/files/{id}", &[Method::GET, Method::DELETE], get(files::get::get).delete(files::delete::delete)),
+        route("/v1/files/{id}/content", &[Method::GET], get(files::content::content)),
+        route("/v1/batches", &[Method::POST, Method::GET], post(batches::create::create).get(batches::handlers::list)),
+        route("/v1/batches/{id}", &[Method::GET], get(batches::handlers::get)),
+        route("/v1/batches/{id}/cancel", &[Method::POST], post(batches::handlers::cancel)),
+        route("/healthz", &[Method::GET], get(|| async { "ok" })),
+    ]
+}
+
 /// The API's routes.
 pub fn router(state: AppState) -> Router {
-    let upload_limit =
-        usize::try_from(state.limits.max_file_bytes.saturating_add(MULTIPART_OVERHEAD)).unwrap_or(usize::MAX);
-    Router::new()
-        .route(
-            "/v1/files",
-            post(files::upload::upload).layer(DefaultBodyLimit::max(upload_limit)).get(files::list::list),
-        )
-        .route("/v1/files/{id}", get(files::get::get).delete(files::delete::delete))
-        .route("/v1/files/{id}/content", get(files::content::content))
-        .route("/v1/batches", post(batches::create::create).get(batches::handlers::list))
-        .route("/v1/batches/{id}", get(batches::handlers::get))
-        .route("/v1/batches/{id}/cancel", post(batches::handlers::cancel))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(state)
+    let routes = routes(&state.limits);
+    routes.into_iter().fold(Router::new(), |router, r| router.route(r.path, r.handlers)).with_state(state)
 }
 
 /// What one client may make the server hold (teifleet's shared HTTP server enforces them): the
