@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::ArgAction;
+use teifleet_crds::job::WorkerPodOverrides;
 use teifleet_job::size::parse_bytes;
 use teifleet_job::store::{Location, S3Credentials, S3Settings, Store, StoreRole};
 
@@ -66,9 +67,29 @@ pub struct Args {
     pub job_api_key_secret: Option<String>,
     #[arg(long, default_value = "key")]
     pub job_api_key_secret_key: String,
+    /// The batches' worker pods: an EmbeddingJob's `spec.template` as JSON (nodeSelector,
+    /// tolerations, affinity, resources, priorityClassName, labels, annotations), validated at
+    /// start. Without it the workers go wherever the scheduler puts them.
+    #[arg(long, value_parser = parse_job_template)]
+    pub job_template: Option<WorkerPodOverrides>,
     /// Longest an upload may send nothing before it is dropped (408), such as 60s.
     #[arg(long, default_value = "60s", value_parser = teifleet_runtime::duration::parse_flag)]
     pub upload_idle_timeout: Duration,
+}
+
+/// `--job-template`: JSON of the EmbeddingJob's worker template. A field it does not know is
+/// refused, so a misspelt one is an error at start, not a worker in the wrong place.
+fn parse_job_template(json: &str) -> std::result::Result<WorkerPodOverrides, String> {
+    let given: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(json).map_err(|e| format!("not a JSON object: {e}"))?;
+    let template: WorkerPodOverrides = serde_json::from_value(serde_json::Value::Object(given.clone()))
+        .map_err(|e| format!("not an EmbeddingJob spec.template: {e}"))?;
+    let known = serde_json::to_value(&template).map_err(|e| e.to_string())?;
+    let unknown: Vec<&str> = given.keys().filter(|k| known.get(k.as_str()).is_none()).map(String::as_str).collect();
+    match unknown.is_empty() {
+        true => Ok(template),
+        false => Err(format!("fields an EmbeddingJob spec.template does not have: {}", unknown.join(", "))),
+    }
 }
 
 impl Args {
@@ -124,7 +145,8 @@ impl Args {
         let url = if self.store.ends_with('/') { self.store.clone() } else { format!("{}/", self.store) };
         let store = Store::open(StoreRole::Input, &url, &s3)?;
         let api_key_secret = self.job_api_key_secret.clone().map(|name| (name, self.job_api_key_secret_key.clone()));
-        Ok((FileStore::new(store), JobDefaults { store: job_store, workers: self.workers, api_key_secret }))
+        let template = self.job_template.clone();
+        Ok((FileStore::new(store), JobDefaults { store: job_store, workers: self.workers, api_key_secret, template }))
     }
 }
 
@@ -184,5 +206,12 @@ mod tests {
         assert!(parse(&["--store=s3://b/"]).store(|_| None).is_err(), "the jobs need the Secret");
         assert!(parse(&["--store=file:///data/"]).store(|_| None).is_err(), "the jobs need the claim");
         assert!(Command::try_parse_from(["x", "--namespace=ml", "--store=s3://b/", "--workers=0"]).is_err());
+        let template = |json: &str| Command::try_parse_from(["x", "--namespace=ml", "--store=s3://b/", json]);
+        let parsed = template(r#"--job-template={"nodeSelector":{"a":"b"},"tolerations":[{"key":"k","operator":"Exists"}]}"#);
+        let parsed = parsed.unwrap().args.job_template.unwrap();
+        assert_eq!((parsed.node_selector["a"].as_str(), parsed.tolerations.len()), ("b", 1));
+        let error = template(r#"--job-template={"nodeSelecter":{"a":"b"}}"#).err().unwrap().to_string();
+        assert!(error.contains("does not have: nodeSelecter"), "{error}");
+        assert!(template("--job-template=[1]").is_err());
     }
 }

@@ -1,6 +1,7 @@
 //! The state every handler reaches: the store, the keys, the cluster, the limits and what each
 //! batch's job gets.
 
+use teifleet_crds::job::WorkerPodOverrides;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -42,13 +43,15 @@ pub enum JobStore {
 }
 
 /// What every batch's EmbeddingJob gets.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct JobDefaults {
     pub store: JobStore,
     pub workers: i32,
     /// The Secret (name, data key) holding an API key for pools with `spec.auth`: the jobs'
     /// workers call the pool with it. None: pools without keys.
     pub api_key_secret: Option<(String, String)>,
+    /// The jobs' `spec.template` (`--job-template`): where their worker pods run.
+    pub template: Option<WorkerPodOverrides>,
 }
 
 /// Everything a request handler reaches.

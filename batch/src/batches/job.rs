@@ -76,6 +76,9 @@ pub fn job(batch: &BatchJob<'_>, defaults: &JobDefaults) -> EmbeddingJob {
         },
     });
     let mut value = value;
+    if let Some(template) = &defaults.template {
+        value["spec"]["template"] = serde_json::to_value(template).expect("a template serializes");
+    }
     if let Some((name, key)) = &defaults.api_key_secret {
         value["spec"]["apiKeySecret"] = json!({ "name": name, "key": key });
     }
@@ -126,6 +129,7 @@ mod tests {
             store: JobStore::Pvc { claim: "batch".into(), path: "api/".into() },
             workers: 3,
             api_key_secret: None,
+            template: None,
         };
         let job = job(&spec, &pvc);
         assert_eq!(job.metadata.name.as_deref(), Some("batch-0123456789abcdef01234567"));
@@ -161,8 +165,10 @@ mod tests {
             },
             workers: 2,
             api_key_secret: Some(("batch-pool-key".into(), "key".into())),
+            template: Some(serde_json::from_value(json!({ "nodeSelector": { "pool": "cpu" } })).unwrap()),
         };
         let job = super::job(&spec, &s3);
+        assert_eq!(job.spec.template.node_selector["pool"], "cpu", "the workers go where --job-template says");
         let secret = job.spec.api_key_secret.as_ref().unwrap();
         assert_eq!((secret.name.as_str(), secret.key.as_str()), ("batch-pool-key", "key"));
         let output = job.spec.output.store.s3.as_ref().unwrap();

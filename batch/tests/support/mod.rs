@@ -85,6 +85,7 @@ impl TestServer {
             store: JobStore::Pvc { claim: "batch".into(), path: "api".into() },
             workers: 2,
             api_key_secret: None,
+            template: None,
         };
         let state = AppState::new(FileStore::new(store), keys, cluster.clone(), limits, jobs);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -97,6 +97,7 @@ async fn batches_are_embedding_jobs_of_their_tenant() {
         store: JobStore::Pvc { claim: "batch".into(), path: "api".into() },
         workers: 2,
         api_key_secret: None,
+        template: None,
     };
     let state = AppState::new(
         FileStore::new(store),

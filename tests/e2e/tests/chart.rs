@@ -316,3 +316,18 @@ fn the_batch_api_runs_where_the_operator_runs_unless_told_otherwise() {
     let own = [&operators[..], &["batch.nodeSelector.pool=api", "batch.tolerations[0].key=api"]].concat();
     assert_eq!(placed(&own), (json!({ "pool": "api" }), json!([{ "key": "api" }])));
 }
+
+#[test]
+fn the_batch_workers_go_where_batch_job_template_says() {
+    let args = |set: &[&str]| {
+        let objects = template(&[&PVC_STORE[..], set].concat()).unwrap();
+        let container =
+            one(&batch_objects(&objects), "Deployment")["spec"]["template"]["spec"]["containers"][0].clone();
+        container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    assert!(!args(&[]).iter().any(|a| a.starts_with("--job-template")), "no template: none passed");
+    let placed = args(&["batch.jobTemplate.nodeSelector.pool=cpu", "batch.jobTemplate.tolerations[0].key=spot"]);
+    let flag = placed.iter().find_map(|a| a.strip_prefix("--job-template=")).expect("--job-template passed");
+    let template: serde_json::Value = serde_json::from_str(flag).unwrap();
+    assert_eq!(template, json!({ "nodeSelector": { "pool": "cpu" }, "tolerations": [{ "key": "spot" }] }));
+}

@@ -79,7 +79,11 @@ async fn the_openai_sdk_runs_batches_through_a_pool_across_a_restart_and_a_cance
     .unwrap();
     Api::<Secret>::namespaced(client.clone(), &namespace).create(&PostParams::default(), &keys).await.unwrap();
 
+    // The batches' workers run on the real node, as the pool's pods do.
+    let job_template = format!("batch.jobTemplate={}", pool_template());
     let batch_values = [
+        "--set-json",
+        &job_template,
         "--set",
         "batch.enabled=true",
         "--set",
@@ -111,13 +115,13 @@ async fn the_openai_sdk_runs_batches_through_a_pool_across_a_restart_and_a_cance
 
     let base_url = format!("http://{}:{BATCH_PORT}/v1", cluster_ip(&client, &namespace, &batch_service()).await);
     let pool_url = format!("http://{}:{}/v1", cluster_ip(&client, &namespace, POOL).await, ports::MULTIPLEXER_HTTP);
-    let sdk = Sdk::new(&base_url, &pool_url);
+    let sdk = Sdk::new(&base_url, &pool_url, &client, &namespace);
 
     // The first batch, with the batch API's pod deleted while it runs.
     let lines = LINES.to_string();
-    let created = sdk.run("create", KEY_A, &["--lines", &lines, "--model", MODEL, "--bad"]);
+    let created = sdk.run("create", KEY_A, &["--lines", &lines, "--model", MODEL, "--bad"]).await;
     let (batch_id, file_id) = (created["batch_id"].as_str().unwrap(), created["file_id"].as_str().unwrap());
-    sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "running", "--timeout", "300"]);
+    sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "running", "--timeout", "300"]).await;
     let server = pods.list(&ListParams::default().labels(&batch_selector)).await.unwrap().items.remove(0);
     let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
     pods.delete(server.metadata.name.as_deref().unwrap(), &now).await.unwrap();
@@ -127,9 +131,10 @@ async fn the_openai_sdk_runs_batches_through_a_pool_across_a_restart_and_a_cance
         list.iter().any(|p| p.metadata.name != server.metadata.name && is_ready(p)).then_some(())
     })
     .await;
-    let waited = sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "completed", "--timeout", "600"]);
+    let waited = sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "completed", "--timeout", "600"]).await;
     println!("first batch: {waited}");
-    let checked = sdk.run("check", KEY_A, &["--batch-id", batch_id, "--lines", &lines, "--model", MODEL, "--bad"]);
+    let checked =
+        sdk.run("check", KEY_A, &["--batch-id", batch_id, "--lines", &lines, "--model", MODEL, "--bad"]).await;
     println!("first batch's files: {checked}");
 
     // The batch is an EmbeddingJob its owner's tenant is written on.
@@ -142,21 +147,22 @@ async fn the_openai_sdk_runs_batches_through_a_pool_across_a_restart_and_a_cance
     assert!(ok && table.contains(POOL), "kubectl get ejob: {table}");
 
     // Tenant b sees nothing of tenant a's.
-    sdk.run("isolation", KEY_B, &["--file-id", file_id, "--batch-id", batch_id]);
+    sdk.run("isolation", KEY_B, &["--file-id", file_id, "--batch-id", batch_id]).await;
 
     // A second batch, cancelled once some of it is done.
-    let created = sdk.run("create", KEY_A, &["--lines", &lines, "--model", MODEL]);
+    let created = sdk.run("create", KEY_A, &["--lines", &lines, "--model", MODEL]).await;
     let batch_id = created["batch_id"].as_str().unwrap();
-    sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "running", "--timeout", "300"]);
-    let cancelled = sdk.run("cancel", KEY_A, &["--batch-id", batch_id]);
-    let waited = sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "cancelled", "--timeout", "300"]);
+    sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "running", "--timeout", "300"]).await;
+    let cancelled = sdk.run("cancel", KEY_A, &["--batch-id", batch_id]).await;
+    let waited = sdk.run("wait", KEY_A, &["--batch-id", batch_id, "--until", "cancelled", "--timeout", "300"]).await;
     println!("cancelled batch: {cancelled} then {waited}");
     let seen: Vec<&str> = waited["seen"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
     assert!(
         cancelled["status"] == "cancelling" || seen.contains(&"cancelling"),
         "cancelling before cancelled: {cancelled} {seen:?}"
     );
-    let checked = sdk.run("check", KEY_A, &["--batch-id", batch_id, "--lines", &lines, "--model", MODEL, "--partial"]);
+    let checked =
+        sdk.run("check", KEY_A, &["--batch-id", batch_id, "--lines", &lines, "--model", MODEL, "--partial"]).await;
     println!("cancelled batch's files: {checked}");
     let done = checked["outputs"].as_u64().unwrap() + checked["errors"].as_u64().unwrap();
     assert!(done < LINES as u64, "the cancel stopped the batch before its end: {checked}");
@@ -182,19 +188,39 @@ struct Sdk {
     python: PathBuf,
     base_url: String,
     pool_url: String,
+    client: Client,
+    namespace: String,
 }
 
 impl Sdk {
-    fn new(base_url: &str, pool_url: &str) -> Self {
+    fn new(base_url: &str, pool_url: &str, client: &Client, namespace: &str) -> Self {
         let venv =
             Command::new(repo_root().join("tests/clients/venv.sh")).output().expect("tests/clients/venv.sh runs");
         assert!(venv.status.success(), "the client venv: {}", String::from_utf8_lossy(&venv.stderr));
         let python = PathBuf::from(String::from_utf8(venv.stdout).unwrap().trim());
-        Self { python, base_url: base_url.to_owned(), pool_url: pool_url.to_owned() }
+        let (client, namespace) = (client.clone(), namespace.to_owned());
+        Self { python, base_url: base_url.to_owned(), pool_url: pool_url.to_owned(), client, namespace }
     }
 
-    /// One step of batch_sdk.py as the holder of `key`; its JSON line.
-    fn run(&self, step: &str, key: &str, args: &[&str]) -> Value {
+    /// [`Sdk::try_run`], or a panic with the step's words, the namespace's pods (their logs and
+    /// warnings) and its EmbeddingJobs' status.
+    async fn run(&self, step: &str, key: &str, args: &[&str]) -> Value {
+        match self.try_run(step, key, args) {
+            Ok(value) => value,
+            Err(said) => {
+                let pods = Api::<Pod>::namespaced(self.client.clone(), &self.namespace);
+                let jobs = Api::<EmbeddingJob>::namespaced(self.client.clone(), &self.namespace);
+                let statuses: Vec<String> = jobs.list(&ListParams::default()).await.map_or_else(
+                    |e| vec![format!("cannot list EmbeddingJobs: {e}")],
+                    |list| list.items.iter().map(|j| format!("{:?}: {:?}", j.metadata.name, j.status)).collect(),
+                );
+                panic!("{said}\nEmbeddingJobs: {statuses:#?}\n{}", teifleet_e2e::diagnose::report(&pods).await)
+            }
+        }
+    }
+
+    /// One step of batch_sdk.py as the holder of `key`; its JSON line, or what it said.
+    fn try_run(&self, step: &str, key: &str, args: &[&str]) -> Result<Value, String> {
         let output = Command::new(&self.python)
             .arg(repo_root().join("tests/clients/batch_sdk.py"))
             .args([step, "--base-url", &self.base_url, "--api-key", key, "--pool-url", &self.pool_url])
@@ -202,8 +228,10 @@ impl Sdk {
             .output()
             .expect("python runs");
         let (stdout, stderr) = (String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
-        assert!(output.status.success(), "batch_sdk.py {step} {args:?} failed:\n{stdout}\n{stderr}");
+        if !output.status.success() {
+            return Err(format!("batch_sdk.py {step} {args:?} failed:\n{stdout}\n{stderr}"));
+        }
         let last = stdout.lines().last().unwrap_or_default();
-        serde_json::from_str(last).unwrap_or_else(|e| panic!("batch_sdk.py {step}: {e}: {stdout}"))
+        serde_json::from_str(last).map_err(|e| format!("batch_sdk.py {step}: {e}: {stdout}"))
     }
 }
