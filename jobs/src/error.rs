@@ -52,6 +52,11 @@ pub enum Error {
     #[error("pool {pool}: {status_code:?}: {message}")]
     Pool { pool: String, status_code: tonic::Code, message: String },
 
+    /// The worker was asked to stop (SIGTERM: its pod is being deleted, as for a suspended job or
+    /// a cancelled batch) before its shards were done; the shard it was on is redone by the next run.
+    #[error("stopped before shard {shard} was done (the next run redoes it)")]
+    Stopped { shard: u32 },
+
     /// The pool's HTTP port kept failing to answer past the retry budget (openai-batch input).
     #[error("pool {url}: {message}")]
     PoolHttp { url: String, message: String },

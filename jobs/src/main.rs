@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use teifleet_job::cli::RunArgs;
 use teifleet_job::progress_config_map::{ConfigMapSink, Sinks};
 use teifleet_runtime::logging::{self, LogFormat};
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
 #[command(version, about = "Embeds a corpus through a teifleet pool into Parquet vectors, in resumable shards.")]
@@ -65,6 +66,17 @@ fn run(args: RunArgs, log_format: LogFormat) -> anyhow::Result<teifleet_job::wor
     let runtime =
         tokio::runtime::Builder::new_multi_thread().enable_all().build().context("starting the async runtime")?;
     runtime.block_on(async {
+        // A pod being deleted (a suspended job, a cancelled batch, a drained node) gets SIGTERM;
+        // as PID 1 the worker would otherwise ignore it and run on until the SIGKILL, writing
+        // shards after the job was stopped.
+        let signal = teifleet_runtime::shutdown::signal()?;
+        let stop = CancellationToken::new();
+        let stopping = stop.clone();
+        tokio::spawn(async move {
+            let which = signal.await;
+            tracing::info!(signal = %which, "stopping: no new shard, the one out dropped");
+            stopping.cancel();
+        });
         let config_map = match (args.progress_config_map.clone(), args.pod_namespace.clone()) {
             (Some(name), Some(namespace)) => Some(ConfigMapSink::in_cluster(&namespace, &name).await?),
             (Some(name), None) => {
@@ -73,7 +85,7 @@ fn run(args: RunArgs, log_format: LogFormat) -> anyhow::Result<teifleet_job::wor
             (None, _) => None,
         };
         let (worker, file) = args.into_worker(|name| std::env::var(name).ok())?;
-        Ok(worker.run(&Sinks { file, config_map }).await?)
+        Ok(worker.run_until(&Sinks { file, config_map }, &stop).await?)
     })
 }
 

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use arrow_array::Array as _;
 use futures::StreamExt as _;
+use tokio_util::sync::CancellationToken;
 
 use crate::embed::sizing::request_bytes;
 use crate::embed::{Answer, CallSize, PoolClient, TooLarge};
@@ -43,7 +44,8 @@ struct Chunk {
 
 impl ShardRunner<'_> {
     /// Embeds the shard and writes its part, with vectors `dimensions` long.
-    pub async fn run(&self, shard: &Shard, dimensions: usize) -> Result<PartCounts> {
+    /// Stops with [`Error::Stopped`] when `stop` is cancelled while calls are out.
+    pub async fn run(&self, shard: &Shard, dimensions: usize, stop: &CancellationToken) -> Result<PartCounts> {
         let mut rows = read_shard(self.input, shard, self.fields).await?;
         let dtype = self.pool.settings().options.dtype;
         let size = CallSize::new(self.rows_per_call, self.max_message_bytes, dimensions, dtype);
@@ -58,7 +60,13 @@ impl ShardRunner<'_> {
         let mut answers = futures::stream::iter(chunks)
             .map(|chunk| async move { self.embed_chunk(&pieces[chunk.piece].texts, chunk, dimensions, dtype).await })
             .buffered(self.calls_in_flight.max(1));
-        while let Some(answered) = answers.next().await {
+        loop {
+            let answered = tokio::select! {
+                biased;
+                () = stop.cancelled() => return Err(Error::Stopped { shard: shard.number }),
+                answered = answers.next() => answered,
+            };
+            let Some(answered) = answered else { break };
             for (chunk, answer) in answered? {
                 if let Some(answer) = &answer {
                     self.check_dimensions(answer, dimensions)?;

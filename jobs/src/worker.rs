@@ -4,6 +4,8 @@
 use std::fmt;
 use std::time::Instant;
 
+use tokio_util::sync::CancellationToken;
+
 use crate::embed::PoolClient;
 use crate::embed::sizing::{DEFAULT_MAX_MESSAGE_BYTES, MIN_MAX_MESSAGE_BYTES};
 use crate::openai_batch::{self, BatchClient};
@@ -132,6 +134,13 @@ impl Worker {
     /// Does this worker's shards. Returns once all are done; the first shard that fails ends the
     /// run (the parts already written stay, so a rerun resumes after them).
     pub async fn run(&self, progress_sink: &impl ProgressSink) -> Result<Summary> {
+        self.run_until(progress_sink, &CancellationToken::new()).await
+    }
+
+    /// [`Worker::run`] until `stop` is cancelled (SIGTERM): then the shard in progress is dropped
+    /// while its calls are out, or finished and recorded if it is already being written (so a
+    /// part on the store is always in the progress too), and no further shard is begun.
+    pub async fn run_until(&self, progress_sink: &impl ProgressSink, stop: &CancellationToken) -> Result<Summary> {
         let started = Instant::now();
         let settings = &self.settings;
         if settings.format == InputFormat::OpenaiBatch && self.batch.is_none() {
@@ -165,20 +174,23 @@ impl Worker {
         let mut dimensions = self.pool.settings().options.dimensions.map(|d| d as usize);
         let (mut resumed, mut rows_this_run) = (0u32, 0u64);
         for shard in assigned {
+            if stop.is_cancelled() {
+                return Err(Error::Stopped { shard: shard.number });
+            }
             let shard_started = Instant::now();
             let (counts, was_done) = match self.finished(shard).await? {
                 Some(counts) => (counts, true),
                 None if settings.format == InputFormat::OpenaiBatch => {
                     let batch = self.batch.as_ref().expect("checked above");
                     let calls_in_flight = settings.calls_in_flight;
-                    (openai_batch::run_shard(&self.input, &self.output, shard, batch, calls_in_flight).await?, false)
+                    (openai_batch::run_shard(&self.input, &self.output, shard, batch, calls_in_flight, stop).await?, false)
                 }
                 None => {
                     let known = match dimensions {
                         Some(known) => known,
                         None => *dimensions.insert(self.pool.probe_dimensions().await?),
                     };
-                    (runner.run(shard, known).await?, false)
+                    (runner.run(shard, known, stop).await?, false)
                 }
             };
             let seconds = if was_done { 0.0 } else { shard_started.elapsed().as_secs_f64() };

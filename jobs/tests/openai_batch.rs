@@ -282,3 +282,44 @@ async fn hostile_lines_are_each_their_own_error() {
     assert_eq!(failed[2]["custom_id"], "large-answer");
     assert_eq!(failed[2]["error"]["code"], "response_too_large", "{}", failed[2]);
 }
+
+/// A sink that keeps the last progress and asks the worker to stop once a shard is recorded, as
+/// SIGTERM does when a batch is cancelled.
+struct StopAfterFirstShard {
+    stop: tokio_util::sync::CancellationToken,
+    last: std::sync::Mutex<Option<(u32, u64)>>,
+}
+
+impl teifleet_job::progress::ProgressSink for StopAfterFirstShard {
+    async fn report(&self, progress: &teifleet_job::progress::WorkerProgress) -> teifleet_job::Result<()> {
+        *self.last.lock().unwrap() = Some((progress.shards_done, progress.rows));
+        if progress.shards_done >= 1 {
+            self.stop.cancel();
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_worker_begins_no_shard_and_every_part_written_is_recorded() {
+    let pool = Pool::start(|_| {}).await;
+    let scratch = Scratch::new("openai-batch-stop");
+    std::fs::create_dir_all(scratch.path("in")).unwrap();
+    let (content, _) = corpus(120);
+    std::fs::write(scratch.path("in/batch.jsonl"), &content).unwrap();
+    let total = content.lines().filter(|line| !line.trim().is_empty()).count() as u64;
+    let worker = batch_worker(&pool, &scratch, 4 << 10, BatchSettings::new(pool.http_url(), MODEL));
+    let sink = StopAfterFirstShard { stop: tokio_util::sync::CancellationToken::new(), last: Default::default() };
+
+    let error = worker.run_until(&sink, &sink.stop).await.expect_err("stopped before its end");
+    assert!(matches!(error, teifleet_job::Error::Stopped { .. }), "{error}");
+    let (shards_done, rows) = sink.last.lock().unwrap().expect("progress reported");
+    let (outputs, _) = part_files(&scratch.path("out"));
+    assert_eq!(outputs.len() as u32, shards_done, "the parts on the store are the shards recorded, no more");
+    assert_eq!(lines_of(&outputs).len() as u64 + lines_of(&part_files(&scratch.path("out")).1).len() as u64, rows);
+    assert!(rows < total, "it stopped before the end");
+
+    // The next run finishes the rest.
+    let rest = run(&batch_worker(&pool, &scratch, 4 << 10, BatchSettings::new(pool.http_url(), MODEL))).await;
+    assert_eq!((rest.resumed, rest.rows), (shards_done, total), "{rest}");
+}

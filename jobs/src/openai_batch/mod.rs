@@ -10,6 +10,7 @@ pub mod line;
 pub mod output;
 
 use bytes::Bytes;
+use tokio_util::sync::CancellationToken;
 use futures::StreamExt as _;
 use object_store::ObjectStoreExt as _;
 
@@ -41,6 +42,7 @@ pub async fn run_shard(
     shard: &Shard,
     client: &BatchClient,
     calls_in_flight: usize,
+    stop: &CancellationToken,
 ) -> Result<PartCounts> {
     let ShardPart::ByteRange { start, end } = shard.part else {
         unreachable!("openai-batch input is planned in byte ranges");
@@ -69,7 +71,13 @@ pub async fn run_shard(
             answer_line(client, &line_id(output_url, number, index), line, place).await
         })
         .buffered(calls_in_flight.max(1));
-    while let Some(outcome) = outcomes.next().await {
+    loop {
+        let outcome = tokio::select! {
+            biased;
+            () = stop.cancelled() => return Err(crate::Error::Stopped { shard: number }),
+            outcome = outcomes.next() => outcome,
+        };
+        let Some(outcome) = outcome else { break };
         let outcome = outcome?;
         let file = if outcome.failed { &mut errors } else { &mut answers };
         file.write(&outcome.line).await?;
