@@ -557,6 +557,9 @@ pub mod job_conditions {
         pub const WORKERS_PENDING: &str = "WorkersPending";
         /// Worker pods run.
         pub const WORKERS_RUNNING: &str = "WorkersRunning";
+        /// `spec.suspend` was set and worker pods are still stopping: their last shards may
+        /// still be written. `Suspended` once none is left.
+        pub const WORKERS_STOPPING: &str = "WorkersStopping";
         /// Every worker finished its shards.
         pub const COMPLETED: &str = "Completed";
         /// Workers failed more often than their retries allow.

@@ -140,8 +140,15 @@ impl Progress {
 #[derive(Clone, Debug, PartialEq)]
 enum Phase {
     Complete,
-    Failed { reason: &'static str, message: String },
+    Failed {
+        reason: &'static str,
+        message: String,
+    },
     Blocked(Blocker),
+    /// Suspended, some worker pods still stopping (`pods` of them).
+    Stopping {
+        pods: i32,
+    },
     Suspended,
     Pending,
     Running,
@@ -183,7 +190,10 @@ fn phase(job: &EmbeddingJob, seen: &Seen<'_>) -> Phase {
         return Phase::Blocked(blocker.clone());
     }
     if job.spec.suspend || status.is_some_and(|status| condition(status, "Suspended").is_some()) {
-        return Phase::Suspended;
+        // Suspended once no worker is left: a stopping one may still write a shard, and who
+        // reads `Suspended` (a cancelled batch's final counts) must see its last.
+        let pods = status.map_or(0, |s| s.active.unwrap_or(0) + s.terminating.unwrap_or(0));
+        return if pods > 0 { Phase::Stopping { pods } } else { Phase::Suspended };
     }
     match status.and_then(|status| status.ready).unwrap_or_default() {
         0 => Phase::Pending,
@@ -226,6 +236,11 @@ pub fn compute(job: &EmbeddingJob, seen: &Seen<'_>) -> EmbeddingJobStatus {
         ),
         Phase::Failed { reason, message } => (false, *reason, message.clone()),
         Phase::Blocked(blocker) => (false, blocker.reason, blocker.message.clone()),
+        Phase::Stopping { pods } => (
+            true,
+            reasons::WORKERS_STOPPING,
+            format!("spec.suspend: {pods} worker pod(s) stopping; {}", shards(&progress)),
+        ),
         Phase::Suspended => (false, reasons::SUSPENDED, format!("spec.suspend: no worker runs; {}", shards(&progress))),
         Phase::Pending => (true, reasons::WORKERS_PENDING, format!("waiting for the {workers} worker pod(s) to start")),
         Phase::Running => {
@@ -264,7 +279,7 @@ pub fn compute(job: &EmbeddingJob, seen: &Seen<'_>) -> EmbeddingJobStatus {
     let end = match &phase {
         Phase::Pending | Phase::Running => Some(seen.now),
         Phase::Complete | Phase::Failed { .. } => completion_time.as_ref().map(|time| time.0),
-        Phase::Blocked(_) | Phase::Suspended => None,
+        Phase::Blocked(_) | Phase::Stopping { .. } | Phase::Suspended => None,
     };
     let elapsed = start_time.as_ref().zip(end).map(|(start, end)| end.as_second() - start.0.as_second());
     let rows_per_second = elapsed

@@ -686,6 +686,32 @@ fn suspended_shows_what_is_done_and_no_rate() {
 }
 
 #[test]
+fn a_suspended_job_whose_workers_are_still_stopping_is_not_suspended_yet() {
+    let mut suspended_job = job(S3_JOB);
+    suspended_job.spec.suspend = true;
+    let stopping = |active, terminating| {
+        batch(JobStatus {
+            start_time: Some(Time(at(0))),
+            active: Some(active),
+            terminating: Some(terminating),
+            conditions: Some(vec![job_condition("Suspended", "JobSuspended", "Job suspended", 50)]),
+            ..JobStatus::default()
+        })
+    };
+    let data = progress(5);
+    for (active, terminating) in [(1, 0), (0, 2)] {
+        let status =
+            status::compute(&suspended_job, &seen(Some(&stopping(active, terminating)), Some(&data), 100, &[]));
+        // A stopping worker may still write a shard: whoever waits for `Suspended` (a cancelled
+        // batch's final counts) must not see it before that shard.
+        assert_eq!(condition(&status, RUNNING), ("True", reasons::WORKERS_STOPPING), "{active} {terminating}");
+        assert!(status.conditions[0].message.contains(&format!("{} worker pod(s) stopping", active + terminating)));
+    }
+    let status = status::compute(&suspended_job, &seen(Some(&stopping(0, 0)), Some(&data), 100, &[]));
+    assert_eq!(condition(&status, RUNNING), ("False", reasons::SUSPENDED));
+}
+
+#[test]
 fn a_missing_pool_blocks_the_job() {
     let job = job(PVC_JOB);
     let blocker = status::pool_blocker(&job, None).unwrap();
