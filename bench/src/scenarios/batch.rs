@@ -21,13 +21,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use teifleet_load::{LoadConfig, Report};
+use teifleet_load::Report;
 use tokio::time::Instant;
 
 use super::adaptive::require_flag;
 use super::job::{self, DIMENSIONS, REPLICAS, TOKENS, WORKERS};
 use super::setup::sibling_pool_serving_http;
-use super::{Context, Measurement, Scenario, measure, words};
+use super::{Context, Measurement, Scenario};
 use crate::admin::{self, SimStats};
 use crate::procs::{self, JobWorker, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
@@ -40,8 +40,6 @@ pub const QUICK_REQUESTS: u64 = 10_000;
 pub const RATE_LIMIT: f64 = 0.9;
 /// `model` in every line, and the workers' `--model`.
 pub const MODEL: &str = "BAAI/bge-small-en-v1.5";
-const CAPACITY_CALLERS_PER_REPLICA: usize = 128;
-const CAPACITY_CONNECTIONS_PER_REPLICA: usize = 2;
 
 /// What the output and error files hold.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -197,17 +195,7 @@ async fn measure_batch(ctx: &Context, program: &Path, dir: &Path, file: &Path, r
         sibling_pool_serving_http(ctx, "batch", REPLICAS, &job::backend(), &sim_extra, &job::limits(), &mux_extra)
             .await?;
     let urls: Vec<String> = muxes.iter().map(Proc::url).collect();
-    let capacity_callers = CAPACITY_CALLERS_PER_REPLICA * REPLICAS;
-    ctx.say(&format!("batch: the pool's capacity, {capacity_callers} closed-loop callers over the replicas"));
-    let capacity = measure(LoadConfig {
-        more_targets: urls[1..].to_vec(),
-        connections: CAPACITY_CONNECTIONS_PER_REPLICA * REPLICAS,
-        duration: Duration::from_secs(ctx.pick(5, 10)),
-        inputs: words(TOKENS),
-        grace: Duration::from_secs(10),
-        ..LoadConfig::closed(urls[0].clone(), capacity_callers, 100_000_000)
-    })
-    .await?;
+    let (capacity, capacity_callers) = job::pool_capacity(ctx, "batch", &urls).await?;
     ctx.say(&format!("batch: capacity {:.0} texts/s; the batch, {requests} requests", capacity.goodput_rps));
     tokio::time::sleep(Duration::from_secs(1)).await;
     for sim in &sims {

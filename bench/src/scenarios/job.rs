@@ -466,17 +466,7 @@ async fn measure_job(ctx: &Context, program: &Path, dir: &Path, corpus: &Path, r
     let (sims, muxes) = sibling_pool(ctx, "job", REPLICAS, &backend(), &sim_extra, &limits(), &mux_extra).await?;
     let urls: Vec<String> = muxes.iter().map(Proc::url).collect();
 
-    let capacity_callers = CAPACITY_CALLERS_PER_REPLICA * REPLICAS;
-    ctx.say(&format!("job: the pool's capacity, {capacity_callers} closed-loop callers over the replicas"));
-    let capacity = measure(LoadConfig {
-        more_targets: urls[1..].to_vec(),
-        connections: CAPACITY_CONNECTIONS_PER_REPLICA * REPLICAS,
-        duration: Duration::from_secs(ctx.pick(5, 10)),
-        inputs: words(TOKENS),
-        grace: Duration::from_secs(10),
-        ..LoadConfig::closed(urls[0].clone(), capacity_callers, 100_000_000)
-    })
-    .await?;
+    let (capacity, capacity_callers) = pool_capacity(ctx, "job", &urls).await?;
     let c = capacity.goodput_rps;
     ctx.say(&format!("job: capacity {c:.0} texts/s"));
     let job = JobFlags { program, corpus, urls: &urls, shard_bytes: shard_bytes(ctx) };
@@ -505,6 +495,23 @@ async fn measure_job(ctx: &Context, program: &Path, dir: &Path, corpus: &Path, r
     let killed = job_run(ctx, &job, &sims, &dir.join("out-killed"), rows, Some(kill_at)).await?;
     ctx.say(&format!("job: {} rows redone, {} ids wrong", killed.redone(), killed.output.wrong()));
     Ok((capacity, capacity_callers, alone, queries_alone, beside, killed))
+}
+
+/// The pool's capacity C: balanced closed-loop unary Embeds of the job's texts over the replicas
+/// (`urls`, replica 1 first), two shares of callers each; with the callers it took.
+pub async fn pool_capacity(ctx: &Context, scenario: &str, urls: &[String]) -> Result<(Report, usize)> {
+    let capacity_callers = CAPACITY_CALLERS_PER_REPLICA * urls.len();
+    ctx.say(&format!("{scenario}: the pool's capacity, {capacity_callers} closed-loop callers over the replicas"));
+    let capacity = measure(LoadConfig {
+        more_targets: urls[1..].to_vec(),
+        connections: CAPACITY_CONNECTIONS_PER_REPLICA * urls.len(),
+        duration: Duration::from_secs(ctx.pick(5, 10)),
+        inputs: words(TOKENS),
+        grace: Duration::from_secs(10),
+        ..LoadConfig::closed(urls[0].clone(), capacity_callers, 100_000_000)
+    })
+    .await?;
+    Ok((capacity, capacity_callers))
 }
 
 /// What every worker of a run is started with, but its output and index.

@@ -9,8 +9,28 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use serde_json::json;
 
-use crate::real::NODE;
-use crate::repo_root;
+use crate::real::{Images, NODE, prerequisites, restricted_namespace};
+use crate::{TestNamespace, built_image, import_into_real_node, install_crd, repo_root};
+
+/// What every real-node test of EmbeddingJobs starts with: the images (the base ones and
+/// `more`, such as `job`) imported into the real node, both CRDs, a restricted namespace named
+/// from `prefix`; `None` (the test skipped, with a line saying why) without the node or an image.
+pub async fn ready_for_jobs(client: &Client, more: &[&'static str], prefix: &str) -> Option<(TestNamespace, Images)> {
+    let mut images = prerequisites(client).await?;
+    for name in more {
+        let Some(image) = built_image(name) else {
+            eprintln!("skipped: no target/images/{name}.tar (make images builds it)");
+            return None;
+        };
+        images.insert(name, image);
+    }
+    for (tar, _) in images.values() {
+        import_into_real_node(tar);
+    }
+    install_crd(client).await;
+    install_job_crd(client).await;
+    Some((restricted_namespace(prefix).await, images))
+}
 
 /// Installs the EmbeddingJob CRD (the pool's is `install_crd`).
 pub async fn install_job_crd(client: &Client) {

@@ -26,14 +26,10 @@ use kube::api::{DeleteParams, ListParams, PostParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 use teifleet_crds::{EmbeddingJob, labels};
-use teifleet_e2e::claims::{delete_host_volumes, host_claim, install_job_crd, open_to_every_user};
+use teifleet_e2e::claims::{delete_host_volumes, host_claim, open_to_every_user, ready_for_jobs};
 use teifleet_e2e::pools::create_pool;
-use teifleet_e2e::real::{
-    install_chart_with, is_ready, pool_template, prerequisites, restricted_namespace, wait_ready_pods,
-};
-use teifleet_e2e::{
-    admin_client, built_image, eventually, helm, import_into_real_node, install_crd, kubectl, repo_root,
-};
+use teifleet_e2e::real::{install_chart_with, is_ready, pool_template, wait_ready_pods};
+use teifleet_e2e::{admin_client, eventually, helm, kubectl, repo_root};
 use teifleet_wire::ports;
 
 const RELEASE: &str = "tfbatch";
@@ -52,20 +48,7 @@ const BATCH_PORT: u16 = 8080;
 #[tokio::test]
 async fn the_openai_sdk_runs_batches_through_a_pool_across_a_restart_and_a_cancel() {
     let client = admin_client().await;
-    let Some(mut images) = prerequisites(&client).await else { return };
-    for name in ["job", "batch"] {
-        let Some(image) = built_image(name) else {
-            eprintln!("skipped: no target/images/{name}.tar (make images builds it)");
-            return;
-        };
-        images.insert(name, image);
-    }
-    for (tar, _) in images.values() {
-        import_into_real_node(tar);
-    }
-    install_crd(&client).await;
-    install_job_crd(&client).await;
-    let ns = restricted_namespace("real-batch").await;
+    let Some((ns, images)) = ready_for_jobs(&client, &["job", "batch"], "real-batch").await else { return };
     let namespace = ns.name.clone();
 
     let host = std::env::temp_dir().join(format!("teifleet-e2e-batch-{}", std::process::id()));

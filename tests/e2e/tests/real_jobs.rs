@@ -24,12 +24,10 @@ use kube::Api;
 use kube::api::{DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use teifleet_crds::{EmbeddingJob, labels};
-use teifleet_e2e::claims::{delete_host_volumes, host_claim, install_job_crd, open_to_every_user};
+use teifleet_e2e::claims::{delete_host_volumes, host_claim, open_to_every_user, ready_for_jobs};
 use teifleet_e2e::pools::create_pool;
-use teifleet_e2e::real::{
-    install_chart, operator_name, pool_template, prerequisites, restricted_namespace, wait_ready_pods,
-};
-use teifleet_e2e::{admin_client, built_image, eventually, helm, import_into_real_node, install_crd, kubectl};
+use teifleet_e2e::real::{install_chart, operator_name, pool_template, wait_ready_pods};
+use teifleet_e2e::{admin_client, eventually, helm, kubectl};
 
 const RELEASE: &str = "tfjobs";
 const POOL: &str = "corpus";
@@ -44,18 +42,7 @@ const BAD: [(&str, &str); 2] = [("bad-empty", "empty"), ("bad-no-text", "text")]
 #[tokio::test]
 async fn a_job_embeds_a_corpus_once_per_row_through_a_worker_and_a_replica_lost() {
     let client = admin_client().await;
-    let Some(mut images) = prerequisites(&client).await else { return };
-    let Some(job_image) = built_image("job") else {
-        eprintln!("skipped: no target/images/job.tar (make images builds it)");
-        return;
-    };
-    images.insert("job", job_image);
-    for (tar, _) in images.values() {
-        import_into_real_node(tar);
-    }
-    install_crd(&client).await;
-    install_job_crd(&client).await;
-    let ns = restricted_namespace("real-jobs").await;
+    let Some((ns, images)) = ready_for_jobs(&client, &["job"], "real-jobs").await else { return };
     let namespace = ns.name.clone();
     install_chart(&client, &namespace, RELEASE).await;
 
