@@ -207,7 +207,8 @@ mod tests {
         assert!(parse(&["--store=file:///data/"]).store(|_| None).is_err(), "the jobs need the claim");
         assert!(Command::try_parse_from(["x", "--namespace=ml", "--store=s3://b/", "--workers=0"]).is_err());
         let template = |json: &str| Command::try_parse_from(["x", "--namespace=ml", "--store=s3://b/", json]);
-        let parsed = template(r#"--job-template={"nodeSelector":{"a":"b"},"tolerations":[{"key":"k","operator":"Exists"}]}"#);
+        let parsed =
+            template(r#"--job-template={"nodeSelector":{"a":"b"},"tolerations":[{"key":"k","operator":"Exists"}]}"#);
         let parsed = parsed.unwrap().args.job_template.unwrap();
         assert_eq!((parsed.node_selector["a"].as_str(), parsed.tolerations.len()), ("b", 1));
         let error = template(r#"--job-template={"nodeSelecter":{"a":"b"}}"#).err().unwrap().to_string();

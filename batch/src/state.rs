@@ -1,10 +1,10 @@
 //! The state every handler reaches: the store, the keys, the cluster, the limits and what each
 //! batch's job gets.
 
-use teifleet_crds::job::WorkerPodOverrides;
 use std::sync::Arc;
 use std::time::Duration;
 
+use teifleet_crds::job::WorkerPodOverrides;
 use tokio::sync::Semaphore;
 
 use crate::auth::Keys;

@@ -183,7 +183,10 @@ impl Worker {
                 None if settings.format == InputFormat::OpenaiBatch => {
                     let batch = self.batch.as_ref().expect("checked above");
                     let calls_in_flight = settings.calls_in_flight;
-                    (openai_batch::run_shard(&self.input, &self.output, shard, batch, calls_in_flight, stop).await?, false)
+                    (
+                        openai_batch::run_shard(&self.input, &self.output, shard, batch, calls_in_flight, stop).await?,
+                        false,
+                    )
                 }
                 None => {
                     let known = match dimensions {

@@ -10,9 +10,9 @@ pub mod line;
 pub mod output;
 
 use bytes::Bytes;
-use tokio_util::sync::CancellationToken;
 use futures::StreamExt as _;
 use object_store::ObjectStoreExt as _;
+use tokio_util::sync::CancellationToken;
 
 pub use call::{BatchClient, BatchSettings, Reply};
 
