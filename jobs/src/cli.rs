@@ -18,7 +18,7 @@ use crate::{Error, Result};
 /// `--calls-in-flight`'s defaults: EmbedArrow calls of up to `--rows-per-call` rows each, and
 /// openai-batch request lines (one or a few inputs each).
 pub const ARROW_CALLS_IN_FLIGHT: usize = 4;
-pub const BATCH_LINES_IN_FLIGHT: usize = 64;
+pub const BATCH_LINES_IN_FLIGHT: usize = 128;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct RunArgs {
@@ -67,7 +67,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "4Mi", value_parser = parse_bytes)]
     pub max_message_bytes: u64,
     /// Calls in flight at once: EmbedArrow calls of up to --rows-per-call rows (default 4), or for
-    /// openai-batch, request lines (default 64): each line is one call of its own few inputs, and
+    /// openai-batch, request lines (default 128): each line is one call of its own few inputs, and
     /// a replica's batches fill only with dozens of them at once.
     #[arg(long)]
     pub calls_in_flight: Option<usize>,
@@ -321,7 +321,7 @@ mod tests {
         );
         assert_eq!((settings.lane, settings.max_answer_bytes), (Lane::Query, 64 << 20));
         // Lines are calls of a few inputs each: many more at once than EmbedArrow's calls.
-        assert_eq!((args.calls_in_flight(), parse(&[]).calls_in_flight()), (64, 4));
+        assert_eq!((args.calls_in_flight(), parse(&[]).calls_in_flight()), (128, 4));
         assert_eq!(batch(&["--calls-in-flight=8"]).calls_in_flight(), 8);
         let env = |_: &str| None;
         assert!(args.into_worker(env).is_ok());
