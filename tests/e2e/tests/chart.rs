@@ -331,3 +331,17 @@ fn the_batch_workers_go_where_batch_job_template_says() {
     let template: serde_json::Value = serde_json::from_str(flag).unwrap();
     assert_eq!(template, json!({ "nodeSelector": { "pool": "cpu" }, "tolerations": [{ "key": "spot" }] }));
 }
+
+#[test]
+fn the_batch_workers_call_keyed_pools_with_batch_pool_key_secret() {
+    let args = |set: &[&str]| {
+        let objects = template(&[&PVC_STORE[..], set].concat()).unwrap();
+        let container =
+            one(&batch_objects(&objects), "Deployment")["spec"]["template"]["spec"]["containers"][0].clone();
+        container["args"].as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_owned()).collect::<Vec<_>>()
+    };
+    assert!(!args(&[]).iter().any(|a| a.starts_with("--job-api-key-secret")), "no Secret: none passed");
+    let keyed = args(&["batch.poolKeySecret.name=pool-key", "batch.poolKeySecret.key=token"]);
+    assert!(keyed.contains(&"--job-api-key-secret=pool-key".to_owned()), "{keyed:?}");
+    assert!(keyed.contains(&"--job-api-key-secret-key=token".to_owned()), "{keyed:?}");
+}
