@@ -144,7 +144,7 @@ test-cluster: ## End-to-end tests on a fresh local control plane with its real n
 	  cargo test --locked -p teifleet-e2e -- --test-threads=1
 
 .PHONY: images
-images: ## Build the operator, multiplexer (profile-guided: tools/pgo.sh; IMAGES_PGO=0 plain), tei-sim and job images into target/images, without Docker; prints sizes and digests
+images: ## Build the operator, multiplexer (profile-guided: tools/pgo.sh; IMAGES_PGO=0 plain), tei-sim, job and batch images into target/images, without Docker; prints sizes and digests
 	cargo build --release --locked $(IMAGE_CRATES) -p teifleet-load --bins
 	@# A cached profile-guided build counts only when it is newer than the release multiplexer, which
 	@# cargo rebuilt just now if anything it is made of changed since.
