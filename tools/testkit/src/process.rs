@@ -182,7 +182,13 @@ mod tests {
         let _ = std::fs::remove_file(&log);
         let script = "trap 'echo bye; exit 0' TERM; echo hello; while true; do sleep 0.05; done";
         let mut guard = ChildGuard::spawn_logged("trapper", sh(script), &log).unwrap();
-        std::thread::sleep(Duration::from_millis(300));
+        // The shell says hello once its trap is set: a fixed sleep was too short on a busy machine
+        // (the shell not started yet, SIGTERM killed it).
+        let started = Instant::now();
+        while guard.log_text() != "hello\n" {
+            assert!(started.elapsed() < Duration::from_secs(30), "the shell never said hello");
+            std::thread::sleep(Duration::from_millis(20));
+        }
         let status = guard.terminate(Duration::from_secs(5)).expect("exits on its own");
         assert!(status.success(), "{status}");
         assert_eq!(guard.log_text(), "hello\nbye\n");
