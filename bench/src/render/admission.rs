@@ -288,6 +288,73 @@ impl Render for Fairness {
             ratio(self.direct.total_goodput_rps(), self.capacity.rps),
             self.light_p99_ratio()
         );
+        new_user(out, self);
+    }
+}
+
+/// Scenario 11's runs as a new user meets them (`fairness_defaults`).
+fn new_user(out: &mut String, f: &Fairness) {
+    use crate::scenarios::fairness_defaults as defaults;
+    if f.new_user.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "\n**As a new user meets it.** Multiplexer: {}, static mode, tenants named by the header alone (then B given \
+         weight {}). A sends {}× capacity over {} connections with {:.0} s deadlines; B sends {}× capacity over {} \
+         callers with a {:.0} s deadline; B alone first through the same multiplexer.\n",
+        limits(&defaults::limits()),
+        defaults::LIGHT_WEIGHT,
+        fairness::FLOOD_FACTOR,
+        defaults::FLOOD_CONNECTIONS,
+        defaults::FLOOD_DEADLINE.as_secs_f64(),
+        fairness::LIGHT_FACTOR,
+        defaults::LIGHT_CALLERS,
+        crate::scenarios::overload::DEADLINE.as_secs_f64(),
+    );
+    let mut table = Table::new(
+        out,
+        &[
+            text("setting"),
+            text("run"),
+            text("tenant"),
+            figure("sent"),
+            figure("OK in time"),
+            figure("÷ sent"),
+            figure("goodput/s"),
+            figure("p50"),
+            figure("p99"),
+            text("codes"),
+        ],
+    );
+    for run in &f.new_user {
+        let setting = run.setting();
+        for (name, tenant, x) in
+            [("B alone", "B", &run.light_alone), ("together", "A", &run.mux.flood), ("together", "B", &run.mux.light)]
+        {
+            table.row(&[
+                &setting,
+                &name,
+                &tenant,
+                &x.sent,
+                &x.ok_in_time,
+                &format!("{:.3}", ratio(x.ok_in_time as f64, x.sent as f64)),
+                &format!("{:.1}", x.goodput_rps),
+                &format!("{} ms", number(x.latency.p50_ms)),
+                &format!("{} ms", number(x.latency.p99_ms)),
+                &codes(x),
+            ]);
+        }
+    }
+    for run in &f.new_user {
+        let _ = writeln!(
+            out,
+            "\n{}: B's p99 beside the flood ÷ alone {:.2}×; total goodput {:.1} req/s = {:.3} × capacity.",
+            run.setting(),
+            run.light_p99_ratio(),
+            run.mux.total_goodput_rps(),
+            ratio(run.mux.total_goodput_rps(), f.capacity.rps)
+        );
     }
 }
 
@@ -538,6 +605,7 @@ mod tests {
                 light_alone: report(200, 200, 70.0),
                 mux: Pair { flood: report(4900, 800, 258.0), light: report(200, 199, 69.0) },
                 direct: Pair { flood: report(4900, 480, 120.0), light: report(200, 14, 4.0) },
+                new_user: Vec::new(),
             })),
         )
     }

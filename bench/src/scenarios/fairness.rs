@@ -3,7 +3,9 @@
 //! one multiplexer; and B alone, the same schedule, for its latency without a neighbour. Both
 //! loads are open-loop Poisson with a 1 s deadline, run as two tasks of this process at once.
 //! Targets: B's goodput ≥ 0.95 of what B sends; B's p99 ≤ 2 × B's p99 alone; total goodput
-//! ≥ 0.97 × capacity. The same two loads direct to TEI are shown for comparison.
+//! ≥ 0.97 × capacity. The same two loads direct to TEI are shown for comparison. Then the same
+//! tenants as a new user meets them, four in flight and nothing configured (see
+//! `fairness_defaults`).
 
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
 use super::adaptive::require_flag;
+use super::fairness_defaults::{self, DefaultsRun};
 use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
 use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up, words};
 use crate::Result;
@@ -55,6 +58,10 @@ pub struct Fairness {
     pub mux: Pair,
     /// The same two loads straight to TEI (its own admission only).
     pub direct: Pair,
+    /// The issue-45 runs: four in flight, the flood with 3 s deadlines, tenants unconfigured and
+    /// then weighted (absent from results recorded before them).
+    #[serde(default)]
+    pub new_user: Vec<DefaultsRun>,
 }
 
 const LIGHT_GOODPUT: &str = "B's goodput ÷ what B sends, A flooding";
@@ -121,13 +128,25 @@ impl Measurement for Fairness {
             "fairness: B got {}/{} beside the flood ({}/{} direct)",
             through.light.ok_in_time, through.light.sent, direct.light.ok_in_time, direct.light.sent
         ));
-        Ok(Fairness { backend, limits, capacity, seconds: duration.as_secs_f64(), light_alone, mux: through, direct })
+        drop(mux);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let new_user = fairness_defaults::run(ctx, &sim, capacity.rps, duration).await?;
+        Ok(Fairness {
+            backend,
+            limits,
+            capacity,
+            seconds: duration.as_secs_f64(),
+            light_alone,
+            mux: through,
+            direct,
+            new_user,
+        })
     }
 
     fn targets(&self) -> Vec<Target> {
         let scenario = Scenario::Fairness.label();
         let b = &self.mux.light;
-        vec![
+        let mut targets = vec![
             Target::at_least(&scenario, LIGHT_GOODPUT, self.mux.light_share(), LIGHT_GOODPUT_LIMIT, "×")
                 .note_if_not_passed(format!(
                     "B got {} of {} sent ({}): B's calls are refused or evicted for A's; the fair queue should \
@@ -166,16 +185,25 @@ impl Measurement for Fairness {
                 Some(self.direct.light_share()),
                 "×",
             ),
-        ]
+        ];
+        targets.extend(fairness_defaults::targets(
+            &scenario,
+            &self.new_user,
+            self.capacity.rps,
+            self.capacity.batch_ms,
+        ));
+        targets
     }
 
     fn planned_targets() -> Vec<Target> {
         let scenario = Scenario::Fairness.label();
-        vec![
+        let mut targets = vec![
             Target::new(&scenario, LIGHT_GOODPUT, None, Rule::AtLeast, LIGHT_GOODPUT_LIMIT, "×"),
             Target::new(&scenario, LIGHT_P99, None, Rule::AtMost, LIGHT_P99_LIMIT, "×"),
             Target::new(&scenario, TOTAL, None, Rule::AtLeast, TOTAL_GOODPUT_LIMIT, "× capacity"),
-        ]
+        ];
+        targets.extend(fairness_defaults::planned_targets(&scenario));
+        targets
     }
 }
 
@@ -200,6 +228,7 @@ mod tests {
             light_alone: report(210, 210, 70.0, 40.0),
             mux: Pair { flood: report(5250, 840, 280.0, 900.0), light: report(210, 205, 68.0, 90.0) },
             direct: Pair { flood: report(5250, 900, 300.0, 990.0), light: report(210, 40, 13.0, 990.0) },
+            new_user: Vec::new(),
         };
         let t = r.targets();
         assert!((t[0].measured.unwrap() - 205.0 / 210.0).abs() < 1e-9);
@@ -210,6 +239,6 @@ mod tests {
         assert!((t[2].measured.unwrap() - 348.0 / 350.0).abs() < 1e-9);
         assert_eq!(t[2].verdict, Verdict::Pass);
         assert_eq!(t[3].verdict, Verdict::Info);
-        assert_eq!(Fairness::planned_targets().len(), 3);
+        assert_eq!(Fairness::planned_targets().len(), 7);
     }
 }

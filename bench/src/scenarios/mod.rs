@@ -18,6 +18,7 @@ pub mod coalescing;
 pub mod colocation;
 pub mod cost;
 pub mod fairness;
+pub mod fairness_defaults;
 pub mod http_overhead;
 pub mod http_overload;
 pub mod job;
