@@ -152,6 +152,12 @@ impl IngestGate {
         self.queries_mean = self.queries_mean_at(now);
         self.since = Some(now);
     }
+
+    /// When TEI's running batch enters its last part ([`OPENS_AFTER`] of its time on), where its
+    /// next batch is best filled; `None` before a call came back or TEI reported a batch time.
+    pub fn last_part_from(&self) -> Option<Instant> {
+        Some(self.batch_started? + self.batch_time?.mul_f64(OPENS_AFTER))
+    }
 }
 
 #[cfg(test)]

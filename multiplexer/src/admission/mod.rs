@@ -32,6 +32,7 @@ mod priority;
 mod queue;
 mod returning;
 mod standing;
+mod tenant_gate;
 mod tenants;
 mod tokens;
 mod types;
@@ -60,6 +61,7 @@ use lanes::Lanes;
 use queue::Grant;
 use returning::Returning;
 use standing::Standing;
+use tenant_gate::TenantGate;
 use tenants::Tenants;
 use tokens::TokenEstimate;
 
@@ -99,6 +101,8 @@ struct State {
     adaptive: Option<Adaptive>,
     tokens: TokenEstimate,
     tenants: Tenants,
+    /// When the tenant crowding the queue may take room while others come (see `tenant_gate`).
+    tenant_gate: TenantGate,
     /// Inputs sibling replicas of the pool take from this queue at once (calls spill to them):
     /// the queue drains that much faster than this replica's own limit says.
     spill_slots: usize,
@@ -177,6 +181,7 @@ impl Admission {
             adaptive: limits.adaptive.then(|| Adaptive::new(ADAPTIVE_FLOOR, limits.max_in_flight)),
             tokens: TokenEstimate::default(),
             tenants: Tenants::default(),
+            tenant_gate: TenantGate::default(),
             spill_slots: 0,
             backend_batch: None,
         };
@@ -281,6 +286,7 @@ impl Admission {
     /// call takes a local slot this way before it looks for room at a sibling replica.
     pub fn try_acquire(&self, ask: &Ask<'_>) -> Option<Permit> {
         let mut state = self.shared.lock();
+        state.arrived(ask.tenant);
         let permit = self.take_if_free(&mut state, ask.lane, ask.cost);
         if permit.is_some() {
             self.shared.decided(ask.lane, ADMITTED);
@@ -314,10 +320,10 @@ impl Admission {
         let (grant, id, patience, queue_timeout) = {
             let mut state = self.shared.lock();
             let cost = ask.cost;
+            let tenant = state.arrived(ask.tenant);
             if let Some(permit) = self.take_if_free(&mut state, ask.lane, cost) {
                 return Ok(permit);
             }
-            let tenant = state.tenants.id_of(ask.tenant);
             let weight = state.tenants.weight(tenant);
             let share = state.limits.ingest_share;
             let ahead = state.queue.ahead_of(ask.lane, ask.priority, tenant, weight, cost, share);
@@ -353,11 +359,15 @@ impl Admission {
             } else {
                 u64::from(cost.inputs)
             };
-            // No dispatch needed: release() and set_limits() keep "nobody waits while there is
-            // room", and the fast path above admits whenever there is room and nobody waits
-            // before the newcomer; ingest stopped only by its gate is let through by a timer.
+            // Release() and set_limits() keep "nobody waits while there is room" but for waiters
+            // a gate holds (ingest's, or the crowd's, see `tenant_gate`), which a timer lets
+            // through; the fast path above admits whenever there is room and nobody waits before
+            // the newcomer. A newcomer queued behind a crowd its gate holds may go at once.
             let id = state.queue.push(ask.lane, ask.priority, tenant, weight, cost, units, grant);
-            self.shared.wake_when_a_gate_opens(&mut state, arrived);
+            match state.crowd_held(arrived) {
+                Some(_) => self.shared.dispatch(&mut state),
+                None => self.shared.wake_when_a_gate_opens(&mut state, arrived),
+            }
             self.shared.notify(&state, None);
             let patience = match ask.deadline {
                 Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
@@ -467,10 +477,22 @@ impl Shared {
                 state.queue.forget_idle_tenants();
                 break;
             };
+            // The crowd's turn waits for its gate; another tenant's waiter may take the room.
+            let crowd = state.crowd_held(now).map(|(crowd, _)| crowd).filter(|_| lane == Lane::Query);
+            let next = match crowd {
+                Some(crowd) => state.queue.queue(lane).peek_next_besides(crowd),
+                None => Some(next),
+            };
+            let Some(next) = next else { break };
             if !state.fits_lane(lane, next.cost, now) {
                 break;
             }
-            let waiter = state.queue.queue_mut(lane).pop_next().expect("peeked");
+            let queue = state.queue.queue_mut(lane);
+            let waiter = match crowd {
+                Some(crowd) => queue.pop_next_besides(crowd),
+                None => queue.pop_next(),
+            }
+            .expect("peeked");
             state.take(lane, waiter.cost, now);
             state.queue.admitted(lane, waiter.cost.inputs);
             let permit = Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, armed: true };
@@ -496,7 +518,8 @@ impl Shared {
             true => None,
             false => state.device_time.closed_until(state.limits.device_time_cap, now),
         };
-        let Some(opens) = [ingest, device].into_iter().flatten().min() else { return };
+        let crowd = state.crowd_held(now).map(|(_, opens)| opens);
+        let Some(opens) = [ingest, device, crowd].into_iter().flatten().min() else { return };
         if state.gate_wake.is_some_and(|armed| armed <= opens) {
             return;
         }
@@ -524,6 +547,21 @@ impl State {
             Some(adaptive) => adaptive.limit(self.adaptive_floor(), self.limits.max_in_flight),
             None => self.limits.max_in_flight + next_batch::ready_inputs(self.limits.max_in_flight, self.backend_batch),
         }
+    }
+
+    /// Notes a call of `tenant` (see `tenant_gate`), and returns its id.
+    fn arrived(&mut self, tenant: Option<&str>) -> TenantId {
+        let tenant = self.tenants.id_of(tenant);
+        self.tenant_gate.arrived(tenant, Instant::now());
+        tenant
+    }
+
+    /// The tenant crowding the query queue, when its gate holds it at `now`, and when that opens
+    /// (see `tenant_gate`).
+    fn crowd_held(&self, now: Instant) -> Option<(TenantId, Instant)> {
+        let crowd = self.queue.queue(Lane::Query).crowding_head()?;
+        let last_part = self.ingest_gate.last_part_from();
+        Some((crowd, self.tenant_gate.closed_until(crowd, last_part, self.in_flight, now)?))
     }
 
     /// [`ADAPTIVE_FLOOR`], or TEI's batch when it said it (never above the ceiling).
@@ -709,5 +747,7 @@ impl Drop for Waiting {
 mod device_time_tests;
 #[cfg(test)]
 mod lane_tests;
+#[cfg(test)]
+mod tenant_gate_tests;
 #[cfg(test)]
 mod tests;

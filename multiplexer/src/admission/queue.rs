@@ -93,8 +93,30 @@ impl Class {
         self.tenants.get(tenant)?.waiters.front()
     }
 
+    /// The oldest waiter of the tenant, other than `crowd`, whose turn comes first.
+    fn next_besides(&self, crowd: TenantId) -> Option<(Turn, TenantId)> {
+        self.tenants
+            .iter()
+            .filter(|(id, _)| **id != crowd)
+            .filter_map(|(id, queue)| Some((*queue.turns.front()?, *id)))
+            .min()
+    }
+
+    /// Whether the tenant whose turn it is holds more than half of the class's queued inputs.
+    fn crowding_head(&self) -> Option<TenantId> {
+        let tenant = *self.turns.values().next()?;
+        let inputs = self.tenants.get(&tenant)?.inputs;
+        (2 * inputs > self.inputs).then_some(tenant)
+    }
+
     fn pop(&mut self) -> Option<Waiter> {
         let (turn, tenant) = self.turns.pop_first()?;
+        self.serve(turn, tenant)
+    }
+
+    /// Serves `tenant`'s oldest waiter, whose turn is `turn` (not necessarily the class's first).
+    fn serve(&mut self, turn: Turn, tenant: TenantId) -> Option<Waiter> {
+        self.turns.remove(&turn);
         self.virtual_time = self.virtual_time.max(turn.0);
         let queue = self.tenants.get_mut(&tenant)?;
         queue.turns.pop_front();
@@ -195,6 +217,27 @@ impl WaitQueue {
     pub fn pop_next(&mut self) -> Option<Waiter> {
         let rank = self.next_class()?;
         let waiter = self.classes[rank].pop()?;
+        self.index.remove(&waiter.id);
+        Some(waiter)
+    }
+
+    /// The tenant whose turn it is in the highest non-empty class, when it holds more than half of
+    /// that class's queued inputs: the crowd (see `tenant_gate`).
+    pub fn crowding_head(&self) -> Option<TenantId> {
+        self.classes[self.next_class()?].crowding_head()
+    }
+
+    /// The next waiter of the highest non-empty class that is not `crowd`'s.
+    pub fn peek_next_besides(&self, crowd: TenantId) -> Option<&Waiter> {
+        let class = &self.classes[self.next_class()?];
+        let (_, tenant) = class.next_besides(crowd)?;
+        class.tenants.get(&tenant)?.waiters.front()
+    }
+
+    pub fn pop_next_besides(&mut self, crowd: TenantId) -> Option<Waiter> {
+        let class = &mut self.classes[self.next_class()?];
+        let (turn, tenant) = class.next_besides(crowd)?;
+        let waiter = class.serve(turn, tenant)?;
         self.index.remove(&waiter.id);
         Some(waiter)
     }
@@ -318,6 +361,37 @@ mod tests {
         );
         assert_eq!(queue.len(), 3);
         assert_eq!(queue.inputs(), 3);
+    }
+
+    #[test]
+    fn another_tenant_can_be_served_past_the_crowd() {
+        let mut queue = WaitQueue::default();
+        for _ in 0..6 {
+            push(&mut queue, Priority::Standard, 1, 1);
+        }
+        assert_eq!(queue.crowding_head(), Some(TenantId(1)));
+        assert!(queue.peek_next_besides(TenantId(1)).is_none(), "nobody else waits");
+        push(&mut queue, Priority::Standard, 2, 1);
+        push(&mut queue, Priority::Standard, 2, 1);
+        push(&mut queue, Priority::Sheddable, 3, 1);
+        assert_eq!(queue.peek_next_besides(TenantId(1)).map(|w| w.tenant), Some(TenantId(2)));
+        assert_eq!(queue.pop_next_besides(TenantId(1)).map(|w| w.tenant), Some(TenantId(2)));
+        assert_eq!(queue.pop_next_besides(TenantId(1)).map(|w| w.tenant), Some(TenantId(2)));
+        assert!(queue.pop_next_besides(TenantId(1)).is_none(), "a lower priority never passes");
+        assert_eq!((queue.len(), queue.inputs(), queue.inputs_of(Priority::Standard)), (7, 7, 6));
+        assert_eq!(serve_order(&mut queue), [1, 1, 1, 1, 1, 1, 3], "the crowd's turns stay in order");
+    }
+
+    #[test]
+    fn a_tenant_holding_half_or_less_does_not_crowd() {
+        let mut queue = WaitQueue::default();
+        push(&mut queue, Priority::Standard, 1, 1);
+        push(&mut queue, Priority::Standard, 2, 1);
+        assert_eq!(queue.crowding_head(), None, "half each");
+        push(&mut queue, Priority::Standard, 2, 1);
+        assert_eq!(queue.crowding_head(), None, "tenant 1's turn, and it holds a third");
+        queue.pop_next();
+        assert_eq!(queue.crowding_head(), Some(TenantId(2)));
     }
 
     #[test]

@@ -1,0 +1,115 @@
+//! When the tenant crowding the queue may take room while other tenants come: in the last part of
+//! TEI's running batch, as ingest does beside queries (see `ingest_gate`).
+//!
+//! The fair queue puts a light tenant's call ahead of a flood's, but only among waiters: room
+//! frees when one of TEI's batches ends, and a flood waiting in the queue takes all of it at once.
+//! Its calls then fill TEI's next batch while the light tenant's next call, arriving a moment
+//! later, finds every permit held: it waits for the running batch, then for the batch the flood
+//! filled, then for its own, about three batch times against one alone (issue 45: a tenant at
+//! 0.2× capacity beside one at 5×, p99 3.1–3.5× alone at four in flight).
+//!
+//! So while another tenant comes (called within the last [`OTHERS_COME_WITHIN`]), the tenant that
+//! holds more than half of the queue's inputs at the head's priority leaves the room that frees
+//! until the last part of TEI's running batch, and then takes all of it: a call of another tenant
+//! arriving before that takes a permit at once and rides TEI's next batch, as it would alone but
+//! for the running batch's rest, and the next batch still starts full. Other tenants' waiters may
+//! take the room meanwhile (in the same priority; lower ones still never pass). The gate needs
+//! what the ingest gate reads from TEI (its running batch's start and its batch time); without it,
+//! or with nothing in flight, or no other tenant, the crowd goes at once.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::tenants::TenantId;
+
+/// How recent another tenant's call must be for the crowd to wait for the batch's last part: long
+/// enough to span the gaps of a light tenant (0.2× capacity is tens of calls a second).
+pub(super) const OTHERS_COME_WITHIN: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Default)]
+pub(super) struct TenantGate {
+    /// The last call of the two tenants that called last, latest first: enough to say whether a
+    /// tenant other than any one tenant came lately.
+    latest: [Option<(TenantId, Instant)>; 2],
+}
+
+impl TenantGate {
+    /// A call of `tenant` came at `now`.
+    pub fn arrived(&mut self, tenant: TenantId, now: Instant) {
+        if !matches!(self.latest[0], Some((last, _)) if last == tenant) {
+            self.latest[1] = self.latest[0];
+        }
+        self.latest[0] = Some((tenant, now));
+    }
+
+    /// Whether a tenant other than `tenant` came within [`OTHERS_COME_WITHIN`] of `now`.
+    pub fn others_come(&self, tenant: TenantId, now: Instant) -> bool {
+        self.latest
+            .iter()
+            .flatten()
+            .find(|(other, _)| *other != tenant)
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) < OTHERS_COME_WITHIN)
+    }
+
+    /// When `crowd` (the tenant holding most of the queue) may take room, if not at `now`: from
+    /// `last_part` on (see `IngestGate::last_part_from`), with `in_flight` inputs in flight.
+    pub fn closed_until(
+        &self,
+        crowd: TenantId,
+        last_part: Option<Instant>,
+        in_flight: usize,
+        now: Instant,
+    ) -> Option<Instant> {
+        if in_flight == 0 || !self.others_come(crowd, now) {
+            return None;
+        }
+        let opens = last_part?;
+        (now < opens).then_some(opens)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: TenantId = TenantId(2);
+    const B: TenantId = TenantId(3);
+
+    #[test]
+    fn open_without_another_tenant() {
+        let now = Instant::now();
+        let mut gate = TenantGate::default();
+        let opens = Some(now + Duration::from_millis(15));
+        assert_eq!(gate.closed_until(A, opens, 8, now), None, "nobody called");
+        gate.arrived(A, now);
+        assert_eq!(gate.closed_until(A, opens, 8, now), None, "only the crowd itself");
+        gate.arrived(B, now);
+        assert_eq!(gate.closed_until(A, opens, 8, now), opens, "B came");
+        assert_eq!(gate.closed_until(B, opens, 8, now), opens, "and A for B");
+    }
+
+    #[test]
+    fn the_other_tenant_is_remembered_while_the_crowd_keeps_calling() {
+        let start = Instant::now();
+        let mut gate = TenantGate::default();
+        gate.arrived(B, start);
+        for ms in 1..100 {
+            gate.arrived(A, start + Duration::from_millis(ms));
+        }
+        let now = start + Duration::from_millis(100);
+        assert!(gate.others_come(A, now));
+        assert!(!gate.others_come(A, start + OTHERS_COME_WITHIN), "a second later B is gone");
+    }
+
+    #[test]
+    fn open_in_the_last_part_of_the_batch_or_with_tei_idle() {
+        let now = Instant::now();
+        let mut gate = TenantGate::default();
+        gate.arrived(B, now);
+        let opens = now + Duration::from_millis(15);
+        assert_eq!(gate.closed_until(A, Some(opens), 8, opens), None, "the last part");
+        assert_eq!(gate.closed_until(A, Some(opens), 0, now), None, "nothing in flight: TEI idles");
+        assert_eq!(gate.closed_until(A, None, 8, now), None, "no batch seen yet");
+    }
+}

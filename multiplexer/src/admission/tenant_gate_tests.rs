@@ -1,0 +1,104 @@
+//! The crowd's gate through the pool's admission: a tenant holding most of the queue leaves the
+//! room that frees for other tenants until the last part of TEI's running batch, then takes it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::*;
+
+const BATCH: Duration = Duration::from_millis(20);
+
+fn of(tenant: &'static str) -> Ask<'static> {
+    Ask::new(Priority::Standard).tenant(Some(tenant))
+}
+
+/// Lets spawned waiters run up to their next await point.
+async fn settle() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+/// `n` waiters of `tenant` that hold their permits until the test ends; counts the admitted.
+fn waiters(admission: &Admission, tenant: &'static str, n: usize, admitted: &Arc<AtomicUsize>) {
+    for _ in 0..n {
+        let (admission, admitted) = (admission.clone(), admitted.clone());
+        tokio::spawn(async move {
+            let permit = admission.acquire(of(tenant)).await;
+            if permit.is_ok() {
+                admitted.fetch_add(1, Ordering::SeqCst);
+            }
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            drop(permit);
+        });
+    }
+}
+
+/// A pool at eight in flight held by tenant `a`, TEI reporting 20 ms batches, `a` waiting for
+/// more, and (when `b_came`) tenant `b` having called a moment ago.
+async fn crowded(b_came: bool) -> (Admission, Vec<Permit>, Arc<AtomicUsize>) {
+    let admission = Admission::new(Limits::new(8, 64, Duration::from_secs(10)));
+    let held: Vec<Permit> = (0..8).map(|_| admission.try_acquire(&of("a")).unwrap()).collect();
+    held[0].observe(Observation { tei_inference: BATCH, ..Default::default() });
+    let admitted = Arc::new(AtomicUsize::new(0));
+    waiters(&admission, "a", 10, &admitted);
+    settle().await;
+    if b_came {
+        assert!(admission.try_acquire(&of("b")).is_none(), "b calls while the pool is full");
+    }
+    (admission, held, admitted)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_crowd_leaves_the_room_until_the_last_part_of_teis_batch_while_another_tenant_comes() {
+    let (admission, mut held, admitted) = crowded(true).await;
+    // Four come back: their batch ended, the next one (the other four) started.
+    held.truncate(4);
+    let batch_start = Instant::now();
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 0, "four places free, kept while the batch runs");
+
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let b = admission.acquire(of("b")).await.expect("b walks in");
+    assert_eq!(Instant::now() - batch_start, Duration::from_millis(5), "at once, into TEI's next batch");
+
+    let opens = batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER);
+    tokio::time::sleep_until(opens - Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 0, "still the running batch's first part");
+    tokio::time::sleep_until(opens).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 3, "its last part: the crowd takes every place left");
+    drop((b, held));
+}
+
+#[tokio::test(start_paused = true)]
+async fn alone_the_crowd_takes_the_room_at_once() {
+    let (_admission, mut held, admitted) = crowded(false).await;
+    held.truncate(4);
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 4, "nobody else came");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_gone_for_a_second_no_longer_holds_the_crowd_back() {
+    let (_admission, mut held, admitted) = crowded(true).await;
+    tokio::time::sleep(tenant_gate::OTHERS_COME_WITHIN).await;
+    held.truncate(4);
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tenants_sharing_the_queue_evenly_are_not_held() {
+    let (admission, mut held, admitted) = crowded(true).await;
+    let others = Arc::new(AtomicUsize::new(0));
+    waiters(&admission, "b", 10, &others);
+    settle().await;
+    held.truncate(4);
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst) + others.load(Ordering::SeqCst), 4, "half each: no crowd");
+}
