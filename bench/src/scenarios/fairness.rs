@@ -162,8 +162,9 @@ impl Measurement for Fairness {
                      the multiplexer's queue whenever a permit frees (p50 {:.0} ms, not the queue timeout), but the \
                      {} calls in flight are two batches: beside the flood B waits up to a batch for a permit, then \
                      behind the batch of A's calls already prepared in TEI's own first-come queue, then runs, about \
-                     three batch times against one or two alone. Fewer in flight would shorten that and idle TEI \
-                     between batches; ordering TEI's queue is out of the multiplexer's reach",
+                     three batch times against one or two alone. The tenant gate (admission/tenant_gate.rs) should \
+                     keep A out of TEI's next batch until its running batch's last quarter while B comes: check that \
+                     TEI reports batch times and that A holds most of the queue",
                     b.latency.p99_ms,
                     self.light_alone.latency.p99_ms,
                     self.capacity.batch_ms,
