@@ -18,9 +18,11 @@
 //! ever reaching TEI. A standing queue (see `standing`) is reported, never refused for. Two lanes
 //! (see `lanes`), `query` and `ingest`, share the pool: queries first, ingest with a floor share
 //! and patience. A pool's `deviceTimeCap` bounds how much of TEI's time its calls take (see
-//! `device_time`). Limits change live.
+//! `device_time`); a pool's share of a time-sliced GPU does so only while a neighbour is busy
+//! on it (see `contention`). Limits change live.
 
 mod adaptive;
+mod contention;
 mod device_time;
 mod estimate;
 mod ingest_gate;
@@ -53,6 +55,7 @@ pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
 pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Retry, Snapshot};
 
 use adaptive::Adaptive;
+use contention::Contention;
 use device_time::DeviceTime;
 use estimate::{ServiceTime, pushback};
 use ingest_gate::IngestGate;
@@ -90,6 +93,8 @@ struct State {
     ingest_gate: IngestGate,
     /// TEI time this replica may still take under the pool's `deviceTimeCap`.
     device_time: DeviceTime,
+    /// Whether a neighbour on a time-sliced GPU is busy: the pool's `gpu_share` caps it then.
+    contention: Contention,
     /// When a task wakes to let waiters through a gate (ingest's, or the device time's), if one
     /// is armed.
     gate_wake: Option<Instant>,
@@ -113,6 +118,9 @@ pub struct Permit {
     lane: Lane,
     cost: Cost,
     acquired: Instant,
+    /// Inputs in flight once this call was let in, its own included: about the largest batch
+    /// TEI can have put it in (see `contention`).
+    in_flight: usize,
     armed: bool,
 }
 
@@ -126,7 +134,7 @@ impl Permit {
     /// Tells the pool what TEI reported for this call's answer: it teaches the token estimate and
     /// drives the adaptive limit.
     pub fn observe(&self, observation: Observation) {
-        self.shared.observe(observation);
+        self.shared.observe(observation, self.in_flight);
     }
 
     pub fn cost(&self) -> Cost {
@@ -170,6 +178,7 @@ impl Admission {
             queue: Lanes::default(),
             ingest_gate: IngestGate::default(),
             device_time: DeviceTime::default(),
+            contention: Contention::default(),
             gate_wake: None,
             service_time: ServiceTime::default(),
             standing: Standing::default(),
@@ -296,7 +305,8 @@ impl Admission {
         state.take(lane, cost, now);
         state.queue.admitted(lane, cost.inputs);
         self.shared.notify(state, None);
-        Some(Permit { shared: self.shared.clone(), lane, cost, acquired: now, armed: true })
+        let in_flight = state.in_flight;
+        Some(Permit { shared: self.shared.clone(), lane, cost, acquired: now, in_flight, armed: true })
     }
 
     /// Waits for a permit for `ask.cost`. Dropping the returned future leaves the queue.
@@ -441,10 +451,19 @@ impl Shared {
         self.notify(&state, None);
     }
 
-    fn observe(self: &Arc<Self>, observation: Observation) {
+    fn observe(self: &Arc<Self>, observation: Observation, in_flight: usize) {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
         state.ingest_gate.observed_batch(observation.tei_inference);
+        if state.limits.gpu_share.is_some() {
+            let now = Instant::now();
+            if state.contention.observe(observation.tei_inference, in_flight, now) {
+                // The share's cap starts (from a full burst) or lifts, from now.
+                state.note_busy(now);
+                self.dispatch(&mut state);
+                self.notify(&state, None);
+            }
+        }
         let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
         let (floor, ceiling) = (state.adaptive_floor(), state.limits.max_in_flight);
         let Some(adaptive) = &mut state.adaptive else { return };
@@ -473,7 +492,9 @@ impl Shared {
             let waiter = state.queue.queue_mut(lane).pop_next().expect("peeked");
             state.take(lane, waiter.cost, now);
             state.queue.admitted(lane, waiter.cost.inputs);
-            let permit = Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, armed: true };
+            let in_flight = state.in_flight;
+            let permit =
+                Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, in_flight, armed: true };
             if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
                 // The waiter is gone; take the room back here, without re-entering the lock.
                 unwanted.armed = false;
@@ -494,7 +515,7 @@ impl Shared {
         };
         let device = match state.queue.is_empty() {
             true => None,
-            false => state.device_time.closed_until(state.limits.device_time_cap, now),
+            false => state.device_time.closed_until(state.device_time_cap(), now),
         };
         let Some(opens) = [ingest, device].into_iter().flatten().min() else { return };
         if state.gate_wake.is_some_and(|armed| armed <= opens) {
@@ -535,7 +556,7 @@ impl State {
     /// gate kept for queries is closed (see `ingest_gate`) unless queries wait, when it goes
     /// only on the turns its floor is owed, and those it takes whole.
     fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> bool {
-        if self.device_time.closed_until(self.limits.device_time_cap, now).is_some() {
+        if self.device_time.closed_until(self.device_time_cap(), now).is_some() {
             return false;
         }
         let limit = self.effective_limit();
@@ -567,7 +588,14 @@ impl State {
 
     /// Tells the device time's credit whether calls are in flight from `now` on.
     fn note_busy(&mut self, now: Instant) {
-        self.device_time.set_busy(self.in_flight > 0, self.limits.device_time_cap, now);
+        self.device_time.set_busy(self.in_flight > 0, self.device_time_cap(), now);
+    }
+
+    /// The cap on TEI time in force: the pool's `deviceTimeCap` always, or else its share of a
+    /// time-sliced GPU while a neighbour is busy there (see `contention`).
+    fn device_time_cap(&self) -> Option<u8> {
+        let share = self.limits.gpu_share.filter(|_| self.contention.neighbour_busy());
+        self.limits.device_time_cap.or(share)
     }
 
     fn untake(&mut self, lane: Lane, cost: Cost, now: Instant) {
@@ -582,7 +610,7 @@ impl State {
     /// back and then drains at the cap's pace (see `device_time`), not the in-flight limit's.
     fn expected_wait(&self, ahead: usize) -> Option<Duration> {
         let wait = self.service_time.wait_for(ahead, self.draining_slots());
-        let cap = self.limits.device_time_cap;
+        let cap = self.device_time_cap();
         if cap.is_none() {
             return wait;
         }
@@ -707,6 +735,8 @@ impl Drop for Waiting {
 
 #[cfg(test)]
 mod device_time_tests;
+#[cfg(test)]
+mod gpu_share_tests;
 #[cfg(test)]
 mod lane_tests;
 #[cfg(test)]

@@ -55,7 +55,12 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
                     format!("{scheme}://{name}.{namespace}.svc:{POOL_SERVICE_PORT}")
                 },
                 model: Some(pool.spec.model.id.clone()),
-                limits: limits_of(pool),
+                // The share of a time-sliced GPU is the TEI beside this sidecar's: its batch times
+                // are what say a neighbour is busy.
+                limits: limits_of(pool).map(|limits| match local {
+                    true => Limits { gpu_share: budget::gpu_share(&pool.spec.gpu), ..limits },
+                    false => limits,
+                }),
                 remote: !local,
                 coalesce: pool.spec.coalesce,
                 tenants: budget::tenants(&pool.spec.concurrency),
