@@ -6,8 +6,8 @@
 //! its `inference_time` includes the wait. This learns how long this replica's batches take
 //! when nobody is in the way, a minimum per batch size over a long window, and calls a batch
 //! *waited* when it took well above that ([`WAITED`] times). A neighbour is *busy* while the
-//! share of recent answers from waited batches is high, with hysteresis ([`ENTER`], [`LEAVE`])
-//! so the verdict does not flap.
+//! share of recent batches that waited is high, with hysteresis ([`ENTER`], [`LEAVE`]) so the
+//! verdict does not flap.
 //!
 //! Nothing beyond what TEI already answers with is needed, and nothing from outside the pod is
 //! believed: the signal is TEI's own timing of this replica's batches.
@@ -22,10 +22,14 @@
 //!   their protection, never this pool's throughput.
 //! - A pool cannot starve itself: a capped pool still runs batches at its share, each one
 //!   observed, so the verdict is re-read all along; once the neighbours go quiet its batches stop
-//!   waiting and the cap lifts within a few dozen answers.
+//!   waiting and the cap lifts within a few dozen batches.
 //!
-//! The batch size is not in TEI's answer; the inputs this replica had in flight when the call
-//! was let in stand for it (TEI batches only what the sidecar lets in), in powers of two.
+//! The batch size is not in TEI's answer, and what the sidecar had in flight is a poor stand-in
+//! (calls let in together are batched together whatever was in flight when each went in). But
+//! TEI times a batch once and gives every call in it that time, to the nanosecond: answers in a
+//! row with the same `inference_time` are one batch, and their inputs its size. So a batch is
+//! judged when the first answer of the next one comes, against the minimum of its size's bucket
+//! (powers of two).
 
 use std::time::Duration;
 
@@ -35,16 +39,16 @@ use tokio::time::Instant;
 /// neighbour's turn. A neighbour's batch on the device at least doubles a short batch; jitter
 /// and a batch a little larger than its bucket say stay below.
 pub(super) const WAITED: f64 = 1.5;
-/// The weight of each answer in the moving share of answers from waited batches.
-const WEIGHT: f64 = 1.0 / 32.0;
-/// A neighbour becomes busy once this share of recent answers came from waited batches...
+/// The weight of each batch in the moving share of batches that waited.
+const WEIGHT: f64 = 1.0 / 16.0;
+/// A neighbour becomes busy once this share of recent batches waited...
 pub(super) const ENTER: f64 = 0.25;
 /// ...and quiet again once it falls to this.
 pub(super) const LEAVE: f64 = 0.08;
 /// How fast the learned minimum rises while nothing undercuts it, per second: what re-learns a
 /// pool whose own batches got slower for good.
 pub(super) const DRIFT_PER_SECOND: f64 = 0.02;
-/// Batch-size buckets: 1, 2, 3–4, 5–8, ... inputs in flight; larger ones share the last.
+/// Batch-size buckets: 1, 2, 3–4, 5–8, ... inputs; larger ones share the last.
 const BUCKETS: usize = 12;
 
 /// The shortest batch time seen for one batch size, and when it was seen.
@@ -62,10 +66,18 @@ impl Minimum {
     }
 }
 
+/// The batch whose answers are coming in: its time, and the inputs answered so far.
+#[derive(Clone, Copy, Debug)]
+struct Batch {
+    inference: Duration,
+    inputs: usize,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct Contention {
     minimums: [Option<Minimum>; BUCKETS],
-    /// The moving share of answers whose batch waited.
+    batch: Option<Batch>,
+    /// The moving share of batches that waited.
     waited_share: f64,
     busy: bool,
 }
@@ -82,14 +94,28 @@ impl Contention {
         self.busy
     }
 
-    /// TEI took `inference` for the batch of a call let in with `in_flight` inputs in flight
-    /// (its own included), answered at `now`. Returns true when the verdict changed.
-    pub fn observe(&mut self, inference: Duration, in_flight: usize, now: Instant) -> bool {
-        let seconds = inference.as_secs_f64();
-        if seconds <= 0.0 {
+    /// TEI took `inference` for the batch of a call of `inputs` inputs, answered at `now`.
+    /// Returns true when the verdict changed.
+    pub fn observe(&mut self, inference: Duration, inputs: usize, now: Instant) -> bool {
+        if inference.is_zero() {
             return false;
         }
-        let slot = &mut self.minimums[bucket(in_flight)];
+        match &mut self.batch {
+            Some(batch) if batch.inference == inference => {
+                batch.inputs += inputs;
+                false
+            }
+            slot => {
+                let done = slot.replace(Batch { inference, inputs });
+                done.is_some_and(|done| self.judge(done, now))
+            }
+        }
+    }
+
+    /// Judges a batch all of whose answers came: did it wait for a neighbour?
+    fn judge(&mut self, batch: Batch, now: Instant) -> bool {
+        let seconds = batch.inference.as_secs_f64();
+        let slot = &mut self.minimums[bucket(batch.inputs)];
         let minimum = match slot {
             Some(minimum) => minimum.at(now),
             // The first of its size: nothing to compare with yet.
@@ -119,22 +145,29 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
-    /// Feeds `answers` answers of `batch` each, `every` apart; every `waits_every`-th (if any)
-    /// waited `wait` for a neighbour. Returns the verdict after each answer.
+    /// A batch's time as TEI reports it: `base`, and a few nanoseconds that tell batches apart.
+    fn timed(base: Duration, n: usize) -> Duration {
+        base + Duration::from_nanos((n % 997) as u64 + 1)
+    }
+
+    /// Feeds `batches` batches of two one-input calls, each taking `batch`, back to back; every
+    /// `waits_every`-th (if any) waited `wait` for a neighbour. Returns the verdict after each.
     fn feed(
         contention: &mut Contention,
         now: &mut Instant,
-        answers: usize,
+        batches: usize,
         batch: Duration,
         waits_every: Option<usize>,
         wait: Duration,
     ) -> Vec<bool> {
         let mut verdicts = Vec::new();
-        for n in 0..answers {
+        for n in 0..batches {
             let waited = waits_every.is_some_and(|every| n % every == 0);
-            let took = if waited { batch + wait } else { batch };
-            contention.observe(took, 2, *now);
-            *now += batch + MS;
+            let took = timed(if waited { batch + wait } else { batch }, n);
+            *now += took;
+            contention.observe(took, 1, *now);
+            contention.observe(took, 1, *now);
+            *now += MS;
             verdicts.push(contention.neighbour_busy());
         }
         verdicts
@@ -146,21 +179,19 @@ mod tests {
         let mut now = Instant::now();
         // 10 % jitter on every other batch, and one batch in twenty 40 % slower.
         for n in 0..5_000 {
-            let jitter = if n % 20 == 0 {
-                1.4
-            } else if n % 2 == 0 {
-                1.1
-            } else {
-                1.0
+            let jitter = match n {
+                n if n % 20 == 0 => 1.4,
+                n if n % 2 == 0 => 1.1,
+                _ => 1.0,
             };
-            contention.observe(Duration::from_secs_f64(0.004 * jitter), 2, now);
+            contention.observe(timed(Duration::from_secs_f64(0.004 * jitter), n), 2, now);
             now += 5 * MS;
-            assert!(!contention.neighbour_busy(), "answer {n}");
+            assert!(!contention.neighbour_busy(), "batch {n}");
         }
     }
 
     #[test]
-    fn batches_that_wait_for_a_neighbour_read_busy_within_a_few_dozen_answers_and_quiet_after() {
+    fn batches_that_wait_for_a_neighbour_read_busy_within_a_few_dozen_and_quiet_after() {
         let mut contention = Contention::default();
         let mut now = Instant::now();
         let batch = 4 * MS;
@@ -168,18 +199,18 @@ mod tests {
         // A neighbour's batch ahead of every other one of ours.
         let busy = feed(&mut contention, &mut now, 200, batch, Some(2), 3 * MS);
         let first = busy.iter().position(|b| *b).expect("read busy");
-        assert!(first < 30, "busy after {first} answers");
+        assert!(first < 20, "busy after {first} batches");
         assert!(busy[first..].iter().all(|b| *b), "no flapping while the neighbour stays busy");
         // The neighbour goes quiet.
         let quiet = feed(&mut contention, &mut now, 200, batch, None, MS);
         let back = quiet.iter().position(|b| !*b).expect("read quiet");
-        assert!(back < 70, "quiet after {back} answers");
+        assert!(back < 40, "quiet after {back} batches");
         assert!(quiet[back..].iter().all(|b| !*b));
     }
 
     #[test]
     fn a_share_between_the_thresholds_keeps_the_verdict_it_has() {
-        // One answer in six from a waited batch: above LEAVE, below ENTER.
+        // One batch in six waited: above LEAVE, below ENTER.
         let mut rising = Contention::default();
         let mut now = Instant::now();
         feed(&mut rising, &mut now, 10, 4 * MS, None, MS);
@@ -192,16 +223,20 @@ mod tests {
     }
 
     #[test]
-    fn larger_batches_are_judged_against_their_own_size() {
+    fn answers_with_one_time_are_one_batch_judged_against_its_own_size() {
         let mut contention = Contention::default();
         let now = Instant::now();
-        // One input takes 2 ms, sixteen take 8 ms: the larger batch did not wait.
+        // A lone input takes 2 ms, a batch of sixteen 8 ms: the larger batch did not wait, and
+        // its sixteen answers are one batch, not sixteen.
         for n in 0..500u32 {
             let at = now + n * 10 * MS;
-            contention.observe(2 * MS, 1, at);
-            contention.observe(8 * MS, 16, at + 5 * MS);
-            assert!(!contention.neighbour_busy(), "answer {n}");
+            contention.observe(timed(2 * MS, 2 * n as usize), 1, at);
+            for _ in 0..16 {
+                contention.observe(timed(8 * MS, 2 * n as usize + 1), 1, at + 5 * MS);
+            }
+            assert!(!contention.neighbour_busy(), "batch {n}");
         }
+        assert_eq!(contention.minimums.iter().flatten().count(), 2, "two sizes: 1 and 16");
     }
 
     #[test]
@@ -212,8 +247,8 @@ mod tests {
         // From now on every batch takes 10 ms (a slower model, longer inputs): read as waiting
         // at first, then the minimum rises to it.
         let mut busy_for = Duration::ZERO;
-        for _ in 0..10_000 {
-            contention.observe(10 * MS, 2, now);
+        for n in 0..10_000 {
+            contention.observe(timed(10 * MS, n), 2, now);
             now += 11 * MS;
             if contention.neighbour_busy() {
                 busy_for += 11 * MS;
@@ -229,7 +264,7 @@ mod tests {
         let mut contention = Contention::default();
         let now = Instant::now();
         assert!(!contention.observe(Duration::ZERO, 1, now));
-        assert!(contention.minimums.iter().all(Option::is_none));
+        assert!(contention.batch.is_none());
     }
 
     #[test]

@@ -118,9 +118,6 @@ pub struct Permit {
     lane: Lane,
     cost: Cost,
     acquired: Instant,
-    /// Inputs in flight once this call was let in, its own included: about the largest batch
-    /// TEI can have put it in (see `contention`).
-    in_flight: usize,
     armed: bool,
 }
 
@@ -134,7 +131,7 @@ impl Permit {
     /// Tells the pool what TEI reported for this call's answer: it teaches the token estimate and
     /// drives the adaptive limit.
     pub fn observe(&self, observation: Observation) {
-        self.shared.observe(observation, self.in_flight);
+        self.shared.observe(observation, self.cost.inputs as usize);
     }
 
     pub fn cost(&self) -> Cost {
@@ -305,8 +302,7 @@ impl Admission {
         state.take(lane, cost, now);
         state.queue.admitted(lane, cost.inputs);
         self.shared.notify(state, None);
-        let in_flight = state.in_flight;
-        Some(Permit { shared: self.shared.clone(), lane, cost, acquired: now, in_flight, armed: true })
+        Some(Permit { shared: self.shared.clone(), lane, cost, acquired: now, armed: true })
     }
 
     /// Waits for a permit for `ask.cost`. Dropping the returned future leaves the queue.
@@ -451,13 +447,13 @@ impl Shared {
         self.notify(&state, None);
     }
 
-    fn observe(self: &Arc<Self>, observation: Observation, in_flight: usize) {
+    fn observe(self: &Arc<Self>, observation: Observation, inputs: usize) {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
         state.ingest_gate.observed_batch(observation.tei_inference);
         if state.limits.gpu_share.is_some() {
             let now = Instant::now();
-            if state.contention.observe(observation.tei_inference, in_flight, now) {
+            if state.contention.observe(observation.tei_inference, inputs, now) {
                 // The share's cap starts (from a full burst) or lifts, from now.
                 state.note_busy(now);
                 self.dispatch(&mut state);
@@ -492,9 +488,7 @@ impl Shared {
             let waiter = state.queue.queue_mut(lane).pop_next().expect("peeked");
             state.take(lane, waiter.cost, now);
             state.queue.admitted(lane, waiter.cost.inputs);
-            let in_flight = state.in_flight;
-            let permit =
-                Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, in_flight, armed: true };
+            let permit = Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, armed: true };
             if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
                 // The waiter is gone; take the room back here, without re-entering the lock.
                 unwanted.armed = false;
