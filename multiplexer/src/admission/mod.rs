@@ -685,6 +685,7 @@ impl State {
             queued: Priority::ALL.map(|priority| self.queue.inputs_of(priority)),
             chars_per_token: self.tokens.chars_per_token(),
             standing_queue: self.standing.standing(),
+            device_time_cap: self.device_time_cap(),
             change,
         }
     }

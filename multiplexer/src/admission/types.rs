@@ -175,6 +175,9 @@ pub struct Snapshot {
     pub chars_per_token: f64,
     /// The queries' queue stands (a signal only: nobody is refused for it, see `standing`).
     pub standing_queue: bool,
+    /// The cap on TEI time in force, in percent: `limits.device_time_cap`, or `limits.gpu_share`
+    /// while a neighbour is busy on the GPU (see `contention`).
+    pub device_time_cap: Option<u8>,
     /// Set on the snapshot taken right after the adaptive limit moved.
     pub change: Option<Change>,
 }
