@@ -338,9 +338,9 @@ mod tests {
             .unwrap();
             Arc::new(pool)
         };
-        let specs = specs(&[shared("bge"), shared("gte")], "ml", "bge", "http://127.0.0.1:8080");
-        assert_eq!(specs[0].limits.and_then(|l| l.gpu_share), Some(25));
-        assert_eq!(specs[1].limits.and_then(|l| l.gpu_share), None, "another pool's share is its own sidecar's");
+        let both = specs(&[shared("bge"), shared("gte")], "ml", "bge", "http://127.0.0.1:8080");
+        assert_eq!(both[0].limits.and_then(|l| l.gpu_share), Some(25));
+        assert_eq!(both[1].limits.and_then(|l| l.gpu_share), None, "another pool's share is its own sidecar's");
         let whole = specs(&[pool("bge", json!({}))], "ml", "bge", "http://127.0.0.1:8080");
         assert_eq!(whole[0].limits.and_then(|l| l.gpu_share), None, "a whole GPU: no share");
     }
