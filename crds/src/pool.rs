@@ -335,14 +335,15 @@ pub struct ConcurrencySpec {
     pub query_reserve: Option<i32>,
 
     /// The most of TEI's time each replica keeps it busy while its calls queue, in percent (1 to
-    /// 100; unset: no cap). Meant for a pool on a time-sliced GPU (`gpu.sharing.strategy:
-    /// time-slicing`), which hands its turns to whichever replica has work and isolates nothing:
-    /// a flooding pool there runs batch after batch, and every neighbour's call waits for them.
-    /// With a cap of its share (25 for one of 4 replicas of a GPU) its sidecar lets calls in only
-    /// while its time with TEI busy stays under the cap (over a burst of 50 ms), so neighbours
-    /// find the device free most of the time. The price: the pool never uses more than the cap,
-    /// even of an idle GPU. Put it on the pools that flood (bulk ingestion), not on the quiet,
-    /// latency-bound ones: the time counted includes waiting for a neighbour's turn.
+    /// 100), always. Unset: a pool on a time-sliced GPU (`gpu.sharing.strategy: time-slicing`)
+    /// is capped at its share (`100 / gpu.sharing.replicas`) only while TEI's batch times say a
+    /// neighbour is busy on the device, and has the whole card while it is quiet; any other pool
+    /// is not capped. A time-sliced GPU hands its turns to whichever replica has work and
+    /// isolates nothing: a flooding pool there runs batch after batch, and every neighbour's call
+    /// waits for them. Under a cap its sidecar lets calls in only while its time with TEI busy
+    /// stays under the cap (over a burst of 50 ms), so neighbours find the device free most of
+    /// the time. The price of setting it: the pool never uses more than the cap, even of an idle
+    /// GPU. The time counted includes waiting for a neighbour's turn.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 100").message("concurrency.deviceTimeCap must be between 1 and 100 (percent)"))]
     pub device_time_cap: Option<i32>,

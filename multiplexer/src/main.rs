@@ -148,6 +148,12 @@ struct StaticPool {
     /// pool's share of a time-sliced GPU, e.g. 25 for one of 4 replicas.
     #[arg(long)]
     device_time_cap: Option<i32>,
+    /// Percent of a time-sliced GPU that is this replica's share (1 to 100; unset: not shared),
+    /// e.g. 25 for one of 4 replicas: its TEI time is capped at it while a neighbour is busy on
+    /// the device, read from TEI's batch times, and not while the device is quiet. An explicit
+    /// --device-time-cap caps always instead.
+    #[arg(long)]
+    gpu_share: Option<i64>,
     /// Another replica of this pool, as its multiplexer's gRPC URL (repeat for several): calls
     /// spill there when this replica's budget is full and it has room. Each replica runs with the
     /// same flags, so the pool's budget is each replica's times the replicas.
@@ -403,8 +409,9 @@ async fn run(source: Source) -> anyhow::Result<()> {
         }
         Source::Static { pool, upstream, serve } => {
             let concurrency = pool.concurrency();
-            let limits =
-                budget::whole(&concurrency).map_err(|reason| anyhow::anyhow!("the pool's budget: {reason}"))?;
+            let limits = budget::whole(&concurrency)
+                .and_then(|limits| budget::with_gpu_share(limits, pool.gpu_share))
+                .map_err(|reason| anyhow::anyhow!("the pool's budget: {reason}"))?;
             let gate = gate_for(&pool.pool, Policy::Off)?;
             gate.set_grants(pool.grants());
             let table =

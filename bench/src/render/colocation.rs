@@ -21,9 +21,11 @@ impl Render for Colocation {
              **the shared device's capacity {:.1} req/s**, a pool's share a quarter of it ({:.1} req/s). Each pool's \
              multiplexer: {}, a quarter of a device batch, as the operator sizes a slice's budget. Pool A sends {}× its \
              share over 8 connections while B, C and D send {}× theirs over 2 each, open loop (Poisson), {:.0} s, 1 s \
-             deadline, all at once; B, C and D first without A, the same schedules. With the static limit, then the \
-             adaptive one (the share as ceiling); both again with A's `deviceTimeCap` at its share ({} %: its sidecar \
-             keeps the device busy at most that share of the time); then the same four loads straight to the \
+             deadline, all at once; B, C and D first without A, the same schedules, and A alone. With the static \
+             limit, then the adaptive one (the share as ceiling), uncapped; both again with every pool's GPU share \
+             at {} % (`--gpu-share`, the sidecar's default from `gpu.sharing.replicas`: a cap on TEI time while TEI's \
+             batch times say a neighbour is busy, none while the device is quiet); the static limit with A's \
+             `deviceTimeCap` at its share instead (the cap always on); then the same four loads straight to the \
              simulators. Latency columns are of all answers.\n",
             colocation::POOLS,
             backend(&self.backend),
@@ -67,13 +69,17 @@ impl Render for Colocation {
         };
         let light = ["B", "C", "D"];
         for mode in &self.modes {
-            let name = match (mode.adaptive, mode.cap) {
-                (false, None) => "static".to_owned(),
-                (true, None) => "adaptive".to_owned(),
-                (adaptive, Some(cap)) => format!("{}, A capped {cap} %", if adaptive { "adaptive" } else { "static" }),
+            let limit = if mode.adaptive { "adaptive" } else { "static" };
+            let name = match (mode.cap, mode.share) {
+                (Some(cap), _) => format!("{limit}, A capped {cap} %"),
+                (None, Some(share)) => format!("{limit}, share {share} %"),
+                (None, None) => limit.to_owned(),
             };
             for (pool, alone) in light.iter().zip(&mode.alone) {
                 row(&format!("{name}, without A"), pool, alone, None);
+            }
+            if let Some(flood_alone) = &mode.flood_alone {
+                row(&format!("{name}, A alone"), "A", flood_alone, None);
             }
             row(&format!("{name}, A flooding"), "A", &mode.shared.flood, None);
             for ((pool, shared), alone) in light.iter().zip(&mode.shared.light).zip(&mode.alone) {
@@ -85,9 +91,13 @@ impl Render for Colocation {
             row("direct to TEI, A flooding", pool, shared, None);
         }
         for mode in &self.modes {
+            let alone = match self.flood_alone_ratio(mode).filter(|_| mode.cap.is_some() || mode.share.is_some()) {
+                Some(alone) => format!(" A alone got {alone:.3}× the calls it got alone uncapped."),
+                None => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "\n{}: the worst light pool kept {:.3} of its calls and its p99 was {:.2}× its p99 without A.",
+                "\n{}: the worst light pool kept {:.3} of its calls and its p99 was {:.2}× its p99 without A.{alone}",
                 capitalized(&mode.name()),
                 mode.worst_light_share(),
                 mode.worst_p99_ratio()
@@ -115,10 +125,12 @@ mod tests {
 
     #[test]
     fn every_pool_of_every_run_has_a_row_and_the_light_ones_their_ratio() {
-        let mode = |adaptive| Mode {
+        let mode = |adaptive, share, flood_ok| Mode {
             adaptive,
             cap: None,
+            share,
             alone: vec![report(100, 100, 5.0); 3],
+            flood_alone: Some(report(5000, flood_ok, 50.0)),
             shared: Side { flood: report(5000, 900, 900.0), light: vec![report(100, 99, 7.5); 3] },
         };
         let r = Colocation {
@@ -126,14 +138,16 @@ mod tests {
             limits: slice_limits(),
             capacity: Capacity { rps: 900.0, batch_ms: 8.4, concurrency: 64 },
             seconds: 4.0,
-            modes: vec![mode(false), mode(true)],
+            modes: vec![mode(false, None, 2000), mode(true, None, 2000), mode(false, Some(25), 1900)],
             direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3] },
         };
         let body = r.body();
         assert_eq!(body.matches("| static, A flooding |").count(), 4, "{body}");
         assert_eq!(body.matches("| adaptive, without A |").count(), 3, "{body}");
         assert_eq!(body.matches("| direct to TEI, A flooding |").count(), 4, "{body}");
-        assert_eq!(body.matches("| 1.50× |").count(), 6, "{body}");
+        assert_eq!(body.matches("| static, share 25 %, A alone |").count(), 1, "{body}");
+        assert_eq!(body.matches("| 1.50× |").count(), 9, "{body}");
+        assert!(body.contains("A alone got 0.950× the calls it got alone uncapped."), "{body}");
         assert!(
             body.contains("Static limit: the worst light pool kept 0.990 of its calls and its p99 was 1.50×"),
             "{body}"

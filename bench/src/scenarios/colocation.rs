@@ -4,11 +4,14 @@
 //! simulator holds a lock file every one of them opens), and each multiplexer lets in a quarter of
 //! a device batch, the budget sized to the pool's slice. Pool A floods at 5× its share (a quarter
 //! of the device's capacity) while B, C and D send 0.2× theirs, open loop, 1 s deadline, all at
-//! once; then B, C and D without A, the same schedules, for their latency without the flood. Run
-//! with static limits and with the adaptive limit, both again with A's `deviceTimeCap` at its
-//! share (its sidecar keeps the device busy at most a quarter of the time), and once with the four
-//! loads straight to the simulators for comparison. Targets, per mode: every light pool keeps
-//! ≥ 0.95 of its calls and its p99 ≤ 2× its p99 without the flood.
+//! once; B, C and D first without A, the same schedules, for their latency without the flood,
+//! and A alone, for what it gets of the device with nobody beside it. Run with static limits and
+//! with the adaptive limit, uncapped; both again with every pool's `--gpu-share` at its share,
+//! what the operator's sidecar derives from `gpu.sharing` by default (a cap on TEI time while a
+//! neighbour is busy, none while the device is quiet); once with A's `deviceTimeCap` at its
+//! share (the cap always on) for comparison; and once with the four loads straight to the
+//! simulators. Targets, for the default share: every light pool keeps ≥ 0.95 of its calls and
+//! its p99 ≤ 1.5× its p99 without the flood, and A alone gets ≥ 0.95× of what it gets uncapped.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -27,14 +30,26 @@ pub const POOLS: usize = 4;
 pub const FLOOD_FACTOR: f64 = 5.0;
 pub const LIGHT_FACTOR: f64 = 0.2;
 pub const LIGHT_GOODPUT_LIMIT: f64 = 0.95;
-pub const LIGHT_P99_LIMIT: f64 = 2.0;
-/// A's `deviceTimeCap` in the capped runs: its share of the device.
+pub const LIGHT_P99_LIMIT: f64 = 1.5;
+/// What A gets of the device alone with the default share, ÷ uncapped, at least.
+pub const FLOOD_ALONE_LIMIT: f64 = 0.95;
+/// A pool's share of the device: A's `deviceTimeCap` in the capped run, and every pool's
+/// `--gpu-share` in the default runs, as the sidecar derives it from `gpu.sharing.replicas`.
 pub const DEVICE_TIME_CAP: u8 = (100 / POOLS) as u8;
-/// The runs: the static limit and the adaptive one, A uncapped and then capped at its share. The
-/// targets are judged with the cap, as docs/admission.md says to run a pool that floods a
-/// time-sliced GPU; the uncapped runs are reported for comparison (they measured 2.1–2.4×).
-const MODES: [(bool, Option<u8>); 4] =
-    [(false, None), (true, None), (false, Some(DEVICE_TIME_CAP)), (true, Some(DEVICE_TIME_CAP))];
+/// How a run keeps A to its share, if at all.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Guard {
+    None,
+    /// Every pool's `--gpu-share`: the default for pools on a time-sliced GPU.
+    Share,
+    /// A's `--device-time-cap`: always on.
+    Cap,
+}
+/// The runs: the static limit and the adaptive one, uncapped and with the default share, then the
+/// static limit with A's explicit cap. The targets are judged with the default share; the
+/// uncapped runs (which measured 2.1–2.4×) and the explicit cap are reported for comparison.
+const MODES: [(bool, Guard); 5] =
+    [(false, Guard::None), (true, Guard::None), (false, Guard::Share), (true, Guard::Share), (false, Guard::Cap)];
 const TOKENS: usize = 16;
 /// Requests of one device batch; each pool's multiplexer lets in its quarter of it.
 const BATCH_REQUESTS: usize = 8;
@@ -77,18 +92,40 @@ pub struct Mode {
     /// Pool A's `deviceTimeCap` (its share of the device), if it has one.
     #[serde(default)]
     pub cap: Option<u8>,
+    /// Every pool's `--gpu-share` (its share of the device, capped while a neighbour is busy),
+    /// if they have one.
+    #[serde(default)]
+    pub share: Option<u8>,
     /// B, C and D at their rates with A idle.
     pub alone: Vec<Report>,
+    /// A flooding with B, C and D silent.
+    #[serde(default)]
+    pub flood_alone: Option<Report>,
     pub shared: Side,
 }
 
 impl Mode {
     pub fn name(&self) -> String {
         let limit = if self.adaptive { "adaptive limit" } else { "static limit" };
-        match self.cap {
-            Some(cap) => format!("{limit}, A's device time capped at {cap} %"),
-            None => limit.to_owned(),
+        match (self.cap, self.share) {
+            (Some(cap), _) => format!("{limit}, A's device time capped at {cap} %"),
+            (None, Some(share)) => format!("{limit}, every pool's GPU share {share} % (the default)"),
+            (None, None) => limit.to_owned(),
         }
+    }
+
+    fn new(adaptive: bool, guard: Guard) -> Self {
+        let (cap, share) = match guard {
+            Guard::None => (None, None),
+            Guard::Share => (None, Some(DEVICE_TIME_CAP)),
+            Guard::Cap => (Some(DEVICE_TIME_CAP), None),
+        };
+        Self { adaptive, cap, share, alone: Vec::new(), flood_alone: None, shared: Side::default() }
+    }
+
+    /// Whether this is a run of the default: every pool with its GPU share, no explicit cap.
+    pub fn is_default_share(&self) -> bool {
+        self.share.is_some() && self.cap.is_none()
     }
 
     /// The worst light pool's OK answers in time ÷ what it sent, A flooding.
@@ -129,6 +166,7 @@ fn label(mode: &str, what: &str) -> String {
 
 const LIGHT_GOODPUT: &str = "worst light pool's goodput ÷ what it sends, A flooding";
 const LIGHT_P99: &str = "worst light pool's p99, A flooding ÷ without A";
+const FLOOD_ALONE: &str = "A's calls OK in time alone ÷ alone uncapped";
 
 fn load(target: String, rate: f64, duration: Duration, connections: usize, seed: u64) -> LoadConfig {
     LoadConfig {
@@ -141,11 +179,11 @@ fn load(target: String, rate: f64, duration: Duration, connections: usize, seed:
     }
 }
 
-/// The light pools' loads at once, and A's flood beside them when `flood` is given.
-async fn loads(targets: &[String], share_rps: f64, duration: Duration, flood: bool) -> Result<Side> {
+/// The light pools' loads at once when `light`, and A's flood beside them when `flood`.
+async fn loads(targets: &[String], share_rps: f64, duration: Duration, light: bool, flood: bool) -> Result<Side> {
     let light_rate = LIGHT_FACTOR * share_rps;
     let mut tasks = Vec::new();
-    for (k, target) in targets.iter().enumerate().skip(1) {
+    for (k, target) in targets.iter().enumerate().skip(1).filter(|_| light) {
         tasks.push(tokio::spawn(measure(load(target.clone(), light_rate, duration, 2, 20 + k as u64))));
     }
     let flood_run = match flood {
@@ -197,18 +235,27 @@ impl Measurement for Colocation {
         let duration = ctx.pick(Duration::from_secs(4), Duration::from_secs(12));
 
         let mut modes = Vec::new();
-        for (adaptive, cap) in MODES {
+        for (adaptive, guard) in MODES {
+            let mode = Mode::new(adaptive, guard);
             let mut muxes = Vec::new();
             for (n, sim) in sims.iter().enumerate() {
                 let mut extra: Vec<String> = if adaptive { vec!["--adaptive".into()] } else { Vec::new() };
-                // A alone: the cap is for the pool that floods, not the quiet ones beside it.
-                if let Some(cap) = cap.filter(|_| n == 0) {
+                // An explicit cap is for the pool that floods, not the quiet ones beside it.
+                if let Some(cap) = mode.cap.filter(|_| n == 0) {
                     extra.push(format!("--device-time-cap={cap}"));
+                }
+                // The share is every pool's, as the sidecar derives it from `gpu.sharing`.
+                if let Some(share) = mode.share {
+                    extra.push(format!("--gpu-share={share}"));
                 }
                 let name = format!(
                     "colocation-mux-{n}{}{}",
                     if adaptive { "-adaptive" } else { "" },
-                    if cap.is_some() { "-capped" } else { "" }
+                    match guard {
+                        Guard::None => "",
+                        Guard::Share => "-share",
+                        Guard::Cap => "-capped",
+                    }
                 );
                 muxes.push(procs::start_mux_with(&ctx.bins, &name, sim, &limits, &extra).await?);
             }
@@ -216,15 +263,20 @@ impl Measurement for Colocation {
             for target in &targets {
                 warm_up(target, 2).await?;
             }
-            let mode = Mode { adaptive, cap, alone: Vec::new(), shared: Side::default() }.name();
-            ctx.say(&format!("colocation ({mode}): B, C, D at {:.0} req/s each, without A", LIGHT_FACTOR * share_rps));
-            let alone = loads(&targets, share_rps, duration, false).await?.light;
+            let name = mode.name();
+            ctx.say(&format!("colocation ({name}): B, C, D at {:.0} req/s each, without A", LIGHT_FACTOR * share_rps));
+            let alone = loads(&targets, share_rps, duration, true, false).await?.light;
             tokio::time::sleep(Duration::from_secs(1)).await;
-            ctx.say(&format!("colocation ({mode}): A at {:.0} req/s beside them", FLOOD_FACTOR * share_rps));
-            let shared = loads(&targets, share_rps, duration, true).await?;
+            ctx.say(&format!("colocation ({name}): A at {:.0} req/s alone", FLOOD_FACTOR * share_rps));
+            let flood_alone = loads(&targets, share_rps, duration, false, true).await?.flood;
+            ctx.say(&format!("colocation ({name}): A got {}/{} alone", flood_alone.ok_in_time, flood_alone.sent));
+            // A's queue drains before the light pools come.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            ctx.say(&format!("colocation ({name}): A at {:.0} req/s beside B, C, D", FLOOD_FACTOR * share_rps));
+            let shared = loads(&targets, share_rps, duration, true, true).await?;
             let got: Vec<String> = shared.light.iter().map(|r| format!("{}/{}", r.ok_in_time, r.sent)).collect();
-            ctx.say(&format!("colocation ({mode}): light pools got {}", got.join(", ")));
-            modes.push(Mode { adaptive, cap, alone, shared });
+            ctx.say(&format!("colocation ({name}): light pools got {}", got.join(", ")));
+            modes.push(Mode { alone, flood_alone: Some(flood_alone), shared, ..mode });
             for mux in muxes {
                 mux.terminate(Duration::from_secs(5));
             }
@@ -232,7 +284,7 @@ impl Measurement for Colocation {
         }
         ctx.say("colocation: the same loads straight to the simulators");
         let targets: Vec<String> = sims.iter().map(Proc::url).collect();
-        let direct = loads(&targets, share_rps, duration, true).await?;
+        let direct = loads(&targets, share_rps, duration, true, true).await?;
         let _ = std::fs::remove_file(&device);
         Ok(Colocation { backend, limits, capacity, seconds: duration.as_secs_f64(), modes, direct })
     }
@@ -242,12 +294,17 @@ impl Measurement for Colocation {
         let mut targets = Vec::new();
         for mode in &self.modes {
             let name = mode.name();
-            // Without a cap on A the light pools' figures are what the cap is measured against,
-            // reported beside the targets as the direct run is (see `MODES`).
-            if mode.cap.is_none() {
-                let uncapped = |what: &str| format!("{what}, {name} (no cap: for comparison)");
-                targets.push(Target::info(&scenario, &uncapped(LIGHT_GOODPUT), Some(mode.worst_light_share()), "×"));
-                targets.push(Target::info(&scenario, &uncapped(LIGHT_P99), Some(mode.worst_p99_ratio()), "×"));
+            // Uncapped, the light pools' figures are what the share is measured against; the
+            // explicit cap is the always-on alternative. Both are reported beside the targets,
+            // as the direct run is (see `MODES`).
+            if !mode.is_default_share() {
+                let compared = |what: &str| format!("{what}, {name} (for comparison)");
+                targets.push(Target::info(&scenario, &compared(LIGHT_GOODPUT), Some(mode.worst_light_share()), "×"));
+                targets.push(Target::info(&scenario, &compared(LIGHT_P99), Some(mode.worst_p99_ratio()), "×"));
+                if mode.cap.is_some() {
+                    let alone = self.flood_alone_ratio(mode);
+                    targets.push(Target::info(&scenario, &compared(FLOOD_ALONE), alone, "×"));
+                }
                 continue;
             }
             let got: Vec<String> = mode.shared.light.iter().map(|r| format!("{}/{}", r.ok_in_time, r.sent)).collect();
@@ -282,6 +339,18 @@ impl Measurement for Colocation {
                         self.limits.max_in_flight
                     )),
             );
+            let alone = self.flood_alone_ratio(mode);
+            let target = match alone {
+                Some(alone) => Target::at_least(&scenario, &label(&name, FLOOD_ALONE), alone, FLOOD_ALONE_LIMIT, "×"),
+                None => Target::new(&scenario, &label(&name, FLOOD_ALONE), None, Rule::AtLeast, FLOOD_ALONE_LIMIT, "×"),
+            };
+            let counts = [Some(mode), self.uncapped(mode.adaptive)]
+                .map(|mode| mode.and_then(|m| m.flood_alone.as_ref()).map_or(0, |r| r.ok_in_time));
+            targets.push(target.note_if_not_passed(format!(
+                "A alone got {} calls OK in time with its share, {} uncapped: the share read a neighbour where \
+                 there was none",
+                counts[0], counts[1]
+            )));
         }
         let direct = self.direct.light.iter().map(share).fold(f64::INFINITY, f64::min);
         targets.push(Target::info(
@@ -296,8 +365,8 @@ impl Measurement for Colocation {
     fn planned_targets() -> Vec<Target> {
         let scenario = Scenario::Colocation.label();
         let mut targets = Vec::new();
-        for (adaptive, cap) in MODES.into_iter().filter(|(_, cap)| cap.is_some()) {
-            let name = Mode { adaptive, cap, alone: Vec::new(), shared: Side::default() }.name();
+        for (adaptive, guard) in MODES.into_iter().filter(|(_, guard)| *guard == Guard::Share) {
+            let name = Mode::new(adaptive, guard).name();
             let name = name.as_str();
             targets.push(Target::new(
                 &scenario,
@@ -308,8 +377,30 @@ impl Measurement for Colocation {
                 "×",
             ));
             targets.push(Target::new(&scenario, &label(name, LIGHT_P99), None, Rule::AtMost, LIGHT_P99_LIMIT, "×"));
+            targets.push(Target::new(
+                &scenario,
+                &label(name, FLOOD_ALONE),
+                None,
+                Rule::AtLeast,
+                FLOOD_ALONE_LIMIT,
+                "×",
+            ));
         }
         targets
+    }
+}
+
+impl Colocation {
+    /// The uncapped run with the same limit as `adaptive`, if it was run.
+    fn uncapped(&self, adaptive: bool) -> Option<&Mode> {
+        self.modes.iter().find(|m| m.adaptive == adaptive && m.cap.is_none() && m.share.is_none())
+    }
+
+    /// A's calls OK in time alone in `mode` ÷ alone uncapped with the same limit.
+    pub fn flood_alone_ratio(&self, mode: &Mode) -> Option<f64> {
+        let uncapped = self.uncapped(mode.adaptive)?.flood_alone.as_ref()?;
+        let this = mode.flood_alone.as_ref()?;
+        Some(ratio(this.ok_in_time as f64, uncapped.ok_in_time as f64))
     }
 }
 
@@ -325,45 +416,67 @@ mod tests {
     }
 
     #[test]
-    fn the_worst_light_pool_is_judged_against_itself_without_the_flood() {
-        let mode = |adaptive, cap, light: Vec<Report>| Mode {
-            adaptive,
-            cap,
+    fn the_worst_light_pool_is_judged_against_itself_without_the_flood_and_a_alone_against_uncapped() {
+        let mode = |adaptive, guard, flood_ok: u64, light: Vec<Report>| Mode {
             alone: vec![report(100, 100, 5.0), report(100, 100, 6.0), report(100, 100, 4.0)],
+            flood_alone: Some(report(5000, flood_ok, 50.0)),
             shared: Side { flood: report(5000, 900, 900.0), light },
+            ..Mode::new(adaptive, guard)
         };
-        let cap = Some(DEVICE_TIME_CAP);
         let r = Colocation {
             backend: shared_gpu(),
             limits: slice_limits(),
             capacity: Capacity { rps: 900.0, batch_ms: 8.4, concurrency: 64 },
             seconds: 4.0,
             modes: vec![
-                // Uncapped: B at 12 ms against 5 ms (2.4×), reported, not judged.
-                mode(false, None, vec![report(100, 100, 12.0), report(100, 100, 9.0), report(100, 90, 7.0)]),
-                // C: 9 ms against 6 ms alone (1.5×), all in time; D: 96 of 100.
-                mode(false, cap, vec![report(100, 100, 8.0), report(100, 100, 9.0), report(100, 96, 7.0)]),
-                // B: 11 ms against 5 ms alone (2.2×); D: 94 of 100.
-                mode(true, cap, vec![report(100, 100, 11.0), report(100, 100, 9.0), report(100, 94, 7.0)]),
+                // Uncapped: B at 12 ms against 5 ms (2.4×), reported, not judged; A alone 2000.
+                mode(
+                    false,
+                    Guard::None,
+                    2000,
+                    vec![report(100, 100, 12.0), report(100, 100, 9.0), report(100, 90, 7.0)],
+                ),
+                // C: 8.4 ms against 6 ms alone (1.4×), all in time; D: 96 of 100; A alone 1960.
+                mode(
+                    false,
+                    Guard::Share,
+                    1960,
+                    vec![report(100, 100, 7.0), report(100, 100, 8.4), report(100, 96, 5.0)],
+                ),
+                // B: 11 ms against 5 ms alone (2.2×); D: 94 of 100; no uncapped adaptive run to judge A by.
+                mode(
+                    true,
+                    Guard::Share,
+                    2000,
+                    vec![report(100, 100, 11.0), report(100, 100, 9.0), report(100, 94, 7.0)],
+                ),
+                // The explicit cap: A alone at 600 of 2000, reported.
+                mode(false, Guard::Cap, 600, vec![report(100, 100, 6.0), report(100, 100, 7.0), report(100, 100, 5.0)]),
             ],
             direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3] },
         };
         let t = r.targets();
-        assert_eq!(t.len(), 7);
-        assert!(t[..2].iter().all(|t| t.verdict == Verdict::Info && t.name.contains("no cap")), "{t:?}");
+        assert_eq!(t.len(), 12, "{t:?}");
+        assert!(t[..2].iter().all(|t| t.verdict == Verdict::Info && t.name.contains("for comparison")), "{t:?}");
         assert!((t[1].measured.unwrap() - 2.4).abs() < 1e-9);
-        let t: Vec<Target> = t.into_iter().skip(2).collect();
-        assert!((t[0].measured.unwrap() - 0.96).abs() < 1e-9);
-        assert_eq!(t[0].verdict, Verdict::Pass);
-        assert!((t[1].measured.unwrap() - 1.75).abs() < 1e-9, "D: 7 ms against 4 ms");
-        assert_eq!(t[1].verdict, Verdict::Pass);
-        assert_eq!(t[2].verdict, Verdict::Fail);
-        assert!(t[2].note.contains("100/100, 100/100, 94/100"), "{}", t[2].note);
-        assert!((t[3].measured.unwrap() - 2.2).abs() < 1e-9);
-        assert_eq!(t[3].verdict, Verdict::Fail);
-        assert_eq!(t[4].verdict, Verdict::Info);
+        let (static_share, rest) = t[2..].split_at(3);
+        assert!((static_share[0].measured.unwrap() - 0.96).abs() < 1e-9);
+        assert_eq!(static_share[0].verdict, Verdict::Pass);
+        assert!((static_share[1].measured.unwrap() - 1.4).abs() < 1e-9, "C: 8.4 ms against 6 ms");
+        assert_eq!(static_share[1].verdict, Verdict::Pass);
+        assert!((static_share[2].measured.unwrap() - 0.98).abs() < 1e-9, "A alone: 1960 of 2000");
+        assert_eq!(static_share[2].verdict, Verdict::Pass);
+        let (adaptive_share, rest) = rest.split_at(3);
+        assert_eq!(adaptive_share[0].verdict, Verdict::Fail);
+        assert!(adaptive_share[0].note.contains("100/100, 100/100, 94/100"), "{}", adaptive_share[0].note);
+        assert!((adaptive_share[1].measured.unwrap() - 2.2).abs() < 1e-9);
+        assert_eq!(adaptive_share[1].verdict, Verdict::Fail);
+        assert_eq!(adaptive_share[2].measured, None, "no uncapped adaptive run");
+        assert!(rest[..3].iter().all(|t| t.verdict == Verdict::Info), "{rest:?}");
+        assert!((rest[2].measured.unwrap() - 0.3).abs() < 1e-9, "the explicit cap alone: 600 of 2000");
+        assert_eq!(rest[3].verdict, Verdict::Info, "direct");
         let planned: Vec<String> = Colocation::planned_targets().into_iter().map(|t| t.name).collect();
-        let judged: Vec<String> = t.into_iter().take(4).map(|t| t.name).collect();
+        let judged: Vec<String> = t[2..8].iter().map(|t| t.name.clone()).collect();
         assert_eq!(planned, judged);
     }
 }

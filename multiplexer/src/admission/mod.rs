@@ -18,9 +18,11 @@
 //! ever reaching TEI. A standing queue (see `standing`) is reported, never refused for. Two lanes
 //! (see `lanes`), `query` and `ingest`, share the pool: queries first, ingest with a floor share
 //! and patience. A pool's `deviceTimeCap` bounds how much of TEI's time its calls take (see
-//! `device_time`). Limits change live.
+//! `device_time`); a pool's share of a time-sliced GPU does so only while a neighbour is busy
+//! on it (see `contention`). Limits change live.
 
 mod adaptive;
+mod contention;
 mod device_time;
 mod estimate;
 mod ingest_gate;
@@ -54,6 +56,7 @@ pub use tenants::{DEFAULT_TENANT, MAX_TENANTS, OTHER_TENANT, TenantId};
 pub use types::{AdmissionError, Ask, Cost, Limits, Observation, Retry, Snapshot};
 
 use adaptive::Adaptive;
+use contention::Contention;
 use device_time::DeviceTime;
 use estimate::{ServiceTime, pushback};
 use ingest_gate::IngestGate;
@@ -92,6 +95,8 @@ struct State {
     ingest_gate: IngestGate,
     /// TEI time this replica may still take under the pool's `deviceTimeCap`.
     device_time: DeviceTime,
+    /// Whether a neighbour on a time-sliced GPU is busy: the pool's `gpu_share` caps it then.
+    contention: Contention,
     /// When a task wakes to let waiters through a gate (ingest's, or the device time's), if one
     /// is armed.
     gate_wake: Option<Instant>,
@@ -130,7 +135,7 @@ impl Permit {
     /// Tells the pool what TEI reported for this call's answer: it teaches the token estimate and
     /// drives the adaptive limit.
     pub fn observe(&self, observation: Observation) {
-        self.shared.observe(observation);
+        self.shared.observe(observation, self.cost.inputs as usize);
     }
 
     pub fn cost(&self) -> Cost {
@@ -174,6 +179,7 @@ impl Admission {
             queue: Lanes::default(),
             ingest_gate: IngestGate::default(),
             device_time: DeviceTime::default(),
+            contention: Contention::default(),
             gate_wake: None,
             service_time: ServiceTime::default(),
             standing: Standing::default(),
@@ -451,10 +457,19 @@ impl Shared {
         self.notify(&state, None);
     }
 
-    fn observe(self: &Arc<Self>, observation: Observation) {
+    fn observe(self: &Arc<Self>, observation: Observation, inputs: usize) {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
         state.ingest_gate.observed_batch(observation.tei_inference);
+        if state.limits.gpu_share.is_some() {
+            let now = Instant::now();
+            if state.contention.observe(observation.tei_inference, inputs, now) {
+                // The share's cap starts (from a full burst) or lifts, from now.
+                state.note_busy(now);
+                self.dispatch(&mut state);
+                self.notify(&state, None);
+            }
+        }
         let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
         let (floor, ceiling) = (state.adaptive_floor(), state.limits.max_in_flight);
         let Some(adaptive) = &mut state.adaptive else { return };
@@ -516,7 +531,7 @@ impl Shared {
         };
         let device = match state.queue.is_empty() {
             true => None,
-            false => state.device_time.closed_until(state.limits.device_time_cap, now),
+            false => state.device_time.closed_until(state.device_time_cap(), now),
         };
         let crowd = state.crowd_held(now).map(|(_, opens)| opens);
         let Some(opens) = [ingest, device, crowd].into_iter().flatten().min() else { return };
@@ -573,7 +588,7 @@ impl State {
     /// gate kept for queries is closed (see `ingest_gate`) unless queries wait, when it goes
     /// only on the turns its floor is owed, and those it takes whole.
     fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> bool {
-        if self.device_time.closed_until(self.limits.device_time_cap, now).is_some() {
+        if self.device_time.closed_until(self.device_time_cap(), now).is_some() {
             return false;
         }
         let limit = self.effective_limit();
@@ -605,7 +620,14 @@ impl State {
 
     /// Tells the device time's credit whether calls are in flight from `now` on.
     fn note_busy(&mut self, now: Instant) {
-        self.device_time.set_busy(self.in_flight > 0, self.limits.device_time_cap, now);
+        self.device_time.set_busy(self.in_flight > 0, self.device_time_cap(), now);
+    }
+
+    /// The cap on TEI time in force: the pool's `deviceTimeCap` always, or else its share of a
+    /// time-sliced GPU while a neighbour is busy there (see `contention`).
+    fn device_time_cap(&self) -> Option<u8> {
+        let share = self.limits.gpu_share.filter(|_| self.contention.neighbour_busy());
+        self.limits.device_time_cap.or(share)
     }
 
     fn untake(&mut self, lane: Lane, cost: Cost, now: Instant) {
@@ -620,7 +642,7 @@ impl State {
     /// back and then drains at the cap's pace (see `device_time`), not the in-flight limit's.
     fn expected_wait(&self, ahead: usize) -> Option<Duration> {
         let wait = self.service_time.wait_for(ahead, self.draining_slots());
-        let cap = self.limits.device_time_cap;
+        let cap = self.device_time_cap();
         if cap.is_none() {
             return wait;
         }
@@ -701,6 +723,7 @@ impl State {
             queued: Priority::ALL.map(|priority| self.queue.inputs_of(priority)),
             chars_per_token: self.tokens.chars_per_token(),
             standing_queue: self.standing.standing(),
+            device_time_cap: self.device_time_cap(),
             change,
         }
     }
@@ -745,6 +768,8 @@ impl Drop for Waiting {
 
 #[cfg(test)]
 mod device_time_tests;
+#[cfg(test)]
+mod gpu_share_tests;
 #[cfg(test)]
 mod lane_tests;
 #[cfg(test)]

@@ -27,6 +27,10 @@ pub struct Limits {
     /// Percent of the time this replica may keep TEI busy while its calls queue (see
     /// `device_time`); none: no cap.
     pub device_time_cap: Option<u8>,
+    /// Percent of a time-sliced GPU that is this replica's share: the cap on TEI time while a
+    /// neighbour is busy on the device, none while it is quiet (see `contention`); ignored under
+    /// `device_time_cap`. None: not on a shared GPU.
+    pub gpu_share: Option<u8>,
 }
 
 impl Limits {
@@ -40,6 +44,7 @@ impl Limits {
             ingest_share: DEFAULT_INGEST_SHARE,
             query_reserve: 0,
             device_time_cap: None,
+            gpu_share: None,
         }
     }
 }
@@ -170,6 +175,9 @@ pub struct Snapshot {
     pub chars_per_token: f64,
     /// The queries' queue stands (a signal only: nobody is refused for it, see `standing`).
     pub standing_queue: bool,
+    /// The cap on TEI time in force, in percent: `limits.device_time_cap`, or `limits.gpu_share`
+    /// while a neighbour is busy on the GPU (see `contention`).
+    pub device_time_cap: Option<u8>,
     /// Set on the snapshot taken right after the adaptive limit moved.
     pub change: Option<Change>,
 }

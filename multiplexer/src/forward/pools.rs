@@ -398,6 +398,7 @@ const NOT_READY: Limits = Limits {
     ingest_share: 0,
     query_reserve: 0,
     device_time_cap: None,
+    gpu_share: None,
 };
 
 #[cfg(test)]

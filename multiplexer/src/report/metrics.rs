@@ -153,7 +153,7 @@ impl Metrics {
             limit_queued: gauge("teifleet_limit_queued", "Queue limit of this replica, in inputs.", &["pool"]),
             limit_device_time: gauge(
                 "teifleet_limit_device_time_percent",
-                "The most of the time this replica keeps TEI busy while calls queue (deviceTimeCap; 100: no cap).",
+                "The most of the time this replica keeps TEI busy while calls queue, in force (deviceTimeCap, or the GPU share while a neighbour is busy; 100: no cap).",
                 &["pool"],
             ),
             in_flight_tokens: gauge("teifleet_in_flight_tokens", "Estimated tokens in flight to TEI.", &["pool"]),
@@ -320,7 +320,7 @@ impl Metrics {
             limit_in_flight.set(snapshot.effective_limit as i64);
             share.set(snapshot.limits.max_in_flight as i64);
             limit_queued.set(snapshot.limits.max_queued as i64);
-            limit_device_time.set(i64::from(snapshot.limits.device_time_cap.unwrap_or(100)));
+            limit_device_time.set(i64::from(snapshot.device_time_cap.unwrap_or(100)));
             tokens.set(i64::try_from(snapshot.in_flight_tokens).unwrap_or(i64::MAX));
             // Shown only while the pool has a token budget; removing the series is a hash and a
             // lock, so it happens once, when the budget goes away, not on every change.

@@ -380,6 +380,7 @@ mod tests {
             queued,
             chars_per_token: 4.0,
             standing_queue: false,
+            device_time_cap: None,
             change: None,
         }
     }

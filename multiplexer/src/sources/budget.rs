@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use teifleet_crds::duration::parse_duration;
-use teifleet_crds::{ConcurrencySpec, Shares, split_budget};
+use teifleet_crds::{ConcurrencySpec, GpuSpec, Shares, SharingStrategy, split_budget};
 
 use crate::admission::{DEFAULT_INGEST_SHARE, Limits, MAX_INGEST_SHARE, MAX_QUERY_RESERVE};
 
@@ -56,6 +56,26 @@ fn percent(value: Option<i32>, default: u8, max: u8, field: &str) -> Result<u8, 
 /// The whole budget as one multiplexer's limits.
 pub fn whole(concurrency: &ConcurrencySpec) -> Result<Limits, String> {
     limits(concurrency, &split_budget(concurrency, 0, 1))
+}
+
+/// A replica's share of a time-sliced GPU in percent, from the pool's `gpu.sharing`: one of
+/// `replicas` turns on the card. None for whole GPUs, MIG (the hardware isolates) and MPS (the
+/// device plugin limits each replica's compute to its share already).
+pub fn gpu_share(gpu: &GpuSpec) -> Option<u8> {
+    let sharing = gpu.sharing.as_ref().filter(|sharing| sharing.strategy == SharingStrategy::TimeSlicing)?;
+    let replicas = sharing.replicas.filter(|replicas| *replicas >= 2)?;
+    u8::try_from((100 / replicas).max(1)).ok()
+}
+
+/// `limits` with a share of a time-sliced GPU (percent, 1 to 100; none: not shared): the cap on
+/// TEI time while a neighbour is busy on the device (`crate::admission`).
+pub fn with_gpu_share(limits: Limits, share: Option<i64>) -> Result<Limits, String> {
+    let gpu_share = match share {
+        Some(share @ 1..=100) => u8::try_from(share).ok(),
+        Some(share) => return Err(format!("gpuShare must be between 1 and 100 (got {share})")),
+        None => None,
+    };
+    Ok(Limits { gpu_share, ..limits })
 }
 
 /// Tenant weights by name; tenants not listed weigh 1.
@@ -119,6 +139,24 @@ mod tests {
         for wrong in [0, 101, -5] {
             let cap = ConcurrencySpec { device_time_cap: Some(wrong), ..ConcurrencySpec::default() };
             assert!(whole(&cap).unwrap_err().contains("deviceTimeCap must be between 1 and 100"), "{wrong}");
+        }
+    }
+
+    #[test]
+    fn a_time_sliced_gpu_gives_each_replica_its_share_and_nothing_else_does() {
+        let gpu = |sharing: serde_json::Value| -> GpuSpec {
+            serde_json::from_value(serde_json::json!({ "type": "nvidia-l4", "sharing": sharing })).unwrap()
+        };
+        assert_eq!(gpu_share(&gpu(serde_json::json!({ "strategy": "time-slicing", "replicas": 4 }))), Some(25));
+        assert_eq!(gpu_share(&gpu(serde_json::json!({ "strategy": "time-slicing", "replicas": 3 }))), Some(33));
+        assert_eq!(gpu_share(&gpu(serde_json::json!({ "strategy": "mps", "replicas": 4 }))), None);
+        assert_eq!(gpu_share(&gpu(serde_json::json!({ "strategy": "mig", "profile": "1g.10gb" }))), None);
+        assert_eq!(gpu_share(&GpuSpec::default()), None);
+        let limits = whole(&ConcurrencySpec::default()).unwrap();
+        assert_eq!(with_gpu_share(limits, Some(25)).unwrap().gpu_share, Some(25));
+        assert_eq!(with_gpu_share(limits, None).unwrap().gpu_share, None);
+        for wrong in [0, 101] {
+            assert!(with_gpu_share(limits, Some(wrong)).unwrap_err().contains("gpuShare must be between 1 and 100"));
         }
     }
 

@@ -91,6 +91,9 @@ struct FilePool {
     query_reserve: Option<u8>,
     /// Percent of the time calls may keep TEI busy while more queue.
     device_time_cap: Option<u8>,
+    /// Percent of a time-sliced GPU that is this pool's share: its cap on TEI time while a
+    /// neighbour is busy on the device.
+    gpu_share: Option<u8>,
     /// The embedding cache (`crate::cache`), as `spec.cache` has it.
     cache: Option<FileCache>,
 }
@@ -195,7 +198,9 @@ fn parse_in(text: &str, dir: &Path) -> Result<Loaded> {
                 .collect(),
             ..ConcurrencySpec::default()
         };
-        let limits = budget::whole(&concurrency).map_err(invalid)?;
+        let limits = budget::whole(&concurrency)
+            .and_then(|limits| budget::with_gpu_share(limits, pool.gpu_share.map(i64::from)))
+            .map_err(invalid)?;
         let cache = match pool.cache {
             Some(cache) => cache_of(cache, pool.model.as_deref(), dir).map_err(invalid)?,
             None => None,

@@ -55,7 +55,12 @@ pub fn specs(pools: &[Arc<EmbeddingPool>], namespace: &str, own: &str, own_upstr
                     format!("{scheme}://{name}.{namespace}.svc:{POOL_SERVICE_PORT}")
                 },
                 model: Some(pool.spec.model.id.clone()),
-                limits: limits_of(pool),
+                // The share of a time-sliced GPU is the TEI beside this sidecar's: its batch times
+                // are what say a neighbour is busy.
+                limits: limits_of(pool).map(|limits| match local {
+                    true => Limits { gpu_share: budget::gpu_share(&pool.spec.gpu), ..limits },
+                    false => limits,
+                }),
                 remote: !local,
                 coalesce: pool.spec.coalesce,
                 tenants: budget::tenants(&pool.spec.concurrency),
@@ -321,5 +326,22 @@ mod tests {
         assert_eq!(other.model.as_deref(), Some("org/gte"));
         // No status yet: the budget split over the desired 4 replicas.
         assert_eq!(other.limits.map(|l| (l.max_in_flight, l.max_queued)), Some((10, 20)));
+    }
+
+    #[test]
+    fn the_own_pool_on_a_time_sliced_gpu_gets_its_share_by_default() {
+        let shared = |name: &str| {
+            let mut pool = (*pool(name, json!({}))).clone();
+            pool.spec.gpu = serde_json::from_value(
+                json!({ "type": "nvidia-l4", "sharing": { "strategy": "time-slicing", "replicas": 4 } }),
+            )
+            .unwrap();
+            Arc::new(pool)
+        };
+        let both = specs(&[shared("bge"), shared("gte")], "ml", "bge", "http://127.0.0.1:8080");
+        assert_eq!(both[0].limits.and_then(|l| l.gpu_share), Some(25));
+        assert_eq!(both[1].limits.and_then(|l| l.gpu_share), None, "another pool's share is its own sidecar's");
+        let whole = specs(&[pool("bge", json!({}))], "ml", "bge", "http://127.0.0.1:8080");
+        assert_eq!(whole[0].limits.and_then(|l| l.gpu_share), None, "a whole GPU: no share");
     }
 }
