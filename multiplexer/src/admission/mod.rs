@@ -368,12 +368,10 @@ impl Admission {
             // Release() and set_limits() keep "nobody waits while there is room" but for waiters
             // a gate holds (ingest's, or the crowd's, see `tenant_gate`), which a timer lets
             // through; the fast path above admits whenever there is room and nobody waits before
-            // the newcomer. A newcomer queued behind a crowd its gate holds may go at once.
+            // the newcomer. A newcomer queued behind a crowd its gate holds (or whose turn comes
+            // before the held crowd's) may go at once: dispatch, which arms the gates' timer.
             let id = state.queue.push(ask.lane, ask.priority, tenant, weight, cost, units, grant);
-            match state.crowd_held(arrived) {
-                Some(_) => self.shared.dispatch(&mut state),
-                None => self.shared.wake_when_a_gate_opens(&mut state, arrived),
-            }
+            self.shared.dispatch(&mut state);
             self.shared.notify(&state, None);
             let patience = match ask.deadline {
                 Some(deadline) => queue_timeout.min(deadline.saturating_duration_since(arrived)),
@@ -533,7 +531,7 @@ impl Shared {
             true => None,
             false => state.device_time.closed_until(state.device_time_cap(), now),
         };
-        let crowd = state.crowd_held(now).map(|(_, opens)| opens);
+        let crowd = state.crowd_held(now).and_then(|(_, opens)| opens);
         let Some(opens) = [ingest, device, crowd].into_iter().flatten().min() else { return };
         if state.gate_wake.is_some_and(|armed| armed <= opens) {
             return;
@@ -572,11 +570,20 @@ impl State {
     }
 
     /// The tenant crowding the query queue, when its gate holds it at `now`, and when that opens
-    /// (see `tenant_gate`).
-    fn crowd_held(&self, now: Instant) -> Option<(TenantId, Instant)> {
-        let crowd = self.queue.queue(Lane::Query).crowding_head()?;
+    /// (see `tenant_gate`); `None` for when: held by the share of TEI's next batch it leaves to a
+    /// quiet tenant weighing more, until a batch ends.
+    fn crowd_held(&self, now: Instant) -> Option<(TenantId, Option<Instant>)> {
+        let queue = self.queue.queue(Lane::Query);
+        let crowd = queue.crowding_head()?;
         let last_part = self.ingest_gate.last_part_from();
-        Some((crowd, self.tenant_gate.closed_until(crowd, last_part, self.in_flight, now)?))
+        if let Some(opens) = self.tenant_gate.closed_until(crowd, last_part, self.in_flight, now) {
+            return Some((crowd, Some(opens)));
+        }
+        let quiet = self.tenant_gate.other_coming(crowd, now)?;
+        let reserve = tenant_gate::quiet_reserve(self.tenants.weight(quiet), self.tenants.weight(crowd));
+        let inputs = queue.peek_next()?.cost.inputs as usize;
+        let fits = self.ingest_gate.ingest_fits(inputs, self.in_flight, self.effective_limit(), reserve, now);
+        (!fits).then_some((crowd, None))
     }
 
     /// [`ADAPTIVE_FLOOR`], or TEI's batch when it said it (never above the ceiling).

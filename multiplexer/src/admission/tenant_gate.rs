@@ -16,6 +16,17 @@
 //! take the room meanwhile (in the same priority; lower ones still never pass). The gate needs
 //! what the ingest gate reads from TEI (its running batch's start and its batch time); without it,
 //! or with nothing in flight, or no other tenant, the crowd goes at once.
+//!
+//! That alone leaves the light tenant only the places the running batch's end freed: at four in
+//! flight (TEI batching 8) its calls still met a next batch the flood had filled (p99 1.53× alone,
+//! issue 45's weighted row). A tenant configured to weigh more than the crowd is the user saying it
+//! deserves more of the pool than the crowd, so while it comes (the same second) the crowd, in the
+//! batch's last part too, fills TEI's next batch only up to its own weighted share
+//! (`w_crowd ÷ (w_crowd + w_quiet)`), as ingest leaves a pool's `queryReserve` to queries
+//! (`ingest_gate::ingest_places`): the quiet tenant's calls find a place in the next batch. The
+//! places it leaves empty are throughput the flood loses, the price of the weights. Equal weights
+//! (nothing configured, or configured alike) keep no share: the fair queue's order is all they
+//! asked for.
 
 use std::time::Duration;
 
@@ -45,11 +56,17 @@ impl TenantGate {
 
     /// Whether a tenant other than `tenant` came within [`OTHERS_COME_WITHIN`] of `now`.
     pub fn others_come(&self, tenant: TenantId, now: Instant) -> bool {
+        self.other_coming(tenant, now).is_some()
+    }
+
+    /// The tenant other than `tenant` that called last, if within [`OTHERS_COME_WITHIN`] of `now`.
+    pub fn other_coming(&self, tenant: TenantId, now: Instant) -> Option<TenantId> {
         self.latest
             .iter()
             .flatten()
             .find(|(other, _)| *other != tenant)
-            .is_some_and(|(_, at)| now.saturating_duration_since(*at) < OTHERS_COME_WITHIN)
+            .filter(|(_, at)| now.saturating_duration_since(*at) < OTHERS_COME_WITHIN)
+            .map(|(other, _)| *other)
     }
 
     /// When `crowd` (the tenant holding most of the queue) may take room, if not at `now`: from
@@ -67,6 +84,17 @@ impl TenantGate {
         let opens = last_part?;
         (now < opens).then_some(opens)
     }
+}
+
+/// The percent of TEI's next batch the crowd leaves to a quiet tenant that weighs `quiet` beside
+/// the crowd's `crowd` (rounded down, so the crowd keeps at least its share): the quiet tenant's
+/// weighted share when it outweighs the crowd, none otherwise.
+pub(super) fn quiet_reserve(quiet: u32, crowd: u32) -> u8 {
+    if quiet <= crowd {
+        return 0;
+    }
+    let percent = u64::from(quiet) * 100 / (u64::from(quiet) + u64::from(crowd));
+    u8::try_from(percent).unwrap_or(100)
 }
 
 #[cfg(test)]
@@ -100,6 +128,32 @@ mod tests {
         let now = start + Duration::from_millis(100);
         assert!(gate.others_come(A, now));
         assert!(!gate.others_come(A, start + OTHERS_COME_WITHIN), "a second later B is gone");
+    }
+
+    #[test]
+    fn the_other_tenant_is_named_while_it_comes() {
+        let now = Instant::now();
+        let mut gate = TenantGate::default();
+        gate.arrived(B, now);
+        gate.arrived(A, now);
+        assert_eq!(gate.other_coming(A, now), Some(B));
+        assert_eq!(gate.other_coming(B, now), Some(A));
+        assert_eq!(gate.other_coming(A, now + OTHERS_COME_WITHIN), None);
+    }
+
+    #[test]
+    fn only_a_tenant_outweighing_the_crowd_keeps_a_share_of_the_next_batch() {
+        assert_eq!(quiet_reserve(1, 1), 0, "nothing configured: the fair queue's order only");
+        assert_eq!(quiet_reserve(3, 3), 0, "configured alike");
+        assert_eq!(quiet_reserve(1, 3), 0, "the crowd weighs more");
+        assert_eq!(quiet_reserve(3, 1), 75);
+        assert_eq!(quiet_reserve(2, 1), 66, "rounded down: the crowd keeps its third");
+        assert_eq!(quiet_reserve(u32::MAX, 1), 99);
+        assert_eq!(
+            super::super::ingest_gate::ingest_places(8, quiet_reserve(3, 1)),
+            1,
+            "four in flight, TEI's batch of 8"
+        );
     }
 
     #[test]

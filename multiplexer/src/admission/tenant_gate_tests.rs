@@ -102,3 +102,66 @@ async fn tenants_sharing_the_queue_evenly_are_not_held() {
     settle().await;
     assert_eq!(admitted.load(Ordering::SeqCst) + others.load(Ordering::SeqCst), 4, "half each: no crowd");
 }
+
+/// As [`crowded`] with `b` having called, but `b` weighing `b_weight` and the pool's queries in
+/// flight for seconds first, so the next batch's places are counted as they come (see
+/// `ingest_gate`).
+async fn crowded_beside(b_weight: u32) -> (Admission, Vec<Permit>, Arc<AtomicUsize>) {
+    let admission = Admission::new(Limits::new(8, 64, Duration::from_secs(10)));
+    admission.set_tenant_weights(BTreeMap::from([("b".to_owned(), b_weight)]));
+    let held: Vec<Permit> = (0..8).map(|_| admission.try_acquire(&of("a")).unwrap()).collect();
+    held[0].observe(Observation { tei_inference: BATCH, ..Default::default() });
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let admitted = Arc::new(AtomicUsize::new(0));
+    waiters(&admission, "a", 10, &admitted);
+    settle().await;
+    assert!(admission.try_acquire(&of("b")).is_none(), "b calls while the pool is full");
+    (admission, held, admitted)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_crowd_leaves_a_heavier_tenant_its_share_of_teis_next_batch() {
+    let (admission, mut held, admitted) = crowded_beside(3).await;
+    held.truncate(4);
+    let batch_start = Instant::now();
+    tokio::time::sleep_until(batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER)).await;
+    settle().await;
+    // B weighs 3 against A's 1: of the next batch's four places (half the limit of 8) A fills one.
+    assert_eq!(admitted.load(Ordering::SeqCst), 1, "the crowd's quarter of the next batch");
+    let mut b = Vec::new();
+    for _ in 0..3 {
+        b.push(admission.acquire(of("b")).await.expect("b walks in"));
+    }
+    assert_eq!(Instant::now(), batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER), "at once");
+    tokio::time::sleep(BATCH / 8).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 1, "the rest stays B's until the batch ends");
+
+    // The batch ends: TEI's next batch (A's one and B's three) runs; the crowd waits for its
+    // last part again, and fills its share then.
+    held.truncate(0);
+    let next_start = Instant::now();
+    tokio::time::sleep_until(next_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 2, "one more: its share of the batch after");
+    drop(b);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_weighing_the_same_keeps_no_share() {
+    let (_admission, mut held, admitted) = crowded_beside(1).await;
+    held.truncate(4);
+    let batch_start = Instant::now();
+    tokio::time::sleep_until(batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 4, "every place the batch's end freed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heavier_tenant_gone_for_a_second_keeps_nothing() {
+    let (_admission, mut held, admitted) = crowded_beside(3).await;
+    tokio::time::sleep(tenant_gate::OTHERS_COME_WITHIN).await;
+    held.truncate(4);
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 4);
+}
