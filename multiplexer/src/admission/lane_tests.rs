@@ -270,11 +270,12 @@ async fn priorities_and_tenants_work_inside_the_ingest_lane() {
 /// While queries come, ingest waits for the last quarter of TEI's running batch (read from the
 /// permits coming back and TEI's reported batch time) before it takes the permits left free, so a
 /// query arriving earlier takes one at once; the gate opens on its own timer, with no permit
-/// back, and stays open once the queries stop.
+/// back, and stays open once the queries stop. (A reserve of 0, said explicitly, leaves the places
+/// out of play.)
 #[tokio::test(start_paused = true)]
 async fn ingest_waits_for_the_end_of_teis_batch_while_queries_come() {
     const BATCH: Duration = Duration::from_millis(24);
-    let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
+    let admission = Admission::new(Limits { query_reserve: Some(0), ..Limits::new(16, 64, Duration::from_secs(1)) });
     let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
     // Eight queries in flight for a few seconds, TEI reporting 24 ms batches.
     let mut queries: Vec<Permit> =
@@ -314,7 +315,7 @@ async fn ingest_waits_for_the_end_of_teis_batch_while_queries_come() {
 /// stop, ingest takes every place.
 #[tokio::test(start_paused = true)]
 async fn ingest_leaves_the_query_reserve_of_the_next_batch_while_queries_come() {
-    let limits = Limits { query_reserve: 25, ..Limits::new(16, 64, Duration::from_secs(1)) };
+    let limits = Limits { query_reserve: Some(25), ..Limits::new(16, 64, Duration::from_secs(1)) };
     let admission = Admission::new(limits);
     let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
     let take_all = |held: &mut Vec<Permit>| {

@@ -21,6 +21,7 @@
 //! `device_time`). Limits change live.
 
 mod adaptive;
+mod batch_curve;
 mod device_time;
 mod estimate;
 mod ingest_gate;
@@ -444,7 +445,7 @@ impl Shared {
     fn observe(self: &Arc<Self>, observation: Observation) {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
-        state.ingest_gate.observed_batch(observation.tei_inference);
+        state.ingest_gate.observed_batch(observation.tei_inference, Instant::now());
         let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
         let (floor, ceiling) = (state.adaptive_floor(), state.limits.max_in_flight);
         let Some(adaptive) = &mut state.adaptive else { return };
