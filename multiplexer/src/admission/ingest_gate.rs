@@ -155,7 +155,14 @@ impl IngestGate {
     /// would let the ingest in later); and a call larger than the places goes alone into an empty
     /// next batch. Under the learned places a call goes in if at most half of it is over them:
     /// ingest comes in calls of several inputs, and the places fall between two calls' worth.
-    pub fn ingest_fits(&self, inputs: usize, in_flight: usize, limit: usize, reserve: Option<u8>, now: Instant) -> bool {
+    pub fn ingest_fits(
+        &self,
+        inputs: usize,
+        in_flight: usize,
+        limit: usize,
+        reserve: Option<u8>,
+        now: Instant,
+    ) -> bool {
         if reserve == Some(0) || in_flight == 0 || !self.queries_come(now) || self.next_batch == 0 {
             return true;
         }
