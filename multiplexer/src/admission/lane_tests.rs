@@ -344,3 +344,27 @@ async fn ingest_leaves_the_query_reserve_of_the_next_batch_while_queries_come() 
     take_all(&mut held);
     assert_eq!(held.len(), 16, "no queries: ingest takes every place");
 }
+
+/// By default (no `queryReserve`) the places ingest may fill come from TEI's batch-time curve;
+/// before the pool has seen batches of two sizes, ingest takes half of TEI's next batch while
+/// queries come (which also shows the curve a second size), and every place once they stop.
+#[tokio::test(start_paused = true)]
+async fn by_default_ingest_takes_half_the_next_batch_until_the_curve_is_known() {
+    let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
+    let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
+    let take_all = |held: &mut Vec<Permit>| {
+        while let Some(permit) = admission.try_acquire(&ingest) {
+            held.push(permit);
+        }
+    };
+    let queries: Vec<Permit> = (0..2).map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).unwrap()).collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut held = Vec::new();
+    take_all(&mut held);
+    assert_eq!(held.len(), 4 - 2, "half of a batch of 8, two places the queries' already");
+
+    drop(queries);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    take_all(&mut held);
+    assert_eq!(held.len(), 16, "no queries: ingest takes every place");
+}
