@@ -17,12 +17,12 @@
 use std::time::Duration;
 
 /// How many times the batch the queries fill alone a batch beside ingest may take, both at the
-/// mean. The queries' p99 alone already rides their busier batches (a Poisson stretch fills one
-/// well past the mean), so their p99 beside ingest grows by less than this: on scenario 20's
-/// backend (10 ms + 0.32 ms an input, queries at 0.5× capacity) batches of about 21 inputs beside
-/// the job against 9 alone, which the fixed reserves measured there put near 1.3× at p99 with the
-/// job at 0.4× capacity; 1.2 (batches of 16 to 19) gave the queries 1.24× and the job 0.3×.
-pub const TARGET: f64 = 1.3;
+/// mean, by the learned line. On scenario 20's backend (10 ms + 0.32 ms an input, queries at 0.5×
+/// capacity; the sleeping device's millisecond ticks make its learned line flatter than that) 1.3
+/// left the job batches of about 25 and the queries 1.49× at p99 (full run): the reserve hardly
+/// bound. The fixed reserves measured there put 1.3× at p99 near batches of 21, the job then near
+/// 0.35–0.4× of capacity.
+pub const TARGET: f64 = 1.2;
 /// Batch sizes above this count as this one (a batch this large is far up any device's line).
 const MAX_INPUTS: usize = 1024;
 /// A size's mean follows its new times with this weight once seen this often (a plain mean before).
@@ -212,10 +212,10 @@ mod tests {
 
     #[test]
     fn a_climbing_device_keeps_what_the_queries_p99_needs() {
-        // Queries at 690/s fill about 9 of 32 alone (12.8 ms); 1.3× that is 16.7 ms, 20 inputs.
-        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, Duration::ZERO), 20);
-        assert!(JOB_DEVICE.at(20.0) <= TARGET * JOB_DEVICE.at(8.85));
-        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, ms(4.0)), 17, "three more queries come in 4 ms");
+        // Queries at 690/s fill about 9 of 32 alone (12.8 ms); 1.2× that is 15.4 ms, 16 inputs.
+        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, Duration::ZERO), 16);
+        assert!(JOB_DEVICE.at(16.0) <= TARGET * JOB_DEVICE.at(8.85));
+        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, ms(4.0)), 13, "three more queries come in 4 ms");
         // Fewer queries ride shorter batches alone, but ingest keeps at least half the batch.
         assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, Duration::ZERO), 16);
         assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, ms(10.0)), 15);

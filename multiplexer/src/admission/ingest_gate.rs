@@ -367,13 +367,13 @@ mod tests {
         let now = batches(&mut gate, Lane::Query, 9, Duration::from_micros(12_880), 400, now);
         let right_after = now + Duration::from_micros(100);
         let places = gate.places(64, right_after);
-        assert_eq!(places, 20, "a climbing device keeps room for queries");
-        gate.took(Lane::Query, 8, right_after);
-        assert!(gate.ingest_fits(8, 8, 64, None, right_after), "8 + 8 within 20");
+        assert_eq!(places, 16, "a climbing device keeps room for queries");
+        gate.took(Lane::Query, 4, right_after);
+        assert!(gate.ingest_fits(8, 8, 64, None, right_after), "4 + 8 within 16");
         gate.took(Lane::Ingest, 8, right_after);
-        assert!(gate.ingest_fits(8, 16, 64, None, right_after), "16 + 8: half the call over 20");
+        assert!(gate.ingest_fits(8, 16, 64, None, right_after), "12 + 8: half the call over 16");
         gate.took(Lane::Ingest, 8, right_after);
-        assert!(!gate.ingest_fits(8, 24, 64, None, right_after), "24 + 8 over 20");
+        assert!(!gate.ingest_fits(8, 24, 64, None, right_after), "20 + 8 over 16");
         assert!(gate.ingest_fits(8, 24, 64, Some(0), right_after), "a reserve of 0 said explicitly");
 
         let mut flat = IngestGate::default();
