@@ -31,8 +31,8 @@ const SIZE_MEMORY: u32 = 20;
 const MIN_SEEN: u32 = 3;
 /// A time this many times a size's mean (or under its share) counts as that far off, no more.
 const OUTLIER: f64 = 2.0;
-/// The fit needs sizes at least this many inputs apart: closer sizes differ by less than a
-/// sleeping device's timer tick.
+/// The fit needs sizes at least this many inputs apart (closer sizes differ by less than a
+/// sleeping device's timer tick), or half the largest size apart where batches are that small.
 const MIN_SPAN: usize = 4;
 
 /// TEI's batch time as a line in its inputs, in seconds.
@@ -92,7 +92,7 @@ impl BatchCurve {
                 .map(|(inputs, size)| (inputs as f64, size.mean, f64::from(size.seen.min(SIZE_MEMORY))))
         };
         let (smallest, largest) = seen().fold((f64::MAX, 0.0f64), |(lo, hi), (n, _, _)| (lo.min(n), hi.max(n)));
-        if largest - smallest < MIN_SPAN as f64 {
+        if largest - smallest < (MIN_SPAN as f64).min(largest / 2.0) || largest == smallest {
             return None;
         }
         let total: f64 = seen().map(|(_, _, w)| w).sum();
@@ -127,7 +127,9 @@ pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) 
         true => ((longest - line.fixed) / line.per_input).floor().clamp((batch / 2) as f64, batch_f),
         false => batch_f,
     };
-    let late = (query_rate * left.as_secs_f64()).round();
+    // Whole queries only: a place kept for a fraction of one is, more often than not, a place TEI
+    // runs empty (a pool whose batch is a few inputs would keep one of two).
+    let late = (query_rate * left.as_secs_f64()).floor();
     (largest - late).max(0.0) as usize
 }
 
@@ -161,6 +163,12 @@ mod tests {
             curve.observe(32, ms(20.0));
         }
         assert_eq!(curve.line(), None, "every batch full");
+        let mut small = BatchCurve::default();
+        for _ in 0..10 {
+            small.observe(1, ms(40.0));
+            small.observe(2, ms(40.0));
+        }
+        assert!(small.line().is_some(), "a pool of batches of two: one and two are half apart");
         for _ in 0..10 {
             curve.observe(30, ms(19.0));
         }
@@ -205,6 +213,7 @@ mod tests {
         let flat = Line { fixed: 0.020, per_input: 0.0 };
         assert_eq!(ingest_places(flat, 200.0, 8, Duration::ZERO), 8);
         assert_eq!(ingest_places(flat, 200.0, 8, ms(5.0)), 7, "one query expected in the last 5 ms");
+        assert_eq!(ingest_places(flat, 60.0, 2, ms(10.0)), 2, "none kept for 0.6 of a query");
         // Scenario 19's device, 20 ms and 0.32 ms an input: a full batch of 8 is 1.05× the queries'.
         let nearly_flat = Line { fixed: 0.020, per_input: 0.000_32 };
         assert_eq!(ingest_places(nearly_flat, 213.0, 8, Duration::ZERO), 8);
@@ -215,7 +224,7 @@ mod tests {
         // Queries at 690/s fill about 9 of 32 alone (12.8 ms); 1.2× that is 15.4 ms, 16 inputs.
         assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, Duration::ZERO), 16);
         assert!(JOB_DEVICE.at(16.0) <= TARGET * JOB_DEVICE.at(8.85));
-        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, ms(4.0)), 13, "three more queries come in 4 ms");
+        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, ms(4.0)), 14, "2.8 more queries come in 4 ms");
         // Fewer queries ride shorter batches alone, but ingest keeps at least half the batch.
         assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, Duration::ZERO), 16);
         assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, ms(10.0)), 15);
