@@ -324,12 +324,13 @@ pub struct ConcurrencySpec {
     #[x_kube(validation = Rule::new("self >= 0 && self <= 50").message("concurrency.ingestShare must be between 0 and 50 (percent)"))]
     pub ingest_share: Option<i32>,
 
-    /// Places of each replica's in-flight budget that `ingest` leaves to queries while queries
-    /// come, in percent (0 to 50; unset: 0, ingest takes every place queries leave). On a device
-    /// whose batch time grows with the batch (long inputs, a per-token cost like a GPU's), full
-    /// batches make every query wait longer beside a bulk job; a reserve keeps batches shorter and
-    /// room for queries that arrive late in a batch, at the cost of that much ingest throughput
-    /// while queries come. Where batch time is mostly a fixed cost, leave it at 0.
+    /// Places of TEI's next batch that `ingest` leaves to queries while queries come, in percent
+    /// (0 to 50). Unset (the default): learned from TEI's own batch times, so that a query beside
+    /// ingest rides a batch at most about 1.2x as long as one of queries alone (no reserve where
+    /// TEI's batch time is mostly a fixed cost, up to half the batch where it grows with the
+    /// batch). Set, a fixed share: 0 lets ingest take every place queries leave; more keeps
+    /// batches shorter and room for queries that arrive late in a batch, at the cost of that much
+    /// ingest throughput while queries come.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 50").message("concurrency.queryReserve must be between 0 and 50 (percent)"))]
     pub query_reserve: Option<i32>,

@@ -141,9 +141,9 @@ struct StaticPool {
     #[arg(long, default_value_t = i32::from(teifleet_multiplexer::admission::DEFAULT_INGEST_SHARE))]
     ingest_share: i32,
     /// Percent of the in-flight limit the `ingest` lane leaves to queries while they come (0 to
-    /// 50; 0: ingest takes every place queries leave).
-    #[arg(long, default_value_t = 0)]
-    query_reserve: i32,
+    /// 50; 0: ingest takes every place queries leave; unset: learned from TEI's batch times).
+    #[arg(long)]
+    query_reserve: Option<i32>,
     /// Percent of the time calls may keep TEI busy while more queue (1 to 100; unset: no cap): a
     /// pool's share of a time-sliced GPU, e.g. 25 for one of 4 replicas.
     #[arg(long)]
@@ -195,7 +195,7 @@ impl StaticPool {
             adaptive: self.adaptive,
             tenants: self.tenants.clone(),
             ingest_share: Some(self.ingest_share),
-            query_reserve: Some(self.query_reserve),
+            query_reserve: self.query_reserve,
             device_time_cap: self.device_time_cap,
             ..ConcurrencySpec::default()
         }

@@ -19,15 +19,21 @@
 //!
 //! Where TEI's batch time grows with the batch, a next batch filled to the brim makes every query
 //! beside ingest ride a longer batch than alone, and one that arrives after ingest filled it waits
-//! a batch more. A pool's `queryReserve` keeps that share of the next batch for queries: while
-//! they come, ingest fills the next batch (the inputs let in since the running one started) only
-//! up to the rest. A batch is taken as half the in-flight limit: the two batches TEI needs to stay
-//! busy, and what the adaptive limit finds.
+//! a batch more. So while queries come, ingest fills the next batch (the inputs let in since the
+//! running one started) only up to the places TEI's own batch-time curve leaves it
+//! (`batch_curve`): the largest batch a query takes at most a little longer to ride than one of
+//! queries alone, less the queries expected before it starts. The curve is learned from the
+//! batches' sizes (counted here) and TEI's `inference_time` for them; until it is known (sizes too
+//! alike), ingest takes half the next batch, which also shows the curve batches of two sizes. A
+//! pool's `queryReserve`, when set, keeps that fixed share of the next batch for queries instead.
+//! A batch is taken as half the in-flight limit: the two batches TEI needs to stay busy, and what
+//! the adaptive limit finds.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::batch_curve::{self, BatchCurve};
 use super::lane::Lane;
 
 /// How quickly the queries' mean follows them: a second, many TEI batches, few query bursts.
@@ -43,7 +49,7 @@ const BATCH_TIME_WEIGHT: f64 = 0.2;
 
 /// The places of TEI's next batch ingest may fill under an in-flight `limit` of two batches, with
 /// `reserve` percent of them kept for queries (rounded up).
-pub(super) fn ingest_places(limit: usize, reserve: u8) -> usize {
+pub(super) fn reserved_places(limit: usize, reserve: u8) -> usize {
     let batch = limit / 2;
     batch - (batch * usize::from(reserve)).div_ceil(100).min(batch)
 }
@@ -62,6 +68,15 @@ pub(super) struct IngestGate {
     batch_time: Option<Duration>,
     /// Inputs let in (either lane) since the running batch started: TEI's next batch.
     next_batch: usize,
+    /// Inputs let in for the batch running now, and for the one that ended before it (whose
+    /// calls' times may still come in).
+    running_batch: usize,
+    ended_batch: usize,
+    /// TEI's batch time by the batch's inputs.
+    curve: BatchCurve,
+    /// The queries' inputs let in per second, decayed over [`SMOOTHING`] until `rate_since`.
+    query_rate: f64,
+    rate_since: Option<Instant>,
 }
 
 impl IngestGate {
@@ -70,6 +85,8 @@ impl IngestGate {
         if lane == Lane::Query {
             self.settle(now);
             self.queries += inputs;
+            self.query_rate = self.query_rate_at(now) + inputs as f64 / SMOOTHING.as_secs_f64();
+            self.rate_since = Some(now);
         }
         self.next_batch += inputs;
     }
@@ -90,22 +107,36 @@ impl IngestGate {
     /// it is one more call of a batch that ended less than half a batch time ago.
     pub fn released(&mut self, query_inputs: usize, now: Instant) {
         self.query_untook(query_inputs, now);
-        let same_batch = match (self.batch_started, self.batch_time) {
-            (Some(started), Some(batch_time)) => now.saturating_duration_since(started) < batch_time / 2,
-            _ => false,
-        };
-        if !same_batch {
+        if !self.in_last_batch_end(now) {
             self.batch_started = Some(now);
             // What was let in since the last start is TEI's running batch now.
+            self.ended_batch = self.running_batch;
+            self.running_batch = self.next_batch;
             self.next_batch = 0;
         }
     }
 
-    /// TEI reported `batch_time` for a call's batch.
-    pub fn observed_batch(&mut self, batch_time: Duration) {
+    /// Whether `now` is less than half a batch time after the last batch ended: a call back then
+    /// is one more of that batch's.
+    fn in_last_batch_end(&self, now: Instant) -> bool {
+        match (self.batch_started, self.batch_time) {
+            (Some(started), Some(batch_time)) => now.saturating_duration_since(started) < batch_time / 2,
+            _ => false,
+        }
+    }
+
+    /// TEI reported `batch_time` for the batch of a call back at `now` (told before the call's
+    /// permit is released): the first call back of a batch rode the one running until now, the
+    /// rest of its calls the one that just ended.
+    pub fn observed_batch(&mut self, batch_time: Duration, now: Instant) {
         if batch_time.is_zero() {
             return;
         }
+        let inputs = match self.in_last_batch_end(now) {
+            true => self.ended_batch,
+            false => self.running_batch,
+        };
+        self.curve.observe(inputs, batch_time);
         self.batch_time = Some(match self.batch_time {
             Some(mean) => mean.mul_f64(1.0 - BATCH_TIME_WEIGHT) + batch_time.mul_f64(BATCH_TIME_WEIGHT),
             None => batch_time,
@@ -118,16 +149,47 @@ impl IngestGate {
     }
 
     /// Whether ingest of `inputs` fits TEI's next batch under an in-flight `limit` with `reserve`
-    /// percent of the batch kept for queries, with `in_flight` inputs in flight: always while no
-    /// query comes, without a reserve, or with nothing in flight (TEI idle: whatever was counted
-    /// came back early, and no call back would let the ingest in later); and a call larger than
-    /// the places goes alone into an empty next batch.
-    pub fn ingest_fits(&self, inputs: usize, in_flight: usize, limit: usize, reserve: u8, now: Instant) -> bool {
-        reserve == 0
-            || in_flight == 0
-            || !self.queries_come(now)
-            || self.next_batch == 0
-            || self.next_batch + inputs <= ingest_places(limit, reserve)
+    /// percent of the batch kept for queries (none: what TEI's curve says, see [`Self::places`]),
+    /// with `in_flight` inputs in flight: always while no query comes, with a reserve of 0, or
+    /// with nothing in flight (TEI idle: whatever was counted came back early, and no call back
+    /// would let the ingest in later); and a call larger than the places goes alone into an empty
+    /// next batch. Under the learned places a call goes in if at most half of it is over them:
+    /// ingest comes in calls of several inputs, and the places fall between two calls' worth.
+    pub fn ingest_fits(
+        &self,
+        inputs: usize,
+        in_flight: usize,
+        limit: usize,
+        reserve: Option<u8>,
+        now: Instant,
+    ) -> bool {
+        if reserve == Some(0) || in_flight == 0 || !self.queries_come(now) || self.next_batch == 0 {
+            return true;
+        }
+        match reserve {
+            Some(reserve) => self.next_batch + inputs <= reserved_places(limit, reserve),
+            None => self.next_batch + inputs.div_ceil(2) <= self.places(limit, now),
+        }
+    }
+
+    /// The inputs TEI's next batch may hold before ingest stops adding to it while queries come,
+    /// under an in-flight `limit` of two batches: what TEI's batch-time curve leaves ingest beside
+    /// the queries' rate (`batch_curve`), or half the batch while the curve is unknown.
+    pub fn places(&self, limit: usize, now: Instant) -> usize {
+        let batch = limit / 2;
+        let Some(line) = self.curve.line() else { return batch.div_ceil(2) };
+        let left = match (self.batch_started, self.batch_time) {
+            (Some(started), Some(batch_time)) => (started + batch_time).saturating_duration_since(now),
+            _ => Duration::ZERO,
+        };
+        batch_curve::ingest_places(line, self.query_rate_at(now), batch, left)
+    }
+
+    /// The queries' inputs a second at `now`.
+    fn query_rate_at(&self, now: Instant) -> f64 {
+        let Some(since) = self.rate_since else { return 0.0 };
+        let held = now.saturating_duration_since(since).as_secs_f64();
+        self.query_rate * (-held / SMOOTHING.as_secs_f64()).exp()
     }
 
     /// When ingest may go in flight, if not at `now`, with `in_flight` inputs in flight.
@@ -169,7 +231,7 @@ mod tests {
     /// A gate that has seen queries in flight for a while and TEI's batches take [`BATCH`].
     fn with_queries(start: Instant) -> IngestGate {
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH);
+        gate.observed_batch(BATCH, start);
         gate.took(Lane::Query, 4, start);
         gate
     }
@@ -178,7 +240,7 @@ mod tests {
     fn open_without_queries_or_without_knowing_tei() {
         let now = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH);
+        gate.observed_batch(BATCH, now);
         gate.released(0, now);
         assert_eq!(gate.closed_until(now, 8), None, "no query came");
 
@@ -232,7 +294,7 @@ mod tests {
     fn a_short_burst_does_not_close_it() {
         let start = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH);
+        gate.observed_batch(BATCH, start);
         gate.took(Lane::Query, 20, start);
         let end = start + Duration::from_millis(20);
         gate.released(20, end);
@@ -245,28 +307,84 @@ mod tests {
         let mut gate = with_queries(now);
         gate.took(Lane::Ingest, 20, now + SMOOTHING * 5);
         let later = now + SMOOTHING * 5;
-        assert!(!gate.ingest_fits(8, 24, 64, 25, later), "four queries and twenty ingest fill the 24 places");
-        assert!(gate.ingest_fits(8, 0, 64, 25, later), "TEI idle: its next batch is empty");
+        assert!(!gate.ingest_fits(8, 24, 64, Some(25), later), "four queries and twenty ingest fill the 24 places");
+        assert!(gate.ingest_fits(8, 0, 64, Some(25), later), "TEI idle: its next batch is empty");
     }
 
     #[test]
     fn the_reserve_is_a_share_of_the_next_batch() {
-        assert_eq!(ingest_places(64, 25), 24, "a batch of 32, 8 kept");
-        assert_eq!(ingest_places(16, 10), 7, "rounded up for queries");
-        assert_eq!(ingest_places(64, 0), 32);
-        assert_eq!(ingest_places(1, 50), 0, "a limit of one: ingest only into an empty next batch");
+        assert_eq!(reserved_places(64, 25), 24, "a batch of 32, 8 kept");
+        assert_eq!(reserved_places(16, 10), 7, "rounded up for queries");
+        assert_eq!(reserved_places(64, 0), 32);
+        assert_eq!(reserved_places(1, 50), 0, "a limit of one: ingest only into an empty next batch");
     }
 
     #[test]
     fn the_batch_time_follows_tei() {
+        let now = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH);
+        gate.observed_batch(BATCH, now);
         for _ in 0..50 {
-            gate.observed_batch(BATCH * 2);
+            gate.observed_batch(BATCH * 2, now);
         }
         let mean = gate.batch_time.unwrap();
         assert!(mean > BATCH.mul_f64(1.99) && mean <= BATCH * 2, "{mean:?}");
-        gate.observed_batch(Duration::ZERO);
+        gate.observed_batch(Duration::ZERO, now);
         assert_eq!(gate.batch_time, Some(mean), "an upstream without times changes nothing");
+    }
+
+    /// Batches of `size` inputs, each taking `time`, from `start`: a batch's inputs are let in
+    /// while the one before runs, and it starts when that one's first call comes back; its own
+    /// first call back tells its time before its permit goes, its other calls after.
+    fn batches(gate: &mut IngestGate, lane: Lane, size: usize, time: Duration, count: u32, start: Instant) -> Instant {
+        let mut now = start;
+        for i in 0..count {
+            gate.took(lane, size, now);
+            gate.released(0, now);
+            if i > 0 {
+                gate.observed_batch(time, now + Duration::from_millis(1));
+            }
+            now += time;
+            gate.observed_batch(time, now);
+        }
+        now
+    }
+
+    #[test]
+    fn the_batches_sizes_and_times_teach_the_curve() {
+        let start = Instant::now();
+        let mut gate = IngestGate::default();
+        let now = batches(&mut gate, Lane::Ingest, 32, Duration::from_micros(20_240), 20, start);
+        assert_eq!(gate.curve.line(), None, "every batch full");
+        assert_eq!(gate.places(64, now), 16, "half the batch until the curve is known");
+        batches(&mut gate, Lane::Ingest, 8, Duration::from_micros(12_560), 20, now);
+        let line = gate.curve.line().unwrap();
+        assert!((line.per_input - 0.000_32).abs() < 0.000_01, "{line:?}");
+        assert!((line.fixed - 0.010).abs() < 0.000_2, "{line:?}");
+    }
+
+    #[test]
+    fn learned_places_follow_the_curve_and_the_queries() {
+        let start = Instant::now();
+        let mut gate = IngestGate::default();
+        let now = batches(&mut gate, Lane::Ingest, 32, Duration::from_micros(20_240), 20, start);
+        // Queries alone at 700 inputs a second: 9 a batch of 12.9 ms, for the five seconds their
+        // rate takes to settle.
+        let now = batches(&mut gate, Lane::Query, 9, Duration::from_micros(12_880), 400, now);
+        let right_after = now + Duration::from_micros(100);
+        let places = gate.places(64, right_after);
+        assert_eq!(places, 16, "a climbing device keeps room for queries");
+        gate.took(Lane::Query, 4, right_after);
+        assert!(gate.ingest_fits(8, 8, 64, None, right_after), "4 + 8 within 16");
+        gate.took(Lane::Ingest, 8, right_after);
+        assert!(gate.ingest_fits(8, 16, 64, None, right_after), "12 + 8: half the call over 16");
+        gate.took(Lane::Ingest, 8, right_after);
+        assert!(!gate.ingest_fits(8, 24, 64, None, right_after), "20 + 8 over 16");
+        assert!(gate.ingest_fits(8, 24, 64, Some(0), right_after), "a reserve of 0 said explicitly");
+
+        let mut flat = IngestGate::default();
+        let now = batches(&mut flat, Lane::Query, 2, Duration::from_millis(20), 20, start);
+        let now = batches(&mut flat, Lane::Query, 8, Duration::from_millis(20), 100, now);
+        assert_eq!(flat.places(16, now + Duration::from_millis(19)), 8, "a flat device: the whole batch");
     }
 }

@@ -270,11 +270,12 @@ async fn priorities_and_tenants_work_inside_the_ingest_lane() {
 /// While queries come, ingest waits for the last quarter of TEI's running batch (read from the
 /// permits coming back and TEI's reported batch time) before it takes the permits left free, so a
 /// query arriving earlier takes one at once; the gate opens on its own timer, with no permit
-/// back, and stays open once the queries stop.
+/// back, and stays open once the queries stop. (A reserve of 0, said explicitly, leaves the places
+/// out of play.)
 #[tokio::test(start_paused = true)]
 async fn ingest_waits_for_the_end_of_teis_batch_while_queries_come() {
     const BATCH: Duration = Duration::from_millis(24);
-    let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
+    let admission = Admission::new(Limits { query_reserve: Some(0), ..Limits::new(16, 64, Duration::from_secs(1)) });
     let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
     // Eight queries in flight for a few seconds, TEI reporting 24 ms batches.
     let mut queries: Vec<Permit> =
@@ -314,7 +315,7 @@ async fn ingest_waits_for_the_end_of_teis_batch_while_queries_come() {
 /// stop, ingest takes every place.
 #[tokio::test(start_paused = true)]
 async fn ingest_leaves_the_query_reserve_of_the_next_batch_while_queries_come() {
-    let limits = Limits { query_reserve: 25, ..Limits::new(16, 64, Duration::from_secs(1)) };
+    let limits = Limits { query_reserve: Some(25), ..Limits::new(16, 64, Duration::from_secs(1)) };
     let admission = Admission::new(limits);
     let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
     let take_all = |held: &mut Vec<Permit>| {
@@ -338,6 +339,30 @@ async fn ingest_leaves_the_query_reserve_of_the_next_batch_while_queries_come() 
     assert_eq!(held.len(), 4 + 6, "six more for the new next batch");
 
     // The queries stop; seconds later ingest fills every place of the limit.
+    drop(queries);
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    take_all(&mut held);
+    assert_eq!(held.len(), 16, "no queries: ingest takes every place");
+}
+
+/// By default (no `queryReserve`) the places ingest may fill come from TEI's batch-time curve;
+/// before the pool has seen batches of two sizes, ingest takes half of TEI's next batch while
+/// queries come (which also shows the curve a second size), and every place once they stop.
+#[tokio::test(start_paused = true)]
+async fn by_default_ingest_takes_half_the_next_batch_until_the_curve_is_known() {
+    let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
+    let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
+    let take_all = |held: &mut Vec<Permit>| {
+        while let Some(permit) = admission.try_acquire(&ingest) {
+            held.push(permit);
+        }
+    };
+    let queries: Vec<Permit> = (0..2).map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).unwrap()).collect();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let mut held = Vec::new();
+    take_all(&mut held);
+    assert_eq!(held.len(), 4 - 2, "half of a batch of 8, two places the queries' already");
+
     drop(queries);
     tokio::time::sleep(Duration::from_secs(10)).await;
     take_all(&mut held);

@@ -22,6 +22,7 @@
 //! on it (see `contention`). Limits change live.
 
 mod adaptive;
+mod batch_curve;
 mod contention;
 mod device_time;
 mod estimate;
@@ -458,15 +459,13 @@ impl Shared {
     fn observe(self: &Arc<Self>, observation: Observation, inputs: usize) {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
-        state.ingest_gate.observed_batch(observation.tei_inference);
-        if state.limits.gpu_share.is_some() {
-            let now = Instant::now();
-            if state.contention.observe(observation.tei_inference, inputs, now) {
-                // The share's cap starts (from a full burst) or lifts, from now.
-                state.note_busy(now);
-                self.dispatch(&mut state);
-                self.notify(&state, None);
-            }
+        let now = Instant::now();
+        state.ingest_gate.observed_batch(observation.tei_inference, now);
+        if state.limits.gpu_share.is_some() && state.contention.observe(observation.tei_inference, inputs, now) {
+            // The share's cap starts (from a full burst) or lifts, from now.
+            state.note_busy(now);
+            self.dispatch(&mut state);
+            self.notify(&state, None);
         }
         let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
         let (floor, ceiling) = (state.adaptive_floor(), state.limits.max_in_flight);
@@ -582,7 +581,7 @@ impl State {
         let quiet = self.tenant_gate.other_coming(crowd, now)?;
         let reserve = tenant_gate::quiet_reserve(self.tenants.weight(quiet), self.tenants.weight(crowd));
         let inputs = queue.peek_next()?.cost.inputs as usize;
-        let fits = self.ingest_gate.ingest_fits(inputs, self.in_flight, self.effective_limit(), reserve, now);
+        let fits = self.ingest_gate.ingest_fits(inputs, self.in_flight, self.effective_limit(), Some(reserve), now);
         (!fits).then_some((crowd, None))
     }
 

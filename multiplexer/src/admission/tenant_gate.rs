@@ -23,7 +23,7 @@
 //! deserves more of the pool than the crowd, so while it comes (the same second) the crowd, in the
 //! batch's last part too, fills TEI's next batch only up to its own weighted share
 //! (`w_crowd ÷ (w_crowd + w_quiet)`), as ingest leaves a pool's `queryReserve` to queries
-//! (`ingest_gate::ingest_places`): the quiet tenant's calls find a place in the next batch. The
+//! (`ingest_gate::reserved_places`): the quiet tenant's calls find a place in the next batch. The
 //! places it leaves empty are throughput the flood loses, the price of the weights. Equal weights
 //! (nothing configured, or configured alike) keep no share: the fair queue's order is all they
 //! asked for.
@@ -150,7 +150,7 @@ mod tests {
         assert_eq!(quiet_reserve(2, 1), 66, "rounded down: the crowd keeps its third");
         assert_eq!(quiet_reserve(u32::MAX, 1), 99);
         assert_eq!(
-            super::super::ingest_gate::ingest_places(8, quiet_reserve(3, 1)),
+            super::super::ingest_gate::reserved_places(8, quiet_reserve(3, 1)),
             1,
             "four in flight, TEI's batch of 8"
         );

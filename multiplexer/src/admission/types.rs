@@ -22,8 +22,9 @@ pub struct Limits {
     pub adaptive: bool,
     /// Percent of admissions ingest is owed while queries would take them all (see `lanes`).
     pub ingest_share: u8,
-    /// Percent of the in-flight limit ingest leaves to queries while they come (see `ingest_gate`).
-    pub query_reserve: u8,
+    /// Percent of the in-flight limit ingest leaves to queries while they come; none: what TEI's
+    /// batch-time curve says their p99 needs (see `ingest_gate`).
+    pub query_reserve: Option<u8>,
     /// Percent of the time this replica may keep TEI busy while its calls queue (see
     /// `device_time`); none: no cap.
     pub device_time_cap: Option<u8>,
@@ -42,7 +43,7 @@ impl Limits {
             max_in_flight_tokens: None,
             adaptive: false,
             ingest_share: DEFAULT_INGEST_SHARE,
-            query_reserve: 0,
+            query_reserve: None,
             device_time_cap: None,
             gpu_share: None,
         }

@@ -161,11 +161,13 @@ impl Spread {
 /// size, and no more than half one replica's share of the budget: a whole share could never spill
 /// to a sibling beside anything else, and a replica whose share one sub-batch fills idles from its
 /// answer to the next sub-batch's admission (measured: scenario 18's replica left a third idle).
-/// Ingest goes in eighths of the share: a sub-batch is only a unit of admission (its messages are
-/// TEI calls of their own), and while queries come ingest takes the places they leave in TEI's
+/// Ingest goes in sixteenths of the share: a sub-batch is only a unit of admission (its messages
+/// are TEI calls of their own), and while queries come ingest takes the places they leave in TEI's
 /// next batch, which a sub-batch as large as that batch cannot fit into beside any query (it went
 /// in after the batch had started with the queries alone, and the next queries waited behind it:
-/// bench scenario 20's queries beside a job, p99 1.8x alone).
+/// bench scenario 20's queries beside a job, p99 1.8x alone); and the places the learned query
+/// reserve leaves (`admission/ingest_gate.rs`) are filled within an eighth of a batch, not a
+/// quarter.
 pub fn sub_batch(pool: &Pool, max_client_batch_size: usize, lane: Lane) -> usize {
     let share = pool.admission.snapshot().limits.max_in_flight;
     let part = match lane {
@@ -176,7 +178,7 @@ pub fn sub_batch(pool: &Pool, max_client_batch_size: usize, lane: Lane) -> usize
 }
 
 /// Ingest sub-batches per replica share (see [`sub_batch`]).
-const INGEST_PARTS: usize = 8;
+const INGEST_PARTS: usize = 16;
 
 /// How many sub-batches of `size` a bulk call keeps in flight: enough for this replica's share and
 /// every sibling's window to be busy at once, and one more waiting its turn here, so no replica

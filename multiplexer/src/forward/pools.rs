@@ -396,7 +396,7 @@ const NOT_READY: Limits = Limits {
     max_in_flight_tokens: None,
     adaptive: false,
     ingest_share: 0,
-    query_reserve: 0,
+    query_reserve: None,
     device_time_cap: None,
     gpu_share: None,
 };

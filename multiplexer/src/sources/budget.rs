@@ -21,7 +21,11 @@ pub fn limits(concurrency: &ConcurrencySpec, share: &Shares) -> Result<Limits, S
     }
     let queue_timeout = parse_duration(&concurrency.queue_timeout).map_err(|e| format!("queueTimeout: {e}"))?;
     let ingest_share = percent(concurrency.ingest_share, DEFAULT_INGEST_SHARE, MAX_INGEST_SHARE, "ingestShare")?;
-    let query_reserve = percent(concurrency.query_reserve, 0, MAX_QUERY_RESERVE, "queryReserve")?;
+    // Unset: learned from TEI's batch times (`admission/ingest_gate.rs`).
+    let query_reserve = concurrency
+        .query_reserve
+        .map(|reserve| percent(Some(reserve), 0, MAX_QUERY_RESERVE, "queryReserve"))
+        .transpose()?;
     let device_time_cap = match concurrency.device_time_cap {
         Some(cap @ 1..=100) => u8::try_from(cap).ok(),
         Some(cap) => return Err(format!("deviceTimeCap must be between 1 and 100 (got {cap})")),
@@ -124,9 +128,11 @@ mod tests {
         assert_eq!(whole(&ConcurrencySpec::default()).unwrap().ingest_share, 10);
         let none = ConcurrencySpec { ingest_share: Some(0), ..ConcurrencySpec::default() };
         assert_eq!(whole(&none).unwrap().ingest_share, 0);
-        assert_eq!(whole(&ConcurrencySpec::default()).unwrap().query_reserve, 0, "ingest takes every place by default");
+        assert_eq!(whole(&ConcurrencySpec::default()).unwrap().query_reserve, None, "learned by default");
         let reserve = ConcurrencySpec { query_reserve: Some(25), ..ConcurrencySpec::default() };
-        assert_eq!(whole(&reserve).unwrap().query_reserve, 25);
+        assert_eq!(whole(&reserve).unwrap().query_reserve, Some(25));
+        let none = ConcurrencySpec { query_reserve: Some(0), ..ConcurrencySpec::default() };
+        assert_eq!(whole(&none).unwrap().query_reserve, Some(0), "0 said explicitly: ingest takes every place");
         let greedy = ConcurrencySpec { query_reserve: Some(51), ..ConcurrencySpec::default() };
         assert!(whole(&greedy).unwrap_err().contains("queryReserve must be between 0 and 50"));
     }

@@ -19,7 +19,7 @@
 //!     adaptive: true      # the in-flight limit finds itself below maxInFlight
 //!     tenants: {search: 3, batch: 1}
 //!     ingestShare: 10     # percent of admissions the ingest lane keeps under query overload (0-50, default 10)
-//!     queryReserve: 0     # percent of in-flight places ingest leaves to queries while they come (0-50, default 0)
+//!     queryReserve: 0     # percent of TEI's next batch ingest leaves to queries while they come (0-50; unset: learned)
 //!     cache:              # the embedding cache, as `spec.cache` has it (`crate::cache`)
 //!       size: 256Mi
 //!       store: {url: "redis://127.0.0.1:6379/0", passwordFile: store-password}
@@ -87,7 +87,7 @@ struct FilePool {
     tenants: BTreeMap<String, u32>,
     /// The ingest lane's floor, in percent of admissions.
     ingest_share: Option<u8>,
-    /// Percent of the in-flight limit ingest leaves to queries while they come.
+    /// Percent of TEI's next batch ingest leaves to queries while they come; unset: learned.
     query_reserve: Option<u8>,
     /// Percent of the time calls may keep TEI busy while more queue.
     device_time_cap: Option<u8>,

@@ -1,0 +1,240 @@
+//! TEI's batch-time curve, learned from its answers, and the places of its next batch ingest may
+//! take beside queries by it (the learned query reserve, `ingest_gate`).
+//!
+//! TEI reports each call's `inference_time`: the time of the batch the call rode. The sidecar
+//! counts the inputs it let in for each batch, so each answer is a point (inputs, batch time). A
+//! device's batch time is close to a line, `fixed + per_input × inputs`: a GPU's fixed cost per
+//! forward pass and the work per input. Where the line is mostly fixed, a full batch costs a query
+//! little more than one of queries alone, and ingest may fill it; where it climbs, a batch ingest
+//! fills makes every query beside it ride (and wait for) a longer batch.
+//!
+//! The points are kept as a mean batch time per batch size, so sizes seen an hour ago (the queries
+//! alone, the job alone) still pin the line when every batch now has the same size, and a single
+//! slow batch moves one size's mean a little. The line is the least-squares fit through those
+//! means, weighted by how often each size was seen (capped, so the commonest size does not drown
+//! the others): it needs sizes a few inputs apart, and says nothing before.
+
+use std::time::Duration;
+
+/// How many times the batch the queries fill alone a batch beside ingest may take, both at the
+/// mean, by the learned line. On scenario 20's backend (10 ms + 0.32 ms an input, queries at 0.5×
+/// capacity; the sleeping device's millisecond ticks make its learned line flatter than that) 1.3
+/// hardly bound: the job got what it got with no reserve (0.54× of capacity) and the queries 1.48×
+/// at p99 (full run). The fixed reserves measured there put 1.3× at p99 near batches of 21, the job
+/// then near 0.35–0.4× of capacity.
+pub const TARGET: f64 = 1.2;
+/// Batch sizes above this count as this one (a batch this large is far up any device's line).
+const MAX_INPUTS: usize = 1024;
+/// A size's mean follows its new times with this weight once seen this often (a plain mean before).
+const SIZE_MEMORY: u32 = 20;
+/// A size counts in the fit once seen this often, and weighs at most [`SIZE_MEMORY`].
+const MIN_SEEN: u32 = 3;
+/// A time this many times a size's mean (or under its share) counts as that far off, no more.
+const OUTLIER: f64 = 2.0;
+/// The fit needs sizes at least this many inputs apart (closer sizes differ by less than a
+/// sleeping device's timer tick), or half the largest size apart where batches are that small.
+const MIN_SPAN: usize = 4;
+
+/// TEI's batch time as a line in its inputs, in seconds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Line {
+    pub fixed: f64,
+    pub per_input: f64,
+}
+
+impl Line {
+    pub fn at(&self, inputs: f64) -> f64 {
+        self.fixed + self.per_input * inputs
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Size {
+    seen: u32,
+    mean: f64,
+}
+
+#[derive(Debug, Default)]
+pub struct BatchCurve {
+    /// Indexed by a batch's inputs.
+    sizes: Vec<Size>,
+}
+
+impl BatchCurve {
+    /// TEI took `time` for a batch of `inputs`.
+    pub fn observe(&mut self, inputs: usize, time: Duration) {
+        if inputs == 0 || time.is_zero() {
+            return;
+        }
+        let inputs = inputs.min(MAX_INPUTS);
+        if self.sizes.len() <= inputs {
+            self.sizes.resize(inputs + 1, Size::default());
+        }
+        let size = &mut self.sizes[inputs];
+        let mut time = time.as_secs_f64();
+        if size.seen >= MIN_SEEN {
+            // A batch stalled by something else (a busy host, a hiccup) says little about the
+            // curve: it moves the mean as far as one twice as long would.
+            time = time.clamp(size.mean / OUTLIER, size.mean * OUTLIER);
+        }
+        size.seen = size.seen.saturating_add(1);
+        let weight = 1.0 / f64::from(size.seen.min(SIZE_MEMORY));
+        size.mean += weight * (time - size.mean);
+    }
+
+    /// The weighted least-squares line through the sizes seen, if they span enough.
+    pub fn line(&self) -> Option<Line> {
+        let seen = || {
+            self.sizes
+                .iter()
+                .enumerate()
+                .filter(|(_, size)| size.seen >= MIN_SEEN)
+                .map(|(inputs, size)| (inputs as f64, size.mean, f64::from(size.seen.min(SIZE_MEMORY))))
+        };
+        let (smallest, largest) = seen().fold((f64::MAX, 0.0f64), |(lo, hi), (n, _, _)| (lo.min(n), hi.max(n)));
+        if largest - smallest < (MIN_SPAN as f64).min(largest / 2.0) || largest == smallest {
+            return None;
+        }
+        let total: f64 = seen().map(|(_, _, w)| w).sum();
+        let mean_n = seen().map(|(n, _, w)| w * n).sum::<f64>() / total;
+        let mean_t = seen().map(|(_, t, w)| w * t).sum::<f64>() / total;
+        let spread: f64 = seen().map(|(n, _, w)| w * (n - mean_n).powi(2)).sum();
+        let together: f64 = seen().map(|(n, t, w)| w * (n - mean_n) * (t - mean_t)).sum();
+        // A batch never takes less for more inputs; a line that says so is noise about a flat one.
+        let per_input = (together / spread).max(0.0);
+        let fixed = (mean_t - per_input * mean_n).max(0.0);
+        Some(Line { fixed, per_input })
+    }
+}
+
+/// How many inputs TEI's next batch (at most `batch`) may hold, queries and ingest together,
+/// before ingest stops adding to it, on a device whose batch time is `line`, with queries coming
+/// at `query_rate` inputs a second and `left` before the batch starts: the largest batch that
+/// takes at most [`TARGET`] × the batch the queries would fill alone, less the queries expected
+/// to arrive in `left` (they join that batch too). Never less than half the batch (the fixed
+/// reserve's own bound): few queries alone ride batches of a few inputs, and holding a job to as
+/// few beside them would cost it most of the device for milliseconds a query.
+pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) -> usize {
+    let batch_f = batch as f64;
+    // Queries alone fill each batch with what arrives while the one before runs: q = rate × T(q).
+    let crowd = query_rate * line.per_input;
+    if crowd >= 1.0 {
+        return 0;
+    }
+    let queries_alone = (query_rate * line.fixed / (1.0 - crowd)).min(batch_f);
+    let longest = TARGET * line.at(queries_alone);
+    let largest = match line.per_input > 0.0 {
+        true => ((longest - line.fixed) / line.per_input).floor().clamp((batch / 2) as f64, batch_f),
+        false => batch_f,
+    };
+    // Whole queries only: a place kept for a fraction of one is, more often than not, a place TEI
+    // runs empty (a pool whose batch is a few inputs would keep one of two).
+    let late = (query_rate * left.as_secs_f64()).floor();
+    (largest - late).max(0.0) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(ms: f64) -> Duration {
+        Duration::from_secs_f64(ms / 1000.0)
+    }
+
+    /// Scenario 20's device: 10 ms and 0.32 ms an input (16 tokens at 20 µs), batches of 32.
+    const JOB_DEVICE: Line = Line { fixed: 0.010, per_input: 0.000_32 };
+
+    #[test]
+    fn a_line_through_two_sizes_is_found() {
+        let mut curve = BatchCurve::default();
+        for _ in 0..10 {
+            curve.observe(8, ms(12.56));
+            curve.observe(32, ms(20.24));
+        }
+        let line = curve.line().unwrap();
+        assert!((line.fixed - 0.010).abs() < 1e-6, "{line:?}");
+        assert!((line.per_input - 0.000_32).abs() < 1e-8, "{line:?}");
+    }
+
+    #[test]
+    fn one_size_or_sizes_too_close_say_nothing() {
+        let mut curve = BatchCurve::default();
+        for _ in 0..10 {
+            curve.observe(32, ms(20.0));
+        }
+        assert_eq!(curve.line(), None, "every batch full");
+        let mut small = BatchCurve::default();
+        for _ in 0..10 {
+            small.observe(1, ms(40.0));
+            small.observe(2, ms(40.0));
+        }
+        assert!(small.line().is_some(), "a pool of batches of two: one and two are half apart");
+        for _ in 0..10 {
+            curve.observe(30, ms(19.0));
+        }
+        assert_eq!(curve.line(), None, "two inputs apart");
+        curve.observe(8, ms(12.0));
+        curve.observe(8, ms(12.0));
+        assert_eq!(curve.line(), None, "a size seen twice is not yet a point");
+        curve.observe(8, ms(12.0));
+        assert!(curve.line().is_some());
+    }
+
+    #[test]
+    fn noise_about_a_flat_device_gives_a_flat_line() {
+        // A sleeping device's timer ticks: 20 or 21 ms whatever the size, a little more when small.
+        let mut curve = BatchCurve::default();
+        for i in 0..40 {
+            let tick = if i % 2 == 0 { 20.0 } else { 21.0 };
+            curve.observe(2, ms(tick + 0.3));
+            curve.observe(8, ms(tick));
+        }
+        let line = curve.line().unwrap();
+        assert_eq!(line.per_input, 0.0, "{line:?}");
+        assert!((line.fixed - 0.0205).abs() < 0.000_5, "{line:?}");
+    }
+
+    #[test]
+    fn an_old_size_still_pins_the_line_and_a_slow_batch_moves_it_little() {
+        let mut curve = BatchCurve::default();
+        for _ in 0..SIZE_MEMORY {
+            curve.observe(9, ms(12.88));
+        }
+        for _ in 0..10_000 {
+            curve.observe(32, ms(20.24));
+        }
+        curve.observe(32, ms(200.0));
+        let line = curve.line().unwrap();
+        assert!((line.per_input - 0.000_32).abs() < 0.000_1, "{line:?}");
+    }
+
+    #[test]
+    fn a_flat_device_gives_ingest_the_whole_batch_but_the_late_queries() {
+        let flat = Line { fixed: 0.020, per_input: 0.0 };
+        assert_eq!(ingest_places(flat, 200.0, 8, Duration::ZERO), 8);
+        assert_eq!(ingest_places(flat, 200.0, 8, ms(5.0)), 7, "one query expected in the last 5 ms");
+        assert_eq!(ingest_places(flat, 60.0, 2, ms(10.0)), 2, "none kept for 0.6 of a query");
+        // Scenario 19's device, 20 ms and 0.32 ms an input: a full batch of 8 is 1.05× the queries'.
+        let nearly_flat = Line { fixed: 0.020, per_input: 0.000_32 };
+        assert_eq!(ingest_places(nearly_flat, 213.0, 8, Duration::ZERO), 8);
+    }
+
+    #[test]
+    fn a_climbing_device_keeps_what_the_queries_p99_needs() {
+        // Queries at 690/s fill about 9 of 32 alone (12.8 ms); 1.2× that is 15.4 ms, 16 inputs.
+        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, Duration::ZERO), 16);
+        assert!(JOB_DEVICE.at(16.0) <= TARGET * JOB_DEVICE.at(8.85));
+        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, ms(4.0)), 14, "2.8 more queries come in 4 ms");
+        // Fewer queries ride shorter batches alone, but ingest keeps at least half the batch.
+        assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, Duration::ZERO), 16);
+        assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, ms(10.0)), 15);
+        // A steeper device keeps more.
+        let steep = Line { fixed: 0.002, per_input: 0.000_5 };
+        assert_eq!(ingest_places(steep, 690.0, 32, Duration::ZERO), 16, "half the batch at most");
+    }
+
+    #[test]
+    fn queries_that_fill_batches_alone_leave_nothing() {
+        assert_eq!(ingest_places(JOB_DEVICE, 5000.0, 32, Duration::ZERO), 0);
+    }
+}
