@@ -50,6 +50,9 @@ pub(super) const LEAVE: f64 = 0.08;
 pub(super) const DRIFT_PER_SECOND: f64 = 0.02;
 /// Batch-size buckets: 1, 2, 3–4, 5–8, ... inputs; larger ones share the last.
 const BUCKETS: usize = 12;
+/// The least share of its wall time in flight a pool is charged as its own: a batch twenty
+/// times its minimum is more likely a misread than a neighbour that slow.
+pub(super) const LEAST_OWN_SHARE: f64 = 0.05;
 
 /// The shortest batch time seen for one batch size, and when it was seen.
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +83,10 @@ pub(super) struct Contention {
     /// The moving share of batches that waited.
     waited_share: f64,
     busy: bool,
+    /// Moving means of judged batches' minimum and actual times: their ratio is the share of
+    /// this replica's time in flight that the device spent on its own batches.
+    minimum_mean: f64,
+    actual_mean: f64,
 }
 
 /// The bucket of a batch of about `inputs` inputs.
@@ -92,6 +99,17 @@ impl Contention {
     /// Whether a neighbour is busy on the device, as last read.
     pub fn neighbour_busy(&self) -> bool {
         self.busy
+    }
+
+    /// The share of this replica's time in flight that was its own work on the device, not a wait
+    /// for a neighbour's turn: recent batches' minimum time over their actual time, time-weighted.
+    /// What a pool's GPU share charges it (see `device_time`), so a light pool whose every call
+    /// waits behind a flood is not held for the flood's time. 1 until batches have been judged.
+    pub fn own_share(&self) -> f64 {
+        if self.actual_mean <= 0.0 {
+            return 1.0;
+        }
+        (self.minimum_mean / self.actual_mean).clamp(LEAST_OWN_SHARE, 1.0)
     }
 
     /// TEI took `inference` for the batch of a call of `inputs` inputs, answered at `now`.
@@ -127,6 +145,8 @@ impl Contention {
         if seconds < minimum {
             *slot = Some(Minimum { seconds, seen: now });
         }
+        self.minimum_mean += (minimum.min(seconds) - self.minimum_mean) * WEIGHT;
+        self.actual_mean += (seconds - self.actual_mean) * WEIGHT;
         let waited = if seconds > minimum * WAITED { 1.0 } else { 0.0 };
         self.waited_share += (waited - self.waited_share) * WEIGHT;
         let busy = match self.busy {
@@ -257,6 +277,23 @@ mod tests {
         assert!(!contention.neighbour_busy(), "relearned");
         // ln(10 / 4 / 1.5) / 2 % a second is about 26 s, and the moving share takes a little more.
         assert!(busy_for < Duration::from_secs(35), "busy for {busy_for:?}");
+    }
+
+    #[test]
+    fn the_own_share_is_the_batches_minimum_over_their_time() {
+        let mut contention = Contention::default();
+        let mut now = Instant::now();
+        assert_eq!(contention.own_share(), 1.0, "nothing judged yet");
+        feed(&mut contention, &mut now, 200, 4 * MS, None, MS);
+        assert!(contention.own_share() > 0.99, "alone: {}", contention.own_share());
+        // Every batch waits 6 ms for a neighbour's: 4 ms of every 10 are its own (the minimum
+        // drifts up a few percent meanwhile, so a little more).
+        feed(&mut contention, &mut now, 200, 4 * MS, Some(1), 6 * MS);
+        assert!((contention.own_share() - 0.4).abs() < 0.03, "light beside a flood: {}", contention.own_share());
+        // Every other batch waits: 8 ms of every 14.
+        feed(&mut contention, &mut now, 200, 4 * MS, Some(2), 6 * MS);
+        let expected = 8.0 / 14.0;
+        assert!((contention.own_share() - expected).abs() < 0.04, "flooding: {}", contention.own_share());
     }
 
     #[test]

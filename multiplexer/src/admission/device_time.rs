@@ -10,9 +10,12 @@
 //! is back. The credit holds at most [`BURST`], so a quiet pool's occasional run of calls passes
 //! untouched and a pool cannot save up idle time for a long flood later.
 //!
-//! The time counted is wall time with calls in flight, as the sidecar sees it: it includes a
-//! batch's wait for a neighbour's turn, so a capped pool gets somewhat less than its cap of the
-//! device while neighbours are busy. Queued calls are let in by a timer when the credit is back
+//! Under an explicit cap the time counted is wall time with calls in flight, as the sidecar sees
+//! it: it includes a batch's wait for a neighbour's turn, so a capped pool gets somewhat less than
+//! its cap of the device while neighbours are busy. Under a GPU share only the pool's own device
+//! time is counted (wall time in flight times its batches' minimum over their actual time, see
+//! `contention`): a light pool whose every call waits behind a flood spends most of its time in
+//! flight waiting, and holding it for that would cap the one the share protects. Queued calls are let in by a timer when the credit is back
 //! (no permit may come back to dispatch them), and still leave at their deadline or the queue
 //! timeout; while the cap binds, the queue's expected wait is taken at the cap's pace (the inputs
 //! TEI answered per busy second, times the cap), so a call that pace cannot serve in time is
@@ -34,6 +37,9 @@ const PACE_WEIGHT: f64 = 0.2;
 pub(super) struct DeviceTime {
     /// TEI time this replica may still use, in seconds: below zero, what it has overdrawn.
     credit: f64,
+    /// The share of wall time in flight charged against the credit: 1 under an explicit cap; under
+    /// a GPU share, the part that was this replica's own work on the device (see `contention`).
+    charge: f64,
     /// When `credit` was last brought up to date; none while there is no cap.
     updated: Option<Instant>,
     /// The busy period running now (calls of this replica in flight, TEI busy with them): when
@@ -54,7 +60,7 @@ impl DeviceTime {
     fn credit_at(&self, rate: f64, now: Instant) -> f64 {
         let Some(updated) = self.updated else { return BURST.as_secs_f64() };
         let elapsed = now.saturating_duration_since(updated).as_secs_f64();
-        let spent = if self.period.is_some() { elapsed } else { 0.0 };
+        let spent = if self.period.is_some() { elapsed * self.charge } else { 0.0 };
         (self.credit + elapsed * rate - spent).min(BURST.as_secs_f64())
     }
 
@@ -65,10 +71,11 @@ impl DeviceTime {
         }
     }
 
-    /// Calls of this replica are in flight (`busy`) or none are, from `now` on, under `cap`.
+    /// Calls of this replica are in flight (`busy`) or none are, from `now` on, under `cap`, each
+    /// second in flight charged `charge` of a second (at most 1).
     /// Without a cap nothing is kept: nothing is owed, and a cap set later starts from a full
     /// burst and learns its pace anew.
-    pub fn set_busy(&mut self, busy: bool, cap: Option<u8>, now: Instant) {
+    pub fn set_busy(&mut self, busy: bool, cap: Option<u8>, charge: f64, now: Instant) {
         let Some(rate) = rate(cap) else {
             self.updated = None;
             self.period = None;
@@ -76,6 +83,7 @@ impl DeviceTime {
         };
         self.credit = self.credit_at(rate, now);
         self.updated = Some(now);
+        self.charge = charge.clamp(f64::MIN_POSITIVE, 1.0);
         match (self.period, busy) {
             (None, true) => self.period = Some((now, 0)),
             (Some((began, answered)), false) => {
@@ -100,12 +108,13 @@ impl DeviceTime {
     }
 
     /// How long `inputs` take to be let through while `cap` binds: at the cap's share of each
-    /// second, at the pace TEI answered this replica's inputs in its busy periods. None until a
-    /// busy period has been seen.
+    /// second (of charged time), at the pace TEI answered this replica's inputs in its busy
+    /// periods. None until a busy period has been seen.
     pub fn drain_time(&self, inputs: usize, cap: Option<u8>) -> Option<Duration> {
         let rate = rate(cap)?;
         let pace = self.inputs_per_busy_second.filter(|pace| *pace > 0.0)?;
-        Some(Duration::from_secs_f64(inputs as f64 / (pace * rate)))
+        let charge = if self.charge > 0.0 { self.charge } else { 1.0 };
+        Some(Duration::from_secs_f64(inputs as f64 * charge / (pace * rate)))
     }
 
     /// When calls may go in flight again under `cap`, if not now.
@@ -138,10 +147,10 @@ mod tests {
             if let Some(opens) = device.closed_until(Some(cap), now) {
                 now = opens;
             }
-            device.set_busy(true, Some(cap), now);
+            device.set_busy(true, Some(cap), 1.0, now);
             now += busy_ms * MS;
             busy += busy_ms * MS;
-            device.set_busy(false, Some(cap), now);
+            device.set_busy(false, Some(cap), 1.0, now);
         }
         busy.as_secs_f64() / (now - start).as_secs_f64()
     }
@@ -161,9 +170,9 @@ mod tests {
         let mut now = Instant::now();
         let cap = Some(25);
         // Idle for a minute: the credit is one burst, not fifteen seconds.
-        device.set_busy(false, cap, now);
+        device.set_busy(false, cap, 1.0, now);
         now += Duration::from_secs(60);
-        device.set_busy(true, cap, now);
+        device.set_busy(true, cap, 1.0, now);
         assert_eq!(device.closed_until(cap, now + BURST - MS), None, "a burst of TEI time goes at once");
         // Busy 80 ms: 20 ms earned meanwhile, 10 ms overdrawn.
         let after = now + 80 * MS;
@@ -181,11 +190,11 @@ mod tests {
         assert_eq!(device.drain_time(10, cap), None, "nothing seen yet");
         // Two inputs answered in each 4 ms busy period: 500 a busy second, 125 a second at 25 %.
         for _ in 0..10 {
-            device.set_busy(true, cap, now);
+            device.set_busy(true, cap, 1.0, now);
             now += 4 * MS;
             device.answered(1);
             device.answered(1);
-            device.set_busy(false, cap, now);
+            device.set_busy(false, cap, 1.0, now);
             now += 20 * MS;
         }
         let drain = device.drain_time(125, cap).unwrap().as_secs_f64();
@@ -198,7 +207,7 @@ mod tests {
         for cap in [None, Some(100)] {
             let mut device = DeviceTime::default();
             let now = Instant::now();
-            device.set_busy(true, cap, now);
+            device.set_busy(true, cap, 1.0, now);
             assert_eq!(device.closed_until(cap, now + Duration::from_secs(10)), None);
         }
     }
@@ -207,9 +216,9 @@ mod tests {
     fn a_cap_set_on_a_busy_pool_starts_from_a_full_burst() {
         let mut device = DeviceTime::default();
         let now = Instant::now();
-        device.set_busy(true, None, now);
+        device.set_busy(true, None, 1.0, now);
         let later = now + Duration::from_secs(5);
-        device.set_busy(true, Some(25), later);
+        device.set_busy(true, Some(25), 1.0, later);
         assert_eq!(device.closed_until(Some(25), later + BURST / 2), None, "the uncapped past is not owed");
     }
 }

@@ -626,7 +626,17 @@ impl State {
 
     /// Tells the device time's credit whether calls are in flight from `now` on.
     fn note_busy(&mut self, now: Instant) {
-        self.device_time.set_busy(self.in_flight > 0, self.device_time_cap(), now);
+        self.device_time.set_busy(self.in_flight > 0, self.device_time_cap(), self.device_time_charge(), now);
+    }
+
+    /// The share of wall time in flight the cap charges: all of it under a `deviceTimeCap`; under a
+    /// GPU share only this replica's own device time, so its waits for a busy neighbour's turn
+    /// do not count against it (see `contention`).
+    fn device_time_charge(&self) -> f64 {
+        match self.limits.device_time_cap {
+            Some(_) => 1.0,
+            None => self.contention.own_share(),
+        }
     }
 
     /// The cap on TEI time in force: the pool's `deviceTimeCap` always, or else its share of a
