@@ -15,37 +15,16 @@ use teifleet_load::{LoadConfig, Report};
 use super::adaptive::require_flag;
 use super::fairness_defaults::{self, DefaultsRun};
 use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
+pub use super::tenant_pair::{FLOOD, FLOOD_FACTOR, LIGHT, LIGHT_FACTOR, Pair};
 use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up, words};
 use crate::Result;
 use crate::procs::{self, Device, MuxLimits, SimModel};
 use crate::targets::{Rule, Target, ratio};
 
-pub const FLOOD_FACTOR: f64 = 5.0;
-pub const LIGHT_FACTOR: f64 = 0.2;
 pub const LIGHT_GOODPUT_LIMIT: f64 = 0.95;
 pub const LIGHT_P99_LIMIT: f64 = 2.0;
 pub const TOTAL_GOODPUT_LIMIT: f64 = 0.97;
-pub const FLOOD: &str = "a";
-pub const LIGHT: &str = "b";
 const TOKENS: usize = 16;
-
-/// Tenant A and tenant B's runs side by side.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Pair {
-    pub flood: Report,
-    pub light: Report,
-}
-
-impl Pair {
-    /// B's OK answers within the deadline ÷ what B sent.
-    pub fn light_share(&self) -> f64 {
-        ratio(self.light.ok_in_time as f64, self.light.sent as f64)
-    }
-
-    pub fn total_goodput_rps(&self) -> f64 {
-        self.flood.goodput_rps + self.light.goodput_rps
-    }
-}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Fairness {

@@ -15,8 +15,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
-use super::fairness::{FLOOD, FLOOD_FACTOR, LIGHT, LIGHT_FACTOR, Pair};
 use super::overload::DEADLINE;
+use super::tenant_pair::{FLOOD, FLOOD_FACTOR, LIGHT, LIGHT_FACTOR, Pair};
 use super::{Context, measure, warm_up, words};
 use crate::Result;
 use crate::procs::{self, MuxLimits, Proc};

@@ -34,6 +34,7 @@ pub mod shed_storm;
 pub mod slo;
 pub mod spillover;
 pub mod streams;
+pub mod tenant_pair;
 pub mod tls;
 
 use std::path::PathBuf;
