@@ -189,14 +189,9 @@ impl Measurement for Fairness {
 
 #[cfg(test)]
 mod tests {
-    use teifleet_load::summary::Summary;
-
+    use super::super::tenant_pair::report;
     use super::*;
     use crate::targets::Verdict;
-
-    fn report(sent: u64, ok_in_time: u64, goodput_rps: f64, p99_ms: f64) -> Report {
-        Report { sent, ok_in_time, goodput_rps, latency: Summary { p99_ms, ..Summary::default() }, ..Report::default() }
-    }
 
     #[test]
     fn the_light_tenant_is_judged_against_itself_and_the_total_against_capacity() {

@@ -170,14 +170,9 @@ pub fn planned_targets(scenario: &str) -> Vec<Target> {
 
 #[cfg(test)]
 mod tests {
-    use teifleet_load::summary::Summary;
-
+    use super::super::tenant_pair::report;
     use super::*;
     use crate::targets::Verdict;
-
-    fn report(sent: u64, ok_in_time: u64, goodput_rps: f64, p99_ms: f64) -> Report {
-        Report { sent, ok_in_time, goodput_rps, latency: Summary { p99_ms, ..Summary::default() }, ..Report::default() }
-    }
 
     #[test]
     fn weights_tighten_the_p99_limit() {

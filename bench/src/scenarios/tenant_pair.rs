@@ -29,3 +29,10 @@ impl Pair {
         self.flood.goodput_rps + self.light.goodput_rps
     }
 }
+
+/// A tenant's report with the figures scenario 11's targets read, for its tests.
+#[cfg(test)]
+pub fn report(sent: u64, ok_in_time: u64, goodput_rps: f64, p99_ms: f64) -> Report {
+    use teifleet_load::summary::Summary;
+    Report { sent, ok_in_time, goodput_rps, latency: Summary { p99_ms, ..Summary::default() }, ..Report::default() }
+}
