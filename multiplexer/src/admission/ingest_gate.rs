@@ -44,6 +44,9 @@ const QUERIES_COME: f64 = 0.5;
 /// The share of TEI's batch time after its start from which ingest may go: the rest is the margin
 /// for the hop to TEI and for a batch that ends earlier than the mean.
 pub(super) const OPENS_AFTER: f64 = 0.75;
+/// Batch times without a call back after which the next batch's count is stale (see
+/// [`IngestGate::stale_at`]).
+const STALE_AFTER: u32 = 2;
 /// The weight of each new batch time in the moving mean.
 const BATCH_TIME_WEIGHT: f64 = 0.2;
 
@@ -163,13 +166,27 @@ impl IngestGate {
         reserve: Option<u8>,
         now: Instant,
     ) -> bool {
-        if reserve == Some(0) || in_flight == 0 || !self.queries_come(now) || self.next_batch == 0 {
+        if reserve == Some(0)
+            || in_flight == 0
+            || !self.queries_come(now)
+            || self.next_batch == 0
+            || self.stale_at().is_some_and(|stale| now >= stale)
+        {
             return true;
         }
         match reserve {
             Some(reserve) => self.next_batch + inputs <= reserved_places(limit, reserve),
             None => self.next_batch + inputs.div_ceil(2) <= self.places(limit, now),
         }
+    }
+
+    /// When the count of TEI's next batch stops meaning anything: no call came back for
+    /// [`STALE_AFTER`] batch times. Calls held in flight without reaching TEI (a `RerankStream`'s
+    /// texts, held until its one answer) bring none back, so the count would never reset and
+    /// ingest would wait on permits its own stream holds; none before a call came back with TEI's
+    /// batch time (the count then holds as it is).
+    pub fn stale_at(&self) -> Option<Instant> {
+        Some(self.batch_started? + self.batch_time? * STALE_AFTER)
     }
 
     /// The inputs TEI's next batch may hold before ingest stops adding to it while queries come,
@@ -299,6 +316,23 @@ mod tests {
         let end = start + Duration::from_millis(20);
         gate.released(20, end);
         assert_eq!(gate.closed_until(end, 8), None, "20 ms of 20 weigh under a half");
+    }
+
+    #[test]
+    fn a_count_no_call_back_has_reset_for_two_batch_times_holds_nothing_back() {
+        let start = Instant::now();
+        let mut gate = with_queries(start);
+        let batch_start = start + SMOOTHING * 5;
+        gate.released(0, batch_start);
+        // A stream's messages held in flight (a RerankStream's texts, until its one answer):
+        // counted into the next batch, and no call of theirs comes back.
+        gate.took(Lane::Ingest, 40, batch_start);
+        let (held, ok) = (batch_start + BATCH, batch_start + BATCH * STALE_AFTER);
+        assert!(!gate.ingest_fits(4, 44, 64, Some(25), held), "a batch time on: still TEI's next batch");
+        assert!(!gate.ingest_fits(4, 44, 64, None, held), "the learned places too");
+        assert!(gate.ingest_fits(4, 44, 64, Some(25), ok), "two batch times without a call back");
+        assert!(gate.ingest_fits(4, 44, 64, None, ok));
+        assert_eq!(gate.stale_at(), Some(ok));
     }
 
     #[test]

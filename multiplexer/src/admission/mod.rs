@@ -522,9 +522,14 @@ impl Shared {
     /// then to dispatch them. One timer at a time: one that fires no later than a gate opens
     /// re-arms itself if a gate is still closed then.
     fn wake_when_a_gate_opens(self: &Arc<Self>, state: &mut State, now: Instant) {
+        // Ingest the next batch's count holds back goes once that count is stale (a wake that
+        // finds it fitting earlier, or not at all, only dispatches again).
         let ingest = match state.queue.queue(Lane::Ingest).is_empty() {
             true => None,
-            false => state.ingest_gate.closed_until(now, state.in_flight),
+            false => state
+                .ingest_gate
+                .closed_until(now, state.in_flight)
+                .or_else(|| state.ingest_gate.stale_at().filter(|stale| *stale > now)),
         };
         let device = match state.queue.is_empty() {
             true => None,
