@@ -1,7 +1,7 @@
 //! `teifleet-floor-proxy`: a bare proxy (no admission, no routing, no metrics) that forwards every
 //! unary call to one upstream, on tonic (the multiplexer's stack) or on `h2` alone. The overhead
 //! and cost scenarios measure it beside the multiplexer as the floors this machine allows for one
-//! gRPC hop.
+//! gRPC hop; with `--stack memo` it answers repeated calls from memory, the cache scenario's floor.
 #![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
@@ -10,7 +10,8 @@ use anyhow::Context as _;
 use clap::Parser;
 use teifleet_bench::floor::Stack;
 
-/// Forwards unary gRPC calls of any path to --upstream, as they came.
+/// Forwards unary gRPC calls of any path to --upstream, as they came (`--stack memo`: answers a
+/// call seen before from memory).
 #[derive(Debug, Parser)]
 #[command(name = "teifleet-floor-proxy", version)]
 struct Args {

@@ -5,12 +5,15 @@
 //! - [`Stack::Tonic`]: tonic's server and client over hyper and h2, as the multiplexer.
 //! - [`Stack::H2`]: the `h2` crate alone, no hyper, no tonic, no tower: frames relayed as they
 //!   come. What a data path written straight on `h2` could cost at best.
+//! - [`Stack::Memo`]: tonic's server answering a call it has seen before from memory, the rest
+//!   forwarded: the least an answer from a cache costs (the cache scenario's floor).
 
 use std::net::SocketAddr;
 
 use crate::{Error, Result};
 
 pub mod h2;
+pub mod memo;
 pub mod tonic;
 
 /// Which stack a floor proxy is built on.
@@ -19,16 +22,19 @@ pub mod tonic;
 pub enum Stack {
     Tonic,
     H2,
+    Memo,
 }
 
 impl Stack {
-    pub const ALL: [Self; 2] = [Self::Tonic, Self::H2];
+    /// The floors of one hop (the overhead scenario runs each).
+    pub const PROXIES: [Self; 2] = [Self::Tonic, Self::H2];
 
     /// The flag value that picks it.
     pub fn flag(self) -> &'static str {
         match self {
             Self::Tonic => "tonic",
             Self::H2 => "h2",
+            Self::Memo => "memo",
         }
     }
 
@@ -36,6 +42,7 @@ impl Stack {
         match self {
             Self::Tonic => "floor (bare tonic proxy)",
             Self::H2 => "floor (bare h2 proxy)",
+            Self::Memo => "floor (bare tonic memo)",
         }
     }
 }
@@ -46,6 +53,7 @@ pub async fn serve(stack: Stack, listener: tokio::net::TcpListener, upstream: &s
     match stack {
         Stack::Tonic => tonic::serve(listener, upstream).await,
         Stack::H2 => h2::serve(listener, upstream).await,
+        Stack::Memo => memo::serve(listener, upstream).await,
     }
 }
 

@@ -73,15 +73,20 @@ impl UnaryService<Bytes> for Forward {
     }
 }
 
-/// Connects to `upstream` (one HTTP/2 connection, TCP_NODELAY as the multiplexer's) and serves
-/// on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, upstream: &str) -> Result<()> {
-    let channel = Endpoint::from_shared(upstream.to_owned())
+/// One HTTP/2 connection to `upstream`, TCP_NODELAY as the multiplexer's.
+pub async fn connect(upstream: &str) -> Result<Channel> {
+    Endpoint::from_shared(upstream.to_owned())
         .map_err(|e| Error::Process(format!("--upstream {upstream}: {e}")))?
         .tcp_nodelay(true)
         .connect()
         .await
-        .map_err(|e| Error::Process(format!("connecting to {upstream}: {e}")))?;
+        .map_err(|e| Error::Process(format!("connecting to {upstream}: {e}")))
+}
+
+/// Connects to `upstream` (one HTTP/2 connection, TCP_NODELAY as the multiplexer's) and serves
+/// on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, upstream: &str) -> Result<()> {
+    let channel = connect(upstream).await?;
     let router = axum::Router::new().fallback_service(FloorProxy::new(channel));
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     Server::builder()

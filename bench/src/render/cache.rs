@@ -89,16 +89,26 @@ impl Render for Cache {
                 h.direct_wrong,
                 h.direct_checked,
             );
-            phases(
-                out,
-                &[
-                    ("capacity: closed loop, cache off", &h.capacity),
-                    ("2× capacity, cache on", &h.on),
-                    ("the same, after its first 2 s", &h.warm),
-                    ("2× capacity, cache off", &h.off),
-                    ("the hottest texts at capacity, cache on", &h.hot),
-                ],
-            );
+            let mut rows = vec![
+                ("capacity: closed loop, cache off", &h.capacity),
+                ("2× capacity, cache on", &h.on),
+                ("the same, after its first 2 s", &h.warm),
+                ("2× capacity, cache off", &h.off),
+                ("the hottest texts at capacity, cache on", &h.hot),
+            ];
+            if let (Some(on), Some(hot)) = (&h.floor_on, &h.floor_hot) {
+                let _ = writeln!(
+                    out,
+                    "The floor: after every {} calls of the cached and the hottest phases, one call of a hot text to \
+                     a bare tonic server in front of the same simulator that answers a call it has seen from memory \
+                     (`teifleet-floor-proxy --stack memo`: no admission, no key digest, no metrics), so the floor \
+                     and the hits meet this machine in the same seconds.\n",
+                    hits::FLOOR_EVERY
+                );
+                rows.push(("bare tonic memo, beside the 2× phase", on));
+                rows.push(("bare tonic memo, beside the hottest texts", hot));
+            }
+            phases(out, &rows);
             let _ = writeln!(
                 out,
                 "\nGoodput ÷ capacity: {} with the cache on, {} with it off; {:.1}% of the cached phase's answers \

@@ -218,7 +218,7 @@ impl Measurement for Overhead {
         let mux = procs::start_mux(&ctx.bins, "overhead-mux", &sim, &limits).await?;
         let mut floors = Vec::new();
         if ctx.features.floor_proxy {
-            for stack in Stack::ALL {
+            for stack in Stack::PROXIES {
                 let name = format!("overhead-floor-{}", stack.flag());
                 floors.push(procs::start_floor(&ctx.bins, &name, &sim, stack).await?);
             }

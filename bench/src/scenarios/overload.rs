@@ -10,7 +10,8 @@ use teifleet_load::{LoadConfig, Report};
 
 use super::{Context, Measurement, Scenario, direct_then_mux, gpu_model, measure, sim_and_mux, words};
 use crate::Result;
-use crate::procs::{Device, MuxLimits, Proc, SimModel};
+use crate::floor::Stack;
+use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target};
 
 const FACTORS: [f64; 5] = [0.5, 1.0, 2.0, 5.0, 10.0];
@@ -19,6 +20,11 @@ pub const OVERLOADED: [f64; 3] = [2.0, 5.0, 10.0];
 pub const DEADLINE: Duration = Duration::from_secs(1);
 pub const GOODPUT_LIMIT: f64 = 0.97;
 pub const SHED_LIMIT_MS: f64 = 1.0;
+/// The shed p99 ÷ the memo floor's p99 in the same seconds, at most: what refusing adds to the
+/// cheapest answer this machine gives, judged on any machine.
+pub const SHED_FLOOR_LIMIT: f64 = 1.25;
+/// Calls a second to the memo floor beside each overloaded point's calls through the multiplexer.
+const FLOOR_RATE: f64 = 200.0;
 
 /// The backend's measured capacity and batch (service) time.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
@@ -60,6 +66,11 @@ pub struct OverloadRow {
     pub factor: f64,
     pub direct: Report,
     pub mux: Report,
+    /// At an overloaded point, calls to a bare tonic server answering from memory
+    /// ([`crate::floor::memo`]) sent in the same seconds as those through the multiplexer: the
+    /// machine's floor for an answer that needs no backend (none without `teifleet-floor-proxy`).
+    #[serde(default)]
+    pub floor: Option<Report>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -103,6 +114,26 @@ fn shed_note(m: &Report) -> String {
     }
 }
 
+/// The shed p99 at `f`× against the absolute limit. Where a bare tonic server answering from
+/// memory in the same seconds is itself over the limit, no server meets it on this machine: SKIP
+/// with both figures, and the row against the floor judges what refusing adds.
+fn shed_p99(scenario: &str, f: f64, m: &Report, floor: Option<&Report>) -> Target {
+    let target =
+        Target::at_most(scenario, &format!("shed p99 at {f}×"), m.response_failed.p99_ms, SHED_LIMIT_MS, "ms");
+    match floor {
+        Some(floor)
+            if target.verdict == crate::targets::Verdict::Fail && floor.latency_ok.p99_ms > SHED_LIMIT_MS =>
+        {
+            target.skip_because(format!(
+                "this machine's floor is over the limit: a bare tonic server answering from memory, in the same \
+                 seconds, had p99 {:.3} ms (the refusals {:.3} ms, p50 {:.3} ms); see the row against the floor",
+                floor.latency_ok.p99_ms, m.response_failed.p99_ms, m.response_failed.p50_ms
+            ))
+        }
+        _ => target.note_if_not_passed(shed_note(m)),
+    }
+}
+
 impl Measurement for Overload {
     const KEY: &'static str = "overload";
     const TITLE: &'static str = "Overload: goodput and latency from 0.5× to 10× capacity";
@@ -111,6 +142,15 @@ impl Measurement for Overload {
         let backend = gpu_model(512, Device::Sleep);
         let limits = mux_limits();
         let (sim, mux) = sim_and_mux(ctx, "overload", &backend, &limits, 8).await?;
+        let floor = match ctx.features.floor_proxy {
+            true => {
+                let floor = procs::start_floor(&ctx.bins, "overload-floor-memo", &sim, Stack::Memo).await?;
+                // Its one text asked once: from then on every call is answered from memory.
+                measure(LoadConfig { inputs: words(16), ..LoadConfig::closed(floor.url(), 1, 4) }).await?;
+                Some(floor)
+            }
+            false => None,
+        };
         ctx.say("overload: measuring the backend's capacity");
         let capacity = measure_capacity(ctx, &sim, 16, 64).await?;
         ctx.say(&format!("overload: capacity {:.1} req/s, batch {:.2} ms", capacity.rps, capacity.batch_ms));
@@ -127,9 +167,29 @@ impl Measurement for Overload {
                 ..LoadConfig::open(target, rate, duration)
             };
             let what = format!("overload: {factor}× = {rate:.0} req/s");
-            let (direct, through) = direct_then_mux(ctx, &what, &sim, &mux, config).await?;
+            let (direct, through, floor) = match (&floor, OVERLOADED.contains(factor)) {
+                (Some(floor), true) => {
+                    ctx.say(&format!("{what} direct"));
+                    let direct = measure(config(sim.url())).await?;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    ctx.say(&format!("{what} through the multiplexer, the memo floor beside"));
+                    let beside = LoadConfig {
+                        connections: 4,
+                        inputs: words(16),
+                        deadline: Some(DEADLINE),
+                        seed: 200 + i as u64,
+                        ..LoadConfig::open(floor.url(), FLOOR_RATE, duration)
+                    };
+                    let (through, floor) = tokio::join!(measure(config(mux.url())), measure(beside));
+                    (direct, through?, Some(floor?))
+                }
+                _ => {
+                    let (direct, through) = direct_then_mux(ctx, &what, &sim, &mux, config).await?;
+                    (direct, through, None)
+                }
+            };
             tokio::time::sleep(Duration::from_secs(1)).await;
-            rows.push(OverloadRow { factor: *factor, direct, mux: through });
+            rows.push(OverloadRow { factor: *factor, direct, mux: through, floor });
         }
         Ok(Overload { backend, limits, capacity, seconds_per_point: duration.as_secs(), rows })
     }
@@ -164,10 +224,23 @@ impl Measurement for Overload {
                     "shorten queueTimeout or maxQueued so no admitted call waits longer than the bound",
                 ),
             );
-            targets.push(
-                Target::at_most(&scenario, &format!("shed p99 at {f}×"), m.response_failed.p99_ms, SHED_LIMIT_MS, "ms")
-                    .note_if_not_passed(shed_note(m)),
-            );
+            targets.push(shed_p99(&scenario, f, m, row.floor.as_ref()));
+            if let Some(floor) = &row.floor {
+                let name = format!("shed p99 ÷ a bare tonic memo's p99, same seconds, at {f}×");
+                let ratio = crate::targets::ratio(m.response_failed.p99_ms, floor.latency_ok.p99_ms);
+                targets.push(Target::at_most(&scenario, &name, ratio, SHED_FLOOR_LIMIT, "×").note_if_not_passed(
+                    format!(
+                        "shed p99 {:.3} ms, the memo's {:.3} ms ({} calls at {FLOOR_RATE}/s)",
+                        m.response_failed.p99_ms, floor.latency_ok.p99_ms, floor.sent
+                    ),
+                ));
+                targets.push(Target::info(
+                    &scenario,
+                    &format!("a bare tonic memo's p99 beside {f}×"),
+                    Some(floor.latency_ok.p99_ms),
+                    "ms",
+                ));
+            }
             targets.push(
                 Target::at_most(&scenario, &format!("TEI queue p99 at {f}×"), tei_queue, self.queue_limit_ms(), "ms")
                     .note_if_not_passed("lower maxInFlight towards one batch so fewer calls wait inside TEI"),
@@ -184,6 +257,12 @@ impl Measurement for Overload {
             targets.push(t(format!("goodput at {f}×"), Rule::AtLeast, GOODPUT_LIMIT, "× capacity"));
             targets.push(t(format!("admitted p99 at {f}×"), Rule::AtMost, f64::NAN, "ms"));
             targets.push(t(format!("shed p99 at {f}×"), Rule::AtMost, SHED_LIMIT_MS, "ms"));
+            targets.push(t(
+                format!("shed p99 ÷ a bare tonic memo's p99, same seconds, at {f}×"),
+                Rule::AtMost,
+                SHED_FLOOR_LIMIT,
+                "×",
+            ));
             targets.push(t(format!("TEI queue p99 at {f}×"), Rule::AtMost, f64::NAN, "ms"));
         }
         targets
@@ -210,7 +289,7 @@ mod tests {
             limits: mux_limits(),
             capacity: Capacity { rps: 330.0, batch_ms: 24.0, concurrency: 64 },
             seconds_per_point: 3,
-            rows: vec![OverloadRow { factor: 2.0, direct: Report::default(), mux }],
+            rows: vec![OverloadRow { factor: 2.0, direct: Report::default(), mux, floor: None }],
         }
     }
 
@@ -221,6 +300,21 @@ mod tests {
         assert_eq!(r.queue_limit_ms(), 48.0);
         let verdicts: Vec<Verdict> = r.targets().iter().map(|t| t.verdict).collect();
         assert_eq!(verdicts, vec![Verdict::Pass; 4]);
+    }
+
+    #[test]
+    fn a_slow_refusal_is_judged_against_the_floor_when_the_floor_is_over_the_limit() {
+        let mut r = result(0.3, 3.0);
+        let floor = |p99_ms| Report { latency_ok: Summary { p99_ms, ..Summary::default() }, ..Report::default() };
+        r.rows[0].floor = Some(floor(2.8));
+        let targets = r.targets();
+        assert_eq!(targets[2].verdict, Verdict::Skip, "{}", targets[2].note);
+        assert!(targets[2].note.contains("2.800"), "{}", targets[2].note);
+        assert_eq!(targets[3].verdict, Verdict::Pass, "3.0 / 2.8 is within {SHED_FLOOR_LIMIT}×");
+        // A floor within the limit leaves a slow refusal failing, and so does its ratio.
+        r.rows[0].floor = Some(floor(0.5));
+        let targets = r.targets();
+        assert_eq!((targets[2].verdict, targets[3].verdict), (Verdict::Fail, Verdict::Fail));
     }
 
     #[test]

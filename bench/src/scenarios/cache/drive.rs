@@ -111,23 +111,49 @@ pub struct Schedule {
     pub deadline: Duration,
 }
 
+/// Calls sent beside an open loop to another server (the memo floor, [`crate::floor::memo`]):
+/// after every `every` calls of the schedule one more, so both meet the machine in the same
+/// seconds; call i of them asks for text `pick(i)`.
+#[derive(Clone)]
+pub struct Beside {
+    pub channels: Vec<Channel>,
+    pub every: u64,
+    pub pick: Pick,
+}
+
 /// An open loop on `schedule`, request i asking for text `pick(i)` of `space`, spread over
 /// `channels` in turn; waits for every answer.
 pub async fn open(channels: &[Channel], space: Space, pick: Pick, schedule: Schedule) -> Vec<Answer> {
+    open_beside(channels, space, pick, schedule, None).await.0
+}
+
+/// [`open`], with `beside`'s calls interleaved (their answers second; none without it). The
+/// schedule's own calls keep their rate and texts: the arrivals are drawn at the sum of both
+/// rates and every `every + 1`-th goes beside.
+pub async fn open_beside(
+    channels: &[Channel],
+    space: Space,
+    pick: Pick,
+    schedule: Schedule,
+    beside: Option<Beside>,
+) -> (Vec<Answer>, Vec<Answer>) {
     let Schedule { rate, duration, max, seed, deadline } = schedule;
     let channels = channels.to_vec();
     let handle = tokio::runtime::Handle::current();
     let start = Instant::now();
+    let every = beside.as_ref().map(|b| b.every.max(1));
+    let all_rate = every.map_or(rate, |every| rate * (1.0 + 1.0 / every as f64));
     // The dispatcher is a plain thread, as the shared generator's: the OS wakes it within tens of
     // microseconds of each due time, where the async timer's 1 ms ticks would make every call up
     // to a millisecond late, and that lateness would be counted in the latency of the hits.
     let dispatcher = tokio::task::spawn_blocking(move || {
         let mut due = 0.0f64;
-        let mut tasks = Vec::new();
-        for i in 0..max {
+        let (mut tasks, mut beside_tasks) = (Vec::new(), Vec::new());
+        let (mut own, mut other) = (0u64, 0u64);
+        for i in 0.. {
             // Exponential gaps: -ln(1 - u) / rate.
-            due += -(1.0 - uniform(seed, i)).ln() / rate;
-            if due >= duration.as_secs_f64() {
+            due += -(1.0 - uniform(seed, i)).ln() / all_rate;
+            if due >= duration.as_secs_f64() || own >= max {
                 break;
             }
             let at = start + Duration::from_secs_f64(due);
@@ -135,24 +161,38 @@ pub async fn open(channels: &[Channel], space: Space, pick: Pick, schedule: Sche
             if at > now {
                 std::thread::sleep(at - now);
             }
-            let channel = channels[i as usize % channels.len()].clone();
-            let id = pick(i);
             let at_s = due;
-            tasks.push(handle.spawn(async move {
+            let to_beside = every.is_some_and(|every| i % (every + 1) == every);
+            let (channel, id, list) = match (&beside, to_beside) {
+                (Some(b), true) => {
+                    other += 1;
+                    (b.channels[(other - 1) as usize % b.channels.len()].clone(), (b.pick)(other - 1), &mut beside_tasks)
+                }
+                _ => {
+                    own += 1;
+                    (channels[(own - 1) as usize % channels.len()].clone(), pick(own - 1), &mut tasks)
+                }
+            };
+            list.push(handle.spawn(async move {
                 let (code, tag, vector) = call(channel, space, id, deadline).await;
                 Answer { id, at_s, latency_us: at.elapsed().as_micros() as u64, code, tag, vector }
             }));
         }
-        tasks
+        (tasks, beside_tasks)
     });
-    let tasks = match dispatcher.await {
+    let (tasks, beside_tasks) = match dispatcher.await {
         Ok(tasks) => tasks,
         Err(e) => std::panic::resume_unwind(e.into_panic()),
     };
-    let mut out = Vec::with_capacity(tasks.len());
+    let mut out = (Vec::with_capacity(tasks.len()), Vec::with_capacity(beside_tasks.len()));
     for task in tasks {
         if let Ok(answer) = task.await {
-            out.push(answer);
+            out.0.push(answer);
+        }
+    }
+    for task in beside_tasks {
+        if let Ok(answer) = task.await {
+            out.1.push(answer);
         }
     }
     out

@@ -8,7 +8,7 @@ use teifleet_load::zipf::Zipf;
 use teifleet_proto::v1::EmbedRequest;
 use teifleet_proto::v1::embed_client::EmbedClient;
 
-use super::drive::{self, Answer, Phase, Pick, Schedule, vector_hash};
+use super::drive::{self, Answer, Beside, Phase, Pick, Schedule, vector_hash};
 use super::procs::{self, CacheConfig, PoolLimits};
 use super::texts::{Space, text};
 use super::{Context, DEADLINE, DIMENSIONS, metric};
@@ -31,6 +31,10 @@ const CONNECTIONS: usize = 4;
 /// waited there too, 20 to 100 ms in that first second).
 pub const WARM_S: f64 = 2.0;
 const SEED: u64 = 22;
+/// After every this many calls of the on and hot phases, one call of a hot text to the memo floor
+/// ([`crate::floor::memo`]): a bare tonic server answering from memory, interleaved so that it and
+/// the cache's hits meet the machine in the same seconds.
+pub const FLOOR_EVERY: u64 = 3;
 
 /// A GPU-like TEI: batches of 16, 20 ms a batch plus 20 µs a word (about 33 ms for 16 texts of
 /// 40 words: about 490 texts/s). Slow enough that twice its capacity, mostly answered from the
@@ -71,6 +75,12 @@ pub struct Hits {
     pub warm: Phase,
     /// Only the [`HOT`] hottest texts, at the capacity's rate, the cache on.
     pub hot: Phase,
+    /// The memo floor's calls interleaved with the on phase's and with the hot phase's (none when
+    /// `teifleet-floor-proxy` is not built).
+    #[serde(default)]
+    pub floor_on: Option<Phase>,
+    #[serde(default)]
+    pub floor_hot: Option<Phase>,
     /// Texts checked against direct calls to the simulator, and those whose answer differed
     /// from the vector every answer was checked against.
     pub direct_checked: u64,
@@ -103,6 +113,21 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
     let on = procs::start_mux(&ctx.bins, "cache-mux-on", &sim, limits, Some(&config), &[]).await?;
     let (off_ch, on_ch) =
         (drive::channels(&off.url(), CONNECTIONS).await?, drive::channels(&on.url(), CONNECTIONS).await?);
+    let floor = match ctx.features.floor_proxy {
+        true => Some(procs_floor(ctx, &sim).await?),
+        false => None,
+    };
+    let hot: Pick = Arc::new(|i| (teifleet_load::zipf::uniform(SEED + 2, i) * HOT as f64) as u64 % HOT);
+    let beside = match &floor {
+        Some((_, channels)) => {
+            // Every hot text once, so the floor answers each from memory from then on.
+            let all_hot: Pick = Arc::new(|i| i);
+            drive::closed(channels, Space::Queries, all_hot, 4, HOT, Duration::from_secs(10), DEADLINE).await;
+            let pick: Pick = Arc::new(|i| (teifleet_load::zipf::uniform(SEED + 4, i) * HOT as f64) as u64 % HOT);
+            Some(Beside { channels: channels.clone(), every: FLOOR_EVERY, pick })
+        }
+        None => None,
+    };
     // Warm-up on texts the measured loads never ask for.
     let warm: Pick = Arc::new(|i| i);
     for channels in [&off_ch, &on_ch] {
@@ -138,13 +163,15 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
     let max = (rate * seconds.as_secs_f64()) as u64 + 1;
     ctx.say(&format!("cache: capacity {cap:.0}/s; open loop at {rate:.0}/s for {} s, the cache on", seconds.as_secs()));
     let before = inputs(&on).await;
-    let answers = drive::open(
+    let (answers, floor_answers) = drive::open_beside(
         &on_ch,
         Space::Queries,
         picks(SEED),
         Schedule { rate, duration: seconds, max, seed: SEED, deadline: DEADLINE },
+        beside.clone(),
     )
     .await;
+    let floor_on = beside.as_ref().map(|_| Phase::of(&floor_answers, Space::Queries, seconds.as_secs_f64()));
     let on_phase = Phase::of(&answers, Space::Queries, seconds.as_secs_f64());
     let on_ids = answers_ids(&answers);
     let warm: Vec<Answer> = answers.iter().filter(|a| a.at_s >= WARM_S).copied().collect();
@@ -175,15 +202,16 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
 
     let hot_seconds = Duration::from_secs(ctx.pick(3, 5));
     ctx.say(&format!("cache: the {HOT} hottest texts at {cap:.0}/s for {} s, the cache on", hot_seconds.as_secs()));
-    let hot: Pick = Arc::new(|i| (teifleet_load::zipf::uniform(SEED + 2, i) * HOT as f64) as u64 % HOT);
-    let answers = drive::open(
+    let (answers, floor_answers) = drive::open_beside(
         &on_ch,
         Space::Queries,
         hot,
         Schedule { rate: cap, duration: hot_seconds, max, seed: SEED + 3, deadline: DEADLINE },
+        beside.clone(),
     )
     .await;
     let hot_phase = Phase::of(&answers, Space::Queries, hot_seconds.as_secs_f64());
+    let floor_hot = beside.as_ref().map(|_| Phase::of(&floor_answers, Space::Queries, hot_seconds.as_secs_f64()));
 
     let (direct_checked, direct_wrong) = direct_check(&sim, &on_ids).await?;
     Ok(Hits {
@@ -197,10 +225,19 @@ pub async fn run(ctx: &Context) -> Result<Hits> {
         warm,
         off: off_phase,
         hot: hot_phase,
+        floor_on,
+        floor_hot,
         direct_checked,
         direct_wrong,
         inputs: counts,
     })
+}
+
+/// The memo floor in front of `sim`, and its connections (as many as the multiplexer's).
+async fn procs_floor(ctx: &Context, sim: &Proc) -> Result<(Proc, Vec<tonic::transport::Channel>)> {
+    let floor = crate::procs::start_floor(&ctx.bins, "cache-floor-memo", sim, crate::floor::Stack::Memo).await?;
+    let channels = drive::channels(&floor.url(), CONNECTIONS).await?;
+    Ok((floor, channels))
 }
 
 fn answers_ids(answers: &[Answer]) -> Vec<u64> {
