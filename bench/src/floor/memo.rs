@@ -45,15 +45,8 @@ impl Service<http::Request<axum::body::Body>> for MemoServer {
     }
 
     fn call(&mut self, request: http::Request<axum::body::Body>) -> Self::Future {
-        let path = request.uri().path_and_query().cloned();
         let (upstream, memo) = (self.upstream.clone(), self.memo.clone());
-        Box::pin(async move {
-            let Some(path) = path else {
-                return Ok(Status::unimplemented("no path").into_http());
-            };
-            let mut server = tonic::server::Grpc::new(BytesCodec);
-            Ok(server.unary(Answer { upstream, memo, path }, request).await)
-        })
+        Box::pin(super::tonic::unary_bytes(request, move |path| Answer { upstream, memo, path }))
     }
 }
 

@@ -42,16 +42,25 @@ impl Service<http::Request<axum::body::Body>> for FloorProxy {
     }
 
     fn call(&mut self, request: http::Request<axum::body::Body>) -> Self::Future {
-        let path = request.uri().path_and_query().cloned();
         let upstream = self.upstream.clone();
-        Box::pin(async move {
-            let Some(path) = path else {
-                return Ok(Status::unimplemented("no path").into_http());
-            };
-            let mut server = tonic::server::Grpc::new(BytesCodec);
-            Ok(server.unary(Forward { upstream, path }, request).await)
-        })
+        Box::pin(unary_bytes(request, move |path| Forward { upstream, path }))
     }
+}
+
+/// Serves `request` as one unary call of raw message bytes, answered by what `answer` makes for
+/// its path.
+pub async fn unary_bytes<S>(
+    request: http::Request<axum::body::Body>,
+    answer: impl FnOnce(PathAndQuery) -> S,
+) -> Result<http::Response<Body>, Infallible>
+where
+    S: UnaryService<Bytes, Response = Bytes>,
+{
+    let Some(path) = request.uri().path_and_query().cloned() else {
+        return Ok(Status::unimplemented("no path").into_http());
+    };
+    let mut server = tonic::server::Grpc::new(BytesCodec);
+    Ok(server.unary(answer(path), request).await)
 }
 
 /// One call: the request's bytes and metadata go upstream as they came.

@@ -118,12 +118,9 @@ fn shed_note(m: &Report) -> String {
 /// memory in the same seconds is itself over the limit, no server meets it on this machine: SKIP
 /// with both figures, and the row against the floor judges what refusing adds.
 fn shed_p99(scenario: &str, f: f64, m: &Report, floor: Option<&Report>) -> Target {
-    let target =
-        Target::at_most(scenario, &format!("shed p99 at {f}×"), m.response_failed.p99_ms, SHED_LIMIT_MS, "ms");
+    let target = Target::at_most(scenario, &format!("shed p99 at {f}×"), m.response_failed.p99_ms, SHED_LIMIT_MS, "ms");
     match floor {
-        Some(floor)
-            if target.verdict == crate::targets::Verdict::Fail && floor.latency_ok.p99_ms > SHED_LIMIT_MS =>
-        {
+        Some(floor) if target.verdict == crate::targets::Verdict::Fail && floor.latency_ok.p99_ms > SHED_LIMIT_MS => {
             target.skip_because(format!(
                 "this machine's floor is over the limit: a bare tonic server answering from memory, in the same \
                  seconds, had p99 {:.3} ms (the refusals {:.3} ms, p50 {:.3} ms); see the row against the floor",

@@ -113,7 +113,11 @@ impl BatchCurve {
 /// takes at most [`TARGET`] × the batch the queries would fill alone, less the queries expected
 /// to arrive in `left` (they join that batch too). Never less than half the batch (the fixed
 /// reserve's own bound): few queries alone ride batches of a few inputs, and holding a job to as
-/// few beside them would cost it most of the device for milliseconds a query.
+/// few beside them would cost it most of the device for milliseconds a query. Unless the queries
+/// need more than half of a full batch: on a device whose batch time grows with every input (TEI
+/// on CPU), queries at 0.6× capacity fill 60% of each batch, and a floor of half let ingest fill
+/// the next batch to half before they came (real TEI: query p99 1.49× alone beside ingest); the
+/// floor is then what they leave of a full batch.
 pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) -> usize {
     let batch_f = batch as f64;
     // Queries alone fill each batch with what arrives while the one before runs: q = rate × T(q).
@@ -123,8 +127,10 @@ pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) 
     }
     let queries_alone = (query_rate * line.fixed / (1.0 - crowd)).min(batch_f);
     let longest = TARGET * line.at(queries_alone);
+    let queries_in_full = (query_rate * line.at(batch_f)).ceil();
+    let floor = (batch_f - queries_in_full).clamp(0.0, (batch / 2) as f64);
     let largest = match line.per_input > 0.0 {
-        true => ((longest - line.fixed) / line.per_input).floor().clamp((batch / 2) as f64, batch_f),
+        true => ((longest - line.fixed) / line.per_input).floor().clamp(floor, batch_f),
         false => batch_f,
     };
     // Whole queries only: a place kept for a fraction of one is, more often than not, a place TEI
@@ -231,6 +237,16 @@ mod tests {
         // A steeper device keeps more.
         let steep = Line { fixed: 0.002, per_input: 0.000_5 };
         assert_eq!(ingest_places(steep, 690.0, 32, Duration::ZERO), 16, "half the batch at most");
+    }
+
+    #[test]
+    fn queries_needing_most_of_a_full_batch_keep_it_from_the_floor() {
+        // TEI on CPU (all-MiniLM-L6-v2, batches of 4): about 14 ms + 21 ms an input. Queries at
+        // 24/s (0.6× its 40/s) arrive 2.35 to a full batch's 98 ms: ingest keeps the one left.
+        let cpu = Line { fixed: 0.014, per_input: 0.021 };
+        assert_eq!(ingest_places(cpu, 24.0, 4, Duration::ZERO), 1);
+        // At 0.3× capacity they need 1.2 of 4: ingest keeps its half.
+        assert_eq!(ingest_places(cpu, 12.0, 4, Duration::ZERO), 2);
     }
 
     #[test]

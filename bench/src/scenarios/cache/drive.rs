@@ -166,7 +166,11 @@ pub async fn open_beside(
             let (channel, id, list) = match (&beside, to_beside) {
                 (Some(b), true) => {
                     other += 1;
-                    (b.channels[(other - 1) as usize % b.channels.len()].clone(), (b.pick)(other - 1), &mut beside_tasks)
+                    (
+                        b.channels[(other - 1) as usize % b.channels.len()].clone(),
+                        (b.pick)(other - 1),
+                        &mut beside_tasks,
+                    )
                 }
                 _ => {
                     own += 1;
