@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwards_unary_calls_of_any_path_unchanged() {
     let sim = teifleet_tei_sim::start(SimConfig::default()).await.expect("simulator starts");
-    for stack in floor::Stack::ALL {
+    for stack in floor::Stack::PROXIES {
         let addr =
             floor::spawn(stack, "127.0.0.1:0".parse().unwrap(), &format!("http://{}", sim.addr())).await.unwrap();
         forwards_through(&format!("http://{addr}")).await;
@@ -74,4 +74,30 @@ async fn the_h2_floor_relays_answers_while_the_requests_still_come() {
     let last = timeout(within, answers.message()).await.unwrap().unwrap();
     assert!(last.is_some(), "the last message's answer");
     assert!(timeout(within, answers.message()).await.unwrap().unwrap().is_none(), "then the end, with an OK status");
+}
+
+/// The memo floor forwards what it has not seen (errors included, and never kept) and answers a
+/// call it has seen from memory, byte for byte, without asking the backend again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_memo_floor_answers_a_call_it_has_seen_from_memory() {
+    let sim = teifleet_tei_sim::start(SimConfig::default()).await.expect("simulator starts");
+    let addr =
+        floor::spawn(floor::Stack::Memo, "127.0.0.1:0".parse().unwrap(), &format!("http://{}", sim.addr())).await.unwrap();
+    let target = format!("http://{addr}");
+    forwards_through(&target).await;
+
+    let channel = tonic::transport::Endpoint::from_shared(target).unwrap().connect().await.unwrap();
+    let mut client = EmbedClient::new(channel);
+    let ask = || EmbedRequest { inputs: "a text asked twice".into(), ..Default::default() };
+    let first = client.embed(ask()).await.unwrap().into_inner();
+    let asked = sim.stats().requests_received;
+    let again = client.embed(ask()).await.unwrap().into_inner();
+    assert_eq!(again.embeddings, first.embeddings, "the same answer");
+    assert_eq!(sim.stats().requests_received, asked, "the backend was not asked again");
+    // A refusal is forwarded each time: never kept.
+    let refused = || EmbedRequest { inputs: String::new(), ..Default::default() };
+    for _ in 0..2 {
+        assert_eq!(client.embed(refused()).await.unwrap_err().code(), tonic::Code::InvalidArgument);
+    }
+    assert_eq!(sim.stats().requests_received, asked + 2, "each refusal came from the backend");
 }
