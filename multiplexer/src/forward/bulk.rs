@@ -6,12 +6,12 @@
 //! caller consumes them in input order, and a slow consumer holds no more than the window. The
 //! HTTP front's batches and tei-manager's Arrow batches both run here.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::{FutureExt as _, Stream, StreamExt as _, TryStreamExt as _};
 use tokio::time::Instant;
-use tonic::metadata::MetadataMap;
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Response, Status};
 
 use crate::admission::Lane;
@@ -48,6 +48,38 @@ pub struct Chunk<T> {
     pub hits: usize,
     /// The pool's cache was asked (its answers are kept).
     pub cached: bool,
+}
+
+/// How a call's inputs fared in its pool's cache over its sub-batches: what its
+/// `x-teifleet-cache` says. Rows refused before any lookup are no inputs of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheTally {
+    hits: usize,
+    inputs: usize,
+    cached: bool,
+}
+
+impl CacheTally {
+    pub fn add<T>(&mut self, chunk: &Chunk<T>) {
+        self.hits += chunk.hits;
+        self.inputs += chunk.answers.len();
+        self.cached |= chunk.cached;
+    }
+
+    /// The header's value; `None` when the pool's cache was never asked (no cache, nothing sent).
+    pub fn header(&self) -> Option<&'static str> {
+        self.cached.then(|| crate::cache::header_value(self.hits, self.inputs))
+    }
+
+    /// The status a streamed answer that went well ends with: its headers went out before its
+    /// inputs were looked up, so the tally goes in the trailers beside `grpc-status: 0`.
+    pub fn ended(&self) -> Status {
+        let mut status = Status::ok("");
+        if let Some(value) = self.header() {
+            status.metadata_mut().insert(crate::cache::HEADER, MetadataValue::from_static(value));
+        }
+        status
+    }
 }
 
 impl<'a> Bulk<'a> {
@@ -129,12 +161,14 @@ impl Spread {
     /// A stream's messages as sub-batches of the messages that are in (at most `size`, never
     /// waiting for more), each admitted on its own and sent to whichever replica has room, at
     /// most `window` at once; the answers in the messages' order. A message that cannot be read,
-    /// or one refused, ends the answers with its error (as TEI ends a stream).
+    /// or one refused, ends the answers with its error (as TEI ends a stream). `tally` counts
+    /// the messages' lookups as their sub-batches are answered.
     pub fn answers(
         self,
         messages: MessageStream,
         size: usize,
         window: usize,
+        tally: Arc<Mutex<CacheTally>>,
     ) -> impl Stream<Item = Result<Bytes>> + Send {
         let spread = Arc::new(self);
         messages
@@ -152,7 +186,10 @@ impl Spread {
                 }
             })
             .buffered(window.max(1))
-            .map_ok(|chunk| futures::stream::iter(chunk.answers.into_iter().map(|answer| Ok(answer.into_message()))))
+            .map_ok(move |chunk| {
+                tally.lock().unwrap_or_else(|p| p.into_inner()).add(&chunk);
+                futures::stream::iter(chunk.answers.into_iter().map(|answer| Ok(answer.into_message())))
+            })
             .try_flatten()
     }
 }
@@ -202,5 +239,35 @@ pub fn refused_row(error: &Error) -> Option<&Status> {
     match error {
         Error::Upstream { status, .. } if status.code() == tonic::Code::InvalidArgument => Some(status),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chunk(answers: usize, hits: usize, cached: bool) -> Chunk<()> {
+        Chunk { answers: vec![(); answers], admitted: Instant::now(), timing: None, hits, cached }
+    }
+
+    #[test]
+    fn a_tally_over_sub_batches_says_what_the_whole_call_found() {
+        let tally = |chunks: &[Chunk<()>]| {
+            let mut tally = CacheTally::default();
+            chunks.iter().for_each(|chunk| tally.add(chunk));
+            tally
+        };
+        assert_eq!(tally(&[]).header(), None, "nothing looked up");
+        assert_eq!(tally(&[chunk(3, 0, false)]).header(), None, "no cache");
+        assert_eq!(tally(&[chunk(3, 0, true), chunk(2, 0, true)]).header(), Some("miss"));
+        assert_eq!(tally(&[chunk(3, 3, true), chunk(2, 0, true)]).header(), Some("partial"));
+        assert_eq!(tally(&[chunk(3, 3, true), chunk(2, 2, true)]).header(), Some("hit"));
+        assert!(tally(&[chunk(3, 0, false)]).ended().metadata().is_empty(), "no trailer without a cache");
+        let ended = tally(&[chunk(1, 1, true)]).ended();
+        assert_eq!(ended.code(), tonic::Code::Ok);
+        assert_eq!(ended.metadata().get(crate::cache::HEADER).unwrap(), "hit");
+        let trailers = crate::front::grpc::stream_body::trailers(&ended).unwrap();
+        assert_eq!(trailers.get("grpc-status").unwrap(), "0");
+        assert_eq!(trailers.get(crate::cache::HEADER).unwrap(), "hit");
     }
 }

@@ -451,8 +451,9 @@ impl Routed {
         let size = bulk::sub_batch(&pool, SPREAD_SUB_BATCH, meta.lane);
         let window = bulk::window(&pool, size);
         let spread = bulk::Spread { forwarder, pool, meta, carried: metadata, rpc: unary };
-        let answers =
-            Counted { answers: Box::pin(spread.answers(inbound, size, window)), call, answered: false, done: false };
+        let tally = Arc::new(Mutex::new(bulk::CacheTally::default()));
+        let answers = Box::pin(spread.answers(inbound, size, window, tally.clone()));
+        let answers = Counted { answers, call, tally, answered: false, done: false };
         Response::new(Box::pin(answers))
     }
 
@@ -595,6 +596,8 @@ fn spread_as(pool: &Pool, rpc: &'static Rpc) -> Option<&'static Rpc> {
 struct Counted {
     answers: Pin<Box<dyn Stream<Item = Result<Bytes>> + Send>>,
     call: Call,
+    /// Its messages' lookups in the pool's cache, for the trailers.
+    tally: Arc<Mutex<bulk::CacheTally>>,
     /// An answer came: the call's wait ended with its first.
     answered: bool,
     done: bool,
@@ -619,10 +622,12 @@ impl Stream for Counted {
                 this.done = true;
                 Some(Err(this.call.fail(error).into()))
             }
+            // The tally in the trailers: a status that ends the body (`stream_body::trailers`).
             None => {
                 this.done = true;
                 this.call.succeed();
-                None
+                let ended = this.tally.lock().unwrap_or_else(|p| p.into_inner()).ended();
+                (!ended.metadata().is_empty()).then_some(Err(ended))
             }
         })
     }

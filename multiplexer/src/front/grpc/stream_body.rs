@@ -132,11 +132,12 @@ pub fn answer(result: Result<Response<MessageStream>, Status>) -> http::Response
     response
 }
 
-/// The trailers an answer stream ends with: its status.
+/// The trailers an answer stream ends with: its status, and its metadata (an `Ok` one's too:
+/// what is known only once the answers are out, such as `x-teifleet-cache`).
 pub fn trailers(status: &Status) -> Result<http::HeaderMap, Status> {
     // Room for the load report the trailers usually gain (`crate::report::orca`).
     let mut trailers = http::HeaderMap::with_capacity(3);
-    if status.code() == Code::Ok {
+    if status.code() == Code::Ok && status.metadata().is_empty() {
         trailers.insert(GRPC_STATUS, HeaderValue::from_static("0"));
     } else if let Err(unwritable) = status.add_header(&mut trailers) {
         trailers.clear();

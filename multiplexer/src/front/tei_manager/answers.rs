@@ -30,6 +30,8 @@ pub struct Answer {
     /// Where the framed message starts in `written`.
     pub start: usize,
     pub charge: Charge,
+    /// The call's `x-teifleet-cache` once this answer is made: a held answer's header.
+    pub cache: Option<&'static str>,
 }
 
 /// Told when an answer's last byte was taken.
@@ -78,6 +80,17 @@ impl Drop for Held {
 pub fn charged(answer: Answer, taken: Option<Arc<Taken>>) -> Bytes {
     let start = answer.start;
     Bytes::from_owner(Held { buffer: answer.written, _charge: answer.charge, taken }).slice(start..)
+}
+
+/// A held answer of a unary call, charged until the socket has taken it, with the
+/// `x-teifleet-cache` header when its pool's cache was asked.
+pub fn held(answer: Answer) -> http::Response<tonic::body::Body> {
+    let cache = answer.cache;
+    let mut response = unary(charged(answer, None));
+    if let Some(value) = cache {
+        response.headers_mut().insert(crate::cache::HEADER, HeaderValue::from_static(value));
+    }
+    response
 }
 
 /// A unary call's answer: its one framed message, then `grpc-status: 0`.

@@ -26,7 +26,7 @@ use super::{Context, target};
 use crate::admission::Lane;
 use crate::admission::memory::{Charge, Use};
 use crate::error::Error;
-use crate::forward::bulk::{self, Bulk, Exchanged};
+use crate::forward::bulk::{self, Bulk, CacheTally, Exchanged};
 use crate::forward::pools::Pool;
 use crate::gate::request_meta::RequestMeta;
 use crate::report::call::Call;
@@ -148,6 +148,8 @@ pub struct Routed {
     pub meta: RequestMeta,
     pub pool: Arc<Pool>,
     pub carried: MetadataMap,
+    /// Its rows' lookups in the pool's cache so far (a stream's, over its batches).
+    pub cache: CacheTally,
 }
 
 impl Routed {
@@ -160,7 +162,8 @@ impl Routed {
                 if !meta.lane_named {
                     meta.lane = Lane::Ingest;
                 }
-                Ok(Self { call, meta, pool, carried: crate::gate::request_meta::carried_to_peers(headers) })
+                let carried = crate::gate::request_meta::carried_to_peers(headers);
+                Ok(Self { call, meta, pool, carried, cache: CacheTally::default() })
             }
             Err(error) => Err(call.fail(error)),
         }
@@ -264,7 +267,7 @@ pub async fn batch_with(
     }
     // The vectors are gone: what stays until it is sent is the written answer.
     answer.set(written.len() as u64).map_err(|over| ManagerError::Call(Error::Memory(over)))?;
-    Ok(Some(Answer { written, start, charge: answer }))
+    Ok(Some(Answer { written, start, charge: answer, cache: routed.cache.header() }))
 }
 
 /// `work` on tokio's blocking threads.
@@ -362,6 +365,7 @@ async fn embed(
     let mut streamed: Option<Writer<'_>> = None;
     while let Some(chunk) = window.next().await {
         let chunk = chunk?;
+        routed.cache.add(&chunk);
         if std::mem::take(&mut first) {
             routed.call.admitted_at(chunk.admitted);
         }

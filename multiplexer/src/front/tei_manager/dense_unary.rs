@@ -32,7 +32,7 @@ pub async fn unary(
     let (reply, replied) = oneshot::channel();
     let task = AbortOnDropHandle::new(tokio::spawn(run(cx, routed, options, ipc_in, charge, reply)));
     match replied.await {
-        Ok(Reply::Held(Ok(answer))) => answers::unary(answers::charged(answer, None)),
+        Ok(Reply::Held(Ok(answer))) => answers::held(answer),
         Ok(Reply::Held(Err(status))) => status::into_http(status),
         Ok(Reply::Streamed(rx)) => {
             let mut response = http::Response::new(tonic::body::Body::new(Streamed { rx, _task: task, done: false }));
@@ -62,8 +62,9 @@ async fn run(
             let _ = reply.send(Reply::Held(routed.finish(held).map_err(ManagerError::into_status)));
         }
         None => {
+            // Its headers went out before its rows were looked up: the tally is a trailer.
             let status = match routed.finish(result) {
-                Ok(_) => Status::ok(""),
+                Ok(_) => routed.cache.ended(),
                 Err(error) => error.into_status(),
             };
             let _ = escape.tx.send(Item::End(status)).await;

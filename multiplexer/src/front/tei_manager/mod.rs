@@ -260,7 +260,7 @@ impl TeiManager {
         // The answer stays charged until the socket has taken it all (a slow reader holds it
         // that long).
         match routed.finish(result) {
-            Ok(answer) => answers::unary(answers::charged(answer, None)),
+            Ok(answer) => answers::held(answer),
             Err(error) => status::into_http(error.into_status()),
         }
     }
@@ -321,12 +321,13 @@ impl Streaming {
             Some(Ok(message)) => message,
             Some(Err(status)) => return Some(Err(self.end(status))),
             None if self.call.is_none() => return Some(Err(self.end_with(ManagerError::EmptyStream))),
+            // Its headers went out before any row was looked up: the tally over every batch is
+            // a trailer, beside the status.
             None => {
                 self.done = true;
-                if let Some((routed, _)) = &mut self.call {
-                    routed.call.succeed();
-                }
-                return None;
+                let (routed, _) = self.call.as_mut()?;
+                routed.call.succeed();
+                return Some(Err(routed.cache.ended()));
             }
         };
         // This message's bytes, held until its answer is made: a long stream holds one at a time.

@@ -123,17 +123,21 @@ fn arrow_request(rows: &[Option<&str>]) -> mux::EmbedArrowRequest {
     mux::EmbedArrowRequest { target: Some(target), arrow_ipc: ipc(rows).into(), normalize: true, ..Default::default() }
 }
 
-/// An EmbedArrow answer's `x-teifleet-cache`, if it has one, is `want`.
+/// A held EmbedArrow answer's `x-teifleet-cache` is `want`.
 fn arrow_header<T>(answer: &tonic::Response<T>, want: &str) {
-    if let Some(cache) = header(answer.metadata()) {
-        assert_eq!(cache, want, "EmbedArrow's x-teifleet-cache");
-    }
+    assert_eq!(header(answer.metadata()).as_deref(), Some(want), "EmbedArrow's x-teifleet-cache");
+}
+
+/// A streamed answer's trailers, once its messages are read: their `x-teifleet-cache`.
+async fn trailer<T: prost::Message + Default>(answers: &mut tonic::Streaming<T>) -> Option<String> {
+    while answers.message().await.unwrap().is_some() {}
+    header(&answers.trailers().await.unwrap().expect("trailers"))
 }
 
 /// tei-manager's EmbedArrow: rows are inputs; TEI embeds a call's new rows only, and each row is
-/// TEI's vector for its text. (The contract has EmbedArrow's initial metadata carry
-/// `x-teifleet-cache` too; the code sets it on HTTP and unary gRPC answers only, so it is checked
-/// here only when present.) tei.v1 EmbedStream: messages are inputs.
+/// TEI's vector for its text; the answer's `x-teifleet-cache` tallies the rows looked up (a null
+/// row, refused before any lookup, is none). EmbedArrowStream's tally over its batches is in its
+/// trailers. tei.v1 EmbedStream: messages are inputs, the tally in the trailers too.
 #[tokio::test]
 async fn arrow_rows_and_stream_messages_are_cached_per_input() {
     let sim = sim(|_| {}).await;
@@ -154,9 +158,19 @@ async fn arrow_rows_and_stream_messages_are_cached_per_input() {
         assert_eq!(arrow_vector(&rows, i), embedding_for(text, DIMENSIONS), "row {i} is {text}'s vector");
     }
     let before = work(&sim);
-    let again = manager.embed_arrow(arrow_request(&[Some(new2), Some(a)])).await.unwrap();
+    let again = manager.embed_arrow(arrow_request(&[Some(new2), None, Some(a)])).await.unwrap();
     arrow_header(&again, "hit");
     assert_eq!(work(&sim), before);
+
+    // EmbedArrowStream: its headers go before its batches, the tally over them in the trailers.
+    let new3 = "arrow new three";
+    let batches = vec![arrow_request(&[Some(a), Some(b)]), arrow_request(&[Some(new3)])];
+    let answer = manager.embed_arrow_stream(futures::stream::iter(batches)).await.unwrap();
+    assert_eq!(header(answer.metadata()), None, "not in the headers, sent before any lookup");
+    assert_eq!(trailer(&mut answer.into_inner()).await.as_deref(), Some("partial"));
+    let batches = vec![arrow_request(&[Some(new3)]), arrow_request(&[Some(a)])];
+    let mut answers = manager.embed_arrow_stream(futures::stream::iter(batches)).await.unwrap().into_inner();
+    assert_eq!(trailer(&mut answers).await.as_deref(), Some("hit"));
 
     // EmbedStream: a (cached by Arrow? only if the keys agree, so warm it here), new, b, new.
     let [sa, sb, snew1, snew2] = ["stream a", "stream b", "stream new one", "stream new two"];
@@ -168,15 +182,77 @@ async fn arrow_rows_and_stream_messages_are_cached_per_input() {
         call
     };
     let mut answers = client.embed_stream(stream(vec![sa, sb])).await.unwrap().into_inner();
-    while answers.message().await.unwrap().is_some() {}
+    assert_eq!(trailer(&mut answers).await.as_deref(), Some("miss"), "EmbedStream's trailers");
     let before = work(&sim);
-    let mut answers = client.embed_stream(stream(vec![sa, snew1, sb, snew2])).await.unwrap().into_inner();
+    let answer = client.embed_stream(stream(vec![sa, snew1, sb, snew2])).await.unwrap();
+    assert_eq!(header(answer.metadata()), None, "not in the headers, sent before any lookup");
+    let mut answers = answer.into_inner();
     for text in [sa, snew1, sb, snew2] {
         let answer = answers.message().await.unwrap().expect("one answer per message");
         assert_eq!(answer.embeddings, embedding_for(text, DIMENSIONS), "{text}, in order");
     }
-    assert!(answers.message().await.unwrap().is_none());
+    assert_eq!(trailer(&mut answers).await.as_deref(), Some("partial"), "EmbedStream's trailers");
     assert_eq!(work(&sim) - before, 2, "TEI embedded the two new messages only");
+    let mut answers = client.embed_stream(stream(vec![snew2, sa])).await.unwrap().into_inner();
+    assert_eq!(trailer(&mut answers).await.as_deref(), Some("hit"), "EmbedStream's trailers");
+}
+
+/// An EmbedArrow answer too large to hold within the memory budget is streamed: its headers go
+/// before its rows are looked up, so its `x-teifleet-cache` is in its trailers (tonic merges them
+/// into a unary answer's metadata), the tally over every row.
+#[tokio::test]
+async fn a_streamed_arrow_answer_has_its_tally_in_its_trailers() {
+    // 16Mi: a budget of 8Mi, of which large holders take at most 6Mi; the answer's vectors held
+    // would be 3,000 rows of 384 numbers in f32, kept and written (9 MB): only a streamed answer
+    // can succeed.
+    const ROWS: usize = 3_000;
+    const WARM: usize = 10;
+    let sim = sim(|_| {}).await;
+    let replica =
+        Replica::start_with(&[PoolConfig::cached(POOL_NAME, &sim, "2Mi")], &[], &["--memory-limit", "16Mi"]).await;
+    let mut manager = TeiMultiplexerClient::new(replica.channel()).max_decoding_message_size(usize::MAX);
+    let known = texts("streamed", ROWS, 4);
+    let rows: Vec<Option<&str>> = known.iter().map(|text| Some(text.as_str())).collect();
+
+    let warm = manager.embed_arrow(arrow_request(&rows[..WARM])).await.unwrap();
+    arrow_header(&warm, "miss");
+    let before = work(&sim);
+    let answer = manager.embed_arrow(arrow_request(&rows)).await.unwrap();
+    assert_eq!(work(&sim) - before, (ROWS - WARM) as u64, "TEI embedded the new rows only");
+    arrow_header(&answer, "partial");
+    let batch = arrow_rows(&answer.into_inner().arrow_ipc);
+    assert_eq!(batch.num_rows(), ROWS);
+    for i in [0, WARM - 1, WARM, ROWS / 2, ROWS - 1] {
+        assert_eq!(arrow_vector(&batch, i), embedding_for(&known[i], DIMENSIONS), "row {i}");
+    }
+
+    let fresh = texts("fresh streamed", ROWS, 4);
+    let rows: Vec<Option<&str>> = fresh.iter().map(|text| Some(text.as_str())).collect();
+    let answer = manager.embed_arrow(arrow_request(&rows)).await.unwrap();
+    arrow_header(&answer, "miss");
+}
+
+/// A pool without a cache: no `x-teifleet-cache` on any answer, held or streamed.
+#[tokio::test]
+async fn a_pool_without_a_cache_answers_without_the_header() {
+    let sim = sim(|_| {}).await;
+    let mut pool = PoolConfig::cached(POOL_NAME, &sim, "64Mi");
+    pool.cache = None;
+    let replica = Replica::start(&[pool], &[]).await;
+    let (_, cache) = replica.embed(request("uncached")).await.unwrap();
+    assert_eq!(cache, None, "Embed");
+    let mut manager = TeiMultiplexerClient::new(replica.channel());
+    for _ in 0..2 {
+        let answer = manager.embed_arrow(arrow_request(&[Some("uncached a"), Some("uncached b")])).await.unwrap();
+        assert_eq!(header(answer.metadata()), None, "EmbedArrow");
+    }
+    let batches = vec![arrow_request(&[Some("uncached a")])];
+    let mut answers = manager.embed_arrow_stream(futures::stream::iter(batches)).await.unwrap().into_inner();
+    assert_eq!(trailer(&mut answers).await, None, "EmbedArrowStream");
+    let mut client = v1::embed_client::EmbedClient::new(replica.channel());
+    let messages = vec![request("uncached a"), request("uncached c")];
+    let mut answers = client.embed_stream(futures::stream::iter(messages)).await.unwrap().into_inner();
+    assert_eq!(trailer(&mut answers).await, None, "EmbedStream");
 }
 
 /// Every option is part of the key: the same text with normalize, truncate, the truncation's

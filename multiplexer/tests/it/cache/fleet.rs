@@ -132,6 +132,11 @@ impl Replica {
     /// The binary with `pools` (the first the default), API keys `keys` (tenant, key) if any,
     /// started and its cache in use for every cached pool.
     pub async fn start(pools: &[PoolConfig], keys: &[(&str, &str)]) -> Self {
+        Self::start_with(pools, keys, &[]).await
+    }
+
+    /// The same, with the binary's flags `extra` beside the harness's own.
+    pub async fn start_with(pools: &[PoolConfig], keys: &[(&str, &str)], extra: &[&str]) -> Self {
         let dir = scratch();
         let mut config = String::new();
         if !keys.is_empty() {
@@ -157,6 +162,7 @@ impl Replica {
         command
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0"])
             .args(["--log-format", "json", "--drain-delay", "0s"])
+            .args(extra)
             .env("RUST_BACKTRACE", "1")
             .env_remove("TEIFLEET_CACHE_STORE_PASSWORD")
             .stdout(Stdio::null())
