@@ -149,3 +149,57 @@ async fn a_light_pool_beside_a_busy_neighbour_is_not_held_for_its_waits() {
     let longest = paced(&capped, every, true, Duration::from_secs(6)).await;
     assert!(longest > Duration::from_millis(5), "under the explicit cap the longest wait was {longest:?}");
 }
+
+/// TEI's batch in these tests: four times the pool's limit, so a static limit of 2 keeps TEI's
+/// next batch ready with 2 more (see `next_batch`).
+const TEI_BATCH: usize = 8;
+
+#[tokio::test(start_paused = true)]
+async fn beside_a_busy_neighbour_a_pool_keeps_one_batch_in_flight_and_alone_its_next_one_ready() {
+    let most = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = most.clone();
+    let admission = Admission::with_observer(shared(2, Some(25), None), move |snapshot| {
+        seen.fetch_max(snapshot.in_flight, std::sync::atomic::Ordering::Relaxed);
+    });
+    admission.set_backend_batch(Some(TEI_BATCH));
+    let most_in_flight = |run: usize| most.swap(run, std::sync::atomic::Ordering::Relaxed);
+    // Alone: the limit and TEI's next batch kept ready.
+    flood(&admission, 8, false, Duration::from_secs(2)).await;
+    assert_eq!(most_in_flight(0), 4, "alone, nothing bounded");
+    assert_eq!(admission.snapshot().effective_limit, 4);
+    // The neighbour floods: once the share holds, one batch (the limit without the ready one).
+    flood(&admission, 8, true, Duration::from_secs(2)).await;
+    assert!(admission.shared.lock().contention.neighbour_busy(), "the share is in force");
+    most_in_flight(0);
+    flood(&admission, 8, true, Duration::from_secs(4)).await;
+    assert_eq!(most_in_flight(0), 2, "beside a busy neighbour");
+    assert_eq!(admission.snapshot().effective_limit, 2);
+    // The neighbour goes quiet: the bound lifts with the share.
+    flood(&admission, 8, false, Duration::from_secs(2)).await;
+    assert!(!admission.shared.lock().contention.neighbour_busy(), "quiet again");
+    most_in_flight(0);
+    flood(&admission, 8, false, Duration::from_secs(2)).await;
+    assert_eq!(most_in_flight(0), 4, "after the neighbour went quiet");
+    let snapshot = admission.snapshot();
+    assert_eq!((snapshot.in_flight, snapshot.queued_total()), (0, 0), "nothing leaks");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limit_above_one_batch_is_cut_to_tei_s_batch_only_while_the_share_holds() {
+    let admission = Admission::new(shared(16, Some(25), None));
+    admission.set_backend_batch(Some(TEI_BATCH));
+    flood(&admission, 32, false, Duration::from_secs(1)).await;
+    assert_eq!(admission.snapshot().effective_limit, 16, "alone");
+    flood(&admission, 32, true, Duration::from_secs(2)).await;
+    assert!(admission.shared.lock().contention.neighbour_busy(), "the share is in force");
+    assert_eq!(admission.snapshot().effective_limit, TEI_BATCH, "one batch beside a busy neighbour");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_explicit_cap_bounds_time_not_batches() {
+    let admission = Admission::new(shared(2, Some(25), Some(25)));
+    admission.set_backend_batch(Some(TEI_BATCH));
+    flood(&admission, 8, true, Duration::from_secs(2)).await;
+    assert!(admission.shared.lock().contention.neighbour_busy(), "a neighbour is busy");
+    assert_eq!(admission.snapshot().effective_limit, 4, "the next batch is kept ready under a cap");
+}
