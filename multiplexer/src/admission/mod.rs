@@ -19,7 +19,7 @@
 //! (see `lanes`), `query` and `ingest`, share the pool: queries first, ingest with a floor share
 //! and patience. A pool's `deviceTimeCap` bounds how much of TEI's time its calls take (see
 //! `device_time`); a pool's share of a time-sliced GPU does so only while a neighbour is busy
-//! on it (see `contention`), and keeps one of TEI's batches in flight meanwhile (see `one_batch`). Limits change live.
+//! on it (see `contention`). Limits change live.
 
 mod adaptive;
 mod batch_curve;
@@ -31,7 +31,6 @@ mod lane;
 mod lanes;
 pub mod memory;
 mod next_batch;
-mod one_batch;
 mod priority;
 mod queue;
 mod returning;
@@ -559,26 +558,12 @@ impl Shared {
 }
 
 impl State {
-    /// The static limit with TEI's next batch kept ready (see `next_batch`), or the adaptive one;
-    /// one of TEI's batches at most while the pool's GPU share holds it (see `one_batch`).
+    /// The static limit with TEI's next batch kept ready (see `next_batch`), or the adaptive one.
     fn effective_limit(&self) -> usize {
-        let one_batch = self.one_batch_bound();
-        let limit = match &self.adaptive {
+        match &self.adaptive {
             Some(adaptive) => adaptive.limit(self.adaptive_floor(), self.limits.max_in_flight),
-            None if one_batch => self.limits.max_in_flight,
             None => self.limits.max_in_flight + next_batch::ready_inputs(self.limits.max_in_flight, self.backend_batch),
-        };
-        match one_batch {
-            true => one_batch::one_batch(limit, self.backend_batch),
-            false => limit,
         }
-    }
-
-    /// Whether the pool's GPU share holds it (a neighbour busy, no explicit cap in its place), so
-    /// it keeps at most one of TEI's batches in flight (see `one_batch`).
-    fn one_batch_bound(&self) -> bool {
-        let share = self.limits.gpu_share.is_some_and(|share| share < 100);
-        self.limits.device_time_cap.is_none() && share && self.contention.neighbour_busy()
     }
 
     /// Notes a call of `tenant` (see `tenant_gate`), and returns its id.
