@@ -81,8 +81,9 @@ async fn the_h2_floor_relays_answers_while_the_requests_still_come() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memo_floor_answers_a_call_it_has_seen_from_memory() {
     let sim = teifleet_tei_sim::start(SimConfig::default()).await.expect("simulator starts");
-    let addr =
-        floor::spawn(floor::Stack::Memo, "127.0.0.1:0".parse().unwrap(), &format!("http://{}", sim.addr())).await.unwrap();
+    let addr = floor::spawn(floor::Stack::Memo, "127.0.0.1:0".parse().unwrap(), &format!("http://{}", sim.addr()))
+        .await
+        .unwrap();
     let target = format!("http://{addr}");
     forwards_through(&target).await;
 
