@@ -24,7 +24,7 @@ use super::upstream::Each;
 use crate::admission::memory::Use;
 use crate::cache::Cache;
 use crate::error::{Error, Result};
-use crate::forward::bulk::{Bulk, Chunk, Exchanged};
+use crate::forward::bulk::{Bulk, CacheTally, Chunk, Exchanged};
 use crate::forward::pools::Pool;
 use crate::gate::door::{ConnectionId, Pass};
 use crate::gate::request_meta::{InvalidMetadata, RequestMeta};
@@ -56,8 +56,8 @@ pub struct HttpCall<'a> {
     carried: MetadataMap,
     /// The size of the request's body, once read.
     body_bytes: usize,
-    /// What the pool's cache held of the request's inputs: hits and inputs, when it was asked.
-    cached: Option<(usize, usize)>,
+    /// What the pool's cache held of the request's inputs.
+    cached: CacheTally,
     /// A request of a route its pool caches goes through the door only once its inputs are known
     /// not all to be answered here (`Self::send_each`): the connection it came on, until then.
     door_later: Option<ConnectionId>,
@@ -87,7 +87,7 @@ impl<'a> HttpCall<'a> {
                     pool,
                     carried,
                     body_bytes: 0,
-                    cached: None,
+                    cached: CacheTally::default(),
                     door_later: None,
                     pass: None,
                 })
@@ -163,7 +163,7 @@ impl<'a> HttpCall<'a> {
 
     /// The `x-teifleet-cache` header's value, when the pool's cache was asked.
     pub fn cache_header(&self) -> Option<&'static str> {
-        self.cached.map(|(hits, inputs)| crate::cache::header_value(hits, inputs))
+        self.cached.header()
     }
 
     /// Counts how the request ended; an error is handed back to be answered.
@@ -235,12 +235,7 @@ impl<'a> HttpCall<'a> {
             self.call.admitted_at(first.admitted);
         }
         self.call.observe(done.iter().rev().find_map(|chunk| chunk.timing));
-        if done.iter().any(|chunk| chunk.cached) {
-            let (hits, inputs) = self.cached.unwrap_or_default();
-            let hits = hits + done.iter().map(|chunk| chunk.hits).sum::<usize>();
-            let inputs = inputs + done.iter().map(|chunk| chunk.answers.len()).sum::<usize>();
-            self.cached = Some((hits, inputs));
-        }
+        done.iter().for_each(|chunk| self.cached.add(chunk));
         Ok(done.into_iter().flat_map(|chunk| chunk.answers).collect())
     }
 
