@@ -23,6 +23,14 @@ use std::time::Duration;
 /// at p99 (full run). The fixed reserves measured there put 1.3× at p99 near batches of 21, the job
 /// then near 0.35–0.4× of capacity.
 pub const TARGET: f64 = 1.2;
+/// The least a full batch must save ingest per input, against a batch of one, for ingest to keep a
+/// floor of places beside queries. A GPU's fixed cost per forward pass makes a full batch many
+/// times cheaper per input (scenario 20's device: 16×), and a job held to the few places the
+/// queries leave would lose most of the device. TEI on CPU (about 14 ms + 21 ms an input, batches
+/// of 4) saves 1.4×: there each ingest input beside queries costs every one of them about a
+/// query's own work (real TEI: query p99 1.49× and 1.89× alone with a floor of 2, then of 1), and
+/// ingest loses little by going only into an idle TEI.
+const FLOOR_ECONOMY: f64 = 2.0;
 /// Batch sizes above this count as this one (a batch this large is far up any device's line).
 const MAX_INPUTS: usize = 1024;
 /// A size's mean follows its new times with this weight once seen this often (a plain mean before).
@@ -117,7 +125,10 @@ impl BatchCurve {
 /// need more than half of a full batch: on a device whose batch time grows with every input (TEI
 /// on CPU), queries at 0.6× capacity fill 60% of each batch, and a floor of half let ingest fill
 /// the next batch to half before they came (real TEI: query p99 1.49× alone beside ingest); the
-/// floor is then what they leave of a full batch.
+/// floor is then what they leave of a full batch. And no floor where a full batch saves ingest
+/// little per input (see [`FLOOR_ECONOMY`]): the places are then what the line allows, and none
+/// where that leaves no whole input beside the queries a batch holds alone; ingest then goes only
+/// while TEI is idle (`ingest_gate`).
 pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) -> usize {
     let batch_f = batch as f64;
     // Queries alone fill each batch with what arrives while the one before runs: q = rate × T(q).
@@ -128,11 +139,20 @@ pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) 
     let queries_alone = (query_rate * line.fixed / (1.0 - crowd)).min(batch_f);
     let longest = TARGET * line.at(queries_alone);
     let queries_in_full = (query_rate * line.at(batch_f)).ceil();
-    let floor = (batch_f - queries_in_full).clamp(0.0, (batch / 2) as f64);
-    let largest = match line.per_input > 0.0 {
-        true => ((longest - line.fixed) / line.per_input).floor().clamp(floor, batch_f),
+    let by_line = match line.per_input > 0.0 {
+        true => ((longest - line.fixed) / line.per_input).floor().min(batch_f),
         false => batch_f,
     };
+    let economy = batch_f * line.at(1.0) / line.at(batch_f);
+    if economy < FLOOR_ECONOMY && by_line < queries_alone + 1.0 {
+        // Not one ingest input fits beside the queries a batch holds alone, and no floor.
+        return 0;
+    }
+    let floor = match economy >= FLOOR_ECONOMY {
+        true => (batch_f - queries_in_full).clamp(0.0, (batch / 2) as f64),
+        false => 0.0,
+    };
+    let largest = by_line.max(floor);
     // Whole queries only: a place kept for a fraction of one is, more often than not, a place TEI
     // runs empty (a pool whose batch is a few inputs would keep one of two).
     let late = (query_rate * left.as_secs_f64()).floor();
@@ -241,12 +261,23 @@ mod tests {
 
     #[test]
     fn queries_needing_most_of_a_full_batch_keep_it_from_the_floor() {
-        // TEI on CPU (all-MiniLM-L6-v2, batches of 4): about 14 ms + 21 ms an input. Queries at
-        // 24/s (0.6× its 40/s) arrive 2.35 to a full batch's 98 ms: ingest keeps the one left.
+        // A device with a fixed cost to share (a full batch of 4 is 2× cheaper an input than one
+        // alone) where queries at 0.56× capacity arrive 2.25 to a full batch: ingest keeps the
+        // one left, where the line alone would keep it none.
+        let shared = Line { fixed: 0.030, per_input: 0.015 };
+        assert_eq!(ingest_places(shared, 25.0, 4, Duration::ZERO), 1);
+        // At 0.18× capacity they need 0.72 of 4: ingest keeps its half.
+        assert_eq!(ingest_places(shared, 8.0, 4, Duration::ZERO), 2);
+    }
+
+    #[test]
+    fn a_device_with_little_to_share_keeps_no_floor_beside_queries() {
+        // TEI on CPU (all-MiniLM-L6-v2, batches of 4): about 14 ms + 21 ms an input, a full batch
+        // 1.4× cheaper an input than one alone. Any ingest input beside queries lengthens their
+        // batch by most of a query's own time, at 0.6× capacity and at 0.3×.
         let cpu = Line { fixed: 0.014, per_input: 0.021 };
-        assert_eq!(ingest_places(cpu, 24.0, 4, Duration::ZERO), 1);
-        // At 0.3× capacity they need 1.2 of 4: ingest keeps its half.
-        assert_eq!(ingest_places(cpu, 12.0, 4, Duration::ZERO), 2);
+        assert_eq!(ingest_places(cpu, 24.0, 4, Duration::ZERO), 0);
+        assert_eq!(ingest_places(cpu, 12.0, 4, Duration::ZERO), 0);
     }
 
     #[test]

@@ -156,8 +156,9 @@ impl IngestGate {
     /// with `in_flight` inputs in flight: always while no query comes, with a reserve of 0, or
     /// with nothing in flight (TEI idle: whatever was counted came back early, and no call back
     /// would let the ingest in later); and a call larger than the places goes alone into an empty
-    /// next batch. Under the learned places a call goes in if at most half of it is over them:
-    /// ingest comes in calls of several inputs, and the places fall between two calls' worth.
+    /// next batch, unless the learned places are none (only an idle TEI then). Under the learned
+    /// places a call goes in if at most half of it is over them: ingest comes in calls of several
+    /// inputs, and the places fall between two calls' worth.
     pub fn ingest_fits(
         &self,
         inputs: usize,
@@ -169,14 +170,21 @@ impl IngestGate {
         if reserve == Some(0)
             || in_flight == 0
             || !self.queries_come(now)
-            || self.next_batch == 0
             || self.stale_at().is_some_and(|stale| now >= stale)
         {
             return true;
         }
+        if self.next_batch == 0 && (reserve.is_some() || self.places(limit, now) > 0) {
+            return true;
+        }
         match reserve {
             Some(reserve) => self.next_batch + inputs <= reserved_places(limit, reserve),
-            None => self.next_batch + inputs.div_ceil(2) <= self.places(limit, now),
+            // No place beside queries: TEI's batch time grows by most of a query's own with each
+            // input (TEI on CPU), so ingest goes only into an idle TEI (nothing in flight, above).
+            None => match self.places(limit, now) {
+                0 => false,
+                places => self.next_batch + inputs.div_ceil(2) <= places,
+            },
         }
     }
 
@@ -395,6 +403,23 @@ mod tests {
         let line = gate.curve.line().unwrap();
         assert!((line.per_input - 0.000_32).abs() < 0.000_01, "{line:?}");
         assert!((line.fixed - 0.010).abs() < 0.000_2, "{line:?}");
+    }
+
+    #[test]
+    fn on_a_device_with_little_to_share_ingest_waits_for_an_idle_tei() {
+        // TEI on CPU: 14 ms + 21 ms an input, batches of 4 (a limit of 8); queries alone, one a
+        // batch, about 28 a second.
+        let start = Instant::now();
+        let mut gate = IngestGate::default();
+        let now = batches(&mut gate, Lane::Ingest, 4, Duration::from_millis(98), 20, start);
+        let now = batches(&mut gate, Lane::Query, 1, Duration::from_millis(35), 60, now);
+        let after = now + Duration::from_millis(1);
+        let line = gate.curve.line().unwrap();
+        assert!(line.per_input > line.fixed, "{line:?}");
+        assert_eq!(gate.places(8, after), 0);
+        assert!(!gate.ingest_fits(1, 1, 8, None, after), "an empty next batch, TEI busy");
+        assert!(gate.ingest_fits(1, 0, 8, None, after), "TEI idle");
+        assert!(gate.ingest_fits(1, 1, 8, Some(25), after), "a fixed reserve still fills the empty next batch");
     }
 
     #[test]
