@@ -130,8 +130,12 @@ impl IngestGate {
 
     /// TEI reported `batch_time` for the batch of a call back at `now` (told before the call's
     /// permit is released): the first call back of a batch rode the one running until now, the
-    /// rest of its calls the one that just ended.
-    pub fn observed_batch(&mut self, batch_time: Duration, now: Instant) {
+    /// rest of its calls the one that just ended. A batch holds at most TEI's own `largest`
+    /// (`Info.max_batch_requests`) when it said it: with its next batch kept ready beside the
+    /// running one, more are let in than one batch runs (a CPU TEI batching 4 under 8 in flight
+    /// otherwise taught the curve batches of 8 in a batch of 4's time, a line flat enough to give
+    /// ingest half of every batch).
+    pub fn observed_batch(&mut self, batch_time: Duration, largest: Option<usize>, now: Instant) {
         if batch_time.is_zero() {
             return;
         }
@@ -139,6 +143,7 @@ impl IngestGate {
             true => self.ended_batch,
             false => self.running_batch,
         };
+        let inputs = largest.filter(|largest| *largest > 0).map_or(inputs, |largest| inputs.min(largest));
         self.curve.observe(inputs, batch_time);
         self.batch_time = Some(match self.batch_time {
             Some(mean) => mean.mul_f64(1.0 - BATCH_TIME_WEIGHT) + batch_time.mul_f64(BATCH_TIME_WEIGHT),
@@ -256,7 +261,7 @@ mod tests {
     /// A gate that has seen queries in flight for a while and TEI's batches take [`BATCH`].
     fn with_queries(start: Instant) -> IngestGate {
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, start);
+        gate.observed_batch(BATCH, None, start);
         gate.took(Lane::Query, 4, start);
         gate
     }
@@ -265,7 +270,7 @@ mod tests {
     fn open_without_queries_or_without_knowing_tei() {
         let now = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, now);
+        gate.observed_batch(BATCH, None, now);
         gate.released(0, now);
         assert_eq!(gate.closed_until(now, 8), None, "no query came");
 
@@ -319,7 +324,7 @@ mod tests {
     fn a_short_burst_does_not_close_it() {
         let start = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, start);
+        gate.observed_batch(BATCH, None, start);
         gate.took(Lane::Query, 20, start);
         let end = start + Duration::from_millis(20);
         gate.released(20, end);
@@ -365,13 +370,13 @@ mod tests {
     fn the_batch_time_follows_tei() {
         let now = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, now);
+        gate.observed_batch(BATCH, None, now);
         for _ in 0..50 {
-            gate.observed_batch(BATCH * 2, now);
+            gate.observed_batch(BATCH * 2, None, now);
         }
         let mean = gate.batch_time.unwrap();
         assert!(mean > BATCH.mul_f64(1.99) && mean <= BATCH * 2, "{mean:?}");
-        gate.observed_batch(Duration::ZERO, now);
+        gate.observed_batch(Duration::ZERO, None, now);
         assert_eq!(gate.batch_time, Some(mean), "an upstream without times changes nothing");
     }
 
@@ -384,12 +389,40 @@ mod tests {
             gate.took(lane, size, now);
             gate.released(0, now);
             if i > 0 {
-                gate.observed_batch(time, now + Duration::from_millis(1));
+                gate.observed_batch(time, None, now + Duration::from_millis(1));
             }
             now += time;
-            gate.observed_batch(time, now);
+            gate.observed_batch(time, None, now);
         }
         now
+    }
+
+    #[test]
+    fn a_batch_counts_at_most_what_tei_said_it_runs() {
+        // A CPU TEI batching 4 (14 ms + 21 ms an input) under a limit of 4 with its next batch
+        // kept ready: 8 let in for each batch once ingest floods, single queries alone before.
+        let start = Instant::now();
+        let mut gate = IngestGate::default();
+        let now = batches(&mut gate, Lane::Query, 1, Duration::from_millis(35), 20, start);
+        let mut now = now;
+        for _ in 0..20 {
+            gate.took(Lane::Ingest, 8, now);
+            gate.released(0, now);
+            now += Duration::from_millis(98);
+            gate.observed_batch(Duration::from_millis(98), Some(4), now);
+        }
+        let line = gate.curve.line().unwrap();
+        assert!((line.per_input - 0.021).abs() < 0.001, "{line:?}");
+        let mut unbounded = IngestGate::default();
+        let mut now = batches(&mut unbounded, Lane::Query, 1, Duration::from_millis(35), 20, start);
+        for _ in 0..20 {
+            unbounded.took(Lane::Ingest, 8, now);
+            unbounded.released(0, now);
+            now += Duration::from_millis(98);
+            unbounded.observed_batch(Duration::from_millis(98), None, now);
+        }
+        let flat = unbounded.curve.line().unwrap();
+        assert!(flat.per_input < 0.01, "counted as 8, the line is flatter than TEI's: {flat:?}");
     }
 
     #[test]
