@@ -7,7 +7,7 @@
 //! and a sample of rows spread over the call is compared with TEI's unary Embed direct.
 //!
 //! N is far below scenario 18's 20,000: a CPU TEI serves about 40 texts a second, so 20,000 rows
-//! would take 500 s per call; N is sized to about 20 s of it.
+//! would take 500 s or more per call; N is sized to about 20 s of it.
 
 use std::sync::Arc;
 

@@ -21,7 +21,7 @@
 //!    messages through row 1's sidecar (default flags otherwise), each texts/s ÷ 64 unary callers'
 //!    through the same sidecar (≥ 0.9, scenario 18's target), every row answered once, in place, 384 long,
 //!    a sample equal to TEI direct's vector (cosine ≥ 0.9999). N = 800 (quick 200): 20,000 rows,
-//!    scenario 18's call, would take 500 s on this CPU TEI.
+//!    scenario 18's call, would take 500–600 s on this CPU TEI.
 //!
 //! Rows 5 and 6 start processes of their own (TEI's HTTP router, another sidecar); when one of
 //! them, or row 7, cannot run, its targets are SKIP with the reason and the other rows stand.
