@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 use super::Render;
 use super::table::{Table, figure, text};
 use super::words::{limits, us};
-use crate::scenarios::real_tei::{self, HopCase, RealTei, Run};
+use crate::scenarios::real_tei::{self, HopCase, RealBulk, RealTei, Run};
 use crate::targets::number;
 
 fn rate(r: &Run) -> String {
@@ -248,5 +248,70 @@ impl Render for RealTei {
                 let _ = writeln!(out, "\n**6. Lanes.** Not measured: {}.", why.as_deref().unwrap_or("no result"));
             }
         }
+        match (&self.bulk, &self.bulk_missing) {
+            (Some(b), _) => bulk(out, b),
+            (None, why) => {
+                let _ = writeln!(
+                    out,
+                    "\n**7. Bulk at 384 dimensions.** Not measured: {}.",
+                    why.as_deref().unwrap_or("no result")
+                );
+            }
+        }
+    }
+}
+
+/// Row 7: the unary reference runs and the two bulk calls, one line each.
+fn bulk(out: &mut String, b: &RealBulk) {
+    let _ = writeln!(
+        out,
+        "\n**7. Bulk at {dims} dimensions.** Through row 1's sidecar (default `--max-message-bytes` and memory \
+         limit): one `EmbedArrow` call of {n} rows and one `EmbedStream` call of {n} messages, each text `q<row>` \
+         and {words} more words. {sim} rows, scenario 18's call, would take {sim_s:.0} s on this CPU TEI: {n} rows \
+         instead. The reference: {n} unary Embeds of the same texts from {callers} closed-loop callers through the \
+         same sidecar, before the bulk calls and after them (their mean). Every answer must be {dims} long; \
+         {sample} rows spread over the call (first and last included) are compared with TEI's unary Embed direct \
+         (cosine ≥ {cos}). EmbedArrow ÷ unary: **{arrow}**; EmbedStream ÷ unary: **{stream}**.\n",
+        dims = real_tei::bulk::DIMENSIONS,
+        n = b.texts,
+        words = real_tei::TOKENS - 1,
+        sim = real_tei::bulk::SIM_TEXTS,
+        sim_s = real_tei::bulk::SIM_TEXTS as f64 / b.balanced_per_s().max(1e-9),
+        callers = b.callers,
+        sample = b.arrow.sampled,
+        cos = real_tei::bulk::COSINE_LIMIT,
+        arrow = ratio(b.arrow_ratio()),
+        stream = ratio(b.stream_ratio()),
+    );
+    let mut table = Table::new(
+        out,
+        &[
+            text("load"),
+            figure("texts"),
+            figure("answered"),
+            figure("384-long"),
+            figure("sampled = TEI direct"),
+            figure("least cosine"),
+            figure("seconds"),
+            figure("texts/s"),
+            figure("÷ unary"),
+            text("outcome"),
+        ],
+    );
+    for (i, r) in b.balanced.iter().enumerate() {
+        let name = if i == 0 { "unary, before" } else { "unary, after" };
+        let share = ratio(r.ok_per_s / b.balanced_per_s().max(1e-9));
+        let per_s = format!("{:.1}", r.ok_per_s);
+        let seconds = format!("{:.1}", r.elapsed_s);
+        let none = "—";
+        table.row(&[&name, &r.sent, &r.ok, &none, &none, &none, &seconds, &per_s, &share, &r.codes_text()]);
+    }
+    for (name, c) in [("EmbedArrow, one call", &b.arrow), ("EmbedStream, one call", &b.stream)] {
+        let sampled = format!("{} of {}", c.matched, c.sampled);
+        let least = c.least_cosine.map_or("n/a".into(), |v| format!("{v:.6}"));
+        let seconds = format!("{:.1}", c.seconds);
+        let per_s = format!("{:.1}", c.texts_per_s());
+        let share = ratio(c.texts_per_s() / b.balanced_per_s().max(1e-9));
+        table.row(&[&name, &c.sent, &c.answered, &c.full, &sampled, &least, &seconds, &per_s, &share, &c.outcome]);
     }
 }

@@ -164,12 +164,12 @@ impl Measurement for Bulk {
         // from its answers: one short call of each kind first.
         let warm = Arc::new(all[..ctx.pick(1_000, 2_000)].to_vec());
         ctx.say("bulk: warming up (a short stream and a short Arrow call)");
-        embed_stream(&url, warm.clone()).await?;
-        embed_arrow(&url, &warm).await?;
+        embed_stream(&url, warm.clone(), first_two).await?;
+        embed_arrow(&url, &warm, first_two).await?;
 
         ctx.say(&format!("bulk: one EmbedStream of {texts} messages to replica 1"));
         let stream = side(&sims, &muxes[0], || async {
-            let got = embed_stream(&url, all.clone()).await?;
+            let got = embed_stream(&url, all.clone(), first_two).await?;
             Ok(got.judged(&all))
         })
         .await?;
@@ -178,7 +178,7 @@ impl Measurement for Bulk {
 
         ctx.say(&format!("bulk: one EmbedArrow of {texts} rows to replica 1"));
         let arrow = side(&sims, &muxes[0], || async {
-            let got = embed_arrow(&url, &all).await?;
+            let got = embed_arrow(&url, &all, first_two).await?;
             Ok(got.judged(&all))
         })
         .await?;
@@ -339,12 +339,13 @@ fn unary_judged(report: &Report) -> Judged {
     Judged { sent: report.sent, answered: report.answered, in_order: report.ok, seconds: report.elapsed_s, outcome }
 }
 
-/// What a bulk call brought back: per answer in the order received, the first two components of
-/// its vector (`None` for a row that failed or a vector of the wrong length).
-struct Got {
-    answers: Vec<Option<[f32; 2]>>,
-    seconds: f64,
-    outcome: String,
+/// What a bulk call brought back: per answer in the order received, what the call's `keep` made
+/// of its vector (here the first two components; `None` for a row that failed or a vector of the
+/// wrong length).
+pub(crate) struct Got<T = [f32; 2]> {
+    pub(crate) answers: Vec<Option<T>>,
+    pub(crate) seconds: f64,
+    pub(crate) outcome: String,
 }
 
 impl Got {
@@ -384,14 +385,18 @@ fn allowed(n: usize) -> Duration {
     Duration::from_secs(60) + Duration::from_millis(n as u64 * 5)
 }
 
-async fn channel(url: &str) -> Result<tonic::transport::Channel> {
+pub(crate) async fn channel(url: &str) -> Result<tonic::transport::Channel> {
     let channel = teifleet_load::connect(url, 1).await?.pop();
     channel.ok_or_else(|| Error::Process(format!("no connection to {url}")))
 }
 
 /// One EmbedStream call of every text in `texts`, on one new connection to `url`, sent as fast as
-/// HTTP/2 flow control lets them go, its answers read as they come.
-async fn embed_stream(url: &str, texts: Arc<Vec<String>>) -> Result<Got> {
+/// HTTP/2 flow control lets them go, its answers read as they come (each vector as `keep` makes it).
+pub(crate) async fn embed_stream<T>(
+    url: &str,
+    texts: Arc<Vec<String>>,
+    keep: impl Fn(&[f32]) -> Option<T>,
+) -> Result<Got<T>> {
     let mut client = EmbedClient::new(channel(url).await?)
         .max_decoding_message_size(CLIENT_MAX_MESSAGE)
         .max_encoding_message_size(CLIENT_MAX_MESSAGE);
@@ -406,7 +411,7 @@ async fn embed_stream(url: &str, texts: Arc<Vec<String>>) -> Result<Got> {
     let call = async {
         let mut stream = client.embed_stream(messages).await?.into_inner();
         while let Some(answer) = stream.message().await? {
-            answers.push(first_two(&answer.embeddings));
+            answers.push(keep(&answer.embeddings));
         }
         Ok::<_, tonic::Status>(())
     };
@@ -434,8 +439,8 @@ fn ipc(texts: &[String]) -> Result<Vec<u8>> {
 }
 
 /// One EmbedArrow call of every text in `texts` on one new connection to `url` (the IPC written
-/// before the clock starts, the answer read after it stops).
-async fn embed_arrow(url: &str, texts: &[String]) -> Result<Got> {
+/// before the clock starts, the answer read after it stops, each row's vector as `keep` makes it).
+pub(crate) async fn embed_arrow<T>(url: &str, texts: &[String], keep: impl Fn(&[f32]) -> Option<T>) -> Result<Got<T>> {
     let mut client = TeiMultiplexerClient::new(channel(url).await?)
         .max_decoding_message_size(CLIENT_MAX_MESSAGE)
         .max_encoding_message_size(CLIENT_MAX_MESSAGE);
@@ -456,17 +461,11 @@ async fn embed_arrow(url: &str, texts: &[String]) -> Result<Got> {
             return Ok(Got { answers: Vec::new(), seconds, outcome });
         }
     };
-    let answers = match rows(&answer.arrow_ipc) {
+    let answers = match arrow_rows(&answer.arrow_ipc, keep) {
         Ok(answers) => answers,
         Err(why) => return Ok(Got { answers: Vec::new(), seconds, outcome: format!("unreadable answer: {why}") }),
     };
     Ok(Got { answers, seconds, outcome: "OK".into() })
-}
-
-/// Each row of an EmbedArrow answer: its vector's first two components, or `None` where the row
-/// failed (a null vector, or an `error`).
-fn rows(ipc: &[u8]) -> std::result::Result<Vec<Option<[f32; 2]>>, String> {
-    arrow_rows(ipc, first_two)
 }
 
 /// Each row of an EmbedArrow answer as `keep` makes it of its vector, or `None` where the row

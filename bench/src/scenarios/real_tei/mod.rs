@@ -16,11 +16,17 @@
 //!    router direct vs the sidecar's HTTP front (in front of the gRPC router), p99 (≤ 0.15×) and
 //!    throughput (≥ 1.0×);
 //! 6. lanes: queries at 0.6 × capacity with 1 s deadlines alone and beside an ingest flood, as
-//!    scenario 19 on the simulator, p99 beside ÷ alone (≤ 1.3).
+//!    scenario 19 on the simulator, p99 beside ÷ alone (≤ 1.3);
+//! 7. bulk at 384 dimensions: one `EmbedArrow` call of N rows and one `EmbedStream` call of N
+//!    messages through row 1's sidecar (default flags otherwise), each texts/s ÷ 64 unary callers'
+//!    through the same sidecar (≥ 0.9, scenario 18's target), every row answered once, in place, 384 long,
+//!    a sample equal to TEI direct's vector (cosine ≥ 0.9999). N = 800 (quick 200): 20,000 rows,
+//!    scenario 18's call, would take 500–600 s on this CPU TEI.
 //!
 //! Rows 5 and 6 start processes of their own (TEI's HTTP router, another sidecar); when one of
-//! them cannot run, its targets are SKIP with the reason and the other rows stand.
+//! them, or row 7, cannot run, its targets are SKIP with the reason and the other rows stand.
 
+pub mod bulk;
 mod hop;
 mod http;
 pub mod lanes;
@@ -33,6 +39,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use teifleet_load::{LoadConfig, Report};
 
+pub use self::bulk::RealBulk;
 pub use self::hop::{Hop, HopCase};
 pub use self::http::HttpStorm;
 pub use self::lanes::Lanes;
@@ -166,6 +173,11 @@ pub struct RealTei {
     pub lanes: Option<Lanes>,
     #[serde(default)]
     pub lanes_missing: Option<String>,
+    /// Row 7; `None` when it could not run (`bulk_missing` says why).
+    #[serde(default)]
+    pub bulk: Option<RealBulk>,
+    #[serde(default)]
+    pub bulk_missing: Option<String>,
 }
 
 /// The processes every row shares: TEI's gRPC router and the static sidecar in front of it.
@@ -203,7 +215,8 @@ impl Measurement for RealTei {
             (None, Some(format!("TEI's HTTP router is not built ({} missing)", cache.http_router().display())))
         };
         let (lanes, lanes_missing) = split(lanes::measure_row(ctx, &shared, storm.capacity_per_s()).await);
-        for (row, why) in [(5, &http_missing), (6, &lanes_missing)] {
+        let (bulk, bulk_missing) = split(bulk::measure_row(ctx, &shared).await);
+        for (row, why) in [(5, &http_missing), (6, &lanes_missing), (7, &bulk_missing)] {
             if let Some(why) = why {
                 ctx.say(&format!("real tei {row}: not measured: {why}"));
             }
@@ -220,6 +233,8 @@ impl Measurement for RealTei {
             http_missing,
             lanes,
             lanes_missing,
+            bulk,
+            bulk_missing,
         })
     }
 
@@ -244,6 +259,14 @@ impl Measurement for RealTei {
                 targets.push(lanes_planned.skip_because(why.clone().unwrap_or_else(|| "not measured".into())))
             }
         }
+        match (&self.bulk, &self.bulk_missing) {
+            (Some(bulk), _) => targets.extend(bulk.targets(&scenario)),
+            (None, why) => targets.extend(
+                bulk::planned(&scenario)
+                    .into_iter()
+                    .map(|t| t.skip_because(why.clone().unwrap_or_else(|| "not measured".into()))),
+            ),
+        }
         targets
     }
 
@@ -257,6 +280,7 @@ impl Measurement for RealTei {
         ];
         targets.extend(http::planned(&scenario));
         targets.push(Target::new(&scenario, lanes::P99, None, Rule::AtMost, LANES_LIMIT, "×"));
+        targets.extend(bulk::planned(&scenario));
         targets
     }
 }

@@ -87,6 +87,36 @@ fn result() -> RealTei {
             ingest: run(800, 800, 150.0, 500.0),
         }),
         lanes_missing: None,
+        bulk: Some(bulk_result(20.0, 21.0)),
+        bulk_missing: None,
+    }
+}
+
+/// A bulk call of 800 texts, every row full and every sampled row matching, in `seconds`.
+fn call(seconds: f64) -> bulk::Call {
+    bulk::Call {
+        sent: 800,
+        answered: 800,
+        full: 800,
+        sampled: 20,
+        matched: 20,
+        least_cosine: Some(0.999_999),
+        seconds,
+        outcome: "OK".into(),
+    }
+}
+
+/// Row 7 with the unary reference at 40 and 44 texts/s (mean 42).
+fn bulk_result(arrow_s: f64, stream_s: f64) -> RealBulk {
+    RealBulk {
+        texts: 800,
+        callers: 64,
+        balanced: vec![
+            Run { elapsed_s: 20.0, ..run(800, 800, 40.0, 1600.0) },
+            Run { elapsed_s: 18.2, ..run(800, 800, 44.0, 1500.0) },
+        ],
+        arrow: call(arrow_s),
+        stream: call(stream_s),
     }
 }
 
@@ -188,4 +218,90 @@ fn the_section_shows_every_row() {
         assert!(text.contains(needle), "{needle}: {text}");
     }
     assert!(text.contains("| Info | 10 | 0.100 ms | 0.140 ms | 0.160 ms | +40 µs | +60 µs | 0.667× |"), "{text}");
+}
+
+#[test]
+fn row_7_judges_each_bulk_call_against_the_unary_mean_and_on_its_rows() {
+    let targets = bulk_result(20.0, 21.0).targets(&Scenario::RealTei.label());
+    // 800 rows in 20 s is 40 texts/s against the unary runs' mean of 42.
+    let (v, m) = verdict(&targets, bulk::ARROW);
+    assert!((m - 40.0 / 42.0).abs() < 1e-9 && v == Verdict::Pass, "{m}");
+    let (v, m) = verdict(&targets, bulk::STREAM);
+    assert!((m - 800.0 / 21.0 / 42.0).abs() < 1e-9 && v == Verdict::Pass, "{m}");
+    assert_eq!(verdict(&targets, bulk::ARROW_ROWS), (Verdict::Pass, 0.0));
+    assert_eq!(verdict(&targets, bulk::STREAM_ROWS), (Verdict::Pass, 0.0));
+
+    // 800 rows in 25 s is 32 texts/s: 0.76× of 42.
+    let mut slow = bulk_result(25.0, 21.0);
+    slow.stream.full = 799;
+    slow.stream.matched = 19;
+    let targets = slow.targets(&Scenario::RealTei.label());
+    let arrow = targets.iter().find(|t| t.name == bulk::ARROW).unwrap();
+    assert_eq!(arrow.verdict, Verdict::Fail);
+    assert!(arrow.note.contains("got 32.0 texts/s against 42.0"), "{}", arrow.note);
+    // One row without a full vector and one sampled row that is not its text's: two wrong.
+    let rows = targets.iter().find(|t| t.name == bulk::STREAM_ROWS).unwrap();
+    assert_eq!((rows.verdict, rows.measured), (Verdict::Fail, Some(2.0)));
+    assert!(rows.note.contains("799 with a 384-long vector; 19 of 20 sampled rows"), "{}", rows.note);
+}
+
+#[test]
+fn row_7_skips_with_the_reason_when_it_could_not_run() {
+    use crate::render::Render;
+    let mut r = result();
+    r.bulk = None;
+    r.bulk_missing = Some("TEI direct refused the reference Embed of row 0".into());
+    let targets = r.targets();
+    for name in [bulk::ARROW, bulk::STREAM, bulk::ARROW_ROWS, bulk::STREAM_ROWS] {
+        let t = targets.iter().find(|t| t.name == name).unwrap();
+        assert_eq!(t.verdict, Verdict::Skip, "{name}");
+        assert!(t.note.contains("reference Embed"), "{}", t.note);
+    }
+    assert!(r.body().contains("**7. Bulk at 384 dimensions.** Not measured: TEI direct refused"));
+}
+
+#[test]
+fn a_bulk_answer_is_judged_on_its_length_and_against_tei_direct() {
+    use crate::scenarios::bulk::Got;
+    let unit = |i: usize| -> Vec<f32> { (0..bulk::DIMENSIONS).map(|d| if d == i { 1.0 } else { 0.0 }).collect() };
+    // Rows 0..4; TEI direct's vectors of rows 0 and 3; row 2 short, rows 3 and 1 swapped.
+    let got =
+        Got { answers: vec![Some(unit(0)), Some(unit(3)), None, Some(unit(1))], seconds: 2.0, outcome: "OK".into() };
+    let reference = vec![(0, unit(0).iter().map(|x| x * 2.0).collect()), (3, unit(3))];
+    let call = bulk::judge(&got, 4, &reference);
+    assert_eq!((call.sent, call.answered, call.full, call.sampled, call.matched), (4, 4, 3, 2, 1));
+    assert_eq!(call.least_cosine, Some(0.0));
+    assert_eq!(call.wrong(), 2);
+    assert!((call.texts_per_s() - 1.5).abs() < 1e-9);
+    // Answers beyond those sent are wrong too, and are not counted as full.
+    let extra = Got { answers: vec![Some(unit(0)); 5], seconds: 1.0, outcome: "OK".into() };
+    assert_eq!(bulk::judge(&extra, 4, &[]).wrong(), 1);
+}
+
+#[test]
+fn sampled_rows_are_spread_over_the_call() {
+    assert_eq!(bulk::sampled_rows(800, 20).len(), 20);
+    assert_eq!(bulk::sampled_rows(800, 20).first(), Some(&0));
+    assert_eq!(bulk::sampled_rows(800, 20).last(), Some(&799));
+    assert_eq!(bulk::sampled_rows(5, 20), vec![0, 1, 2, 3, 4]);
+    assert_eq!(bulk::sampled_rows(100, 1), vec![0]);
+    assert!(bulk::sampled_rows(0, 20).is_empty());
+    assert_eq!(bulk::cosine(&[1.0, 0.0], &[0.0, 0.0]), None);
+    assert_eq!(bulk::cosine(&[1.0], &[1.0, 0.0]), None);
+}
+
+#[test]
+fn row_7_shows_the_unary_runs_and_both_calls() {
+    use crate::render::Render;
+    let text = result().body();
+    assert!(text.contains("**7. Bulk at 384 dimensions.**"), "{text}");
+    assert!(
+        text.contains("20000 rows, scenario 18's call, would take 476 s on this CPU TEI: 800 rows instead"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| EmbedArrow, one call | 800 | 800 | 800 | 20 of 20 | 0.999999 | 20.0 | 40.0 | 0.952× | OK |"),
+        "{text}"
+    );
+    assert!(text.contains("| unary, before | 800 | 800 | — | — | — | 20.0 | 40.0 | 0.952× | |"), "{text}");
 }
