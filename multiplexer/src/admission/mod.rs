@@ -461,6 +461,7 @@ impl Shared {
         state.tokens.observe(observation.chars, observation.tokens);
         let now = Instant::now();
         state.ingest_gate.observed_batch(observation.tei_inference, now);
+        state.tenant_gate.observed_batch(observation.tei_inference);
         if state.limits.gpu_share.is_some() && state.contention.observe(observation.tei_inference, inputs, now) {
             // The share's cap starts (from a full burst) or lifts, from now.
             state.note_busy(now);
@@ -575,7 +576,7 @@ impl State {
 
     /// The tenant crowding the query queue, when its gate holds it at `now`, and when that opens
     /// (see `tenant_gate`); `None` for when: held by the share of TEI's next batch it leaves to a
-    /// quiet tenant weighing more, until a batch ends.
+    /// quiet tenant weighing more while that tenant's calls wait, until one is served.
     fn crowd_held(&self, now: Instant) -> Option<(TenantId, Option<Instant>)> {
         let queue = self.queue.queue(Lane::Query);
         let crowd = queue.crowding_head()?;
@@ -587,7 +588,15 @@ impl State {
         let reserve = tenant_gate::quiet_reserve(self.tenants.weight(quiet), self.tenants.weight(crowd));
         let inputs = queue.peek_next()?.cost.inputs as usize;
         let fits = self.ingest_gate.ingest_fits(inputs, self.in_flight, self.effective_limit(), Some(reserve), now);
-        (!fits).then_some((crowd, None))
+        if fits {
+            return None;
+        }
+        // The places kept would run empty from here: the crowd takes them unless another waits.
+        let kept_until = self.tenant_gate.kept_until(last_part)?;
+        if now < kept_until {
+            return Some((crowd, Some(kept_until)));
+        }
+        queue.peek_next_besides(crowd).map(|_| (crowd, None))
     }
 
     /// [`ADAPTIVE_FLOOR`], or TEI's batch when it said it (never above the ceiling).

@@ -23,10 +23,18 @@
 //! deserves more of the pool than the crowd, so while it comes (the same second) the crowd, in the
 //! batch's last part too, fills TEI's next batch only up to its own weighted share
 //! (`w_crowd ÷ (w_crowd + w_quiet)`), as ingest leaves a pool's `queryReserve` to queries
-//! (`ingest_gate::reserved_places`): the quiet tenant's calls find a place in the next batch. The
-//! places it leaves empty are throughput the flood loses, the price of the weights. Equal weights
-//! (nothing configured, or configured alike) keep no share: the fair queue's order is all they
-//! asked for.
+//! (`ingest_gate::reserved_places`): the quiet tenant's calls find a place in the next batch. Equal
+//! weights (nothing configured, or configured alike) keep no share: the fair queue's order is all
+//! they asked for.
+//!
+//! A place kept for a tenant that does not come would run empty: TEI's next batch starts short and
+//! the pool idles part of the GPU for nobody (scenario 11's weighted row: total goodput 0.257×
+//! capacity against 0.54× without weights). So the share is work-conserving: the places kept stay
+//! the quiet tenant's until the running batch's very end ([`KEPT_UNTIL`] of its time, the hop to
+//! TEI's margin), and then, unless another tenant's call waits, the crowd takes them and TEI's next
+//! batch starts full. A quiet call arriving after that rides the batch after, which is no longer
+//! than it waits alone at the worst (the rest of a running batch and its own); the crowd never
+//! takes more than its share while another tenant waits.
 
 use std::time::Duration;
 
@@ -37,15 +45,42 @@ use super::tenants::TenantId;
 /// How recent another tenant's call must be for the crowd to wait for the batch's last part: long
 /// enough to span the gaps of a light tenant (0.2× capacity is tens of calls a second).
 pub(super) const OTHERS_COME_WITHIN: Duration = Duration::from_secs(1);
+/// The share of TEI's batch time after its start until which the places kept for a quiet tenant
+/// stay its own: the rest is the margin for the crowd's calls to reach TEI before its next batch
+/// starts, and the window in which a quiet call arriving rides one batch later.
+pub(super) const KEPT_UNTIL: f64 = 0.9;
+/// The weight of each new batch time in the moving mean (as the ingest gate's).
+const BATCH_TIME_WEIGHT: f64 = 0.2;
 
 #[derive(Debug, Default)]
 pub(super) struct TenantGate {
     /// The last call of the two tenants that called last, latest first: enough to say whether a
     /// tenant other than any one tenant came lately.
     latest: [Option<(TenantId, Instant)>; 2],
+    /// TEI's batch time, a moving mean of what it reports, to place [`KEPT_UNTIL`] in the batch.
+    batch_time: Option<Duration>,
 }
 
 impl TenantGate {
+    /// TEI reported `batch_time` for a call's batch.
+    pub fn observed_batch(&mut self, batch_time: Duration) {
+        if batch_time.is_zero() {
+            return;
+        }
+        self.batch_time = Some(match self.batch_time {
+            Some(mean) => mean.mul_f64(1.0 - BATCH_TIME_WEIGHT) + batch_time.mul_f64(BATCH_TIME_WEIGHT),
+            None => batch_time,
+        });
+    }
+
+    /// Until when the places of TEI's next batch kept for a quiet tenant stay its own, given the
+    /// running batch's `last_part` (see `IngestGate::last_part_from`): [`KEPT_UNTIL`] of the batch
+    /// time after its start; `None` without a batch time (nothing is kept then).
+    pub fn kept_until(&self, last_part: Option<Instant>) -> Option<Instant> {
+        let batch_time = self.batch_time?;
+        Some(last_part? + batch_time.mul_f64(KEPT_UNTIL - super::ingest_gate::OPENS_AFTER))
+    }
+
     /// A call of `tenant` came at `now`.
     pub fn arrived(&mut self, tenant: TenantId, now: Instant) {
         if !matches!(self.latest[0], Some((last, _)) if last == tenant) {
