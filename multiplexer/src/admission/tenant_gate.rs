@@ -192,6 +192,22 @@ mod tests {
     }
 
     #[test]
+    fn the_places_kept_stay_the_quiet_tenants_until_the_running_batchs_end() {
+        let start = Instant::now();
+        let mut gate = TenantGate::default();
+        let last_part = start + Duration::from_millis(15);
+        assert_eq!(gate.kept_until(Some(last_part)), None, "no batch time: nothing is kept");
+        gate.observed_batch(Duration::from_millis(20));
+        assert_eq!(gate.kept_until(Some(last_part)), Some(start + Duration::from_millis(18)), "90% of 20 ms");
+        assert_eq!(gate.kept_until(None), None, "no batch seen yet");
+        gate.observed_batch(Duration::from_millis(30));
+        assert_eq!(
+            gate.kept_until(Some(last_part)),
+            Some(start + Duration::from_millis(18) + Duration::from_micros(300))
+        );
+    }
+
+    #[test]
     fn open_in_the_last_part_of_the_batch_or_with_tei_idle() {
         let now = Instant::now();
         let mut gate = TenantGate::default();
