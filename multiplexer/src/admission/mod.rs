@@ -591,12 +591,14 @@ impl State {
         if fits {
             return None;
         }
-        // The places kept would run empty from here: the crowd takes them unless another waits.
-        let kept_until = self.tenant_gate.kept_until(last_part)?;
-        if now < kept_until {
-            return Some((crowd, Some(kept_until)));
+        // The places kept would run empty at the batch's end: the crowd takes them then, unless
+        // another tenant waits, or the batch's end passed unseen.
+        let handover = self.tenant_gate.handover(last_part)?;
+        if now < handover.start {
+            return Some((crowd, Some(handover.start)));
         }
-        queue.peek_next_besides(crowd).map(|_| (crowd, None))
+        let others_wait = queue.peek_next_besides(crowd).is_some();
+        (others_wait || now >= handover.end).then_some((crowd, None))
     }
 
     /// [`ADAPTIVE_FLOOR`], or TEI's batch when it said it (never above the ceiling).

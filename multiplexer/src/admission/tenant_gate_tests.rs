@@ -212,3 +212,16 @@ async fn the_crowd_takes_no_more_than_its_share_while_the_heavier_tenant_waits()
     settle().await;
     assert_eq!(b_admitted.load(Ordering::SeqCst), 1, "the batch's end makes room for B's call");
 }
+
+#[tokio::test(start_paused = true)]
+async fn past_the_batchs_end_unseen_the_crowd_keeps_to_its_share() {
+    let (_admission, mut held, admitted) = crowded_beside(3).await;
+    held.truncate(4);
+    let batch_start = Instant::now();
+    // The dispatch that would hand the places over comes only after the batch's expected end (a
+    // jump of the clock fires the gates' timers at once, at its end).
+    tokio::time::advance(BATCH + Duration::from_millis(1)).await;
+    settle().await;
+    assert!(Instant::now() > batch_start + BATCH);
+    assert!(admitted.load(Ordering::SeqCst) <= 1, "where TEI's batches are is unknown: the share only");
+}
