@@ -576,7 +576,8 @@ impl State {
 
     /// The tenant crowding the query queue, when its gate holds it at `now`, and when that opens
     /// (see `tenant_gate`); `None` for when: held by the share of TEI's next batch it leaves to a
-    /// quiet tenant weighing more while that tenant's calls wait, until one is served.
+    /// quiet tenant weighing more while that tenant's calls wait, or past the running batch's
+    /// expected end, until a dispatch finds it otherwise (a call served, a batch ending).
     fn crowd_held(&self, now: Instant) -> Option<(TenantId, Option<Instant>)> {
         let queue = self.queue.queue(Lane::Query);
         let crowd = queue.crowding_head()?;
