@@ -214,6 +214,6 @@ mod tests {
         assert!((t[2].measured.unwrap() - 348.0 / 350.0).abs() < 1e-9);
         assert_eq!(t[2].verdict, Verdict::Pass);
         assert_eq!(t[3].verdict, Verdict::Info);
-        assert_eq!(Fairness::planned_targets().len(), 7);
+        assert_eq!(Fairness::planned_targets().len(), 8);
     }
 }

@@ -8,7 +8,9 @@
 //! Rules: B is served when its OK answers within its deadline are at least 0.99 of what it sent;
 //! B's p99 (all answers) beside the flood is at most 2× alone without configured tenants and at
 //! most 1.5× with B's weight configured. Total goodput is reported against the backend's capacity
-//! (four in flight and TEI's next batch are fewer than the 64 calls capacity is measured with).
+//! (four in flight and TEI's next batch are fewer than the 64 calls capacity is measured with), and
+//! with B's weight it is at least 0.9× the run without: the places kept for B must not run empty
+//! while B sends nothing for them (a share that idles the GPU for an absent tenant is a bug).
 
 use std::time::Duration;
 
@@ -29,6 +31,8 @@ pub const LIGHT_WEIGHT: u32 = 3;
 pub const SERVED_LIMIT: f64 = 0.99;
 pub const P99_LIMIT_UNCONFIGURED: f64 = 2.0;
 pub const P99_LIMIT_WEIGHTED: f64 = 1.5;
+/// The total goodput with B's weight over the total without, at least.
+pub const WEIGHTED_GOODPUT_LIMIT: f64 = 0.9;
 const TOKENS: usize = 16;
 
 /// The limits of the issue's trial: what a user writes first.
@@ -126,6 +130,18 @@ fn total_name(setting: &str) -> String {
     format!("as a new user ({setting}): total goodput ÷ capacity")
 }
 
+fn weighted_total_name() -> String {
+    format!("as a new user: total goodput with {} ÷ with {}", setting(Some(LIGHT_WEIGHT)), setting(None))
+}
+
+/// The weighted run's total goodput over the unconfigured run's, when both ran.
+fn weighted_goodput_ratio(runs: &[DefaultsRun]) -> Option<f64> {
+    let total = |weighted: bool| {
+        runs.iter().find(|run| run.light_weight.is_some() == weighted).map(|run| run.mux.total_goodput_rps())
+    };
+    Some(ratio(total(true)?, total(false)?))
+}
+
 pub fn targets(scenario: &str, runs: &[DefaultsRun], capacity: f64, batch_ms: f64) -> Vec<Target> {
     let mut targets = Vec::new();
     for run in runs {
@@ -155,6 +171,15 @@ pub fn targets(scenario: &str, runs: &[DefaultsRun], capacity: f64, batch_ms: f6
             "× capacity",
         ));
     }
+    if let Some(measured) = weighted_goodput_ratio(runs) {
+        targets.push(
+            Target::at_least(scenario, &weighted_total_name(), measured, WEIGHTED_GOODPUT_LIMIT, "×")
+                .note_if_not_passed(
+                    "the places of TEI's next batch kept for B ran empty while B sent nothing for them: the crowd \
+                 should take them near the running batch's end (admission/tenant_gate.rs, KEPT_UNTIL)",
+                ),
+        );
+    }
     targets
 }
 
@@ -165,6 +190,7 @@ pub fn planned_targets(scenario: &str) -> Vec<Target> {
         targets.push(Target::new(scenario, &served_name(&setting), None, Rule::AtLeast, SERVED_LIMIT, "×"));
         targets.push(Target::new(scenario, &p99_name(&setting), None, Rule::AtMost, limit, "×"));
     }
+    targets.push(Target::new(scenario, &weighted_total_name(), None, Rule::AtLeast, WEIGHTED_GOODPUT_LIMIT, "×"));
     targets
 }
 
@@ -182,13 +208,31 @@ mod tests {
             mux: Pair { flood: report(17000, 2000, 200.0, 2900.0), light: report(700, 700, 70.0, p99_ms) },
         };
         let t = targets("11 fairness", &[run(None, 45.0), run(Some(3), 45.0)], 350.0, 22.0);
-        assert_eq!(t.len(), 6);
+        assert_eq!(t.len(), 7);
         assert_eq!(t[0].verdict, Verdict::Pass, "all 700 served");
         assert_eq!(t[1].verdict, Verdict::Pass, "45 ÷ 26 under 2");
         assert!(t[1].name.contains("no tenants configured"), "{}", t[1].name);
         assert_eq!(t[4].verdict, Verdict::Fail, "45 ÷ 26 over 1.5");
         assert!(t[4].name.contains("B weight 3"), "{}", t[4].name);
         assert!((t[5].measured.unwrap() - 270.0 / 350.0).abs() < 1e-9);
-        assert_eq!(planned_targets("11 fairness").len(), 4);
+        assert_eq!(t[6].verdict, Verdict::Pass, "the same total goodput with and without weights");
+        assert_eq!(planned_targets("11 fairness").len(), 5);
+    }
+
+    #[test]
+    fn a_weighted_share_that_idles_the_gpu_fails() {
+        let run = |light_weight, flood_ok| DefaultsRun {
+            light_weight,
+            light_alone: report(700, 700, 70.0, 26.0),
+            mux: Pair {
+                flood: report(17000, flood_ok, flood_ok as f64 / 10.0, 2900.0),
+                light: report(700, 700, 70.0, 40.0),
+            },
+        };
+        let t = targets("11 fairness", &[run(None, 1200), run(Some(3), 200)], 350.0, 22.0);
+        let weighted = t.iter().find(|t| t.name.contains("total goodput with")).expect("the ratio's target");
+        assert!((weighted.measured.unwrap() - 90.0 / 190.0).abs() < 1e-9);
+        assert_eq!(weighted.verdict, Verdict::Fail);
+        assert_eq!(targets("11 fairness", &[run(None, 1200)], 350.0, 22.0).len(), 3, "one run: no ratio");
     }
 }

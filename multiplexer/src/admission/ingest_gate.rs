@@ -248,7 +248,13 @@ impl IngestGate {
     /// When TEI's running batch enters its last part ([`OPENS_AFTER`] of its time on), where its
     /// next batch is best filled; `None` before a call came back or TEI reported a batch time.
     pub fn last_part_from(&self) -> Option<Instant> {
-        Some(self.batch_started? + self.batch_time?.mul_f64(OPENS_AFTER))
+        self.running_batch_at(OPENS_AFTER)
+    }
+
+    /// The moment `share` of TEI's batch time after its running batch started; `None` before a
+    /// call came back or TEI reported a batch time.
+    pub fn running_batch_at(&self, share: f64) -> Option<Instant> {
+        Some(self.batch_started? + self.batch_time?.mul_f64(share))
     }
 }
 

@@ -576,7 +576,8 @@ impl State {
 
     /// The tenant crowding the query queue, when its gate holds it at `now`, and when that opens
     /// (see `tenant_gate`); `None` for when: held by the share of TEI's next batch it leaves to a
-    /// quiet tenant weighing more, until a batch ends.
+    /// quiet tenant weighing more while that tenant's calls wait, or past the running batch's
+    /// expected end, until a dispatch finds it otherwise (a call served, a batch ending).
     fn crowd_held(&self, now: Instant) -> Option<(TenantId, Option<Instant>)> {
         let queue = self.queue.queue(Lane::Query);
         let crowd = queue.crowding_head()?;
@@ -588,7 +589,17 @@ impl State {
         let reserve = tenant_gate::quiet_reserve(self.tenants.weight(quiet), self.tenants.weight(crowd));
         let inputs = queue.peek_next()?.cost.inputs as usize;
         let fits = self.ingest_gate.ingest_fits(inputs, self.in_flight, self.effective_limit(), Some(reserve), now);
-        (!fits).then_some((crowd, None))
+        if fits {
+            return None;
+        }
+        // The places kept would run empty at the batch's end: the crowd takes them then, unless
+        // another tenant waits, or the batch's end passed unseen.
+        let handover = tenant_gate::handover(|share| self.ingest_gate.running_batch_at(share))?;
+        if now < handover.start {
+            return Some((crowd, Some(handover.start)));
+        }
+        let others_wait = queue.peek_next_besides(crowd).is_some();
+        (others_wait || now >= handover.end).then_some((crowd, None))
     }
 
     /// [`ADAPTIVE_FLOOR`], or TEI's batch when it said it (never above the ceiling).

@@ -135,7 +135,7 @@ async fn the_crowd_leaves_a_heavier_tenant_its_share_of_teis_next_batch() {
     assert_eq!(Instant::now(), batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER), "at once");
     tokio::time::sleep(BATCH / 8).await;
     settle().await;
-    assert_eq!(admitted.load(Ordering::SeqCst), 1, "the rest stays B's until the batch ends");
+    assert_eq!(admitted.load(Ordering::SeqCst), 1, "B took the rest: nothing is left to fill");
 
     // The batch ends: TEI's next batch (A's one and B's three) runs; the crowd waits for its
     // last part again, and fills its share then.
@@ -164,4 +164,64 @@ async fn a_heavier_tenant_gone_for_a_second_keeps_nothing() {
     held.truncate(4);
     settle().await;
     assert_eq!(admitted.load(Ordering::SeqCst), 4);
+}
+
+/// When the places kept for `b` go to the crowd in the batch that started at `batch_start`.
+fn kept_until(batch_start: Instant) -> Instant {
+    batch_start + BATCH.mul_f64(tenant_gate::KEPT_UNTIL)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_places_kept_for_a_heavier_tenant_that_sends_nothing_do_not_run_empty() {
+    let (_admission, mut held, admitted) = crowded_beside(3).await;
+    held.truncate(4);
+    let batch_start = Instant::now();
+    tokio::time::sleep_until(batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 1, "the crowd's share first");
+    tokio::time::sleep_until(kept_until(batch_start) - Duration::from_millis(1)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 1, "B's places stay B's while it may still come");
+    tokio::time::sleep_until(kept_until(batch_start)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 4, "B sent nothing: TEI's next batch starts full");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_crowd_takes_no_more_than_its_share_while_the_heavier_tenant_waits() {
+    let (admission, mut held, admitted) = crowded_beside(3).await;
+    held.truncate(4);
+    let batch_start = Instant::now();
+    tokio::time::sleep_until(batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 1, "the crowd's share");
+    // B's call of four inputs does not fit the three places left: it waits for the batch's end.
+    let b_admitted = Arc::new(AtomicUsize::new(0));
+    let (waiter, counted) = (admission.clone(), b_admitted.clone());
+    tokio::spawn(async move {
+        let ask = of("b").cost(Cost { inputs: 4, tokens: 0 });
+        let permit = waiter.acquire(ask).await;
+        counted.fetch_add(usize::from(permit.is_ok()), Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        drop(permit);
+    });
+    tokio::time::sleep_until(kept_until(batch_start)).await;
+    settle().await;
+    assert_eq!(admitted.load(Ordering::SeqCst), 1, "B waits: its places are not the crowd's");
+    held.truncate(0);
+    settle().await;
+    assert_eq!(b_admitted.load(Ordering::SeqCst), 1, "the batch's end makes room for B's call");
+}
+
+#[tokio::test(start_paused = true)]
+async fn past_the_batchs_end_unseen_the_crowd_keeps_to_its_share() {
+    let (_admission, mut held, admitted) = crowded_beside(3).await;
+    held.truncate(4);
+    let batch_start = Instant::now();
+    // The dispatch that would hand the places over comes only after the batch's expected end (a
+    // jump of the clock fires the gates' timers at once, at its end).
+    tokio::time::advance(BATCH + Duration::from_millis(1)).await;
+    settle().await;
+    assert!(Instant::now() > batch_start + BATCH);
+    assert!(admitted.load(Ordering::SeqCst) <= 1, "where TEI's batches are is unknown: the share only");
 }
