@@ -172,6 +172,16 @@ impl Render for RealTei {
         if let Some(why) = &h.haproxy_missing {
             let _ = writeln!(out, "\nNo HAProxy side: {why}.");
         }
+        if let Some(info) = h.cases.iter().find(|c| c.name == "Info" && !c.floor_h2.is_empty()) {
+            let _ = writeln!(
+                out,
+                "\nIn the same rounds the bare h2 floor proxy (the sidecar's HTTP/2 stack relaying frames, no check) \
+                 added {} on Info ({} of HAProxy h2's): the sidecar's checks added {} on top.",
+                info.floor_added_us().map_or("n/a".into(), us),
+                info.floor_vs_haproxy().map_or("n/a".into(), ratio),
+                info.checks_added_us().map_or("n/a".into(), us),
+            );
+        }
         match (&self.http, &self.http_missing) {
             (Some(x), _) => {
                 let _ = writeln!(

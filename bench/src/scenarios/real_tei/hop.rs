@@ -1,13 +1,17 @@
 //! Row 4 of the real-TEI scenario: the hop. One call at a time (Info, and one 20-token Embed),
-//! direct to TEI, through the static sidecar and through HAProxy as an h2c proxy (scenario 1's
-//! L7 floor), in interleaved rounds; what each adds to the p50 over TEI direct, and the
-//! sidecar's over HAProxy's on Info.
+//! direct to TEI, through the static sidecar, through HAProxy as an h2c proxy (scenario 1's L7
+//! floor) and through the bare h2 floor proxy (the sidecar's own HTTP/2 stack relaying frames, no
+//! check at all), in interleaved rounds; what each adds to the p50 over TEI direct, and the
+//! sidecar's over HAProxy's on Info. The floor splits the sidecar's hop in two: what any proxy on
+//! its stack adds in front of this TEI, and what the request path's checks add on top (sidecar −
+//! floor), both measured in the same rounds.
 
 use serde::{Deserialize, Serialize};
 use teifleet_load::{Call, LoadConfig};
 
 use super::{HOP_LIMIT, Shared, TOKENS};
 use crate::Result;
+use crate::floor::Stack;
 use crate::procs::{self, HaproxyMode};
 use crate::scenarios::{Context, Sample, added_p50_us, interleaved, median_of, samples, warm_up, words};
 use crate::targets::{Rule, Target, ratio};
@@ -25,6 +29,9 @@ pub struct HopCase {
     pub sidecar: Vec<Sample>,
     /// Empty when HAProxy did not run.
     pub haproxy_h2: Vec<Sample>,
+    /// The bare h2 floor proxy's; empty when it was not built (or in results from before it ran).
+    #[serde(default)]
+    pub floor_h2: Vec<Sample>,
 }
 
 impl HopCase {
@@ -34,6 +41,23 @@ impl HopCase {
 
     pub fn haproxy_added_us(&self) -> Option<f64> {
         (!self.haproxy_h2.is_empty()).then(|| added_p50_us(&self.direct, &self.haproxy_h2))
+    }
+
+    /// What the bare h2 floor proxy adds: any proxy on the sidecar's stack, without its checks.
+    pub fn floor_added_us(&self) -> Option<f64> {
+        (!self.floor_h2.is_empty()).then(|| added_p50_us(&self.direct, &self.floor_h2))
+    }
+
+    /// What the sidecar adds over the bare h2 floor in the same rounds: its checks' cost (the
+    /// median of each round's difference, as every added figure here).
+    pub fn checks_added_us(&self) -> Option<f64> {
+        (!self.floor_h2.is_empty()).then(|| added_p50_us(&self.floor_h2, &self.sidecar))
+    }
+
+    /// The floor's added p50 ÷ HAProxy h2's: how near the sidecar's stack alone comes to the limit.
+    pub fn floor_vs_haproxy(&self) -> Option<f64> {
+        let (floor, haproxy) = (self.floor_added_us()?, self.haproxy_added_us()?);
+        Some(ratio(floor, haproxy)).filter(|r| r.is_finite())
     }
 
     /// The sidecar's added p50 ÷ HAProxy h2's.
@@ -94,6 +118,21 @@ impl Hop {
                 c.haproxy_added_us(),
                 "µs",
             ));
+            if info && !c.floor_h2.is_empty() {
+                targets.push(Target::info(scenario, "floor (bare h2 proxy) added p50, Info", c.floor_added_us(), "µs"));
+                targets.push(Target::info(
+                    scenario,
+                    "sidecar − floor (bare h2 proxy) added p50, Info",
+                    c.checks_added_us(),
+                    "µs",
+                ));
+                targets.push(Target::info(
+                    scenario,
+                    "floor (bare h2 proxy) ÷ HAProxy h2 added p50, Info",
+                    c.floor_vs_haproxy(),
+                    "×",
+                ));
+            }
         }
         targets
     }
@@ -118,16 +157,28 @@ pub async fn measure_row(ctx: &Context, shared: &Shared) -> Result<Hop> {
     } else {
         (None, Some(procs::HAPROXY_MISSING.to_owned()))
     };
+    // Started beside HAProxy, so both proxies are as fresh; without the floor binary the row runs
+    // as before.
+    let floor = match ctx.features.floor_proxy {
+        true => match procs::start_floor(&ctx.bins, "real-tei-floor-h2", &shared.tei, Stack::H2).await {
+            Ok(proc) => warm_up(&proc.url(), 1).await.ok().map(|()| proc),
+            Err(_) => None,
+        },
+        false => None,
+    };
     let mut targets = vec![shared.tei.url(), shared.sidecar.url()];
     targets.extend(haproxy.iter().map(procs::Proc::url));
+    targets.extend(floor.iter().map(procs::Proc::url));
     let rounds = ctx.pick(3, 5);
     let mut cases = Vec::new();
     for (info, name, calls) in [(true, "Info", ctx.pick(300, 1000)), (false, "Embed 20 tokens", ctx.pick(60, 100))] {
         ctx.say(&format!("real tei 4: the hop, {name}, {rounds} rounds of {calls} calls per side"));
         let mut sides = interleaved(&targets, rounds, |t| config(info, t, calls)).await?.into_iter();
         let mut next = || samples(&sides.next().unwrap_or_default());
-        let (direct, sidecar, haproxy_h2) = (next(), next(), next());
-        cases.push(HopCase { name: name.into(), calls_per_round: calls, direct, sidecar, haproxy_h2 });
+        let (direct, sidecar) = (next(), next());
+        let haproxy_h2 = if haproxy.is_some() { next() } else { Vec::new() };
+        let floor_h2 = if floor.is_some() { next() } else { Vec::new() };
+        cases.push(HopCase { name: name.into(), calls_per_round: calls, direct, sidecar, haproxy_h2, floor_h2 });
     }
     Ok(Hop { rounds, cases, haproxy_missing })
 }

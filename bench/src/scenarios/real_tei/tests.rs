@@ -58,6 +58,7 @@ fn result() -> RealTei {
                     direct: side(&[0.100, 0.100]),
                     sidecar: side(&[0.140, 0.140]),
                     haproxy_h2: side(&[0.160, 0.160]),
+                    floor_h2: side(&[0.130, 0.130]),
                 },
                 HopCase {
                     name: "Embed 20 tokens".into(),
@@ -65,6 +66,7 @@ fn result() -> RealTei {
                     direct: side(&[3.0, 3.0]),
                     sidecar: side(&[3.1, 3.1]),
                     haproxy_h2: vec![],
+                    floor_h2: vec![],
                 },
             ],
             haproxy_missing: None,
@@ -304,4 +306,23 @@ fn row_7_shows_the_unary_runs_and_both_calls() {
         "{text}"
     );
     assert!(text.contains("| unary, before | 800 | 800 | — | — | — | 20.0 | 40.0 | 0.952× | |"), "{text}");
+}
+
+#[test]
+fn the_floor_splits_the_sidecars_hop_into_stack_and_checks() {
+    let targets = result().targets();
+    // Direct 100 µs, floor 130, sidecar 140, HAProxy 160: the stack adds 30, the checks 10.
+    let (v, m) = verdict(&targets, "floor (bare h2 proxy) added p50, Info");
+    assert!((m - 30.0).abs() < 1e-6 && v == Verdict::Info, "{m}");
+    let (_, m) = verdict(&targets, "sidecar − floor (bare h2 proxy) added p50, Info");
+    assert!((m - 10.0).abs() < 1e-6, "{m}");
+    let (_, m) = verdict(&targets, "floor (bare h2 proxy) ÷ HAProxy h2 added p50, Info");
+    assert!((m - 0.5).abs() < 1e-6, "{m}");
+    // Without the floor the row has none of its figures, and the judged target stands.
+    let mut r = result();
+    r.hop.cases.iter_mut().for_each(|c| c.floor_h2.clear());
+    let targets = r.targets();
+    assert!(!targets.iter().any(|t| t.name.contains("floor")), "{targets:?}");
+    let (v, _) = verdict(&targets, hop::INFO_VS_HAPROXY);
+    assert_eq!(v, Verdict::Pass);
 }

@@ -110,7 +110,7 @@ impl Direct {
         let (answer, mut body) = self.start(pool, path, metadata).await?;
         body.send_data(message.into_framed(), true).map_err(|error| self.failed(pool, error))?;
         let response = answer.await.map_err(|error| self.failed(pool, error))?;
-        read_answer(response, max_message).await.map_err(|error| match error {
+        read_answer(response, body, max_message).await.map_err(|error| match error {
             Answer::Status(status) => Error::Upstream { pool: pool.to_owned(), status },
             Answer::Broken(error) => self.failed(pool, error),
         })
@@ -244,8 +244,26 @@ impl From<h2::Error> for Answer {
     }
 }
 
+/// The upstream stream of a unary call answered whole, held in the answer's extensions until the
+/// gRPC port has queued the answer's headers for the caller (`crate::front::grpc::server`).
+///
+/// Why: h2 wakes a connection's task when the last handle of a closed stream is dropped, so that
+/// it can let the stream go. Dropped as the answer was read, that woke the upstream connection's
+/// task before the caller's connection's task was woken to write the answer, and the
+/// single-threaded runtime ran them in that order: a full poll of the upstream connection sat
+/// between TEI's answer and the caller's on every call. Held until the answer is queued, that
+/// poll comes after the answer's write. Any other path that takes the answer (the HTTP front, a
+/// shared coalesced call) drops it with the answer, as before.
+#[derive(Clone)]
+pub struct HeldUpstream(#[expect(dead_code, reason = "held, never read")] Arc<(SendStream<Bytes>, h2::RecvStream)>);
+
 /// The answer's one message, with its headers and trailers as metadata; or the upstream's status.
-async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usize) -> Result<Response<Framed>, Answer> {
+/// `sent` is the call's request side, held with the answer's ([`HeldUpstream`]).
+async fn read_answer(
+    response: http::Response<h2::RecvStream>,
+    sent: SendStream<Bytes>,
+    max_message: usize,
+) -> Result<Response<Framed>, Answer> {
     let (parts, mut body) = response.into_parts();
     // Trailers-only: the status is in the headers and there is no message.
     if let Some(status) = carried_status(&parts.headers) {
@@ -276,7 +294,9 @@ async fn read_answer(response: http::Response<h2::RecvStream>, max_message: usiz
         return Err(Answer::Status(framing::cut_short()));
     }
     let message = message.ok_or_else(|| Answer::Status(framing::missing(Side::Answer)))?;
-    Ok(Response::from_parts(MetadataMap::from_headers(headers), message, tonic::Extensions::default()))
+    let mut extensions = tonic::Extensions::default();
+    extensions.insert(HeldUpstream(Arc::new((sent, body))));
+    Ok(Response::from_parts(MetadataMap::from_headers(headers), message, extensions))
 }
 
 /// The status a header block carries, if any: an OK one is told from its code alone, since

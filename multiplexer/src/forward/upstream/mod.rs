@@ -21,7 +21,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub use self::direct::{Direct, Exchange};
+pub use self::direct::{Direct, Exchange, HeldUpstream};
 use crate::vocab::SetupError;
 
 mod direct;

@@ -72,3 +72,16 @@ async fn a_connection_that_breaks_is_unreachable_then_made_again() {
     let _back = teifleet_tei_sim::start(SimConfig { listen: addr, ..SimConfig::default() }).await.unwrap();
     direct.unary("pool", EMBED, embed("four"), LIMIT).await.expect("a new connection to the same address");
 }
+
+#[tokio::test]
+async fn an_answer_holds_its_upstream_stream_until_it_is_let_go() {
+    let sim = teifleet_tei_sim::start(SimConfig::default()).await.unwrap();
+    let direct = client(sim.addr());
+    let mut answer = direct.unary("pool", EMBED, embed("the quick fox"), LIMIT).await.unwrap();
+    let held = answer.extensions_mut().remove::<super::HeldUpstream>();
+    assert!(held.is_some(), "held in the answer until the gRPC port has queued the answer");
+    drop(held);
+    // The stream let go, the connection serves the next call as before.
+    let again = direct.unary("pool", EMBED, embed("the lazy dog"), LIMIT).await.unwrap();
+    assert!(!EmbedResponse::decode(&again.get_ref()[..]).unwrap().embeddings.is_empty());
+}

@@ -28,6 +28,7 @@ use tower::ServiceExt as _;
 use crate::activator::PoolNaming;
 use crate::admission::memory::{Charge, MemoryBudget, OverBudget, Use};
 use crate::error::Error;
+use crate::forward::upstream::HeldUpstream;
 use crate::front::grpc::connections::ConnectionInfo;
 use crate::front::grpc::reflection::Reflection;
 use crate::front::grpc::service::RpcService;
@@ -180,7 +181,10 @@ async fn answer_stream(
         }
         answer = answer => answer,
     };
-    let (parts, body) = answer.into_parts();
+    let (mut parts, body) = answer.into_parts();
+    // Let go once the headers are queued, which wakes this connection's task first
+    // (`crate::forward::upstream::HeldUpstream`).
+    let upstream = parts.extensions.remove::<HeldUpstream>();
     let end_of_stream = body.is_end_stream();
     // What the body is known to hold (a unary answer's message) is charged before the headers
     // go: a call whose answer does not fit is answered RESOURCE_EXHAUSTED alone.
@@ -200,6 +204,7 @@ async fn answer_stream(
         Ok(sending) => sending,
         Err(error) => return tracing::debug!(%error, "stream closed before its answer"),
     };
+    drop(upstream);
     // Boxed: a call's task waits above far longer than it writes here, and should hold only what
     // waiting needs meanwhile.
     if !end_of_stream && let Err(error) = Box::pin(send_body(body, sending, answering, answers)).await {
