@@ -406,28 +406,21 @@ mod tests {
     #[test]
     fn a_batch_counts_at_most_what_tei_said_it_runs() {
         // A CPU TEI batching 4 (14 ms + 21 ms an input) under a limit of 4 with its next batch
-        // kept ready: 8 let in for each batch once ingest floods, single queries alone before.
-        let start = Instant::now();
-        let mut gate = IngestGate::default();
-        let now = batches(&mut gate, Lane::Query, 1, Duration::from_millis(35), 20, start);
-        let mut now = now;
-        for _ in 0..20 {
-            gate.took(Lane::Ingest, 8, now);
-            gate.released(0, now);
-            now += Duration::from_millis(98);
-            gate.observed_batch(Duration::from_millis(98), Some(4), now);
-        }
-        let line = gate.curve.line().unwrap();
+        // kept ready: single queries alone first, then 8 let in for each batch once ingest floods.
+        let learned = |largest: Option<usize>| {
+            let mut gate = IngestGate::default();
+            let mut now = batches(&mut gate, Lane::Query, 1, Duration::from_millis(35), 20, Instant::now());
+            for _ in 0..20 {
+                gate.took(Lane::Ingest, 8, now);
+                gate.released(0, now);
+                now += Duration::from_millis(98);
+                gate.observed_batch(Duration::from_millis(98), largest, now);
+            }
+            gate.curve.line().unwrap()
+        };
+        let line = learned(Some(4));
         assert!((line.per_input - 0.021).abs() < 0.001, "{line:?}");
-        let mut unbounded = IngestGate::default();
-        let mut now = batches(&mut unbounded, Lane::Query, 1, Duration::from_millis(35), 20, start);
-        for _ in 0..20 {
-            unbounded.took(Lane::Ingest, 8, now);
-            unbounded.released(0, now);
-            now += Duration::from_millis(98);
-            unbounded.observed_batch(Duration::from_millis(98), None, now);
-        }
-        let flat = unbounded.curve.line().unwrap();
+        let flat = learned(None);
         assert!(flat.per_input < 0.01, "counted as 8, the line is flatter than TEI's: {flat:?}");
     }
 

@@ -171,14 +171,21 @@ fn kept_until(batch_start: Instant) -> Instant {
     batch_start + BATCH.mul_f64(tenant_gate::KEPT_UNTIL)
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_places_kept_for_a_heavier_tenant_that_sends_nothing_do_not_run_empty() {
-    let (_admission, mut held, admitted) = crowded_beside(3).await;
+/// [`crowded_beside`] a tenant of weight 3 after a batch ended (half the permits back), at the
+/// last part of the batch that started then: the crowd has taken its share of the next batch.
+async fn crowd_in_the_last_part() -> (Admission, Vec<Permit>, Arc<AtomicUsize>, Instant) {
+    let (admission, mut held, admitted) = crowded_beside(3).await;
     held.truncate(4);
     let batch_start = Instant::now();
     tokio::time::sleep_until(batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER)).await;
     settle().await;
     assert_eq!(admitted.load(Ordering::SeqCst), 1, "the crowd's share first");
+    (admission, held, admitted, batch_start)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_places_kept_for_a_heavier_tenant_that_sends_nothing_do_not_run_empty() {
+    let (_admission, _held, admitted, batch_start) = crowd_in_the_last_part().await;
     tokio::time::sleep_until(kept_until(batch_start) - Duration::from_millis(1)).await;
     settle().await;
     assert_eq!(admitted.load(Ordering::SeqCst), 1, "B's places stay B's while it may still come");
@@ -189,12 +196,7 @@ async fn the_places_kept_for_a_heavier_tenant_that_sends_nothing_do_not_run_empt
 
 #[tokio::test(start_paused = true)]
 async fn the_crowd_takes_no_more_than_its_share_while_the_heavier_tenant_waits() {
-    let (admission, mut held, admitted) = crowded_beside(3).await;
-    held.truncate(4);
-    let batch_start = Instant::now();
-    tokio::time::sleep_until(batch_start + BATCH.mul_f64(ingest_gate::OPENS_AFTER)).await;
-    settle().await;
-    assert_eq!(admitted.load(Ordering::SeqCst), 1, "the crowd's share");
+    let (admission, mut held, admitted, batch_start) = crowd_in_the_last_part().await;
     // B's call of four inputs does not fit the three places left: it waits for the batch's end.
     let b_admitted = Arc::new(AtomicUsize::new(0));
     let (waiter, counted) = (admission.clone(), b_admitted.clone());
