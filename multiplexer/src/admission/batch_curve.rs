@@ -23,14 +23,19 @@ use std::time::Duration;
 /// at p99 (full run). The fixed reserves measured there put 1.3× at p99 near batches of 21, the job
 /// then near 0.35–0.4× of capacity.
 pub const TARGET: f64 = 1.2;
-/// The least a full batch must save ingest per input, against a batch of one, for ingest to keep a
-/// floor of places beside queries. A GPU's fixed cost per forward pass makes a full batch many
-/// times cheaper per input (scenario 20's device: 16×), and a job held to the few places the
-/// queries leave would lose most of the device. TEI on CPU (about 14 ms + 21 ms an input, batches
-/// of 4) saves 1.4×: there each ingest input beside queries costs every one of them about a
-/// query's own work (real TEI: query p99 1.49× and 1.89× alone with a floor of 2, then of 1), and
-/// ingest loses little by going only into an idle TEI.
+/// Ingest keeps a floor of places beside queries only where it gains by riding full batches: a
+/// full batch at least this many times cheaper an input than a batch of one, or at least
+/// [`FLOOR_FIXED_SHARE`] of its time fixed (a batch of 2 saves at most 2× however flat the device;
+/// a limit of 4 in front of 40 ms batches is such a pool). A GPU's fixed cost per forward pass
+/// makes a full batch many times cheaper (scenario 20's backend: 16×, 49% fixed; scenario 19's:
+/// 7×, 88%), and a job held to the few places the queries leave would lose most of the device.
+/// TEI on CPU (about 14 ms + 21 ms an input, batches of 4) saves 1.4× and is 14% fixed: there each
+/// ingest input beside queries costs every one of them about a query's own work (real TEI: query
+/// p99 1.49× and 1.89× alone with a floor of 2, then of 1), and ingest loses little by going only
+/// into an idle TEI.
 const FLOOR_ECONOMY: f64 = 2.0;
+/// See [`FLOOR_ECONOMY`].
+const FLOOR_FIXED_SHARE: f64 = 0.25;
 /// Batch sizes above this count as this one (a batch this large is far up any device's line).
 const MAX_INPUTS: usize = 1024;
 /// A size's mean follows its new times with this weight once seen this often (a plain mean before).
@@ -125,8 +130,8 @@ impl BatchCurve {
 /// need more than half of a full batch: on a device whose batch time grows with every input (TEI
 /// on CPU), queries at 0.6× capacity fill 60% of each batch, and a floor of half let ingest fill
 /// the next batch to half before they came (real TEI: query p99 1.49× alone beside ingest); the
-/// floor is then what they leave of a full batch. And no floor where a full batch saves ingest
-/// little per input (see [`FLOOR_ECONOMY`]): the places are then what the line allows, and none
+/// floor is then what they leave of a full batch. And no floor where ingest gains little by
+/// riding full batches (see [`FLOOR_ECONOMY`]): the places are then what the line allows, and none
 /// where that leaves no whole input beside the queries a batch holds alone; ingest then goes only
 /// while TEI is idle (`ingest_gate`).
 pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) -> usize {
@@ -144,11 +149,12 @@ pub fn ingest_places(line: Line, query_rate: f64, batch: usize, left: Duration) 
         false => batch_f,
     };
     let economy = batch_f * line.at(1.0) / line.at(batch_f);
-    if economy < FLOOR_ECONOMY && by_line < queries_alone + 1.0 {
+    let gains_by_riding = economy >= FLOOR_ECONOMY || line.fixed >= FLOOR_FIXED_SHARE * line.at(batch_f);
+    if !gains_by_riding && by_line < queries_alone + 1.0 {
         // Not one ingest input fits beside the queries a batch holds alone, and no floor.
         return 0;
     }
-    let floor = match economy >= FLOOR_ECONOMY {
+    let floor = match gains_by_riding {
         true => (batch_f - queries_in_full).clamp(0.0, (batch / 2) as f64),
         false => 0.0,
     };
@@ -243,6 +249,9 @@ mod tests {
         // Scenario 19's device, 20 ms and 0.32 ms an input: a full batch of 8 is 1.05× the queries'.
         let nearly_flat = Line { fixed: 0.020, per_input: 0.000_32 };
         assert_eq!(ingest_places(nearly_flat, 213.0, 8, Duration::ZERO), 8);
+        // A limit of 4 (a batch of 2) in front of 40 ms batches, a millisecond more an input.
+        let nearly_flat_pair = Line { fixed: 0.040, per_input: 0.001 };
+        assert_eq!(ingest_places(nearly_flat_pair, 30.0, 2, Duration::ZERO), 2);
     }
 
     #[test]
@@ -262,7 +271,7 @@ mod tests {
     #[test]
     fn queries_needing_most_of_a_full_batch_keep_it_from_the_floor() {
         // A device with a fixed cost to share (a full batch of 4 is 2× cheaper an input than one
-        // alone) where queries at 0.56× capacity arrive 2.25 to a full batch: ingest keeps the
+        // alone, half of it fixed) where queries at 0.56× capacity arrive 2.25 to a full batch: ingest keeps the
         // one left, where the line alone would keep it none.
         let shared = Line { fixed: 0.030, per_input: 0.015 };
         assert_eq!(ingest_places(shared, 25.0, 4, Duration::ZERO), 1);
@@ -273,7 +282,7 @@ mod tests {
     #[test]
     fn a_device_with_little_to_share_keeps_no_floor_beside_queries() {
         // TEI on CPU (all-MiniLM-L6-v2, batches of 4): about 14 ms + 21 ms an input, a full batch
-        // 1.4× cheaper an input than one alone. Any ingest input beside queries lengthens their
+        // 1.4× cheaper an input than one alone and 14% fixed. Any ingest input beside queries lengthens their
         // batch by most of a query's own time, at 0.6× capacity and at 0.3×.
         let cpu = Line { fixed: 0.014, per_input: 0.021 };
         assert_eq!(ingest_places(cpu, 24.0, 4, Duration::ZERO), 0);
