@@ -71,6 +71,9 @@ struct Size {
 pub struct BatchCurve {
     /// Indexed by a batch's inputs.
     sizes: Vec<Size>,
+    /// The fit through `sizes`, redone on each observation: it is read on every ingest decision
+    /// and every metrics snapshot, far more often than a batch ends.
+    line: Option<Line>,
 }
 
 impl BatchCurve {
@@ -93,10 +96,15 @@ impl BatchCurve {
         size.seen = size.seen.saturating_add(1);
         let weight = 1.0 / f64::from(size.seen.min(SIZE_MEMORY));
         size.mean += weight * (time - size.mean);
+        self.line = self.fit();
     }
 
     /// The weighted least-squares line through the sizes seen, if they span enough.
     pub fn line(&self) -> Option<Line> {
+        self.line
+    }
+
+    fn fit(&self) -> Option<Line> {
         let seen = || {
             self.sizes
                 .iter()

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::batch_curve::{self, BatchCurve};
+use super::batch_curve::{self, BatchCurve, Line};
 use super::lane::Lane;
 
 /// How quickly the queries' mean follows them: a second, many TEI batches, few query bursts.
@@ -213,6 +213,22 @@ impl IngestGate {
             _ => Duration::ZERO,
         };
         batch_curve::ingest_places(line, self.query_rate_at(now), batch, left)
+    }
+
+    /// TEI's batch-time curve as learned so far (see `batch_curve`).
+    pub fn line(&self) -> Option<Line> {
+        self.curve.line()
+    }
+
+    /// The inputs of TEI's next batch ingest may fill while queries come, at the queries' rate
+    /// now: the share a `reserve` leaves (all of it with none), or else [`Self::places`]. What
+    /// the metrics show: the decision itself also lets ingest into an idle TEI, and a call in
+    /// whole where the places fall inside it.
+    pub fn places_with(&self, limit: usize, reserve: Option<u8>, now: Instant) -> usize {
+        match reserve {
+            Some(reserve) => reserved_places(limit, reserve),
+            None => self.places(limit, now),
+        }
     }
 
     /// The queries' inputs a second at `now`.

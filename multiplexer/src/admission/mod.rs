@@ -48,6 +48,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 pub use adaptive::{Change, Reason as LimitReason};
+pub use batch_curve::Line;
 pub use lanes::{
     ADMITTED, DEFAULT_INGEST_SHARE, INGEST_PATIENCE, Lane, LaneObserver, MAX_INGEST_SHARE, MAX_QUERY_RESERVE,
     OUTCOMES as LANE_OUTCOMES, UnknownLane,
@@ -757,6 +758,12 @@ impl State {
             chars_per_token: self.tokens.chars_per_token(),
             standing_queue: self.standing.standing(),
             device_time_cap: self.device_time_cap(),
+            batch_line: self.ingest_gate.line(),
+            ingest_places: self.ingest_gate.places_with(
+                self.effective_limit(),
+                self.limits.query_reserve,
+                Instant::now(),
+            ),
             change,
         }
     }

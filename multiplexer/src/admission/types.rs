@@ -6,6 +6,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::adaptive::Change;
+use super::batch_curve::Line;
 use super::lane::{DEFAULT_INGEST_SHARE, Lane};
 use super::priority::Priority;
 
@@ -179,6 +180,11 @@ pub struct Snapshot {
     /// The cap on TEI time in force, in percent: `limits.device_time_cap`, or `limits.gpu_share`
     /// while a neighbour is busy on the GPU (see `contention`).
     pub device_time_cap: Option<u8>,
+    /// TEI's batch time as a line in its inputs, learned from its answers (`None` until batches of
+    /// sizes far enough apart came back; see `batch_curve`).
+    pub batch_line: Option<Line>,
+    /// The inputs of TEI's next batch ingest may fill while queries come (see `ingest_gate`).
+    pub ingest_places: usize,
     /// Set on the snapshot taken right after the adaptive limit moved.
     pub change: Option<Change>,
 }

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use prometheus::{
@@ -82,6 +82,9 @@ struct Families {
     in_flight_tokens: IntGaugeVec,
     limit_in_flight_tokens: IntGaugeVec,
     chars_per_token: GaugeVec,
+    batch_fixed: GaugeVec,
+    batch_per_input: GaugeVec,
+    ingest_places: IntGaugeVec,
     standing_queue: IntGaugeVec,
     limit_changes: IntCounterVec,
     tenant_requests: IntCounterVec,
@@ -167,6 +170,29 @@ impl Metrics {
                 &["pool"],
             )
             .expect("valid gauge"),
+            batch_fixed: GaugeVec::new(
+                Opts::new(
+                    "teifleet_tei_batch_fixed_seconds",
+                    "TEI's batch time learned from its answers, as fixed + per input x inputs: the fixed part \
+                     (absent until batches of sizes far enough apart came back).",
+                ),
+                &["pool"],
+            )
+            .expect("valid gauge"),
+            batch_per_input: GaugeVec::new(
+                Opts::new(
+                    "teifleet_tei_batch_per_input_seconds",
+                    "TEI's learned batch time: what each input adds (see teifleet_tei_batch_fixed_seconds).",
+                ),
+                &["pool"],
+            )
+            .expect("valid gauge"),
+            ingest_places: gauge(
+                "teifleet_ingest_places",
+                "Inputs of TEI's next batch ingest may fill while queries come, at the queries' rate now \
+                 (queryReserve's share, or what the learned batch time leaves).",
+                &["pool"],
+            ),
             standing_queue: gauge(
                 "teifleet_queue_standing",
                 "1 while the queries' queue stands (waits above target for a whole interval), 0 otherwise; \
@@ -263,6 +289,9 @@ impl Metrics {
                 &f.in_flight_tokens,
                 &f.limit_in_flight_tokens,
                 &f.chars_per_token,
+                &f.batch_fixed,
+                &f.batch_per_input,
+                &f.ingest_places,
                 &f.standing_queue,
                 &f.limit_changes,
                 &f.tenant_requests,
@@ -304,6 +333,10 @@ impl Metrics {
             (f.limit_in_flight_tokens.with_label_values(&[pool]), f.limit_in_flight_tokens.clone());
         let chars_per_token = f.chars_per_token.with_label_values(&[pool]);
         let standing = f.standing_queue.with_label_values(&[pool]);
+        let ingest_places = f.ingest_places.with_label_values(&[pool]);
+        // The line's series appear once it is learned (it is never forgotten).
+        let (batch_fixed, batch_per_input) = (f.batch_fixed.clone(), f.batch_per_input.clone());
+        let batch_line = OnceLock::new();
         let (changes, pool_name) = (f.limit_changes.clone(), pool.to_owned());
         // The series exists from `with_label_values` above until the first snapshot says otherwise.
         let token_budget_shown = AtomicBool::new(true);
@@ -336,6 +369,14 @@ impl Metrics {
             }
             chars_per_token.set(snapshot.chars_per_token);
             standing.set(i64::from(snapshot.standing_queue));
+            ingest_places.set(i64::try_from(snapshot.ingest_places).unwrap_or(i64::MAX));
+            if let Some(line) = snapshot.batch_line {
+                let (fixed, per_input) = batch_line.get_or_init(|| {
+                    (batch_fixed.with_label_values(&[&pool_name]), batch_per_input.with_label_values(&[&pool_name]))
+                });
+                fixed.set(line.fixed);
+                per_input.set(line.per_input);
+            }
             if let Some(change) = snapshot.change {
                 let direction = if change.to > change.from { "up" } else { "down" };
                 changes.with_label_values(&[&pool_name, direction, change.reason.as_str()]).inc();
@@ -522,6 +563,50 @@ pub struct Timings {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::admission::{Ask, Observation};
+
+    fn value(metrics: &Metrics, name: &str) -> Option<f64> {
+        let text = prometheus::TextEncoder::new().encode_to_string(&metrics.registry.gather()).unwrap();
+        text.lines().find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    /// TEI answering batches of 2 in 50 ms and of 6 in 70 ms (40 ms + 5 ms an input), each batch
+    /// let in while the one before runs, as TEI keeps its next batch ready: the line the pool
+    /// learns from them, and the places it leaves ingest, are on its metrics. (A batch much
+    /// shorter than the mean batch time would be taken for the last calls of the one before.)
+    #[tokio::test(start_paused = true)]
+    async fn the_learned_batch_time_and_ingests_places_are_shown() {
+        let metrics = Metrics::new();
+        let admission = metrics.admission_for("p", Limits::new(16, 64, Duration::from_secs(1)));
+        let (fixed, per_input) =
+            ("teifleet_tei_batch_fixed_seconds{pool=\"p\"}", "teifleet_tei_batch_per_input_seconds{pool=\"p\"}");
+        assert_eq!(value(&metrics, fixed), None, "no series before the line is learned");
+        assert_eq!(
+            value(&metrics, "teifleet_ingest_places{pool=\"p\"}"),
+            Some(4.0),
+            "half TEI's batch of 8 until then"
+        );
+
+        let time = |size: usize| Duration::from_millis(40 + 5 * size as u64);
+        let let_in = |size: usize| -> Vec<_> {
+            (0..size).map(|_| admission.try_acquire(&Ask::new(Priority::Standard)).unwrap()).collect()
+        };
+        let mut running = (2, let_in(2));
+        for size in [2, 6].repeat(12) {
+            let next = (size, let_in(size));
+            tokio::time::advance(time(running.0)).await;
+            for permit in running.1 {
+                permit.observe(Observation { tei_inference: time(running.0), ..Default::default() });
+            }
+            running = next;
+        }
+        let line = admission.snapshot().batch_line.expect("batches of 2 and 6 teach the line");
+        assert!((line.fixed - 0.040).abs() < 0.002 && (line.per_input - 0.005).abs() < 0.0005, "{line:?}");
+        assert_eq!(value(&metrics, fixed), Some(line.fixed));
+        assert_eq!(value(&metrics, per_input), Some(line.per_input));
+        let places = admission.snapshot().ingest_places;
+        assert_eq!(value(&metrics, "teifleet_ingest_places{pool=\"p\"}"), Some(places as f64));
+    }
 
     #[test]
     fn code_labels_match_tonics_names() {

@@ -381,6 +381,8 @@ mod tests {
             chars_per_token: 4.0,
             standing_queue: false,
             device_time_cap: None,
+            batch_line: None,
+            ingest_places: 0,
             change: None,
         }
     }
