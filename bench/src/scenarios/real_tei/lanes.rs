@@ -2,12 +2,16 @@
 //! (open-loop Poisson unary Embeds at 0.6 × TEI's capacity, 1 s deadline, no lane header) alone,
 //! then the same schedule beside an ingest flood (64 closed-loop callers with
 //! `x-teifleet-lane: ingest` and no deadline, started a second before the queries and stopped a
-//! second after), through a sidecar with row 1's budget and `--ingest-share 10`.
+//! second after), through a sidecar with row 1's budget and `--ingest-share 10`. While the queries
+//! run beside ingest the sidecar's metrics are read every [`SAMPLE_EVERY`]: the batch-time line it
+//! learned from TEI and the places of TEI's next batch that leaves ingest, so the row says why
+//! ingest got what it got.
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use teifleet_load::LoadConfig;
+use teifleet_testkit::http;
 
 use super::{LANES_LIMIT, Run, Shared, TOKENS, static_limits};
 use crate::Result;
@@ -24,6 +28,8 @@ pub const INGEST_SHARE_PERCENT: u8 = 10;
 /// The ingest flood starts this long before the queries and ends this long after them.
 const MARGIN: Duration = Duration::from_secs(1);
 const SEED: u64 = 2106;
+/// How often the sidecar's metrics are read while the queries run beside ingest.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 pub const P99: &str = "query p99 beside ingest ÷ alone, queries at 0.6× capacity";
 
@@ -38,6 +44,78 @@ pub struct Lanes {
     pub beside: Run,
     /// The ingest flood beside the queries.
     pub ingest: Run,
+    /// What the sidecar learned and decided meanwhile.
+    #[serde(default)]
+    pub learned: Learned,
+}
+
+/// The sidecar's learned batch time and ingest's places while the queries ran beside ingest.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Learned {
+    /// TEI's batch time as the sidecar's line at the end, ms fixed and ms an input (absent: not
+    /// learned, or a sidecar without those metrics).
+    pub fixed_ms: Option<f64>,
+    pub per_input_ms: Option<f64>,
+    /// `teifleet_ingest_places` read every [`SAMPLE_EVERY`]: how many reads, its median, and the
+    /// share of reads at 0 (ingest only into an idle TEI).
+    pub samples: usize,
+    pub places_p50: Option<f64>,
+    pub places_zero_share: Option<f64>,
+}
+
+impl Learned {
+    fn text(&self) -> String {
+        let line = match (self.fixed_ms, self.per_input_ms) {
+            (Some(fixed), Some(per_input)) => {
+                format!("TEI's batch time learned as {fixed:.1} ms + {per_input:.1} ms an input")
+            }
+            _ => "no batch-time line learned".to_owned(),
+        };
+        match (self.places_p50, self.places_zero_share) {
+            (Some(p50), Some(zero)) => format!(
+                "{line}; ingest's places in TEI's next batch: median {p50:.0}, 0 in {:.0}% of {} reads",
+                zero * 100.0,
+                self.samples
+            ),
+            _ => format!("{line}; ingest's places not read"),
+        }
+    }
+}
+
+/// The first series of the gauge `name`, if the exposition has one.
+fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .filter(|line| !line.starts_with('#') && line.split(['{', ' ']).next() == Some(name))
+        .find_map(|line| line.rsplit(' ').next()?.parse().ok())
+}
+
+/// Reads the sidecar at `admin` every [`SAMPLE_EVERY`] until `stop` fires.
+async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Receiver<()>) -> Learned {
+    let mut places = Vec::new();
+    let mut last = None;
+    let reading = async {
+        loop {
+            if let Some(text) = http::get(admin, "/metrics").await {
+                places.extend(gauge(&text, "teifleet_ingest_places"));
+                last = Some(text);
+            }
+            tokio::time::sleep(SAMPLE_EVERY).await;
+        }
+    };
+    tokio::select! {
+        () = reading => {}
+        _ = stop => {}
+    }
+    places.sort_by(f64::total_cmp);
+    let ms = |name| last.as_deref().and_then(|text| gauge(text, name)).map(|s| s * 1e3);
+    Learned {
+        fixed_ms: ms("teifleet_tei_batch_fixed_seconds"),
+        per_input_ms: ms("teifleet_tei_batch_per_input_seconds"),
+        samples: places.len(),
+        places_p50: places.get(places.len() / 2).copied(),
+        places_zero_share: (!places.is_empty())
+            .then(|| places.iter().filter(|p| **p == 0.0).count() as f64 / places.len() as f64),
+    }
 }
 
 impl Lanes {
@@ -62,6 +140,15 @@ impl Lanes {
                 Some(ratio(self.ingest.ok_per_s, self.rate / QUERY_FACTOR - self.beside.goodput_per_s)),
                 "×",
             ),
+            Target {
+                note: self.learned.text(),
+                ..Target::info(
+                    scenario,
+                    "ingest's places in TEI's next batch while queries came, median",
+                    self.learned.places_p50,
+                    "",
+                )
+            },
         ]
     }
 }
@@ -97,11 +184,14 @@ pub async fn measure_row(ctx: &Context, shared: &Shared, capacity_per_s: f64) ->
     let alone = Run::from(&measure(queries(&mux.url(), rate, seconds)).await?);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let flood = measure(ingest(&mux.url(), capacity_per_s, MARGIN + seconds + MARGIN));
+    let (stop, stopped) = tokio::sync::oneshot::channel();
     let querying = async {
         tokio::time::sleep(MARGIN).await;
-        measure(queries(&mux.url(), rate, seconds)).await
+        let report = measure(queries(&mux.url(), rate, seconds)).await;
+        let _ = stop.send(());
+        report
     };
-    let (flood, querying) = tokio::join!(flood, querying);
+    let (flood, querying, learned) = tokio::join!(flood, querying, watch(mux.admin_addr(), stopped));
     let result = Lanes {
         limits,
         ingest_share_percent: INGEST_SHARE_PERCENT,
@@ -110,7 +200,12 @@ pub async fn measure_row(ctx: &Context, shared: &Shared, capacity_per_s: f64) ->
         alone,
         beside: Run::from(&querying?),
         ingest: Run::from(&flood?),
+        learned,
     };
-    ctx.say(&format!("real tei 6: query p99 beside ingest ÷ alone {:.2}", result.p99_ratio()));
+    ctx.say(&format!(
+        "real tei 6: query p99 beside ingest ÷ alone {:.2}; {}",
+        result.p99_ratio(),
+        result.learned.text()
+    ));
     Ok(result)
 }

@@ -87,6 +87,7 @@ fn result() -> RealTei {
             alone: run(1200, 1200, 240.0, 40.0),
             beside: run(1200, 1200, 240.0, 60.0),
             ingest: run(800, 800, 150.0, 500.0),
+            learned: Default::default(),
         }),
         lanes_missing: None,
         bulk: Some(bulk_result(20.0, 21.0)),
