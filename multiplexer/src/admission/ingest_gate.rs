@@ -22,9 +22,11 @@
 //! a batch more. So while queries come, ingest fills the next batch (the inputs let in since the
 //! running one started) only up to the places TEI's own batch-time curve leaves it
 //! (`batch_curve`): the largest batch a query takes at most a little longer to ride than one of
-//! queries alone, less the queries expected before it starts. The curve is learned from the
-//! batches' sizes (counted here) and TEI's `inference_time` for them; until it is known (sizes too
-//! alike), ingest takes half the next batch, which also shows the curve batches of two sizes. A
+//! queries alone, less the queries expected before it starts. The curve is learned from TEI's
+//! `inference_time` and the batches' sizes: TEI gives every call of one batch that batch's time
+//! to the nanosecond, so the calls that come back together with one time are one batch, counted
+//! exactly (see [`Tally`]); until it is known (sizes too alike), ingest takes half the next batch,
+//! which also shows the curve batches of two sizes. A
 //! pool's `queryReserve`, when set, keeps that fixed share of the next batch for queries instead.
 //! A batch is taken as half the in-flight limit: the two batches TEI needs to stay busy, and what
 //! the adaptive limit finds.
@@ -57,6 +59,19 @@ pub(super) fn reserved_places(limit: usize, reserve: u8) -> usize {
     batch - (batch * usize::from(reserve)).div_ceil(100).min(batch)
 }
 
+/// One of TEI's batches, as its calls come back: TEI reports the batch's own measured time to
+/// every call of it, to the nanosecond, so calls that come back together with one time rode one
+/// batch (the simulator does the same). Counting the inputs let in between two batch starts
+/// instead paired sizes with the wrong times wherever TEI split what it was sent (TEI's router
+/// hands its backend a batch as soon as it holds one request, so closed-loop callers make batches
+/// of 1–3 where 4 were sent) or the next batch kept ready was counted with the running one.
+#[derive(Clone, Copy, Debug)]
+struct Tally {
+    time: Duration,
+    inputs: usize,
+    first_back: Instant,
+}
+
 #[derive(Debug, Default)]
 pub(super) struct IngestGate {
     /// Queries' inputs in flight now, and their time-weighted mean until `since`.
@@ -71,10 +86,8 @@ pub(super) struct IngestGate {
     batch_time: Option<Duration>,
     /// Inputs let in (either lane) since the running batch started: TEI's next batch.
     next_batch: usize,
-    /// Inputs let in for the batch running now, and for the one that ended before it (whose
-    /// calls' times may still come in).
-    running_batch: usize,
-    ended_batch: usize,
+    /// The batch whose calls are coming back now.
+    tally: Option<Tally>,
     /// TEI's batch time by the batch's inputs.
     curve: BatchCurve,
     /// The queries' inputs let in per second, decayed over [`SMOOTHING`] until `rate_since`.
@@ -113,8 +126,6 @@ impl IngestGate {
         if !self.in_last_batch_end(now) {
             self.batch_started = Some(now);
             // What was let in since the last start is TEI's running batch now.
-            self.ended_batch = self.running_batch;
-            self.running_batch = self.next_batch;
             self.next_batch = 0;
         }
     }
@@ -128,23 +139,28 @@ impl IngestGate {
         }
     }
 
-    /// TEI reported `batch_time` for the batch of a call back at `now` (told before the call's
-    /// permit is released): the first call back of a batch rode the one running until now, the
-    /// rest of its calls the one that just ended. A batch holds at most TEI's own `largest`
-    /// (`Info.max_batch_requests`) when it said it: with its next batch kept ready beside the
-    /// running one, more are let in than one batch runs (a CPU TEI batching 4 under 8 in flight
-    /// otherwise taught the curve batches of 8 in a batch of 4's time, a line flat enough to give
-    /// ingest half of every batch).
-    pub fn observed_batch(&mut self, batch_time: Duration, largest: Option<usize>, now: Instant) {
+    /// TEI reported `batch_time` for the batch a call of `inputs` rode, back at `now` (told before
+    /// the call's permit is released). The call belongs to the batch whose calls are coming back
+    /// if TEI gave it the same time and it is back within half a batch time of that batch's first
+    /// call (equal times a batch apart are two batches); otherwise that batch is complete, and
+    /// goes into the curve.
+    pub fn observed_batch(&mut self, batch_time: Duration, inputs: usize, now: Instant) {
         if batch_time.is_zero() {
             return;
         }
-        let inputs = match self.in_last_batch_end(now) {
-            true => self.ended_batch,
-            false => self.running_batch,
-        };
-        let inputs = largest.filter(|largest| *largest > 0).map_or(inputs, |largest| inputs.min(largest));
-        self.curve.observe(inputs, batch_time);
+        match &mut self.tally {
+            Some(tally)
+                if tally.time == batch_time
+                    && self.batch_time.is_none_or(|mean| now.saturating_duration_since(tally.first_back) < mean / 2) =>
+            {
+                tally.inputs += inputs;
+            }
+            tally => {
+                if let Some(done) = tally.replace(Tally { time: batch_time, inputs, first_back: now }) {
+                    self.curve.observe(done.inputs, done.time);
+                }
+            }
+        }
         self.batch_time = Some(match self.batch_time {
             Some(mean) => mean.mul_f64(1.0 - BATCH_TIME_WEIGHT) + batch_time.mul_f64(BATCH_TIME_WEIGHT),
             None => batch_time,
@@ -283,7 +299,7 @@ mod tests {
     /// A gate that has seen queries in flight for a while and TEI's batches take [`BATCH`].
     fn with_queries(start: Instant) -> IngestGate {
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, None, start);
+        gate.observed_batch(BATCH, 1, start);
         gate.took(Lane::Query, 4, start);
         gate
     }
@@ -292,7 +308,7 @@ mod tests {
     fn open_without_queries_or_without_knowing_tei() {
         let now = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, None, now);
+        gate.observed_batch(BATCH, 1, now);
         gate.released(0, now);
         assert_eq!(gate.closed_until(now, 8), None, "no query came");
 
@@ -346,7 +362,7 @@ mod tests {
     fn a_short_burst_does_not_close_it() {
         let start = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, None, start);
+        gate.observed_batch(BATCH, 1, start);
         gate.took(Lane::Query, 20, start);
         let end = start + Duration::from_millis(20);
         gate.released(20, end);
@@ -392,52 +408,74 @@ mod tests {
     fn the_batch_time_follows_tei() {
         let now = Instant::now();
         let mut gate = IngestGate::default();
-        gate.observed_batch(BATCH, None, now);
+        gate.observed_batch(BATCH, 1, now);
         for _ in 0..50 {
-            gate.observed_batch(BATCH * 2, None, now);
+            gate.observed_batch(BATCH * 2, 1, now);
         }
         let mean = gate.batch_time.unwrap();
         assert!(mean > BATCH.mul_f64(1.99) && mean <= BATCH * 2, "{mean:?}");
-        gate.observed_batch(Duration::ZERO, None, now);
+        gate.observed_batch(Duration::ZERO, 1, now);
         assert_eq!(gate.batch_time, Some(mean), "an upstream without times changes nothing");
     }
 
     /// Batches of `size` inputs, each taking `time`, from `start`: a batch's inputs are let in
     /// while the one before runs, and it starts when that one's first call comes back; its own
-    /// first call back tells its time before its permit goes, its other calls after.
+    /// first call back tells its time before its permit goes, its other calls after. Each batch's
+    /// time differs from the one before by a nanosecond, as TEI's measured times do. Ends at the
+    /// last batch's end, its first call back told.
     fn batches(gate: &mut IngestGate, lane: Lane, size: usize, time: Duration, count: u32, start: Instant) -> Instant {
         let mut now = start;
+        let time_of = |i: u32| time + Duration::from_nanos(u64::from(i % 2));
         for i in 0..count {
             gate.took(lane, size, now);
             gate.released(0, now);
             if i > 0 {
-                gate.observed_batch(time, None, now + Duration::from_millis(1));
+                gate.observed_batch(time_of(i - 1), size - 1, now + Duration::from_millis(1));
             }
             now += time;
-            gate.observed_batch(time, None, now);
+            gate.observed_batch(time_of(i), 1, now);
         }
         now
     }
 
     #[test]
-    fn a_batch_counts_at_most_what_tei_said_it_runs() {
-        // A CPU TEI batching 4 (14 ms + 21 ms an input) under a limit of 4 with its next batch
-        // kept ready: single queries alone first, then 8 let in for each batch once ingest floods.
-        let learned = |largest: Option<usize>| {
-            let mut gate = IngestGate::default();
-            let mut now = batches(&mut gate, Lane::Query, 1, Duration::from_millis(35), 20, Instant::now());
-            for _ in 0..20 {
-                gate.took(Lane::Ingest, 8, now);
+    fn a_batch_is_the_calls_that_come_back_with_one_time() {
+        // A CPU TEI batching at most 4 (14 ms + 21 ms an input), under a limit of 8: 8 inputs let
+        // in while each batch runs, which TEI runs as batches of 1 and 3 (its router hands the
+        // backend a batch as soon as it holds a request) and then 4.
+        let mut gate = IngestGate::default();
+        let mut now = Instant::now();
+        let time = |inputs: u64| Duration::from_millis(14 + 21 * inputs);
+        for _ in 0..20 {
+            gate.took(Lane::Ingest, 8, now);
+            for batch in [1, 3, 4] {
+                now += time(batch);
+                for call in 0..batch {
+                    gate.observed_batch(time(batch), 1, now + Duration::from_micros(100 * call));
+                }
                 gate.released(0, now);
-                now += Duration::from_millis(98);
-                gate.observed_batch(Duration::from_millis(98), largest, now);
             }
-            gate.curve.line().unwrap()
-        };
-        let line = learned(Some(4));
-        assert!((line.per_input - 0.021).abs() < 0.001, "{line:?}");
-        let flat = learned(None);
-        assert!(flat.per_input < 0.01, "counted as 8, the line is flatter than TEI's: {flat:?}");
+        }
+        let line = gate.curve.line().unwrap();
+        assert!((line.per_input - 0.021).abs() < 0.0005 && (line.fixed - 0.014).abs() < 0.001, "{line:?}");
+    }
+
+    #[test]
+    fn equal_times_a_batch_apart_are_two_batches() {
+        let mut gate = IngestGate::default();
+        let mut now = Instant::now();
+        // Two batches of 2 in a row, then two of 6, each pair with one time.
+        for _ in 0..10 {
+            for size in [2, 2, 6, 6] {
+                let time = Duration::from_millis(10 + 5 * size);
+                now += time;
+                for _ in 0..size {
+                    gate.observed_batch(time, 1, now);
+                }
+            }
+        }
+        let line = gate.curve.line().unwrap();
+        assert!((line.per_input - 0.005).abs() < 0.0001 && (line.fixed - 0.010).abs() < 0.0001, "{line:?}");
     }
 
     #[test]

@@ -461,8 +461,7 @@ impl Shared {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
         let now = Instant::now();
-        let largest = state.backend_batch;
-        state.ingest_gate.observed_batch(observation.tei_inference, largest, now);
+        state.ingest_gate.observed_batch(observation.tei_inference, inputs, now);
         if state.limits.gpu_share.is_some() && state.contention.observe(observation.tei_inference, inputs, now) {
             // The share's cap starts (from a full burst) or lifts, from now.
             state.note_busy(now);
