@@ -24,16 +24,12 @@
 //!   observed, so the verdict is re-read all along; once the neighbours go quiet its batches stop
 //!   waiting and the cap lifts within a few dozen batches.
 //!
-//! The batch size is not in TEI's answer, and what the sidecar had in flight is a poor stand-in
-//! (calls let in together are batched together whatever was in flight when each went in). But
-//! TEI times a batch once and gives every call in it that time, to the nanosecond: answers in a
-//! row with the same `inference_time` are one batch, and their inputs its size. So a batch is
-//! judged when the first answer of the next one comes, against the minimum of its size's bucket
-//! (powers of two).
-
-use std::time::Duration;
+//! A batch (told apart from TEI's answers by `tei_batch`) is judged when the first answer of the
+//! next one comes, against the minimum of its size's bucket (powers of two).
 
 use tokio::time::Instant;
+
+use super::tei_batch::Batch;
 
 /// A batch that took more than this many times the learned minimum for its size waited for a
 /// neighbour's turn. A neighbour's batch on the device at least doubles a short batch; jitter
@@ -69,17 +65,9 @@ impl Minimum {
     }
 }
 
-/// The batch whose answers are coming in: its time, and the inputs answered so far.
-#[derive(Clone, Copy, Debug)]
-struct Batch {
-    inference: Duration,
-    inputs: usize,
-}
-
 #[derive(Debug, Default)]
 pub(super) struct Contention {
     minimums: [Option<Minimum>; BUCKETS],
-    batch: Option<Batch>,
     /// The moving share of batches that waited.
     waited_share: f64,
     busy: bool,
@@ -112,27 +100,10 @@ impl Contention {
         (self.minimum_mean / self.actual_mean).clamp(LEAST_OWN_SHARE, 1.0)
     }
 
-    /// TEI took `inference` for the batch of a call of `inputs` inputs, answered at `now`.
+    /// Judges a batch all of whose answers came back by `now`: did it wait for a neighbour?
     /// Returns true when the verdict changed.
-    pub fn observe(&mut self, inference: Duration, inputs: usize, now: Instant) -> bool {
-        if inference.is_zero() {
-            return false;
-        }
-        match &mut self.batch {
-            Some(batch) if batch.inference == inference => {
-                batch.inputs += inputs;
-                false
-            }
-            slot => {
-                let done = slot.replace(Batch { inference, inputs });
-                done.is_some_and(|done| self.judge(done, now))
-            }
-        }
-    }
-
-    /// Judges a batch all of whose answers came: did it wait for a neighbour?
-    fn judge(&mut self, batch: Batch, now: Instant) -> bool {
-        let seconds = batch.inference.as_secs_f64();
+    pub fn batch_ended(&mut self, batch: Batch, now: Instant) -> bool {
+        let seconds = batch.time.as_secs_f64();
         let slot = &mut self.minimums[bucket(batch.inputs)];
         let minimum = match slot {
             Some(minimum) => minimum.at(now),
@@ -161,9 +132,40 @@ impl Contention {
 
 #[cfg(test)]
 mod tests {
+    use std::ops::{Deref, DerefMut};
+    use std::time::Duration;
+
     use super::*;
+    use crate::admission::tei_batch::TeiBatches;
 
     const MS: Duration = Duration::from_millis(1);
+
+    /// A pool's contention fed with answers, as the pool feeds it: through the batches they make.
+    #[derive(Default)]
+    struct Fed {
+        batches: TeiBatches,
+        contention: Contention,
+    }
+
+    impl Fed {
+        fn observe(&mut self, inference: Duration, inputs: usize, now: Instant) -> bool {
+            let ended = self.batches.answered(inference, inputs, now);
+            ended.is_some_and(|batch| self.contention.batch_ended(batch, now))
+        }
+    }
+
+    impl Deref for Fed {
+        type Target = Contention;
+        fn deref(&self) -> &Contention {
+            &self.contention
+        }
+    }
+
+    impl DerefMut for Fed {
+        fn deref_mut(&mut self) -> &mut Contention {
+            &mut self.contention
+        }
+    }
 
     /// A batch's time as TEI reports it: `base`, and a few nanoseconds that tell batches apart.
     fn timed(base: Duration, n: usize) -> Duration {
@@ -173,7 +175,7 @@ mod tests {
     /// Feeds `batches` batches of two one-input calls, each taking `batch`, back to back; every
     /// `waits_every`-th (if any) waited `wait` for a neighbour. Returns the verdict after each.
     fn feed(
-        contention: &mut Contention,
+        contention: &mut Fed,
         now: &mut Instant,
         batches: usize,
         batch: Duration,
@@ -195,7 +197,7 @@ mod tests {
 
     #[test]
     fn a_pool_alone_never_reads_a_neighbour_even_with_jitter() {
-        let mut contention = Contention::default();
+        let mut contention = Fed::default();
         let mut now = Instant::now();
         // 10 % jitter on every other batch, and one batch in twenty 40 % slower.
         for n in 0..5_000 {
@@ -212,7 +214,7 @@ mod tests {
 
     #[test]
     fn batches_that_wait_for_a_neighbour_read_busy_within_a_few_dozen_and_quiet_after() {
-        let mut contention = Contention::default();
+        let mut contention = Fed::default();
         let mut now = Instant::now();
         let batch = 4 * MS;
         assert!(!feed(&mut contention, &mut now, 200, batch, None, MS).contains(&true));
@@ -231,11 +233,11 @@ mod tests {
     #[test]
     fn a_share_between_the_thresholds_keeps_the_verdict_it_has() {
         // One batch in six waited: above LEAVE, below ENTER.
-        let mut rising = Contention::default();
+        let mut rising = Fed::default();
         let mut now = Instant::now();
         feed(&mut rising, &mut now, 10, 4 * MS, None, MS);
         assert!(!feed(&mut rising, &mut now, 1_000, 4 * MS, Some(6), 4 * MS).contains(&true), "not entered");
-        let mut falling = Contention::default();
+        let mut falling = Fed::default();
         feed(&mut falling, &mut now, 10, 4 * MS, None, MS);
         feed(&mut falling, &mut now, 200, 4 * MS, Some(2), 4 * MS);
         assert!(falling.neighbour_busy());
@@ -244,7 +246,7 @@ mod tests {
 
     #[test]
     fn answers_with_one_time_are_one_batch_judged_against_its_own_size() {
-        let mut contention = Contention::default();
+        let mut contention = Fed::default();
         let now = Instant::now();
         // A lone input takes 2 ms, a batch of sixteen 8 ms: the larger batch did not wait, and
         // its sixteen answers are one batch, not sixteen.
@@ -261,7 +263,7 @@ mod tests {
 
     #[test]
     fn a_pool_that_got_slower_for_good_relearns_its_speed() {
-        let mut contention = Contention::default();
+        let mut contention = Fed::default();
         let mut now = Instant::now();
         feed(&mut contention, &mut now, 100, 4 * MS, None, MS);
         // From now on every batch takes 10 ms (a slower model, longer inputs): read as waiting
@@ -281,7 +283,7 @@ mod tests {
 
     #[test]
     fn the_own_share_is_the_batches_minimum_over_their_time() {
-        let mut contention = Contention::default();
+        let mut contention = Fed::default();
         let mut now = Instant::now();
         assert_eq!(contention.own_share(), 1.0, "nothing judged yet");
         feed(&mut contention, &mut now, 200, 4 * MS, None, MS);
@@ -294,14 +296,6 @@ mod tests {
         feed(&mut contention, &mut now, 200, 4 * MS, Some(2), 6 * MS);
         let expected = 8.0 / 14.0;
         assert!((contention.own_share() - expected).abs() < 0.04, "flooding: {}", contention.own_share());
-    }
-
-    #[test]
-    fn answers_without_timing_change_nothing() {
-        let mut contention = Contention::default();
-        let now = Instant::now();
-        assert!(!contention.observe(Duration::ZERO, 1, now));
-        assert!(contention.batch.is_none());
     }
 
     #[test]

@@ -23,10 +23,8 @@
 //! running one started) only up to the places TEI's own batch-time curve leaves it
 //! (`batch_curve`): the largest batch a query takes at most a little longer to ride than one of
 //! queries alone, less the queries expected before it starts. The curve is learned from TEI's
-//! `inference_time` and the batches' sizes: TEI gives every call of one batch that batch's time
-//! to the nanosecond, so the calls that come back together with one time are one batch, counted
-//! exactly (see [`Tally`]); until it is known (sizes too alike), ingest takes half the next batch,
-//! which also shows the curve batches of two sizes. A
+//! `inference_time` and the batches' sizes, both exact (`tei_batch`); until it is known (sizes too
+//! alike), ingest takes half the next batch, which also shows the curve batches of two sizes. A
 //! pool's `queryReserve`, when set, keeps that fixed share of the next batch for queries instead.
 //! A batch is taken as half the in-flight limit: the two batches TEI needs to stay busy, and what
 //! the adaptive limit finds.
@@ -37,6 +35,7 @@ use tokio::time::Instant;
 
 use super::batch_curve::{self, BatchCurve, Line};
 use super::lane::Lane;
+use super::tei_batch::Batch;
 
 /// How quickly the queries' mean follows them: a second, many TEI batches, few query bursts.
 const SMOOTHING: Duration = Duration::from_secs(1);
@@ -59,19 +58,6 @@ pub(super) fn reserved_places(limit: usize, reserve: u8) -> usize {
     batch - (batch * usize::from(reserve)).div_ceil(100).min(batch)
 }
 
-/// One of TEI's batches, as its calls come back: TEI reports the batch's own measured time to
-/// every call of it, to the nanosecond, so calls that come back together with one time rode one
-/// batch (the simulator does the same). Counting the inputs let in between two batch starts
-/// instead paired sizes with the wrong times wherever TEI split what it was sent (TEI's router
-/// hands its backend a batch as soon as it holds one request, so closed-loop callers make batches
-/// of 1–3 where 4 were sent) or the next batch kept ready was counted with the running one.
-#[derive(Clone, Copy, Debug)]
-struct Tally {
-    time: Duration,
-    inputs: usize,
-    first_back: Instant,
-}
-
 #[derive(Debug, Default)]
 pub(super) struct IngestGate {
     /// Queries' inputs in flight now, and their time-weighted mean until `since`.
@@ -86,8 +72,6 @@ pub(super) struct IngestGate {
     batch_time: Option<Duration>,
     /// Inputs let in (either lane) since the running batch started: TEI's next batch.
     next_batch: usize,
-    /// The batch whose calls are coming back now.
-    tally: Option<Tally>,
     /// TEI's batch time by the batch's inputs.
     curve: BatchCurve,
     /// The queries' inputs let in per second, decayed over [`SMOOTHING`] until `rate_since`.
@@ -139,32 +123,20 @@ impl IngestGate {
         }
     }
 
-    /// TEI reported `batch_time` for the batch a call of `inputs` rode, back at `now` (told before
-    /// the call's permit is released). The call belongs to the batch whose calls are coming back
-    /// if TEI gave it the same time and it is back within half a batch time of that batch's first
-    /// call (equal times a batch apart are two batches); otherwise that batch is complete, and
-    /// goes into the curve.
-    pub fn observed_batch(&mut self, batch_time: Duration, inputs: usize, now: Instant) {
+    /// A call came back from a batch TEI timed at `batch_time`.
+    pub fn answered_in(&mut self, batch_time: Duration) {
         if batch_time.is_zero() {
             return;
-        }
-        match &mut self.tally {
-            Some(tally)
-                if tally.time == batch_time
-                    && self.batch_time.is_none_or(|mean| now.saturating_duration_since(tally.first_back) < mean / 2) =>
-            {
-                tally.inputs += inputs;
-            }
-            tally => {
-                if let Some(done) = tally.replace(Tally { time: batch_time, inputs, first_back: now }) {
-                    self.curve.observe(done.inputs, done.time);
-                }
-            }
         }
         self.batch_time = Some(match self.batch_time {
             Some(mean) => mean.mul_f64(1.0 - BATCH_TIME_WEIGHT) + batch_time.mul_f64(BATCH_TIME_WEIGHT),
             None => batch_time,
         });
+    }
+
+    /// All of one of TEI's batches came back: a point of its batch-time curve.
+    pub fn batch_ended(&mut self, batch: Batch) {
+        self.curve.observe(batch.inputs, batch.time);
     }
 
     /// Whether queries come (see [`QUERIES_COME`]) at `now`.
@@ -292,13 +264,46 @@ impl IngestGate {
 
 #[cfg(test)]
 mod tests {
+    use std::ops::{Deref, DerefMut};
+
     use super::*;
+    use crate::admission::tei_batch::TeiBatches;
+
+    /// The gate fed as the pool feeds it: every answer's time, and each batch once all of its
+    /// answers came back.
+    #[derive(Default)]
+    struct Fed {
+        gate: IngestGate,
+        batches: TeiBatches,
+    }
+
+    impl Fed {
+        fn observed_batch(&mut self, time: Duration, inputs: usize, now: Instant) {
+            self.gate.answered_in(time);
+            if let Some(batch) = self.batches.answered(time, inputs, now) {
+                self.gate.batch_ended(batch);
+            }
+        }
+    }
+
+    impl Deref for Fed {
+        type Target = IngestGate;
+        fn deref(&self) -> &IngestGate {
+            &self.gate
+        }
+    }
+
+    impl DerefMut for Fed {
+        fn deref_mut(&mut self) -> &mut IngestGate {
+            &mut self.gate
+        }
+    }
 
     const BATCH: Duration = Duration::from_millis(24);
 
     /// A gate that has seen queries in flight for a while and TEI's batches take [`BATCH`].
-    fn with_queries(start: Instant) -> IngestGate {
-        let mut gate = IngestGate::default();
+    fn with_queries(start: Instant) -> Fed {
+        let mut gate = Fed::default();
         gate.observed_batch(BATCH, 1, start);
         gate.took(Lane::Query, 4, start);
         gate
@@ -307,12 +312,12 @@ mod tests {
     #[test]
     fn open_without_queries_or_without_knowing_tei() {
         let now = Instant::now();
-        let mut gate = IngestGate::default();
+        let mut gate = Fed::default();
         gate.observed_batch(BATCH, 1, now);
         gate.released(0, now);
         assert_eq!(gate.closed_until(now, 8), None, "no query came");
 
-        let mut unknown = IngestGate::default();
+        let mut unknown = Fed::default();
         unknown.took(Lane::Query, 4, now);
         unknown.released(0, now + SMOOTHING * 5);
         assert_eq!(unknown.closed_until(now + SMOOTHING * 5, 8), None, "no batch time reported");
@@ -361,7 +366,7 @@ mod tests {
     #[test]
     fn a_short_burst_does_not_close_it() {
         let start = Instant::now();
-        let mut gate = IngestGate::default();
+        let mut gate = Fed::default();
         gate.observed_batch(BATCH, 1, start);
         gate.took(Lane::Query, 20, start);
         let end = start + Duration::from_millis(20);
@@ -407,7 +412,7 @@ mod tests {
     #[test]
     fn the_batch_time_follows_tei() {
         let now = Instant::now();
-        let mut gate = IngestGate::default();
+        let mut gate = Fed::default();
         gate.observed_batch(BATCH, 1, now);
         for _ in 0..50 {
             gate.observed_batch(BATCH * 2, 1, now);
@@ -423,7 +428,7 @@ mod tests {
     /// first call back tells its time before its permit goes, its other calls after. Each batch's
     /// time differs from the one before by a nanosecond, as TEI's measured times do. Ends at the
     /// last batch's end, its first call back told.
-    fn batches(gate: &mut IngestGate, lane: Lane, size: usize, time: Duration, count: u32, start: Instant) -> Instant {
+    fn batches(gate: &mut Fed, lane: Lane, size: usize, time: Duration, count: u32, start: Instant) -> Instant {
         let mut now = start;
         let time_of = |i: u32| time + Duration::from_nanos(u64::from(i % 2));
         for i in 0..count {
@@ -443,7 +448,7 @@ mod tests {
         // A CPU TEI batching at most 4 (14 ms + 21 ms an input), under a limit of 8: 8 inputs let
         // in while each batch runs, which TEI runs as batches of 1 and 3 (its router hands the
         // backend a batch as soon as it holds a request) and then 4.
-        let mut gate = IngestGate::default();
+        let mut gate = Fed::default();
         let mut now = Instant::now();
         let time = |inputs: u64| Duration::from_millis(14 + 21 * inputs);
         for _ in 0..20 {
@@ -461,27 +466,9 @@ mod tests {
     }
 
     #[test]
-    fn equal_times_a_batch_apart_are_two_batches() {
-        let mut gate = IngestGate::default();
-        let mut now = Instant::now();
-        // Two batches of 2 in a row, then two of 6, each pair with one time.
-        for _ in 0..10 {
-            for size in [2, 2, 6, 6] {
-                let time = Duration::from_millis(10 + 5 * size);
-                now += time;
-                for _ in 0..size {
-                    gate.observed_batch(time, 1, now);
-                }
-            }
-        }
-        let line = gate.curve.line().unwrap();
-        assert!((line.per_input - 0.005).abs() < 0.0001 && (line.fixed - 0.010).abs() < 0.0001, "{line:?}");
-    }
-
-    #[test]
     fn the_batches_sizes_and_times_teach_the_curve() {
         let start = Instant::now();
-        let mut gate = IngestGate::default();
+        let mut gate = Fed::default();
         let now = batches(&mut gate, Lane::Ingest, 32, Duration::from_micros(20_240), 20, start);
         assert_eq!(gate.curve.line(), None, "every batch full");
         assert_eq!(gate.places(64, now), 16, "half the batch until the curve is known");
@@ -496,7 +483,7 @@ mod tests {
         // TEI on CPU: 14 ms + 21 ms an input, batches of 4 (a limit of 8); queries alone, one a
         // batch, about 28 a second.
         let start = Instant::now();
-        let mut gate = IngestGate::default();
+        let mut gate = Fed::default();
         let now = batches(&mut gate, Lane::Ingest, 4, Duration::from_millis(98), 20, start);
         let now = batches(&mut gate, Lane::Query, 1, Duration::from_millis(35), 60, now);
         let after = now + Duration::from_millis(1);
@@ -511,7 +498,7 @@ mod tests {
     #[test]
     fn learned_places_follow_the_curve_and_the_queries() {
         let start = Instant::now();
-        let mut gate = IngestGate::default();
+        let mut gate = Fed::default();
         let now = batches(&mut gate, Lane::Ingest, 32, Duration::from_micros(20_240), 20, start);
         // Queries alone at 700 inputs a second: 9 a batch of 12.9 ms, for the five seconds their
         // rate takes to settle.
@@ -527,7 +514,7 @@ mod tests {
         assert!(!gate.ingest_fits(8, 24, 64, None, right_after), "20 + 8 over 16");
         assert!(gate.ingest_fits(8, 24, 64, Some(0), right_after), "a reserve of 0 said explicitly");
 
-        let mut flat = IngestGate::default();
+        let mut flat = Fed::default();
         let now = batches(&mut flat, Lane::Query, 2, Duration::from_millis(20), 20, start);
         let now = batches(&mut flat, Lane::Query, 8, Duration::from_millis(20), 100, now);
         assert_eq!(flat.places(16, now + Duration::from_millis(19)), 8, "a flat device: the whole batch");

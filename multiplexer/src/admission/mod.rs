@@ -35,6 +35,7 @@ mod priority;
 mod queue;
 mod returning;
 mod standing;
+mod tei_batch;
 mod tenant_gate;
 mod tenants;
 mod tokens;
@@ -66,6 +67,7 @@ use lanes::Lanes;
 use queue::Grant;
 use returning::Returning;
 use standing::Standing;
+use tei_batch::TeiBatches;
 use tenant_gate::TenantGate;
 use tenants::Tenants;
 use tokens::TokenEstimate;
@@ -95,6 +97,9 @@ struct State {
     in_flight_tokens: u64,
     queue: Lanes,
     ingest_gate: IngestGate,
+    /// TEI's batches, told apart from its answers: what the ingest gate's curve and the GPU
+    /// share's neighbour signal read.
+    tei_batches: TeiBatches,
     /// TEI time this replica may still take under the pool's `deviceTimeCap`.
     device_time: DeviceTime,
     /// Whether a neighbour on a time-sliced GPU is busy: the pool's `gpu_share` caps it then.
@@ -180,6 +185,7 @@ impl Admission {
             in_flight_tokens: 0,
             queue: Lanes::default(),
             ingest_gate: IngestGate::default(),
+            tei_batches: TeiBatches::default(),
             device_time: DeviceTime::default(),
             contention: Contention::default(),
             gate_wake: None,
@@ -461,12 +467,15 @@ impl Shared {
         let mut state = self.lock();
         state.tokens.observe(observation.chars, observation.tokens);
         let now = Instant::now();
-        state.ingest_gate.observed_batch(observation.tei_inference, inputs, now);
-        if state.limits.gpu_share.is_some() && state.contention.observe(observation.tei_inference, inputs, now) {
-            // The share's cap starts (from a full burst) or lifts, from now.
-            state.note_busy(now);
-            self.dispatch(&mut state);
-            self.notify(&state, None);
+        state.ingest_gate.answered_in(observation.tei_inference);
+        if let Some(batch) = state.tei_batches.answered(observation.tei_inference, inputs, now) {
+            state.ingest_gate.batch_ended(batch);
+            if state.limits.gpu_share.is_some() && state.contention.batch_ended(batch, now) {
+                // The share's cap starts (from a full burst) or lifts, from now.
+                state.note_busy(now);
+                self.dispatch(&mut state);
+                self.notify(&state, None);
+            }
         }
         let demand = !state.queue.is_empty() || state.in_flight >= state.effective_limit();
         let (floor, ceiling) = (state.adaptive_floor(), state.limits.max_in_flight);
