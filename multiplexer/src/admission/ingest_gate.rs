@@ -51,6 +51,46 @@ const STALE_AFTER: u32 = 2;
 /// The weight of each new batch time in the moving mean.
 const BATCH_TIME_WEIGHT: f64 = 0.2;
 
+/// Why an ingest call went in flight: what `teifleet_ingest_let_in_total` counts by `reason`, so
+/// a pool's operator sees which rule let ingest beside its queries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IngestWhy {
+    /// No query came for a few seconds (or the pool's `queryReserve` is 0): nothing held it.
+    NoQueries,
+    /// Nothing was in flight: TEI was idle.
+    IdleTei,
+    /// No call came back for two of TEI's batch times, so the next batch's count meant nothing.
+    StaleCount,
+    /// TEI's next batch was empty and the places ingest may fill are not none.
+    EmptyNextBatch,
+    /// Within the places of TEI's next batch a fixed `queryReserve` or the learned curve leaves.
+    Places,
+    /// The turn its floor share (`ingestShare`) was owed while queries waited.
+    FloorTurn,
+}
+
+impl IngestWhy {
+    pub const ALL: [IngestWhy; 6] = [
+        IngestWhy::NoQueries,
+        IngestWhy::IdleTei,
+        IngestWhy::StaleCount,
+        IngestWhy::EmptyNextBatch,
+        IngestWhy::Places,
+        IngestWhy::FloorTurn,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IngestWhy::NoQueries => "no_queries",
+            IngestWhy::IdleTei => "idle_tei",
+            IngestWhy::StaleCount => "stale_count",
+            IngestWhy::EmptyNextBatch => "empty_next_batch",
+            IngestWhy::Places => "places",
+            IngestWhy::FloorTurn => "floor_turn",
+        }
+    }
+}
+
 /// The places of TEI's next batch ingest may fill under an in-flight `limit` of two batches, with
 /// `reserve` percent of them kept for queries (rounded up).
 pub(super) fn reserved_places(limit: usize, reserve: u8) -> usize {
@@ -159,18 +199,20 @@ impl IngestGate {
         limit: usize,
         reserve: Option<u8>,
         now: Instant,
-    ) -> bool {
-        if reserve == Some(0)
-            || in_flight == 0
-            || !self.queries_come(now)
-            || self.stale_at().is_some_and(|stale| now >= stale)
-        {
-            return true;
+    ) -> Option<IngestWhy> {
+        if reserve == Some(0) || !self.queries_come(now) {
+            return Some(IngestWhy::NoQueries);
+        }
+        if in_flight == 0 {
+            return Some(IngestWhy::IdleTei);
+        }
+        if self.stale_at().is_some_and(|stale| now >= stale) {
+            return Some(IngestWhy::StaleCount);
         }
         if self.next_batch == 0 && (reserve.is_some() || self.places(limit, now) > 0) {
-            return true;
+            return Some(IngestWhy::EmptyNextBatch);
         }
-        match reserve {
+        let fits = match reserve {
             Some(reserve) => self.next_batch + inputs <= reserved_places(limit, reserve),
             // No place beside queries: TEI's batch time grows by most of a query's own with each
             // input (TEI on CPU), so ingest goes only into an idle TEI (nothing in flight, above).
@@ -178,7 +220,8 @@ impl IngestGate {
                 0 => false,
                 places => self.next_batch + inputs.div_ceil(2) <= places,
             },
-        }
+        };
+        fits.then_some(IngestWhy::Places)
     }
 
     /// When the count of TEI's next batch stops meaning anything: no call came back for
@@ -384,10 +427,14 @@ mod tests {
         // counted into the next batch, and no call of theirs comes back.
         gate.took(Lane::Ingest, 40, batch_start);
         let (held, ok) = (batch_start + BATCH, batch_start + BATCH * STALE_AFTER);
-        assert!(!gate.ingest_fits(4, 44, 64, Some(25), held), "a batch time on: still TEI's next batch");
-        assert!(!gate.ingest_fits(4, 44, 64, None, held), "the learned places too");
-        assert!(gate.ingest_fits(4, 44, 64, Some(25), ok), "two batch times without a call back");
-        assert!(gate.ingest_fits(4, 44, 64, None, ok));
+        assert_eq!(gate.ingest_fits(4, 44, 64, Some(25), held), None, "a batch time on: still TEI's next batch");
+        assert_eq!(gate.ingest_fits(4, 44, 64, None, held), None, "the learned places too");
+        assert_eq!(
+            gate.ingest_fits(4, 44, 64, Some(25), ok),
+            Some(IngestWhy::StaleCount),
+            "two batch times without a call back"
+        );
+        assert_eq!(gate.ingest_fits(4, 44, 64, None, ok), Some(IngestWhy::StaleCount));
         assert_eq!(gate.stale_at(), Some(ok));
     }
 
@@ -397,8 +444,16 @@ mod tests {
         let mut gate = with_queries(now);
         gate.took(Lane::Ingest, 20, now + SMOOTHING * 5);
         let later = now + SMOOTHING * 5;
-        assert!(!gate.ingest_fits(8, 24, 64, Some(25), later), "four queries and twenty ingest fill the 24 places");
-        assert!(gate.ingest_fits(8, 0, 64, Some(25), later), "TEI idle: its next batch is empty");
+        assert_eq!(
+            gate.ingest_fits(8, 24, 64, Some(25), later),
+            None,
+            "four queries and twenty ingest fill the 24 places"
+        );
+        assert_eq!(
+            gate.ingest_fits(8, 0, 64, Some(25), later),
+            Some(IngestWhy::IdleTei),
+            "TEI idle: its next batch is empty"
+        );
     }
 
     #[test]
@@ -490,9 +545,13 @@ mod tests {
         let line = gate.curve.line().unwrap();
         assert!(line.per_input > line.fixed, "{line:?}");
         assert_eq!(gate.places(8, after), 0);
-        assert!(!gate.ingest_fits(1, 1, 8, None, after), "an empty next batch, TEI busy");
-        assert!(gate.ingest_fits(1, 0, 8, None, after), "TEI idle");
-        assert!(gate.ingest_fits(1, 1, 8, Some(25), after), "a fixed reserve still fills the empty next batch");
+        assert_eq!(gate.ingest_fits(1, 1, 8, None, after), None, "an empty next batch, TEI busy");
+        assert_eq!(gate.ingest_fits(1, 0, 8, None, after), Some(IngestWhy::IdleTei), "TEI idle");
+        assert_eq!(
+            gate.ingest_fits(1, 1, 8, Some(25), after),
+            Some(IngestWhy::EmptyNextBatch),
+            "a fixed reserve still fills the empty next batch"
+        );
     }
 
     #[test]
@@ -507,12 +566,20 @@ mod tests {
         let places = gate.places(64, right_after);
         assert_eq!(places, 16, "a climbing device keeps room for queries");
         gate.took(Lane::Query, 4, right_after);
-        assert!(gate.ingest_fits(8, 8, 64, None, right_after), "4 + 8 within 16");
+        assert_eq!(gate.ingest_fits(8, 8, 64, None, right_after), Some(IngestWhy::Places), "4 + 8 within 16");
         gate.took(Lane::Ingest, 8, right_after);
-        assert!(gate.ingest_fits(8, 16, 64, None, right_after), "12 + 8: half the call over 16");
+        assert_eq!(
+            gate.ingest_fits(8, 16, 64, None, right_after),
+            Some(IngestWhy::Places),
+            "12 + 8: half the call over 16"
+        );
         gate.took(Lane::Ingest, 8, right_after);
-        assert!(!gate.ingest_fits(8, 24, 64, None, right_after), "20 + 8 over 16");
-        assert!(gate.ingest_fits(8, 24, 64, Some(0), right_after), "a reserve of 0 said explicitly");
+        assert_eq!(gate.ingest_fits(8, 24, 64, None, right_after), None, "20 + 8 over 16");
+        assert_eq!(
+            gate.ingest_fits(8, 24, 64, Some(0), right_after),
+            Some(IngestWhy::NoQueries),
+            "a reserve of 0 said explicitly"
+        );
 
         let mut flat = Fed::default();
         let now = batches(&mut flat, Lane::Query, 2, Duration::from_millis(20), 20, start);

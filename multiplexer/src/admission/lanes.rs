@@ -14,6 +14,7 @@
 
 use tokio::time::Instant;
 
+use super::ingest_gate::IngestWhy;
 pub use super::lane::{DEFAULT_INGEST_SHARE, INGEST_PATIENCE, Lane, MAX_INGEST_SHARE, MAX_QUERY_RESERVE, UnknownLane};
 use super::priority::Priority;
 use super::queue::{WaitQueue, Waiter};
@@ -27,6 +28,10 @@ pub trait LaneObserver: Send + Sync {
     fn queued(&self, lane: Lane, queued: [usize; 3]);
     /// How one ask of the lane ended ([`outcome`]).
     fn decided(&self, lane: Lane, outcome: &'static str);
+    /// Why an ingest call went in flight.
+    fn ingest_let_in(&self, why: IngestWhy) {
+        let _ = why;
+    }
 }
 
 /// An ask given its permit.

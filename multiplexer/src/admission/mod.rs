@@ -63,6 +63,7 @@ use contention::Contention;
 use device_time::DeviceTime;
 use estimate::{ServiceTime, pushback};
 use ingest_gate::IngestGate;
+pub use ingest_gate::IngestWhy;
 use lanes::Lanes;
 use queue::Grant;
 use returning::Returning;
@@ -310,10 +311,12 @@ impl Admission {
 
     fn take_if_free(&self, state: &mut State, lane: Lane, cost: Cost) -> Option<Permit> {
         let now = Instant::now();
-        if !(state.queue.newcomer_first(lane, state.limits.ingest_share) && state.fits_lane(lane, cost, now)) {
+        if !state.queue.newcomer_first(lane, state.limits.ingest_share) {
             return None;
         }
+        let entry = state.fits_lane(lane, cost, now)?;
         state.take(lane, cost, now);
+        self.shared.let_in(entry);
         state.queue.admitted(lane, cost.inputs);
         self.shared.notify(state, None);
         Some(Permit { shared: self.shared.clone(), lane, cost, acquired: now, armed: true })
@@ -440,6 +443,12 @@ impl Shared {
         }
     }
 
+    fn let_in(&self, entry: Entry) {
+        if let (Entry::Ingest(why), Some(lanes)) = (entry, &self.lane_observer) {
+            lanes.ingest_let_in(why);
+        }
+    }
+
     fn decided(&self, lane: Lane, outcome: &'static str) {
         if let Some(lanes) = &self.lane_observer {
             lanes.decided(lane, outcome);
@@ -506,9 +515,7 @@ impl Shared {
                 None => Some(next),
             };
             let Some(next) = next else { break };
-            if !state.fits_lane(lane, next.cost, now) {
-                break;
-            }
+            let Some(entry) = state.fits_lane(lane, next.cost, now) else { break };
             let queue = state.queue.queue_mut(lane);
             let waiter = match crowd {
                 Some(crowd) => queue.pop_next_besides(crowd),
@@ -518,10 +525,14 @@ impl Shared {
             state.take(lane, waiter.cost, now);
             state.queue.admitted(lane, waiter.cost.inputs);
             let permit = Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, armed: true };
-            if let Err(Ok(mut unwanted)) = waiter.grant.send(Ok(permit)) {
-                // The waiter is gone; take the room back here, without re-entering the lock.
-                unwanted.armed = false;
-                state.untake(lane, unwanted.cost, now);
+            match waiter.grant.send(Ok(permit)) {
+                Ok(()) => self.let_in(entry),
+                Err(Ok(mut unwanted)) => {
+                    // The waiter is gone; take the room back here, without re-entering the lock.
+                    unwanted.armed = false;
+                    state.untake(lane, unwanted.cost, now);
+                }
+                Err(Err(_)) => {}
             }
         }
         self.wake_when_a_gate_opens(state, now);
@@ -567,6 +578,13 @@ impl Shared {
     }
 }
 
+/// How a call may go in flight (see [`State::fits_lane`]).
+#[derive(Clone, Copy, Debug)]
+enum Entry {
+    Query,
+    Ingest(IngestWhy),
+}
+
 impl State {
     /// The static limit with TEI's next batch kept ready (see `next_batch`), or the adaptive one.
     fn effective_limit(&self) -> usize {
@@ -597,7 +615,8 @@ impl State {
         let quiet = self.tenant_gate.other_coming(crowd, now)?;
         let reserve = tenant_gate::quiet_reserve(self.tenants.weight(quiet), self.tenants.weight(crowd));
         let inputs = queue.peek_next()?.cost.inputs as usize;
-        let fits = self.ingest_gate.ingest_fits(inputs, self.in_flight, self.effective_limit(), Some(reserve), now);
+        let fits =
+            self.ingest_gate.ingest_fits(inputs, self.in_flight, self.effective_limit(), Some(reserve), now).is_some();
         if fits {
             return None;
         }
@@ -616,20 +635,32 @@ impl State {
         self.backend_batch.unwrap_or(0).min(self.limits.max_in_flight).max(ADAPTIVE_FLOOR)
     }
 
-    /// Whether a call of `lane` costing `cost` can go in flight at `now`: ingest waits while the
-    /// gate kept for queries is closed (see `ingest_gate`) unless queries wait, when it goes
-    /// only on the turns its floor is owed, and those it takes whole.
-    fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> bool {
+    /// Whether a call of `lane` costing `cost` can go in flight at `now`, and for ingest why:
+    /// ingest waits while the gate kept for queries is closed (see `ingest_gate`) unless queries
+    /// wait, when it goes only on the turns its floor is owed, and those it takes whole.
+    fn fits_lane(&self, lane: Lane, cost: Cost, now: Instant) -> Option<Entry> {
         if self.device_time.closed_until(self.device_time_cap(), now).is_some() {
-            return false;
+            return None;
         }
         let limit = self.effective_limit();
-        if lane == Lane::Query || !self.queue.queue(Lane::Query).is_empty() {
-            return self.fits_under(cost, limit);
-        }
-        self.ingest_gate.closed_until(now, self.in_flight).is_none()
-            && self.ingest_gate.ingest_fits(cost.inputs as usize, self.in_flight, limit, self.limits.query_reserve, now)
-            && self.fits_under(cost, limit)
+        let entry = match lane {
+            Lane::Query => Entry::Query,
+            Lane::Ingest if !self.queue.queue(Lane::Query).is_empty() => Entry::Ingest(IngestWhy::FloorTurn),
+            Lane::Ingest => {
+                if self.ingest_gate.closed_until(now, self.in_flight).is_some() {
+                    return None;
+                }
+                let inputs = cost.inputs as usize;
+                Entry::Ingest(self.ingest_gate.ingest_fits(
+                    inputs,
+                    self.in_flight,
+                    limit,
+                    self.limits.query_reserve,
+                    now,
+                )?)
+            }
+        };
+        self.fits_under(cost, limit).then_some(entry)
     }
 
     /// Whether `cost` can go in flight under `limit` inputs. A call larger than a whole limit goes

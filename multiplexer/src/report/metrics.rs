@@ -11,7 +11,9 @@ use prometheus::{
 use tonic::Code;
 
 use crate::admission::memory::{MemoryBudget, Use};
-use crate::admission::{Admission, DEFAULT_TENANT, LANE_OUTCOMES, Lane, LaneObserver, Limits, Priority, Snapshot};
+use crate::admission::{
+    Admission, DEFAULT_TENANT, IngestWhy, LANE_OUTCOMES, Lane, LaneObserver, Limits, Priority, Snapshot,
+};
 use crate::report::rates::{self, RecentRates};
 use crate::vocab::Outcome;
 use crate::vocab::Protocol;
@@ -75,6 +77,7 @@ struct Families {
     in_flight: IntGaugeVec,
     queued: IntGaugeVec,
     lane_admissions: IntCounterVec,
+    ingest_let_in: IntCounterVec,
     limit_in_flight: IntGaugeVec,
     limit_in_flight_share: IntGaugeVec,
     limit_queued: IntGaugeVec,
@@ -141,6 +144,15 @@ impl Metrics {
                      evicted, cancelled). A stream message or an HTTP chunk is one decision.",
                 ),
                 &["pool", "lane", "outcome"],
+            )
+            .expect("valid counter"),
+            ingest_let_in: IntCounterVec::new(
+                Opts::new(
+                    "teifleet_ingest_let_in_total",
+                    "Ingest calls let in flight, by the rule that let them: no_queries, idle_tei, stale_count, \
+                     empty_next_batch, places (within what the query reserve leaves), floor_turn (ingestShare).",
+                ),
+                &["pool", "reason"],
             )
             .expect("valid counter"),
             limit_in_flight: gauge(
@@ -282,6 +294,7 @@ impl Metrics {
                 &f.in_flight,
                 &f.queued,
                 &f.lane_admissions,
+                &f.ingest_let_in,
                 &f.limit_in_flight,
                 &f.limit_in_flight_share,
                 &f.limit_queued,
@@ -347,6 +360,7 @@ impl Metrics {
             decided: Lane::ALL.map(|lane| {
                 LANE_OUTCOMES.map(|outcome| f.lane_admissions.with_label_values(&[pool, lane.as_str(), outcome]))
             }),
+            ingest_let_in: IngestWhy::ALL.map(|why| f.ingest_let_in.with_label_values(&[pool, why.as_str()])),
         };
         let observer = move |snapshot: &Snapshot| {
             in_flight.set(snapshot.in_flight as i64);
@@ -506,6 +520,8 @@ struct LaneSeries {
     queued: [[IntGauge; 3]; 2],
     /// By lane, then outcome in `LANE_OUTCOMES` order.
     decided: [[IntCounter; LANE_OUTCOMES.len()]; 2],
+    /// In `IngestWhy::ALL` order.
+    ingest_let_in: [IntCounter; IngestWhy::ALL.len()],
 }
 
 impl LaneObserver for LaneSeries {
@@ -518,6 +534,12 @@ impl LaneObserver for LaneSeries {
     fn decided(&self, lane: Lane, outcome: &'static str) {
         if let Some(at) = LANE_OUTCOMES.iter().position(|known| *known == outcome) {
             self.decided[lane.index()][at].inc();
+        }
+    }
+
+    fn ingest_let_in(&self, why: IngestWhy) {
+        if let Some(at) = IngestWhy::ALL.iter().position(|known| *known == why) {
+            self.ingest_let_in[at].inc();
         }
     }
 }

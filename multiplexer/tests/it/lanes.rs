@@ -184,6 +184,11 @@ async fn ingest_keeps_its_floor_when_queries_overload_the_pool() {
     let share = admitted("ingest") / (admitted("ingest") + admitted("query"));
     println!("ingest: {ingest_ok} OK, {share:.3} of admissions; {refused} queries refused");
     assert!(share >= 0.08, "ingest got {share:.3} of the admissions");
+    // Every ingest call let in is counted once under the rule that let it, the floor's turns
+    // among them.
+    let let_in = |reason| metric_sum(&text, "teifleet_ingest_let_in_total", &[("reason", reason)]);
+    assert!(let_in("floor_turn") > 0.0, "{text}");
+    assert_eq!(metric_sum(&text, "teifleet_ingest_let_in_total", &[]), admitted("ingest"));
     let ingest_not_admitted: f64 =
         ["shed_queue_full", "shed_deadline", "shed_queue_timeout", "queue_timeout", "evicted"]
             .iter()
