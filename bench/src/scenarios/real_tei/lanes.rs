@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use teifleet_load::LoadConfig;
-use teifleet_testkit::http;
+use teifleet_testkit::{http, prom};
 
 use super::{LANES_LIMIT, Run, Shared, TOKENS, static_limits};
 use crate::Result;
@@ -28,6 +28,9 @@ pub const INGEST_SHARE_PERCENT: u8 = 10;
 /// The ingest flood starts this long before the queries and ends this long after them.
 const MARGIN: Duration = Duration::from_secs(1);
 const SEED: u64 = 2106;
+const LET_IN: &str = "teifleet_ingest_let_in_total";
+/// `teifleet_ingest_let_in_total`'s reasons (docs/metrics.md).
+const LET_IN_REASONS: [&str; 6] = ["no_queries", "idle_tei", "stale_count", "empty_next_batch", "places", "floor_turn"];
 /// How often the sidecar's metrics are read while the queries run beside ingest.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
@@ -61,6 +64,10 @@ pub struct Learned {
     pub samples: usize,
     pub places_p50: Option<f64>,
     pub places_zero_share: Option<f64>,
+    /// Ingest calls let in flight while the queries ran, by the rule that let them
+    /// (`teifleet_ingest_let_in_total`'s `reason`).
+    #[serde(default)]
+    pub let_in: std::collections::BTreeMap<String, f64>,
 }
 
 impl Learned {
@@ -71,13 +78,19 @@ impl Learned {
             }
             _ => "no batch-time line learned".to_owned(),
         };
-        match (self.places_p50, self.places_zero_share) {
+        let places = match (self.places_p50, self.places_zero_share) {
             (Some(p50), Some(zero)) => format!(
                 "{line}; ingest's places in TEI's next batch: median {p50:.0}, 0 in {:.0}% of {} reads",
                 zero * 100.0,
                 self.samples
             ),
             _ => format!("{line}; ingest's places not read"),
+        };
+        let let_in: Vec<String> =
+            self.let_in.iter().filter(|(_, n)| **n > 0.0).map(|(why, n)| format!("{why} {n:.0}")).collect();
+        match let_in.is_empty() {
+            true => places,
+            false => format!("{places}; ingest let in by {}", let_in.join(", ")),
         }
     }
 }
@@ -92,11 +105,12 @@ fn gauge(text: &str, name: &str) -> Option<f64> {
 /// Reads the sidecar at `admin` every [`SAMPLE_EVERY`] until `stop` fires.
 async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Receiver<()>) -> Learned {
     let mut places = Vec::new();
-    let mut last = None;
+    let (mut first, mut last) = (None, None);
     let reading = async {
         loop {
             if let Some(text) = http::get(admin, "/metrics").await {
                 places.extend(gauge(&text, "teifleet_ingest_places"));
+                first.get_or_insert_with(|| text.clone());
                 last = Some(text);
             }
             tokio::time::sleep(SAMPLE_EVERY).await;
@@ -108,6 +122,11 @@ async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Receiver
     }
     places.sort_by(f64::total_cmp);
     let ms = |name| last.as_deref().and_then(|text| gauge(text, name)).map(|s| s * 1e3);
+    let let_in_by = |text: &Option<String>, why: &str| {
+        text.as_deref().map_or(0.0, |text| prom::sum_matching(text, LET_IN, &[("reason", why)]))
+    };
+    let let_in =
+        LET_IN_REASONS.iter().map(|why| ((*why).to_owned(), let_in_by(&last, why) - let_in_by(&first, why))).collect();
     Learned {
         fixed_ms: ms("teifleet_tei_batch_fixed_seconds"),
         per_input_ms: ms("teifleet_tei_batch_per_input_seconds"),
@@ -115,6 +134,7 @@ async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Receiver
         places_p50: places.get(places.len() / 2).copied(),
         places_zero_share: (!places.is_empty())
             .then(|| places.iter().filter(|p| **p == 0.0).count() as f64 / places.len() as f64),
+        let_in,
     }
 }
 
