@@ -547,10 +547,13 @@ impl Shared {
         // finds it fitting earlier, or not at all, only dispatches again).
         let ingest = match state.queue.queue(Lane::Ingest).is_empty() {
             true => None,
-            false => state
-                .ingest_gate
-                .closed_until(now, state.in_flight)
-                .or_else(|| state.ingest_gate.stale_at().filter(|stale| *stale > now)),
+            false => {
+                let gate = &state.ingest_gate;
+                let rationed = gate.rationed_until(state.effective_limit(), state.limits.query_reserve, now);
+                let closed =
+                    gate.closed_until(now, state.in_flight).or_else(|| gate.stale_at().filter(|stale| *stale > now));
+                closed.into_iter().chain(rationed).min()
+            }
         };
         let device = match state.queue.is_empty() {
             true => None,
@@ -647,7 +650,9 @@ impl State {
             Lane::Query => Entry::Query,
             Lane::Ingest if !self.queue.queue(Lane::Query).is_empty() => Entry::Ingest(IngestWhy::FloorTurn),
             Lane::Ingest => {
-                if self.ingest_gate.closed_until(now, self.in_flight).is_some() {
+                if self.ingest_gate.closed_until(now, self.in_flight).is_some()
+                    || self.ingest_gate.rationed_until(limit, self.limits.query_reserve, now).is_some()
+                {
                     return None;
                 }
                 let inputs = cost.inputs as usize;
@@ -678,6 +683,10 @@ impl State {
         self.in_flight += cost.inputs as usize;
         self.in_flight_tokens += u64::from(cost.tokens);
         self.ingest_gate.took(lane, cost.inputs as usize, now);
+        if lane == Lane::Ingest {
+            let limit = self.effective_limit();
+            self.ingest_gate.ingest_took(cost.inputs as usize, limit, self.limits.query_reserve, now);
+        }
         self.note_busy(now);
     }
 
