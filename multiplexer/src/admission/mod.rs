@@ -143,7 +143,13 @@ impl Permit {
     /// Tells the pool what TEI reported for this call's answer: it teaches the token estimate and
     /// drives the adaptive limit.
     pub fn observe(&self, observation: Observation) {
-        self.shared.observe(observation, self.cost.inputs as usize);
+        self.observe_answer(observation, self.cost.inputs);
+    }
+
+    /// Like [`Permit::observe`], for an answer to `inputs` of the permit's inputs (one message of
+    /// a bulk call's sub-batch): TEI's batch is told apart by how many inputs rode it.
+    pub fn observe_answer(&self, observation: Observation, inputs: u32) {
+        self.shared.observe(observation, inputs as usize);
     }
 
     pub fn cost(&self) -> Cost {

@@ -110,11 +110,7 @@ pub fn cost_before_body(pool: &Pool, rpc: &Rpc) -> Option<Cost> {
 
 /// What a request message costs: its inputs, and its estimated tokens when the pool counts them.
 pub fn cost_of(pool: &Pool, rpc: &Rpc, message: &[u8]) -> Cost {
-    let per_field = match rpc.inputs {
-        Inputs::PerField(field) => Some(field),
-        Inputs::One | Inputs::None => None,
-    };
-    let size = wire::request_size(message, per_field, rpc.text_fields);
+    let size = size_of(rpc, message);
     let inputs = size.inputs.max(1);
     let tokens =
         if pool.admission.counts_tokens() { pool.admission.estimate_tokens(size.text_bytes, inputs) } else { 0 };
@@ -133,14 +129,29 @@ pub fn timing(rpc: &Rpc, message: &[u8]) -> Option<TeiTiming> {
     if rpc.timed { wire::tei_timing(message) } else { None }
 }
 
-/// Tells the pool what TEI reported for an answer, through the permit that covered it.
-pub fn observe(permit: Option<&Permit>, timing: Option<TeiTiming>) {
+/// The inputs of one request message (what [`cost_of`] counts, without the tokens).
+pub fn inputs_of(rpc: &Rpc, message: &[u8]) -> u32 {
+    size_of(rpc, message).inputs.max(1)
+}
+
+fn size_of(rpc: &Rpc, message: &[u8]) -> wire::RequestSize {
+    let per_field = match rpc.inputs {
+        Inputs::PerField(field) => Some(field),
+        Inputs::One | Inputs::None => None,
+    };
+    wire::request_size(message, per_field, rpc.text_fields)
+}
+
+/// Tells the pool what TEI reported for an answer, through the permit that covered it: an answer
+/// to `inputs` of its inputs, or to all of them (`None`).
+pub fn observe(permit: Option<&Permit>, timing: Option<TeiTiming>, inputs: Option<u32>) {
     if let (Some(permit), Some(timing)) = (permit, timing) {
-        permit.observe(Observation {
+        let observation = Observation {
             tei_queue: timing.queue,
             tei_inference: timing.inference,
             chars: timing.compute_chars,
             tokens: timing.compute_tokens,
-        });
+        };
+        permit.observe_answer(observation, inputs.unwrap_or(permit.cost().inputs));
     }
 }

@@ -288,11 +288,14 @@ impl Forwarder {
         request: Request<Framed>,
         permit: Option<&Permit>,
     ) -> Result<(Response<Framed>, Option<TeiTiming>)> {
+        // A bulk call's sub-batch sends its messages under one permit: each answer is TEI's
+        // for this message's inputs only.
+        let inputs = permit.map(|_| charge::inputs_of(rpc, request.get_ref()));
         let sent = Instant::now();
         let upstream = self.unary_on(pool, &pool.upstream, rpc, self.outgoing(request, meta, pool));
         let response = within_deadline(pool, meta, sent, upstream).await?;
         let timing = timing(rpc, response.get_ref());
-        observe(permit, timing);
+        observe(permit, timing, inputs);
         Ok((response, timing))
     }
 
@@ -481,7 +484,8 @@ impl Routed {
         match result {
             Ok(response) => {
                 let timing = timing(call.rpc, response.get_ref());
-                observe(permits.front(), timing);
+                // One answer for every message the permits held.
+                observe(permits.front(), timing, Some(permits.iter().map(|permit| permit.cost().inputs).sum()));
                 drop(permits);
                 call.observe(timing);
                 call.succeed();

@@ -262,9 +262,10 @@ impl Stream for Answers {
                 let timing = charge::timing(this.call.rpc, &answer);
                 if this.per_message {
                     let permit = lock(&this.held).pop_front();
-                    charge::observe(permit.as_ref(), timing);
+                    charge::observe(permit.as_ref(), timing, None);
                 } else {
-                    charge::observe(lock(&this.held).front(), timing);
+                    // The permits return at the end; each answer is one message's.
+                    charge::observe(lock(&this.held).front(), timing, Some(1));
                 }
                 this.call.observe(timing);
                 Poll::Ready(Some(Ok(answer)))

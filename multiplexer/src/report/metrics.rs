@@ -585,7 +585,7 @@ pub struct Timings {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::{Ask, Observation};
+    use crate::admission::{Ask, Cost, Observation};
 
     fn value(metrics: &Metrics, name: &str) -> Option<f64> {
         let text = prometheus::TextEncoder::new().encode_to_string(&metrics.registry.gather()).unwrap();
@@ -628,6 +628,30 @@ mod tests {
         assert_eq!(value(&metrics, per_input), Some(line.per_input));
         let places = admission.snapshot().ingest_places;
         assert_eq!(value(&metrics, "teifleet_ingest_places{pool=\"p\"}"), Some(places as f64));
+    }
+
+    /// A bulk call's sub-batch: one permit for several messages, each answered on its own. Each
+    /// answer counts its own inputs, so the batches are as large as TEI ran them (counted as the
+    /// whole permit each, a sub-batch of 6 would make a batch of 36).
+    #[tokio::test(start_paused = true)]
+    async fn a_sub_batchs_answers_count_their_own_inputs() {
+        let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
+        let time = |size: u32| Duration::from_millis(40 + 5 * u64::from(size));
+        let let_in = |size: u32| {
+            admission.try_acquire(&Ask::new(Priority::Standard).cost(Cost { inputs: size, tokens: 0 })).unwrap()
+        };
+        let mut running = (2, let_in(2));
+        for size in [2, 6].repeat(12) {
+            let next = (size, let_in(size));
+            tokio::time::advance(time(running.0)).await;
+            for _ in 0..running.0 {
+                running.1.observe_answer(Observation { tei_inference: time(running.0), ..Default::default() }, 1);
+            }
+            drop(running.1);
+            running = next;
+        }
+        let line = admission.snapshot().batch_line.expect("batches of 2 and 6");
+        assert!((line.fixed - 0.040).abs() < 0.002 && (line.per_input - 0.005).abs() < 0.0005, "{line:?}");
     }
 
     #[test]
