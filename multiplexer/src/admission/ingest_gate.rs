@@ -200,14 +200,15 @@ impl IngestGate {
         self.queries_mean_at(now) >= QUERIES_COME
     }
 
-    /// Whether ingest of `inputs` fits TEI's next batch under an in-flight `limit` with `reserve`
+    /// Why ingest of `inputs` fits TEI's next batch, if it does, under an in-flight `limit` with `reserve`
     /// percent of the batch kept for queries (none: what TEI's curve says, see [`Self::places`]),
     /// with `in_flight` inputs in flight: always while no query comes, with a reserve of 0, or
     /// with nothing in flight (TEI idle: whatever was counted came back early, and no call back
     /// would let the ingest in later); and a call larger than the places goes alone into an empty
     /// next batch, unless the learned places are none (only an idle TEI then). Under the learned
     /// places a call goes in if at most half of it is over them: ingest comes in calls of several
-    /// inputs, and the places fall between two calls' worth.
+    /// inputs, and the places fall between two calls' worth. (Where places are none, an idle TEI
+    /// is also rationed, see [`Self::rationed_until`].)
     pub fn ingest_fits(
         &self,
         inputs: usize,
