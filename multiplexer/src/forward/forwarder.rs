@@ -289,8 +289,10 @@ impl Forwarder {
         permit: Option<&Permit>,
     ) -> Result<(Response<Framed>, Option<TeiTiming>)> {
         // A bulk call's sub-batch sends its messages under one permit: each answer is TEI's
-        // for this message's inputs only.
-        let inputs = permit.map(|_| charge::inputs_of(rpc, request.get_ref()));
+        // for this message's inputs only. A permit of one input needs no second look at the
+        // message (every plain Embed: this is the request path).
+        let inputs =
+            permit.filter(|permit| permit.cost().inputs > 1).map(|_| charge::inputs_of(rpc, request.get_ref()));
         let sent = Instant::now();
         let upstream = self.unary_on(pool, &pool.upstream, rpc, self.outgoing(request, meta, pool));
         let response = within_deadline(pool, meta, sent, upstream).await?;
