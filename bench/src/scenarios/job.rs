@@ -14,7 +14,9 @@
 //! 2. open-loop Poisson queries (unary Embeds, 1 s deadline, no lane header) at 0.5 C over the
 //!    replicas alone, then the same schedule beside the job (started a margin earlier, stopped once
 //!    the queries are answered): their p99 beside ÷ alone; the job's rows/s meanwhile (the
-//!    simulators' completed count over the schedule, less the queries answered OK) as info;
+//!    simulators' completed count over the schedule, less the queries answered OK), and what
+//!    replica 1's sidecar learned of its TEI's batches and the places it left the job
+//!    (`scenarios::learned`), as info;
 //! 3. the job again into an empty directory, worker 0 killed (SIGKILL) at 40% of run 1's time and
 //!    restarted at once with the same flags (an Indexed Job's replacement pod): every id exactly
 //!    once, and the rows the simulators embedded beyond those written (less each worker start's
@@ -44,6 +46,7 @@ use teifleet_load::{LoadConfig, Report};
 use tokio::time::Instant;
 
 use super::adaptive::require_flag;
+use super::learned::{Learned, watch};
 use super::overload::DEADLINE;
 use super::setup::sibling_pool;
 use super::{Context, Measurement, Scenario, gpu_model, measure, words};
@@ -216,6 +219,9 @@ pub struct Beside {
     pub seconds: f64,
     /// Rows the simulators completed meanwhile, queries answered OK excluded.
     pub job_rows: f64,
+    /// What replica 1's sidecar learned of its TEI's batches and how it let the job in, meanwhile.
+    #[serde(default)]
+    pub learned: Learned,
 }
 
 impl Beside {
@@ -272,15 +278,44 @@ impl Job {
         ratio(self.beside.job_rows_per_s(), self.capacity_rps())
     }
 
-    /// The rows of one bulk sub-batch the sidecars admit at a time: half a replica's share
-    /// (`forward/bulk.rs`'s `sub_batch`), as TEI's max client batch is larger.
-    pub fn sub_batch(&self) -> usize {
-        self.limits.max_in_flight / 2
+    /// By replica 1's learned line, how many times the batch the queries fill alone a batch must
+    /// take for the job to get [`BESIDE_RATE_LIMIT`] × capacity beside them: the least the
+    /// queries' latency grows for that share, however the places are handed out. Each batch holds
+    /// what arrives while the one before runs (TEI's first-come batches), so at `rate` inputs a
+    /// second a replica's batches settle at `rate × T(b) = b`, `T` the line; both lanes together
+    /// need the larger `b`. `None` without a learned line, infinite where no batch of at most
+    /// [`BATCH`] carries both.
+    pub fn least_batch_ratio(&self) -> Option<f64> {
+        let (fixed, per_input) = (self.beside.learned.fixed_ms? / 1e3, self.beside.learned.per_input_ms? / 1e3);
+        let per_replica = self.capacity_rps() / REPLICAS as f64;
+        let settles_at = |rate: f64| match rate * per_input < 1.0 {
+            true => Some(rate * fixed / (1.0 - rate * per_input)).filter(|b| *b <= BATCH as f64),
+            false => None,
+        };
+        let time = |inputs: f64| fixed + per_input * inputs;
+        let alone = settles_at(QUERY_FACTOR * per_replica)?;
+        Some(match settles_at((QUERY_FACTOR + BESIDE_RATE_LIMIT) * per_replica) {
+            Some(both) => ratio(time(both), time(alone)),
+            None => f64::INFINITY,
+        })
     }
 
     /// One shard's rows: run 1's largest part.
     pub fn shard_rows(&self) -> u64 {
         self.alone.output.largest_part.max(self.killed.output.largest_part)
+    }
+
+    /// [`Self::least_batch_ratio`] in words, for the notes of the two targets it joins.
+    fn least_batch_text(&self) -> String {
+        match self.least_batch_ratio() {
+            Some(least) => format!(
+                "By replica 1's learned line ({}), a job at {BESIDE_RATE_LIMIT}× capacity beside these queries needs \
+                 batches {least:.2}× as long as theirs alone: their latency grows about that much for that share \
+                 whatever admits them, so the two targets at once hold only where that is within {P99_LIMIT}×",
+                self.beside.learned.line_text()
+            ),
+            None => "No batch-time line was learned (replica 1's metrics).".to_owned(),
+        }
     }
 
     /// Run 3's rows embedded twice, in shards per killed worker (NaN without a kill).
@@ -384,7 +419,7 @@ impl Measurement for Job {
                  places of TEI's next batch its learned batch-time curve keeps for queries \
                  (`admission/batch_curve.rs`, its TARGET): a query over the TEI queue p99 either arrived after \
                  the places were taken or found the next batch full; a lower TARGET shortens the batches beside \
-                 queries, at that cost in the job's rows/s",
+                 queries, at that cost in the job's rows/s. {}",
                 self.beside.queries.latency.p99_ms,
                 self.queries_alone.latency.p99_ms,
                 self.beside.queries.latency.p50_ms,
@@ -399,15 +434,17 @@ impl Measurement for Job {
                 self.beside.job_rows_per_s(),
                 backend().fixed_latency.as_millis(),
                 backend().per_token_latency.as_micros(),
+                self.least_batch_text(),
             )),
             Target::at_least(&scenario, BESIDE_RATE, self.beside_rate_ratio(), BESIDE_RATE_LIMIT, "×")
                 .note_if_not_passed(format!(
                     "the job got {:.0} rows/s beside the queries ({:.0}/s answered OK) against the pool's {:.0} \
                      texts/s: the learned reserve kept more of each batch for queries than they took, or the \
-                     job's sub-batches did not fit the places left (`admission/ingest_gate.rs`)",
+                     job's sub-batches did not fit the places left (`admission/ingest_gate.rs`). {}",
                     self.beside.job_rows_per_s(),
                     self.beside.queries.goodput_rps,
                     self.capacity_rps(),
+                    self.least_batch_text(),
                 )),
             Target::at_most(&scenario, KILLED_WRONG, self.killed.output.wrong() as f64, 0.0, "ids")
                 .note_if_not_passed(wrong(&self.killed)),
@@ -433,6 +470,15 @@ impl Measurement for Job {
                 "texts/s",
             ),
             Target::info(&scenario, "job alone", Some(self.alone.rows_per_s()), "rows/s"),
+            self.beside
+                .learned
+                .places_row(&scenario, "replica 1: the job's places in TEI's next batch beside the queries, median"),
+            Target::info(
+                &scenario,
+                "replica 1's learned line: the least batch-time ratio (beside ÷ alone) a job at 0.4× capacity needs",
+                self.least_batch_ratio(),
+                "×",
+            ),
             Target::info(
                 &scenario,
                 "query p50 beside the job ÷ alone",
@@ -488,12 +534,13 @@ async fn measure_job(ctx: &Context, program: &Path, dir: &Path, corpus: &Path, r
     let queries_alone = measure(queries(&urls, rate, seconds)).await?;
     tokio::time::sleep(Duration::from_secs(1)).await;
     ctx.say("job: the same queries beside the job");
-    let beside = beside(ctx, &job, &sims, &dir.join("out-beside"), &urls, rate, seconds).await?;
+    let beside = beside(ctx, &job, &sims, muxes[0].admin_addr(), &dir.join("out-beside"), &urls, rate, seconds).await?;
     ctx.say(&format!(
-        "job: query p99 {:.1} ms alone, {:.1} ms beside the job; the job {:.0} rows/s",
+        "job: query p99 {:.1} ms alone, {:.1} ms beside the job; the job {:.0} rows/s; replica 1: {}",
         queries_alone.latency.p99_ms,
         beside.queries.latency.p99_ms,
-        beside.job_rows_per_s()
+        beside.job_rows_per_s(),
+        beside.learned.text()
     ));
     tokio::time::sleep(Duration::from_secs(1)).await;
 
@@ -626,11 +673,14 @@ async fn completed(sims: &[Proc]) -> Result<u64> {
     Ok(sum)
 }
 
-/// The queries beside the job (started [`JOB_MARGIN`] earlier, killed once they are answered).
+/// The queries beside the job (started [`JOB_MARGIN`] earlier, killed once they are answered),
+/// with what the sidecar at `admin` learned meanwhile.
+#[allow(clippy::too_many_arguments)]
 async fn beside(
     ctx: &Context,
     job: &JobFlags<'_>,
     sims: &[Proc],
+    admin: std::net::SocketAddr,
     out: &Path,
     urls: &[String],
     rate: f64,
@@ -642,7 +692,13 @@ async fn beside(
     tokio::time::sleep(JOB_MARGIN).await;
     let before = completed(sims).await?;
     let started = Instant::now();
-    let queries = measure(queries(urls, rate, duration)).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let querying = async {
+        let report = measure(queries(urls, rate, duration)).await;
+        let _ = stop.send(());
+        report
+    };
+    let (queries, learned) = tokio::join!(querying, watch(admin, stopped));
     let seconds = started.elapsed().as_secs_f64();
     let after = completed(sims).await;
     for worker in &mut workers {
@@ -651,7 +707,7 @@ async fn beside(
     let _ = std::fs::remove_dir_all(out);
     let queries = queries?;
     let job_rows = after?.saturating_sub(before).saturating_sub(queries.ok) as f64;
-    Ok(Beside { queries, seconds, job_rows })
+    Ok(Beside { queries, seconds, job_rows, learned })
 }
 
 fn create_dir(dir: &Path) -> Result<()> {
@@ -789,7 +845,12 @@ pub(crate) mod example {
             capacity_callers: 384,
             alone: run(alone_s, 3, 0, 0),
             queries_alone: report(10_000, 2_000.0, 25.0, 30.0),
-            beside: Beside { queries: report(10_000, 2_000.0, 28.0, beside_p99_ms), seconds: 5.0, job_rows: 9_000.0 },
+            beside: Beside {
+                queries: report(10_000, 2_000.0, 28.0, beside_p99_ms),
+                seconds: 5.0,
+                job_rows: 9_000.0,
+                learned: Learned::default(),
+            },
             killed: run(30.0, 4, 1, redone),
         }
     }
@@ -802,9 +863,24 @@ mod tests {
     use crate::targets::Verdict;
 
     #[test]
+    fn the_least_batch_ratio_follows_the_learned_line() {
+        let mut job = result(26.0, 36.0, 2_500);
+        assert_eq!(job.least_batch_ratio(), None, "no line learned");
+        // Capacity 4,000/s over 3 replicas: queries 667/s a replica settle in batches of 8.47
+        // (12.71 ms), queries and a job at 0.4× in batches of 19.48 (16.23 ms).
+        job.beside.learned.fixed_ms = Some(10.0);
+        job.beside.learned.per_input_ms = Some(0.32);
+        let least = job.least_batch_ratio().unwrap();
+        assert!((least - 1.27706).abs() < 1e-4, "{least}");
+        // A device too slow for both lanes at once.
+        job.beside.learned.per_input_ms = Some(0.9);
+        assert_eq!(job.least_batch_ratio(), Some(f64::INFINITY));
+    }
+
+    #[test]
     fn the_job_is_judged_against_capacity_queries_against_themselves_and_a_kill_in_shards() {
         let t = result(26.0, 36.0, 2_500).targets();
-        assert_eq!(t.len(), 11);
+        assert_eq!(t.len(), 13);
         // 100,000 rows in 26 s against 4,000/s.
         assert!((t[0].measured.unwrap() - 100_000.0 / 26.0 / 4_000.0).abs() < 1e-9);
         assert_eq!(t[0].verdict, Verdict::Pass);
@@ -820,7 +896,7 @@ mod tests {
         assert_eq!(t[5].verdict, Verdict::Pass);
         assert!((t[6].measured.unwrap() - 4_000.0).abs() < 1e-9);
         // 2,500 rows at 100,000 / 26 rows/s.
-        assert!((t[9].measured.unwrap() - 2_500.0 * 26.0 / 100_000.0).abs() < 1e-9);
+        assert!((t[11].measured.unwrap() - 2_500.0 * 26.0 / 100_000.0).abs() < 1e-9);
         assert_eq!(Job::planned_targets().len(), 6);
     }
 

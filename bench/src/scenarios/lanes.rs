@@ -29,6 +29,7 @@ use teifleet_load::{LoadConfig, Report};
 use teifleet_testkit::{http, prom};
 
 use super::adaptive::require_flag;
+use super::learned::{Learned, watch};
 use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
 use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up, words};
 use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
@@ -104,6 +105,9 @@ pub struct Beside {
     pub queries: Report,
     pub ingest: Report,
     pub window: Window,
+    /// What the sidecar learned of TEI's batches and how it let ingest in, while the queries ran.
+    #[serde(default)]
+    pub learned: Learned,
 }
 
 impl Beside {
@@ -222,15 +226,20 @@ async fn beside(mux: &Proc, capacity: f64, factor: f64, duration: Duration, seed
             let after = admissions(mux.admin_addr()).await;
             (after, start.elapsed())
         };
-        let (report, (after, elapsed)) =
-            tokio::join!(measure(queries(mux.url(), factor * capacity, duration, seed)), window_end);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let measuring = async {
+            let report = measure(queries(mux.url(), factor * capacity, duration, seed)).await;
+            let _ = stop.send(());
+            report
+        };
+        let (report, (after, elapsed), learned) = tokio::join!(measuring, window_end, watch(mux.admin_addr(), stopped));
         let after = after?;
         let window = Window { seconds: elapsed.as_secs_f64(), query: after.0 - before.0, ingest: after.1 - before.1 };
-        Ok::<_, Error>((report?, window))
+        Ok::<_, Error>((report?, window, learned))
     };
     let (ingest, querying) = tokio::join!(pushing, querying);
-    let (queries, window) = querying?;
-    Ok(Beside { factor, queries, ingest: ingest?, window })
+    let (queries, window, learned) = querying?;
+    Ok(Beside { factor, queries, ingest: ingest?, window, learned })
 }
 
 impl Measurement for Lanes {
@@ -359,6 +368,9 @@ impl Measurement for Lanes {
                 Some(ratio(light.window.query_rps() + light.window.ingest_rps(), self.capacity.rps)),
                 "×",
             ),
+            light
+                .learned
+                .places_row(&scenario, "ingest's places in TEI's next batch, queries at 0.6× beside ingest, median"),
             Target::info(
                 &scenario,
                 "query goodput ÷ capacity, queries at 1.5× beside ingest",
@@ -426,12 +438,14 @@ pub(crate) mod example {
                 queries: report(840, 840, 210.0, 35.0, beside_p99_ms),
                 ingest: closed_loop(report(700, 700, 120.0, 500.0, 700.0)),
                 window: Window { seconds: 4.0, query: 840.0, ingest: 532.0 },
+                learned: Learned::default(),
             },
             overload: Beside {
                 factor: OVERLOAD_FACTOR,
                 queries: report(2100, 1300, 315.0, 400.0, 600.0),
                 ingest: closed_loop(report(200 + ingest_refused, 200, 40.0, 1500.0, 2500.0)),
                 window: Window { seconds: 4.0, query: 1400.0 - overload_ingest, ingest: overload_ingest },
+                learned: Learned::default(),
             },
             patient: closed_loop(report(1380, 1380 - ingest_refused, 345.0 - ingest_refused as f64, 90.0, 95.0)),
         }
@@ -447,7 +461,7 @@ mod tests {
     #[test]
     fn queries_are_judged_against_themselves_alone_and_ingest_against_what_they_leave() {
         let t = result(48.0, 150.0, 0).targets();
-        assert_eq!(t.len(), 9);
+        assert_eq!(t.len(), 10);
         assert!((t[0].measured.unwrap() - 1.2).abs() < 1e-9);
         assert_eq!(t[0].verdict, Verdict::Pass);
         // 532 admissions in 4 s = 133/s of the 350 − 210 = 140/s left.
@@ -463,6 +477,8 @@ mod tests {
         assert!((t[6].measured.unwrap() - 35.0 / 30.0).abs() < 1e-9);
         assert!((t[7].measured.unwrap() - (210.0 + 133.0) / 350.0).abs() < 1e-9);
         assert_eq!(t[8].verdict, Verdict::Info);
+        assert_eq!(t[8].measured, None, "no places read");
+        assert_eq!(t[9].verdict, Verdict::Info);
         assert_eq!(Lanes::planned_targets().len(), 6);
     }
 

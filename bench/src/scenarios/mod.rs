@@ -23,6 +23,7 @@ pub mod http_overhead;
 pub mod http_overload;
 pub mod job;
 pub mod lanes;
+pub mod learned;
 pub mod live_limits;
 pub mod overhead;
 pub mod overload;

@@ -17,12 +17,16 @@
 use std::time::Duration;
 
 /// How many times the batch the queries fill alone a batch beside ingest may take, both at the
-/// mean, by the learned line. On scenario 20's backend (10 ms + 0.32 ms an input, queries at 0.5×
-/// capacity; the sleeping device's millisecond ticks make its learned line flatter than that) 1.3
-/// hardly bound: the job got what it got with no reserve (0.54× of capacity) and the queries 1.48×
-/// at p99 (full run). The fixed reserves measured there put 1.3× at p99 near batches of 21, the job
-/// then near 0.35–0.4× of capacity.
-pub const TARGET: f64 = 1.2;
+/// mean, by the learned line. The queries' latency beside ingest grows about this much, at the
+/// median and at p99 alike: each rides the rest of the running batch and then its own, both this
+/// much longer. Scenario 20 (10 ms + 0.32 ms an input, the sidecar learning about 11.1 + 0.36 ms,
+/// queries at 0.5× capacity), full runs with batches counted as TEI ran them: an aim of 1.3 gave
+/// the queries 1.29× at p99 and the job 0.349× of capacity; 1.4 gave 1.38× and 0.435× (quick
+/// runs: 1.2 1.20× and 0.263×, 1.45 1.44× and 0.426×, 1.5 1.49× and 0.460×). The aim is set for
+/// the queries (the lanes hold them to 1.3× alone), with a margin for the noise of their p99; the
+/// job gets what that leaves (about 0.3× of capacity there). A job at 0.4× beside those queries
+/// needs batches 1.37× theirs alone by that line, whatever admits them.
+pub const TARGET: f64 = 1.25;
 /// Ingest keeps a floor of places beside queries only where it gains by riding full batches: a
 /// full batch at least this many times cheaper an input than a batch of one, or at least
 /// [`FLOOR_FIXED_SHARE`] of its time fixed (a batch of 2 saves at most 2× however flat the device;
@@ -264,10 +268,11 @@ mod tests {
 
     #[test]
     fn a_climbing_device_keeps_what_the_queries_p99_needs() {
-        // Queries at 690/s fill about 9 of 32 alone (12.8 ms); 1.2× that is 15.4 ms, 16 inputs.
-        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, Duration::ZERO), 16);
-        assert!(JOB_DEVICE.at(16.0) <= TARGET * JOB_DEVICE.at(8.85));
-        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, ms(4.0)), 14, "2.8 more queries come in 4 ms");
+        // Queries at 690/s fill about 9 of 32 alone (12.8 ms); 1.25× that is 16.0 ms, 18 inputs.
+        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, Duration::ZERO), 18);
+        assert!(JOB_DEVICE.at(18.0) <= TARGET * JOB_DEVICE.at(8.85));
+        assert!(JOB_DEVICE.at(19.0) > TARGET * JOB_DEVICE.at(8.85));
+        assert_eq!(ingest_places(JOB_DEVICE, 690.0, 32, ms(4.0)), 16, "2.8 more queries come in 4 ms");
         // Fewer queries ride shorter batches alone, but ingest keeps at least half the batch.
         assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, Duration::ZERO), 16);
         assert_eq!(ingest_places(JOB_DEVICE, 100.0, 32, ms(10.0)), 15);
@@ -279,10 +284,10 @@ mod tests {
     #[test]
     fn queries_needing_most_of_a_full_batch_keep_it_from_the_floor() {
         // A device with a fixed cost to share (a full batch of 4 is 2× cheaper an input than one
-        // alone, half of it fixed) where queries at 0.56× capacity arrive 2.25 to a full batch: ingest keeps the
-        // one left, where the line alone would keep it none.
+        // alone, a third of it fixed) where queries at 0.54× capacity arrive 2.16 to a full batch:
+        // ingest keeps the one left, where the line alone would keep it none.
         let shared = Line { fixed: 0.030, per_input: 0.015 };
-        assert_eq!(ingest_places(shared, 25.0, 4, Duration::ZERO), 1);
+        assert_eq!(ingest_places(shared, 24.0, 4, Duration::ZERO), 1);
         // At 0.18× capacity they need 0.72 of 4: ingest keeps its half.
         assert_eq!(ingest_places(shared, 8.0, 4, Duration::ZERO), 2);
     }

@@ -664,17 +664,17 @@ mod tests {
         let now = batches(&mut gate, Lane::Query, 9, Duration::from_micros(12_880), 400, now);
         let right_after = now + Duration::from_micros(100);
         let places = gate.places(64, right_after);
-        assert_eq!(places, 16, "a climbing device keeps room for queries");
+        assert_eq!(places, 18, "a climbing device keeps room for queries");
         gate.took(Lane::Query, 4, right_after);
-        assert_eq!(gate.ingest_fits(8, 8, 64, None, right_after), Some(IngestWhy::Places), "4 + 8 within 16");
+        assert_eq!(gate.ingest_fits(8, 8, 64, None, right_after), Some(IngestWhy::Places), "4 + 8 within 18");
         gate.took(Lane::Ingest, 8, right_after);
         assert_eq!(
             gate.ingest_fits(8, 16, 64, None, right_after),
             Some(IngestWhy::Places),
-            "12 + 8: half the call over 16"
+            "12 + 8: a quarter of the call over 18"
         );
         gate.took(Lane::Ingest, 8, right_after);
-        assert_eq!(gate.ingest_fits(8, 24, 64, None, right_after), None, "20 + 8 over 16");
+        assert_eq!(gate.ingest_fits(8, 24, 64, None, right_after), None, "20 + 8: more than half of it over 18");
         assert_eq!(
             gate.ingest_fits(8, 24, 64, Some(0), right_after),
             Some(IngestWhy::NoQueries),

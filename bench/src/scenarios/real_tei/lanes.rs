@@ -3,7 +3,7 @@
 //! then the same schedule beside an ingest flood (64 closed-loop callers with
 //! `x-teifleet-lane: ingest` and no deadline, started a second before the queries and stopped a
 //! second after), through a sidecar with row 1's budget and `--ingest-share 10`. While the queries
-//! run beside ingest the sidecar's metrics are read every [`SAMPLE_EVERY`]: the batch-time line it
+//! run beside ingest the sidecar's metrics are read (`scenarios::learned`): the batch-time line it
 //! learned from TEI and the places of TEI's next batch that leaves ingest, so the row says why
 //! ingest got what it got.
 
@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use teifleet_load::LoadConfig;
-use teifleet_testkit::{http, prom};
 
 use super::{LANES_LIMIT, Run, Shared, TOKENS, static_limits};
 use crate::Result;
 use crate::procs::{self, MuxLimits};
 use crate::scenarios::adaptive::require_flag;
+use crate::scenarios::learned::{Learned, watch};
 use crate::scenarios::{Context, measure, words};
 use crate::targets::{Target, ratio};
 
@@ -28,11 +28,6 @@ pub const INGEST_SHARE_PERCENT: u8 = 10;
 /// The ingest flood starts this long before the queries and ends this long after them.
 const MARGIN: Duration = Duration::from_secs(1);
 const SEED: u64 = 2106;
-const LET_IN: &str = "teifleet_ingest_let_in_total";
-/// `teifleet_ingest_let_in_total`'s reasons (docs/metrics.md).
-const LET_IN_REASONS: [&str; 6] = ["no_queries", "idle_tei", "stale_count", "empty_next_batch", "places", "floor_turn"];
-/// How often the sidecar's metrics are read while the queries run beside ingest.
-const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
 pub const P99: &str = "query p99 beside ingest ÷ alone, queries at 0.6× capacity";
 
@@ -50,92 +45,6 @@ pub struct Lanes {
     /// What the sidecar learned and decided meanwhile.
     #[serde(default)]
     pub learned: Learned,
-}
-
-/// The sidecar's learned batch time and ingest's places while the queries ran beside ingest.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Learned {
-    /// TEI's batch time as the sidecar's line at the end, ms fixed and ms an input (absent: not
-    /// learned, or a sidecar without those metrics).
-    pub fixed_ms: Option<f64>,
-    pub per_input_ms: Option<f64>,
-    /// `teifleet_ingest_places` read every [`SAMPLE_EVERY`]: how many reads, its median, and the
-    /// share of reads at 0 (ingest only into an idle TEI).
-    pub samples: usize,
-    pub places_p50: Option<f64>,
-    pub places_zero_share: Option<f64>,
-    /// Ingest calls let in flight while the queries ran, by the rule that let them
-    /// (`teifleet_ingest_let_in_total`'s `reason`).
-    #[serde(default)]
-    pub let_in: std::collections::BTreeMap<String, f64>,
-}
-
-impl Learned {
-    fn text(&self) -> String {
-        let line = match (self.fixed_ms, self.per_input_ms) {
-            (Some(fixed), Some(per_input)) => {
-                format!("TEI's batch time learned as {fixed:.1} ms + {per_input:.1} ms an input")
-            }
-            _ => "no batch-time line learned".to_owned(),
-        };
-        let places = match (self.places_p50, self.places_zero_share) {
-            (Some(p50), Some(zero)) => format!(
-                "{line}; ingest's places in TEI's next batch: median {p50:.0}, 0 in {:.0}% of {} reads",
-                zero * 100.0,
-                self.samples
-            ),
-            _ => format!("{line}; ingest's places not read"),
-        };
-        let let_in: Vec<String> =
-            self.let_in.iter().filter(|(_, n)| **n > 0.0).map(|(why, n)| format!("{why} {n:.0}")).collect();
-        match let_in.is_empty() {
-            true => places,
-            false => format!("{places}; ingest let in by {}", let_in.join(", ")),
-        }
-    }
-}
-
-/// The first series of the gauge `name`, if the exposition has one.
-fn gauge(text: &str, name: &str) -> Option<f64> {
-    text.lines()
-        .filter(|line| !line.starts_with('#') && line.split(['{', ' ']).next() == Some(name))
-        .find_map(|line| line.rsplit(' ').next()?.parse().ok())
-}
-
-/// Reads the sidecar at `admin` every [`SAMPLE_EVERY`] until `stop` fires.
-async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Receiver<()>) -> Learned {
-    let mut places = Vec::new();
-    let (mut first, mut last) = (None, None);
-    let reading = async {
-        loop {
-            if let Some(text) = http::get(admin, "/metrics").await {
-                places.extend(gauge(&text, "teifleet_ingest_places"));
-                first.get_or_insert_with(|| text.clone());
-                last = Some(text);
-            }
-            tokio::time::sleep(SAMPLE_EVERY).await;
-        }
-    };
-    tokio::select! {
-        () = reading => {}
-        _ = stop => {}
-    }
-    places.sort_by(f64::total_cmp);
-    let ms = |name| last.as_deref().and_then(|text| gauge(text, name)).map(|s| s * 1e3);
-    let let_in_by = |text: &Option<String>, why: &str| {
-        text.as_deref().map_or(0.0, |text| prom::sum_matching(text, LET_IN, &[("reason", why)]))
-    };
-    let let_in =
-        LET_IN_REASONS.iter().map(|why| ((*why).to_owned(), let_in_by(&last, why) - let_in_by(&first, why))).collect();
-    Learned {
-        fixed_ms: ms("teifleet_tei_batch_fixed_seconds"),
-        per_input_ms: ms("teifleet_tei_batch_per_input_seconds"),
-        samples: places.len(),
-        places_p50: places.get(places.len() / 2).copied(),
-        places_zero_share: (!places.is_empty())
-            .then(|| places.iter().filter(|p| **p == 0.0).count() as f64 / places.len() as f64),
-        let_in,
-    }
 }
 
 impl Lanes {
@@ -160,15 +69,7 @@ impl Lanes {
                 Some(ratio(self.ingest.ok_per_s, self.rate / QUERY_FACTOR - self.beside.goodput_per_s)),
                 "×",
             ),
-            Target {
-                note: self.learned.text(),
-                ..Target::info(
-                    scenario,
-                    "ingest's places in TEI's next batch while queries came, median",
-                    self.learned.places_p50,
-                    "",
-                )
-            },
+            self.learned.places_row(scenario, "ingest's places in TEI's next batch while queries came, median"),
         ]
     }
 }
