@@ -1,5 +1,5 @@
 //! What a sidecar learned of TEI's batches and how it let ingest in, read from its metrics while
-//! queries run beside ingest (scenario 20's job, the real-TEI lanes row): the batch-time line it
+//! queries run beside ingest (scenarios 19 and 20, the real-TEI lanes row): the batch-time line it
 //! learned, the places of TEI's next batch that leaves ingest, and the rule that let each ingest
 //! call in flight, so a row says why ingest got what it got.
 
@@ -48,6 +48,7 @@ impl Learned {
         }
     }
 
+    /// All of it in words: the line, the places, and the rules that let ingest in.
     pub fn text(&self) -> String {
         let line = match (self.fixed_ms, self.per_input_ms) {
             (Some(_), Some(_)) => format!("TEI's batch time learned as {}", self.line_text()),
@@ -110,5 +111,39 @@ pub async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Rece
         places_zero_share: (!places.is_empty())
             .then(|| places.iter().filter(|p| **p == 0.0).count() as f64 / places.len() as f64),
         let_in,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gauge_is_its_own_first_series_not_a_longer_names() {
+        let text = "# HELP teifleet_ingest_places x\n# TYPE teifleet_ingest_places gauge\n\
+                    teifleet_ingest_places_total 9\nteifleet_ingest_places{pool=\"default\"} 13\n\
+                    teifleet_ingest_places{pool=\"other\"} 2\n";
+        assert_eq!(gauge(text, "teifleet_ingest_places"), Some(13.0));
+        assert_eq!(gauge(text, "teifleet_tei_batch_fixed_seconds"), None);
+    }
+
+    #[test]
+    fn the_text_names_the_line_the_places_and_only_the_rules_that_let_ingest_in() {
+        let learned = Learned {
+            fixed_ms: Some(11.1),
+            per_input_ms: Some(0.36),
+            samples: 150,
+            places_p50: Some(13.0),
+            places_zero_share: Some(0.0),
+            let_in: [("places".to_owned(), 1750.0), ("idle_tei".to_owned(), 0.0)].into_iter().collect(),
+        };
+        assert_eq!(
+            learned.text(),
+            "TEI's batch time learned as 11.1 ms + 0.36 ms an input; ingest's places in TEI's next batch: \
+             median 13, 0 in 0% of 150 reads; ingest let in by places 1750"
+        );
+        let row = learned.places_row("20 job", "places");
+        assert_eq!((row.measured, row.note.as_str()), (Some(13.0), learned.text().as_str()));
+        assert_eq!(Learned::default().text(), "no batch-time line learned; ingest's places not read");
     }
 }
