@@ -46,7 +46,7 @@ use teifleet_load::{LoadConfig, Report};
 use tokio::time::Instant;
 
 use super::adaptive::require_flag;
-use super::learned::{Learned, watch};
+use super::learned::{Learned, during};
 use super::overload::DEADLINE;
 use super::setup::sibling_pool;
 use super::{Context, Measurement, Scenario, gpu_model, measure, words};
@@ -692,13 +692,7 @@ async fn beside(
     tokio::time::sleep(JOB_MARGIN).await;
     let before = completed(sims).await?;
     let started = Instant::now();
-    let (stop, stopped) = tokio::sync::oneshot::channel();
-    let querying = async {
-        let report = measure(queries(urls, rate, duration)).await;
-        let _ = stop.send(());
-        report
-    };
-    let (queries, learned) = tokio::join!(querying, watch(admin, stopped));
+    let (queries, learned) = during(admin, measure(queries(urls, rate, duration))).await;
     let seconds = started.elapsed().as_secs_f64();
     let after = completed(sims).await;
     for worker in &mut workers {

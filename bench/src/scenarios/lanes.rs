@@ -29,7 +29,7 @@ use teifleet_load::{LoadConfig, Report};
 use teifleet_testkit::{http, prom};
 
 use super::adaptive::require_flag;
-use super::learned::{Learned, watch};
+use super::learned::{Learned, during};
 use super::overload::{Capacity, DEADLINE, measure_capacity, mux_limits};
 use super::{Context, Measurement, Scenario, gpu_model, measure, warm_up, words};
 use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
@@ -226,13 +226,8 @@ async fn beside(mux: &Proc, capacity: f64, factor: f64, duration: Duration, seed
             let after = admissions(mux.admin_addr()).await;
             (after, start.elapsed())
         };
-        let (stop, stopped) = tokio::sync::oneshot::channel();
-        let measuring = async {
-            let report = measure(queries(mux.url(), factor * capacity, duration, seed)).await;
-            let _ = stop.send(());
-            report
-        };
-        let (report, (after, elapsed), learned) = tokio::join!(measuring, window_end, watch(mux.admin_addr(), stopped));
+        let measuring = during(mux.admin_addr(), measure(queries(mux.url(), factor * capacity, duration, seed)));
+        let ((report, learned), (after, elapsed)) = tokio::join!(measuring, window_end);
         let after = after?;
         let window = Window { seconds: elapsed.as_secs_f64(), query: after.0 - before.0, ingest: after.1 - before.1 };
         Ok::<_, Error>((report?, window, learned))

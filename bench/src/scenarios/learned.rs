@@ -78,8 +78,19 @@ fn gauge(text: &str, name: &str) -> Option<f64> {
         .find_map(|line| line.rsplit(' ').next()?.parse().ok())
 }
 
+/// Runs `work`, reading the sidecar at `admin` every [`SAMPLE_EVERY`] until it is done.
+pub async fn during<T>(admin: std::net::SocketAddr, work: impl Future<Output = T>) -> (T, Learned) {
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let working = async {
+        let done = work.await;
+        let _ = stop.send(());
+        done
+    };
+    tokio::join!(working, watch(admin, stopped))
+}
+
 /// Reads the sidecar at `admin` every [`SAMPLE_EVERY`] until `stop` fires.
-pub async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Receiver<()>) -> Learned {
+async fn watch(admin: std::net::SocketAddr, stop: tokio::sync::oneshot::Receiver<()>) -> Learned {
     let mut places = Vec::new();
     let (mut first, mut last) = (None, None);
     let reading = async {

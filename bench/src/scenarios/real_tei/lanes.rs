@@ -16,7 +16,7 @@ use super::{LANES_LIMIT, Run, Shared, TOKENS, static_limits};
 use crate::Result;
 use crate::procs::{self, MuxLimits};
 use crate::scenarios::adaptive::require_flag;
-use crate::scenarios::learned::{Learned, watch};
+use crate::scenarios::learned::{Learned, during};
 use crate::scenarios::{Context, measure, words};
 use crate::targets::{Target, ratio};
 
@@ -105,14 +105,11 @@ pub async fn measure_row(ctx: &Context, shared: &Shared, capacity_per_s: f64) ->
     let alone = Run::from(&measure(queries(&mux.url(), rate, seconds)).await?);
     tokio::time::sleep(Duration::from_secs(1)).await;
     let flood = measure(ingest(&mux.url(), capacity_per_s, MARGIN + seconds + MARGIN));
-    let (stop, stopped) = tokio::sync::oneshot::channel();
     let querying = async {
         tokio::time::sleep(MARGIN).await;
-        let report = measure(queries(&mux.url(), rate, seconds)).await;
-        let _ = stop.send(());
-        report
+        measure(queries(&mux.url(), rate, seconds)).await
     };
-    let (flood, querying, learned) = tokio::join!(flood, querying, watch(mux.admin_addr(), stopped));
+    let (flood, (querying, learned)) = tokio::join!(flood, during(mux.admin_addr(), querying));
     let result = Lanes {
         limits,
         ingest_share_percent: INGEST_SHARE_PERCENT,
