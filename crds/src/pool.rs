@@ -318,8 +318,9 @@ pub struct ConcurrencySpec {
     /// The floor of the `ingest` lane, in percent of admissions (0 to 50; unset: 10). Calls say
     /// their lane with `x-teifleet-lane: query|ingest` (default `query`). Queries are served
     /// before waiting ingest, and ingest takes all the room queries leave; while queries would
-    /// take every admission, a waiting ingest call is passed by at most `(100 - share) / share`
-    /// of them before its turn, so a bulk job keeps at least this share. 0: no floor.
+    /// take every admission (their queue stands: waits longer than a short burst's), a waiting
+    /// ingest call is passed by at most `(100 - share) / share` of them before its turn, so a
+    /// bulk job keeps at least this share. 0: no floor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 50").message("concurrency.ingestShare must be between 0 and 50 (percent)"))]
     pub ingest_share: Option<i32>,

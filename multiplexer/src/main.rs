@@ -136,8 +136,8 @@ struct StaticPool {
     /// A tenant's weight, as NAME=WEIGHT (repeat for several); others weigh 1.
     #[arg(long = "tenant", value_parser = parse_tenant)]
     tenants: Vec<TenantWeight>,
-    /// Percent of admissions the `ingest` lane keeps while queries would take them all (0 to 50;
-    /// 0: no floor).
+    /// Percent of admissions the `ingest` lane keeps while queries would take them all (their
+    /// queue stands; 0 to 50; 0: no floor).
     #[arg(long, default_value_t = i32::from(teifleet_multiplexer::admission::DEFAULT_INGEST_SHARE))]
     ingest_share: i32,
     /// Percent of the in-flight limit the `ingest` lane leaves to queries while they come (0 to

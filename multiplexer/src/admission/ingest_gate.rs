@@ -42,6 +42,16 @@ const SMOOTHING: Duration = Duration::from_secs(1);
 /// The queries' mean in-flight inputs from which they are said to come: a query in flight about
 /// half the time. Below it the gate stays open: the few queries pay one batch, ingest nothing.
 const QUERIES_COME: f64 = 0.5;
+/// Queries have stopped once none is in flight and none was let in for this many times the
+/// longest gap between two of them of late ([`GAP_MEMORY`]), and two of TEI's batch times: then
+/// nothing holds ingest back, without waiting for the queries' mean to decay (about 2.8 s after
+/// 64 callers stop, during which a bulk call got a fifth of TEI's idle time). A stream's gaps
+/// rarely reach twice their recent longest (Poisson queries at 36 a second: about once in 5,000
+/// gaps, when ingest may go in flight for that gap); queries in bursts a second apart keep
+/// coming between bursts.
+const STOPPED_AFTER_GAPS: f64 = 2.0;
+/// How long the longest gap between queries is remembered: it decays by e every this long.
+const GAP_MEMORY: Duration = Duration::from_secs(2);
 /// The share of TEI's batch time after its start from which ingest may go: the rest is the margin
 /// for the hop to TEI and for a batch that ends earlier than the mean.
 pub(super) const OPENS_AFTER: f64 = 0.75;
@@ -129,6 +139,8 @@ pub(super) struct IngestGate {
     /// The queries' inputs let in per second, decayed over [`SMOOTHING`] until `rate_since`.
     query_rate: f64,
     rate_since: Option<Instant>,
+    /// The longest gap between two queries let in, decayed over [`GAP_MEMORY`].
+    longest_gap: Duration,
     /// Ingest's ration of TEI's idle time (see [`IDLE_SHARE`]), in inputs, as of `credit_since`
     /// (none: full).
     idle_credit: f64,
@@ -142,6 +154,11 @@ impl IngestGate {
             self.settle(now);
             self.queries += inputs;
             self.query_rate = self.query_rate_at(now) + inputs as f64 / SMOOTHING.as_secs_f64();
+            if let Some(last) = self.rate_since {
+                let gap = now.saturating_duration_since(last);
+                let kept = (-gap.as_secs_f64() / GAP_MEMORY.as_secs_f64()).exp();
+                self.longest_gap = gap.max(self.longest_gap.mul_f64(kept));
+            }
             self.rate_since = Some(now);
         }
         self.next_batch += inputs;
@@ -197,7 +214,14 @@ impl IngestGate {
 
     /// Whether queries come (see [`QUERIES_COME`]) at `now`.
     pub fn queries_come(&self, now: Instant) -> bool {
-        self.queries_mean_at(now) >= QUERIES_COME
+        self.queries_mean_at(now) >= QUERIES_COME && !self.queries_stopped(now)
+    }
+
+    /// Whether the queries have stopped at `now` (see [`STOPPED_AFTER_GAPS`]).
+    fn queries_stopped(&self, now: Instant) -> bool {
+        let Some(last) = self.rate_since else { return true };
+        let quiet = (self.longest_gap.mul_f64(STOPPED_AFTER_GAPS)).max(self.batch_time.unwrap_or_default() * 2);
+        self.queries == 0 && now.saturating_duration_since(last) >= quiet
     }
 
     /// Why ingest of `inputs` fits TEI's next batch, if it does, under an in-flight `limit` with `reserve`
@@ -467,6 +491,53 @@ mod tests {
         let later = last + SMOOTHING * 5;
         gate.released(0, later);
         assert_eq!(gate.closed_until(later, 8), None);
+    }
+
+    /// A stream of queries 10 ms apart (the longest gap 15 ms) keeps the gate's verdict through
+    /// its gaps; once the last query is back and none came for twice the longest gap (and two
+    /// batch times), nothing holds ingest back, seconds before the queries' mean decays.
+    #[test]
+    fn queries_have_stopped_once_none_came_for_twice_their_longest_gap() {
+        let start = Instant::now();
+        let mut gate = Fed::default();
+        gate.observed_batch(BATCH, 1, start);
+        let mut now = start;
+        for k in 0..200u32 {
+            now += Duration::from_millis(if k % 10 == 0 { 15 } else { 10 });
+            gate.took(Lane::Query, 1, now);
+            gate.released(1, now + Duration::from_millis(8));
+        }
+        let last = now;
+        let in_a_gap = last + Duration::from_millis(40);
+        assert!(gate.queries_come(in_a_gap), "within two batch times of the last: queries still come");
+        assert_eq!(gate.ingest_fits(4, 4, 8, None, in_a_gap).filter(|why| *why == IngestWhy::NoQueries), None);
+        let stopped = last + BATCH * 2 + Duration::from_millis(1);
+        assert!(gate.queries_mean_at(stopped) >= QUERIES_COME, "the mean alone would still say they come");
+        assert!(!gate.queries_come(stopped), "twice the longest gap and two batch times: stopped");
+        assert_eq!(gate.ingest_fits(4, 4, 8, None, stopped), Some(IngestWhy::NoQueries));
+        assert_eq!(gate.closed_until(stopped, 4), None);
+
+        gate.took(Lane::Query, 1, stopped);
+        assert!(gate.queries_come(stopped), "a query in flight: they come again");
+    }
+
+    /// Bursts a second apart: between them queries still come (the longest gap is the second).
+    #[test]
+    fn queries_in_bursts_a_second_apart_keep_coming_between_bursts() {
+        let start = Instant::now();
+        let mut gate = Fed::default();
+        gate.observed_batch(BATCH, 1, start);
+        let mut now = start;
+        for _ in 0..5 {
+            now += Duration::from_secs(1);
+            for _ in 0..40 {
+                gate.took(Lane::Query, 1, now);
+            }
+            now += BATCH * 4;
+            gate.released(40, now);
+        }
+        let between = now + Duration::from_millis(500);
+        assert!(!gate.queries_stopped(between), "half a second after a burst, bursts a second apart");
     }
 
     #[test]

@@ -14,6 +14,7 @@ use super::*;
 struct Seen {
     decided: Arc<Mutex<BTreeMap<(Lane, &'static str), usize>>>,
     queued: Arc<Mutex<[usize; 2]>>,
+    let_in: Arc<Mutex<BTreeMap<&'static str, usize>>>,
 }
 
 impl LaneObserver for Seen {
@@ -24,11 +25,19 @@ impl LaneObserver for Seen {
     fn decided(&self, lane: Lane, outcome: &'static str) {
         *self.decided.lock().unwrap().entry((lane, outcome)).or_default() += 1;
     }
+
+    fn ingest_let_in(&self, why: IngestWhy) {
+        *self.let_in.lock().unwrap().entry(why.as_str()).or_default() += 1;
+    }
 }
 
 impl Seen {
     fn count(&self, lane: Lane, outcome: &str) -> usize {
         self.decided.lock().unwrap().iter().filter(|((l, o), _)| *l == lane && *o == outcome).map(|(_, n)| n).sum()
+    }
+
+    fn let_in(&self, why: IngestWhy) -> usize {
+        self.let_in.lock().unwrap().get(why.as_str()).copied().unwrap_or(0)
     }
 }
 
@@ -109,18 +118,25 @@ fn longest_run(order: &[Lane], lane: Lane) -> usize {
     order.split(|l| *l != lane).map(<[Lane]>::len).max().unwrap_or(0)
 }
 
-/// Queries at many times capacity beside ingest pushing as fast as it can: ingest still gets its
-/// floor (a tenth of the admissions by default), no more than one ingest call goes between two
-/// queries, and no ingest call is refused.
+/// The admissions once the queries' queue stands and the floor holds, the first quarter (about
+/// 0.75 s; the queue stands after a tenth of a second) and the last 20 (once the queries
+/// stopped) left out.
+fn steady(order: &[Lane]) -> &[Lane] {
+    &order[order.len() / 4..order.len() - 20]
+}
+
+/// Queries at many times capacity beside ingest pushing as fast as it can: once the queries'
+/// queue stands, ingest gets its floor (a tenth of the admissions by default), no more than one
+/// ingest call goes between two queries, and no ingest call is refused.
 #[tokio::test(start_paused = true)]
 async fn ingest_keeps_its_floor_under_query_overload() {
     let (admission, seen) = observed(Limits::new(2, 16, Duration::from_secs(1)));
     let end = Instant::now() + Duration::from_secs(3);
     let order = overload_beside_ingest(&admission, 8, Cost::ONE, 64, end).await;
-    let share = order.iter().filter(|l| **l == Lane::Ingest).count() as f64 / order.len() as f64;
-    assert!((0.095..=0.15).contains(&share), "ingest got {share:.3} of {} admissions", order.len());
-    // Leaving out the start (before ingest waits) and the end (once the queries stopped).
-    let steady = &order[20..order.len() - 20];
+    let steady = steady(&order);
+    let share = steady.iter().filter(|l| **l == Lane::Ingest).count() as f64 / steady.len() as f64;
+    assert!((0.095..=0.15).contains(&share), "ingest got {share:.3} of {} admissions", steady.len());
+    assert!(seen.let_in(IngestWhy::FloorTurn) > 0, "ingest went in on its floor's turns");
     assert!(longest_run(steady, Lane::Query) <= 10, "ingest passed by at most nine queries: {steady:?}");
     assert!(longest_run(steady, Lane::Ingest) <= 2, "queries go first but for the floor: {steady:?}");
     assert_eq!(seen.count(Lane::Ingest, "evicted") + seen.count(Lane::Ingest, "queue_timeout"), 0);
@@ -136,11 +152,57 @@ async fn the_floor_counts_inputs_so_bulk_sub_batches_get_a_tenth_not_more() {
     let admission = Admission::new(Limits::new(16, 64, Duration::from_secs(1)));
     let end = Instant::now() + Duration::from_secs(3);
     let order = overload_beside_ingest(&admission, 4, Cost { inputs: BULK, tokens: 0 }, 128, end).await;
-    let steady = &order[40..order.len() - 40];
+    let steady = steady(&order);
     let ingest_calls = steady.iter().filter(|l| **l == Lane::Ingest).count();
     let ingest_inputs = (ingest_calls * BULK as usize) as f64;
     let share = ingest_inputs / (ingest_inputs + (steady.len() - ingest_calls) as f64);
     assert!((0.09..=0.16).contains(&share), "ingest got {share:.3} of the inputs ({ingest_calls} calls of {BULK})");
+}
+
+/// A burst of queries that drains within the standing interval is served ahead of every waiting
+/// ingest call, however many queries pass it: the floor is for queries that would take every
+/// admission, not for a burst's wait (each turn it took inside a burst made every query behind it
+/// wait that call's work). Between bursts ingest takes the pool.
+#[tokio::test(start_paused = true)]
+async fn a_query_burst_that_drains_passes_waiting_ingest_without_a_floor_turn() {
+    const BURST: usize = 16;
+    let (admission, seen) = observed(Limits::new(2, 64, Duration::from_secs(1)));
+    let hold = Duration::from_millis(10);
+    let end = Instant::now() + Duration::from_secs(2);
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let ingest: Vec<_> = (0..4).map(|_| worker(&admission, Lane::Ingest, Cost::ONE, None, hold, end, &order)).collect();
+    let mut bursts = 0;
+    while Instant::now() + Duration::from_millis(300) < end {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Sixteen queries on two places of 10 ms: about 90 ms in the queue, under the standing
+        // interval (100 ms at least), and more than the nine a floor of 10% lets pass.
+        let deadline = Some(Instant::now() + Duration::from_secs(1));
+        let burst: Vec<_> = (0..BURST)
+            .map(|_| {
+                let (admission, order) = (admission.clone(), order.clone());
+                tokio::spawn(async move {
+                    let permit = admission.acquire(Ask::new(Priority::Standard).deadline(deadline)).await?;
+                    order.lock().unwrap().push(Lane::Query);
+                    tokio::time::sleep(hold).await;
+                    drop(permit);
+                    Ok::<_, AdmissionError>(())
+                })
+            })
+            .collect();
+        for task in burst {
+            task.await.unwrap().expect("every query of the burst served");
+        }
+        bursts += 1;
+    }
+    for task in ingest {
+        assert_eq!(task.await.unwrap(), 0, "no ingest call refused");
+    }
+    let order = order.lock().unwrap().clone();
+    assert!(bursts >= 5, "{bursts} bursts");
+    assert_eq!(seen.let_in(IngestWhy::FloorTurn), 0, "no floor turn inside a burst: {order:?}");
+    assert!(longest_run(&order, Lane::Query) >= BURST, "a burst went whole: {order:?}");
+    let ingest_served = order.iter().filter(|l| **l == Lane::Ingest).count();
+    assert!(ingest_served >= 200, "ingest took the pool between bursts: {ingest_served} calls");
 }
 
 /// Without queries, ingest takes the whole pool; a query that then arrives takes the next slot

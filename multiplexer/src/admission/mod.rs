@@ -317,7 +317,7 @@ impl Admission {
 
     fn take_if_free(&self, state: &mut State, lane: Lane, cost: Cost) -> Option<Permit> {
         let now = Instant::now();
-        if !state.queue.newcomer_first(lane, state.limits.ingest_share) {
+        if !state.queue.newcomer_first(lane, state.floor_share()) {
             return None;
         }
         let entry = state.fits_lane(lane, cost, now)?;
@@ -348,7 +348,7 @@ impl Admission {
                 return Ok(permit);
             }
             let weight = state.tenants.weight(tenant);
-            let share = state.limits.ingest_share;
+            let share = state.floor_share();
             let ahead = state.queue.ahead_of(ask.lane, ask.priority, tenant, weight, cost, share);
             let expected_wait = state.expected_wait(ahead);
             let queue_timeout = match ask.lane {
@@ -506,10 +506,10 @@ impl Shared {
     /// highest priority and fairest first.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
         let now = Instant::now();
-        let share = state.limits.ingest_share;
         loop {
             let oldest = state.queue.oldest_query().map(|enqueued| now.saturating_duration_since(enqueued));
             state.standing.update(oldest, now, state.service_time.mean());
+            let share = state.floor_share();
             let Some((lane, next)) = state.queue.peek_next(share) else {
                 state.queue.forget_idle_tenants();
                 break;
@@ -601,6 +601,17 @@ impl State {
             Some(adaptive) => adaptive.limit(self.adaptive_floor(), self.limits.max_in_flight),
             None => self.limits.max_in_flight + next_batch::ready_inputs(self.limits.max_in_flight, self.backend_batch),
         }
+    }
+
+    /// The ingest floor in force: `ingestShare` while the queries' queue stands (see `standing`:
+    /// queries would take every admission), none while their waits are bursts that drain. A
+    /// floor turn goes in exactly while queries wait, so every query of the burst behind it waits
+    /// its work too; on a device whose batches save little (TEI on a CPU) that is a whole batch
+    /// time: beside queries at 0.6× of a real TEI's capacity such turns were 29 and 42 of the 48
+    /// and 47 ingest let-ins while queries came, and the queries' p99 rose to 1.6–2.5× alone.
+    /// Between bursts ingest has the room queries leave; the floor is for when they leave none.
+    fn floor_share(&self) -> u8 {
+        if self.standing.standing() { self.limits.ingest_share } else { 0 }
     }
 
     /// Notes a call of `tenant` (see `tenant_gate`), and returns its id.
