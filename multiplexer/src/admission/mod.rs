@@ -607,9 +607,9 @@ impl State {
     /// queries would take every admission), none while their waits are bursts that drain. A
     /// floor turn goes in exactly while queries wait, so every query of the burst behind it waits
     /// its work too; on a device whose batches save little (TEI on a CPU) that is a whole batch
-    /// time: beside queries at 0.6× of a real TEI's capacity such turns were 29 and 42 of the 48
-    /// and 47 ingest let-ins while queries came, and the queries' p99 rose to 1.6–2.5× alone.
-    /// Between bursts ingest has the room queries leave; the floor is for when they leave none.
+    /// time. Beside queries at 0.6× of a real TEI's capacity such turns were 29–42 of the 47–48
+    /// ingest let-ins while queries came. Between bursts ingest has the room queries leave; the
+    /// floor is for when they leave none.
     fn floor_share(&self) -> u8 {
         if self.standing.standing() { self.limits.ingest_share } else { 0 }
     }
