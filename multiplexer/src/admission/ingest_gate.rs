@@ -431,10 +431,16 @@ mod tests {
 
     const BATCH: Duration = Duration::from_millis(24);
 
-    /// A gate that has seen queries in flight for a while and TEI's batches take [`BATCH`].
-    fn with_queries(start: Instant) -> Fed {
+    /// A gate that has seen one of TEI's batches take [`BATCH`] at `start`.
+    fn knowing_tei(start: Instant) -> Fed {
         let mut gate = Fed::default();
         gate.observed_batch(BATCH, 1, start);
+        gate
+    }
+
+    /// A gate that has seen queries in flight for a while and TEI's batches take [`BATCH`].
+    fn with_queries(start: Instant) -> Fed {
+        let mut gate = knowing_tei(start);
         gate.took(Lane::Query, 4, start);
         gate
     }
@@ -499,8 +505,7 @@ mod tests {
     #[test]
     fn queries_have_stopped_once_none_came_for_twice_their_longest_gap() {
         let start = Instant::now();
-        let mut gate = Fed::default();
-        gate.observed_batch(BATCH, 1, start);
+        let mut gate = knowing_tei(start);
         let mut now = start;
         for k in 0..200u32 {
             now += Duration::from_millis(if k % 10 == 0 { 15 } else { 10 });
@@ -525,8 +530,7 @@ mod tests {
     #[test]
     fn queries_in_bursts_a_second_apart_keep_coming_between_bursts() {
         let start = Instant::now();
-        let mut gate = Fed::default();
-        gate.observed_batch(BATCH, 1, start);
+        let mut gate = knowing_tei(start);
         let mut now = start;
         for _ in 0..5 {
             now += Duration::from_secs(1);
