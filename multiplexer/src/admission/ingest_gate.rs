@@ -44,11 +44,12 @@ const SMOOTHING: Duration = Duration::from_secs(1);
 const QUERIES_COME: f64 = 0.5;
 /// Queries have stopped once none is in flight and none was let in for this many times the
 /// longest gap between two of them of late ([`GAP_MEMORY`]), and two of TEI's batch times: then
-/// nothing holds ingest back, without waiting for the queries' mean to decay (about 2.8 s after
-/// 64 callers stop, during which a bulk call got a fifth of TEI's idle time). A stream's gaps
-/// rarely reach twice their recent longest (Poisson queries at 36 a second: about once in 5,000
-/// gaps, when ingest may go in flight for that gap); queries in bursts a second apart keep
-/// coming between bursts.
+/// nothing holds ingest back, without waiting for the queries' mean to decay (by its smoothing
+/// about 2.8 s from 8 in flight, as behind 64 callers, during which a bulk call got a fifth of
+/// TEI's idle time). A stream's gaps rarely reach twice their recent longest (Poisson queries at
+/// 36 a second, whose longest of late is about four mean gaps: by the exponential's tail about
+/// once in 5,000 gaps, when ingest may go in flight for that gap; not measured); queries in
+/// bursts a second apart keep coming between bursts.
 const STOPPED_AFTER_GAPS: f64 = 2.0;
 /// How long the longest gap between queries is remembered: it decays by e every this long.
 const GAP_MEMORY: Duration = Duration::from_secs(2);
