@@ -528,6 +528,9 @@ impl Shared {
                 None => queue.pop_next(),
             }
             .expect("peeked");
+            if lane == Lane::Query {
+                state.ingest_gate.query_waited(now);
+            }
             state.take(lane, waiter.cost, now);
             state.queue.admitted(lane, waiter.cost.inputs);
             let permit = Permit { shared: self.clone(), lane, cost: waiter.cost, acquired: now, armed: true };
