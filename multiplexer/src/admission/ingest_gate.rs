@@ -243,9 +243,17 @@ impl IngestGate {
 
     /// Whether the queries have stopped at `now` (see [`STOPPED_AFTER_GAPS`]).
     fn queries_stopped(&self, now: Instant) -> bool {
-        let Some(last) = self.rate_since else { return true };
+        self.rate_since.is_none() || self.stops_at().is_some_and(|stops| now >= stops)
+    }
+
+    /// When the queries will have stopped if none comes meanwhile (see [`STOPPED_AFTER_GAPS`]);
+    /// `None` while one is in flight (its return dispatches) or before any came. Ingest held by
+    /// the queries' rules is woken then: with nothing in flight no permit comes back to let it in,
+    /// and its ration's own timer may be a second or more away.
+    pub fn stops_at(&self) -> Option<Instant> {
+        let last = self.rate_since.filter(|_| self.queries == 0)?;
         let quiet = (self.longest_gap.mul_f64(STOPPED_AFTER_GAPS)).max(self.batch_time.unwrap_or_default() * 2);
-        self.queries == 0 && now.saturating_duration_since(last) >= quiet
+        Some(last + quiet)
     }
 
     /// Why ingest of `inputs` fits TEI's next batch, if it does, under an in-flight `limit` with `reserve`

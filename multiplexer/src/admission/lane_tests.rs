@@ -430,3 +430,43 @@ async fn by_default_ingest_takes_half_the_next_batch_until_the_curve_is_known() 
     take_all(&mut held);
     assert_eq!(held.len(), 16, "no queries: ingest takes every place");
 }
+
+/// TEI on a CPU (a batch of 4 ingest inputs 98 ms, a query alone 35 ms: no places beside
+/// queries), queries one every 50 ms and now and then 150 ms apart: an ingest call that waits on
+/// its ration of TEI's idle time when the queries stop goes in once they have stopped (twice
+/// their longest recent gap after the last, some 260 ms), not when the ration's timer, set while
+/// they came, fires over half a second on (the stale count's wake, two batch times after the
+/// last answer, comes before they have stopped and finds the ration still holding).
+#[tokio::test(start_paused = true)]
+async fn ingest_rationed_while_queries_came_goes_once_they_have_stopped() {
+    let admission = Admission::new(Limits::new(8, 64, Duration::from_secs(1)));
+    let ingest = Ask::new(Priority::Standard).lane(Lane::Ingest);
+    let query = Ask::new(Priority::Standard);
+    let tei = |millis: u64, i: u32| Observation {
+        tei_inference: Duration::from_millis(millis) + Duration::from_nanos(u64::from(i % 2)),
+        ..Default::default()
+    };
+    for i in 0..20 {
+        let batch: Vec<Permit> = (0..4).map(|_| admission.try_acquire(&ingest).unwrap()).collect();
+        tokio::time::sleep(Duration::from_millis(98)).await;
+        batch.iter().for_each(|permit| permit.observe(tei(98, i)));
+    }
+    let mut last_query = Instant::now();
+    for i in 0..100 {
+        let permit = admission.try_acquire(&query).unwrap();
+        last_query = Instant::now();
+        tokio::time::sleep(Duration::from_millis(35)).await;
+        permit.observe(tei(35, i));
+        drop(permit);
+        tokio::time::sleep(Duration::from_millis(if i % 10 == 5 { 115 } else { 15 })).await;
+    }
+    // TEI idle, the ration full: one input goes, and spends it.
+    drop(admission.try_acquire(&ingest).expect("an idle TEI takes the ration's input"));
+    let waiting = {
+        let admission = admission.clone();
+        tokio::spawn(async move { admission.acquire(ingest).await.map(|_| Instant::now()) })
+    };
+    let admitted = waiting.await.unwrap().unwrap();
+    let after = admitted - last_query;
+    assert!(after < Duration::from_millis(350), "let in {after:?} after the last query");
+}

@@ -552,8 +552,9 @@ impl Shared {
     /// then to dispatch them. One timer at a time: one that fires no later than a gate opens
     /// re-arms itself if a gate is still closed then.
     fn wake_when_a_gate_opens(self: &Arc<Self>, state: &mut State, now: Instant) {
-        // Ingest the next batch's count holds back goes once that count is stale (a wake that
-        // finds it fitting earlier, or not at all, only dispatches again).
+        // Ingest the next batch's count holds back goes once that count is stale, and ingest the
+        // queries' rules hold goes once they have stopped (a wake that finds it fitting earlier,
+        // or not at all, only dispatches again).
         let ingest = match state.queue.queue(Lane::Ingest).is_empty() {
             true => None,
             false => {
@@ -561,7 +562,8 @@ impl Shared {
                 let rationed = gate.rationed_until(state.effective_limit(), state.limits.query_reserve, now);
                 let closed =
                     gate.closed_until(now, state.in_flight).or_else(|| gate.stale_at().filter(|stale| *stale > now));
-                closed.into_iter().chain(rationed).min()
+                let stops = gate.stops_at().filter(|stops| *stops > now && gate.queries_come(now));
+                closed.into_iter().chain(rationed).chain(stops).min()
             }
         };
         let device = match state.queue.is_empty() {
