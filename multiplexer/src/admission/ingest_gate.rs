@@ -561,14 +561,21 @@ mod tests {
         assert!(gate.queries_come(stopped), "a query in flight: they come again");
     }
 
+    /// A gate that knows TEI and saw no query for seconds, and the moment one of one input went
+    /// in flight.
+    fn one_query_after_a_quiet_while() -> (Fed, Instant) {
+        let start = Instant::now();
+        let mut gate = knowing_tei(start);
+        let sent = start + SMOOTHING * 5;
+        gate.took(Lane::Query, 1, sent);
+        (gate, sent)
+    }
+
     /// Queries starting beside ingest are seen while the first of them is still in flight, half
     /// a second before the slow mean would see them.
     #[test]
     fn queries_starting_beside_ingest_are_seen_within_a_batch_or_two() {
-        let start = Instant::now();
-        let mut gate = knowing_tei(start);
-        let first = start + SMOOTHING * 5;
-        gate.took(Lane::Query, 1, first);
+        let (gate, first) = one_query_after_a_quiet_while();
         assert!(!gate.queries_come(first), "nothing held yet");
         let riding = first + BATCH * 2;
         assert!(gate.queries_means_at(riding).0 < QUERIES_COME, "the slow mean alone would not see them");
@@ -579,10 +586,7 @@ mod tests {
     /// A lone query of one input, back within 10 ms (a GPU's batch), does not hold ingest back.
     #[test]
     fn a_lone_short_query_leaves_the_gate_open() {
-        let start = Instant::now();
-        let mut gate = knowing_tei(start);
-        let sent = start + SMOOTHING * 5;
-        gate.took(Lane::Query, 1, sent);
+        let (mut gate, sent) = one_query_after_a_quiet_while();
         let back = sent + Duration::from_millis(10);
         assert!(!gate.queries_come(back), "in flight 10 ms: not yet half a query over the onset mean");
         gate.released(1, back);
