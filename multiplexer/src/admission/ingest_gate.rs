@@ -46,9 +46,9 @@ const QUERIES_COME: f64 = 0.5;
 /// beside ingest are seen within a batch or two rather than the half second the slow mean takes
 /// to reach [`QUERIES_COME`] (from nothing to about one in flight). Meanwhile ingest kept every
 /// permit TEI's batches freed, and each query that came rode a batch of ingest after waiting for
-/// one: on the real-TEI lanes row (CPU, 18 ms an input, batches of 4) the first 20 or so queries
-/// waited up to 190 ms where alone their p99 was 110 ms, which made the row's p99 1.45–1.73×
-/// alone in 12 s runs and 0.98× in a 36 s run (measured, `docs/admission.md`). Short enough that a
+/// one: on the real-TEI lanes row (CPU, 18 ms an input, batches of 4) the row's p99 was
+/// 1.45–1.73× alone in 12 s runs and 0.98× in a 36 s run of the same build (measured,
+/// `docs/admission.md`), so its queries' start, not their steady state, made it. Short enough that a
 /// query in flight for a CPU batch of a few inputs tips it, long enough that one lone query of an
 /// input on a GPU (a few ms in flight) does not. A query that had to wait for its permit counts
 /// at once ([`IngestGate::query_waited`]).
@@ -596,8 +596,8 @@ mod tests {
     }
 
     /// A query that waited for its permit (ingest held them all) says queries come the moment it
-    /// goes in flight: the permits freed with it are not ingest's; once it is back and none other
-    /// waited, the onset mean decays and ingest goes free again.
+    /// goes in flight: the permits freed with it are not ingest's; once it is back and the queries
+    /// have stopped (two batch times on), ingest goes free again.
     #[test]
     fn a_query_that_waited_for_its_permit_says_queries_come_at_once() {
         let start = Instant::now();
