@@ -21,7 +21,7 @@ use teifleet_load::{LoadConfig, Report};
 
 use super::adaptive::require_flag;
 use super::overload::{Capacity, DEADLINE, measure_capacity};
-use super::{Context, Measurement, Scenario, measure, warm_up, words};
+use super::{Context, Measurement, Scenario, measure_apart, warm_up, words};
 use crate::Result;
 use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
@@ -181,15 +181,17 @@ fn load(target: String, rate: f64, duration: Duration, connections: usize, seed:
     }
 }
 
-/// The light pools' loads at once when `light`, and A's flood beside them when `flood`.
+/// The light pools' loads at once when `light`, and A's flood beside them when `flood`: each
+/// pool's clients on a runtime of their own, as four workloads' clients are four processes (see
+/// `measure_apart`).
 async fn loads(targets: &[String], share_rps: f64, duration: Duration, light: bool, flood: bool) -> Result<Side> {
     let light_rate = LIGHT_FACTOR * share_rps;
     let mut tasks = Vec::new();
     for (k, target) in targets.iter().enumerate().skip(1).filter(|_| light) {
-        tasks.push(tokio::spawn(measure(load(target.clone(), light_rate, duration, 2, 20 + k as u64))));
+        tasks.push(tokio::spawn(measure_apart(load(target.clone(), light_rate, duration, 2, 20 + k as u64))));
     }
     let flood_run = match flood {
-        true => Some(tokio::spawn(measure(load(targets[0].clone(), FLOOD_FACTOR * share_rps, duration, 8, 20)))),
+        true => Some(tokio::spawn(measure_apart(load(targets[0].clone(), FLOOD_FACTOR * share_rps, duration, 8, 20)))),
         false => None,
     };
     let mut light = Vec::new();

@@ -49,8 +49,8 @@ use crate::targets::Target;
 
 pub use sample::{FloorSides, Sample, added_p50_us, median_of, samples};
 pub use setup::{
-    direct_then_mux, fast_model, gpu_model, interleaved, measure, precise_model, sim_and_mux, unhurried_limits,
-    warm_up, words,
+    direct_then_mux, fast_model, gpu_model, interleaved, measure, measure_apart, precise_model, sim_and_mux,
+    unhurried_limits, warm_up, words,
 };
 
 /// What every scenario gets.

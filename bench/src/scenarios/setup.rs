@@ -64,6 +64,26 @@ pub async fn measure(config: LoadConfig) -> Result<Report> {
     Ok(teifleet_load::run(&LoadConfig { progress: false, ..config }).await?)
 }
 
+/// Runs one load, quietly, on a runtime of its own (one thread): the clients of another workload,
+/// as another process's would be. Loads measured side by side in one runtime share its two
+/// worker threads, so a flood's client work (encoding, decoding, timers for a thousand calls a
+/// second) delays when the runtime gets to a light load's answers, and its latency grows by
+/// time no server spent (scenario 17's light pools beside a flood at 5× a pool's share).
+pub async fn measure_apart(config: LoadConfig) -> Result<Report> {
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| crate::Error::Process(format!("a runtime for a load apart: {e}")))?;
+    std::thread::Builder::new()
+        .name("load-apart".into())
+        .spawn(move || {
+            let _ = done_tx.send(runtime.block_on(measure(config)));
+        })
+        .map_err(|e| crate::Error::Process(format!("a thread for a load apart: {e}")))?;
+    done_rx.await.map_err(|_| crate::Error::Process("a load run apart ended without a report".into()))?
+}
+
 /// A short closed-loop warm-up so connections, allocators and the simulator's batcher are warm
 /// before anything is measured.
 pub async fn warm_up(target: &str, connections: usize) -> Result<()> {
