@@ -8,7 +8,7 @@ use teifleet_load::render::codes;
 use super::Render;
 use super::table::{Table, figure, text};
 use super::words::{backend, limits};
-use crate::scenarios::colocation::{self, Colocation, share};
+use crate::scenarios::colocation::{self, Colocation, DeviceUse, share};
 use crate::targets::{number, ratio};
 
 impl Render for Colocation {
@@ -49,11 +49,16 @@ impl Render for Colocation {
                 figure("p50"),
                 figure("p99"),
                 figure("p99 ÷ without A"),
+                figure("device busy"),
+                figure("calls a batch"),
                 text("codes"),
             ],
         );
-        let mut row = |run: &str, pool: &str, x: &Report, alone: Option<&Report>| {
+        let mut row = |run: &str, pool: &str, x: &Report, alone: Option<&Report>, device: Option<&DeviceUse>| {
             let against = alone.map_or("".to_owned(), |a| format!("{:.2}×", ratio(x.latency.p99_ms, a.latency.p99_ms)));
+            let (busy, batch) = device.map_or((String::new(), String::new()), |d| {
+                (format!("{:.1} %", 100.0 * d.busy_share), format!("{:.2}", d.calls_per_batch))
+            });
             table.row(&[
                 &run,
                 &pool,
@@ -64,6 +69,8 @@ impl Render for Colocation {
                 &format!("{} ms", number(x.latency.p50_ms)),
                 &format!("{} ms", number(x.latency.p99_ms)),
                 &against,
+                &busy,
+                &batch,
                 &codes(x),
             ]);
         };
@@ -76,28 +83,39 @@ impl Render for Colocation {
                 (None, None) => limit.to_owned(),
             };
             for (pool, alone) in light.iter().zip(&mode.alone) {
-                row(&format!("{name}, without A"), pool, alone, None);
+                row(&format!("{name}, without A"), pool, alone, None, None);
             }
             if let Some(flood_alone) = &mode.flood_alone {
-                row(&format!("{name}, A alone"), "A", flood_alone, None);
+                row(&format!("{name}, A alone"), "A", flood_alone, None, None);
             }
-            row(&format!("{name}, A flooding"), "A", &mode.shared.flood, None);
-            for ((pool, shared), alone) in light.iter().zip(&mode.shared.light).zip(&mode.alone) {
-                row(&format!("{name}, A flooding"), pool, shared, Some(alone));
+            let flooding = format!("{name}, A flooding");
+            let device = |n: usize| mode.shared.device.get(n);
+            row(&flooding, "A", &mode.shared.flood, None, device(0));
+            for (n, ((pool, shared), alone)) in light.iter().zip(&mode.shared.light).zip(&mode.alone).enumerate() {
+                row(&flooding, pool, shared, Some(alone), device(n + 1));
             }
         }
-        row("direct to TEI, A flooding", "A", &self.direct.flood, None);
-        for (pool, shared) in light.iter().zip(&self.direct.light) {
-            row("direct to TEI, A flooding", pool, shared, None);
+        let device = |n: usize| self.direct.device.get(n);
+        row("direct to TEI, A flooding", "A", &self.direct.flood, None, device(0));
+        for (n, (pool, shared)) in light.iter().zip(&self.direct.light).enumerate() {
+            row("direct to TEI, A flooding", pool, shared, None, device(n + 1));
         }
         for mode in &self.modes {
             let alone = match self.flood_alone_ratio(mode).filter(|_| mode.cap.is_some() || mode.share.is_some()) {
                 Some(alone) => format!(" A alone got {alone:.3}× the calls it got alone uncapped."),
                 None => String::new(),
             };
+            let device = match mode.shared.device.split_first() {
+                Some((flood, light)) => format!(
+                    " Beside them A's batches held the device {:.1} % of the time, the light pools' {:.1} % together.",
+                    100.0 * flood.busy_share,
+                    100.0 * light.iter().map(|d| d.busy_share).sum::<f64>()
+                ),
+                None => String::new(),
+            };
             let _ = writeln!(
                 out,
-                "\n{}: the worst light pool kept {:.3} of its calls and its p99 was {:.2}× its p99 without A.{alone}",
+                "\n{}: the worst light pool kept {:.3} of its calls and its p99 was {:.2}× its p99 without A.{alone}{device}",
                 capitalized(&mode.name()),
                 mode.worst_light_share(),
                 mode.worst_p99_ratio()
@@ -131,7 +149,13 @@ mod tests {
             share,
             alone: vec![report(100, 100, 5.0); 3],
             flood_alone: Some(report(5000, flood_ok, 50.0)),
-            shared: Side { flood: report(5000, 900, 900.0), light: vec![report(100, 99, 7.5); 3] },
+            shared: Side {
+                flood: report(5000, 900, 900.0),
+                light: vec![report(100, 99, 7.5); 3],
+                device: [0.25, 0.12, 0.13, 0.12]
+                    .map(|busy_share| DeviceUse { busy_share, calls_per_batch: 1.5 })
+                    .to_vec(),
+            },
         };
         let r = Colocation {
             backend: shared_gpu(),
@@ -139,7 +163,7 @@ mod tests {
             capacity: Capacity { rps: 900.0, batch_ms: 8.4, concurrency: 64 },
             seconds: 4.0,
             modes: vec![mode(false, None, 2000), mode(true, None, 2000), mode(false, Some(25), 1900)],
-            direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3] },
+            direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3], device: vec![] },
         };
         let body = r.body();
         assert_eq!(body.matches("| static, A flooding |").count(), 4, "{body}");
@@ -152,5 +176,11 @@ mod tests {
             body.contains("Static limit: the worst light pool kept 0.990 of its calls and its p99 was 1.50×"),
             "{body}"
         );
+        assert!(
+            body.contains("A's batches held the device 25.0 % of the time, the light pools' 37.0 % together."),
+            "{body}"
+        );
+        assert_eq!(body.matches("| 25.0 % | 1.50 |").count(), 3, "A's row in each run: {body}");
+        assert_eq!(body.matches("| 12.0 % | 1.50 |").count(), 6, "{body}");
     }
 }

@@ -23,6 +23,7 @@ use super::adaptive::require_flag;
 use super::overload::{Capacity, DEADLINE, measure_capacity};
 use super::{Context, Measurement, Scenario, measure_apart, warm_up, words};
 use crate::Result;
+use crate::admin::{self, SimStats};
 use crate::procs::{self, Device, MuxLimits, Proc, SimModel};
 use crate::targets::{Rule, Target, ratio};
 
@@ -85,6 +86,28 @@ pub fn slice_limits() -> MuxLimits {
 pub struct Side {
     pub flood: Report,
     pub light: Vec<Report>,
+    /// What each pool's simulator did with the shared device meanwhile, A first; empty in results
+    /// from before it was read.
+    #[serde(default)]
+    pub device: Vec<DeviceUse>,
+}
+
+/// One simulator's use of the shared device over a run, from its own counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceUse {
+    /// Its batches' time on the device ÷ the run's length: what the share holds A to.
+    pub busy_share: f64,
+    /// Calls answered ÷ batches run.
+    pub calls_per_batch: f64,
+}
+
+impl DeviceUse {
+    fn from_stats(stats: SimStats, seconds: f64) -> Self {
+        Self {
+            busy_share: ratio(stats.device_busy_us as f64 / 1e6, seconds),
+            calls_per_batch: ratio(stats.completed as f64, stats.batches_run as f64),
+        }
+    }
 }
 
 /// One way of admitting: the light pools without the flood, then beside it.
@@ -184,7 +207,18 @@ fn load(target: String, rate: f64, duration: Duration, connections: usize, seed:
 /// The light pools' loads at once when `light`, and A's flood beside them when `flood`: each
 /// pool's clients on a runtime of their own, as four workloads' clients are four processes (see
 /// `measure_apart`).
-async fn loads(targets: &[String], share_rps: f64, duration: Duration, light: bool, flood: bool) -> Result<Side> {
+/// The simulators' counters are reset first and read after, for each one's use of the device.
+async fn loads(
+    targets: &[String],
+    sims: &[Proc],
+    share_rps: f64,
+    duration: Duration,
+    light: bool,
+    flood: bool,
+) -> Result<Side> {
+    for sim in sims {
+        admin::reset_sim_stats(sim.admin_addr()).await;
+    }
     let light_rate = LIGHT_FACTOR * share_rps;
     let mut tasks = Vec::new();
     for (k, target) in targets.iter().enumerate().skip(1).filter(|_| light) {
@@ -202,7 +236,12 @@ async fn loads(targets: &[String], share_rps: f64, duration: Duration, light: bo
         Some(task) => joined(task.await)?,
         None => Report::default(),
     };
-    Ok(Side { flood, light })
+    let mut device = Vec::new();
+    for sim in sims {
+        let stats = admin::sim_stats(sim.admin_addr()).await.unwrap_or_default();
+        device.push(DeviceUse::from_stats(stats, duration.as_secs_f64()));
+    }
+    Ok(Side { flood, light, device })
 }
 
 fn joined(outcome: std::result::Result<Result<Report>, tokio::task::JoinError>) -> Result<Report> {
@@ -272,15 +311,15 @@ impl Measurement for Colocation {
             }
             let name = mode.name();
             ctx.say(&format!("colocation ({name}): B, C, D at {:.0} req/s each, without A", LIGHT_FACTOR * share_rps));
-            let alone = loads(&targets, share_rps, duration, true, false).await?.light;
+            let alone = loads(&targets, &sims, share_rps, duration, true, false).await?.light;
             tokio::time::sleep(Duration::from_secs(1)).await;
             ctx.say(&format!("colocation ({name}): A at {:.0} req/s alone", FLOOD_FACTOR * share_rps));
-            let flood_alone = loads(&targets, share_rps, duration, false, true).await?.flood;
+            let flood_alone = loads(&targets, &sims, share_rps, duration, false, true).await?.flood;
             ctx.say(&format!("colocation ({name}): A got {}/{} alone", flood_alone.ok_in_time, flood_alone.sent));
             // A's queue drains before the light pools come.
             tokio::time::sleep(Duration::from_secs(2)).await;
             ctx.say(&format!("colocation ({name}): A at {:.0} req/s beside B, C, D", FLOOD_FACTOR * share_rps));
-            let shared = loads(&targets, share_rps, duration, true, true).await?;
+            let shared = loads(&targets, &sims, share_rps, duration, true, true).await?;
             let got: Vec<String> = shared.light.iter().map(|r| format!("{}/{}", r.ok_in_time, r.sent)).collect();
             ctx.say(&format!("colocation ({name}): light pools got {}", got.join(", ")));
             modes.push(Mode { alone, flood_alone: Some(flood_alone), shared, ..mode });
@@ -291,7 +330,7 @@ impl Measurement for Colocation {
         }
         ctx.say("colocation: the same loads straight to the simulators");
         let targets: Vec<String> = sims.iter().map(Proc::url).collect();
-        let direct = loads(&targets, share_rps, duration, true, true).await?;
+        let direct = loads(&targets, &sims, share_rps, duration, true, true).await?;
         let _ = std::fs::remove_file(&device);
         Ok(Colocation { backend, limits, capacity, seconds: duration.as_secs_f64(), modes, direct })
     }
@@ -427,7 +466,7 @@ mod tests {
         let mode = |adaptive, guard, flood_ok: u64, light: Vec<Report>| Mode {
             alone: vec![report(100, 100, 5.0), report(100, 100, 6.0), report(100, 100, 4.0)],
             flood_alone: Some(report(5000, flood_ok, 50.0)),
-            shared: Side { flood: report(5000, 900, 900.0), light },
+            shared: Side { flood: report(5000, 900, 900.0), light, device: vec![] },
             ..Mode::new(adaptive, guard)
         };
         let r = Colocation {
@@ -460,7 +499,7 @@ mod tests {
                 // The explicit cap: A alone at 600 of 2000, reported.
                 mode(false, Guard::Cap, 600, vec![report(100, 100, 6.0), report(100, 100, 7.0), report(100, 100, 5.0)]),
             ],
-            direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3] },
+            direct: Side { flood: report(5000, 900, 990.0), light: vec![report(100, 30, 990.0); 3], device: vec![] },
         };
         let t = r.targets();
         assert_eq!(t.len(), 12, "{t:?}");
