@@ -207,7 +207,9 @@ fn load(target: String, rate: f64, duration: Duration, connections: usize, seed:
 /// The light pools' loads at once when `light`, and A's flood beside them when `flood`: each
 /// pool's clients on a runtime of their own, as four workloads' clients are four processes (see
 /// `measure_apart`).
-/// The simulators' counters are reset first and read after, for each one's use of the device.
+///
+/// The simulators' counters are reset first and read after, for each one's use of the device;
+/// when any cannot be reset or read, none is reported rather than a count of something else.
 async fn loads(
     targets: &[String],
     sims: &[Proc],
@@ -216,8 +218,9 @@ async fn loads(
     light: bool,
     flood: bool,
 ) -> Result<Side> {
+    let mut counted = true;
     for sim in sims {
-        admin::reset_sim_stats(sim.admin_addr()).await;
+        counted &= admin::reset_sim_stats(sim.admin_addr()).await.is_some();
     }
     let light_rate = LIGHT_FACTOR * share_rps;
     let mut tasks = Vec::new();
@@ -237,9 +240,14 @@ async fn loads(
         None => Report::default(),
     };
     let mut device = Vec::new();
-    for sim in sims {
-        let stats = admin::sim_stats(sim.admin_addr()).await.unwrap_or_default();
-        device.push(DeviceUse::from_stats(stats, duration.as_secs_f64()));
+    for sim in sims.iter().filter(|_| counted) {
+        match admin::sim_stats(sim.admin_addr()).await {
+            Some(stats) => device.push(DeviceUse::from_stats(stats, duration.as_secs_f64())),
+            None => {
+                device.clear();
+                break;
+            }
+        }
     }
     Ok(Side { flood, light, device })
 }
