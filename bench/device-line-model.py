@@ -15,7 +15,9 @@ each second), shrinks while A's batch holds the device, and holds at most a burs
 `multiplexer/src/admission/device_time.rs` keeps it under `--gpu-share`.
 
 Prints each light call's latency (arrival to its batch's end) p50 and p99 without A and beside it,
-and their ratio, per seed. A diagnostic, not a benchmark: it judges nothing and measures nothing;
+and their ratio, per seed: for the sidecar's share as it is, and for three ways it could be
+otherwise (A's batches of one call; A's credit paced a batch at a time, a burst of 4 ms; a share of
+15 %). A diagnostic, not a benchmark: it judges nothing and measures nothing;
 it says how much of scenario 17's light p99 ratio the device's line alone accounts for.
 """
 import random
@@ -104,14 +106,21 @@ def pct(sorted_values, q):
 def main():
     seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 300.0
     seeds = int(sys.argv[2]) if len(sys.argv) > 2 else 3
+    variants = [
+        ("A at a 25 % share", {"share": 0.25}),
+        ("A's batches of one call", {"share": 0.25, "a_batch": 1}),
+        ("A's credit a 4 ms burst", {"share": 0.25, "burst": 0.004}),
+        ("A at a 15 % share", {"share": 0.15}),
+    ]
     for seed in range(seeds):
         alone = light_latencies(seconds, seed)
-        beside = light_latencies(seconds, seed, share=0.25)
-        print(
-            f"seed {seed}: light p50 / p99 without A {pct(alone, 0.5):.2f} / {pct(alone, 0.99):.2f} ms, "
-            f"A at a 25 % share {pct(beside, 0.5):.2f} / {pct(beside, 0.99):.2f} ms: "
-            f"p99 ratio {pct(beside, 0.99) / pct(alone, 0.99):.2f}"
-        )
+        print(f"seed {seed}: light p50 / p99 without A {pct(alone, 0.5):.2f} / {pct(alone, 0.99):.2f} ms")
+        for name, options in variants:
+            beside = light_latencies(seconds, seed, **options)
+            print(
+                f"  {name}: {pct(beside, 0.5):.2f} / {pct(beside, 0.99):.2f} ms, "
+                f"p99 ratio {pct(beside, 0.99) / pct(alone, 0.99):.2f}"
+            )
 
 
 if __name__ == "__main__":
